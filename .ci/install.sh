@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Creates .venv and installs p2pfsm with everything its tests need.
+# torch is pinned to the CPU wheel on disk; nixl-cu12 goes in with --no-deps
+# because its metadata asks for an unpinned torch (a multi-GB CUDA build).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m venv .venv
+PIP=".venv/bin/pip"
+"$PIP" install -q --upgrade pip
+"$PIP" install -q torch==2.13.0 numpy
+"$PIP" install -q --no-deps nixl-cu12==1.5.1
+"$PIP" install -q -e '.[test]'
