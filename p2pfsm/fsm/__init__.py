@@ -1,0 +1,26 @@
+"""Machines as data: load ``models/``, compile them, dispatch, trace.
+
+``models/*.toml`` is the single source of truth. :mod:`.spec` reads a file into
+a :class:`MachineSpec`; :mod:`.compiled` turns it into a frozen
+``(state, trigger) -> candidates`` table used on the hot path; :mod:`.build`
+builds the equivalent ``transitions.Machine`` (tests prove both agree on every
+edge); :mod:`.trace` records every fired transition.
+"""
+
+from p2pfsm.fsm.compiled import CompiledMachine, FsmObject
+from p2pfsm.fsm.registry import machine, machines
+from p2pfsm.fsm.spec import MachineSpec, TransitionSpec, load_spec, models_dir
+from p2pfsm.fsm.trace import TraceRecord, Tracer
+
+__all__ = [
+    "CompiledMachine",
+    "FsmObject",
+    "MachineSpec",
+    "TraceRecord",
+    "Tracer",
+    "TransitionSpec",
+    "load_spec",
+    "machine",
+    "machines",
+    "models_dir",
+]

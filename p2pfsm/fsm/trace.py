@@ -1,0 +1,30 @@
+"""The one tracing hook: every fired transition as (machine, instance, trigger, source, dest)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRecord:
+    """One fired transition."""
+
+    machine: str
+    instance: str
+    trigger: str
+    source: str
+    dest: str
+
+
+@dataclass(slots=True)
+class Tracer:
+    """Collects :class:`TraceRecord` in firing order; attach one per session (or share)."""
+
+    records: list[TraceRecord] = field(default_factory=list)
+
+    def record(self, machine: str, instance: str, trigger: str, source: str, dest: str) -> None:
+        self.records.append(TraceRecord(machine, instance, trigger, source, dest))
+
+    def edges(self) -> set[tuple[str, str, str, str]]:
+        """The distinct (machine, source, trigger, dest) edges seen."""
+        return {(r.machine, r.source, r.trigger, r.dest) for r in self.records}
