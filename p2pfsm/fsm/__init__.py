@@ -10,7 +10,7 @@ edge); :mod:`.trace` records every fired transition.
 from p2pfsm.fsm.compiled import CompiledMachine, FsmObject
 from p2pfsm.fsm.registry import machine, machines
 from p2pfsm.fsm.spec import MachineSpec, TransitionSpec, load_spec, models_dir
-from p2pfsm.fsm.trace import TraceRecord, Tracer
+from p2pfsm.fsm.trace import Tracer, TraceRecord
 
 __all__ = [
     "CompiledMachine",

@@ -71,6 +71,9 @@ def models_dir() -> Path:
     raise ModelError(f"no models directory next to {here}")
 
 
+_TRANSITION_KEYS = frozenset({"trigger", "source", "dest", "guards", "unless", "actions", "doc"})
+
+
 def _names(raw: object, where: str) -> tuple[str, ...]:
     if raw is None:
         return ()
@@ -103,7 +106,7 @@ def parse_spec(data: dict[str, object], origin: str) -> MachineSpec:
         where = f"{origin}: transitions[{i}]"
         if not isinstance(raw, dict):
             raise ModelError(f"{where}: expected a table")
-        unknown_keys = raw.keys() - {"trigger", "source", "dest", "guards", "unless", "actions", "doc"}
+        unknown_keys = raw.keys() - _TRANSITION_KEYS
         if unknown_keys:
             raise ModelError(f"{where}: unknown keys {sorted(unknown_keys)}")
         trigger = raw.get("trigger")

@@ -1,0 +1,434 @@
+"""A deterministic simulated world for two sessions: network, clock, data plane, hosts.
+
+Everything nondeterministic is an explicit action, chosen either by a caller
+(scenario tests, hypothesis rules) or by a seeded ``random.Random`` (:meth:`SimWorld.run`),
+so every run replays from its seed:
+
+* the network: two FIFO channels per peer pair (one per direction) whose frames can be
+  delivered, dropped, duplicated, delayed (reordered) or cut (both sides lose the link);
+* the clock: virtual; :meth:`SimWorld.advance` jumps to the next armed deadline;
+* the data plane: a started write may *land* (copy its source blocks into the
+  destination) at any step until it *completes* (reported to its session); a cancelled
+  write may still land until it completes; a faulty write completes without landing;
+* the hosts: :class:`SimHost` allocates destination blocks, supplies stored blocks,
+  answers lookups, and checks the safety properties on every result.
+
+Block model (as vLLM's interop harness): key ``demo_key(i)`` has content
+``demo_block(i)`` and a node that holds it keeps it at block ``i``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from functools import partial
+
+from p2pfsm.demo_blocks import demo_block, demo_key
+from p2pfsm.fsm import Tracer
+from p2pfsm.protocol import encode
+from p2pfsm.session import (
+    ArmTimer,
+    CancelWrite,
+    DisarmTimer,
+    FrameReceived,
+    HostAnswerLookup,
+    HostFetch,
+    HostFinish,
+    HostLookup,
+    HostStart,
+    HostSupply,
+    Input,
+    LoadResult,
+    LookupClosed,
+    LookupRequest,
+    LookupResult,
+    Output,
+    ProtocolViolation,
+    RegistrationFinished,
+    SendFrame,
+    Session,
+    SessionConfig,
+    SessionDead,
+    StartRegistration,
+    StartWrite,
+    StoreResult,
+    Timeouts,
+    TimerFired,
+    TimerId,
+    TransportLost,
+    WriteFinished,
+)
+
+
+class SafetyViolation(AssertionError):
+    """A simulated run broke one of the protocol's safety properties."""
+
+
+@dataclass(slots=True)
+class SimWrite:
+    """A write in flight between two nodes."""
+
+    src: str
+    xfer: int
+    local_indexes: tuple[int, ...]
+    remote_indexes: tuple[int, ...]
+    owner_jobs: tuple[int | None, ...]
+    landed: bool = False
+    cancelled: bool = False
+
+
+@dataclass(slots=True)
+class Load:
+    job_id: int
+    kv_request_id: str
+    key_ids: tuple[int, ...]
+    dest: tuple[int, ...]
+
+
+@dataclass(slots=True)
+class SimHost:
+    """One node's host: memory, block ownership and the results it received."""
+
+    name: str
+    num_blocks: int
+    block_len: int
+    held: frozenset[int]
+    region: bytearray = field(default_factory=bytearray)
+    free: list[int] = field(default_factory=list)
+    owner: dict[int, int] = field(default_factory=dict)
+    loads: dict[int, Load] = field(default_factory=dict)
+    load_results: dict[int, LoadResult] = field(default_factory=dict)
+    store_jobs: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    store_results: dict[int, StoreResult] = field(default_factory=dict)
+    lookups_sent: int = 0
+    lookup_results: list[LookupResult] = field(default_factory=list)
+    lookup_requests: dict[int, LookupRequest] = field(default_factory=dict)
+    lookups_closed: set[int] = field(default_factory=set)
+    violations: list[ProtocolViolation] = field(default_factory=list)
+    deaths: list[SessionDead] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.region = bytearray(self.num_blocks * self.block_len)
+        for i in self.held:
+            self.region[i * self.block_len:(i + 1) * self.block_len] = demo_block(i, self.block_len)
+        self.free = [i for i in range(self.num_blocks) if i not in self.held]
+
+    def block(self, i: int) -> bytes:
+        return bytes(self.region[i * self.block_len:(i + 1) * self.block_len])
+
+    @property
+    def quiet(self) -> bool:
+        """Every job started here has its result."""
+        return (self.loads.keys() <= self.load_results.keys()
+                and self.store_jobs.keys() <= self.store_results.keys()
+                and self.lookups_sent == len(self.lookup_results))
+
+
+class SimWorld:
+    """Two peers ``a`` and ``b`` connected by a simulated network.
+
+    Args:
+        seed: seeds :meth:`run`'s choices.
+        block_len, num_blocks: both nodes' layout.
+        held: block numbers each node stores (by node name).
+        timeouts: both sessions' deadlines.
+        configs: per-node overrides of SessionConfig fields (e.g. a mismatching hash_seed).
+        tracer: shared by both sessions.
+    """
+
+    NODES = ("a", "b")
+
+    def __init__(
+        self,
+        seed: int = 0,
+        *,
+        block_len: int = 16,
+        num_blocks: int = 32,
+        held: dict[str, Iterable[int]] | None = None,
+        timeouts: Timeouts | None = None,
+        configs: dict[str, dict[str, object]] | None = None,
+        tracer: Tracer | None = None,
+    ) -> None:
+        self.rng = random.Random(seed)
+        self._pending_answers: list[tuple[str, HostAnswerLookup]] = []
+        self.now = 0.0
+        self.tracer = tracer
+        held = held or {"a": range(0, 8), "b": range(8, 16)}
+        self.hosts = {
+            n: SimHost(n, num_blocks, block_len, frozenset(held.get(n, ()))) for n in self.NODES
+        }
+        self.sessions: dict[str, Session] = {}
+        for n in self.NODES:
+            extra = dict((configs or {}).get(n, {}))
+            cfg = SessionConfig(
+                local_id=f"127.0.0.1:{5000 + self.NODES.index(n)}",
+                agent_metadata=f"agent-{n}".encode(),
+                base_addr=0x1000 * (1 + self.NODES.index(n)),
+                num_blocks=num_blocks,
+                block_len=block_len,
+                timeouts=timeouts or Timeouts(),
+                **extra,  # type: ignore[arg-type]
+            )
+            self.sessions[n] = Session(cfg, tracer)
+        self.channels: dict[tuple[str, str], list[bytes]] = {("a", "b"): [], ("b", "a"): []}
+        self.timers: dict[str, dict[TimerId, float]] = {n: {} for n in self.NODES}
+        self.registrations: set[str] = set()
+        self.writes: dict[tuple[str, int], SimWrite] = {}
+        self.registered: dict[str, bool] = {n: False for n in self.NODES}
+        self._job = 0
+        self.log: list[str] = []
+
+    # ------------------------------------------------------------ plumbing
+    @staticmethod
+    def other(node: str) -> str:
+        return "b" if node == "a" else "a"
+
+    def feed(self, node: str, event: Input) -> list[Output]:
+        """Give ``event`` to ``node``'s session and carry out its outputs."""
+        outputs = self.sessions[node].handle(event, self.now)
+        for out in outputs:
+            self._apply(node, out)
+        return outputs
+
+    def _apply(self, node: str, out: Output) -> None:
+        host = self.hosts[node]
+        if isinstance(out, SendFrame):
+            self.channels[(node, self.other(node))].append(encode(out.message))
+        elif isinstance(out, ArmTimer):
+            self.timers[node][out.timer] = out.deadline
+        elif isinstance(out, DisarmTimer):
+            self.timers[node].pop(out.timer, None)
+        elif isinstance(out, StartRegistration):
+            self.registrations.add(node)
+        elif isinstance(out, StartWrite):
+            self._start_write(node, out)
+        elif isinstance(out, CancelWrite):
+            self.writes[(node, out.xfer)].cancelled = True
+        elif isinstance(out, LoadResult):
+            self._on_load_result(host, out)
+        elif isinstance(out, StoreResult):
+            self._on_store_result(node, host, out)
+        elif isinstance(out, LookupResult):
+            host.lookup_results.append(out)
+        elif isinstance(out, LookupRequest):
+            host.lookup_requests[out.token] = out
+            self._answer_lookup(node, out)
+        elif isinstance(out, ProtocolViolation):
+            host.violations.append(out)
+        elif isinstance(out, SessionDead):
+            host.deaths.append(out)
+        elif isinstance(out, LookupClosed):
+            if out.token in host.lookups_closed:
+                raise SafetyViolation(f"{node}: lookup {out.token} closed twice")
+            host.lookups_closed.add(out.token)
+
+    # --------------------------------------------------------- host actions
+    def start(self) -> None:
+        for n in self.NODES:
+            self.feed(n, HostStart())
+
+    def new_job(self) -> int:
+        self._job += 1
+        return self._job
+
+    def fetch(self, node: str, kv_request_id: str, key_ids: Iterable[int]) -> int | None:
+        """Load demo blocks ``key_ids`` from the peer into free blocks; None if no room."""
+        host = self.hosts[node]
+        key_ids = tuple(key_ids)
+        if len(key_ids) > len(host.free):
+            return None
+        dest = tuple(host.free.pop(0) for _ in key_ids)
+        job = self.new_job()
+        for d in dest:
+            host.owner[d] = job
+        host.loads[job] = Load(job, kv_request_id, key_ids, dest)
+        self.feed(node, HostFetch(job, kv_request_id, tuple(demo_key(k) for k in key_ids), dest))
+        return job
+
+    def supply(self, node: str, kv_request_id: str, key_ids: Iterable[int]) -> int:
+        """Offer stored demo blocks (pinned until the job's StoreResult)."""
+        host = self.hosts[node]
+        key_ids = tuple(k for k in key_ids if k in host.held)
+        job = self.new_job()
+        host.store_jobs[job] = key_ids
+        self.feed(node, HostSupply(job, kv_request_id, tuple(demo_key(k) for k in key_ids),
+                                   key_ids))
+        return job
+
+    def lookup(self, node: str, kv_request_id: str, key_ids: Iterable[int]) -> None:
+        self.hosts[node].lookups_sent += 1
+        self.feed(node, HostLookup(kv_request_id, tuple(demo_key(k) for k in key_ids)))
+
+    def finish(self, node: str, kv_request_id: str) -> None:
+        self.feed(node, HostFinish(kv_request_id))
+
+    def _answer_lookup(self, node: str, req: LookupRequest) -> None:
+        host = self.hosts[node]
+        by_key = {demo_key(i): i for i in host.held}
+        hits = {k: by_key[k] for k in req.keys if k in by_key}
+        job = None
+        if hits:
+            job = self.new_job()
+            host.store_jobs[job] = tuple(hits.values())
+        # Answered after this output batch, as a host would on its next step.
+        self._pending_answers.append((node, HostAnswerLookup(req.token, hits, job)))
+
+    # --------------------------------------------------- safety bookkeeping
+    def _start_write(self, node: str, out: StartWrite) -> None:
+        dst = self.hosts[self.other(node)]
+        if not self.registered[node]:
+            raise SafetyViolation(f"{node} wrote before registering its peer")
+        for r in out.remote_indexes:
+            if not 0 <= r < dst.num_blocks:
+                raise SafetyViolation(f"{node} wrote outside the peer's region: {r}")
+        owners = tuple(dst.owner.get(r) for r in out.remote_indexes)
+        if None in owners:
+            raise SafetyViolation(
+                f"{node} started a write into unowned blocks {out.remote_indexes}")
+        self.writes[(node, out.xfer)] = SimWrite(
+            node, out.xfer, out.local_indexes, out.remote_indexes, owners)
+
+    def _on_load_result(self, host: SimHost, res: LoadResult) -> None:
+        if res.job_id in host.load_results:
+            raise SafetyViolation(f"{host.name}: second result for load job {res.job_id}")
+        host.load_results[res.job_id] = res
+        load = host.loads[res.job_id]
+        if res.success:
+            for k, d in zip(load.key_ids, load.dest, strict=True):
+                if host.block(d) != demo_block(k, host.block_len):
+                    raise SafetyViolation(
+                        f"{host.name}: job {res.job_id} block {d} has wrong bytes")
+        if res.released:
+            for d in load.dest:
+                del host.owner[d]
+                host.free.append(d)
+
+    def _on_store_result(self, node: str, host: SimHost, res: StoreResult) -> None:
+        if res.job_id in host.store_results:
+            raise SafetyViolation(f"{node}: second result for store job {res.job_id}")
+        if res.job_id not in host.store_jobs:
+            raise SafetyViolation(f"{node}: result for unknown store job {res.job_id}")
+        host.store_results[res.job_id] = res
+        pinned = set(host.store_jobs[res.job_id])
+        for w in self.writes.values():
+            if w.src == node and not w.landed and pinned & set(w.local_indexes):
+                raise SafetyViolation(
+                    f"{node}: job {res.job_id} unpinned while write {w.xfer} reads it")
+
+    # ------------------------------------------------------ world actions
+    def deliver(self, src: str, index: int = 0) -> None:
+        """Deliver the ``index``-th queued frame from ``src`` (index > 0 reorders)."""
+        frame = self.channels[(src, self.other(src))].pop(index)
+        self.feed(self.other(src), FrameReceived(frame))
+        self._flush_answers()
+
+    def drop(self, src: str, index: int = 0) -> None:
+        self.channels[(src, self.other(src))].pop(index)
+
+    def duplicate(self, src: str, index: int = 0) -> None:
+        chan = self.channels[(src, self.other(src))]
+        chan.insert(index, chan[index])
+
+    def inject(self, dst: str, frame: bytes) -> None:
+        """Hand ``dst`` an arbitrary frame as if its peer sent it."""
+        self.feed(dst, FrameReceived(frame))
+        self._flush_answers()
+
+    def cut(self) -> None:
+        """The connection breaks: queued frames are lost and both sides learn it."""
+        for chan in self.channels.values():
+            chan.clear()
+        for n in self.NODES:
+            self.feed(n, TransportLost("simulated cut"))
+        self._flush_answers()
+
+    def register(self, node: str, ok: bool = True) -> None:
+        self.registrations.discard(node)
+        self.registered[node] = ok
+        self.feed(node, RegistrationFinished(ok, "" if ok else "simulated failure"))
+        self._flush_answers()
+
+    def land(self, src: str, xfer: int) -> None:
+        """A write's bytes reach the destination (possible until it completes)."""
+        w = self.writes[(src, xfer)]
+        if w.landed:
+            return
+        w.landed = True
+        dst = self.hosts[self.other(src)]
+        srch = self.hosts[src]
+        for local, remote, job in zip(w.local_indexes, w.remote_indexes, w.owner_jobs, strict=True):
+            if dst.owner.get(remote) != job:
+                raise SafetyViolation(
+                    f"write {src}#{xfer} landed in block {remote} after job {job} released it")
+            dst.region[remote * dst.block_len:(remote + 1) * dst.block_len] = srch.block(local)
+
+    def complete(self, src: str, xfer: int, *, fail: bool = False) -> None:
+        """The write ends: landed ones succeed (unless ``fail``), others report failure."""
+        w = self.writes.pop((src, xfer))
+        ok = w.landed and not fail
+        self.feed(src, WriteFinished(xfer, ok))
+        self._flush_answers()
+
+    def fire_timer(self, node: str, timer: TimerId) -> None:
+        deadline = self.timers[node].pop(timer)
+        self.now = max(self.now, deadline)
+        self.feed(node, TimerFired(timer))
+        self._flush_answers()
+
+    def next_deadline(self) -> tuple[float, str, TimerId] | None:
+        best: tuple[float, str, TimerId] | None = None
+        for n in self.NODES:
+            for t, d in self.timers[n].items():
+                if best is None or (d, n, str(t)) < (best[0], best[1], str(best[2])):
+                    best = (d, n, t)
+        return best
+
+    def advance(self) -> bool:
+        """Jump the clock to the next deadline and fire it; False when none is armed."""
+        nxt = self.next_deadline()
+        if nxt is None:
+            return False
+        self.fire_timer(nxt[1], nxt[2])
+        return True
+
+    def _flush_answers(self) -> None:
+        while self._pending_answers:
+            node, answer = self._pending_answers.pop(0)
+            self.feed(node, answer)
+
+    # ------------------------------------------------------------- running
+    def enabled(self) -> list[tuple[str, Callable[[], None]]]:
+        """Every fault-free step that can happen now, except timers."""
+        steps: list[tuple[str, Callable[[], None]]] = []
+        for (src, _dst), chan in self.channels.items():
+            if chan:
+                steps.append((f"deliver {src}", partial(self.deliver, src)))
+        for n in sorted(self.registrations):
+            steps.append((f"register {n}", partial(self.register, n)))
+        for (src, xfer), w in sorted(self.writes.items()):
+            if not w.landed and not w.cancelled:
+                steps.append((f"land {src}#{xfer}", partial(self.land, src, xfer)))
+            else:
+                steps.append((f"complete {src}#{xfer}", partial(self.complete, src, xfer)))
+        return steps
+
+    def run(self, max_steps: int = 10_000, *, timers: bool = True) -> int:
+        """Take random enabled steps until nothing but timers is left (then fire them if
+        ``timers``); returns the steps taken. Bounded by ``max_steps``."""
+        for taken in range(max_steps):
+            steps = self.enabled()
+            if steps:
+                self.rng.choice(steps)[1]()
+            elif not (timers and self.advance()):
+                return taken
+        raise SafetyViolation(f"no quiescence after {max_steps} steps")
+
+    def stabilize(self, max_steps: int = 10_000) -> int:
+        """Deliver, register and complete everything in order (no timers, no randomness)."""
+        for taken in range(max_steps):
+            steps = self.enabled()
+            if not steps:
+                return taken
+            steps[0][1]()
+        raise SafetyViolation(f"no quiescence after {max_steps} steps")

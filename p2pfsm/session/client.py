@@ -1,0 +1,127 @@
+"""Consumer role: load rounds and lookups.
+
+Each :class:`ClientRound` is one load job for (kv_request_id, round_seq) and each
+:class:`ClientLookup` one lookup frame; their machines (``models/client_round.toml``,
+``models/client_lookup.toml``) decide every state change, and the methods below are
+the guards and actions those files name. Round numbers come from a per-request
+counter that is never reset within a session, so a round number is never reused.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from p2pfsm.fsm import CompiledMachine, Tracer, machine
+from p2pfsm.protocol import AbortFetch, Fetch, Lookup, LookupResp, TransferDone
+from p2pfsm.session.outputs import LoadResult, LookupResult
+
+if TYPE_CHECKING:
+    from p2pfsm.session.core import Session
+
+
+class ClientRound:
+    """One load job: a fetch for (kv_request_id, round_seq)."""
+
+    __slots__ = ("dest_indexes", "fsm_state", "job_id", "keys", "kv_request_id", "round_seq", "s")
+
+    def __init__(
+        self, s: Session, job_id: int, kv_request_id: str, round_seq: int,
+        keys: tuple[bytes, ...], dest_indexes: tuple[int, ...],
+    ) -> None:
+        self.s = s
+        self.fsm_state = CLIENT_ROUND.spec.initial
+        self.job_id = job_id
+        self.kv_request_id = kv_request_id
+        self.round_seq = round_seq
+        self.keys = keys
+        self.dest_indexes = dest_indexes
+
+    @property
+    def fsm_label(self) -> str:
+        return f"{self.kv_request_id}/{self.round_seq}"
+
+    @property
+    def fsm_tracer(self) -> Tracer | None:
+        return self.s.tracer
+
+    def _timer(self, kind: str) -> tuple[str, str, int]:
+        return (kind, self.kv_request_id, self.round_seq)
+
+    # actions
+    def send_fetch(self, _ev: object) -> None:
+        self.s.send(Fetch(self.kv_request_id, self.keys, self.dest_indexes, self.round_seq))
+
+    def arm_load_timer(self, _ev: object) -> None:
+        self.s.arm(self._timer("load"), self.s.config.timeouts.load)
+
+    def disarm_load_timer(self, _ev: object) -> None:
+        self.s.disarm(self._timer("load"))
+
+    def send_abort(self, _ev: object) -> None:
+        self.s.send(AbortFetch(self.kv_request_id, self.round_seq))
+
+    def arm_abort_ack_timer(self, _ev: object) -> None:
+        self.s.arm(self._timer("abort_ack"), self.s.config.timeouts.abort_ack)
+
+    def disarm_abort_ack_timer(self, _ev: object) -> None:
+        self.s.disarm(self._timer("abort_ack"))
+
+    def report_transfer_result(self, ev: object) -> None:
+        assert isinstance(ev, TransferDone)
+        self._report(ev.success, released=True)
+
+    def report_aborted(self, _ev: object) -> None:
+        self._report(False, released=True)
+
+    def report_orphaned(self, _ev: object) -> None:
+        self._report(False, released=False)
+
+    def _report(self, success: bool, *, released: bool) -> None:
+        self.s.emit(LoadResult(self.job_id, self.kv_request_id, success, released))
+        self.s.forget_load(self)
+
+
+class ClientLookup:
+    """One lookup frame sent to the peer, waiting for its lookup_resp."""
+
+    __slots__ = ("fsm_state", "keys", "kv_request_id", "round_seq", "s", "serial")
+
+    def __init__(
+        self, s: Session, serial: int, kv_request_id: str, round_seq: int, keys: tuple[bytes, ...],
+    ) -> None:
+        self.s = s
+        self.fsm_state = CLIENT_LOOKUP.spec.initial
+        self.serial = serial
+        self.kv_request_id = kv_request_id
+        self.round_seq = round_seq
+        self.keys = keys
+
+    @property
+    def fsm_label(self) -> str:
+        return f"{self.kv_request_id}/{self.round_seq}#{self.serial}"
+
+    @property
+    def fsm_tracer(self) -> Tracer | None:
+        return self.s.tracer
+
+    # actions
+    def send_lookup(self, _ev: object) -> None:
+        self.s.send(Lookup(self.kv_request_id, self.keys, self.round_seq))
+
+    def arm_lookup_timer(self, _ev: object) -> None:
+        self.s.arm(("lookup", self.serial), self.s.config.timeouts.lookup)
+
+    def disarm_lookup_timer(self, _ev: object) -> None:
+        self.s.disarm(("lookup", self.serial))
+
+    def report_answer(self, ev: object) -> None:
+        assert isinstance(ev, LookupResp)
+        self.s.emit(LookupResult(self.kv_request_id, self.keys, ev.hits, answered=True))
+
+    def report_all_miss(self, _ev: object) -> None:
+        misses = (False,) * len(self.keys)
+        self.s.emit(LookupResult(self.kv_request_id, self.keys, misses, answered=False))
+
+
+CLIENT_ROUND = CompiledMachine(machine("client_round"), ClientRound)
+CLIENT_LOOKUP = CompiledMachine(machine("client_lookup"), ClientLookup)

@@ -1,0 +1,68 @@
+"""Session configuration: our identity, our memory layout, and deadlines."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from p2pfsm.errors import ConfigError
+from p2pfsm.protocol import DEFAULT_LIMITS, Limits
+
+DEFAULT_HASH_SEED = "vllm-none-hash"
+"""vLLM's default prefix-cache hash seed (a wire-visible fact)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    """Deadlines in seconds; defaults are vLLM 0.33.0's."""
+
+    handshake: float = 30.0
+    load: float = 30.0
+    abort_ack: float = 10.0
+    store: float = 30.0
+    lookup: float = 30.0
+    lookup_pending: float = 5.0
+
+    def __post_init__(self) -> None:
+        for name in ("handshake", "load", "abort_ack", "store", "lookup", "lookup_pending"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
+                raise ConfigError(f"timeouts.{name}: expected a positive number, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class SessionConfig:
+    """What a session advertises in its connect and checks in the peer's.
+
+    Args:
+        local_id: our "host:port" identity (also the NIXL agent name).
+        agent_metadata: our data plane's registration blob.
+        base_addr: address of block 0 of our region.
+        num_blocks: blocks in our region.
+        block_len: bytes per block; the peer's must be equal.
+        hash_seed: prefix-cache hash seed; the peer's must be equal.
+        config_fingerprint: model-config fingerprint; the peer's must be equal (exactly).
+        expected_peer_id: when set, the peer's connect must carry this peer_id.
+    """
+
+    local_id: str
+    agent_metadata: bytes
+    base_addr: int
+    num_blocks: int
+    block_len: int
+    hash_seed: str = DEFAULT_HASH_SEED
+    config_fingerprint: str = ""
+    expected_peer_id: str | None = None
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    limits: Limits = DEFAULT_LIMITS
+
+    def __post_init__(self) -> None:
+        if not self.local_id:
+            raise ConfigError("local_id: must not be empty")
+        for name in ("num_blocks", "block_len"):
+            value = getattr(self, name)
+            if type(value) is not int or value <= 0:
+                raise ConfigError(f"{name}: expected a positive int, got {value!r}")
+        if type(self.base_addr) is not int or self.base_addr < 0:
+            raise ConfigError(f"base_addr: expected a non-negative int, got {self.base_addr!r}")
+        if not self.hash_seed:
+            raise ConfigError("hash_seed: must not be empty")

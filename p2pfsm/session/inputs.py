@@ -1,0 +1,118 @@
+"""Events a session consumes: frames, timers, data-plane news and host calls.
+
+All are frozen, slotted dataclasses. A session consumes them one at a time with
+:meth:`p2pfsm.session.Session.handle`, together with the current time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+TimerId = tuple[str | int, ...]
+"""A timer's identity, e.g. ``("load", "req-1", 0)``; armed and disarmed by outputs."""
+
+
+@dataclass(frozen=True, slots=True)
+class FrameReceived:
+    """One control frame from the peer, still encoded (untrusted bytes)."""
+
+    frame: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class TimerFired:
+    """A timer armed by :class:`~p2pfsm.session.outputs.ArmTimer` reached its deadline."""
+
+    timer: TimerId
+
+
+@dataclass(frozen=True, slots=True)
+class RegistrationFinished:
+    """The data plane finished registering the peer (answer to StartRegistration)."""
+
+    ok: bool
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class WriteFinished:
+    """A write started by StartWrite can no longer touch memory (landed, failed or cancelled)."""
+
+    xfer: int
+    ok: bool
+
+
+@dataclass(frozen=True, slots=True)
+class TransportLost:
+    """The control connection to the peer failed."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class HostStart:
+    """Open the session: send our connect."""
+
+
+@dataclass(frozen=True, slots=True)
+class HostFetch:
+    """Load ``keys`` from the peer into our blocks ``dest_indexes`` (one load job)."""
+
+    job_id: int
+    kv_request_id: str
+    keys: tuple[bytes, ...]
+    dest_indexes: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class HostLookup:
+    """Ask the peer which of ``keys`` it holds (symmetric P2P)."""
+
+    kv_request_id: str
+    keys: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class HostSupply:
+    """Stored blocks the peer may fetch: ``keys[i]`` lives at our block ``local_indexes[i]``.
+
+    The blocks stay pinned until the job's StoreResult.
+    """
+
+    job_id: int
+    kv_request_id: str
+    keys: tuple[bytes, ...]
+    local_indexes: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class HostAnswerLookup:
+    """The host's answer to a LookupRequest.
+
+    ``hits`` maps each hit key to the local block now pinned for it under ``job_id``;
+    keys in ``pending`` are not known yet (answer again later); all others are misses.
+    """
+
+    token: int
+    hits: Mapping[bytes, int] = field(default_factory=dict)
+    job_id: int | None = None
+    pending: frozenset[bytes] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class HostFinish:
+    """The host is done with ``kv_request_id`` on both roles."""
+
+    kv_request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class HostClose:
+    """Close the session; every outstanding job gets its result."""
+
+
+Input = (
+    FrameReceived | TimerFired | RegistrationFinished | WriteFinished | TransportLost
+    | HostStart | HostFetch | HostLookup | HostSupply | HostAnswerLookup | HostFinish | HostClose
+)

@@ -1,0 +1,147 @@
+"""Actions a session asks its executor to perform, in the order given.
+
+Ordering obligations: SendFrame outputs must reach the wire in order;
+StartWrite must be started before any later CancelWrite of the same ``xfer``;
+results are final (each job gets exactly one LoadResult or StoreResult).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from p2pfsm.errors import HandshakeMismatch, RemoteProtocolError
+from p2pfsm.protocol import Connect, Message
+from p2pfsm.session.inputs import TimerId
+
+
+@dataclass(frozen=True, slots=True)
+class SendFrame:
+    """Send one control message to the peer."""
+
+    message: Message
+
+
+@dataclass(frozen=True, slots=True)
+class StartRegistration:
+    """Register the peer's memory with the data plane; answer with RegistrationFinished."""
+
+    connect: Connect
+
+
+@dataclass(frozen=True, slots=True)
+class StartWrite:
+    """Write our blocks ``local_indexes[i]`` into the peer's ``remote_indexes[i]`` in one go."""
+
+    xfer: int
+    local_indexes: tuple[int, ...]
+    remote_indexes: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CancelWrite:
+    """Stop transfer ``xfer``; report WriteFinished once it can no longer touch memory."""
+
+    xfer: int
+
+
+@dataclass(frozen=True, slots=True)
+class ArmTimer:
+    """Fire TimerFired(timer) at ``deadline`` (replaces an armed timer of the same id)."""
+
+    timer: TimerId
+    deadline: float
+
+
+@dataclass(frozen=True, slots=True)
+class DisarmTimer:
+    """Forget ``timer``."""
+
+    timer: TimerId
+
+
+@dataclass(frozen=True, slots=True)
+class LoadResult:
+    """The one result of a load job.
+
+    ``released`` is True when the peer can no longer write into the job's destination
+    blocks (transfer_done or abort_ack arrived): only then may the host reuse them.
+    """
+
+    job_id: int
+    kv_request_id: str
+    success: bool
+    released: bool
+
+
+@dataclass(frozen=True, slots=True)
+class StoreResult:
+    """The one result of a store (supply or lookup pin) job; its pins may be released now."""
+
+    job_id: int
+    success: bool
+
+
+@dataclass(frozen=True, slots=True)
+class LookupResult:
+    """The one answer to a host lookup: ``hits[i]`` for ``keys[i]``; ``answered`` is False
+    when the peer did not answer (deadline, finish or session end: all MISS)."""
+
+    kv_request_id: str
+    keys: tuple[bytes, ...]
+    hits: tuple[bool, ...]
+    answered: bool
+
+
+@dataclass(frozen=True, slots=True)
+class LookupRequest:
+    """The peer asks which keys we hold; answer with HostAnswerLookup(token, ...)."""
+
+    token: int
+    kv_request_id: str
+    round_seq: int
+    keys: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class LookupClosed:
+    """The lookup ``token`` is over (answered or dropped); the host may drop its context."""
+
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
+class FetchArrived:
+    """The peer fetched (kv_request_id, round_seq): supply for it is wanted."""
+
+    kv_request_id: str
+    round_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class ProtocolViolation:
+    """A frame was rejected; it changed nothing."""
+
+    error: RemoteProtocolError
+
+
+@dataclass(frozen=True, slots=True)
+class FrameIgnored:
+    """A well-formed but stale or unknown frame was dropped (benign races)."""
+
+    message_type: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class SessionDead:
+    """The session failed; ``mismatch`` is set when the peer's config is incompatible."""
+
+    reason: str
+    mismatch: HandshakeMismatch | None = None
+
+
+Output = (
+    SendFrame | StartRegistration | StartWrite | CancelWrite | ArmTimer | DisarmTimer
+    | LoadResult | StoreResult | LookupResult | LookupRequest | LookupClosed | FetchArrived
+    | ProtocolViolation | FrameIgnored | SessionDead
+)

@@ -1,0 +1,251 @@
+"""Producer role: serve rounds and lookups.
+
+A :class:`ServerRound` holds one (kv_request_id, round_seq)'s supply (our pinned
+blocks, by key) and demand (the consumer's destination index, by key). Every
+match event starts one write. The round ends exactly once, from ``settle``, and
+only when none of its writes is in flight; its jobs' StoreResults (pin releases)
+and its reply (transfer_done or abort_ack) go out then. Supply the host gives
+before any fetch names a round waits in an *unbound* round (round_seq None) that
+the first fetch of the request adopts.
+
+A :class:`ServerLookup` is one received lookup frame; the host resolves its keys
+through LookupRequest / HostAnswerLookup; the answer goes out once every key is
+settled and every earlier lookup of the same request has been answered.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from p2pfsm.fsm import CompiledMachine, Tracer, machine
+from p2pfsm.protocol import AbortAck, Fetch, LookupResp, TransferDone
+from p2pfsm.session.inputs import HostAnswerLookup, HostSupply, WriteFinished
+from p2pfsm.session.outputs import CancelWrite, LookupClosed, LookupRequest, StartWrite, StoreResult
+
+if TYPE_CHECKING:
+    from p2pfsm.session.core import Session
+
+
+class LookupPin:
+    """Blocks pinned by a lookup hit, handed to the round as supply."""
+
+    __slots__ = ("job_id", "keys", "local_indexes")
+
+    def __init__(
+        self, job_id: int, keys: tuple[bytes, ...], local_indexes: tuple[int, ...]
+    ) -> None:
+        self.job_id = job_id
+        self.keys = keys
+        self.local_indexes = local_indexes
+
+
+class ServerRound:
+    """Producer state of one (kv_request_id, round_seq)."""
+
+    __slots__ = (
+        "aborted", "demand", "demanded", "failed", "fsm_state", "inflight", "jobs", "kv_request_id",
+        "landed", "lookup_supplied", "round_seq", "s", "serial", "silent", "succeeded", "supply",
+        "total",
+    )
+
+    def __init__(self, s: Session, serial: int, kv_request_id: str, round_seq: int | None) -> None:
+        self.s = s
+        self.fsm_state = SERVER_ROUND.spec.initial
+        self.serial = serial
+        self.kv_request_id = kv_request_id
+        self.round_seq = round_seq
+        self.supply: dict[bytes, int] = {}
+        self.demand: dict[bytes, int] = {}
+        self.inflight: dict[int, int] = {}
+        self.jobs: set[int] = set()
+        self.demanded = False
+        self.total = 0
+        self.landed = 0
+        self.lookup_supplied = False
+        self.failed = False
+        self.aborted = False
+        self.silent = False
+        self.succeeded = False
+
+    @property
+    def fsm_label(self) -> str:
+        return f"{self.kv_request_id}/{'-' if self.round_seq is None else self.round_seq}"
+
+    @property
+    def fsm_tracer(self) -> Tracer | None:
+        return self.s.tracer
+
+    def _add(self, job_id: int, keys: tuple[bytes, ...], local_indexes: tuple[int, ...]) -> None:
+        self.jobs.add(job_id)
+        self.s.bind_store_job(job_id, self)
+        for key, local in zip(keys, local_indexes, strict=True):
+            self.supply.setdefault(key, local)
+
+    # guards
+    def is_unservable(self, ev: object) -> bool:
+        assert isinstance(ev, Fetch)
+        return self.lookup_supplied and any(k not in self.supply for k in ev.keys)
+
+    def is_complete(self, _ev: object) -> bool:
+        return not self.demand and not self.inflight and self.landed == self.total
+
+    def is_quiescent(self, _ev: object) -> bool:
+        return not self.inflight
+
+    # actions
+    def add_supply(self, ev: object) -> None:
+        assert isinstance(ev, HostSupply)
+        self._add(ev.job_id, ev.keys, ev.local_indexes)
+
+    def add_lookup_supply(self, ev: object) -> None:
+        assert isinstance(ev, LookupPin)
+        self.lookup_supplied = True
+        self._add(ev.job_id, ev.keys, ev.local_indexes)
+
+    def reject_supply(self, ev: object) -> None:
+        assert isinstance(ev, HostSupply)
+        self.s.emit(StoreResult(ev.job_id, False))
+
+    def arm_store_timer(self, _ev: object) -> None:
+        self.s.arm(("store", self.serial), self.s.config.timeouts.store, keep=True)
+
+    def disarm_store_timer(self, _ev: object) -> None:
+        self.s.disarm(("store", self.serial))
+
+    def record_demand(self, ev: object) -> None:
+        assert isinstance(ev, Fetch)
+        self.demanded = True
+        self.total = len(ev.keys)
+        self.demand = dict(zip(ev.keys, ev.block_indexes, strict=True))
+
+    def write_matched(self, _ev: object) -> None:
+        small, large = (
+            (self.demand, self.supply) if len(self.demand) <= len(self.supply)
+            else (self.supply, self.demand)
+        )
+        matched = [k for k in small if k in large]
+        if not matched:
+            return
+        local = tuple(self.supply.pop(k) for k in matched)
+        remote = tuple(self.demand.pop(k) for k in matched)
+        xfer = self.s.new_write(self)
+        self.inflight[xfer] = len(matched)
+        self.s.emit(StartWrite(xfer, local, remote))
+
+    def account_write(self, ev: object) -> None:
+        assert isinstance(ev, WriteFinished)
+        count = self.inflight.pop(ev.xfer)
+        if ev.ok:
+            self.landed += count
+
+    def mark_failed(self, _ev: object) -> None:
+        self.failed = True
+
+    def mark_aborted(self, _ev: object) -> None:
+        self.aborted = True
+
+    def mark_closed(self, _ev: object) -> None:
+        self.silent = True
+
+    def cancel_writes(self, _ev: object) -> None:
+        for xfer in self.inflight:
+            self.s.emit(CancelWrite(xfer))
+
+    def send_done_success(self, _ev: object) -> None:
+        self.succeeded = True
+        self.s.send(TransferDone(self.kv_request_id, True, self._wire_round()))
+
+    def send_done_failure(self, _ev: object) -> None:
+        self.s.send(TransferDone(self.kv_request_id, False, self._wire_round()))
+
+    def send_final_reply(self, _ev: object) -> None:
+        if not self.s.alive:
+            return
+        if self.aborted:
+            self.s.send(AbortAck(self.kv_request_id, self._wire_round()))
+        elif self.demanded and not self.silent:
+            self.succeeded = not self.failed and self.landed == self.total and not self.demand
+            self.s.send(TransferDone(self.kv_request_id, self.succeeded, self._wire_round()))
+
+    def release_jobs(self, _ev: object) -> None:
+        for job in sorted(self.jobs):
+            self.s.emit(StoreResult(job, self.succeeded))
+        self.s.forget_round(self)
+
+    def _wire_round(self) -> int:
+        # Only rounds named by a frame reply on the wire, and those have a round_seq.
+        return self.round_seq if self.round_seq is not None else 0
+
+
+class ServerLookup:
+    """One lookup frame received from the peer."""
+
+    __slots__ = ("fsm_state", "keys", "kv_request_id", "pending", "resolved", "round_seq", "s",
+                 "token")
+
+    def __init__(
+        self, s: Session, token: int, kv_request_id: str, round_seq: int, keys: tuple[bytes, ...],
+    ) -> None:
+        self.s = s
+        self.fsm_state = SERVER_LOOKUP.spec.initial
+        self.token = token
+        self.kv_request_id = kv_request_id
+        self.round_seq = round_seq
+        self.keys = keys
+        self.resolved: dict[bytes, bool] = {}
+        self.pending: set[bytes] = set(keys)
+
+    @property
+    def fsm_label(self) -> str:
+        return f"{self.kv_request_id}/{self.round_seq}#{self.token}"
+
+    @property
+    def fsm_tracer(self) -> Tracer | None:
+        return self.s.tracer
+
+    # guards
+    def is_answerable(self, _ev: object) -> bool:
+        return not self.pending and self.s.is_first_lookup(self)
+
+    # actions
+    def ask_host(self, _ev: object) -> None:
+        unique = tuple(dict.fromkeys(self.keys))
+        self.s.emit(LookupRequest(self.token, self.kv_request_id, self.round_seq, unique))
+
+    def arm_pending_timer(self, _ev: object) -> None:
+        self.s.arm(("lookup_pending", self.token), self.s.config.timeouts.lookup_pending)
+
+    def disarm_pending_timer(self, _ev: object) -> None:
+        self.s.disarm(("lookup_pending", self.token))
+
+    def record_answers(self, ev: object) -> None:
+        assert isinstance(ev, HostAnswerLookup)
+        for key in list(self.pending):
+            if key in ev.hits:
+                self.resolved[key] = True
+            elif key not in ev.pending:
+                self.resolved[key] = False
+            else:
+                continue
+            self.pending.discard(key)
+        if ev.hits and ev.job_id is not None:
+            keys = tuple(ev.hits)
+            pin = LookupPin(ev.job_id, keys, tuple(ev.hits[k] for k in keys))
+            self.s.pin_lookup_hits(self.kv_request_id, self.round_seq, pin)
+
+    def expire_pending(self, _ev: object) -> None:
+        for key in self.pending:
+            self.resolved[key] = False
+        self.pending.clear()
+
+    def send_lookup_resp(self, _ev: object) -> None:
+        hits = tuple(self.resolved[k] for k in self.keys)
+        self.s.send(LookupResp(self.kv_request_id, self.keys, hits))
+
+    def close_host_context(self, _ev: object) -> None:
+        self.s.emit(LookupClosed(self.token))
+        self.s.forget_lookup(self)
+
+
+SERVER_ROUND = CompiledMachine(machine("server_round"), ServerRound)
+SERVER_LOOKUP = CompiledMachine(machine("server_lookup"), ServerLookup)
