@@ -1,0 +1,159 @@
+"""The nine control messages as frozen, slotted dataclasses.
+
+Each class mirrors one wire map. Its fields are declared in the order vLLM
+0.33.0 writes the map's keys (``vllm-wire-notes.md`` §3, "Messages"), after the
+``type`` key, so ``validate.to_dict`` can rebuild byte-identical frames. The
+``TYPE`` class variable holds the wire type string.
+
+The classes hold data only: they do not check their values. Frames from a peer
+reach them through ``validate.from_dict``, which checks every field before any
+instance is built. Lists are tuples here, so messages are hashable and immutable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, TypeAlias
+
+from p2pfsm.protocol import names
+
+
+@dataclass(frozen=True, slots=True)
+class Connect:
+    """Handshake opener, sent by both sides (client first, server in reply).
+
+    Attributes:
+        peer_id: the sender's ``host:port`` identity.
+        agent_metadata: the sender's opaque NIXL agent metadata blob.
+        base_addr: start address of the sender's KV block region.
+        num_blocks: number of blocks in that region.
+        block_len: bytes per block; must equal ours.
+        config_fingerprint: model configuration digest, or "" to skip the check.
+        hash_seed: the prefix-cache hash seed; must equal ours.
+    """
+
+    TYPE: ClassVar[str] = names.CONNECT
+
+    peer_id: str
+    agent_metadata: bytes
+    base_addr: int
+    num_blocks: int
+    block_len: int
+    config_fingerprint: str
+    hash_seed: str
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectAck:
+    """Handshake acknowledgement, sent once the peer's metadata is registered."""
+
+    TYPE: ClassVar[str] = names.CONNECT_ACK
+
+    peer_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Disconnect:
+    """Graceful close, either direction; carries no field besides ``type``."""
+
+    TYPE: ClassVar[str] = names.DISCONNECT
+
+
+@dataclass(frozen=True, slots=True)
+class Fetch:
+    """Client to server: write these keys into these client block indexes.
+
+    ``keys[i]`` goes to ``block_indexes[i]`` in the client's region. An empty
+    fetch (no keys) is the terminal "request finished" signal for the id.
+    """
+
+    TYPE: ClassVar[str] = names.FETCH
+
+    kv_request_id: str
+    keys: tuple[bytes, ...]
+    block_indexes: tuple[int, ...]
+    round_seq: int
+
+    @property
+    def is_terminal(self) -> bool:
+        """True for the empty fetch that ends the request on the server."""
+        return not self.keys
+
+
+@dataclass(frozen=True, slots=True)
+class Lookup:
+    """Client to server: which of these keys do you hold? (symmetric P2P)."""
+
+    TYPE: ClassVar[str] = names.LOOKUP
+
+    kv_request_id: str
+    keys: tuple[bytes, ...]
+    round_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class LookupResp:
+    """Server to client: ``hits[i]`` answers ``keys[i]``, in the lookup's order."""
+
+    TYPE: ClassVar[str] = names.LOOKUP_RESP
+
+    kv_request_id: str
+    keys: tuple[bytes, ...]
+    hits: tuple[bool, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TransferDone:
+    """Server to client: round ``round_seq`` of the request ended (or failed)."""
+
+    TYPE: ClassVar[str] = names.TRANSFER_DONE
+
+    kv_request_id: str
+    success: bool
+    round_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class AbortFetch:
+    """Client to server: cancel round ``round_seq`` of the request."""
+
+    TYPE: ClassVar[str] = names.ABORT_FETCH
+
+    kv_request_id: str
+    round_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class AbortAck:
+    """Server to client: the round is cancelled and no write can still land."""
+
+    TYPE: ClassVar[str] = names.ABORT_ACK
+
+    kv_request_id: str
+    round_seq: int
+
+
+Message: TypeAlias = (
+    Connect
+    | ConnectAck
+    | Disconnect
+    | Fetch
+    | Lookup
+    | LookupResp
+    | TransferDone
+    | AbortFetch
+    | AbortAck
+)
+
+__all__ = [
+    "AbortAck",
+    "AbortFetch",
+    "Connect",
+    "ConnectAck",
+    "Disconnect",
+    "Fetch",
+    "Lookup",
+    "LookupResp",
+    "Message",
+    "TransferDone",
+]

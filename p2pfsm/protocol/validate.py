@@ -1,0 +1,400 @@
+"""Strict validation of decoded frames, and the reverse mapping to wire dicts.
+
+Theory of operation: ``codec.decode`` turns bytes into plain Python values
+(dict, list, str, bytes, int, bool) under size limits, then hands the dict to
+``from_dict``. ``from_dict`` checks every field of the named message *before*
+building anything, and raises ``MalformedFrame(field, reason)`` on the first
+problem, so a caller never sees a half-valid message. The rules are stricter
+than vLLM 0.33.0's own checks (``vllm-wire-notes.md`` §3 and §11 list what it
+lets through):
+
+- exact types: a bool is never accepted as an int, an int never as a bool,
+  keys must be msgpack bin (``bytes``) and text must be ``str``;
+- every int is bounded (a block index of 2**31 crashed vLLM's transfer call);
+- parallel lists have equal lengths, and all sizes are capped by ``Limits``.
+
+Unknown extra fields are ignored, as vLLM ignores them. A missing
+``config_fingerprint`` reads as "" (vLLM tolerates it and skips the check).
+``check_block_indexes`` is the one rule that needs session state: the peer's
+advertised ``num_blocks``, known only after the handshake.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sized
+from dataclasses import dataclass, fields
+from typing import Final, cast
+
+from p2pfsm.errors import ConfigError, LocalProtocolError, MalformedFrame, UnknownMessageType
+from p2pfsm.protocol import names
+from p2pfsm.protocol.messages import (
+    AbortAck,
+    AbortFetch,
+    Connect,
+    ConnectAck,
+    Disconnect,
+    Fetch,
+    Lookup,
+    LookupResp,
+    Message,
+    TransferDone,
+)
+
+_KIB: Final = 1024
+_MIB: Final = 1024 * _KIB
+_U64_LIMIT: Final = 2**64  # base_addr and the region end must stay below this
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Upper bounds applied to every frame from a peer.
+
+    Attributes:
+        max_frame_bytes: longest frame accepted, checked before unpacking
+            (room for the largest metadata blob plus the other fields).
+        max_list_items: most entries in ``keys``, ``block_indexes`` or ``hits``.
+        max_key_bytes: longest block key, in bytes (keys are 1 byte at least).
+        max_str_len: longest text field, in UTF-8 bytes.
+        max_metadata_bytes: largest ``agent_metadata`` blob.
+        max_block_index: largest block index accepted in a fetch.
+        max_num_blocks: most blocks a peer may advertise in ``connect``.
+        max_round_seq: largest ``round_seq``.
+    """
+
+    max_frame_bytes: int = 64 * _MIB + 64 * _KIB
+    max_list_items: int = 65536
+    max_key_bytes: int = 4096
+    max_str_len: int = 4096
+    max_metadata_bytes: int = 64 * _MIB
+    max_block_index: int = 2**31 - 1
+    max_num_blocks: int = 2**31
+    max_round_seq: int = 2**64 - 1
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if type(value) is not int or value < 1:
+                raise ConfigError(f"Limits.{f.name} must be a positive int, got {value!r}")
+
+
+DEFAULT_LIMITS: Final = Limits()
+
+
+# ---------------------------------------------------------------------------
+# Error text helpers: never echo a whole untrusted value into a message.
+# ---------------------------------------------------------------------------
+
+
+def _tname(value: object) -> str:
+    return type(value).__name__
+
+
+def _int_text(value: int) -> str:
+    # str() of a huge int is slow and can raise (sys.int_max_str_digits).
+    return str(value) if value.bit_length() <= 128 else f"<int of {value.bit_length()} bits>"
+
+
+def _str_preview(value: str, limit: int = 40) -> str:
+    return repr(value) if len(value) <= limit else repr(value[:limit]) + "..."
+
+
+# ---------------------------------------------------------------------------
+# Field checks. Each returns the checked value or raises MalformedFrame(field, ...).
+# ---------------------------------------------------------------------------
+
+
+def _get(obj: Mapping[str, object], name: str) -> object:
+    try:
+        return obj[name]
+    except KeyError:
+        raise MalformedFrame(name, "missing") from None
+
+
+def _check_int(value: object, field: str, low: int, high: int) -> int:
+    if type(value) is not int:  # exact: rejects bool (an int subclass) and float
+        raise MalformedFrame(field, f"expected int, got {_tname(value)}")
+    if value < low:
+        raise MalformedFrame(field, f"must be >= {low}, got {_int_text(value)}")
+    if value > high:
+        raise MalformedFrame(field, f"must be <= {high}, got {_int_text(value)}")
+    return value
+
+
+def _check_bool(value: object, field: str) -> bool:
+    if type(value) is not bool:  # exact: rejects the int 1
+        raise MalformedFrame(field, f"expected bool, got {_tname(value)}")
+    return value
+
+
+def _check_bytes(value: object, field: str, low: int, high: int) -> bytes:
+    if type(value) is not bytes:
+        raise MalformedFrame(field, f"expected bytes (msgpack bin), got {_tname(value)}")
+    size = len(value)
+    if size < low:
+        raise MalformedFrame(field, f"must be at least {low} bytes, got {size}")
+    if size > high:
+        raise MalformedFrame(field, f"must be at most {high} bytes, got {size}")
+    return value
+
+
+def _check_text(value: object, field: str, limits: Limits, *, nonempty: bool) -> str:
+    if type(value) is not str:
+        raise MalformedFrame(field, f"expected str, got {_tname(value)}")
+    if nonempty and not value:
+        raise MalformedFrame(field, "must not be empty")
+    # UTF-8 never has fewer bytes than characters, so a long str fails before encoding.
+    if len(value) > limits.max_str_len:
+        raise MalformedFrame(field, f"longer than {limits.max_str_len} bytes")
+    if not value.isascii():
+        try:
+            size = len(value.encode("utf-8"))
+        except UnicodeEncodeError:  # lone surrogates: cannot go on the wire
+            raise MalformedFrame(field, "not encodable as UTF-8") from None
+        if size > limits.max_str_len:
+            raise MalformedFrame(field, f"longer than {limits.max_str_len} bytes ({size})")
+    return value
+
+
+def _check_list(value: object, field: str, limits: Limits) -> list[object] | tuple[object, ...]:
+    # The wire gives lists; tuples are accepted for callers that unpack with use_list=False.
+    if not isinstance(value, list | tuple):
+        raise MalformedFrame(field, f"expected array, got {_tname(value)}")
+    if len(value) > limits.max_list_items:
+        raise MalformedFrame(field, f"more than {limits.max_list_items} items ({len(value)})")
+    return value
+
+
+def _check_keys(obj: Mapping[str, object], limits: Limits) -> tuple[bytes, ...]:
+    keys = _check_list(_get(obj, "keys"), "keys", limits)
+    high = limits.max_key_bytes
+    # Fast path for the all-valid case, in C loops; the slow loop names the first bad entry.
+    if not keys:
+        return ()
+    if set(map(type, keys)) == {bytes}:
+        checked = cast("list[bytes] | tuple[bytes, ...]", keys)
+        sizes = set(map(len, checked))  # keys usually share one size: one pass, tiny set
+        if min(sizes) > 0 and max(sizes) <= high:
+            return tuple(checked)
+    return tuple(_check_bytes(k, f"keys[{i}]", 1, high) for i, k in enumerate(keys))
+
+
+def _check_same_length(field: str, items: Sized, keys: tuple[bytes, ...]) -> None:
+    if len(items) != len(keys):
+        raise MalformedFrame(field, f"has {len(items)} items but keys has {len(keys)}")
+
+
+def _check_block_index_list(
+    obj: Mapping[str, object], limits: Limits, keys: tuple[bytes, ...]
+) -> tuple[int, ...]:
+    indexes = _check_list(_get(obj, "block_indexes"), "block_indexes", limits)
+    _check_same_length("block_indexes", indexes, keys)
+    high = limits.max_block_index
+    if not indexes:
+        return ()
+    if set(map(type, indexes)) == {int}:  # exact int: a bool is not an index
+        checked = cast("list[int] | tuple[int, ...]", indexes)
+        if min(checked) >= 0 and max(checked) <= high:
+            return tuple(checked)
+    return tuple(_check_int(x, f"block_indexes[{i}]", 0, high) for i, x in enumerate(indexes))
+
+
+def _check_hits(
+    obj: Mapping[str, object], limits: Limits, keys: tuple[bytes, ...]
+) -> tuple[bool, ...]:
+    hits = _check_list(_get(obj, "hits"), "hits", limits)
+    _check_same_length("hits", hits, keys)
+    if not hits or set(map(type, hits)) == {bool}:
+        return tuple(cast("list[bool] | tuple[bool, ...]", hits))
+    return tuple(_check_bool(h, f"hits[{i}]") for i, h in enumerate(hits))
+
+
+def _round_seq(obj: Mapping[str, object], limits: Limits) -> int:
+    return _check_int(_get(obj, "round_seq"), "round_seq", 0, limits.max_round_seq)
+
+
+def _request_id(obj: Mapping[str, object], limits: Limits) -> str:
+    return _check_text(_get(obj, "kv_request_id"), "kv_request_id", limits, nonempty=True)
+
+
+# ---------------------------------------------------------------------------
+# One parser per message type, fields checked in wire order.
+# ---------------------------------------------------------------------------
+
+
+def _parse_connect(obj: Mapping[str, object], limits: Limits) -> Connect:
+    peer_id = _check_text(_get(obj, "peer_id"), "peer_id", limits, nonempty=True)
+    metadata = _check_bytes(
+        _get(obj, "agent_metadata"), "agent_metadata", 0, limits.max_metadata_bytes
+    )
+    base_addr = _check_int(_get(obj, "base_addr"), "base_addr", 0, _U64_LIMIT - 1)
+    num_blocks = _check_int(_get(obj, "num_blocks"), "num_blocks", 1, limits.max_num_blocks)
+    block_len = _check_int(_get(obj, "block_len"), "block_len", 1, _U64_LIMIT - 1)
+    if base_addr + num_blocks * block_len >= _U64_LIMIT:
+        raise MalformedFrame("block_len", "base_addr + num_blocks * block_len overflows 64 bits")
+    # vLLM 0.33.0 tolerates a missing fingerprint; "" means "skip the comparison".
+    fingerprint = _check_text(
+        obj.get("config_fingerprint", ""), "config_fingerprint", limits, nonempty=False
+    )
+    hash_seed = _check_text(_get(obj, "hash_seed"), "hash_seed", limits, nonempty=True)
+    return Connect(
+        peer_id=peer_id,
+        agent_metadata=metadata,
+        base_addr=base_addr,
+        num_blocks=num_blocks,
+        block_len=block_len,
+        config_fingerprint=fingerprint,
+        hash_seed=hash_seed,
+    )
+
+
+def _parse_connect_ack(obj: Mapping[str, object], limits: Limits) -> ConnectAck:
+    return ConnectAck(_check_text(_get(obj, "peer_id"), "peer_id", limits, nonempty=True))
+
+
+def _parse_disconnect(obj: Mapping[str, object], limits: Limits) -> Disconnect:
+    return Disconnect()
+
+
+def _parse_fetch(obj: Mapping[str, object], limits: Limits) -> Fetch:
+    kv_request_id = _request_id(obj, limits)
+    keys = _check_keys(obj, limits)
+    block_indexes = _check_block_index_list(obj, limits, keys)
+    round_seq = _round_seq(obj, limits)
+    return Fetch(kv_request_id, keys, block_indexes, round_seq)
+
+
+def _parse_lookup(obj: Mapping[str, object], limits: Limits) -> Lookup:
+    kv_request_id = _request_id(obj, limits)
+    keys = _check_keys(obj, limits)
+    round_seq = _round_seq(obj, limits)
+    return Lookup(kv_request_id, keys, round_seq)
+
+
+def _parse_lookup_resp(obj: Mapping[str, object], limits: Limits) -> LookupResp:
+    kv_request_id = _request_id(obj, limits)
+    keys = _check_keys(obj, limits)
+    hits = _check_hits(obj, limits, keys)
+    return LookupResp(kv_request_id, keys, hits)
+
+
+def _parse_transfer_done(obj: Mapping[str, object], limits: Limits) -> TransferDone:
+    kv_request_id = _request_id(obj, limits)
+    success = _check_bool(_get(obj, "success"), "success")
+    round_seq = _round_seq(obj, limits)
+    return TransferDone(kv_request_id, success, round_seq)
+
+
+def _parse_abort_fetch(obj: Mapping[str, object], limits: Limits) -> AbortFetch:
+    kv_request_id = _request_id(obj, limits)
+    return AbortFetch(kv_request_id, _round_seq(obj, limits))
+
+
+def _parse_abort_ack(obj: Mapping[str, object], limits: Limits) -> AbortAck:
+    kv_request_id = _request_id(obj, limits)
+    return AbortAck(kv_request_id, _round_seq(obj, limits))
+
+
+_PARSERS: Final[dict[str, Callable[[Mapping[str, object], Limits], Message]]] = {
+    names.CONNECT: _parse_connect,
+    names.CONNECT_ACK: _parse_connect_ack,
+    names.DISCONNECT: _parse_disconnect,
+    names.FETCH: _parse_fetch,
+    names.LOOKUP: _parse_lookup,
+    names.LOOKUP_RESP: _parse_lookup_resp,
+    names.TRANSFER_DONE: _parse_transfer_done,
+    names.ABORT_FETCH: _parse_abort_fetch,
+    names.ABORT_ACK: _parse_abort_ack,
+}
+
+
+def from_dict(obj: object, limits: Limits = DEFAULT_LIMITS) -> Message:
+    """Validate a decoded frame and build its message.
+
+    Args:
+        obj: the unpacked frame, normally a dict straight from msgpack.
+        limits: the size bounds to enforce.
+
+    Returns:
+        The message named by ``obj["type"]``.
+
+    Raises:
+        UnknownMessageType: ``type`` is a str that names none of the nine
+            messages (vLLM logs and ignores such frames).
+        MalformedFrame: anything else is wrong; ``field`` names the culprit
+            (e.g. ``block_indexes[3]``), "" when the frame as a whole is bad.
+            Nothing is built and nothing is changed.
+    """
+    if not isinstance(obj, dict):
+        raise MalformedFrame("", f"expected a map, got {_tname(obj)}")
+    for key in obj:
+        if type(key) is not str:
+            raise MalformedFrame("", f"map keys must be str, found a {_tname(key)} key")
+    if names.TYPE_KEY not in obj:
+        raise MalformedFrame(names.TYPE_KEY, "missing")
+    type_name = obj[names.TYPE_KEY]
+    if type(type_name) is not str:
+        raise MalformedFrame(names.TYPE_KEY, f"expected str, got {_tname(type_name)}")
+    parser = _PARSERS.get(type_name)
+    if parser is None:
+        raise UnknownMessageType(names.TYPE_KEY, f"unknown message type {_str_preview(type_name)}")
+    return parser(obj, limits)
+
+
+_FIELD_NAMES: Final[dict[type, tuple[str, ...]]] = {
+    cls: tuple(f.name for f in fields(cls))
+    for cls in (
+        Connect,
+        ConnectAck,
+        Disconnect,
+        Fetch,
+        Lookup,
+        LookupResp,
+        TransferDone,
+        AbortFetch,
+        AbortAck,
+    )
+}
+
+
+def to_dict(msg: Message) -> dict[str, object]:
+    """Return the wire map of ``msg``: ``type`` first, then fields in vLLM's order.
+
+    Tuples become lists, so msgpack writes arrays exactly as vLLM does. The
+    message is not validated here.
+
+    Raises:
+        LocalProtocolError: ``msg`` is not one of the nine message classes.
+    """
+    try:
+        field_names = _FIELD_NAMES[type(msg)]
+    except KeyError:
+        raise LocalProtocolError(f"not a protocol message: {_tname(msg)}") from None
+    wire: dict[str, object] = {names.TYPE_KEY: msg.TYPE}
+    for name in field_names:
+        value = getattr(msg, name)
+        wire[name] = list(value) if type(value) is tuple else value
+    return wire
+
+
+def check_block_indexes(fetch: Fetch, num_blocks: int) -> None:
+    """Check that every index of ``fetch`` lies inside the peer's region.
+
+    The indexes address the client's region, so ``num_blocks`` is what the
+    client advertised in its ``connect``; the session calls this after the
+    handshake, when that number is known.
+
+    Raises:
+        MalformedFrame: ``block_indexes[i]`` is ``>= num_blocks``.
+    """
+    indexes = fetch.block_indexes
+    if not indexes or max(indexes) < num_blocks:
+        return
+    for i, index in enumerate(indexes):
+        if index >= num_blocks:
+            raise MalformedFrame(
+                f"block_indexes[{i}]",
+                f"{_int_text(index)} is outside the peer's {num_blocks} blocks",
+            )
+
+
+__all__ = ["DEFAULT_LIMITS", "Limits", "check_block_indexes", "from_dict", "to_dict"]
