@@ -80,15 +80,6 @@ class CompiledMachine:
         """True when ``trigger`` has an enabled transition from the current state."""
         return self._select(obj, trigger, event) is not None
 
-    def select_spec(self, state: str, trigger: str, guard_values: dict[str, bool]) -> str | None:
-        """The destination chosen for given guard values (used to compare with ``transitions``)."""
-        for cand in self._table.get((state, trigger), ()):
-            if all(guard_values[g] for g in cand.spec.guards) and not any(
-                guard_values[g] for g in cand.spec.unless
-            ):
-                return cand.dest
-        return None
-
     def fire(self, obj: FsmObject, trigger: str, event: object = None) -> str:
         """Take the enabled transition for ``trigger``; return the new state.
 

@@ -1,0 +1,171 @@
+"""The models load, compile, and agree with the ``transitions`` library on every edge."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+from transitions import MachineError
+
+from p2pfsm.errors import InvalidTransition, ModelError
+from p2pfsm.fsm import CompiledMachine, MachineSpec, Tracer, load_spec, machines
+from p2pfsm.fsm.build import build_transitions_machine
+from p2pfsm.fsm.spec import parse_spec
+from p2pfsm.session.client import CLIENT_LOOKUP, CLIENT_ROUND
+from p2pfsm.session.core import SESSION
+from p2pfsm.session.server import SERVER_LOOKUP, SERVER_ROUND
+
+BOUND = {m.name: m for m in (SESSION, CLIENT_ROUND, CLIENT_LOOKUP, SERVER_ROUND, SERVER_LOOKUP)}
+
+
+def test_every_model_file_is_bound_to_an_implementation() -> None:
+    assert set(machines()) == set(BOUND)
+
+
+class _Stub:
+    """A model for both dispatchers whose guards return values set per test case."""
+
+    fsm_label = "stub"
+    fsm_tracer = None
+
+    def __init__(self, state: str, guard_values: dict[str, bool]) -> None:
+        self.fsm_state = state
+        self.values = guard_values
+
+
+def _stub_class(spec: MachineSpec) -> type:
+    """A class with every guard (reading ``values``) and every action (a no-op) of ``spec``."""
+    namespace: dict[str, object] = {}
+    for g in spec.guard_names:
+        namespace[g] = lambda self, _ev=None, g=g: self.values[g]
+    for a in spec.action_names:
+        namespace[a] = lambda self, _ev=None: None
+    return type(f"Stub_{spec.name}", (_Stub,), namespace)
+
+
+def _guard_cases(spec: MachineSpec, state: str, trigger: str) -> list[dict[str, bool]]:
+    names = sorted({g for t in spec.transitions if trigger == t.trigger and state in t.sources
+                    for g in (*t.guards, *t.unless)})
+    return [dict(zip(names, values, strict=True))
+            for values in itertools.product((False, True), repeat=len(names))]
+
+
+@pytest.mark.parametrize("name", sorted(BOUND))
+def test_compiled_table_agrees_with_transitions(name: str) -> None:
+    """For every state, trigger and guard valuation both dispatchers reach the same state."""
+    spec = machines()[name]
+    stub_cls = _stub_class(spec)
+    compiled = CompiledMachine(spec, stub_cls)
+    compared = 0
+    for state in spec.states:
+        for trigger in sorted(spec.triggers):
+            for values in _guard_cases(spec, state, trigger):
+                ours = stub_cls(state, values)
+                try:
+                    expected: str | None = compiled.fire(ours, trigger)
+                except InvalidTransition:
+                    expected = None
+                theirs = stub_cls(state, values)
+                build_transitions_machine(spec, theirs)
+                theirs.fsm_state = state
+                try:
+                    fired = theirs.trigger(trigger)
+                except MachineError:
+                    fired = False
+                got = theirs.fsm_state if fired else None
+                assert got == expected, (name, state, trigger, values)
+                compared += 1
+    assert compared >= len(spec.states) * len(spec.triggers)
+
+
+def test_guards_of_one_trigger_never_overlap() -> None:
+    """Deterministic machines: at most one candidate is enabled for any guard valuation."""
+    for name, spec in machines().items():
+        for state in spec.states:
+            for trigger in spec.triggers:
+                cands = [t for t in spec.transitions if t.trigger == trigger and state in t.sources]
+                for values in _guard_cases(spec, state, trigger):
+                    enabled = [t for t in cands if all(values[g] for g in t.guards)
+                               and not any(values[g] for g in t.unless)]
+                    assert len(enabled) <= 1, (name, state, trigger, values)
+
+
+def test_every_state_and_doc_is_declared() -> None:
+    for spec in machines().values():
+        assert spec.doc
+        assert all(doc for doc in spec.states.values())
+        assert all(t.doc for t in spec.transitions), spec.name
+
+
+def _write(tmp: Path, text: str) -> Path:
+    (tmp / "m.toml").write_text(text)
+    return tmp
+
+
+GOOD = """
+name = "m"
+initial = "a"
+terminal = ["b"]
+[states]
+a = "start"
+b = "end"
+[[transitions]]
+trigger = "go"
+source = "a"
+dest = "b"
+actions = ["act"]
+"""
+
+
+def test_load_and_fire(tmp_path: Path) -> None:
+    spec = load_spec("m", _write(tmp_path, GOOD))
+
+    class Impl:
+        fsm_label = "x"
+        fsm_tracer: Tracer | None = Tracer()
+
+        def __init__(self) -> None:
+            self.fsm_state = "a"
+            self.acted = 0
+
+        def act(self, _ev: object) -> None:
+            self.acted += 1
+
+    machine = CompiledMachine(spec, Impl)
+    obj = Impl()
+    assert machine.fire(obj, "go") == "b"
+    assert obj.acted == 1
+    assert obj.fsm_tracer is not None
+    assert [(r.trigger, r.source, r.dest) for r in obj.fsm_tracer.records] == [("go", "a", "b")]
+    with pytest.raises(InvalidTransition) as err:
+        machine.fire(obj, "go")
+    assert "state=b trigger=go" in str(err.value)
+    assert obj.fsm_state == "b" and obj.acted == 1
+
+
+def test_unknown_action_is_a_load_error(tmp_path: Path) -> None:
+    spec = load_spec("m", _write(tmp_path, GOOD))
+    with pytest.raises(ModelError, match="act"):
+        CompiledMachine(spec, object)
+
+
+@pytest.mark.parametrize(
+    ("patch", "message"),
+    [
+        (('dest = "b"', 'dest = "zz"'), "dest"),
+        (('initial = "a"', 'initial = "q"'), "initial"),
+        (('source = "a"', 'source = "b"'), "terminal"),
+        (('trigger = "go"', 'trigger = "go"\nbogus = 1'), "unknown keys"),
+        (('b = "end"', 'b = "end"\nc = "island"'), "unreachable"),
+    ],
+)
+def test_malformed_models_are_rejected(tmp_path: Path, patch: tuple[str, str],
+                                       message: str) -> None:
+    with pytest.raises(ModelError, match=message):
+        load_spec("m", _write(tmp_path, GOOD.replace(*patch)))
+
+
+def test_parse_requires_name() -> None:
+    with pytest.raises(ModelError, match="name"):
+        parse_spec({"states": {"a": "x"}, "initial": "a"}, "inline")
