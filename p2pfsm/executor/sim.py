@@ -20,7 +20,7 @@ Block model (as vLLM's interop harness): key ``demo_key(i)`` has content
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -145,7 +145,7 @@ class SimWorld:
         *,
         block_len: int = 16,
         num_blocks: int = 32,
-        held: dict[str, Iterable[int]] | None = None,
+        held: Mapping[str, Iterable[int]] | None = None,
         timeouts: Timeouts | None = None,
         configs: dict[str, dict[str, object]] | None = None,
         tracer: Tracer | None = None,

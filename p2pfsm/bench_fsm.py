@@ -1,0 +1,122 @@
+"""Benchmark: the cost of one control event through the machines, vs open rounds.
+
+One "event" is a whole load round seen by the consumer session: HostFetch (a
+client_round fires host_fetch; a fetch frame is produced) then the peer's
+transfer_done frame (decoded, validated, gated by the session machine, fired on
+the round, LoadResult out). It is timed with 0, 100 and 10 000 other rounds open
+in the same session, and compared, in the same run, with the raw operations it
+contains: decoding the transfer_done frame with msgpack alone, and one trigger
+through a ``transitions.Machine`` built from the same model.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import msgpack
+
+from p2pfsm.fsm import machine
+from p2pfsm.fsm.build import build_transitions_machine
+from p2pfsm.protocol import Connect, ConnectAck, TransferDone, encode
+from p2pfsm.session import (
+    FrameReceived,
+    HostFetch,
+    HostStart,
+    RegistrationFinished,
+    Session,
+    SessionConfig,
+)
+
+
+@dataclass(frozen=True)
+class FsmBenchRow:
+    open_rounds: int
+    per_round_us: float
+    per_event_us: float
+    vs_msgpack_decode: float
+    vs_transitions_trigger: float
+
+
+def _ready_session(num_blocks: int) -> Session:
+    cfg = SessionConfig("127.0.0.1:1", b"us", 0, num_blocks, 64)
+    s = Session(cfg)
+    s.handle(HostStart(), 0.0)
+    peer = Connect("127.0.0.1:2", b"them", 0, num_blocks, 64, "", cfg.hash_seed)
+    s.handle(FrameReceived(encode(peer)), 0.0)
+    s.handle(RegistrationFinished(True), 0.0)
+    s.handle(FrameReceived(encode(ConnectAck("127.0.0.1:2"))), 0.0)
+    assert s.ready
+    return s
+
+
+class _RoundDriver:
+    """One whole load round per call on a ready session."""
+
+    def __init__(self, session: Session, key: tuple[bytes, ...]) -> None:
+        self.session = session
+        self.key = key
+        self.i = 0
+
+    def __call__(self) -> None:
+        self.i += 1
+        rid = f"bench-{self.i}"
+        self.session.handle(HostFetch(self.i, rid, self.key, (0,)), 1.0)
+        out = self.session.handle(FrameReceived(encode(TransferDone(rid, True, 0))), 1.0)
+        if not out:
+            raise RuntimeError("benchmark round produced no result")
+
+
+def _median_ns(fn: object, repeat: int, number: int) -> float:
+    samples = []
+    for _ in range(repeat):
+        t0 = time.perf_counter_ns()
+        for _ in range(number):
+            fn()  # type: ignore[operator]
+        samples.append((time.perf_counter_ns() - t0) / number)
+    return statistics.median(samples)
+
+
+def run(open_counts: tuple[int, ...] = (0, 100, 10_000), number: int = 2000,
+        repeat: int = 7) -> list[FsmBenchRow]:
+    """Measure; return one row per open-round count."""
+    key = (b"k" * 36,)
+    done_frame = encode(TransferDone("r", True, 0))
+    decode_ns = _median_ns(lambda: msgpack.unpackb(done_frame, raw=False), repeat, number)
+
+    class Model:
+        pass
+
+    spec = machine("client_round")
+    model = Model()
+    build_transitions_machine(spec, model)
+
+    def one_trigger() -> None:
+        model.fsm_state = "loading"  # type: ignore[attr-defined]
+        model.trigger("recv_transfer_done")  # type: ignore[attr-defined]
+
+    trigger_ns = _median_ns(one_trigger, repeat, number)
+    rows = []
+    for n_open in open_counts:
+        s = _ready_session(num_blocks=1)
+        for i in range(n_open):
+            s.handle(HostFetch(10_000_000 + i, f"open-{i}", key, (0,)), 0.0)
+        one_round = _RoundDriver(s, key)
+        per_round = _median_ns(one_round, repeat, number)
+        per_event = per_round / 2
+        rows.append(FsmBenchRow(n_open, per_round / 1000, per_event / 1000,
+                                per_event / decode_ns, per_event / trigger_ns))
+        if s.open_counts()["client_round"] != n_open:
+            raise RuntimeError("benchmark leaked rounds")
+    return rows
+
+
+def format_rows(rows: list[FsmBenchRow]) -> str:
+    head = (f"{'open rounds':>12} {'µs/round':>9} {'µs/event':>9} "
+            f"{'x msgpack decode':>17} {'x transitions trigger':>22}")
+    lines = [head]
+    for r in rows:
+        lines.append(f"{r.open_rounds:>12} {r.per_round_us:>9.2f} {r.per_event_us:>9.2f} "
+                     f"{r.vs_msgpack_decode:>17.1f} {r.vs_transitions_trigger:>22.2f}")
+    return "\n".join(lines)
