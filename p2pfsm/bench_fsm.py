@@ -92,9 +92,11 @@ def run(open_counts: tuple[int, ...] = (0, 100, 10_000), number: int = 2000,
     model = Model()
     build_transitions_machine(spec, model)
 
-    def one_trigger() -> None:
-        model.fsm_state = "loading"  # type: ignore[attr-defined]
-        model.trigger("recv_transfer_done")  # type: ignore[attr-defined]
+    model.trigger("host_fetch")  # type: ignore[attr-defined]
+    model.trigger("timer_load")  # type: ignore[attr-defined]
+
+    def one_trigger() -> None:  # aborting --host_finish--> aborting (internal)
+        model.trigger("host_finish")  # type: ignore[attr-defined]
 
     trigger_ns = _median_ns(one_trigger, repeat, number)
     rows = []

@@ -172,6 +172,9 @@ class SimWorld:
             )
             self.sessions[n] = Session(cfg, tracer)
         self.channels: dict[tuple[str, str], list[bytes]] = {("a", "b"): [], ("b", "a"): []}
+        self.sent_at: dict[tuple[str, str], list[float]] = {("a", "b"): [], ("b", "a"): []}
+        # Frames live at most half a tombstone period (the sessions' stated assumption).
+        self.max_delay = (timeouts or Timeouts()).tombstone / 2
         self.timers: dict[str, dict[TimerId, float]] = {n: {} for n in self.NODES}
         self.registrations: set[str] = set()
         self.writes: dict[tuple[str, int], SimWrite] = {}
@@ -195,6 +198,7 @@ class SimWorld:
         host = self.hosts[node]
         if isinstance(out, SendFrame):
             self.channels[(node, self.other(node))].append(encode(out.message))
+            self.sent_at[(node, self.other(node))].append(self.now)
         elif isinstance(out, ArmTimer):
             self.timers[node][out.timer] = out.deadline
         elif isinstance(out, DisarmTimer):
@@ -320,15 +324,19 @@ class SimWorld:
     def deliver(self, src: str, index: int = 0) -> None:
         """Deliver the ``index``-th queued frame from ``src`` (index > 0 reorders)."""
         frame = self.channels[(src, self.other(src))].pop(index)
+        self.sent_at[(src, self.other(src))].pop(index)
         self.feed(self.other(src), FrameReceived(frame))
         self._flush_answers()
 
     def drop(self, src: str, index: int = 0) -> None:
         self.channels[(src, self.other(src))].pop(index)
+        self.sent_at[(src, self.other(src))].pop(index)
 
     def duplicate(self, src: str, index: int = 0) -> None:
         chan = self.channels[(src, self.other(src))]
         chan.insert(index, chan[index])
+        times = self.sent_at[(src, self.other(src))]
+        times.insert(index, times[index])
 
     def inject(self, dst: str, frame: bytes) -> None:
         """Hand ``dst`` an arbitrary frame as if its peer sent it."""
@@ -337,7 +345,7 @@ class SimWorld:
 
     def cut(self) -> None:
         """The connection breaks: queued frames are lost and both sides learn it."""
-        for chan in self.channels.values():
+        for chan in (*self.channels.values(), *self.sent_at.values()):
             chan.clear()
         for n in self.NODES:
             self.feed(n, TransportLost("simulated cut"))
@@ -384,10 +392,18 @@ class SimWorld:
                     best = (d, n, t)
         return best
 
-    def advance(self) -> bool:
-        """Jump the clock to the next deadline and fire it; False when none is armed."""
+    def can_advance(self) -> bool:
+        """A timer may fire: one is armed and no queued frame would outlive ``max_delay``."""
         nxt = self.next_deadline()
         if nxt is None:
+            return False
+        oldest = min((t for times in self.sent_at.values() for t in times), default=None)
+        return oldest is None or nxt[0] <= oldest + self.max_delay
+
+    def advance(self) -> bool:
+        """Jump the clock to the next deadline and fire it; False when none may fire."""
+        nxt = self.next_deadline()
+        if nxt is None or not self.can_advance():
             return False
         self.fire_timer(nxt[1], nxt[2])
         return True

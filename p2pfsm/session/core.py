@@ -73,6 +73,7 @@ from p2pfsm.session.outputs import (
     StoreResult,
 )
 from p2pfsm.session.server import SERVER_LOOKUP, SERVER_ROUND, LookupPin, ServerLookup, ServerRound
+from p2pfsm.session.tombstones import Tombstones
 
 _HANDSHAKE_TYPES = (Connect, ConnectAck, Disconnect)
 _LIVE = frozenset({"connecting", "registering", "registering_acked", "awaiting_ack", "ready"})
@@ -101,7 +102,7 @@ class Session:
         self._loads: dict[str, dict[int, ClientRound]] = {}
         self._load_count = 0
         self._load_jobs: set[int] = set()
-        self._next_round: dict[str, int] = {}
+        self._next_round = Tombstones(config.timeouts.tombstone)
         self._lookup_round: dict[str, int] = {}
         self._lookups: dict[str, list[ClientLookup]] = {}
         self._lookup_by_serial: dict[int, ClientLookup] = {}
@@ -109,6 +110,7 @@ class Session:
         # producer role
         self._rounds: dict[str, dict[int | None, ServerRound]] = {}
         self._round_by_serial: dict[int, ServerRound] = {}
+        self._ended_rounds = Tombstones(config.timeouts.tombstone)
         self._round_serial = 0
         self._store_jobs: dict[int, ServerRound] = {}
         self._writes: dict[int, ServerRound] = {}
@@ -163,6 +165,8 @@ class Session:
                 the session is unchanged.
         """
         self.now = now
+        self._next_round.purge(now)
+        self._ended_rounds.purge(now)
         handler = _HANDLERS.get(type(event))
         if handler is None:
             raise LocalProtocolError(f"unknown input {type(event).__name__}")
@@ -323,6 +327,9 @@ class Session:
         if not rounds:
             del self._rounds[rnd.kv_request_id]
         del self._round_by_serial[rnd.serial]
+        if rnd.round_seq is not None:
+            ended = self._ended_rounds.get(rnd.kv_request_id)
+            self._ended_rounds.put(rnd.kv_request_id, max(rnd.round_seq, ended or 0), self.now)
         for job in rnd.jobs:
             self._store_jobs.pop(job, None)
         self.disarm(("store", rnd.serial))
@@ -371,9 +378,16 @@ class Session:
                 return
 
     def _alloc_round(self, kv_request_id: str) -> int:
-        seq = self._next_round.get(kv_request_id, 0)
-        self._next_round[kv_request_id] = seq + 1
+        seq = self._next_round.get(kv_request_id) or 0
+        live = self._loads.get(kv_request_id)
+        if live:
+            seq = max(seq, max(live) + 1)
+        self._next_round.put(kv_request_id, seq + 1, self.now)
         return seq
+
+    def _is_ended(self, kv_request_id: str, round_seq: int) -> bool:
+        ended = self._ended_rounds.get(kv_request_id)
+        return ended is not None and round_seq <= ended
 
     # --------------------------------------------------------------- frames
     def _on_frame(self, ev: FrameReceived) -> None:
@@ -424,6 +438,9 @@ class Session:
         if len(set(msg.keys)) != len(msg.keys):
             raise MalformedFrame("keys", "duplicate keys in one fetch")
         rnd = self._server_round(msg.kv_request_id, msg.round_seq)
+        if rnd is None and self._is_ended(msg.kv_request_id, msg.round_seq):
+            self.emit(FrameIgnored(msg.TYPE, "round already ended (stale or duplicated fetch)"))
+            return
         if rnd is None:
             unbound = self._server_round(msg.kv_request_id, None)
             if unbound is not None and unbound.fsm_state in ("supplied", "supply_closed"):
@@ -445,6 +462,9 @@ class Session:
     def _on_lookup(self, msg: Lookup) -> None:
         self._check_gate("recv_request")
         rnd = self._server_round(msg.kv_request_id, msg.round_seq)
+        if rnd is None and self._is_ended(msg.kv_request_id, msg.round_seq):
+            self.emit(FrameIgnored(msg.TYPE, "round already ended (stale or duplicated lookup)"))
+            return
         if rnd is not None and not SERVER_ROUND.can_fire(rnd, "lookup_pin"):
             raise RemoteProtocolError(
                 "round_seq", f"lookup for {msg.kv_request_id}/{msg.round_seq} after its fetch")
@@ -672,7 +692,9 @@ class Session:
             load = self._loads[str(timer[1])][int(timer[2])]
             CLIENT_ROUND.fire(load, f"timer_{kind}", ev)
         elif kind == "lookup":
-            CLIENT_LOOKUP.fire(self._lookup_by_serial[int(timer[1])], "timer_lookup", ev)
+            lookup = self._lookup_by_serial[int(timer[1])]
+            CLIENT_LOOKUP.fire(lookup, "timer_lookup", ev)
+            self._drop_closed_lookups(lookup.kv_request_id)
         elif kind == "store":
             SERVER_ROUND.fire(self._round_by_serial[int(timer[1])], "timer_store", ev)
         elif kind == "lookup_pending":

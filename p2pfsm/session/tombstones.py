@@ -1,0 +1,40 @@
+"""Per-request memory that outlives the request for a bounded time.
+
+A frame is assumed to arrive within ``ttl`` seconds of being sent or never (the
+executor's heartbeats kill a connection silent for longer). Within that horizon
+the session remembers, per kv_request_id, the next round number to allocate
+(consumer) and the highest round already ended (producer), so that neither a
+reused id nor a duplicated frame can make a round number mean two rounds (ABA).
+Entries are kept in expiry order, so purging is O(1) amortized per event.
+"""
+
+from __future__ import annotations
+
+
+class Tombstones:
+    """An int per key, forgotten ``ttl`` seconds after it was last written."""
+
+    __slots__ = ("_entries", "ttl")
+
+    def __init__(self, ttl: float) -> None:
+        self.ttl = ttl
+        self._entries: dict[str, tuple[int, float]] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: str) -> int | None:
+        entry = self._entries.get(key)
+        return None if entry is None else entry[0]
+
+    def put(self, key: str, value: int, now: float) -> None:
+        self._entries.pop(key, None)
+        self._entries[key] = (value, now + self.ttl)
+
+    def purge(self, now: float) -> None:
+        entries = self._entries
+        while entries:
+            key = next(iter(entries))
+            if entries[key][1] > now:
+                return
+            del entries[key]
