@@ -1,0 +1,387 @@
+"""ControlPlane between real processes on 127.0.0.1: dial-back, hostile identities,
+dead and frozen peers, bounded close."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import socket
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+import pytest
+import zmq
+
+from p2pfsm.errors import ConfigError, TransportError
+from p2pfsm.executor.zmq_plane import ControlPlane, FrameIn, PeerLost, parse_peer_id
+
+from . import Child, wait_until
+
+FAST_HEARTBEATS: dict[str, Any] = {
+    "heartbeat_ivl_ms": 100,
+    "heartbeat_timeout_ms": 500,
+    "heartbeat_ttl_ms": 500,
+}
+
+
+# -- the peer process ----------------------------------------------------------------
+
+
+def echo_peer(conn: Connection, options: dict[str, Any], report_drops: bool) -> None:
+    """A node that answers ``ping:X`` with ``pong:X`` and reports every event (and, with
+    ``report_drops``, every change of its drop counters).
+
+    Its loop waits with select() on the plane's fileno() and the command pipe, so it
+    also exercises the event-loop integration (a missed wakeup shows up as a timeout
+    in the parent).
+    """
+    plane = ControlPlane("tcp://127.0.0.1:0", **options)
+    conn.send(("local_id", plane.local_id))
+    drops: dict[str, int] = {}
+    try:
+        while True:
+            timeout = plane.next_timeout_ms()
+            waitables: list[Any] = [plane.fileno(), conn]
+            ready, _, _ = select.select(
+                waitables, [], [], None if timeout is None else timeout / 1000
+            )
+            while events := plane.poll(0):
+                for ev in events:
+                    if isinstance(ev, FrameIn):
+                        conn.send(("frame", ev.peer_id, ev.frame))
+                        if ev.frame.startswith(b"ping:"):
+                            plane.send(ev.peer_id, b"pong:" + ev.frame[5:])
+                    else:
+                        conn.send(("lost", ev.peer_id, ev.reason))
+            if report_drops and plane.drop_counts != drops:
+                drops = plane.drop_counts
+                conn.send(("drops", drops))
+            if conn in ready or conn.poll(0):
+                cmd = conn.recv()
+                if cmd[0] == "stop":
+                    break
+                if cmd[0] == "send":
+                    conn.send(("sent", plane.send(cmd[1], cmd[2])))
+                elif cmd[0] == "state":
+                    conn.send(("state", plane.peers, plane.drop_counts))
+    finally:
+        start = time.monotonic()
+        plane.close()
+        conn.send(("closed", time.monotonic() - start))
+
+
+@pytest.fixture
+def spawn_echo() -> Any:
+    children: list[Child] = []
+
+    def start(report_drops: bool = False, **options: Any) -> tuple[Child, str]:
+        child = Child(echo_peer, options, report_drops, name="echo-peer")
+        children.append(child)
+        (_, local_id) = child.expect("local_id", 20.0)
+        return child, local_id
+
+    try:
+        yield start
+    finally:
+        for child in children:
+            child.stop()
+
+
+@pytest.fixture
+def plane() -> Any:
+    cp = ControlPlane("tcp://127.0.0.1:0", **FAST_HEARTBEATS)
+    try:
+        yield cp
+    finally:
+        cp.close()
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+def _collect(peer: Child, done: Any, timeout: float, what: str) -> list[tuple[Any, ...]]:
+    """Messages from the peer process until ``done(messages)``, within ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    seen: list[tuple[Any, ...]] = []
+    while not done(seen):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise AssertionError(f"no {what} within {timeout:.1f} s; saw {seen!r}")
+        seen.append(peer.recv(remaining, what))
+    return seen
+
+
+def _frames(events: list[Any]) -> list[bytes]:
+    return [ev.frame for ev in events if isinstance(ev, FrameIn)]
+
+
+# -- peer id parsing -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "127.0.0.1:5555",
+        b"127.0.0.1:1",
+        "localhost:65535",
+        "node-7.example.org:80",
+        "[::1]:5555",
+    ],
+)
+def test_parse_peer_id_accepts(raw: str | bytes) -> None:
+    host, port = parse_peer_id(raw)
+    assert 1 <= port <= 65535 and host
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"nocolon",
+        b"\xff\xfe\x80:5555",
+        "h\u00f6st:5555",
+        b"127.0.0.1:http",
+        b"127.0.0.1:99999",
+        b"127.0.0.1:0",
+        b"127.0.0.1:05555",
+        b"127.0.0.1:+555",
+        b"127.0.0.1:",
+        b":5555",
+        b"1.2.3.999:5555",
+        b"host name:5555",
+        b"::1:5555",
+        b"[zz]:5555",
+        b"-bad-.org:5555",
+        b"a" * 300 + b":1",
+        b"\x00abc:1",
+        12345,
+    ],
+)
+def test_parse_peer_id_rejects(raw: Any) -> None:
+    with pytest.raises(TransportError):
+        parse_peer_id(raw)
+
+
+def test_bad_config_is_rejected() -> None:
+    with pytest.raises(ConfigError):
+        ControlPlane("127.0.0.1:0")
+    with pytest.raises(ConfigError):
+        ControlPlane("tcp://127.0.0.1:0", max_peers=0)
+    with pytest.raises(ConfigError):
+        ControlPlane("tcp://127.0.0.1:0", heartbeat_ttl_ms=10**8)
+
+
+# -- two processes ---------------------------------------------------------------------
+
+
+def test_frames_both_ways_with_dial_back(spawn_echo: Any, plane: ControlPlane) -> None:
+    peer, peer_id = spawn_echo(**FAST_HEARTBEATS)
+    plane.connect(peer_id)
+    assert plane.send(peer_id, b"ping:0")
+
+    # The peer never called connect(): it learns our id from the routing id and dials back.
+    assert peer.expect("frame", 10.0) == ("frame", plane.local_id, b"ping:0")
+    events = wait_until(
+        lambda: plane.poll(100),
+        lambda seen: FrameIn(peer_id, b"pong:0") in seen,
+        10.0,
+        "pong over the dialled-back connection",
+    )
+    assert all(isinstance(ev, FrameIn) for ev in events), events
+    assert plane.is_connected(peer_id)
+
+    # The peer can also speak first on the connection it dialled back.
+    assert peer.request("send", plane.local_id, b"hello", reply="sent") == ("sent", True)
+    wait_until(lambda: plane.poll(100), lambda s: FrameIn(peer_id, b"hello") in s, 10.0, "hello")
+
+    # Many frames, in order, both ways. The peer reports each ping over its pipe, so
+    # read that too, or the peer blocks on a full pipe.
+    count = 300
+    for i in range(count):
+        assert plane.send(peer_id, b"ping:%d" % i)
+    reported: list[tuple[Any, ...]] = []
+
+    def step() -> list[bytes]:
+        while peer.conn.poll(0):
+            reported.append(peer.conn.recv())
+        return _frames(plane.poll(50))
+
+    pongs = wait_until(step, lambda seen: len(seen) >= count, 15.0, f"{count} pongs")
+    assert pongs == [b"pong:%d" % i for i in range(count)]
+    while len(reported) < count:
+        reported.append(peer.recv(5.0, "ping reports"))
+    assert reported == [("frame", plane.local_id, b"ping:%d" % i) for i in range(count)]
+    (_, peers, drops) = peer.request("state", reply="state")
+    assert peers == (plane.local_id,)
+    assert drops == {}
+
+
+def test_hostile_identities_are_dropped_and_node_survives(
+    spawn_echo: Any, plane: ControlPlane
+) -> None:
+    peer, peer_id = spawn_echo(report_drops=True, connect_timeout_ms=500, **FAST_HEARTBEATS)
+    bad_ids = [
+        b"nocolon",
+        b"\xff\xfe\x80:5555",
+        b"127.0.0.1:http",
+        b"127.0.0.1:99999",
+        b"127.0.0.1:0",
+        b"1.2.3.999:5555",
+        b"host name:5555",
+        b"::1:5555",
+    ]
+    unreachable = f"127.0.0.1:{_closed_port()}"
+    expected_drops = {"bad identity": len(bad_ids), "frame count": 2}
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    try:
+        for ident in bad_ids:
+            s = ctx.socket(zmq.DEALER)
+            s.setsockopt(zmq.IDENTITY, ident)
+            s.setsockopt(zmq.LINGER, 1000)
+            s.connect(f"tcp://{peer_id}")
+            s.send(b"ping:bad")
+        multi = ctx.socket(zmq.DEALER)
+        multi.setsockopt(zmq.IDENTITY, unreachable.encode())
+        multi.setsockopt(zmq.LINGER, 1000)
+        multi.connect(f"tcp://{peer_id}")
+        multi.send_multipart([b"a", b"b", b"c"])  # the ROUTER sees 4 frames
+        multi.send_multipart([b"", b"req-style"])  # REQ-style empty delimiter: 3 frames
+        multi.send(b"dial me back")  # well formed, from a port nobody listens on
+
+        # Every bad message is dropped and counted; the one well-formed frame is
+        # delivered; the dial-back to a dead port gives up after connect_timeout_ms.
+        seen = _collect(
+            peer,
+            lambda seen: (
+                ("lost", unreachable, "connect timeout") in seen
+                and ("drops", expected_drops) in seen
+            ),
+            10.0,
+            "drops, frame and connect timeout",
+        )
+        assert [m for m in seen if m[0] != "drops"] == [
+            ("frame", unreachable, b"dial me back"),
+            ("lost", unreachable, "connect timeout"),
+        ]
+
+        # Still fully alive (no libzmq#3575 wedge after closing a failed dial-back).
+        plane.connect(peer_id)
+        plane.send(peer_id, b"ping:alive")
+        wait_until(
+            lambda: plane.poll(100),
+            lambda seen: FrameIn(peer_id, b"pong:alive") in seen,
+            10.0,
+            "pong after hostile traffic",
+        )
+        assert peer.expect("frame", 10.0) == ("frame", plane.local_id, b"ping:alive")
+        (_, peers, drops) = peer.request("state", reply="state")
+        assert peers == (plane.local_id,)
+        assert drops == expected_drops
+    finally:
+        ctx.destroy(linger=0)
+    assert peer.request("stop", reply="closed")[1] < 2.0
+
+
+def test_peer_limit_drops_new_identities(spawn_echo: Any) -> None:
+    peer, peer_id = spawn_echo(report_drops=True, max_peers=2, connect_timeout_ms=20_000)
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    try:
+        ids = [f"127.0.0.1:{_closed_port()}" for _ in range(3)]
+        for ident in ids:
+            s = ctx.socket(zmq.DEALER)
+            s.setsockopt(zmq.IDENTITY, ident.encode())
+            s.setsockopt(zmq.LINGER, 1000)
+            s.connect(f"tcp://{peer_id}")
+            s.send(b"hello")
+            # One at a time, so which identity is over the limit is deterministic.
+            if ident != ids[-1]:
+                assert peer.expect("frame", 10.0) == ("frame", ident, b"hello")
+        assert peer.expect("drops", 10.0) == ("drops", {"peer limit": 1})
+        (_, peers, drops) = peer.request("state", reply="state")
+        assert sorted(peers) == sorted(ids[:2])
+        assert drops == {"peer limit": 1}
+    finally:
+        ctx.destroy(linger=0)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "frozen"])
+def test_dead_or_frozen_peer_is_reported_lost(
+    spawn_echo: Any, plane: ControlPlane, sig: signal.Signals
+) -> None:
+    peer, peer_id = spawn_echo(**FAST_HEARTBEATS)
+    plane.connect(peer_id)
+    plane.send(peer_id, b"ping:warm")
+    wait_until(
+        lambda: plane.poll(100),
+        lambda seen: FrameIn(peer_id, b"pong:warm") in seen,
+        10.0,
+        "warm-up pong",
+    )
+    assert plane.is_connected(peer_id)
+
+    start = time.monotonic()
+    os.kill(peer.pid, sig)
+    # Killed: the kernel closes the socket at once. Frozen: the ZMTP heartbeat times out
+    # after 500 ms of silence.
+    events = wait_until(
+        lambda: plane.poll(100),
+        lambda seen: any(isinstance(ev, PeerLost) for ev in seen),
+        5.0,
+        f"PeerLost after {sig.name}",
+    )
+    elapsed = time.monotonic() - start
+    assert [ev for ev in events if isinstance(ev, PeerLost)] == [PeerLost(peer_id, "disconnected")]
+    assert elapsed < 3.0, f"peer loss took {elapsed:.2f} s"
+    assert plane.peers == ()
+    assert plane.send(peer_id, b"ping:late") is False
+    assert plane.poll(0) == [PeerLost(peer_id, "not connected")]
+
+
+def test_close_is_bounded_and_idempotent(spawn_echo: Any) -> None:
+    frozen, frozen_id = spawn_echo()
+    plane = ControlPlane("tcp://127.0.0.1:0", dealer_linger_ms=500, sndhwm=50)
+    try:
+        plane.connect(frozen_id)
+        plane.send(frozen_id, b"ping:warm")
+        wait_until(
+            lambda: plane.poll(100),
+            lambda seen: FrameIn(frozen_id, b"pong:warm") in seen,
+            10.0,
+            "warm-up pong",
+        )
+        os.kill(frozen.pid, signal.SIGSTOP)
+        unreachable = f"127.0.0.1:{_closed_port()}"
+        plane.connect(unreachable)
+        big = bytes(256 * 1024)
+        sent = [plane.send(frozen_id, big) for _ in range(200)]
+        assert all(plane.send(unreachable, b"queued") for _ in range(20))
+        # Back-pressure toward a frozen peer ends in "send queue full", not a block.
+        if not all(sent):
+            assert PeerLost(frozen_id, "send queue full") in plane.poll(0)
+    finally:
+        start = time.monotonic()
+        plane.close()
+        elapsed = time.monotonic() - start
+    assert elapsed < 2.0, f"close took {elapsed:.2f} s"
+    plane.close()
+    assert plane.closed
+    with pytest.raises(TransportError):
+        plane.poll(0)
+    with pytest.raises(TransportError):
+        plane.send(frozen_id, b"x")
+
+
+def test_poll_timeout_is_honoured(plane: ControlPlane) -> None:
+    start = time.monotonic()
+    assert plane.poll(150) == []
+    elapsed = time.monotonic() - start
+    assert 0.14 <= elapsed < 1.0, elapsed
+    with pytest.raises(TransportError):
+        plane.connect(plane.local_id)
+    with pytest.raises(TransportError):
+        plane.connect("not-an-id")
