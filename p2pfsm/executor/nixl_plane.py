@@ -1,0 +1,554 @@
+"""NIXL data plane: one registered block region, block WRITEs into peers' regions over UCX.
+
+This is the data path of vLLM 0.33.0's P2P tier (wire-notes section 8): each side registers
+its whole region once (``num_blocks x block_len`` bytes, one slab), describes block ``i``
+as ``(base_addr + i * block_len, block_len)``, loads a peer's agent metadata with
+``add_remote_agent`` and builds that peer's descriptor list from the plain integers
+``(base_addr, num_blocks, block_len)`` it sent. A batch of blocks goes out as one prepped
+NIXL WRITE; on one host UCX does it with CMA (``process_vm_writev``), zero-copy.
+
+Progress, without a progress thread
+-----------------------------------
+NIXL's Python default starts a UCX progress thread that polls with a zero timeout and
+burns a whole core per process even when idle (transport-anchors 1.2). This plane creates
+its agent with ``enable_prog_thread=False``, so UCX only progresses inside NIXL calls:
+:meth:`DataPlane.poll` (``check_xfer_state``) drives our own WRITEs, and
+:meth:`DataPlane.progress` (``get_new_notifs``, which runs the worker's progress loop)
+serves the *passive* side. NIXL's Python API exposes no descriptor to wait on, so
+progress is periodic and driven by the executor's event loop, which already wakes up for
+the control plane: it calls ``progress()`` (about 1 us when idle) every time it wakes and
+never waits longer than :attr:`DataPlane.progress_interval_ms`, which is
+
+* ``busy_progress_ms`` (1 ms) while our own WRITEs are in flight, for ``warmup_s`` after
+  each :meth:`~DataPlane.add_peer`, and while :meth:`~DataPlane.expect_inbound` says a
+  peer may be writing into us;
+* ``idle_progress_ms`` (50 ms) otherwise.
+
+Why this is enough (measured here, two processes, CMA): the first WRITE from a new peer
+stays ``PROC`` for as long as the target does not progress (UCX wire-up needs the
+target), and completes within a few ms once it does; later WRITEs complete without any
+target progress. ``make_connection`` and a NIXL notification sent during the handshake
+did not remove that first-transfer dependency, hence the busy window after ``add_peer``
+and :meth:`~DataPlane.expect_inbound` (a client calls it while it waits for blocks). The
+idle tick keeps UCX keepalives and late wire-up serviced at negligible cost.
+
+Failure model: NIXL raises typed exceptions with no common base class, so every NIXL call
+is guarded and turned into either :class:`~p2pfsm.errors.TransportError` (setup and API
+misuse) or a failed transfer reported once by :meth:`DataPlane.poll`.
+Not thread-safe: use one DataPlane from one thread (the agent runs with no locking).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import itertools
+import operator
+import struct
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+from p2pfsm.errors import ConfigError, TransportError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+    import torch
+
+__all__ = ["DataPlane"]
+
+_MAX_INDEX: Final = (1 << 31) - 1  # NIXL takes descriptor indexes as int32
+_ADDR_LIMIT: Final = 1 << 64
+_MD_PREFIX: Final = b"nixlSerDes|Agent"
+_MD_LEN: Final = struct.Struct("<Q")
+
+
+def _import_nixl() -> Any:
+    """The NIXL Python API module: the ``nixl`` shim if present, else ``nixl_cu12``."""
+    for module in ("nixl._api", "nixl_cu12._api"):
+        try:
+            return importlib.import_module(module)
+        except (ImportError, OSError):
+            continue
+    raise TransportError(
+        "NIXL is not installed: pip install --no-deps nixl-cu12==1.5.1 (see .ci/install.sh)"
+    )
+
+
+def _agent_name_of(metadata: bytes) -> tuple[str, bytes]:
+    """Split NIXL agent metadata into (agent name, everything after the name).
+
+    NIXL serialises the agent name first: ``b"nixlSerDes|Agent"``, a little-endian u64
+    length, the name, then ``b"|"`` and the connection and memory sections.
+    """
+    start = len(_MD_PREFIX) + _MD_LEN.size
+    if not metadata.startswith(_MD_PREFIX) or len(metadata) < start:
+        raise TransportError("agent metadata is not NIXL serialised metadata")
+    (name_len,) = _MD_LEN.unpack_from(metadata, len(_MD_PREFIX))
+    end = start + name_len
+    if name_len == 0 or end >= len(metadata) or metadata[end : end + 1] != b"|":
+        raise TransportError("agent metadata has a malformed agent name")
+    try:
+        name = metadata[start:end].decode("utf-8")
+    except UnicodeDecodeError:
+        raise TransportError("agent metadata names a non-UTF-8 agent") from None
+    return name, metadata[end:]
+
+
+def _parse_device(device: str) -> tuple[str, int]:
+    """``"cpu"`` -> DRAM; ``"cuda"`` / ``"cuda:N"`` -> VRAM on GPU N."""
+    if device == "cpu":
+        return "DRAM", 0
+    if device == "cuda":
+        return "VRAM", 0
+    kind, _, index = device.partition(":")
+    if kind == "cuda" and index.isdigit() and index.isascii():
+        return "VRAM", int(index)
+    raise ConfigError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+
+
+def _positive_int(name: str, value: object, high: int) -> int:
+    if type(value) is not int or not 0 < value <= high:
+        raise ConfigError(f"{name} must be an int in [1, {high}], got {value!r}")
+    return value
+
+
+def _block_rows(base: int, count: int, block_len: int, dev: int) -> npt.NDArray[np.uint64]:
+    """One ``(addr, len, dev)`` descriptor row per block of a region."""
+    import numpy as np
+
+    rows = np.empty((count, 3), dtype=np.uint64)
+    rows[:, 0] = np.uint64(base) + np.arange(count, dtype=np.uint64) * np.uint64(block_len)
+    rows[:, 1] = block_len
+    rows[:, 2] = dev
+    return rows
+
+
+@dataclass(eq=False)
+class _Peer:
+    peer_id: str
+    agent_name: str
+    num_blocks: int
+    dlist: Any  # nixl_prepped_dlist_handle of the peer's blocks
+    faulted: bool = False
+
+
+@dataclass(eq=False)
+class _Xfer:
+    xfer_id: int
+    peer_id: str
+    handle: Any  # nixl_xfer_handle
+    outcome: bool | None = None  # set once terminal; reported when the handle is released
+
+
+class DataPlane:
+    """A block region registered with a NIXL agent (UCX, no progress thread).
+
+    Args:
+        name: NIXL agent name; must differ from every peer's.
+        num_blocks, block_len: region geometry; block ``i`` is ``region[i]``.
+        device: ``"cpu"`` (DRAM) or ``"cuda[:N]"`` (VRAM; peers are assumed to be DRAM).
+        busy_progress_ms, idle_progress_ms, warmup_s: see the module docstring.
+        max_peer_blocks: largest ``num_blocks`` a peer may announce (each remote block
+            costs a prepped descriptor, so an unbounded announcement is a memory hazard).
+        ucx_params: UCX backend parameters (default: the plugin's own, i.e. error
+            handling mode ``peer``, one worker, no thread pool).
+
+    Raises:
+        ConfigError: bad arguments. TransportError: NIXL or torch missing or failing.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        num_blocks: int,
+        block_len: int,
+        device: str = "cpu",
+        *,
+        busy_progress_ms: int = 1,
+        idle_progress_ms: int = 50,
+        warmup_s: float = 5.0,
+        max_peer_blocks: int = 1 << 20,
+        ucx_params: Mapping[str, str] | None = None,
+    ) -> None:
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"name must be a non-empty str, got {name!r}")
+        self._num_blocks = _positive_int("num_blocks", num_blocks, _MAX_INDEX)
+        self._block_len = _positive_int("block_len", block_len, _ADDR_LIMIT)
+        self._busy_ms = _positive_int("busy_progress_ms", busy_progress_ms, 60_000)
+        self._idle_ms = _positive_int("idle_progress_ms", idle_progress_ms, 60_000)
+        self._max_peer_blocks = _positive_int("max_peer_blocks", max_peer_blocks, _MAX_INDEX)
+        if not isinstance(warmup_s, int | float) or warmup_s < 0:
+            raise ConfigError(f"warmup_s must be a number >= 0, got {warmup_s!r}")
+        self._warmup_s = float(warmup_s)
+        mem_type, dev_id = _parse_device(device)
+        self._name = name
+        self._mem_type = mem_type
+
+        nixl = _import_nixl()
+        try:
+            import torch
+        except ImportError:
+            raise TransportError("torch is not installed (pip install torch==2.13.0)") from None
+
+        self._peers: dict[str, _Peer] = {}
+        self._inflight: dict[int, _Xfer] = {}
+        self._done: list[tuple[int, bool]] = []
+        self._ids = itertools.count(1)
+        self._busy_until = 0.0
+        self._closed = False
+
+        try:
+            self._region: torch.Tensor = torch.zeros(
+                (num_blocks, block_len), dtype=torch.uint8, device=device
+            )
+        except (RuntimeError, ValueError) as exc:
+            raise TransportError(f"cannot allocate the block region on {device}: {exc}") from exc
+        self._base_addr = int(self._region.data_ptr())
+
+        config = nixl.nixl_agent_config(
+            enable_prog_thread=False, enable_listen_thread=False, backends=[]
+        )
+        self._agent: Any = None
+        self._reg: Any = None
+        self._local: Any = None
+        try:
+            self._agent = nixl.nixl_agent(name, config)
+            self._agent.create_backend("UCX", dict(ucx_params or {}))
+            self._reg = self._agent.register_memory(self._region)
+            rows = _block_rows(self._base_addr, num_blocks, block_len, dev_id)
+            self._local = self._agent.prep_xfer_dlist("", rows, mem_type)
+            self._metadata = bytes(self._agent.get_agent_metadata())
+            own_name, self._metadata_tail = _agent_name_of(self._metadata)
+            if own_name != name:
+                raise TransportError(f"NIXL metadata names {own_name!r}, not {name!r}")
+        except Exception as exc:
+            self._teardown_agent()
+            self._closed = True
+            raise TransportError(f"cannot set up NIXL agent {name!r}: {exc!r}") from exc
+
+    # -- properties ---------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def num_blocks(self) -> int:
+        return self._num_blocks
+
+    @property
+    def block_len(self) -> int:
+        return self._block_len
+
+    @property
+    def metadata(self) -> bytes:
+        """This agent's NIXL metadata, for the peer's ``add_peer`` (vLLM's agent_metadata)."""
+        return self._metadata
+
+    @property
+    def base_addr(self) -> int:
+        """Address of block 0 of the region, for the peer's ``add_peer``."""
+        return self._base_addr
+
+    @property
+    def region(self) -> torch.Tensor:
+        """The block region: a contiguous uint8 tensor of shape (num_blocks, block_len)."""
+        return self._region
+
+    @property
+    def peers(self) -> tuple[str, ...]:
+        return tuple(self._peers)
+
+    @property
+    def in_flight(self) -> int:
+        """Transfers whose NIXL handle is still held (posted, or awaiting release)."""
+        return len(self._inflight)
+
+    @property
+    def progress_interval_ms(self) -> int:
+        """The longest the event loop should go without calling :meth:`progress`."""
+        if self._inflight or time.monotonic() < self._busy_until:
+            return self._busy_ms
+        return self._idle_ms
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def is_faulted(self, peer_id: str) -> bool:
+        """True once a transfer to ``peer_id`` failed (the peer likely died); writes to
+        it will keep failing until it is removed and added again."""
+        peer = self._peers.get(peer_id)
+        return peer is not None and peer.faulted
+
+    # -- peers --------------------------------------------------------------------
+
+    def add_peer(
+        self, peer_id: str, metadata: bytes, base_addr: int, num_blocks: int, block_len: int
+    ) -> None:
+        """Load a peer's NIXL metadata and prep the descriptors of its blocks.
+
+        Re-adding ``peer_id`` removes its old registration first (its in-flight
+        transfers fail). Raises :class:`TransportError` when the announcement is invalid:
+        ``block_len`` differs from ours, ``num_blocks`` exceeds ``max_peer_blocks``, the
+        region would wrap past 2**64, the metadata is not NIXL's, names this agent, or
+        names an agent already registered under another peer id.
+        """
+        self._check_open()
+        if not isinstance(peer_id, str) or not peer_id:
+            raise TransportError(f"peer_id must be a non-empty str, got {peer_id!r}")
+        if not isinstance(metadata, bytes):
+            raise TransportError("metadata must be bytes")
+        for field, value in (
+            ("base_addr", base_addr),
+            ("num_blocks", num_blocks),
+            ("block_len", block_len),
+        ):
+            if type(value) is not int or value <= 0:
+                raise TransportError(f"{field} must be a positive int, got {value!r}")
+        if block_len != self._block_len:
+            raise TransportError(f"block_len {block_len} differs from ours ({self._block_len})")
+        if num_blocks > self._max_peer_blocks:
+            raise TransportError(f"num_blocks {num_blocks} exceeds {self._max_peer_blocks}")
+        if base_addr + num_blocks * block_len > _ADDR_LIMIT:
+            raise TransportError("peer region wraps past the end of the address space")
+        agent_name, tail = _agent_name_of(metadata)
+        if agent_name == self._name or tail == self._metadata_tail:
+            raise TransportError("peer metadata describes this agent")
+        for other in self._peers.values():
+            if other.agent_name == agent_name and other.peer_id != peer_id:
+                raise TransportError(f"agent {agent_name!r} is already peer {other.peer_id!r}")
+
+        if peer_id in self._peers:
+            self.remove_peer(peer_id)
+        try:
+            loaded = self._agent.add_remote_agent(metadata)
+        except Exception as exc:
+            raise TransportError(f"add_remote_agent failed for {peer_id!r}: {exc!r}") from exc
+        loaded_name = loaded.decode("utf-8") if isinstance(loaded, bytes) else str(loaded)
+        try:
+            if loaded_name != agent_name:
+                raise TransportError(f"NIXL loaded {loaded_name!r}, expected {agent_name!r}")
+            rows = _block_rows(base_addr, num_blocks, block_len, 0)
+            dlist = self._agent.prep_xfer_dlist(loaded_name, rows, "DRAM")
+        except Exception as exc:
+            self._forget_agent(loaded_name)
+            if isinstance(exc, TransportError):
+                raise
+            raise TransportError(f"cannot prep descriptors of {peer_id!r}: {exc!r}") from exc
+        self._peers[peer_id] = _Peer(peer_id, loaded_name, num_blocks, dlist)
+        self._busy_until = time.monotonic() + self._warmup_s
+
+    def remove_peer(self, peer_id: str) -> None:
+        """Forget a peer: its in-flight transfers are released and reported failed by
+        :meth:`poll` (a transfer NIXL cannot release yet stays in flight and is reported
+        once it can be), its descriptors are released and its metadata unloaded, which
+        also disconnects the UCX endpoints. Unknown ids are ignored."""
+        self._check_open()
+        peer = self._peers.pop(peer_id, None)
+        if peer is None:
+            return
+        doomed = [x for x in self._inflight.values() if x.peer_id == peer_id]
+        for xfer in doomed:
+            xfer.outcome = False
+            self._try_retire(xfer)
+        with contextlib.suppress(Exception):  # it also frees itself when collected
+            peer.dlist.release()
+        self._forget_agent(peer.agent_name)
+        for xfer in doomed:
+            if xfer.xfer_id in self._inflight:
+                self._try_retire(xfer)
+
+    # -- transfers ----------------------------------------------------------------
+
+    def write(self, peer_id: str, local_idxs: Sequence[int], remote_idxs: Sequence[int]) -> int:
+        """WRITE our blocks ``local_idxs[k]`` into the peer's blocks ``remote_idxs[k]``.
+
+        One prepped NIXL transfer for the whole batch. Returns a transfer id, unique for
+        this plane's lifetime, whose outcome :meth:`poll` reports exactly once (a post
+        that fails, e.g. because the peer died, is reported there as failed too).
+
+        Raises :class:`TransportError` for an unknown peer, an empty batch, lists of
+        different lengths, an index that is not an int or is out of range, or a remote
+        block named twice.
+        """
+        self._check_open()
+        peer = self._peers.get(peer_id)
+        if peer is None:
+            raise TransportError(f"unknown peer {peer_id!r}")
+        local = self._indexes("local", local_idxs, self._num_blocks)
+        remote = self._indexes("remote", remote_idxs, peer.num_blocks)
+        if len(local) != len(remote):
+            raise TransportError(f"{len(local)} local indexes but {len(remote)} remote ones")
+        if not local:
+            raise TransportError("empty batch")
+        if len(set(remote)) != len(remote):
+            raise TransportError("a remote block is named twice in one batch")
+
+        xfer = _Xfer(next(self._ids), peer_id, None)
+        try:
+            xfer.handle = self._agent.make_prepped_xfer(
+                "WRITE", self._local, local, peer.dlist, remote
+            )
+            state = self._agent.transfer(xfer.handle)
+        except Exception:
+            state = "ERR"
+        if xfer.handle is None:
+            peer.faulted = True
+            self._done.append((xfer.xfer_id, False))
+            return xfer.xfer_id
+        self._inflight[xfer.xfer_id] = xfer
+        if state != "PROC":
+            self._settle(xfer, state)
+        return xfer.xfer_id
+
+    def poll(self) -> list[tuple[int, bool]]:
+        """Finished transfers as ``(transfer id, ok)``, each reported once, in id order;
+        their NIXL handles are released before they are reported."""
+        self._check_open()
+        out = self._done
+        self._done = []
+        for xfer in list(self._inflight.values()):
+            if xfer.outcome is None:
+                try:
+                    state = self._agent.check_xfer_state(xfer.handle)
+                except Exception:
+                    state = "ERR"
+                if state == "PROC":
+                    continue
+                self._settle(xfer, state)
+            else:
+                self._try_retire(xfer)
+        out.extend(self._done)
+        self._done = []
+        out.sort()
+        return out
+
+    def cancel(self, xfer_id: int) -> bool:
+        """Abandon a transfer; it will not be reported by :meth:`poll`.
+
+        True: the transfer is over and released (already finished, released now, or
+        unknown), so NIXL will not touch either region for it again. Over CMA the copy is
+        synchronous, so nothing lands afterwards; on an RDMA NIC a cancelled WRITE may
+        still have landed partly, so the receiver should treat the target blocks as
+        undefined. False: NIXL could not release it yet; it stays in flight, and
+        :meth:`poll` reports it when it ends (or call ``cancel`` again).
+        """
+        self._check_open()
+        for k, (done_id, _ok) in enumerate(self._done):
+            if done_id == xfer_id:
+                del self._done[k]
+                return True
+        xfer = self._inflight.get(xfer_id)
+        if xfer is None:
+            return True
+        if self._release(xfer):
+            del self._inflight[xfer_id]
+            return True
+        return False
+
+    def progress(self) -> None:
+        """Run UCX progress once (cheap). Call it on every loop tick, at least every
+        :attr:`progress_interval_ms`; the passive side of a WRITE needs it."""
+        self._check_open()
+        try:
+            # The protocol uses no NIXL notifications; draining them is what runs the
+            # worker's progress loop, so whatever arrives is dropped.
+            self._agent.get_new_notifs()
+        except Exception as exc:
+            raise TransportError(f"NIXL progress failed: {exc!r}") from exc
+
+    def expect_inbound(self, seconds: float) -> None:
+        """Keep :attr:`progress_interval_ms` at the busy value for ``seconds`` more,
+        e.g. while we wait for a peer to WRITE blocks we asked for."""
+        self._busy_until = max(self._busy_until, time.monotonic() + max(0.0, seconds))
+
+    def close(self) -> None:
+        """Release every transfer and peer, deregister the region, drop the agent.
+        Idempotent. The region tensor stays readable."""
+        if self._closed:
+            return
+        self._closed = True
+        for xfer in self._inflight.values():
+            self._release(xfer)
+        self._inflight.clear()
+        self._done.clear()
+        for peer in self._peers.values():
+            with contextlib.suppress(Exception):
+                peer.dlist.release()
+            self._forget_agent(peer.agent_name)
+        self._peers.clear()
+        self._teardown_agent()
+
+    def __enter__(self) -> DataPlane:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- internals ----------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TransportError("data plane is closed")
+
+    @staticmethod
+    def _indexes(side: str, values: Sequence[int], limit: int) -> list[int]:
+        if isinstance(values, str | bytes) or not isinstance(values, Sequence):
+            raise TransportError(f"{side} indexes must be a sequence of ints")
+        out: list[int] = []
+        for value in values:
+            if isinstance(value, bool):
+                raise TransportError(f"{side} index {value!r} is a bool")
+            try:
+                index = operator.index(value)
+            except TypeError:
+                raise TransportError(f"{side} index {value!r} is not an int") from None
+            if not 0 <= index < limit:
+                raise TransportError(f"{side} index {index} out of range [0, {limit})")
+            out.append(index)
+        return out
+
+    def _settle(self, xfer: _Xfer, state: str) -> None:
+        """Record a terminal state and report the transfer if its handle releases."""
+        xfer.outcome = state == "DONE"
+        if not xfer.outcome:
+            peer = self._peers.get(xfer.peer_id)
+            if peer is not None:
+                peer.faulted = True
+        self._try_retire(xfer)
+
+    def _try_retire(self, xfer: _Xfer) -> None:
+        if self._release(xfer):
+            del self._inflight[xfer.xfer_id]
+            self._done.append((xfer.xfer_id, bool(xfer.outcome)))
+
+    @staticmethod
+    def _release(xfer: _Xfer) -> bool:
+        try:
+            xfer.handle.release()
+        except Exception:
+            return False
+        return True
+
+    def _forget_agent(self, agent_name: str) -> None:
+        # NIXL may already have dropped it itself after a remote disconnect.
+        with contextlib.suppress(Exception):
+            self._agent.remove_remote_agent(agent_name)
+
+    def _teardown_agent(self) -> None:
+        agent, self._agent = self._agent, None
+        if agent is None:
+            return
+        if self._local is not None:
+            with contextlib.suppress(Exception):
+                self._local.release()
+            self._local = None
+        if self._reg is not None:
+            with contextlib.suppress(Exception):
+                agent.deregister_memory(self._reg)
+            self._reg = None
+        del agent

@@ -1,0 +1,420 @@
+"""DataPlane between real processes on one host (NIXL over UCX, CPU memory, CMA).
+
+The test process owns the initiating plane; each target plane lives in a spawned child
+that progresses UCX from its own loop, as the executor will. NIXL metadata travels over
+the multiprocessing pipe here, except in the idle-CPU test, which runs a ControlPlane and
+a DataPlane together in each process and exchanges it over ZeroMQ.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import signal
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+import msgpack
+import pytest
+
+from p2pfsm.demo_blocks import demo_block
+from p2pfsm.errors import ConfigError, TransportError
+from p2pfsm.executor.nixl_plane import DataPlane
+from p2pfsm.executor.zmq_plane import ControlPlane, FrameIn
+
+from . import Child, cpu_seconds
+
+torch = pytest.importorskip("torch")
+if importlib.util.find_spec("nixl") is None and importlib.util.find_spec("nixl_cu12") is None:
+    pytest.skip("NIXL is not installed (.ci/install.sh installs it)", allow_module_level=True)
+
+BLOCK = 4096
+
+
+# -- child processes -------------------------------------------------------------------
+
+
+def target_node(
+    conn: Connection, name: str, num_blocks: int, block_len: int, progressing: bool
+) -> None:
+    """A plane that others write into; progresses UCX unless told not to."""
+    plane = DataPlane(name, num_blocks, block_len)
+    conn.send(("ready", plane.metadata, plane.base_addr))
+    try:
+        while True:
+            # Wait on the command pipe for at most one progress interval, then progress.
+            timeout = plane.progress_interval_ms / 1000 if progressing else None
+            if conn.poll(timeout):
+                cmd = conn.recv()
+                if cmd[0] == "stop":
+                    break
+                if cmd[0] == "add":
+                    plane.add_peer(*cmd[1:])
+                    conn.send(("added",))
+                elif cmd[0] == "progress":
+                    progressing = cmd[1]
+                    conn.send(("progress", progressing))
+                elif cmd[0] == "region":
+                    conn.send(("region", plane.region.numpy().tobytes()))
+                elif cmd[0] == "digest":
+                    conn.send(
+                        ("digest", hashlib.sha256(plane.region.numpy().tobytes()).hexdigest())
+                    )
+            if progressing:
+                plane.progress()
+    finally:
+        plane.close()
+
+
+def _announce(plane: DataPlane) -> bytes:
+    announcement = {
+        "agent_metadata": plane.metadata,
+        "base_addr": plane.base_addr,
+        "num_blocks": plane.num_blocks,
+        "block_len": plane.block_len,
+    }
+    return bytes(msgpack.packb(announcement))
+
+
+def _add_from(plane: DataPlane, peer_id: str, frame: bytes) -> None:
+    msg = msgpack.unpackb(frame)
+    plane.add_peer(
+        peer_id, msg["agent_metadata"], msg["base_addr"], msg["num_blocks"], msg["block_len"]
+    )
+
+
+def node_loop(conn: Connection, name: str) -> None:
+    """ControlPlane + DataPlane driven by one loop, the executor's shape: wait on ZeroMQ
+    for at most the data plane's progress interval, then progress and poll NIXL."""
+    control = ControlPlane("tcp://127.0.0.1:0")
+    data = DataPlane(name, 64, BLOCK, warmup_s=0.2)
+    conn.send(("ready", control.local_id))
+    try:
+        while not conn.poll(0):
+            for ev in control.poll(data.progress_interval_ms):
+                if isinstance(ev, FrameIn) and ev.peer_id not in data.peers:
+                    _add_from(data, ev.peer_id, ev.frame)
+                    control.send(ev.peer_id, _announce(data))
+            data.progress()
+            data.poll()
+    finally:
+        data.close()
+        control.close()
+
+
+# -- helpers ---------------------------------------------------------------------------
+
+
+def _start_target(
+    children: list[Child], name: str, num_blocks: int, block_len: int, progressing: bool = True
+) -> tuple[Child, bytes, int]:
+    child = Child(target_node, name, num_blocks, block_len, progressing, name=name)
+    children.append(child)
+    (_, metadata, base_addr) = child.expect("ready", 60.0)
+    return child, metadata, base_addr
+
+
+def _connect(plane: DataPlane, child: Child, peer_id: str, md: bytes, base: int, nb: int) -> None:
+    """Register both ways, as the vLLM handshake does."""
+    plane.add_peer(peer_id, md, base, nb, plane.block_len)
+    child.request(
+        "add", "initiator", plane.metadata, plane.base_addr, plane.num_blocks, plane.block_len,
+        reply="added",
+    )  # fmt: skip
+
+
+def _drive(
+    plane: DataPlane,
+    child: Child,
+    done: Callable[[list[tuple[int, bool]]], bool],
+    timeout: float,
+    what: str,
+) -> list[tuple[int, bool]]:
+    """The executor's loop in miniature: poll NIXL, progress, then wait (on the child's
+    pipe, which stays quiet) for at most the plane's progress interval."""
+    deadline = time.monotonic() + timeout
+    results: list[tuple[int, bool]] = []
+    while True:
+        results.extend(plane.poll())
+        if done(results):
+            return results
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"no {what} within {timeout:.1f} s; got {results!r}")
+        plane.progress()
+        if child.conn.poll(plane.progress_interval_ms / 1000):
+            raise AssertionError(f"unexpected message from {child.name}: {child.conn.recv()!r}")
+
+
+def _reported(*ids: int) -> Callable[[list[tuple[int, bool]]], bool]:
+    return lambda results: set(ids) <= {xfer_id for xfer_id, _ in results}
+
+
+def _fill_demo(plane: DataPlane, count: int) -> None:
+    """Local block i holds demo block i."""
+    for i in range(count):
+        content = bytearray(demo_block(i, plane.block_len))
+        plane.region[i] = torch.frombuffer(content, dtype=torch.uint8)
+
+
+@pytest.fixture
+def children() -> Iterator[list[Child]]:
+    started: list[Child] = []
+    try:
+        yield started
+    finally:
+        for child in started:
+            child.stop()
+
+
+@dataclass
+class Pair:
+    """Our plane (32 blocks) connected both ways to a progressing target (64 blocks)."""
+
+    plane: DataPlane
+    child: Child
+    metadata: bytes
+    base_addr: int
+
+
+@pytest.fixture(scope="module")
+def pair() -> Iterator[Pair]:
+    started: list[Child] = []
+    plane = DataPlane("initiator", 32, BLOCK)
+    try:
+        child, md, base = _start_target(started, "target", 64, BLOCK)
+        _connect(plane, child, "target", md, base, 64)
+        _fill_demo(plane, 16)
+        yield Pair(plane, child, md, base)
+    finally:
+        plane.close()
+        for child in started:
+            child.stop()
+
+
+# -- tests -----------------------------------------------------------------------------
+
+
+def test_sixteen_demo_blocks_land_byte_exact(pair: Pair) -> None:
+    plane, child = pair.plane, pair.child
+    remote = [63, 0, 17, 5, 40, 41, 2, 33, 58, 11, 27, 9, 50, 44, 21, 36]
+    xfer = plane.write("target", list(range(16)), remote)
+    results = _drive(plane, child, _reported(xfer), 10.0, "completion of the 16-block WRITE")
+    assert results == [(xfer, True)]
+
+    (_, region) = child.request("region", reply="region")
+    assert len(region) == 64 * BLOCK
+    for k, dest in enumerate(remote):
+        got = region[dest * BLOCK : (dest + 1) * BLOCK]
+        assert got == demo_block(k, BLOCK), f"target block {dest} != demo block {k}"
+    untouched = set(range(64)) - set(remote)
+    zero = bytes(BLOCK)
+    for dest in untouched:
+        assert region[dest * BLOCK : (dest + 1) * BLOCK] == zero, f"block {dest} was touched"
+
+
+def test_poll_reports_each_transfer_once_and_cancel_hides_it(pair: Pair) -> None:
+    plane, child = pair.plane, pair.child
+    first = plane.write("target", [0], [1])
+    second = plane.write("target", [1, 2], [2, 3])
+    assert second > first
+    results = _drive(plane, child, _reported(first, second), 10.0, "both transfers")
+    assert sorted(results) == [(first, True), (second, True)]
+    assert plane.poll() == []
+    assert plane.in_flight == 0
+
+    assert plane.cancel(first) is True  # already reported: nothing left to touch memory
+    assert plane.cancel(10**9) is True  # never existed
+
+    cancelled = plane.write("target", [3], [4])
+    assert plane.cancel(cancelled) is True
+    later = plane.write("target", [4], [5])
+    results = _drive(plane, child, _reported(later), 10.0, "the transfer after a cancel")
+    assert results == [(later, True)], "a cancelled transfer must never be reported"
+    assert plane.poll() == []
+
+
+def test_cancel_releases_a_transfer_stuck_in_flight(children: list[Child]) -> None:
+    """A new peer that does not progress keeps our first WRITE in PROC (UCX wire-up
+    needs the target); cancel releases it, and it is never reported."""
+    with DataPlane("initiator-c", 8, BLOCK) as plane:
+        child, md, base = _start_target(children, "mute", 8, BLOCK, progressing=False)
+        plane.add_peer("mute", md, base, 8, BLOCK)
+        stuck = plane.write("mute", [0], [0])
+        assert plane.in_flight == 1
+        assert plane.poll() == []
+        assert plane.progress_interval_ms == 1  # busy while a transfer is in flight
+        assert plane.cancel(stuck) is True
+        assert plane.in_flight == 0
+
+        # Removing the peer fails what is still in flight to it, reported once.
+        doomed = plane.write("mute", [0], [0])
+        assert plane.in_flight == 1
+        plane.remove_peer("mute")
+        assert plane.poll() == [(doomed, False)]
+        assert plane.poll() == []
+        assert plane.cancel(doomed) is True
+
+        plane.add_peer("mute", md, base, 8, BLOCK)
+        child.request("progress", True, reply="progress")
+        after = plane.write("mute", [1], [1])
+        results = _drive(plane, child, _reported(after), 10.0, "a WRITE once the peer progresses")
+        assert results == [(after, True)]
+        assert plane.poll() == []
+
+
+def test_bad_requests_raise_transport_error(pair: Pair) -> None:
+    plane = pair.plane
+    with pytest.raises(TransportError, match="unknown peer"):
+        plane.write("nobody", [0], [0])
+    bad_batches: list[tuple[Any, Any]] = [
+        ([0], [64]),  # past the target's last block
+        ([32], [0]),  # past our last block
+        ([-1], [0]),
+        ([0], [2**31]),  # overflowed int32 inside vLLM's transfer call
+        ([True], [0]),
+        ([0.0], [0]),
+        (["1"], [0]),
+        ([0, 1], [0]),
+        ([], []),
+        ([0, 1], [5, 5]),
+        ("01", "01"),
+    ]
+    for local, remote in bad_batches:
+        with pytest.raises(TransportError):
+            plane.write("target", local, remote)
+    assert plane.in_flight == 0 and plane.poll() == []
+
+    md = plane.metadata
+    with pytest.raises(TransportError, match="this agent"):
+        plane.add_peer("self", md, plane.base_addr, 32, BLOCK)
+    with pytest.raises(TransportError):
+        plane.add_peer("junk", b"not nixl metadata", 4096, 8, BLOCK)
+    with pytest.raises(TransportError, match="block_len"):
+        plane.add_peer("odd", md, 4096, 8, BLOCK * 2)
+    with pytest.raises(TransportError, match="wraps"):
+        plane.add_peer("wrap", md, 2**64 - BLOCK, 2, BLOCK)
+    with pytest.raises(TransportError):
+        plane.add_peer("bool", md, 4096, True, BLOCK)
+    with pytest.raises(ConfigError):
+        DataPlane("x", 0, BLOCK)
+    with pytest.raises(ConfigError):
+        DataPlane("x", 1, BLOCK, device="tpu")
+
+
+def test_remove_and_re_add_peer(pair: Pair) -> None:
+    plane, child, md, base = pair.plane, pair.child, pair.metadata, pair.base_addr
+    plane.remove_peer("target")
+    assert plane.peers == ()
+    with pytest.raises(TransportError, match="unknown peer"):
+        plane.write("target", [0], [0])
+    plane.remove_peer("target")  # unknown ids are ignored
+    plane.add_peer("target", md, base, 64, BLOCK)
+    plane.add_peer("target", md, base, 64, BLOCK)  # re-adding replaces the registration
+    with pytest.raises(TransportError, match="already peer"):
+        plane.add_peer("alias", md, base, 64, BLOCK)
+    xfer = plane.write("target", [7], [7])
+    assert _drive(plane, child, _reported(xfer), 10.0, "WRITE after re-add") == [(xfer, True)]
+
+
+def test_killed_peer_fails_transfers(children: list[Child]) -> None:
+    with DataPlane("initiator-k", 8, BLOCK) as plane:
+        child, md, base = _start_target(children, "doomed", 8, BLOCK)
+        _connect(plane, child, "doomed", md, base, 8)
+        warm = plane.write("doomed", [0], [0])
+        assert _drive(plane, child, _reported(warm), 10.0, "warm-up WRITE") == [(warm, True)]
+
+        os.kill(child.pid, signal.SIGKILL)
+        child.proc.join(10.0)
+        assert not child.proc.is_alive()
+        failed = plane.write("doomed", [1], [1])
+        deadline = time.monotonic() + 5.0
+        results: list[tuple[int, bool]] = []
+        while failed not in {x for x, _ in results}:
+            assert time.monotonic() < deadline, "a WRITE to a dead peer was not reported"
+            results.extend(plane.poll())
+            plane.progress()
+        assert results == [(failed, False)]
+        assert plane.is_faulted("doomed")
+        plane.remove_peer("doomed")
+        with pytest.raises(TransportError):
+            plane.write("doomed", [0], [0])
+
+
+def test_write_256_blocks_of_64k(children: list[Child]) -> None:
+    """Raw WRITE time of 256 x 64 KiB between two processes, every byte checked."""
+    blocks, block_len = 256, 64 * 1024
+    with DataPlane("initiator-b", blocks, block_len) as plane:
+        child, md, base = _start_target(children, "bench", blocks, block_len)
+        _connect(plane, child, "bench", md, base, blocks)
+        _fill_demo(plane, blocks)
+        everything = list(range(blocks))
+        warm = plane.write("bench", everything, everything)
+        _drive(plane, child, _reported(warm), 10.0, "warm-up WRITE")
+        times = []
+        for _ in range(20):
+            start = time.perf_counter()
+            xfer = plane.write("bench", everything, everything)
+            results = _drive(plane, child, _reported(xfer), 10.0, "256-block WRITE")
+            times.append(time.perf_counter() - start)
+            assert results == [(xfer, True)]
+        median = statistics.median(times)
+        print(
+            f"\n256 x 64 KiB WRITE: median {median * 1e3:.2f} ms "
+            f"({blocks * block_len / median / 1e9:.1f} GB/s), min {min(times) * 1e3:.2f} ms, "
+            f"max {max(times) * 1e3:.2f} ms"
+        )
+        (_, digest) = child.request("digest", reply="digest")
+        assert digest == hashlib.sha256(plane.region.numpy().tobytes()).hexdigest()
+        assert median < 0.5, f"median {median * 1e3:.1f} ms"
+
+
+def test_idle_pair_costs_almost_no_cpu(children: list[Child]) -> None:
+    """Both processes idle with a ControlPlane + DataPlane each, connected and after one
+    transfer: the loop wakes every idle_progress_ms and burns next to no CPU (NIXL's
+    default progress thread would burn a whole core per process)."""
+    child = Child(node_loop, "idle-node", name="idle-node")
+    children.append(child)
+    (_, node_id) = child.expect("ready", 60.0)
+    with (
+        ControlPlane("tcp://127.0.0.1:0") as control,
+        DataPlane("idle-initiator", 64, BLOCK, warmup_s=0.2) as data,
+    ):
+        control.connect(node_id)
+        control.send(node_id, _announce(data))
+        deadline = time.monotonic() + 20.0
+        while node_id not in data.peers:
+            assert time.monotonic() < deadline, "no announcement back over ZeroMQ"
+            for ev in control.poll(100):
+                if isinstance(ev, FrameIn) and ev.peer_id == node_id:
+                    _add_from(data, node_id, ev.frame)
+        xfer = data.write(node_id, [0, 1], [2, 3])
+        seen: list[tuple[int, bool]] = []
+        while xfer not in {x for x, _ in seen}:
+            assert time.monotonic() < deadline, "WRITE over the ZeroMQ-brokered pair hung"
+            control.poll(data.progress_interval_ms)
+            data.progress()
+            seen.extend(data.poll())
+        assert seen == [(xfer, True)]
+
+        def idle_for(seconds: float) -> None:
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                assert control.poll(data.progress_interval_ms) == []
+                data.progress()
+                assert data.poll() == []
+
+        idle_for(0.5)  # let both warm-up windows (0.2 s) run out
+        assert data.progress_interval_ms == 50
+        window = 2.0
+        own0, peer0 = cpu_seconds(os.getpid()), cpu_seconds(child.pid)
+        idle_for(window)
+        own = (cpu_seconds(os.getpid()) - own0) / window
+        peer = (cpu_seconds(child.pid) - peer0) / window
+        print(f"\nidle CPU over {window:.0f} s: test process {own:.3f}, peer process {peer:.3f}")
+        assert peer < 0.05, f"idle peer burns {peer:.2f} CPU-s/s"
+        assert own < 0.05, f"idle test process burns {own:.2f} CPU-s/s"
