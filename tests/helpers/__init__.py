@@ -1,0 +1,1 @@
+"""Helpers shared by the scenario tests (importable as ``helpers``)."""

@@ -1,0 +1,204 @@
+"""PD fetch scenarios (vllm-wire-notes §5): supply before/after the fetch, partial supply,
+one transfer_done per round, host finish with unmet demand, prefiller-first finish."""
+
+from __future__ import annotations
+
+from helpers.world import World, ready_world
+
+from p2pfsm.demo_blocks import demo_block
+from p2pfsm.protocol import Fetch, TransferDone
+from p2pfsm.session import FetchArrived, LoadResult, StartWrite, StoreResult
+
+
+def transfer_dones(w: World) -> list[TransferDone]:
+    return w.sent_of("b", TransferDone)
+
+
+def assert_idle(w: World) -> None:
+    for node in ("a", "b"):
+        counts = w.counts(node)
+        assert counts["client_round"] == counts["server_round"] == counts["writes"] == 0, counts
+        assert not w.sessions[node].has_pending_work
+        assert w.hosts[node].quiet
+
+
+def test_supply_before_fetch_is_written_when_the_fetch_arrives() -> None:
+    w = ready_world()
+    store = w.supply("b", "r1", [8, 9])
+    assert w.xfers("b") == []
+    job = w.load("a", "r1", [8, 9])
+    w.deliver("a")
+    assert w.out("b", FetchArrived) == [FetchArrived("r1", 0)]
+    write = w.out("b", StartWrite)[-1]
+    assert write.local_indexes == (8, 9)
+    assert write.remote_indexes == w.hosts["a"].loads[job].dest
+    w.finish_writes("b")
+    assert transfer_dones(w) == [TransferDone("r1", True, 0)]
+    w.deliver_all("b")
+    assert w.result("a", job) == LoadResult(job, "r1", True, True)
+    assert w.hosts["b"].store_results[store] == StoreResult(store, True)
+    assert_idle(w)
+
+
+def test_loaded_bytes_equal_the_producers_blocks() -> None:
+    w = ready_world()
+    w.supply("b", "r1", [10, 11, 12])
+    job = w.load("a", "r1", [10, 11, 12])
+    dest = w.hosts["a"].loads[job].dest
+    w.stabilize()
+    assert w.result("a", job).success
+    for k, d in zip((10, 11, 12), dest, strict=True):
+        assert w.hosts["a"].block(d) == demo_block(k, 16) == w.hosts["b"].block(k)
+
+
+def test_supply_after_fetch_serves_the_parked_demand() -> None:
+    w = ready_world()
+    job = w.load("a", "r1", [8, 9])
+    w.deliver("a")
+    assert w.out("b", StartWrite) == []
+    assert w.counts("b")["server_round"] == 1
+    store = w.supply("b", "r1", [8, 9])
+    write = w.out("b", StartWrite)[-1]
+    assert write.local_indexes == (8, 9)
+    w.finish_writes("b")
+    w.deliver_all("b")
+    assert w.result("a", job) == LoadResult(job, "r1", True, True)
+    assert w.hosts["b"].store_results[store].success
+    assert_idle(w)
+
+
+def test_partial_supply_in_two_batches_gives_one_transfer_done() -> None:
+    w = ready_world()
+    job = w.load("a", "r1", [8, 9, 10, 11])
+    w.deliver("a")
+    first = w.supply("b", "r1", [8, 9])
+    assert len(w.out("b", StartWrite)) == 1
+    w.finish_writes("b")
+    assert transfer_dones(w) == []  # two blocks are still missing
+    assert w.out("b", StoreResult) == []
+    second = w.supply("b", "r1", [10, 11])
+    writes = w.out("b", StartWrite)
+    assert len(writes) == 2 and writes[1].local_indexes == (10, 11)
+    w.finish_writes("b")
+    assert transfer_dones(w) == [TransferDone("r1", True, 0)]
+    w.deliver_all("b")
+    assert w.result("a", job).success
+    assert {r.job_id for r in w.out("b", StoreResult)} == {first, second}
+    assert_idle(w)
+
+
+def test_each_round_of_a_request_gets_exactly_one_transfer_done() -> None:
+    w = ready_world()
+    first = w.load("a", "r1", [8])
+    w.supply("b", "r1", [8])
+    w.stabilize()
+    second = w.load("a", "r1", [9])
+    fetch = w.wire("a")[0]
+    assert isinstance(fetch, Fetch) and fetch.round_seq == 1
+    w.supply("b", "r1", [9])
+    w.stabilize()
+    assert transfer_dones(w) == [TransferDone("r1", True, 0), TransferDone("r1", True, 1)]
+    results = w.hosts["a"].load_results
+    assert results[first].success and results[second].success
+    assert_idle(w)
+
+
+def test_host_finish_with_unmet_demand_sends_failure() -> None:
+    w = ready_world()
+    job = w.load("a", "r1", [8, 9])
+    w.deliver("a")
+    store = w.supply("b", "r1", [8])
+    w.finish_writes("b")
+    assert transfer_dones(w) == []
+    w.finish("b", "r1")
+    assert transfer_dones(w) == [TransferDone("r1", False, 0)]
+    assert [r.job_id for r in w.out("b", StoreResult)] == [store]
+    w.deliver_all("b")
+    assert w.result("a", job) == LoadResult(job, "r1", False, True)
+    assert_idle(w)
+
+
+def test_host_finish_waits_for_the_write_in_flight() -> None:
+    w = ready_world()
+    job = w.load("a", "r1", [8, 9])
+    w.deliver("a")
+    w.supply("b", "r1", [8])
+    w.finish("b", "r1")
+    assert transfer_dones(w) == []  # a write is in flight: the round cannot end yet
+    assert w.out("b", StoreResult) == []
+    w.finish_writes("b")
+    assert transfer_dones(w) == [TransferDone("r1", False, 0)]
+    w.deliver_all("b")
+    assert not w.result("a", job).success
+
+
+def test_host_finish_after_full_supply_still_succeeds() -> None:
+    w = ready_world()
+    job = w.load("a", "r1", [8, 9])
+    w.deliver("a")
+    w.supply("b", "r1", [8, 9])
+    w.finish("b", "r1")
+    assert transfer_dones(w) == []
+    w.finish_writes("b")
+    assert transfer_dones(w) == [TransferDone("r1", True, 0)]
+    w.deliver_all("b")
+    assert w.result("a", job).success
+
+
+def test_prefiller_first_finish_fully_supplied_succeeds() -> None:
+    w = ready_world()
+    store = w.supply("b", "r1", [8, 9])
+    w.finish("b", "r1")
+    assert w.sent["b"][2:] == []  # nothing to say before a fetch
+    job = w.load("a", "r1", [8, 9])
+    w.deliver("a")
+    assert w.out("b", StartWrite)[-1].local_indexes == (8, 9)
+    w.finish_writes("b")
+    assert transfer_dones(w) == [TransferDone("r1", True, 0)]
+    w.deliver_all("b")
+    assert w.result("a", job).success
+    assert w.hosts["b"].store_results[store].success
+    assert_idle(w)
+
+
+def test_prefiller_first_finish_partially_supplied_fails_after_the_write() -> None:
+    w = ready_world()
+    w.supply("b", "r1", [8])
+    w.finish("b", "r1")
+    job = w.load("a", "r1", [8, 9])
+    w.deliver("a")
+    assert w.out("b", StartWrite)[-1].local_indexes == (8,)
+    assert transfer_dones(w) == []
+    w.finish_writes("b")
+    assert transfer_dones(w) == [TransferDone("r1", False, 0)]
+    w.deliver_all("b")
+    assert w.result("a", job) == LoadResult(job, "r1", False, True)
+    assert_idle(w)
+
+
+def test_supply_after_prefiller_finish_fails_at_once() -> None:
+    w = ready_world()
+    w.supply("b", "r1", [8])
+    w.finish("b", "r1")
+    late = w.supply("b", "r1", [9])
+    assert w.hosts["b"].store_results[late] == StoreResult(late, False)
+
+
+def test_unfetched_supply_is_released_at_the_store_deadline() -> None:
+    w = ready_world()
+    store = w.supply("b", "r1", [8, 9])
+    assert w.advance()
+    assert w.hosts["b"].store_results[store] == StoreResult(store, False)
+    assert w.sent["b"][2:] == []
+    assert_idle(w)
+
+
+def test_store_deadline_is_disarmed_by_the_fetch() -> None:
+    w = ready_world()
+    store = w.supply("b", "r1", [8])
+    job = w.load("a", "r1", [8])
+    w.deliver("a")
+    assert all(t[0] != "store" for t in w.timers["b"])
+    w.stabilize()
+    assert w.hosts["b"].store_results[store].success
+    assert w.result("a", job).success

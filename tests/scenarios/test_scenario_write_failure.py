@@ -1,0 +1,72 @@
+"""Write failures: the round fails with transfer_done(false), sent only once every
+sibling write of the round is quiescent; its pins are released then."""
+
+from __future__ import annotations
+
+from helpers.world import ready_world
+
+from p2pfsm.protocol import TransferDone
+from p2pfsm.session import CancelWrite, LoadResult, StoreResult
+
+
+def test_write_failure_sends_transfer_done_false() -> None:
+    w = ready_world()
+    store = w.supply("b", "r1", [8, 9])
+    job = w.load("a", "r1", [8, 9])
+    w.deliver("a")
+    (xfer,) = w.xfers("b")
+    w.complete("b", xfer)  # never landed: the write failed
+    assert w.wire("b") == [TransferDone("r1", False, 0)]
+    assert w.hosts["b"].store_results[store] == StoreResult(store, False)
+    w.deliver("b")
+    assert w.result("a", job) == LoadResult(job, "r1", False, True)
+
+
+def test_write_failure_replies_only_after_sibling_writes_are_quiescent() -> None:
+    w = ready_world()
+    job = w.load("a", "r1", [8, 9, 10])
+    w.deliver("a")
+    first = w.supply("b", "r1", [8])
+    second = w.supply("b", "r1", [9])
+    x1, x2 = w.xfers("b")
+    w.complete("b", x1, fail=True)
+    assert w.out("b", CancelWrite) == [CancelWrite(x2)]
+    assert w.wire("b") == []  # the sibling may still land
+    assert first not in w.hosts["b"].store_results and second not in w.hosts["b"].store_results
+    w.land("b", x2)
+    w.complete("b", x2)
+    assert w.wire("b") == [TransferDone("r1", False, 0)]
+    assert w.hosts["b"].store_results[first].success is False
+    assert w.hosts["b"].store_results[second].success is False
+    w.deliver("b")
+    assert w.result("a", job) == LoadResult(job, "r1", False, True)
+    assert len(w.sent_of("b", TransferDone)) == 1
+
+
+def test_write_failure_of_a_finishing_round_waits_for_its_siblings() -> None:
+    w = ready_world()
+    job = w.load("a", "r1", [8, 9])
+    w.deliver("a")
+    w.supply("b", "r1", [8])
+    w.supply("b", "r1", [9])
+    w.finish("b", "r1")  # the round is finishing with two writes in flight
+    x1, x2 = w.xfers("b")
+    w.complete("b", x2, fail=True)
+    assert w.wire("b") == []
+    w.finish_write("b", x1)
+    assert w.wire("b") == [TransferDone("r1", False, 0)]
+    w.deliver("b")
+    assert w.result("a", job) == LoadResult(job, "r1", False, True)
+
+
+def test_a_landed_write_reported_failed_still_fails_the_round() -> None:
+    w = ready_world()
+    store = w.supply("b", "r1", [8])
+    job = w.load("a", "r1", [8])
+    w.deliver("a")
+    (xfer,) = w.xfers("b")
+    w.finish_write("b", xfer, fail=True)  # bytes landed but the transfer reported an error
+    assert w.wire("b") == [TransferDone("r1", False, 0)]
+    assert w.hosts["b"].store_results[store] == StoreResult(store, False)
+    w.deliver("b")
+    assert w.result("a", job) == LoadResult(job, "r1", False, True)
