@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from p2pfsm.demo_blocks import demo_block, demo_key
+from p2pfsm.errors import LocalProtocolError
 from p2pfsm.fsm import Tracer
 from p2pfsm.protocol import encode
 from p2pfsm.session import (
@@ -33,6 +34,7 @@ from p2pfsm.session import (
     DisarmTimer,
     FrameReceived,
     HostAnswerLookup,
+    HostClose,
     HostFetch,
     HostFinish,
     HostLookup,
@@ -247,7 +249,15 @@ class SimWorld:
         for d in dest:
             host.owner[d] = job
         host.loads[job] = Load(job, kv_request_id, key_ids, dest)
-        self.feed(node, HostFetch(job, kv_request_id, tuple(demo_key(k) for k in key_ids), dest))
+        try:
+            self.feed(node, HostFetch(job, kv_request_id, tuple(demo_key(k) for k in key_ids),
+                                      dest))
+        except LocalProtocolError:
+            del host.loads[job]
+            for d in dest:
+                del host.owner[d]
+            host.free[:0] = dest
+            raise
         return job
 
     def supply(self, node: str, kv_request_id: str, key_ids: Iterable[int]) -> int:
@@ -266,6 +276,12 @@ class SimWorld:
 
     def finish(self, node: str, kv_request_id: str) -> None:
         self.feed(node, HostFinish(kv_request_id))
+        self._flush_answers()
+
+    def close(self, node: str) -> None:
+        """The host closes its session (its disconnect is still delivered to the peer)."""
+        self.feed(node, HostClose())
+        self._flush_answers()
 
     def _answer_lookup(self, node: str, req: LookupRequest) -> None:
         host = self.hosts[node]
@@ -314,9 +330,12 @@ class SimWorld:
         if res.job_id not in host.store_jobs:
             raise SafetyViolation(f"{node}: result for unknown store job {res.job_id}")
         host.store_results[res.job_id] = res
-        pinned = set(host.store_jobs[res.job_id])
+        # Pins are reference counts: a block stays pinned while any unreleased job holds it.
+        still = {b for job, blocks in host.store_jobs.items()
+                 if job not in host.store_results for b in blocks}
+        unpinned = set(host.store_jobs[res.job_id]) - still
         for w in self.writes.values():
-            if w.src == node and not w.landed and pinned & set(w.local_indexes):
+            if w.src == node and not w.landed and unpinned & set(w.local_indexes):
                 raise SafetyViolation(
                     f"{node}: job {res.job_id} unpinned while write {w.xfer} reads it")
 
@@ -345,10 +364,17 @@ class SimWorld:
 
     def cut(self) -> None:
         """The connection breaks: queued frames are lost and both sides learn it."""
-        for chan in (*self.channels.values(), *self.sent_at.values()):
+        for chan in self.channels.values():
             chan.clear()
+        for times in self.sent_at.values():
+            times.clear()
         for n in self.NODES:
             self.feed(n, TransportLost("simulated cut"))
+        self._flush_answers()
+
+    def link_down(self, node: str) -> None:
+        """``node`` notices its peer's session is gone (heartbeats stop, the socket closes)."""
+        self.feed(node, TransportLost("peer session ended"))
         self._flush_answers()
 
     def register(self, node: str, ok: bool = True) -> None:
@@ -422,6 +448,11 @@ class SimWorld:
                 steps.append((f"deliver {src}", partial(self.deliver, src)))
         for n in sorted(self.registrations):
             steps.append((f"register {n}", partial(self.register, n)))
+        for n in self.NODES:
+            peer = self.other(n)
+            if (not self.sessions[n].alive and self.sessions[peer].alive
+                    and self.sessions[n].state != "idle" and not self.channels[(n, peer)]):
+                steps.append((f"link down {peer}", partial(self.link_down, peer)))
         for (src, xfer), w in sorted(self.writes.items()):
             if not w.landed and not w.cancelled:
                 steps.append((f"land {src}#{xfer}", partial(self.land, src, xfer)))

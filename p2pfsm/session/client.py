@@ -74,7 +74,8 @@ class ClientRound:
         self._report(False, released=True)
 
     def report_orphaned(self, _ev: object) -> None:
-        self._report(False, released=False)
+        # A fetch still queued (the session never became ready) can cause no write.
+        self._report(False, released=not self.s.was_ready)
 
     def _report(self, success: bool, *, released: bool) -> None:
         self.s.emit(LoadResult(self.job_id, self.kv_request_id, success, released))

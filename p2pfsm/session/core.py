@@ -93,6 +93,8 @@ class Session:
         self.fsm_state = SESSION.spec.initial
         self.peer: Connect | None = None
         self.death_reason: str | None = None
+        self.was_ready = False
+        """True once frames other than the handshake may have reached the peer."""
         self.mismatch: HandshakeMismatch | None = None
         self.now = 0.0
         self._out: list[Output] = []
@@ -244,6 +246,7 @@ class Session:
         self.send(ConnectAck(self.config.local_id))
 
     def flush_queue(self, _ev: object) -> None:
+        self.was_ready = True
         queued, self._queue = self._queue, []
         self._out.extend(SendFrame(m) for m in queued)
 
@@ -305,6 +308,9 @@ class Session:
 
     # ------------------------------------------------------ role bookkeeping
     def forget_load(self, rnd: ClientRound) -> None:
+        # Keep the request's round counter for a frame lifetime after its last round ends.
+        counter = self._next_round.get(rnd.kv_request_id)
+        self._next_round.put(rnd.kv_request_id, max(counter or 0, rnd.round_seq + 1), self.now)
         rounds = self._loads[rnd.kv_request_id]
         del rounds[rnd.round_seq]
         if not rounds:
@@ -439,7 +445,10 @@ class Session:
             raise MalformedFrame("keys", "duplicate keys in one fetch")
         rnd = self._server_round(msg.kv_request_id, msg.round_seq)
         if rnd is None and self._is_ended(msg.kv_request_id, msg.round_seq):
-            self.emit(FrameIgnored(msg.TYPE, "round already ended (stale or duplicated fetch)"))
+            # Its supply is gone (ended, expired or a duplicated frame): fail it at once
+            # rather than let the consumer wait for its load deadline (vLLM P7).
+            self._gate("recv_request", msg)
+            self.send(TransferDone(msg.kv_request_id, False, msg.round_seq))
             return
         if rnd is None:
             unbound = self._server_round(msg.kv_request_id, None)
@@ -465,7 +474,7 @@ class Session:
         if rnd is None and self._is_ended(msg.kv_request_id, msg.round_seq):
             self.emit(FrameIgnored(msg.TYPE, "round already ended (stale or duplicated lookup)"))
             return
-        if rnd is not None and not SERVER_ROUND.can_fire(rnd, "lookup_pin"):
+        if rnd is not None and rnd.demanded:
             raise RemoteProtocolError(
                 "round_seq", f"lookup for {msg.kv_request_id}/{msg.round_seq} after its fetch")
         self._gate("recv_request", msg)
@@ -512,7 +521,8 @@ class Session:
     def _on_lookup_resp(self, msg: LookupResp) -> None:
         self._check_gate("recv_response")
         lookups = self._lookups.get(msg.kv_request_id, [])
-        match = next((lk for lk in lookups if lk.keys == msg.keys), None)
+        same = [lk for lk in lookups if lk.keys == msg.keys]
+        match = next((lk for lk in same if lk.fsm_state == "probing"), same[0] if same else None)
         if match is None:
             self.emit(FrameIgnored(msg.TYPE, "no open lookup with these keys"))
             return
@@ -616,13 +626,30 @@ class Session:
         if self.fsm_state in ("dead", "closed"):
             self.emit(StoreResult(ev.job_id, False))
             return
-        rnd = self._server_round(ev.kv_request_id, None)
-        if rnd is None:
-            serving = [r for r in self._rounds.get(ev.kv_request_id, {}).values()
-                       if r.fsm_state == "serving" and not r.lookup_supplied]
-            rnd = serving[-1] if serving else self._round_for(ev.kv_request_id, None)
+        rnd = self._supply_target(ev)
         SERVER_ROUND.fire(rnd, "host_supply", ev)
         self._settle(rnd)
+
+    def _supply_target(self, ev: HostSupply) -> ServerRound:
+        """The round PD supply (which names no round) belongs to.
+
+        The PD round whose demand names one of the keys; else the parked unbound round;
+        else the latest PD round that has ended its supply (it rejects the job at once);
+        else a new unbound round that the next fetch of the request adopts.
+        """
+        rounds = [r for r in self._rounds.get(ev.kv_request_id, {}).values()
+                  if not r.lookup_supplied]
+        for rnd in rounds:
+            if rnd.demand and any(k in rnd.demand for k in ev.keys):
+                return rnd
+        unbound = self._server_round(ev.kv_request_id, None)
+        if unbound is not None:
+            return unbound
+        closed = [r for r in rounds if r.fsm_state != "serving"]
+        if closed:
+            return closed[-1]
+        serving = [r for r in rounds if r.fsm_state == "serving"]
+        return serving[-1] if serving else self._round_for(ev.kv_request_id, None)
 
     def _on_host_answer(self, ev: HostAnswerLookup) -> None:
         served = self._tokens.get(ev.token)

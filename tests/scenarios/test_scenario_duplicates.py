@@ -37,7 +37,7 @@ def test_duplicate_fetch_of_a_serving_round_is_a_violation_and_changes_nothing()
     assert len(w.sent_of("b", TransferDone)) == 1
 
 
-def test_duplicate_fetch_after_its_round_ended_does_not_reopen_it() -> None:
+def test_duplicate_fetch_after_its_round_ended_is_failed_not_reopened() -> None:
     w = ready_world()
     job = w.load("a", "r1", [8])
     w.duplicate("a")
@@ -53,7 +53,10 @@ def test_duplicate_fetch_after_its_round_ended_does_not_reopen_it() -> None:
     # (the simulator raises SafetyViolation on a write into unowned blocks).
     w.supply("b", "r1", [8])
     assert w.xfers("b") == []
-    assert w.wire("b") == []
+    # The stale fetch is answered at once with a failure, which a ignores (its round ended).
+    assert w.wire("b") == [TransferDone("r1", False, 0)]
+    w.deliver("b")
+    assert w.hosts["a"].load_results[job].success
 
 
 def test_duplicate_lookup_after_its_round_ended_pins_nothing() -> None:

@@ -158,7 +158,7 @@ def test_equal_fingerprints_and_expected_peer_id_are_accepted() -> None:
     assert not of_type(d.log, SessionDead)
 
 
-def test_mismatch_in_a_world_both_sides_die_without_acks() -> None:
+def test_mismatch_in_a_world_both_sides_die_with_a_disconnect_and_no_ack() -> None:
     w = World(configs={"b": {"hash_seed": "b-seed"}})
     w.start()
     job = w.load("a", "r1", [8])
@@ -166,9 +166,9 @@ def test_mismatch_in_a_world_both_sides_die_without_acks() -> None:
     for node in ("a", "b"):
         dead = only(w.hosts[node].deaths)
         assert dead.mismatch is not None and dead.mismatch.field == "hash_seed"
-        assert wire_types(w.sent[node]) == ["connect"]
-    # The queued load never left a; it fails without a write ever having been possible.
-    assert w.result("a", job) == LoadResult(job, "r1", False, False)
+        assert wire_types(w.sent[node]) == ["connect", "disconnect"]
+    # The queued load never left a: it fails, and its destination is free at once.
+    assert w.result("a", job) == LoadResult(job, "r1", False, True)
 
 
 def test_handshake_deadline_kills_the_session() -> None:
@@ -182,7 +182,8 @@ def test_handshake_deadline_kills_the_session() -> None:
         assert w.sessions[node].state == "dead"
         assert only(w.hosts[node].deaths).reason == "handshake timed out"
     res = w.hosts["a"].load_results[job]
-    assert not res.success and not res.released
+    # The fetch never left the queue, so its destination is free at once.
+    assert not res.success and res.released
     assert not any(isinstance(m, Fetch) for m in w.sent["a"])
 
 
@@ -255,7 +256,7 @@ def test_registration_failure_kills_the_session_without_ack() -> None:
     b = w.sessions["b"]
     assert b.state == "dead"
     assert "registration failed" in only(w.hosts["b"].deaths).reason
-    assert w.types("b") == ["connect"]
+    assert w.types("b") == ["connect", "disconnect"]
 
 
 def test_requests_are_served_before_the_peer_acks_but_replies_wait() -> None:
