@@ -465,7 +465,7 @@ class Session:
             rounds[msg.round_seq] = rnd
         rnd = self._round_for(msg.kv_request_id, msg.round_seq)
         SERVER_ROUND.fire(rnd, "recv_fetch", msg)
-        self.emit(FetchArrived(msg.kv_request_id, msg.round_seq))
+        self.emit(FetchArrived(msg.kv_request_id, msg.round_seq, msg.keys))
         self._settle(rnd)
 
     def _on_lookup(self, msg: Lookup) -> None:

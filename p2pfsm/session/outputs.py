@@ -111,10 +111,11 @@ class LookupClosed:
 
 @dataclass(frozen=True, slots=True)
 class FetchArrived:
-    """The peer fetched (kv_request_id, round_seq): supply for it is wanted."""
+    """The peer fetched ``keys`` for (kv_request_id, round_seq): supply for it is wanted."""
 
     kv_request_id: str
     round_seq: int
+    keys: tuple[bytes, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -266,7 +266,7 @@ def test_requests_are_served_before_the_peer_acks_but_replies_wait() -> None:
     d(RegistrationFinished(True))
     assert d.s.state == "awaiting_ack"
     out = d.recv(Fetch("r1", (key(1),), (3,), 0))
-    assert of_type(out, FetchArrived) == [FetchArrived("r1", 0)]
+    assert of_type(out, FetchArrived) == [FetchArrived("r1", 0, (key(1),))]
     out = d(HostSupply(10, "r1", (key(1),), (7,)))
     write = only(of_type(out, StartWrite))
     assert (write.local_indexes, write.remote_indexes) == ((7,), (3,))

@@ -3,7 +3,7 @@ one transfer_done per round, host finish with unmet demand, prefiller-first fini
 
 from __future__ import annotations
 
-from helpers.world import World, ready_world
+from helpers.world import World, keys, ready_world
 
 from p2pfsm.demo_blocks import demo_block
 from p2pfsm.protocol import Fetch, TransferDone
@@ -28,7 +28,7 @@ def test_supply_before_fetch_is_written_when_the_fetch_arrives() -> None:
     assert w.xfers("b") == []
     job = w.load("a", "r1", [8, 9])
     w.deliver("a")
-    assert w.out("b", FetchArrived) == [FetchArrived("r1", 0)]
+    assert w.out("b", FetchArrived) == [FetchArrived("r1", 0, keys([8, 9]))]
     write = w.out("b", StartWrite)[-1]
     assert write.local_indexes == (8, 9)
     assert write.remote_indexes == w.hosts["a"].loads[job].dest
