@@ -1,0 +1,402 @@
+"""A node: sessions bound to a real ZeroMQ control plane and a real NIXL data plane.
+
+Theory of operation. A :class:`Node` owns one :class:`ControlPlane` (bound ROUTER,
+one DEALER per peer), one :class:`DataPlane` (the registered block region) and one
+sans-IO :class:`~p2pfsm.session.Session` per peer. Everything runs on the thread
+that calls :meth:`Node.run_until` / :meth:`Node.serve`: the loop waits on ZeroMQ
+(never longer than the next timer deadline or the data plane's progress interval),
+feeds what happened to the sessions as input events and carries out their outputs.
+There is no fixed-interval sleep and no NIXL progress thread.
+
+Host API: :meth:`connect`, :meth:`fetch` (a future of LoadResult), :meth:`lookup`
+(a future of LookupResult), :meth:`supply` (a future of StoreResult), :meth:`finish`,
+:meth:`close`. Lookups from peers are answered by the ``on_lookup`` callback; the
+``on_fetch`` callback hears of fetches (to supply blocks for them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import json
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from p2pfsm.errors import ConfigError, LocalProtocolError, TransportError
+from p2pfsm.executor.nixl_plane import DataPlane
+from p2pfsm.executor.zmq_plane import ControlPlane, FrameIn, PeerLost
+from p2pfsm.protocol import encode
+from p2pfsm.session import (
+    DEFAULT_HASH_SEED,
+    ArmTimer,
+    CancelWrite,
+    DisarmTimer,
+    FetchArrived,
+    FrameReceived,
+    HostAnswerLookup,
+    HostClose,
+    HostFetch,
+    HostFinish,
+    HostLookup,
+    HostStart,
+    HostSupply,
+    Input,
+    LoadResult,
+    LookupRequest,
+    LookupResult,
+    Output,
+    ProtocolViolation,
+    RegistrationFinished,
+    SendFrame,
+    Session,
+    SessionConfig,
+    SessionDead,
+    StartRegistration,
+    StartWrite,
+    StoreResult,
+    Timeouts,
+    TimerFired,
+    TimerId,
+    TransportLost,
+    WriteFinished,
+)
+
+LookupAnswer = tuple[Mapping[bytes, int], frozenset[bytes]]
+"""What ``on_lookup`` returns: hit key -> local block index, and still-pending keys."""
+
+
+def fingerprint(model_config: Mapping[str, Any] | None) -> str:
+    """vLLM's config fingerprint: sha256 of sorted-key compact JSON, first 16 hex chars."""
+    if not model_config:
+        return ""
+    text = json.dumps(model_config, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """Everything a node needs; see ``docs/api.md``.
+
+    Args:
+        bind: ``tcp://HOST:PORT`` of our ROUTER (port 0: any free port).
+        num_blocks, block_len: our block region (``num_blocks * block_len`` bytes).
+        hash_seed: prefix-cache hash seed; peers must match (vLLM's default).
+        model_config: dict whose fingerprint peers must match (or pass ``fingerprint``).
+        fingerprint: an explicit fingerprint string (overrides ``model_config``).
+        timeouts: session deadlines.
+        device: ``"cpu"`` or ``"cuda[:N]"`` for the region.
+        heartbeat_ivl_ms, heartbeat_timeout_ms: ZMTP liveness of each peer connection.
+    """
+
+    bind: str
+    num_blocks: int
+    block_len: int
+    hash_seed: str = DEFAULT_HASH_SEED
+    model_config: Mapping[str, Any] | None = None
+    fingerprint: str | None = None
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    device: str = "cpu"
+    heartbeat_ivl_ms: int = 2000
+    heartbeat_timeout_ms: int = 10_000
+
+    @property
+    def config_fingerprint(self) -> str:
+        return self.fingerprint if self.fingerprint is not None else fingerprint(self.model_config)
+
+
+class Node:
+    """One process's endpoint: bind, connect to peers, move blocks. Not thread-safe."""
+
+    def __init__(
+        self,
+        config: NodeConfig,
+        *,
+        on_lookup: Callable[[str, LookupRequest], LookupAnswer] | None = None,
+        on_fetch: Callable[[str, FetchArrived], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.on_lookup = on_lookup
+        self.on_fetch = on_fetch
+        self.control = ControlPlane(config.bind, heartbeat_ivl_ms=config.heartbeat_ivl_ms,
+                                    heartbeat_timeout_ms=config.heartbeat_timeout_ms,
+                                    heartbeat_ttl_ms=config.heartbeat_timeout_ms)
+        try:
+            self.data = DataPlane(f"p2pfsm-{uuid.uuid4()}", config.num_blocks, config.block_len,
+                                  config.device)
+        except BaseException:
+            self.control.close()
+            raise
+        self.local_id = self.control.local_id
+        self.sessions: dict[str, Session] = {}
+        self.deaths: dict[str, SessionDead] = {}
+        self.violations: list[tuple[str, ProtocolViolation]] = []
+        self._events: deque[tuple[str, Input]] = deque()
+        self._timers: dict[tuple[str, TimerId], float] = {}
+        self._heap: list[tuple[float, str, TimerId]] = []
+        self._xfers: dict[int, tuple[str, int]] = {}
+        self._by_session_xfer: dict[tuple[str, int], int] = {}
+        self._loads: dict[int, Future[LoadResult]] = {}
+        self._stores: dict[int, Future[StoreResult]] = {}
+        self._lookups: dict[tuple[str, str], deque[Future[LookupResult]]] = {}
+        self._job = 0
+        self._closed = False
+
+    # ------------------------------------------------------------- host API
+    @property
+    def region(self) -> Any:
+        """Our block region (a torch uint8 tensor, one row per block)."""
+        return self.data.region
+
+    def new_job_id(self) -> int:
+        self._job += 1
+        return self._job
+
+    def connect(self, peer_id: str) -> Session:
+        """Open (or return) the session to ``peer_id`` ("host:port")."""
+        self._check_open()
+        session = self.sessions.get(peer_id)
+        if session is not None and session.alive:
+            return session
+        self.control.connect(peer_id)
+        return self._new_session(peer_id)
+
+    def session(self, peer_id: str) -> Session:
+        try:
+            return self.sessions[peer_id]
+        except KeyError:
+            raise LocalProtocolError(f"no session to {peer_id}; connect first") from None
+
+    def fetch(self, peer_id: str, kv_request_id: str, keys: Iterable[bytes],
+              dest_indexes: Iterable[int]) -> Future[LoadResult]:
+        """Load ``keys`` from the peer into our blocks ``dest_indexes``; one result."""
+        job = self.new_job_id()
+        fut: Future[LoadResult] = Future()
+        self._loads[job] = fut
+        try:
+            self._host(peer_id, HostFetch(job, kv_request_id, tuple(keys), tuple(dest_indexes)))
+        except BaseException:
+            del self._loads[job]
+            raise
+        self.data.expect_inbound(self.config.timeouts.load)
+        return fut
+
+    def lookup(self, peer_id: str, kv_request_id: str,
+               keys: Iterable[bytes]) -> Future[LookupResult]:
+        """Ask the peer which keys it holds; one result."""
+        fut: Future[LookupResult] = Future()
+        queue = self._lookups.setdefault((peer_id, kv_request_id), deque())
+        queue.append(fut)
+        try:
+            self._host(peer_id, HostLookup(kv_request_id, tuple(keys)))
+        except BaseException:
+            queue.pop()
+            raise
+        return fut
+
+    def supply(self, peer_id: str, kv_request_id: str, keys: Iterable[bytes],
+               local_indexes: Iterable[int]) -> Future[StoreResult]:
+        """Offer stored blocks to the peer; they stay pinned until the result."""
+        job = self.new_job_id()
+        fut: Future[StoreResult] = Future()
+        self._stores[job] = fut
+        try:
+            self._host(peer_id, HostSupply(job, kv_request_id, tuple(keys),
+                                           tuple(local_indexes)))
+        except BaseException:
+            del self._stores[job]
+            raise
+        return fut
+
+    def finish(self, peer_id: str, kv_request_id: str) -> None:
+        """The host is done with the request (both roles)."""
+        self._host(peer_id, HostFinish(kv_request_id))
+
+    def run_until(self, done: Callable[[], bool], timeout: float) -> bool:
+        """Run the loop until ``done()`` or ``timeout`` seconds; returns ``done()``."""
+        end = time.monotonic() + timeout
+        while not done():
+            left = end - time.monotonic()
+            if left <= 0:
+                return done()
+            self.step(left)
+        return True
+
+    def serve(self, stop: Callable[[], bool] = lambda: False) -> None:
+        """Run the loop until ``stop()`` is true."""
+        while not stop():
+            self.step(1.0)
+
+    def step(self, max_wait: float) -> None:
+        """One loop turn: wait for news (bounded), then handle it all."""
+        self._check_open()
+        self._drain()
+        wait = min(max_wait, self.data.progress_interval_ms / 1000.0)
+        if self._heap:
+            wait = min(wait, max(0.0, self._heap[0][0] - time.monotonic()))
+        for event in self.control.poll(max(0, int(wait * 1000))):
+            if isinstance(event, FrameIn):
+                self._on_frame(event.peer_id, event.frame)
+            elif isinstance(event, PeerLost):
+                self._events.append((event.peer_id, TransportLost(event.reason)))
+        self.data.progress()
+        for nixl_id, ok in self.data.poll():
+            owner = self._xfers.pop(nixl_id, None)
+            if owner is not None:
+                self._by_session_xfer.pop(owner, None)
+                self._events.append((owner[0], WriteFinished(owner[1], ok)))
+        now = time.monotonic()
+        while self._heap and self._heap[0][0] <= now:
+            deadline, peer, timer = heapq.heappop(self._heap)
+            if self._timers.get((peer, timer)) == deadline:
+                del self._timers[(peer, timer)]
+                self._events.append((peer, TimerFired(timer)))
+        self._drain()
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Close every session, give writes ``timeout`` to drain, release the transports."""
+        if self._closed:
+            return
+        for peer in list(self.sessions):
+            if self.sessions[peer].state != "closed":
+                self._events.append((peer, HostClose()))
+        self._drain()
+        self.run_until(lambda: not self._xfers, timeout)
+        for peer_id, session_xfer in list(self._xfers.values()):
+            self._feed(peer_id, WriteFinished(session_xfer, False))
+        pending: list[Future[Any]] = [*self._loads.values(), *self._stores.values()]
+        for fut in pending:
+            if not fut.done():
+                fut.set_exception(TransportError("node closed"))
+        self._closed = True
+        self.data.close()
+        self.control.close()
+
+    def __enter__(self) -> Node:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ internals
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LocalProtocolError("the node is closed")
+
+    def _host(self, peer_id: str, event: Input) -> None:
+        self._check_open()
+        self._feed(peer_id, event, session=self.session(peer_id))
+        self._drain()
+
+    def _new_session(self, peer_id: str) -> Session:
+        cfg = self.config
+        session = Session(SessionConfig(
+            local_id=self.local_id,
+            agent_metadata=self.data.metadata,
+            base_addr=self.data.base_addr,
+            num_blocks=cfg.num_blocks,
+            block_len=cfg.block_len,
+            hash_seed=cfg.hash_seed,
+            config_fingerprint=cfg.config_fingerprint,
+            expected_peer_id=peer_id,
+            timeouts=cfg.timeouts,
+        ))
+        self.sessions[peer_id] = session
+        self.deaths.pop(peer_id, None)
+        self._feed(peer_id, HostStart(), session=session)
+        return session
+
+    def _on_frame(self, peer_id: str, frame: bytes) -> None:
+        session = self.sessions.get(peer_id)
+        if session is None or (not session.alive and not session.has_pending_work):
+            # A new peer (or a restarted one): its first frame should be its connect.
+            self._new_session(peer_id)
+        self._events.append((peer_id, FrameReceived(frame)))
+
+    def _drain(self) -> None:
+        while self._events:
+            peer_id, event = self._events.popleft()
+            session = self.sessions.get(peer_id)
+            if session is not None:
+                self._feed(peer_id, event, session=session)
+
+    def _feed(self, peer_id: str, event: Input, *, session: Session | None = None) -> None:
+        session = session or self.sessions[peer_id]
+        for out in session.handle(event, time.monotonic()):
+            self._apply(peer_id, session, out)
+
+    def _apply(self, peer_id: str, session: Session, out: Output) -> None:
+        if isinstance(out, SendFrame):
+            if not self.control.send(peer_id, encode(out.message)):
+                self._events.append((peer_id, TransportLost("send failed")))
+        elif isinstance(out, StartWrite):
+            try:
+                nixl_id = self.data.write(peer_id, out.local_indexes, out.remote_indexes)
+            except TransportError:
+                self._events.append((peer_id, WriteFinished(out.xfer, False)))
+                return
+            self._xfers[nixl_id] = (peer_id, out.xfer)
+            self._by_session_xfer[(peer_id, out.xfer)] = nixl_id
+        elif isinstance(out, CancelWrite):
+            cancel_id = self._by_session_xfer.get((peer_id, out.xfer))
+            if cancel_id is not None and self.data.cancel(cancel_id):
+                del self._by_session_xfer[(peer_id, out.xfer)]
+                del self._xfers[cancel_id]
+                self._events.append((peer_id, WriteFinished(out.xfer, False)))
+        elif isinstance(out, ArmTimer):
+            deadline = out.deadline  # sessions run on time.monotonic()
+            self._timers[(peer_id, out.timer)] = deadline
+            heapq.heappush(self._heap, (deadline, peer_id, out.timer))
+        elif isinstance(out, DisarmTimer):
+            self._timers.pop((peer_id, out.timer), None)
+        elif isinstance(out, StartRegistration):
+            c = out.connect
+            try:
+                self.data.add_peer(peer_id, c.agent_metadata, c.base_addr, c.num_blocks,
+                                   c.block_len)
+                result = RegistrationFinished(True)
+            except (TransportError, ConfigError) as exc:
+                result = RegistrationFinished(False, str(exc))
+            self._events.append((peer_id, result))
+        elif isinstance(out, LoadResult):
+            self._settle(self._loads.pop(out.job_id, None), out)
+        elif isinstance(out, StoreResult):
+            self._settle(self._stores.pop(out.job_id, None), out)
+        elif isinstance(out, LookupResult):
+            queue = self._lookups.get((peer_id, out.kv_request_id))
+            if queue:
+                self._settle(queue.popleft(), out)
+                if not queue:
+                    del self._lookups[(peer_id, out.kv_request_id)]
+        elif isinstance(out, LookupRequest):
+            self._answer(peer_id, out)
+        elif isinstance(out, FetchArrived):
+            if self.on_fetch is not None:
+                self.on_fetch(peer_id, out)
+        elif isinstance(out, SessionDead):
+            self.deaths[peer_id] = out
+            if peer_id in self.data.peers:
+                # Writes to the peer may still be in flight; they fail on removal.
+                self.data.remove_peer(peer_id)
+        elif isinstance(out, ProtocolViolation):
+            self.violations.append((peer_id, out))
+
+    def _answer(self, peer_id: str, req: LookupRequest) -> None:
+        hits: Mapping[bytes, int] = {}
+        pending: frozenset[bytes] = frozenset()
+        if self.on_lookup is not None:
+            hits, pending = self.on_lookup(peer_id, req)
+        job = None
+        if hits:
+            job = self.new_job_id()
+            self._stores[job] = Future()
+        self._events.append((peer_id, HostAnswerLookup(req.token, dict(hits), job, pending)))
+
+    @staticmethod
+    def _settle(fut: Future[Any] | None, value: object) -> None:
+        if fut is not None and not fut.done():
+            fut.set_result(value)
