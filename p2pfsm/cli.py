@@ -9,11 +9,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
-from p2pfsm.errors import P2PFSMError
+from p2pfsm.errors import ConfigError, P2PFSMError
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -69,7 +71,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_demo(args: argparse.Namespace) -> int:
+def _cmd_sim_demo(args: argparse.Namespace) -> int:
     from p2pfsm.sim_demo import run_demo
 
     summary = run_demo(seed=args.seed, blocks=args.blocks)
@@ -82,15 +84,123 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0 if summary["ok"] else 1
 
 
+def _positive(kind: type[int] | type[float]) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+        return value
+    return parse
+
+
+def _peer_of(url: str) -> str:
+    if not url.startswith("tcp://") or ":" not in url[6:]:
+        raise ConfigError(f"--connect: expected tcp://HOST:PORT, got {url!r}")
+    return url[len("tcp://"):]
+
+
+def _node_config(args: argparse.Namespace, bind: str, blocks: int) -> Any:
+    from p2pfsm.executor.node import NodeConfig
+    from p2pfsm.session import Timeouts
+
+    timeouts = Timeouts(
+        load=getattr(args, "load_timeout", 30.0),
+        abort_ack=getattr(args, "abort_ack_timeout", 10.0),
+        handshake=getattr(args, "timeout", 30.0),
+    )
+    return NodeConfig(bind=bind, num_blocks=blocks, block_len=args.block_len,
+                      hash_seed=args.hash_seed, fingerprint=args.fingerprint, timeouts=timeouts)
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from p2pfsm.executor.demo_host import DemoServer
+
+    server = DemoServer(_node_config(args, args.bind, args.blocks))
+    stop = False
+
+    def on_signal(_sig: int, _frame: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    print(f"serving {args.blocks} blocks of {args.block_len} B on "
+          f"tcp://{server.node.local_id}", flush=True)
+    try:
+        server.node.serve(lambda: stop)
+    finally:
+        server.node.close()
+    return 0
+
+
+def _cmd_fetch(args: argparse.Namespace) -> int:
+    from p2pfsm.executor.demo_host import parse_keys, run_fetch
+    from p2pfsm.executor.node import Node
+
+    peer = _peer_of(args.connect)
+    blocks = parse_keys(args.keys)
+    node = Node(_node_config(args, args.bind, max(len(blocks), 1)))
+    try:
+        report = run_fetch(node, peer, blocks, args.mode, args.timeout)
+    finally:
+        node.close()
+    print(json.dumps(report.__dict__))
+    return 0 if report.success and report.verified else 1
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    if args.sim:
+        return _cmd_sim_demo(args)
+    from p2pfsm.executor.demo import run_demo
+
+    summary = run_demo(blocks=args.blocks, block_len=args.block_len)
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        lines = summary["lines"]
+        assert isinstance(lines, list)
+        print("\n".join(str(line) for line in lines))
+    return 0 if summary["ok"] else 1
+
+
+def _add_peer_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--block-len", type=_positive(int), default=4096, help="bytes per block")
+    p.add_argument("--hash-seed", default="vllm-none-hash", help="prefix-cache hash seed")
+    p.add_argument("--fingerprint", default="", help="model-config fingerprint (16 hex)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="p2pfsm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    p = sub.add_parser("demo", help="run a two-peer transfer and verify every byte")
-    p.add_argument("--seed", type=int, default=1, help="seed of the simulated network")
+    p = sub.add_parser("demo", help="start a server process, fetch from it, verify every byte")
     p.add_argument("--blocks", type=int, default=16, help="blocks to move (1-64)")
+    p.add_argument("--block-len", type=_positive(int), default=65536, help="bytes per block")
+    p.add_argument("--sim", action="store_true", help="run in the simulated world instead")
+    p.add_argument("--seed", type=int, default=1, help="seed of the simulated network (--sim)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_cmd_demo)
+
+    p = sub.add_parser("serve", help="serve the demo block model until stopped")
+    p.add_argument("--bind", required=True, help="tcp://HOST:PORT (port 0: any free port)")
+    p.add_argument("--blocks", type=_positive(int), default=256, help="blocks held (0..N-1)")
+    _add_peer_options(p)
+    p.set_defaults(func=_cmd_serve)
+
+    p = sub.add_parser("fetch", help="fetch demo blocks from a server and verify them")
+    p.add_argument("--connect", required=True, help="tcp://HOST:PORT of the server")
+    p.add_argument("--keys", default="0-15", help="block numbers, e.g. 0-15 or 0-3,9999")
+    p.add_argument("--mode", choices=("pd", "sym"), default="pd",
+                   help="pd: fetch directly; sym: lookup, then fetch the hits")
+    p.add_argument("--bind", default="tcp://127.0.0.1:0", help="our own ROUTER address")
+    p.add_argument("--load-timeout", type=_positive(float), default=30.0)
+    p.add_argument("--abort-ack-timeout", type=_positive(float), default=10.0)
+    p.add_argument("--timeout", type=_positive(float), default=30.0, help="handshake deadline")
+    _add_peer_options(p)
+    p.set_defaults(func=_cmd_fetch)
 
     p = sub.add_parser("diagrams", help="draw every machine of models/ into docs/diagrams")
     p.add_argument("--out", default="docs/diagrams", help="output directory")

@@ -43,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import itertools
+import logging
 import operator
 import struct
 import time
@@ -69,9 +70,12 @@ def _import_nixl() -> Any:
     """The NIXL Python API module: the ``nixl`` shim if present, else ``nixl_cu12``."""
     for module in ("nixl._api", "nixl_cu12._api"):
         try:
-            return importlib.import_module(module)
+            api = importlib.import_module(module)
         except (ImportError, OSError):
             continue
+        # NIXL logs every agent start at INFO; keep the CLI's output to what we print.
+        logging.getLogger("nixl").setLevel(logging.WARNING)
+        return api
     raise TransportError(
         "NIXL is not installed: pip install --no-deps nixl-cu12==1.5.1 (see .ci/install.sh)"
     )
