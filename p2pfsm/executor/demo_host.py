@@ -47,18 +47,33 @@ def fill_demo_region(node: Node, count: int) -> None:
 class DemoServer:
     """Serves demo blocks 0..num_blocks-1 from ``node``."""
 
+    _PINNED_MEMORY = 4096
+    """Rounds remembered as served by lookup pins (oldest forgotten first)."""
+
     def __init__(self, config: NodeConfig) -> None:
         self.held = {demo_key(i): i for i in range(config.num_blocks)}
+        # (peer, kv_request_id, round_seq) whose lookup pinned hits: its fetch is served
+        # from those pins, so supplying again would only park a second, unused pin job.
+        self._pinned: dict[tuple[str, str, int], None] = {}
         self.node = Node(config, on_lookup=self._on_lookup, on_fetch=self._on_fetch)
         fill_demo_region(self.node, config.num_blocks)
 
     def _on_fetch(self, peer_id: str, fetch: FetchArrived) -> None:
+        served_round = (peer_id, fetch.kv_request_id, fetch.round_seq)
+        if served_round in self._pinned:
+            del self._pinned[served_round]
+            return
         keys = [k for k in fetch.keys if k in self.held]
         if keys:
             self.node.supply(peer_id, fetch.kv_request_id, keys, [self.held[k] for k in keys])
 
-    def _on_lookup(self, _peer: str, req: LookupRequest) -> LookupAnswer:
-        return {k: self.held[k] for k in req.keys if k in self.held}, frozenset()
+    def _on_lookup(self, peer_id: str, req: LookupRequest) -> LookupAnswer:
+        hits = {k: self.held[k] for k in req.keys if k in self.held}
+        if hits:
+            self._pinned[(peer_id, req.kv_request_id, req.round_seq)] = None
+            while len(self._pinned) > self._PINNED_MEMORY:
+                del self._pinned[next(iter(self._pinned))]
+        return hits, frozenset()
 
 
 @dataclass
