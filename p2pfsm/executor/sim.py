@@ -210,7 +210,9 @@ class SimWorld:
         elif isinstance(out, StartWrite):
             self._start_write(node, out)
         elif isinstance(out, CancelWrite):
-            self.writes[(node, out.xfer)].cancelled = True
+            write = self.writes.get((node, out.xfer))
+            if write is not None:  # absent only after a SafetyViolation stopped its start
+                write.cancelled = True
         elif isinstance(out, LoadResult):
             self._on_load_result(host, out)
         elif isinstance(out, StoreResult):

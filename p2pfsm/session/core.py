@@ -492,7 +492,11 @@ class Session:
         self._gate("recv_request", msg)
         rnd = self._server_round(msg.kv_request_id, msg.round_seq)
         if rnd is None:
-            # Nothing of that round is in flight (unknown or already ended): ack at once.
+            # Nothing of that round is in flight (unknown or already ended): ack at once,
+            # and remember the round as ended so a fetch for it that arrives later (a
+            # reordered or duplicated frame) is failed, never served into a freed block.
+            ended = self._ended_rounds.get(msg.kv_request_id)
+            self._ended_rounds.put(msg.kv_request_id, max(msg.round_seq, ended or 0), self.now)
             self.send(AbortAck(msg.kv_request_id, msg.round_seq))
             return
         SERVER_ROUND.fire(rnd, "recv_abort_fetch", msg)
