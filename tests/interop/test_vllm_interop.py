@@ -58,6 +58,7 @@ pytestmark = [
     ),
 ]
 
+
 from p2pfsm.demo_blocks import demo_block, demo_key  # noqa: E402
 from p2pfsm.executor.demo_host import DemoServer  # noqa: E402
 from p2pfsm.executor.node import LookupAnswer, Node, NodeConfig, fingerprint  # noqa: E402
@@ -79,6 +80,15 @@ CONFIG = {"model": "p2pfsm/interop-demo", "dtype": "bfloat16", "block_size": 16,
 FP = fingerprint(CONFIG)
 CONFIG_JSON = json.dumps(CONFIG)
 START_TIMEOUT = 90.0  # importing vLLM takes 3-10 s on a busy 2-core box
+
+
+@pytest.fixture(autouse=True)
+def _opt_in(request: pytest.FixtureRequest) -> None:
+    """The suite takes minutes and two processes per test: it runs only when asked for
+    (``-m interop``, or P2PFSM_INTEROP=1), so a plain ``pytest`` keeps its speed."""
+    asked = "interop" in (request.config.getoption("markexpr", "") or "")
+    if not asked and os.environ.get("P2PFSM_INTEROP") != "1":
+        pytest.skip("vLLM interop runs only with `-m interop` (or P2PFSM_INTEROP=1)")
 
 
 # --------------------------------------------------------------------------- processes
@@ -237,39 +247,56 @@ class ClientRun:
 
 
 def p2pfsm_client(peer_id: str, blocks: list[int], mode: str, *, load: float = 30.0,
-                  abort_ack: float = 10.0, request_id: str = "p2pfsm-interop-0") -> ClientRun:
+                  abort_ack: float = 10.0) -> ClientRun:
     """Fetch ``blocks`` from ``peer_id`` with a Node; report everything, verify bytes."""
-    run = ClientRun()
+    return p2pfsm_client_runs(peer_id, blocks, mode, 1, load=load, abort_ack=abort_ack)[0]
+
+
+def p2pfsm_client_runs(peer_id: str, blocks: list[int], mode: str, repeat: int, *,
+                       load: float = 30.0, abort_ack: float = 10.0,
+                       request_id: str = "p2pfsm-interop-0") -> list[ClientRun]:
+    """The flow ``repeat`` times, one after another, under the same request id."""
+    runs: list[ClientRun] = []
     node = new_node(len(blocks), load=load, abort_ack=abort_ack)
     try:
         session = node.connect(peer_id)
         node.run_until(lambda: session.ready or not session.alive, 60)
         assert session.ready, f"handshake with vLLM failed: {node.deaths.get(peer_id)}"
-        keys = [demo_key(b) for b in blocks]
-        t0 = time.monotonic()
-        chosen = list(blocks)
-        if mode == "sym":
-            lookup = node.lookup(peer_id, request_id, keys)
-            assert node.run_until(lookup.done, 40), "vLLM never answered the lookup"
-            run.lookup = lookup.result()
-            assert run.lookup.keys == tuple(keys)
-            chosen = [b for b, hit in zip(blocks, run.lookup.hits, strict=True) if hit]
-        run.chosen = chosen
-        if chosen:
-            fut = node.fetch(peer_id, request_id, [demo_key(b) for b in chosen],
-                             list(range(len(chosen))))
-            assert node.run_until(fut.done, load + 3 * abort_ack + 10), "no load result"
-            run.load = fut.result()
-        run.seconds = time.monotonic() - t0
-        if mode == "sym":
-            node.finish(peer_id, request_id)
-        node.run_until(lambda: False, 0.3)  # let the last frames out (and vLLM's in)
-        run.landed = [b for i, b in enumerate(chosen)
-                      if region_block(node, i) == demo_block(b, BLOCK_LEN)]
-        run.session_state = session.state
+        for _ in range(repeat):
+            node.region.zero_()  # each run's bytes are verified on their own
+            runs.append(one_client_run(node, peer_id, blocks, mode, request_id,
+                                       load + 3 * abort_ack + 10))
+            runs[-1].session_state = session.state
         check_node(node)
     finally:
         node.close()
+    return runs
+
+
+def one_client_run(node: Node, peer_id: str, blocks: list[int], mode: str, request_id: str,
+                   limit: float) -> ClientRun:
+    run = ClientRun()
+    keys = [demo_key(b) for b in blocks]
+    t0 = time.monotonic()
+    chosen = list(blocks)
+    if mode == "sym":
+        lookup = node.lookup(peer_id, request_id, keys)
+        assert node.run_until(lookup.done, 40), "vLLM never answered the lookup"
+        run.lookup = lookup.result()
+        assert run.lookup.keys == tuple(keys)
+        chosen = [b for b, hit in zip(blocks, run.lookup.hits, strict=True) if hit]
+    run.chosen = chosen
+    if chosen:
+        fut = node.fetch(peer_id, request_id, [demo_key(b) for b in chosen],
+                         list(range(len(chosen))))
+        assert node.run_until(fut.done, limit), "no load result"
+        run.load = fut.result()
+    run.seconds = time.monotonic() - t0
+    if mode == "sym":
+        node.finish(peer_id, request_id)
+    node.run_until(lambda: False, 0.3)  # let the last frames out (and vLLM's in)
+    run.landed = [b for i, b in enumerate(chosen)
+                  if region_block(node, i) == demo_block(b, BLOCK_LEN)]
     return run
 
 
@@ -659,6 +686,26 @@ def test_sym_nohit_vllm_client_p2pfsm_server(procs: list[PeerProcess],
     assert_server_clean(server, state)
 
 
+def test_fingerprint_exact_p2pfsm_client_vllm_server(procs: list[PeerProcess]) -> None:
+    """A known difference: vLLM skips the check when either fingerprint is empty; p2pfsm
+    requires equality, so without ``model_config`` it refuses a configured vLLM peer."""
+    server, peer = start_vllm_server(procs)
+    node = Node(NodeConfig(bind="tcp://127.0.0.1:0", num_blocks=1, block_len=BLOCK_LEN))
+    try:
+        session = node.connect(peer)
+        node.run_until(lambda: not session.alive, 30)
+        dead = node.deaths.get(peer)
+        assert dead is not None and dead.mismatch is not None, session.state
+        assert dead.mismatch.field == "config_fingerprint"
+        node.run_until(lambda: False, 0.3)
+    finally:
+        node.close()
+    frames = frames_of(stop_vllm_server(server))
+    assert only(frames, "in", "connect")["config_fingerprint"] == ""
+    assert "disconnect" in types(frames, "in")  # p2pfsm says so; vLLM would stay silent
+    assert not [t for t in types(frames, "in") if t in ("fetch", "lookup")]
+
+
 # ====================================================== the CLI, once in each direction
 
 
@@ -690,5 +737,77 @@ def test_cli_serve_against_vllm_client(procs: list[PeerProcess]) -> None:
     result = client.record("result", 120)
     assert result["success"] and result["verified"], client.tail()
     assert result["landed"] == list(range(16))
-    assert client.stop() == 0
+    assert client.proc.wait(30) == 0, client.tail()  # it exits by itself once done
     assert serve.stop() == 0, serve.tail()
+
+
+# ==================== one request id, used again (a vLLM scheduler may load in pieces)
+#
+# vLLM 0.33.0 restarts a request's round_seq at 0 once its client state is pruned (no
+# load or probe left), and its PD producer supplies round 0 only (add_stored_blocks has
+# no round). p2pfsm keeps round numbers for a frame lifetime instead (docs/protocol.md,
+# P4) and fails an ended round's fetch at once. vLLM <-> vLLM passes all four of these.
+
+REUSE_BUG = ("p2pfsm session: a request id used again after its round ended "
+             "(vLLM restarts round_seq at 0; see docs/interop.md, known differences)")
+
+
+def test_reuse_pd_vllm_client_p2pfsm_server(procs: list[PeerProcess],
+                                            p2pfsm_server: Callable[..., P2pfsmServer]) -> None:
+    server = p2pfsm_server()
+    result, _ = vllm_client(procs, server, "--keys", "0-7", "--repeat", "2")
+    first, second = result["attempts"]
+    assert first["success"] and first["verified"], result["_tail"]
+    dones = [f for f in vllm_frames(result) if f["type"] == "transfer_done"]
+    if not second["success"] and [(d["round_seq"], d["success"]) for d in dones] == [
+            (0, True), (0, False)] and server.supplies[1:] == []:
+        # The second fetch (round 0 again) hit p2pfsm's ended-round memory: failed at
+        # once, never offered to the host.
+        pytest.xfail(REUSE_BUG)
+    assert_vllm_ok(result)
+
+
+def test_reuse_sym_vllm_client_p2pfsm_server(procs: list[PeerProcess],
+                                             p2pfsm_server: Callable[..., P2pfsmServer]) -> None:
+    server = p2pfsm_server()
+    result, _ = vllm_client(procs, server, "--keys", "0-7", "--mode", "sym", "--repeat", "2",
+                            "--lookup-timeout", "5")
+    first, second = result["attempts"]
+    assert first["success"] and first["verified"], result["_tail"]
+    frames = vllm_frames(result)
+    if second.get("error") == "lookup was not answered" and \
+            types(frames, "out").count("lookup") == 2 and types(frames, "in").count(
+                "lookup_resp") == 1:
+        # p2pfsm dropped the second lookup (round 0 again) as stale: no lookup_resp ever;
+        # a real vLLM consumer disconnects the session after _LOOKUP_TIMEOUT_S (30 s).
+        pytest.xfail(REUSE_BUG)
+    assert_vllm_ok(result)
+
+
+def test_reuse_pd_p2pfsm_client_vllm_server(procs: list[PeerProcess]) -> None:
+    server, peer = start_vllm_server(procs)
+    runs = p2pfsm_client_runs(peer, list(range(8)), "pd", 2, load=3.0)
+    summary = stop_vllm_server(server)
+    first, second = runs
+    assert first.load is not None and first.load.success and first.landed == list(range(8))
+    frames = frames_of(summary)
+    fetch_rounds = [f["round_seq"] for f in frames if f["type"] == "fetch"]
+    aborts = [f["round_seq"] for f in frames if f["type"] == "abort_fetch"]
+    if second.load is not None and not second.load.success and fetch_rounds == [0, 1] \
+            and aborts == [1]:
+        # p2pfsm's second fetch carries round_seq 1; vLLM's PD supply goes to round 0
+        # only, so round 1 is never supplied: load timeout, abort.
+        pytest.xfail(REUSE_BUG)
+    assert second.load is not None and second.load.success
+    assert second.landed == list(range(8))
+
+
+def test_reuse_sym_p2pfsm_client_vllm_server(procs: list[PeerProcess]) -> None:
+    server, peer = start_vllm_server(procs)
+    runs = p2pfsm_client_runs(peer, list(range(8)), "sym", 2)
+    summary = stop_vllm_server(server)
+    for run in runs:
+        assert run.load is not None and run.load.success and run.landed == list(range(8))
+    # Lookup pins carry the lookup's round, so p2pfsm's round 1 is served by vLLM too.
+    fetches = [f for f in frames_of(summary) if f["type"] == "fetch"]
+    assert [f["round_seq"] for f in fetches] == [0, 1]

@@ -424,8 +424,35 @@ def run_client_flow(args: argparse.Namespace, transport: ZmqTransport, session: 
     if not session.ready:
         report.update(success=False, verified=False, error="handshake did not complete")
         return
+    attempts: list[dict[str, Any]] = []
+    for job in range(1, args.repeat + 1):
+        region[:] = 0  # each attempt's bytes are verified on their own
+        attempt = one_attempt(args, transport, session, region, blocks, job, loads)
+        attempts.append(attempt)
+        if "error" in attempt:
+            break
+    report.update(attempts[-1])
+    report["attempts"] = attempts
+    report["success"] = all(a["success"] for a in attempts) and len(attempts) == args.repeat
+    report["verified"] = all(a["verified"] for a in attempts) and report["success"]
+    report["late_loads"] = [(r.job_id, r.success) for r in loads
+                            if r.job_id not in {a.get("job") for a in attempts}]
+    # The flow is over but the session is still open: a p2pfsm server under test can
+    # look at its own state now, before our disconnect ends it.
+    emit("done", success=report["success"])
+    end = time.monotonic() + args.hold_open
+    while time.monotonic() < end and session.alive and not _STOP:
+        _pump(transport, session, loads)
+        time.sleep(TICK_S)
+
+
+def one_attempt(args: argparse.Namespace, transport: ZmqTransport, session: P2PSession,
+                region: np.ndarray, blocks: list[int], job: int,
+                loads: list[Any]) -> dict[str, Any]:
+    """One lookup (sym) and fetch of ``blocks`` under ``--request-id``; its report."""
     kv = args.request_id
     keys = [OffloadKey(demo_key(b)) for b in blocks]
+    out: dict[str, Any] = {"job": job}
     t0 = time.monotonic()
     chosen = list(blocks)
     if args.mode == "sym":
@@ -438,16 +465,15 @@ def run_client_flow(args: argparse.Namespace, transport: ZmqTransport, session: 
             _pump(transport, session, loads)
             answers = [session.register_lookup(kv, key) for key in keys]
             time.sleep(TICK_S)
-        report["lookup_seconds"] = round(time.monotonic() - t0, 4)
+        out["lookup_seconds"] = round(time.monotonic() - t0, 4)
         if any(a is None for a in answers):
-            report.update(success=False, verified=False, error="lookup was not answered")
-            return
+            return {**out, "success": False, "verified": False,
+                    "error": "lookup was not answered"}
         chosen = [b for b, hit in zip(blocks, answers, strict=True) if hit]
-        report["hits"] = len(chosen)
+        out["hits"] = len(chosen)
     dest = list(range(len(chosen)))
     success = True
     if chosen:
-        job = 1
         session.request_blocks(job, kv, [OffloadKey(demo_key(b)) for b in chosen], dest)
         limit = args.load_timeout + args.abort_ack_timeout + 5
         end = time.monotonic() + limit
@@ -457,10 +483,10 @@ def run_client_flow(args: argparse.Namespace, transport: ZmqTransport, session: 
             result = next((r for r in loads if r.job_id == job), None)
             time.sleep(TICK_S)
         if result is None:
-            report.update(success=False, verified=False, error=f"no load result in {limit} s")
-            return
+            return {**out, "success": False, "verified": False,
+                    "error": f"no load result in {limit} s"}
         success = bool(result.success)
-    report["seconds"] = round(time.monotonic() - t0, 4)
+    out["seconds"] = round(time.monotonic() - t0, 4)
     if args.mode == "sym":
         session.finish_request(kv)
     # Let the last frames (a terminal fetch, the peer's late replies) go out and in.
@@ -471,16 +497,9 @@ def run_client_flow(args: argparse.Namespace, transport: ZmqTransport, session: 
     bl = args.block_len
     good = [b for d, b in zip(dest, chosen, strict=True)
             if region[d].tobytes() == demo_block(b, bl)]
-    report.update(success=success, verified=success and len(good) == len(chosen),
-                  landed=good, chosen=chosen, bytes=len(chosen) * bl if success else 0,
-                  late_loads=[(r.job_id, r.success) for r in loads if r.job_id != 1])
-    # The flow is over but the session is still open: a p2pfsm server under test can
-    # look at its own state now, before our disconnect ends it.
-    emit("done", success=success)
-    end = time.monotonic() + args.hold_open
-    while time.monotonic() < end and session.alive and not _STOP:
-        _pump(transport, session, loads)
-        time.sleep(TICK_S)
+    out.update(success=success, verified=success and len(good) == len(chosen), landed=good,
+               chosen=chosen, bytes=len(chosen) * bl if success else 0)
+    return out
 
 
 # ------------------------------------------------------------------------------- main
@@ -512,6 +531,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--handshake-timeout", type=float, default=30.0)
     c.add_argument("--lookup-timeout", type=float, default=30.0)
     c.add_argument("--linger", type=float, default=0.2, help="keep polling after the result")
+    c.add_argument("--repeat", type=int, default=1,
+                   help="run the flow this many times, one after another, on the same "
+                        "request id (vLLM restarts its round_seq at 0 each time)")
     c.add_argument("--hold-open", type=float, default=0.2,
                    help="keep the session open this long after the 'done' line")
     return p
