@@ -137,6 +137,10 @@ class SimWorld:
         timeouts: both sessions' deadlines.
         configs: per-node overrides of SessionConfig fields (e.g. a mismatching hash_seed).
         tracer: shared by both sessions.
+        check_destinations: raise SafetyViolation when a write targets or lands in a
+            block not owned by a waiting load, and verify loaded bytes. The protocol
+            guarantees this over FIFO channels; tests that duplicate or reorder frames
+            (outside that model) turn it off and check the remaining properties.
     """
 
     NODES = ("a", "b")
@@ -151,8 +155,10 @@ class SimWorld:
         timeouts: Timeouts | None = None,
         configs: dict[str, dict[str, object]] | None = None,
         tracer: Tracer | None = None,
+        check_destinations: bool = True,
     ) -> None:
         self.rng = random.Random(seed)
+        self.check_destinations = check_destinations
         self._pending_answers: list[tuple[str, HostAnswerLookup]] = []
         self.now = 0.0
         self.tracer = tracer
@@ -305,7 +311,7 @@ class SimWorld:
             if not 0 <= r < dst.num_blocks:
                 raise SafetyViolation(f"{node} wrote outside the peer's region: {r}")
         owners = tuple(dst.owner.get(r) for r in out.remote_indexes)
-        if None in owners:
+        if None in owners and self.check_destinations:
             raise SafetyViolation(
                 f"{node} started a write into unowned blocks {out.remote_indexes}")
         self.writes[(node, out.xfer)] = SimWrite(
@@ -316,15 +322,15 @@ class SimWorld:
             raise SafetyViolation(f"{host.name}: second result for load job {res.job_id}")
         host.load_results[res.job_id] = res
         load = host.loads[res.job_id]
-        if res.success:
+        if res.success and self.check_destinations:
             for k, d in zip(load.key_ids, load.dest, strict=True):
                 if host.block(d) != demo_block(k, host.block_len):
                     raise SafetyViolation(
                         f"{host.name}: job {res.job_id} block {d} has wrong bytes")
         if res.released:
             for d in load.dest:
-                del host.owner[d]
-                host.free.append(d)
+                if host.owner.pop(d, None) is not None:
+                    host.free.append(d)
 
     def _on_store_result(self, node: str, host: SimHost, res: StoreResult) -> None:
         if res.job_id in host.store_results:
@@ -394,7 +400,7 @@ class SimWorld:
         dst = self.hosts[self.other(src)]
         srch = self.hosts[src]
         for local, remote, job in zip(w.local_indexes, w.remote_indexes, w.owner_jobs, strict=True):
-            if dst.owner.get(remote) != job:
+            if dst.owner.get(remote) != job and self.check_destinations:
                 raise SafetyViolation(
                     f"write {src}#{xfer} landed in block {remote} after job {job} released it")
             dst.region[remote * dst.block_len:(remote + 1) * dst.block_len] = srch.block(local)

@@ -3,8 +3,9 @@
 Each :class:`ClientRound` is one load job for (kv_request_id, round_seq) and each
 :class:`ClientLookup` one lookup frame; their machines (``models/client_round.toml``,
 ``models/client_lookup.toml``) decide every state change, and the methods below are
-the guards and actions those files name. Round numbers come from a per-request
-counter that is never reset within a session, so a round number is never reused.
+the guards and actions those files name. Round numbers are chosen by
+``Session._alloc_round`` so that two rounds that could both still receive frames never
+share one (see docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ if TYPE_CHECKING:
 class ClientRound:
     """One load job: a fetch for (kv_request_id, round_seq)."""
 
-    __slots__ = ("dest_indexes", "fsm_state", "job_id", "keys", "kv_request_id", "round_seq", "s")
+    __slots__ = ("aborted", "dest_indexes", "fsm_state", "job_id", "keys", "kv_request_id",
+                 "round_seq", "s")
 
     def __init__(
         self, s: Session, job_id: int, kv_request_id: str, round_seq: int,
@@ -35,6 +37,7 @@ class ClientRound:
         self.round_seq = round_seq
         self.keys = keys
         self.dest_indexes = dest_indexes
+        self.aborted = False
 
     @property
     def fsm_label(self) -> str:
@@ -58,6 +61,7 @@ class ClientRound:
         self.s.disarm(self._timer("load"))
 
     def send_abort(self, _ev: object) -> None:
+        self.aborted = True
         self.s.send(AbortFetch(self.kv_request_id, self.round_seq))
 
     def arm_abort_ack_timer(self, _ev: object) -> None:

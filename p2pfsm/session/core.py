@@ -104,7 +104,9 @@ class Session:
         self._loads: dict[str, dict[int, ClientRound]] = {}
         self._load_count = 0
         self._load_jobs: set[int] = set()
-        self._next_round = Tombstones(config.timeouts.tombstone)
+        # Lowest round number a request may use next: rounds below it ended with an
+        # abort whose late abort_ack may still be on the wire (kept a frame lifetime).
+        self._round_floor = Tombstones(config.timeouts.tombstone)
         self._lookup_round: dict[str, int] = {}
         self._lookups: dict[str, list[ClientLookup]] = {}
         self._lookup_by_serial: dict[int, ClientLookup] = {}
@@ -112,7 +114,8 @@ class Session:
         # producer role
         self._rounds: dict[str, dict[int | None, ServerRound]] = {}
         self._round_by_serial: dict[int, ServerRound] = {}
-        self._ended_rounds = Tombstones(config.timeouts.tombstone)
+        # Lookup-pinned rounds whose pins expired before their fetch: that fetch fails fast.
+        self._expired_lookups = Tombstones(config.timeouts.tombstone)
         self._round_serial = 0
         self._store_jobs: dict[int, ServerRound] = {}
         self._writes: dict[int, ServerRound] = {}
@@ -167,8 +170,8 @@ class Session:
                 the session is unchanged.
         """
         self.now = now
-        self._next_round.purge(now)
-        self._ended_rounds.purge(now)
+        self._round_floor.purge(now)
+        self._expired_lookups.purge(now)
         handler = _HANDLERS.get(type(event))
         if handler is None:
             raise LocalProtocolError(f"unknown input {type(event).__name__}")
@@ -308,9 +311,9 @@ class Session:
 
     # ------------------------------------------------------ role bookkeeping
     def forget_load(self, rnd: ClientRound) -> None:
-        # Keep the request's round counter for a frame lifetime after its last round ends.
-        counter = self._next_round.get(rnd.kv_request_id)
-        self._next_round.put(rnd.kv_request_id, max(counter or 0, rnd.round_seq + 1), self.now)
+        if rnd.aborted:
+            floor = self._round_floor.get(rnd.kv_request_id) or 0
+            self._round_floor.put(rnd.kv_request_id, max(floor, rnd.round_seq + 1), self.now)
         rounds = self._loads[rnd.kv_request_id]
         del rounds[rnd.round_seq]
         if not rounds:
@@ -333,9 +336,6 @@ class Session:
         if not rounds:
             del self._rounds[rnd.kv_request_id]
         del self._round_by_serial[rnd.serial]
-        if rnd.round_seq is not None:
-            ended = self._ended_rounds.get(rnd.kv_request_id)
-            self._ended_rounds.put(rnd.kv_request_id, max(rnd.round_seq, ended or 0), self.now)
         for job in rnd.jobs:
             self._store_jobs.pop(job, None)
         self.disarm(("store", rnd.serial))
@@ -384,16 +384,20 @@ class Session:
                 return
 
     def _alloc_round(self, kv_request_id: str) -> int:
-        seq = self._next_round.get(kv_request_id) or 0
+        """The round for a new load or lookup round of ``kv_request_id``.
+
+        Like vLLM 0.33.0, a request with nothing open starts again at round 0 (its PD
+        producers supply only round 0). A round number is never given to two rounds
+        that could both still receive frames: live rounds are skipped, and so are rounds
+        that ended with an abort whose duplicate abort_ack may still arrive (for a frame
+        lifetime, Timeouts.tombstone). Channels are FIFO, so nothing else of an ended
+        round can arrive after its terminal frame.
+        """
+        seq = self._round_floor.get(kv_request_id) or 0
         live = self._loads.get(kv_request_id)
         if live:
             seq = max(seq, max(live) + 1)
-        self._next_round.put(kv_request_id, seq + 1, self.now)
         return seq
-
-    def _is_ended(self, kv_request_id: str, round_seq: int) -> bool:
-        ended = self._ended_rounds.get(kv_request_id)
-        return ended is not None and round_seq <= ended
 
     # --------------------------------------------------------------- frames
     def _on_frame(self, ev: FrameReceived) -> None:
@@ -444,10 +448,11 @@ class Session:
         if len(set(msg.keys)) != len(msg.keys):
             raise MalformedFrame("keys", "duplicate keys in one fetch")
         rnd = self._server_round(msg.kv_request_id, msg.round_seq)
-        if rnd is None and self._is_ended(msg.kv_request_id, msg.round_seq):
-            # Its supply is gone (ended, expired or a duplicated frame): fail it at once
-            # rather than let the consumer wait for its load deadline (vLLM P7).
+        if rnd is None and self._expired_lookups.get(msg.kv_request_id) == msg.round_seq:
+            # The lookup pins of this round expired before the fetch: it can never be
+            # served, so fail it now rather than let the consumer wait (vLLM P7).
             self._gate("recv_request", msg)
+            self._expired_lookups.pop(msg.kv_request_id)
             self.send(TransferDone(msg.kv_request_id, False, msg.round_seq))
             return
         if rnd is None:
@@ -471,9 +476,6 @@ class Session:
     def _on_lookup(self, msg: Lookup) -> None:
         self._check_gate("recv_request")
         rnd = self._server_round(msg.kv_request_id, msg.round_seq)
-        if rnd is None and self._is_ended(msg.kv_request_id, msg.round_seq):
-            self.emit(FrameIgnored(msg.TYPE, "round already ended (stale or duplicated lookup)"))
-            return
         if rnd is not None and rnd.demanded:
             raise RemoteProtocolError(
                 "round_seq", f"lookup for {msg.kv_request_id}/{msg.round_seq} after its fetch")
@@ -492,11 +494,7 @@ class Session:
         self._gate("recv_request", msg)
         rnd = self._server_round(msg.kv_request_id, msg.round_seq)
         if rnd is None:
-            # Nothing of that round is in flight (unknown or already ended): ack at once,
-            # and remember the round as ended so a fetch for it that arrives later (a
-            # reordered or duplicated frame) is failed, never served into a freed block.
-            ended = self._ended_rounds.get(msg.kv_request_id)
-            self._ended_rounds.put(msg.kv_request_id, max(msg.round_seq, ended or 0), self.now)
+            # Nothing of that round is in flight (unknown or already ended): ack at once.
             self.send(AbortAck(msg.kv_request_id, msg.round_seq))
             return
         SERVER_ROUND.fire(rnd, "recv_abort_fetch", msg)
@@ -547,6 +545,7 @@ class Session:
 
     def _close_request(self, kv_request_id: str, trigger: str) -> None:
         """The request ended (terminal fetch or host finish): close its served side."""
+        self._expired_lookups.pop(kv_request_id)
         for served in list(self._served.get(kv_request_id, ())):
             SERVER_LOOKUP.fire(served, "request_closed")
         for rnd in list(self._rounds.get(kv_request_id, {}).values()):
@@ -727,7 +726,10 @@ class Session:
             CLIENT_LOOKUP.fire(lookup, "timer_lookup", ev)
             self._drop_closed_lookups(lookup.kv_request_id)
         elif kind == "store":
-            SERVER_ROUND.fire(self._round_by_serial[int(timer[1])], "timer_store", ev)
+            rnd = self._round_by_serial[int(timer[1])]
+            SERVER_ROUND.fire(rnd, "timer_store", ev)
+            if rnd.lookup_supplied and rnd.round_seq is not None:
+                self._expired_lookups.put(rnd.kv_request_id, rnd.round_seq, self.now)
         elif kind == "lookup_pending":
             served = self._tokens[int(timer[1])]
             SERVER_LOOKUP.fire(served, "timer_lookup_pending", ev)

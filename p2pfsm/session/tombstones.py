@@ -2,10 +2,10 @@
 
 A frame is assumed to arrive within ``ttl`` seconds of being sent or never (the
 executor's heartbeats kill a connection silent for longer). Within that horizon
-the session remembers, per kv_request_id, the next round number to allocate
-(consumer) and the highest round already ended (producer), so that neither a
-reused id nor a duplicated frame can make a round number mean two rounds (ABA).
-Entries are kept in expiry order, so purging is O(1) amortized per event.
+the session remembers, per kv_request_id, the lowest round number it may use again
+(consumer: rounds that ended with an abort may still see a late abort_ack) and the
+lookup round whose pins expired (producer: its fetch fails fast). Entries are kept
+in expiry order, so purging is O(1) amortized per event.
 """
 
 from __future__ import annotations
@@ -30,6 +30,9 @@ class Tombstones:
     def put(self, key: str, value: int, now: float) -> None:
         self._entries.pop(key, None)
         self._entries[key] = (value, now + self.ttl)
+
+    def pop(self, key: str) -> None:
+        self._entries.pop(key, None)
 
     def purge(self, now: float) -> None:
         entries = self._entries

@@ -90,11 +90,11 @@ def test_partial_supply_in_two_batches_gives_one_transfer_done() -> None:
 def test_each_round_of_a_request_gets_exactly_one_transfer_done() -> None:
     w = ready_world()
     first = w.load("a", "r1", [8])
+    second = w.load("a", "r1", [9])  # concurrent: its own round
+    fetch = w.wire("a")[1]
+    assert isinstance(fetch, Fetch) and fetch.round_seq == 1
     w.supply("b", "r1", [8])
     w.stabilize()
-    second = w.load("a", "r1", [9])
-    fetch = w.wire("a")[0]
-    assert isinstance(fetch, Fetch) and fetch.round_seq == 1
     w.supply("b", "r1", [9])
     w.stabilize()
     assert transfer_dones(w) == [TransferDone("r1", True, 0), TransferDone("r1", True, 1)]

@@ -84,7 +84,7 @@ def test_terminal_empty_fetch_leaves_no_zombie_round() -> None:
     assert not w.sessions["b"].has_pending_work
     # The id goes on (e.g. a new turn): its next round is served, not rejected as a duplicate.
     w.lookup("a", "r1", [8])
-    assert only(w.wire("a")) == Lookup("r1", keys([8]), 1)
+    assert only(w.wire("a")) == Lookup("r1", keys([8]), 0)  # nothing open: round 0 again
     w.stabilize()
     job = w.load("a", "r1", [8])
     w.stabilize()
