@@ -8,7 +8,7 @@ from __future__ import annotations
 import msgpack
 from helpers.world import World, keys, ready_world, snapshot
 
-from p2pfsm.protocol import Fetch, Lookup, LookupResp, TransferDone
+from p2pfsm.protocol import Fetch, LookupResp, TransferDone
 from p2pfsm.session import (
     FetchArrived,
     FrameIgnored,
