@@ -60,14 +60,30 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from p2pfsm import bench_fsm
+    def progress(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
 
-    rows = bench_fsm.run(number=args.number)
-    if args.json:
-        print(json.dumps({"fsm": [r.__dict__ for r in rows]}))
-    else:
-        print("control event through the machines (consumer session, medians):")
-        print(bench_fsm.format_rows(rows))
+    if args.suite != "fsm" and args.rounds < 2:
+        raise ConfigError(f"--rounds: expected at least 2, got {args.rounds}")
+    results: dict[str, Any] = {}
+    text: list[str] = []
+    if args.suite in ("fsm", "all"):
+        from p2pfsm import bench_fsm
+
+        progress("fsm bench: one control event through the machines")
+        rows = bench_fsm.run(number=args.number)
+        results["fsm"] = [r.__dict__ for r in rows]
+        text += ["control event through the machines (consumer session, medians):",
+                 bench_fsm.format_rows(rows)]
+    if args.suite in ("transfer", "all"):
+        from p2pfsm.executor import bench_transfer
+
+        transfer = bench_transfer.run(rounds=args.rounds, number=args.per_round,
+                                      idle_seconds=args.idle_seconds, progress=progress)
+        results["transfer"] = transfer
+        text += ["", "fetches through two nodes vs the raw operations beneath "
+                 "(same run, same two processes):", bench_transfer.format_table(transfer)]
+    print(json.dumps(results) if args.json else "\n".join(text).strip("\n"))
     return 0
 
 
@@ -212,7 +228,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_check)
 
     p = sub.add_parser("bench", help="measure and print ratios against raw operations")
-    p.add_argument("--number", type=int, default=2000, help="iterations per sample")
+    p.add_argument("--suite", choices=("fsm", "transfer", "all"), default="all",
+                   help="fsm: control events through the machines; transfer: fetches "
+                        "between two processes; all: both")
+    p.add_argument("--number", type=_positive(int), default=2000,
+                   help="fsm: iterations per sample")
+    p.add_argument("--rounds", type=_positive(int), default=30,
+                   help="transfer: rounds per measurement (at least 2)")
+    p.add_argument("--per-round", type=_positive(int), default=50,
+                   help="transfer: small fetches and raw round trips per round")
+    p.add_argument("--idle-seconds", type=_positive(float), default=10.0,
+                   help="transfer: idle window of the CPU measurement")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_cmd_bench)
     return parser

@@ -27,10 +27,10 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from p2pfsm.errors import ConfigError, LocalProtocolError, TransportError
+from p2pfsm.errors import ConfigError, LocalProtocolError, RemoteProtocolError, TransportError
 from p2pfsm.executor.nixl_plane import DataPlane
 from p2pfsm.executor.zmq_plane import ControlPlane, FrameIn, PeerLost
-from p2pfsm.protocol import encode
+from p2pfsm.protocol import Connect, decode, encode
 from p2pfsm.session import (
     DEFAULT_HASH_SEED,
     ArmTimer,
@@ -66,8 +66,18 @@ from p2pfsm.session import (
     WriteFinished,
 )
 
+_INBOUND_GRACE_S = 0.05
+"""How long the data plane stays at its busy progress interval after a load ends."""
+
 LookupAnswer = tuple[Mapping[bytes, int], frozenset[bytes]]
 """What ``on_lookup`` returns: hit key -> local block index, and still-pending keys."""
+
+
+def _is_connect(frame: bytes) -> bool:
+    try:
+        return isinstance(decode(frame), Connect)
+    except RemoteProtocolError:
+        return False
 
 
 def fingerprint(model_config: Mapping[str, Any] | None) -> str:
@@ -182,7 +192,7 @@ class Node:
         except BaseException:
             del self._loads[job]
             raise
-        self.data.expect_inbound(self.config.timeouts.load)
+        self.data.expect_inbound(_INBOUND_GRACE_S)
         return fut
 
     def lookup(self, peer_id: str, kv_request_id: str,
@@ -234,7 +244,11 @@ class Node:
     def step(self, max_wait: float) -> None:
         """One loop turn: wait for news (bounded), then handle it all."""
         self._check_open()
-        self._drain()
+        self._handle_all()
+        if self._loads:
+            # Blocks may be arriving (a peer's first WRITE needs our UCX progress):
+            # progress often while loads are open, and only then.
+            self.data.expect_inbound(_INBOUND_GRACE_S)
         wait = min(max_wait, self.data.progress_interval_ms / 1000.0)
         if self._heap:
             wait = min(wait, max(0.0, self._heap[0][0] - time.monotonic()))
@@ -244,18 +258,14 @@ class Node:
             elif isinstance(event, PeerLost):
                 self._events.append((event.peer_id, TransportLost(event.reason)))
         self.data.progress()
-        for nixl_id, ok in self.data.poll():
-            owner = self._xfers.pop(nixl_id, None)
-            if owner is not None:
-                self._by_session_xfer.pop(owner, None)
-                self._events.append((owner[0], WriteFinished(owner[1], ok)))
+        self._collect_writes()
         now = time.monotonic()
         while self._heap and self._heap[0][0] <= now:
             deadline, peer, timer = heapq.heappop(self._heap)
             if self._timers.get((peer, timer)) == deadline:
                 del self._timers[(peer, timer)]
                 self._events.append((peer, TimerFired(timer)))
-        self._drain()
+        self._handle_all()
 
     def close(self, timeout: float = 5.0) -> None:
         """Close every session, give writes ``timeout`` to drain, release the transports."""
@@ -313,9 +323,35 @@ class Node:
     def _on_frame(self, peer_id: str, frame: bytes) -> None:
         session = self.sessions.get(peer_id)
         if session is None or (not session.alive and not session.has_pending_work):
-            # A new peer (or a restarted one): its first frame should be its connect.
+            # A new peer (or a restarted one) opens with its connect. Anything else is a
+            # straggler of a session that is over (e.g. the disconnect that follows a
+            # mismatch): restarting on it would make two incompatible peers restart
+            # each other's sessions forever, so it goes to the old session (ignored).
+            if not _is_connect(frame):
+                if session is not None:
+                    self._events.append((peer_id, FrameReceived(frame)))
+                return
             self._new_session(peer_id)
         self._events.append((peer_id, FrameReceived(frame)))
+
+    def _handle_all(self) -> None:
+        """Handle every queued event, and the writes that this finished at once: over
+        CMA a WRITE usually completes inside ``transfer()``, and waiting for the next
+        turn to notice would add a whole loop wait (up to the idle interval) to it."""
+        self._drain()
+        while self._xfers and self._collect_writes():
+            self._drain()
+
+    def _collect_writes(self) -> bool:
+        """Queue WriteFinished for our finished writes; True when there were any."""
+        found = False
+        for nixl_id, ok in self.data.poll():
+            owner = self._xfers.pop(nixl_id, None)
+            if owner is not None:
+                self._by_session_xfer.pop(owner, None)
+                self._events.append((owner[0], WriteFinished(owner[1], ok)))
+                found = True
+        return found
 
     def _drain(self) -> None:
         while self._events:

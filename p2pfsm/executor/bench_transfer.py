@@ -1,0 +1,377 @@
+"""Benchmark: fetches through two Nodes, as ratios against the raw operations beneath.
+
+Two processes on 127.0.0.1: this one (the consumer node) and a spawned peer (a
+:class:`~p2pfsm.executor.demo_host.DemoServer`, the producer). Every ratio compares
+measurements taken in the same run, between the same two processes, interleaved round
+by round so that both sides of a ratio see the same machine load:
+
+(a) ``fetch_large``: a full fetch of 256 x 64 KiB (our ``fetch()`` call sends the fetch
+    frame; the peer's session matches it with the supply its host gives, its node posts
+    one NIXL WRITE, sees it land and sends transfer_done; our session turns that into the
+    LoadResult) against a raw NIXL WRITE of the same blocks into the same region, by the
+    same data plane of the peer (``DataPlane.write`` then ``poll`` until it is reported).
+    Target: <= 1.3x.
+(b) ``fetch_small``: one 4 KiB block fetched, against a raw ZeroMQ DEALER -> ROUTER ->
+    DEALER round trip of a frame the size of that fetch frame, between plain pyzmq
+    sockets in the same two processes. Target: <= 3x.
+(c) ``idle_cpu``: CPU time (user + system, all threads, ``getrusage``) of each connected
+    node while it sits idle for ``idle_seconds``, once its post-handshake warm-up window
+    is over. Target: < 2 % of one core.
+
+Medians and p10/p90 are over single operations (``rounds`` rounds, each one raw
+operation and one fetch for (a), ``number`` of each for (b)).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import resource
+import statistics
+import time
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+from p2pfsm.demo_blocks import demo_block, demo_key
+from p2pfsm.errors import ConfigError, TransportError
+from p2pfsm.executor.node import Node, NodeConfig
+from p2pfsm.protocol import Fetch, encode
+
+__all__ = ["format_table", "run"]
+
+Progress = Callable[[str], None]
+
+_LARGE = (256, 64 * 1024)
+_SMALL = (16, 4 * 1024)
+_TARGETS = {"fetch_large": 1.3, "fetch_small": 3.0, "idle_cpu_percent": 2.0}
+_REPLY_TIMEOUT = 60.0
+_IDLE_INTERVAL_MS = 10
+"""A progress interval at least this long means the data plane is at its idle pace
+(the default pace is 1 ms busy and 50 ms idle)."""
+
+
+# -- the peer process ----------------------------------------------------------------
+
+
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _idle_cpu(node: Node, seconds: float) -> tuple[float, float]:
+    """Run the node's loop until its data plane is at its idle pace, then for ``seconds``
+    more; return (seconds it took to get idle, CPU fraction of one core while idle)."""
+    t0 = time.monotonic()
+    while node.data.progress_interval_ms < _IDLE_INTERVAL_MS and time.monotonic() - t0 < 30.0:
+        node.step(1.0)
+    settle = time.monotonic() - t0
+    cpu0, wall0 = _cpu_seconds(), time.monotonic()
+    while time.monotonic() - wall0 < seconds:
+        node.step(1.0)
+    return settle, (_cpu_seconds() - cpu0) / (time.monotonic() - wall0)
+
+
+def _raw_writes(node: Node, peer_id: str, count: int) -> list[float]:
+    """``count`` raw WRITEs of every block of ours into the same blocks of the peer."""
+    blocks = list(range(node.config.num_blocks))
+    times = []
+    for _ in range(count):
+        t0 = time.perf_counter()
+        xfer = node.data.write(peer_id, blocks, blocks)
+        while True:
+            done = dict(node.data.poll())
+            if xfer in done:
+                break
+        times.append(time.perf_counter() - t0)
+        if not done[xfer]:
+            raise TransportError("raw WRITE failed")
+    return times
+
+
+def _peer_main(conn: Connection) -> None:
+    """The producer process: one DemoServer at a time, plus raw operations on demand."""
+    import zmq
+
+    from p2pfsm.executor.demo_host import DemoServer
+
+    server: DemoServer | None = None
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    router: zmq.Socket[bytes] | None = None
+    dealer: zmq.Socket[bytes] | None = None
+    conn.send(("ready", os.getpid()))
+    try:
+        while True:
+            if server is not None:
+                server.node.step(0.05)
+                if not conn.poll(0):
+                    continue
+            cmd = conn.recv()
+            if cmd[0] == "stop":
+                return
+            if cmd[0] == "node":
+                if server is not None:
+                    server.node.close()
+                server = DemoServer(NodeConfig("tcp://127.0.0.1:0", cmd[1], cmd[2]))
+                conn.send(("node", server.node.local_id))
+            elif cmd[0] == "raw_write":
+                assert server is not None
+                conn.send(("raw_write", _raw_writes(server.node, cmd[1], cmd[2])))
+            elif cmd[0] == "echo_setup":
+                router = ctx.socket(zmq.ROUTER)
+                port = router.bind_to_random_port("tcp://127.0.0.1")
+                dealer = ctx.socket(zmq.DEALER)
+                dealer.setsockopt(zmq.IDENTITY, f"127.0.0.1:{port}".encode())
+                dealer.connect(cmd[1])
+                conn.send(("echo_setup", f"tcp://127.0.0.1:{port}"))
+            elif cmd[0] == "echo":
+                assert router is not None and dealer is not None
+                for _ in range(cmd[1]):
+                    if not router.poll(10_000):
+                        raise TransportError("raw echo: no frame within 10 s")
+                    _ident, frame = router.recv_multipart()
+                    dealer.send(frame)
+                conn.send(("echo", cmd[1]))
+            elif cmd[0] == "idle":
+                assert server is not None
+                settle, cpu = _idle_cpu(server.node, cmd[1])
+                conn.send(("idle", settle, cpu))
+    finally:
+        if server is not None:
+            server.node.close()
+        for sock in (router, dealer):
+            if sock is not None:
+                sock.close(linger=0)
+        ctx.term()
+
+
+# -- this process ----------------------------------------------------------------------
+
+
+class _Peer:
+    def __init__(self) -> None:
+        spawn = multiprocessing.get_context("spawn")
+        self.conn, child_end = spawn.Pipe()
+        self.proc = spawn.Process(target=_peer_main, args=(child_end,), daemon=True,
+                                  name="p2pfsm-bench-peer")
+        self.proc.start()
+        child_end.close()
+        self.expect("ready")
+
+    def expect(self, tag: str, node: Node | None = None) -> tuple[Any, ...]:
+        """The peer's next reply (which must be ``tag``), stepping ``node`` meanwhile."""
+        deadline = time.monotonic() + _REPLY_TIMEOUT
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TransportError(f"bench peer: no {tag!r} reply within {_REPLY_TIMEOUT} s")
+            if node is not None:
+                node.step(min(left, 0.001))
+                ready = self.conn.poll(0)
+            else:
+                ready = self.conn.poll(left)
+            if ready:
+                try:
+                    msg = self.conn.recv()
+                except EOFError:
+                    raise TransportError(
+                        f"bench peer exited (code {self.proc.exitcode})") from None
+                if msg[0] != tag:
+                    raise TransportError(f"bench peer: expected {tag!r}, got {msg[0]!r}")
+                return tuple(msg)
+
+    def ask(self, *cmd: Any, node: Node | None = None) -> tuple[Any, ...]:
+        self.conn.send(cmd)
+        return self.expect(str(cmd[0]), node)
+
+    def stop(self) -> None:
+        if self.proc.is_alive():
+            with contextlib.suppress(OSError, ValueError):  # it may have died
+                self.conn.send(("stop",))
+            self.proc.join(10.0)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(10.0)
+        self.conn.close()
+
+
+def _stats(samples: list[float], scale: float) -> dict[str, float]:
+    ordered = sorted(samples)
+    cuts = statistics.quantiles(ordered, n=10) if len(ordered) > 1 else ordered * 9
+    return {"median": statistics.median(ordered) * scale, "p10": cuts[0] * scale,
+            "p90": cuts[-1] * scale, "n": float(len(ordered))}
+
+
+def _node_pair(peer: _Peer, shape: tuple[int, int]) -> tuple[Node, str]:
+    (_, peer_id) = peer.ask("node", *shape)
+    node = Node(NodeConfig("tcp://127.0.0.1:0", shape[0], shape[1]))
+    try:
+        session = node.connect(peer_id)
+        node.run_until(lambda: session.ready or not session.alive, 30.0)
+        if not session.ready:
+            raise TransportError(f"bench: no handshake with the peer: {node.deaths.get(peer_id)}")
+    except BaseException:
+        node.close()
+        raise
+    return node, peer_id
+
+
+class _Fetcher:
+    """Times whole fetches of demo blocks ``0..count-1`` into the same indexes."""
+
+    def __init__(self, node: Node, peer_id: str, count: int, tag: str) -> None:
+        self.node, self.peer_id, self.tag, self.n = node, peer_id, tag, 0
+        self.keys = [demo_key(i) for i in range(count)]
+        self.dest = list(range(count))
+
+    def once(self) -> float:
+        self.n += 1
+        t0 = time.perf_counter()
+        fut = self.node.fetch(self.peer_id, f"bench-{self.tag}-{self.n}", self.keys, self.dest)
+        self.node.run_until(fut.done, 30.0)
+        elapsed = time.perf_counter() - t0
+        if not fut.done() or not fut.result().success:
+            raise TransportError(f"bench fetch {self.n} failed: "
+                                 f"{fut.result() if fut.done() else 'no result'}")
+        return elapsed
+
+    def verify(self) -> None:
+        bl = self.node.config.block_len
+        for i in self.dest:
+            if bytes(self.node.region[i].numpy()) != demo_block(i, bl):
+                raise TransportError(f"bench fetch delivered a wrong block {i}")
+
+
+def _large(peer: _Peer, rounds: int, say: Progress) -> dict[str, Any]:
+    node, peer_id = _node_pair(peer, _LARGE)
+    try:
+        fetcher = _Fetcher(node, peer_id, _LARGE[0], "large")
+        for _ in range(3):
+            fetcher.once()
+        fetcher.verify()
+        peer.ask("raw_write", node.local_id, 3, node=node)
+        raw: list[float] = []
+        fetched: list[float] = []
+        for r in range(rounds):
+            raw.extend(peer.ask("raw_write", node.local_id, 1)[1])
+            fetched.append(fetcher.once())
+            if r % 10 == 9:
+                say(f"  large: {r + 1}/{rounds} rounds")
+    finally:
+        node.close()
+    raw_s, node_s = _stats(raw, 1e3), _stats(fetched, 1e3)
+    return {"unit": "ms", "blocks": _LARGE[0], "block_len": _LARGE[1],
+            "raw": raw_s, "node": node_s, "ratio": node_s["median"] / raw_s["median"],
+            "target": _TARGETS["fetch_large"]}
+
+
+def _small(peer: _Peer, rounds: int, number: int, idle_seconds: float,
+           say: Progress) -> tuple[dict[str, Any], dict[str, Any]]:
+    import zmq
+
+    node, peer_id = _node_pair(peer, _SMALL)
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    try:
+        fetcher = _Fetcher(node, peer_id, 1, "small")
+        for _ in range(20):
+            fetcher.once()
+        fetcher.verify()
+        frame = encode(Fetch(f"bench-small-{10**6}", (demo_key(0),), (0,), 10**6))
+        router = ctx.socket(zmq.ROUTER)
+        port = router.bind_to_random_port("tcp://127.0.0.1")
+        (_, peer_addr) = peer.ask("echo_setup", f"tcp://127.0.0.1:{port}")
+        dealer = ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.IDENTITY, f"127.0.0.1:{port}".encode())
+        dealer.connect(peer_addr)
+        raw: list[float] = []
+        fetched: list[float] = []
+        for r in range(rounds + 1):
+            peer.conn.send(("echo", number))
+            times = []
+            for _ in range(number):
+                t0 = time.perf_counter()
+                dealer.send(frame)
+                if not router.poll(10_000):
+                    raise TransportError("raw echo: no reply within 10 s")
+                router.recv_multipart()
+                times.append(time.perf_counter() - t0)
+            peer.expect("echo")
+            ours = [fetcher.once() for _ in range(number)]
+            if r:  # round 0 warms the raw sockets up
+                raw.extend(times)
+                fetched.extend(ours)
+            if r % 5 == 4:
+                say(f"  small: {r + 1}/{rounds} rounds")
+        for sock in (dealer, router):
+            sock.close(linger=0)
+        raw_s, node_s = _stats(raw, 1e6), _stats(fetched, 1e6)
+        small = {"unit": "us", "blocks": 1, "block_len": _SMALL[1], "frame_bytes": len(frame),
+                 "raw": raw_s, "node": node_s, "ratio": node_s["median"] / raw_s["median"],
+                 "target": _TARGETS["fetch_small"]}
+        say(f"  idle: measuring both nodes for {idle_seconds:g} s")
+        peer.conn.send(("idle", idle_seconds))
+        settle, ours_cpu = _idle_cpu(node, idle_seconds)
+        (_, peer_settle, peer_cpu) = peer.expect("idle", node)
+        idle = {"seconds": idle_seconds, "peer_percent": peer_cpu * 100,
+                "local_percent": ours_cpu * 100, "settle_s": max(settle, peer_settle),
+                "target_percent": _TARGETS["idle_cpu_percent"]}
+    finally:
+        ctx.term()
+        node.close()
+    return small, idle
+
+
+def run(rounds: int = 30, number: int = 50, idle_seconds: float = 10.0,
+        progress: Progress | None = None) -> dict[str, Any]:
+    """Measure (a), (b) and (c) of the module docstring; return them as a dict.
+
+    Args:
+        rounds: rounds of (a) and of (b).
+        number: raw round trips and small fetches per round of (b).
+        idle_seconds: the idle window of (c).
+        progress: called with a line of progress now and then (e.g. to print on stderr).
+    """
+    if rounds < 2 or number < 1 or not idle_seconds > 0:
+        raise ConfigError(f"bench: need rounds >= 2, number >= 1 and idle_seconds > 0; got "
+                          f"{rounds}, {number}, {idle_seconds}")
+    say = progress or (lambda _line: None)
+    t0 = time.monotonic()
+    say("transfer bench: starting the peer process")
+    peer = _Peer()
+    try:
+        say(f"(a) {_LARGE[0]} x {_LARGE[1] // 1024} KiB fetch vs raw NIXL WRITE, "
+            f"{rounds} rounds")
+        large = _large(peer, rounds, say)
+        say(f"(b) 1 x {_SMALL[1] // 1024} KiB fetch vs raw ZeroMQ round trip, "
+            f"{rounds} rounds of {number}")
+        small, idle = _small(peer, rounds, number, idle_seconds, say)
+    finally:
+        peer.stop()
+    return {"fetch_large": large, "fetch_small": small, "idle_cpu": idle,
+            "rounds": rounds, "number": number, "wall_s": time.monotonic() - t0}
+
+
+def format_table(result: dict[str, Any]) -> str:
+    """The result of :func:`run` as a small text table."""
+    lines = [f"{'measurement':<34} {'median':>9} {'p10':>9} {'p90':>9}  {'ratio':>6}  target",
+             ]
+    for key, label, raw_label in (
+        ("fetch_large", "fetch 256 x 64 KiB (Node)", "raw NIXL WRITE + poll"),
+        ("fetch_small", "fetch 1 x 4 KiB (Node)", "raw ZeroMQ round trip"),
+    ):
+        row = result[key]
+        unit = row["unit"]
+        for name, stats in ((f"{raw_label} [{unit}]", row["raw"]),
+                            (f"{label} [{unit}]", row["node"])):
+            lines.append(f"{name:<34} {stats['median']:>9.2f} {stats['p10']:>9.2f} "
+                         f"{stats['p90']:>9.2f}" + ("" if stats is row["raw"] else
+                                                   f"  {row['ratio']:>5.2f}x  <= {row['target']}x"))
+    idle = result["idle_cpu"]
+    lines.append(f"{'idle CPU, peer node [% of a core]':<34} {idle['peer_percent']:>9.2f}"
+                 f"{'':>20}  {'':>6}  < {idle['target_percent']} %")
+    lines.append(f"{'idle CPU, local node [% of a core]':<34} {idle['local_percent']:>9.2f}"
+                 f"{'':>20}  {'':>6}  < {idle['target_percent']} %")
+    lines.append(f"({result['rounds']} rounds; (b) {result['number']} operations per round; "
+                 f"idle over {idle['seconds']:g} s; {result['wall_s']:.0f} s in all)")
+    return "\n".join(lines)

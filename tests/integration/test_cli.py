@@ -1,0 +1,210 @@
+"""The ``p2pfsm`` command line as a user runs it: real processes, exit codes, output lines.
+
+One ``p2pfsm serve`` process serves the module. The commands that start a node (and so
+load torch and NIXL) run concurrently, once, from the ``runs`` fixture, so the module
+costs about one process start-up per core instead of one per test; each test then
+checks its own command's result. Every process is waited for with a deadline and
+killed if it overstays.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import select
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+if importlib.util.find_spec("nixl") is None and importlib.util.find_spec("nixl_cu12") is None:
+    pytest.skip("NIXL is not installed (.ci/install.sh installs it)", allow_module_level=True)
+pytest.importorskip("torch")
+
+CLI = [sys.executable, "-m", "p2pfsm.cli"]
+SERVED_BLOCKS = 32
+RUN_TIMEOUT = 150.0  # the concurrent batch shares two cores with everything else
+
+
+@dataclass
+class Ran:
+    args: list[str]
+    code: int
+    out: str
+    err: str
+
+    def describe(self) -> str:
+        return (f"p2pfsm {' '.join(self.args)} -> {self.code}\n"
+                f"stdout: {self.out}\nstderr: {self.err}")
+
+
+def start(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([*CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def finish(proc: subprocess.Popen[str], timeout: float) -> Ran:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        err += f"\n[killed after {timeout:.0f} s]"
+    assert isinstance(proc.args, list)
+    return Ran([str(a) for a in proc.args[len(CLI):]], proc.returncode, out, err)
+
+
+def run(*args: str, timeout: float = 60.0) -> Ran:
+    return finish(start(*args), timeout)
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+def assert_one_error_line(ran: Ran, *needles: str) -> None:
+    assert ran.code == 2, ran.describe()
+    assert ran.out == "", ran.describe()
+    assert "Traceback" not in ran.err, ran.describe()
+    lines = ran.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("p2pfsm: error: "), ran.describe()
+    for needle in needles:
+        assert needle in lines[0], ran.describe()
+
+
+def one_json_line(ran: Ran) -> dict[str, object]:
+    lines = ran.out.strip().splitlines()
+    assert len(lines) == 1, ran.describe()
+    value = json.loads(lines[0])
+    assert isinstance(value, dict)
+    return value
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    """``p2pfsm serve`` on a free port; yields its ``tcp://`` address."""
+    proc = start("serve", "--bind", "tcp://127.0.0.1:0", "--blocks", str(SERVED_BLOCKS),
+                 "--block-len", "4096")
+    try:
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], 60.0)
+        line = proc.stdout.readline() if ready else ""
+        assert line.startswith("serving"), f"serve did not start: {line!r} (exit {proc.poll()})"
+        yield "tcp://" + line.rsplit("tcp://", 1)[1].strip()
+        proc.terminate()
+        ran = finish(proc, 15.0)
+        assert ran.code == 0 and "Traceback" not in ran.err, ran.describe()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def runs(server: str) -> dict[str, Ran]:
+    """Every command that starts a node, run at the same time."""
+    commands = {
+        "pd": ["fetch", "--connect", server, "--keys", "0-15"],
+        "sym": ["fetch", "--connect", server, "--mode", "sym", "--keys", f"0-3,{SERVED_BLOCKS}"],
+        "refused": ["fetch", "--connect", f"tcp://127.0.0.1:{closed_port()}", "--timeout", "2"],
+        "mismatch": ["fetch", "--connect", server, "--block-len", "8192"],
+        "demo": ["demo", "--json"],
+        "bench": ["bench", "--suite", "all", "--json", "--number", "20", "--rounds", "2",
+                  "--per-round", "3", "--idle-seconds", "0.5"],
+    }
+    started = {name: start(*args) for name, args in commands.items()}
+    deadline = time.monotonic() + RUN_TIMEOUT
+    try:
+        return {name: finish(proc, max(1.0, deadline - time.monotonic()))
+                for name, proc in started.items()}
+    finally:
+        for proc in started.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+
+
+def test_fetch_prints_one_json_line(runs: dict[str, Ran]) -> None:
+    ran = runs["pd"]
+    assert ran.code == 0, ran.describe()
+    report = one_json_line(ran)
+    assert report["success"] is True and report["verified"] is True, ran.describe()
+    assert report["keys"] == 16 and report["bytes"] == 16 * 4096
+    assert "Traceback" not in ran.err
+
+
+def test_fetch_sym_looks_up_then_fetches_the_hits(runs: dict[str, Ran]) -> None:
+    ran = runs["sym"]
+    assert ran.code == 0, ran.describe()
+    report = one_json_line(ran)
+    assert report["hits"] == 4 and report["keys"] == 5, ran.describe()
+    assert report["success"] is True and report["verified"] is True
+    assert report["bytes"] == 4 * 4096
+
+
+def test_fetch_from_a_closed_port_fails_with_one_line(runs: dict[str, Ran]) -> None:
+    assert_one_error_line(runs["refused"], "cannot reach 127.0.0.1:")
+
+
+def test_fetch_from_a_mismatched_peer_fails_with_one_line(runs: dict[str, Ran]) -> None:
+    assert_one_error_line(runs["mismatch"], "incompatible", "block_len")
+
+
+def test_demo_json(runs: dict[str, Ran]) -> None:
+    ran = runs["demo"]
+    assert ran.code == 0, ran.describe()
+    summary = one_json_line(ran)
+    assert summary["ok"] is True, ran.describe()
+    pd, sym, abort = summary["pd"], summary["sym"], summary["abort"]
+    assert isinstance(pd, dict) and isinstance(sym, dict) and isinstance(abort, dict)
+    assert pd["verified"] is True and sym["hits"] == 2 and abort["success"] is False
+
+
+def test_bench_smoke_reports_every_measurement(runs: dict[str, Ran]) -> None:
+    """Structure only: timings on a shared CI machine are not asserted."""
+    ran = runs["bench"]
+    assert ran.code == 0, ran.describe()
+    result = one_json_line(ran)
+    assert [row["open_rounds"] for row in result["fsm"]] == [0, 100, 10_000]  # type: ignore[index]
+    transfer = result["transfer"]
+    assert isinstance(transfer, dict)
+    for key, unit in (("fetch_large", "ms"), ("fetch_small", "us")):
+        row = transfer[key]
+        assert row["unit"] == unit and row["target"] > 0 and row["ratio"] > 0
+        for side in ("raw", "node"):
+            stats = row[side]
+            assert 0 < stats["p10"] <= stats["median"] <= stats["p90"], row
+    idle = transfer["idle_cpu"]
+    assert idle["seconds"] == 0.5 and idle["peer_percent"] >= 0 and idle["local_percent"] >= 0
+    assert "(a)" in ran.err and "(b)" in ran.err  # progress went to stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["fetch"], "--connect"),
+        (["fetch", "--connect", "localhost:5555"], "tcp://HOST:PORT"),
+        (["fetch", "--connect", "tcp://127.0.0.1:1", "--keys", "5-1"], "--keys"),
+        (["fetch", "--connect", "tcp://127.0.0.1:1", "--block-len", "0"], "--block-len"),
+        (["fetch", "--connect", "tcp://127.0.0.1:1", "--mode", "both"], "--mode"),
+        (["serve", "--bind", "127.0.0.1:0"], "tcp://HOST:PORT"),
+        (["demo", "--blocks", "100"], "--blocks"),
+        (["bench", "--suite", "everything"], "--suite"),
+        (["bench", "--suite", "transfer", "--rounds", "1"], "--rounds"),
+        (["bench", "--number", "0"], "--number"),
+        (["launch"], "invalid choice"),
+    ],
+)
+def test_bad_arguments_give_one_error_line(args: list[str], needle: str) -> None:
+    assert_one_error_line(run(*args), needle)
+
+
+def test_serve_on_a_port_in_use_fails_with_one_line(server: str) -> None:
+    assert_one_error_line(run("serve", "--bind", server, timeout=60.0), "cannot bind")
