@@ -21,12 +21,14 @@ class Timeouts:
     store: float = 30.0
     lookup: float = 30.0
     lookup_pending: float = 5.0
+    demand: float = 90.0
+    """The producer fails a fetch still unmet this long (the consumer aborts far earlier)."""
     tombstone: float = 120.0
     """How long per-request round memory outlives the request (the assumed frame lifetime)."""
 
     def __post_init__(self) -> None:
         for name in ("handshake", "load", "abort_ack", "store", "lookup", "lookup_pending",
-                     "tombstone"):
+                     "demand", "tombstone"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
                 raise ConfigError(f"timeouts.{name}: expected a positive number, got {value!r}")

@@ -306,7 +306,7 @@ class Session:
         for srv in list(self._round_by_serial.values()):
             SERVER_ROUND.fire(srv, "session_lost")
             self._settle(srv)
-        for timer in [t for t in self._timers if t[0] != "store"]:
+        for timer in [t for t in self._timers if t[0] not in ("store", "demand")]:
             self.disarm(timer)
 
     # ------------------------------------------------------ role bookkeeping
@@ -339,6 +339,7 @@ class Session:
         for job in rnd.jobs:
             self._store_jobs.pop(job, None)
         self.disarm(("store", rnd.serial))
+        self.disarm(("demand", rnd.serial))
 
     def is_first_lookup(self, served: ServerLookup) -> bool:
         return self._served[served.kv_request_id][0] is served
@@ -725,6 +726,10 @@ class Session:
             lookup = self._lookup_by_serial[int(timer[1])]
             CLIENT_LOOKUP.fire(lookup, "timer_lookup", ev)
             self._drop_closed_lookups(lookup.kv_request_id)
+        elif kind == "demand":
+            rnd = self._round_by_serial[int(timer[1])]
+            SERVER_ROUND.fire(rnd, "timer_demand", ev)
+            self._settle(rnd)
         elif kind == "store":
             rnd = self._round_by_serial[int(timer[1])]
             SERVER_ROUND.fire(rnd, "timer_store", ev)

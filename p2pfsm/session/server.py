@@ -112,6 +112,9 @@ class ServerRound:
     def disarm_store_timer(self, _ev: object) -> None:
         self.s.disarm(("store", self.serial))
 
+    def arm_demand_timer(self, _ev: object) -> None:
+        self.s.arm(("demand", self.serial), self.s.config.timeouts.demand)
+
     def record_demand(self, ev: object) -> None:
         assert isinstance(ev, Fetch)
         self.demanded = True
