@@ -745,11 +745,8 @@ def test_cli_serve_against_vllm_client(procs: list[PeerProcess]) -> None:
 #
 # vLLM 0.33.0 restarts a request's round_seq at 0 once its client state is pruned (no
 # load or probe left), and its PD producer supplies round 0 only (add_stored_blocks has
-# no round). p2pfsm keeps round numbers for a frame lifetime instead (docs/protocol.md,
-# P4) and fails an ended round's fetch at once. vLLM <-> vLLM passes all four of these.
-
-REUSE_BUG = ("p2pfsm session: a request id used again after its round ended "
-             "(vLLM restarts round_seq at 0; see docs/interop.md, known differences)")
+# no round). p2pfsm does the same whenever no frame of an earlier round can still arrive
+# (docs/architecture.md), so all four directions serve the second use of the id.
 
 
 def test_reuse_pd_vllm_client_p2pfsm_server(procs: list[PeerProcess],
@@ -759,11 +756,8 @@ def test_reuse_pd_vllm_client_p2pfsm_server(procs: list[PeerProcess],
     first, second = result["attempts"]
     assert first["success"] and first["verified"], result["_tail"]
     dones = [f for f in vllm_frames(result) if f["type"] == "transfer_done"]
-    if not second["success"] and [(d["round_seq"], d["success"]) for d in dones] == [
-            (0, True), (0, False)] and server.supplies[1:] == []:
-        # The second fetch (round 0 again) hit p2pfsm's ended-round memory: failed at
-        # once, never offered to the host.
-        pytest.xfail(REUSE_BUG)
+    assert [(d["round_seq"], d["success"]) for d in dones] == [(0, True), (0, True)]
+    assert second["success"] and second["verified"], result["_tail"]
     assert_vllm_ok(result)
 
 
@@ -775,12 +769,8 @@ def test_reuse_sym_vllm_client_p2pfsm_server(procs: list[PeerProcess],
     first, second = result["attempts"]
     assert first["success"] and first["verified"], result["_tail"]
     frames = vllm_frames(result)
-    if second.get("error") == "lookup was not answered" and \
-            types(frames, "out").count("lookup") == 2 and types(frames, "in").count(
-                "lookup_resp") == 1:
-        # p2pfsm dropped the second lookup (round 0 again) as stale: no lookup_resp ever;
-        # a real vLLM consumer disconnects the session after _LOOKUP_TIMEOUT_S (30 s).
-        pytest.xfail(REUSE_BUG)
+    assert types(frames, "in").count("lookup_resp") == 2
+    assert second["success"] and second["verified"], result["_tail"]
     assert_vllm_ok(result)
 
 
@@ -793,11 +783,7 @@ def test_reuse_pd_p2pfsm_client_vllm_server(procs: list[PeerProcess]) -> None:
     frames = frames_of(summary)
     fetch_rounds = [f["round_seq"] for f in frames if f["type"] == "fetch"]
     aborts = [f["round_seq"] for f in frames if f["type"] == "abort_fetch"]
-    if second.load is not None and not second.load.success and fetch_rounds == [0, 1] \
-            and aborts == [1]:
-        # p2pfsm's second fetch carries round_seq 1; vLLM's PD supply goes to round 0
-        # only, so round 1 is never supplied: load timeout, abort.
-        pytest.xfail(REUSE_BUG)
+    assert fetch_rounds == [0, 0] and aborts == []
     assert second.load is not None and second.load.success
     assert second.landed == list(range(8))
 
@@ -808,6 +794,6 @@ def test_reuse_sym_p2pfsm_client_vllm_server(procs: list[PeerProcess]) -> None:
     summary = stop_vllm_server(server)
     for run in runs:
         assert run.load is not None and run.load.success and run.landed == list(range(8))
-    # Lookup pins carry the lookup's round, so p2pfsm's round 1 is served by vLLM too.
+    # Like vLLM, p2pfsm restarts a request with nothing open at round 0.
     fetches = [f for f in frames_of(summary) if f["type"] == "fetch"]
-    assert [f["round_seq"] for f in fetches] == [0, 1]
+    assert [f["round_seq"] for f in fetches] == [0, 0]
