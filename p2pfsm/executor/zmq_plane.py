@@ -249,6 +249,7 @@ class ControlPlane:
         self._immediate = bool(immediate)
 
         self._peers: dict[str, _Peer] = {}
+        self._peer_by_ident: dict[bytes, str] = {}
         self._pending: list[ControlEvent] = []
         self._drops: dict[str, int] = {}
         self._closed = False
@@ -463,6 +464,7 @@ class ControlPlane:
         # Order matters (libzmq#3575): stop the DEALER's monitor before closing the
         # PAIR that reads it, so the DEALER never writes into a dead monitor pipe.
         self._peers.pop(peer.peer_id, None)
+        self._peer_by_ident.pop(peer.peer_id.encode("ascii"), None)
         self._poller.unregister(peer.monitor)
         self._epoll.unregister(_fd(peer.monitor))
         try:
@@ -490,6 +492,9 @@ class ControlPlane:
 
     def _drain_router(self, out: list[ControlEvent]) -> None:
         for _ in range(self._max_batch):
+            # Checking EVENTS first avoids raising zmq.Again on every empty poll.
+            if not int(self._router.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                return
             try:
                 parts = self._router.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
@@ -504,6 +509,9 @@ class ControlPlane:
 
     def _admit(self, ident: bytes) -> str | None:
         """The peer id for a routing id, dialling back unknown ones; None = drop."""
+        known = self._peer_by_ident.get(ident)
+        if known is not None and known in self._peers:
+            return known
         try:
             parse_peer_id(ident)
         except TransportError:
@@ -511,6 +519,7 @@ class ControlPlane:
             return None
         peer_id = ident.decode("ascii")
         if peer_id in self._peers:
+            self._peer_by_ident[ident] = peer_id
             return peer_id
         if peer_id == self._local_id:
             self._drop("own identity")
@@ -523,11 +532,14 @@ class ControlPlane:
         except TransportError:
             self._drop("dial-back failed")
             return None
+        self._peer_by_ident[ident] = peer_id
         return peer_id
 
     def _drain_monitors(self) -> None:
         for peer in list(self._peers.values()):
             while peer.peer_id in self._peers:
+                if not int(peer.monitor.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                    break
                 try:
                     parts = peer.monitor.recv_multipart(zmq.NOBLOCK)
                 except zmq.Again:
