@@ -503,6 +503,11 @@ class DataPlane:
     def _indexes(side: str, values: Sequence[int], limit: int) -> list[int]:
         if isinstance(values, str | bytes) or not isinstance(values, Sequence):
             raise TransportError(f"{side} indexes must be a sequence of ints")
+        # Fast path (the usual case: plain ints from a session): one C-level pass each.
+        if all(type(v) is int for v in values) and (
+            not values or (min(values) >= 0 and max(values) < limit)
+        ):
+            return list(values)
         out: list[int] = []
         for value in values:
             if isinstance(value, bool):
