@@ -246,10 +246,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["check"]:
+        # `check` has its own parser (p2pfsm.verify); hand it every remaining argument.
+        return _guard(lambda: _cmd_check(argparse.Namespace(rest=argv[1:])))
     args = parser.parse_args(argv)
     func: Command = args.func
+    return _guard(lambda: func(args))
+
+
+def _guard(run: Callable[[], int]) -> int:
+    """Run a command; expected failures become one error line and exit status 2."""
     try:
-        return func(args)
+        return run()
     except P2PFSMError as exc:
         print(f"p2pfsm: error: {exc}", file=sys.stderr)
         return 2
