@@ -1,0 +1,88 @@
+------------------------------- MODULE MCP2P -------------------------------
+(***************************************************************************)
+(* Model-checking bounds for P2P: the scenarios each config runs.          *)
+(* A scenario bounds one behaviour: whether it starts with the handshake   *)
+(* done, the hosts' workload (loads, store jobs, lookups, finish calls per *)
+(* peer), the key sets they use, the role timers that may fire and the     *)
+(* kinds of fault that may happen (at most MaxFaults of them).             *)
+(* Peer a loads and looks up; peer b supplies and answers (LoadPeers and   *)
+(* SupplyPeers in the configs).                                            *)
+(***************************************************************************)
+EXTENDS P2P
+
+K1 == {{"k1"}}
+K12 == {{"k1", "k2"}}
+AnyKeys == {{"k1"}, {"k2"}, {"k1", "k2"}}
+
+\* Nothing happens: a base to override.
+Quiet == [ready |-> TRUE, loads |-> 0, stores |-> 0, lookups |-> 0,
+          fin |-> [p \in {"a", "b"} |-> 0], faults |-> {}, timers |-> {},
+          fks |-> K1, lks |-> K1, sks |-> K1]
+Fin(a, b) == ("a" :> a @@ "b" :> b)
+
+\* ------------------------------------------------------------------ gate
+\* The PR gate: small scenarios whose union reaches every transition two
+\* p2pfsm peers can take (tests/conformance/test_models_vs_spec.py).
+GateScenarios == <<
+    \* 1. handshake from idle, a load and a supply queued behind it, every fault
+    [Quiet EXCEPT !.ready = FALSE, !.loads = 1, !.stores = 1,
+                  !.faults = {"incompat", "dup", "regfail", "hstimer", "close", "cut", "drop"}],
+    \* 2. PD loads: supply before or after the fetch, finish on both sides, timeouts
+    [Quiet EXCEPT !.loads = 1, !.stores = 2, !.fin = Fin(1, 2), !.faults = {"wfail"},
+                  !.timers = {"load", "abort_ack", "store"}],
+    \* 3. PD loads under loss, cut and close
+    [Quiet EXCEPT !.loads = 1, !.stores = 1, !.fin = Fin(1, 1),
+                  !.faults = {"cut", "close", "drop"}, !.timers = {"load", "abort_ack"}],
+    \* 4. lookups answered in parts (two pins in one round), unservable fetches
+    [Quiet EXCEPT !.loads = 1, !.stores = 2, !.lookups = 1, !.timers = {"pending", "lookup"},
+                  !.fks = K12, !.lks = K12, !.sks = K12],
+    \* 5. lookups with finish on both sides: terminal fetches, closed lookup supply
+    [Quiet EXCEPT !.loads = 1, !.stores = 1, !.lookups = 1, !.fin = Fin(1, 1),
+                  !.timers = {"lookup"}, !.fks = K12, !.lks = K12],
+    \* 6. lookups when the session dies
+    [Quiet EXCEPT !.lookups = 1, !.faults = {"cut", "close"}, !.timers = {"lookup"}],
+    \* 7. loads and lookups when a frame is lost: aborts and terminal fetches meet rounds
+    \*    whose fetch or abort never arrived
+    [Quiet EXCEPT !.loads = 1, !.stores = 1, !.lookups = 1, !.fin = Fin(1, 1),
+                  !.faults = {"drop"}, !.timers = {"load"}]
+>>
+
+\* ------------------------------------------------------------------ large
+\* Nightly: both peers load, look up and supply; two rounds of work per behaviour.
+AllTimers == TimerKinds
+LargeScenarios == <<
+    [Quiet EXCEPT !.ready = FALSE, !.loads = 1, !.stores = 1, !.lookups = 1,
+                  !.fin = Fin(1, 1), !.faults = FaultKinds, !.timers = AllTimers],
+    [Quiet EXCEPT !.loads = 2, !.stores = 2, !.fin = Fin(1, 1),
+                  !.faults = {"cut", "close", "drop", "wfail"}, !.timers = AllTimers,
+                  !.fks = AnyKeys, !.sks = AnyKeys],
+    [Quiet EXCEPT !.loads = 1, !.stores = 2, !.lookups = 2, !.fin = Fin(1, 1),
+                  !.faults = {"cut", "drop", "wfail"}, !.timers = AllTimers,
+                  !.fks = AnyKeys, !.lks = AnyKeys, !.sks = K12]
+>>
+
+\* ------------------------------------------------------------------ liveness
+\* Every timer may fire (they are fair), so every job, pin, lookup and abort ends.
+LiveScenarios == <<
+    [Quiet EXCEPT !.ready = FALSE, !.loads = 1, !.stores = 1, !.fin = Fin(1, 1),
+                  !.timers = AllTimers],
+    [Quiet EXCEPT !.loads = 1, !.stores = 1, !.lookups = 1, !.fin = Fin(1, 0),
+                  !.faults = {"cut", "drop"}, !.timers = AllTimers, !.fks = K12,
+                  !.lks = K12, !.sks = K12]
+>>
+
+\* ------------------------------------------------------------------ must fail
+\* Each re-introduces one vLLM bug (tla/mustfail/*.cfg) with the least work that
+\* shows it.
+
+\* P1: round 1's lookup pins into round 0's record while round 0 is served.
+MustFailP1 == <<[Quiet EXCEPT !.loads = 1, !.stores = 2, !.lookups = 2]>>
+\* P3: finish while loading.
+MustFailP3 == <<[Quiet EXCEPT !.loads = 1, !.fin = Fin(1, 0)]>>
+\* P4: an abort re-sent, its second abort_ack late; the round number reused at once.
+MustFailP4 == <<[Quiet EXCEPT !.loads = 2, !.fin = Fin(1, 0), !.timers = {"load", "abort_ack"}]>>
+\* P5: the abort goes unanswered while the write is still in flight.
+MustFailP5 == <<[Quiet EXCEPT !.loads = 1, !.stores = 1, !.timers = {"load", "abort_ack"}]>>
+\* P10: no deadline on a wait: a load whose producer never supplies, with no load timer.
+MustFailP10 == <<[Quiet EXCEPT !.loads = 1, !.timers = AllTimers \ {"load"}]>>
+=============================================================================
