@@ -29,7 +29,7 @@ GateScenarios == <<
                   !.faults = {"incompat", "dup", "regfail", "hstimer", "close", "cut", "drop"}],
     \* 2. PD loads: supply before or after the fetch, finish on both sides, timeouts
     [Quiet EXCEPT !.loads = 1, !.stores = 2, !.fin = Fin(1, 2), !.faults = {"wfail"},
-                  !.timers = {"load", "abort_ack", "store"}],
+                  !.timers = {"load", "abort_ack", "store", "demand"}],
     \* 3. PD loads under loss, cut and close
     [Quiet EXCEPT !.loads = 1, !.stores = 1, !.fin = Fin(1, 1),
                   !.faults = {"cut", "close", "drop"}, !.timers = {"load", "abort_ack"}],
@@ -83,6 +83,7 @@ MustFailP3 == <<[Quiet EXCEPT !.loads = 1, !.fin = Fin(1, 0)]>>
 MustFailP4 == <<[Quiet EXCEPT !.loads = 2, !.fin = Fin(1, 0), !.timers = {"load", "abort_ack"}]>>
 \* P5: the abort goes unanswered while the write is still in flight.
 MustFailP5 == <<[Quiet EXCEPT !.loads = 1, !.stores = 1, !.timers = {"load", "abort_ack"}]>>
-\* P10: no deadline on a wait: a load whose producer never supplies, with no load timer.
-MustFailP10 == <<[Quiet EXCEPT !.loads = 1, !.timers = AllTimers \ {"load"}]>>
+\* P10: no deadline on a wait: a load whose producer never supplies, with neither the
+\* consumer's load timer nor the producer's demand timer.
+MustFailP10 == <<[Quiet EXCEPT !.loads = 1, !.timers = AllTimers \ {"load", "demand"}]>>
 =============================================================================

@@ -61,7 +61,7 @@ CONSTANTS
 \* Fault kinds a scenario may allow.
 FaultKinds == {"cut", "drop", "dup", "close", "regfail", "hstimer", "incompat", "wfail"}
 \* Role timers a scenario lets fire (the handshake timer is the fault "hstimer").
-TimerKinds == {"load", "abort_ack", "lookup", "store", "pending"}
+TimerKinds == {"load", "abort_ack", "lookup", "store", "pending", "demand"}
 
 \* ready: the behaviour starts with the handshake done (both sessions ready).
 ScenarioType ==
@@ -841,6 +841,18 @@ ServerRoundTimerStore(p) ==
               L1 == IF R.lsup /\ R.seq # Unbound THEN [L EXCEPT !.xl[k[1]] = R.seq] ELSE L
           IN Commit(p, EndRound(FireSR(L1, k, "timer_store", "done"), k))
 
+\* The producer's demand deadline (armed by a servable fetch, never disarmed before the
+\* round ends, so it may also fire while the round drains, even after session death).
+ServerRoundTimerDemand(p) ==
+    \E k \in DOMAIN sr[p] : Timer("demand") /\
+       /\ sr[p][k].st \in {"serving", "finishing", "draining"} /\ sr[p][k].dst # 0
+       /\ LET L == Load(p, "ServerRoundTimerDemand")
+              st == L.sr[k].st
+          IN Commit(p, Settle(IF st = "draining"
+                              THEN FireSR(L, k, "timer_demand", st)
+                              ELSE [FireSR(L, k, "timer_demand", "draining")
+                                    EXCEPT !.sr[k].failed = TRUE], k))
+
 ServerLookupTimerLookupPending(p) ==
     \E req \in Reqs : \E i \in 1 .. Len(sl[p][req]) : Timer("pending") /\
        Commit(p, SettleLookups(Fire([Load(p, "ServerLookupTimerLookupPending") EXCEPT !.sl[req][i].pending = {}],
@@ -966,6 +978,7 @@ NextTimer(p) ==
     \/ ClientRoundTimerAbortAck(p)
     \/ ClientLookupTimerLookup(p)
     \/ ServerRoundTimerStore(p)
+    \/ ServerRoundTimerDemand(p)
     \/ ServerLookupTimerLookupPending(p)
 
 NextNetwork ==
@@ -994,12 +1007,14 @@ FairTimers == \E p \in Peers : \/ SessionTimerHandshake(p)
                                \/ ClientRoundTimerLoad(p)
                                \/ ClientLookupTimerLookup(p)
                                \/ ServerRoundTimerStore(p)
+                               \/ ServerRoundTimerDemand(p)
                                \/ ServerLookupTimerLookupPending(p)
 FairResend == \E p \in Peers : ClientRoundTimerAbortAck(p)
 SessionActions == {"SessionHostStart", "SessionRegistrationDone", "SessionTransportLost"}
 WriteActions == {"ServerRoundWriteDone", "ServerRoundWriteFailed"}
 TimerActions == {"SessionTimerHandshake", "ClientRoundTimerLoad", "ClientLookupTimerLookup",
-                 "ServerRoundTimerStore", "ServerLookupTimerLookupPending"}
+                 "ServerRoundTimerStore", "ServerRoundTimerDemand",
+                 "ServerLookupTimerLookupPending"}
 ResendActions == {"ClientRoundTimerAbortAck"}
 
 \* When each group is enabled, as plain state predicates (exactly ENABLED of the group;
@@ -1014,6 +1029,8 @@ EnTimers ==
         \/ Timer("load") /\ \E k \in DOMAIN cr[p] : cr[p][k].st = "loading"
         \/ Timer("lookup") /\ \E q \in Reqs : cl[p][q] # <<>>
         \/ Timer("store") /\ \E k \in DOMAIN sr[p] : sr[p][k].st \in {"supplied", "supply_closed"}
+        \/ Timer("demand") /\ \E k \in DOMAIN sr[p] :
+               sr[p][k].st \in {"serving", "finishing", "draining"} /\ sr[p][k].dst # 0
         \/ Timer("pending") /\ \E q \in Reqs : sl[p][q] # <<>>
 EnResend == \E p \in Peers : \E k \in DOMAIN cr[p] : CanResend(p, k)
 

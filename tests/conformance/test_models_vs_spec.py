@@ -1,0 +1,129 @@
+"""models/ <-> tla/P2P.tla: the reachable graph of the gate config, projected onto each
+machine, takes exactly the transitions the model files declare.
+
+TLC dumps the gate config's reachable graph (``-dump dot,actionlabels``); every state
+records in ``fired`` the (machine, trigger, source, dest) steps of the action that made
+it, so internal transitions and the several steps of one composite action are all
+seen. Adding or removing one transition in models/ without changing the spec makes
+``test_projection_equals_model`` fail.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from p2pfsm.fsm import machines
+from p2pfsm.verify import names, tlc
+from p2pfsm.verify.graph import StateGraph
+
+Edge = tuple[str, str, str]
+
+KNOWN_UNREACHABLE: dict[str, dict[Edge, str]] = {
+    "server_round": {
+        ("new", "recv_fetch", "done"):
+            "is_unservable needs lookup_supplied, which only lookup_pin sets, and "
+            "lookup_pin leaves `new` for `supplied`: a round in `new` is never unservable",
+        ("new", "session_lost", "draining"):
+            "`new` is never observed between events: every caller of Session._round_for "
+            "fires the round's first trigger (host_supply, lookup_pin, recv_fetch) at once",
+    },
+}
+"""Edges models/ declares that the session code can never take (reported to the owner
+of models/). They are excluded from the comparison, and must stay unreached."""
+
+TRIGGERS_WITHOUT_ACTION: frozenset[tuple[str, str]] = frozenset({
+    ("session", "recv_request"),        # the gate every request frame fires first
+    ("session", "recv_response"),       # the gate every response frame fires first
+    ("client_round", "session_lost"),   # every session death or close
+    ("client_lookup", "session_lost"),
+    ("server_round", "session_lost"),
+    ("server_lookup", "request_closed"),
+    ("client_lookup", "host_finish"),   # ClientRoundHostFinish: the host's finish call
+    ("server_round", "host_finish"),
+    ("server_round", "lookup_pin"),     # ServerLookupHostAnswer pins the hits
+    ("server_round", "settle"),         # after every event touching a round
+    ("server_lookup", "settle"),        # after every event touching a lookup
+})
+"""Triggers fired only as part of another action (one Session.handle call)."""
+
+
+@pytest.fixture(scope="module")
+def projection(gate_graph: StateGraph) -> dict[str, set[Edge]]:
+    return gate_graph.projection()
+
+
+def test_gate_config_passes(gate_run: tlc.TlcResult) -> None:
+    assert gate_run.errors == ()
+    assert gate_run.violated is None, f"{gate_run.violated}: {gate_run.counterexample}"
+    assert gate_run.ok
+    assert gate_run.distinct_states and gate_run.distinct_states > 1000
+    assert gate_run.left_on_queue == 0
+
+
+@pytest.mark.parametrize("name", sorted(machines()))
+def test_projection_equals_model(name: str, projection: dict[str, set[Edge]]) -> None:
+    declared = machines()[name].edges()
+    known = set(KNOWN_UNREACHABLE.get(name, {}))
+    reached = projection.get(name, set())
+    missing = sorted(declared - known - reached)
+    extra = sorted(reached - declared)
+    assert not missing and not extra, (
+        f"{name}: declared in models/ but never taken by the spec: {missing}; "
+        f"taken by the spec but not declared in models/: {extra}"
+    )
+
+
+def test_known_unreachable_edges_are_declared_and_unreached(
+    projection: dict[str, set[Edge]],
+) -> None:
+    for name, edges in KNOWN_UNREACHABLE.items():
+        declared = machines()[name].edges()
+        assert set(edges) <= declared, f"{name}: stale entries {sorted(set(edges) - declared)}"
+        reached = set(edges) & projection.get(name, set())
+        assert not reached, f"{name}: now reachable, drop from KNOWN_UNREACHABLE: {reached}"
+
+
+def test_every_machine_state_is_reached(projection: dict[str, set[Edge]]) -> None:
+    for name, spec in machines().items():
+        seen = {s for s, _t, _d in projection.get(name, set())}
+        seen |= {d for _s, _t, d in projection.get(name, set())}
+        assert seen == set(spec.states), f"{name}: never in {sorted(set(spec.states) - seen)}"
+
+
+def test_every_spec_action_maps_to_a_trigger(spec_dir: Path) -> None:
+    actions = names.spec_actions(spec_dir / "P2P.tla")
+    mapping = names.action_map()
+    unknown = [a for a in actions if a not in mapping and a not in names.ENVIRONMENT_ACTIONS]
+    assert actions and not unknown, f"actions named after no model trigger: {unknown}"
+    assert set(actions) >= names.ENVIRONMENT_ACTIONS
+
+
+def test_action_names_are_derived_and_unique() -> None:
+    mapping = names.action_map()
+    assert mapping["ClientRoundRecvTransferDone"] == ("client_round", "recv_transfer_done")
+    for action, (machine, trigger) in mapping.items():
+        assert action == names.pascal(machine) + names.pascal(trigger)
+    assert len(set(mapping.values())) == len(mapping)
+
+
+def test_every_trigger_has_an_action_or_fires_inside_one(spec_dir: Path) -> None:
+    actions = set(names.spec_actions(spec_dir / "P2P.tla"))
+    own = {names.trigger_of(a) for a in actions} - {None}
+    every = {(m, t) for m, spec in machines().items() for t in spec.triggers}
+    assert own <= every
+    assert every - own == TRIGGERS_WITHOUT_ACTION
+
+
+def test_graph_actions_map_and_fire_their_trigger(gate_graph: StateGraph) -> None:
+    fired_by: dict[str, set[tuple[str, str]]] = {}
+    for _src, _dst, action, steps in gate_graph.steps():
+        assert action in names.ENVIRONMENT_ACTIONS or action in names.action_map(), action
+        fired_by.setdefault(action, set()).update((m, t) for m, t, _s, _d in steps)
+    for action, triggers in fired_by.items():
+        own = names.trigger_of(action)
+        if own is not None:
+            assert own in triggers, f"{action} never fires {own}"
+        else:
+            assert not triggers, f"environment action {action} fired {triggers}"
