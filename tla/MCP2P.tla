@@ -48,18 +48,10 @@ GateScenarios == <<
 >>
 
 \* ------------------------------------------------------------------ large
-\* Nightly: both peers load, look up and supply; two rounds of work per behaviour.
+\* Nightly: the gate's scenarios with every role timer armed and both peers loading,
+\* looking up and supplying (large.cfg sets LoadPeers = SupplyPeers = both).
 AllTimers == TimerKinds
-LargeScenarios == <<
-    [Quiet EXCEPT !.ready = FALSE, !.loads = 1, !.stores = 1, !.lookups = 1,
-                  !.fin = Fin(1, 1), !.faults = FaultKinds, !.timers = AllTimers],
-    [Quiet EXCEPT !.loads = 2, !.stores = 2, !.fin = Fin(1, 1),
-                  !.faults = {"cut", "close", "drop", "wfail"}, !.timers = AllTimers,
-                  !.fks = AnyKeys, !.sks = AnyKeys],
-    [Quiet EXCEPT !.loads = 1, !.stores = 2, !.lookups = 2, !.fin = Fin(1, 1),
-                  !.faults = {"cut", "drop", "wfail"}, !.timers = AllTimers,
-                  !.fks = AnyKeys, !.lks = AnyKeys, !.sks = K12]
->>
+LargeScenarios == [i \in DOMAIN GateScenarios |-> [GateScenarios[i] EXCEPT !.timers = AllTimers]]
 
 \* ------------------------------------------------------------------ liveness
 \* Every timer may fire (they are fair), so every job, pin, lookup and abort ends.

@@ -27,6 +27,12 @@ def _require_tlc() -> None:
 
 
 @pytest.fixture(scope="session")
+def require_tlc() -> None:
+    """Skip unless java and tla2tools.jar are available."""
+    _require_tlc()
+
+
+@pytest.fixture(scope="session")
 def spec_dir() -> Path:
     return configs.spec_dir()
 
