@@ -116,10 +116,13 @@ AsRec(f) == [t |-> f[1], req |-> f[2], seq |-> f[3], keys |-> f[4], dst |-> f[5]
              ok |-> f[6], hits |-> f[7], g |-> f[8]]
 Ctl(t) == Msg(t, NoReq, Unbound, {}, 0, FALSE, {})
 
-\* A fresh serve round (ServerRound.__init__).
+\* A fresh serve round (ServerRound.__init__). dtm: its demand timer is armed (the fetch
+\* arms it once, firing consumes it; found by the spec -> code replay, which could not make
+\* the code fire it twice).
 NewSR(seq, ord) ==
     [st |-> "new", seq |-> seq, ord |-> ord, supply |-> {}, demand |-> {}, dst |-> 0,
-     jobs |-> {}, lsup |-> FALSE, failed |-> FALSE, aborted |-> FALSE, silent |-> FALSE]
+     jobs |-> {}, lsup |-> FALSE, failed |-> FALSE, aborted |-> FALSE, silent |-> FALSE,
+     dtm |-> FALSE]
 
 \* Where the producer keeps a round. BugP1: by kv_request_id only (vLLM G3).
 SKey(req, seq) == IF BugP1 /\ seq # Unbound THEN <<req, 0>> ELSE <<req, seq>>
@@ -170,7 +173,7 @@ CRound == [st : CRStates, job : Nat, ab : BOOLEAN]
 CLookup == [st : CLStates, seq : Seqs, keys : SUBSET STRING]
 SRound == [st : SRStates, seq : SSeqs, ord : Nat, supply : SUBSET (STRING \X Nat),
            demand : SUBSET STRING, dst : Nat, jobs : SUBSET Nat, lsup : BOOLEAN,
-           failed : BOOLEAN, aborted : BOOLEAN, silent : BOOLEAN]
+           failed : BOOLEAN, aborted : BOOLEAN, silent : BOOLEAN, dtm : BOOLEAN]
 SLookup == [seq : Seqs, keys : SUBSET STRING, pending : SUBSET STRING, hits : SUBSET STRING]
 Write == [rk : SKeys, dst : Nat, keys : SUBSET STRING, jobs : SUBSET Nat]
 LoadResult == [r : LoadResults, by : Nat]
@@ -660,7 +663,7 @@ ServerRoundRecvFetch(p) ==
                  ELSE Open(L1, k, m.seq)
            R == L2.sr[k]
            unservable == R.lsup /\ ~(m.keys \subseteq SupplyKeys(R))
-           L3 == [L2 EXCEPT !.sr[k].dst = m.dst, !.sr[k].demand = m.keys]
+           L3 == [L2 EXCEPT !.sr[k].dst = m.dst, !.sr[k].demand = m.keys, !.sr[k].dtm = TRUE]
        IN Commit(p,
             IF ~CanRequest(L0) THEN Reject(Load(p, "ServerRoundRecvFetch"))
             ELSE IF expired
@@ -845,8 +848,8 @@ ServerRoundTimerStore(p) ==
 \* round ends, so it may also fire while the round drains, even after session death).
 ServerRoundTimerDemand(p) ==
     \E k \in DOMAIN sr[p] : Timer("demand") /\
-       /\ sr[p][k].st \in {"serving", "finishing", "draining"} /\ sr[p][k].dst # 0
-       /\ LET L == Load(p, "ServerRoundTimerDemand")
+       /\ sr[p][k].st \in {"serving", "finishing", "draining"} /\ sr[p][k].dtm
+       /\ LET L == [Load(p, "ServerRoundTimerDemand") EXCEPT !.sr[k].dtm = FALSE]
               st == L.sr[k].st
           IN Commit(p, Settle(IF st = "draining"
                               THEN FireSR(L, k, "timer_demand", st)
@@ -1030,7 +1033,7 @@ EnTimers ==
         \/ Timer("lookup") /\ \E q \in Reqs : cl[p][q] # <<>>
         \/ Timer("store") /\ \E k \in DOMAIN sr[p] : sr[p][k].st \in {"supplied", "supply_closed"}
         \/ Timer("demand") /\ \E k \in DOMAIN sr[p] :
-               sr[p][k].st \in {"serving", "finishing", "draining"} /\ sr[p][k].dst # 0
+               sr[p][k].st \in {"serving", "finishing", "draining"} /\ sr[p][k].dtm
         \/ Timer("pending") /\ \E q \in Reqs : sl[p][q] # <<>>
 EnResend == \E p \in Peers : \E k \in DOMAIN cr[p] : CanResend(p, k)
 

@@ -17,21 +17,9 @@ import pytest
 from p2pfsm.fsm import machines
 from p2pfsm.verify import names, tlc
 from p2pfsm.verify.graph import StateGraph
+from p2pfsm.verify.unreachable import KNOWN_UNREACHABLE
 
 Edge = tuple[str, str, str]
-
-KNOWN_UNREACHABLE: dict[str, dict[Edge, str]] = {
-    "server_round": {
-        ("new", "recv_fetch", "done"):
-            "is_unservable needs lookup_supplied, which only lookup_pin sets, and "
-            "lookup_pin leaves `new` for `supplied`: a round in `new` is never unservable",
-        ("new", "session_lost", "draining"):
-            "`new` is never observed between events: every caller of Session._round_for "
-            "fires the round's first trigger (host_supply, lookup_pin, recv_fetch) at once",
-    },
-}
-"""Edges models/ declares that the session code can never take (reported to the owner
-of models/). They are excluded from the comparison, and must stay unreached."""
 
 TRIGGERS_WITHOUT_ACTION: frozenset[tuple[str, str]] = frozenset({
     ("session", "recv_request"),        # the gate every request frame fires first

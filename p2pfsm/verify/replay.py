@@ -1,0 +1,438 @@
+"""Spec -> code: paths of TLC's reachable graph replayed against the real sessions.
+
+For a machine transition the spec takes, :func:`path_to` finds the shortest behaviour
+of the dumped graph (``-dump dot,actionlabels``) whose last step takes it, and
+:func:`replay` makes two real :class:`~p2pfsm.session.Session` objects (in a
+:class:`ReplayWorld`, a SimWorld whose every nondeterministic choice is explicit)
+follow that behaviour step by step. At each step it tries the concrete inputs that
+can be the step's action (which frame to deliver, which keys to fetch, which armed
+timer to fire, how the host answers a lookup, ...) and keeps one whose
+``Session.handle`` call is that action and takes exactly the machine steps the spec
+records in ``fired``, and after which the abstraction of the sessions equals the
+spec's state (session states, each round's state, the frames on each channel). It
+backtracks over ambiguous choices; a path no choice follows is a spec -> code gap.
+
+Timers: the sessions run on per-peer virtual clocks with every role timeout 1 s and
+the tombstone horizon far away, so a timer fires only when the path fires it and
+tombstones end only at ``NetworkFrameLifetime`` (the peer's clock jumps past them).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from itertools import product
+
+from p2pfsm.demo_blocks import demo_key
+from p2pfsm.errors import LocalProtocolError
+from p2pfsm.executor.sim import SafetyViolation
+from p2pfsm.protocol import decode
+from p2pfsm.session import (
+    HostAnswerLookup,
+    HostStart,
+    Input,
+    LookupRequest,
+    Output,
+    SendFrame,
+    Timeouts,
+    TimerFired,
+    TimerId,
+    TransportLost,
+)
+from p2pfsm.verify.graph import StateGraph, Step
+from p2pfsm.verify.traces import TraceEvent, TracingWorld
+
+Op = tuple[object, ...]
+"""A concrete input: ``(kind, *args)``, applied by :func:`apply`."""
+
+SPEC_KEYS = {"k1": 0, "k2": 1}
+"""The spec's abstract keys -> demo key numbers (both peers hold both)."""
+KEY_SETS: tuple[tuple[int, ...], ...] = ((0,), (1,), (0, 1))
+REPLAY_TIMEOUTS = Timeouts(handshake=1.0, load=1.0, abort_ack=1.0, store=1.0, lookup=1.0,
+                           lookup_pending=1.0, demand=1.0, tombstone=1e6)
+_KEY_NUMBER = {demo_key(i): i for i in range(len(SPEC_KEYS))}
+_REQ = "r1"
+_HANDSHAKE = frozenset({"connect", "connect_ack", "disconnect"})
+_TIMER_KIND = {
+    "SessionTimerHandshake": "handshake",
+    "ClientRoundTimerLoad": "load",
+    "ClientRoundTimerAbortAck": "abort_ack",
+    "ClientLookupTimerLookup": "lookup",
+    "ServerRoundTimerStore": "store",
+    "ServerRoundTimerDemand": "demand",
+    "ServerLookupTimerLookupPending": "lookup_pending",
+}
+_RECEIVE = frozenset({
+    "NetworkDiscard", "SessionRecvConnect", "SessionRecvConnectAck", "SessionRecvDisconnect",
+    "ServerRoundRecvFetch", "ServerRoundRecvTerminalFetch", "ServerLookupRecvLookup",
+    "ServerRoundRecvAbortFetch", "ClientRoundRecvTransferDone", "ClientRoundRecvAbortAck",
+    "ClientLookupRecvLookupResp",
+})
+_SILENT = frozenset({"NetworkCut", "NetworkDrop", "NetworkDuplicate", "NetworkFrameLifetime"})
+
+
+class ReplayWorld(TracingWorld):
+    """A TracingWorld driven one explicit choice at a time.
+
+    Both peers hold keys 0 and 1; lookups are answered only by :func:`apply`
+    (``answer``), in parts if the path says so; a cut stops delivery until each
+    session is told (``lost``); each peer has its own clock.
+    """
+
+    def __init__(self, *, compatible: bool = True) -> None:
+        configs = None if compatible else {"b": {"hash_seed": "another-seed"}}
+        super().__init__(0, held={"a": (0, 1), "b": (0, 1)}, num_blocks=8,
+                         timeouts=REPLAY_TIMEOUTS, configs=configs)
+        self.clock = {n: 0.0 for n in self.NODES}
+        self.is_cut = False
+        self.unanswered: dict[tuple[str, int], frozenset[int]] = {}
+
+    def feed(self, node: str, event: Input) -> list[Output]:
+        self.now = self.clock[node]
+        return super().feed(node, event)
+
+    def _apply(self, node: str, out: Output) -> None:
+        if isinstance(out, SendFrame) and self.is_cut:
+            return  # the connection is gone: the frame never leaves
+        super()._apply(node, out)
+
+    def _answer_lookup(self, node: str, req: LookupRequest) -> None:
+        self.unanswered[(node, req.token)] = frozenset(_KEY_NUMBER[k] for k in req.keys)
+
+    def fire_timer(self, node: str, timer: TimerId) -> None:
+        deadline = self.timers[node].pop(timer)
+        self.clock[node] = max(self.clock[node], deadline)
+        self.feed(node, TimerFired(timer))
+
+
+def apply(w: ReplayWorld, op: Op) -> None:
+    """Carry out one concrete input."""
+    kind, args = op[0], op[1:]
+    node = str(args[0]) if args else ""
+    if kind == "start":
+        w.feed(node, HostStart())
+    elif kind == "close":
+        w.close(node)
+    elif kind == "fetch":
+        w.fetch(node, _REQ, args[1])  # type: ignore[arg-type]
+    elif kind == "lookup":
+        w.lookup(node, _REQ, args[1])  # type: ignore[arg-type]
+    elif kind == "supply":
+        w.supply(node, _REQ, args[1])  # type: ignore[arg-type]
+    elif kind == "finish":
+        w.finish(node, _REQ)
+    elif kind == "answer":
+        _answer(w, node, int(args[1]), frozenset(args[2]), frozenset(args[3]))  # type: ignore[call-overload]
+    elif kind == "deliver":
+        w.deliver(node)
+    elif kind == "register":
+        w.register(node, bool(args[1]))
+    elif kind == "write":
+        xfer, ok = int(args[1]), bool(args[2])  # type: ignore[call-overload]
+        if ok:
+            w.land(node, xfer)
+        w.complete(node, xfer, fail=not ok)
+    elif kind == "lost":
+        w.feed(node, TransportLost("replayed cut"))
+    elif kind == "timer":
+        w.fire_timer(node, args[1])  # type: ignore[arg-type]
+    elif kind == "cut":
+        w.is_cut = True
+        for chan in w.channels.values():
+            chan.clear()
+        for times in w.sent_at.values():
+            times.clear()
+    elif kind == "drop":
+        w.drop(node)
+    elif kind == "dup":  # the spec appends a copy of the head frame
+        chan = w.channels[(node, w.other(node))]
+        chan.append(chan[0])
+        w.sent_at[(node, w.other(node))].append(w.sent_at[(node, w.other(node))][0])
+    elif kind == "lifetime":
+        w.clock[node] += 2 * REPLAY_TIMEOUTS.tombstone
+    else:
+        raise ValueError(f"unknown replay input {op!r}")
+
+
+def _answer(w: ReplayWorld, node: str, token: int, hits: frozenset[int],
+            miss: frozenset[int]) -> None:
+    pending = w.unanswered[(node, token)] - hits - miss
+    w.unanswered[(node, token)] = pending
+    job = None
+    if hits:
+        job = w.new_job()
+        w.hosts[node].store_jobs[job] = tuple(sorted(hits))
+    w.feed(node, HostAnswerLookup(token, {demo_key(k): k for k in sorted(hits)}, job,
+                                  frozenset(demo_key(k) for k in pending)))
+
+
+def candidates(w: ReplayWorld, action: str) -> Iterator[Op]:
+    """Every concrete input that could be ``action`` now."""
+    for p in w.NODES:
+        chan = w.channels[(p, w.other(p))]
+        if action == "SessionHostStart":
+            yield ("start", p)
+        elif action == "SessionHostClose":
+            yield ("close", p)
+        elif action in ("ClientRoundHostFetch", "ClientLookupHostLookup",
+                        "ServerRoundHostSupply"):
+            kind = {"ClientRoundHostFetch": "fetch", "ClientLookupHostLookup": "lookup",
+                    "ServerRoundHostSupply": "supply"}[action]
+            for keys in KEY_SETS:
+                yield (kind, p, keys)
+        elif action == "ClientRoundHostFinish":
+            yield ("finish", p)
+        elif action == "ServerLookupHostAnswer":
+            for (node, token), pending in sorted(w.unanswered.items()):
+                if node != p or token in w.hosts[p].lookups_closed:
+                    continue
+                waiting = sorted(pending)
+                for fate in product(("hit", "miss", "pending"), repeat=len(waiting)):
+                    hits = tuple(k for k, f in zip(waiting, fate, strict=True) if f == "hit")
+                    miss = tuple(k for k, f in zip(waiting, fate, strict=True) if f == "miss")
+                    if hits or miss:
+                        yield ("answer", p, token, hits, miss)
+        elif action in _RECEIVE:
+            if chan:
+                yield ("deliver", p)
+        elif action in ("SessionRegistrationDone", "SessionRegistrationFailed"):
+            if p in w.registrations:
+                yield ("register", p, action == "SessionRegistrationDone")
+        elif action in ("ServerRoundWriteDone", "ServerRoundWriteFailed"):
+            for src, xfer in sorted(w.writes):
+                if src == p:
+                    yield ("write", p, xfer, action == "ServerRoundWriteDone")
+        elif action == "SessionTransportLost":
+            yield ("lost", p)
+        elif action in _TIMER_KIND:
+            for timer in sorted(w.timers[p], key=repr):
+                if timer[0] == _TIMER_KIND[action]:
+                    yield ("timer", p, timer)
+        elif action == "NetworkDrop":
+            if chan:
+                yield ("drop", p)
+        elif action == "NetworkDuplicate":
+            if chan:
+                yield ("dup", p)
+        elif action == "NetworkFrameLifetime":
+            yield ("lifetime", p)
+    if action == "NetworkCut":
+        yield ("cut",)
+
+
+# ------------------------------------------------------------------ abstraction
+_PEERS = re.compile(r"^\[\s*a \|-> (.*), b \|-> (.*)\]$")
+_FRAME = re.compile(r'<<\s*"(\w+)",\s*"[^"]*",\s*(-?\d+),\s*\{([^}]*)\}')
+_ROUND = re.compile(r'<<\s*"[^"]*",\s*(-?\d+)\s*>>\s*:>\s*\[[^\]]*?\bst\s*\|->\s*"(\w+)"')
+_STRING = re.compile(r'"(\w+)"')
+
+Abstract = tuple[tuple[str, ...], tuple[tuple[object, ...], ...]]
+
+
+def _per_peer(text: str) -> tuple[str, str]:
+    m = _PEERS.match(" ".join(text.split()))  # TLC wraps long values
+    if m is None:
+        raise ValueError(f"not a per-peer value: {text[:80]}")
+    return m[1], m[2]
+
+
+def _spec_frame(kind: str, seq: int, keys: str) -> tuple[object, ...]:
+    if kind in _HANDSHAKE:
+        return (kind,)
+    key_ids = tuple(sorted(SPEC_KEYS[k] for k in _STRING.findall(keys)))
+    if kind in ("fetch", "lookup", "lookup_resp"):
+        return (kind, key_ids) if kind != "fetch" else (kind, seq, key_ids)
+    return (kind, seq)
+
+
+def _code_frame(frame: bytes) -> tuple[object, ...]:
+    msg = decode(frame)
+    kind = msg.TYPE
+    if kind in _HANDSHAKE:
+        return (kind,)
+    keys = tuple(sorted(_KEY_NUMBER[k] for k in getattr(msg, "keys", ())))
+    seq = getattr(msg, "round_seq", None)
+    if kind in ("lookup", "lookup_resp"):
+        return (kind, keys)
+    if kind == "fetch":
+        return (kind, seq, keys)
+    return (kind, seq)
+
+
+def spec_abstract(state: dict[str, str]) -> Abstract:
+    """What a replay compares in a spec state."""
+    sess = tuple(_STRING.findall(state["sess"]))
+    parts: list[tuple[object, ...]] = []
+    for text in _per_peer(state["chan"]):
+        parts.append(tuple(_spec_frame(k, int(s), ks) for k, s, ks in _FRAME.findall(text)))
+    for var in ("cr", "sr"):
+        for text in _per_peer(state[var]):
+            parts.append(tuple(sorted((int(s), st) for s, st in _ROUND.findall(text))))
+    return sess, tuple(parts)
+
+
+def code_abstract(w: ReplayWorld) -> Abstract:
+    """The same view of two running sessions (round_seq None is the spec's -1)."""
+    sess = tuple(w.sessions[p].state for p in w.NODES)
+    parts: list[tuple[object, ...]] = []
+    for p in w.NODES:
+        parts.append(tuple(_code_frame(f) for f in w.channels[(p, w.other(p))]))
+    for attr in ("_loads", "_rounds"):
+        for p in w.NODES:
+            rounds = getattr(w.sessions[p], attr).get(_REQ, {})
+            parts.append(tuple(sorted((-1 if seq is None else seq, r.fsm_state)
+                                      for seq, r in rounds.items())))
+    return sess, tuple(parts)
+
+
+# ------------------------------------------------------------------ paths
+@dataclass(frozen=True, slots=True)
+class SpecPath:
+    """A behaviour of the graph: its initial node and each (action, node) step."""
+
+    initial: str
+    steps: tuple[tuple[str, str], ...]
+
+
+@dataclass(slots=True)
+class PathIndex:
+    """Shortest paths from the initial states, and each step's shallowest witness."""
+
+    graph: StateGraph
+    parent: dict[str, tuple[str, str] | None] = field(default_factory=dict)
+    witness: dict[Step, str] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, graph: StateGraph) -> PathIndex:
+        index = cls(graph)
+        out: dict[str, list[tuple[str, str]]] = {}
+        for src, dst, action, _steps in graph.steps():
+            out.setdefault(src, []).append((dst, action))
+        todo = deque(graph.initial)
+        for node in graph.initial:
+            index.parent[node] = None
+        while todo:
+            node = todo.popleft()
+            for step in sorted(graph.fired.get(node, ())):
+                index.witness.setdefault(step, node)
+            for dst, action in out.get(node, ()):
+                if dst not in index.parent:
+                    index.parent[dst] = (node, action)
+                    todo.append(dst)
+        return index
+
+    def path_to(self, step: Step) -> SpecPath:
+        """The shortest behaviour whose last action takes ``step``.
+
+        Raises:
+            KeyError: the spec never takes it.
+        """
+        node = self.witness[step]
+        steps: list[tuple[str, str]] = []
+        while (link := self.parent[node]) is not None:
+            steps.append((link[1], node))
+            node = link[0]
+        return SpecPath(node, tuple(reversed(steps)))
+
+
+# ------------------------------------------------------------------ replay
+@dataclass(frozen=True, slots=True)
+class ReplayResult:
+    """A replayed path: the inputs chosen and the sessions' trace, or why it failed."""
+
+    ok: bool
+    inputs: tuple[Op, ...]
+    trace: tuple[TraceEvent, ...]
+    failure: str = ""
+
+    @property
+    def taken(self) -> frozenset[Step]:
+        """Every (machine, trigger, source, dest) the sessions took."""
+        return frozenset(s for e in self.trace for s in e.steps)
+
+
+def initial_world(state: dict[str, str]) -> ReplayWorld:
+    """A ReplayWorld in the spec's initial state (handshake done when it says ready)."""
+    w = ReplayWorld(compatible=state["compat"] == "TRUE")
+    if _STRING.findall(state["sess"]) == ["ready", "ready"]:
+        w.start()
+        w.stabilize()
+        w.trace.clear()
+    return w
+
+
+def replay(graph: StateGraph, path: SpecPath, *, max_tries: int = 5_000) -> ReplayResult:
+    """Make two real sessions follow ``path``; see the module docstring.
+
+    Worlds are rebuilt from the inputs chosen so far (sessions are cheap to re-run and
+    re-running keeps the replay deterministic), so a failed choice leaves no trace.
+    """
+    init = graph.state(path.initial)
+
+    def rebuild(inputs: tuple[Op, ...]) -> ReplayWorld:
+        w = initial_world(init)
+        for op in inputs:
+            apply(w, op)
+        return w
+
+    start = rebuild(())
+    if code_abstract(start) != spec_abstract(init):
+        return ReplayResult(False, (), (), "the initial state differs: "
+                            f"{code_abstract(start)} != {spec_abstract(init)}")
+    deepest: list[tuple[int, str]] = [(-1, "")]
+    tries = [0]
+
+    def follow(i: int, inputs: tuple[Op, ...]) -> ReplayResult | None:
+        if i == len(path.steps):
+            return ReplayResult(True, inputs, tuple(rebuild(inputs).trace))
+        action, node = path.steps[i]
+        want_steps = graph.fired.get(node, frozenset())
+        want = spec_abstract(graph.state(node))
+        expected = [] if action in _SILENT else [(action, want_steps)]
+        seen: list[str] = []
+        for op in list(candidates(rebuild(inputs), action)):
+            tries[0] += 1
+            if tries[0] > max_tries:
+                return None
+            w = rebuild(inputs)
+            before = len(w.trace)
+            try:
+                apply(w, op)
+            except (SafetyViolation, LocalProtocolError) as exc:
+                seen.append(f"{op}: {type(exc).__name__} {exc}")
+                continue
+            got = [(e.action, e.steps) for e in w.trace[before:]]
+            if got != expected:
+                seen.append(f"{op}: took {[(a, sorted(s)) for a, s in got]}")
+                continue
+            have = code_abstract(w)
+            if have != want:
+                seen.append(f"{op}: state {have} but the spec has {want}")
+                continue
+            done = follow(i + 1, (*inputs, op))
+            if done is not None:
+                return done
+        if i > deepest[0][0]:
+            deepest[0] = (i, f"step {i + 1}/{len(path.steps)} {action} "
+                             f"(spec steps {sorted(want_steps)}): no input follows it; "
+                             f"tried {seen or 'nothing (no candidate input)'}")
+        return None
+
+    result = follow(0, ())
+    if result is not None:
+        return result
+    why = deepest[0][1] if tries[0] <= max_tries else f"gave up after {max_tries} inputs"
+    return ReplayResult(False, (), (), why)
+
+
+def describe(path: SpecPath) -> str:
+    """``Action -> Action -> ...`` for messages."""
+    return " -> ".join(a for a, _n in path.steps) or "(initial state)"
+
+
+def replay_all(graph: StateGraph, steps: Iterable[Step]) -> dict[Step, ReplayResult]:
+    """Replay the shortest path to each step the spec takes (KeyError: one it never takes)."""
+    index = PathIndex.build(graph)
+    return {step: replay(graph, index.path_to(step)) for step in steps}
