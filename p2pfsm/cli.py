@@ -128,7 +128,8 @@ def _node_config(args: argparse.Namespace, bind: str, blocks: int) -> Any:
         handshake=getattr(args, "timeout", 30.0),
     )
     return NodeConfig(bind=bind, num_blocks=blocks, block_len=args.block_len,
-                      hash_seed=args.hash_seed, fingerprint=args.fingerprint, timeouts=timeouts)
+                      hash_seed=args.hash_seed, fingerprint=args.fingerprint, timeouts=timeouts,
+                      trace=args.trace)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -186,6 +187,8 @@ def _add_peer_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-len", type=_positive(int), default=4096, help="bytes per block")
     p.add_argument("--hash-seed", default="vllm-none-hash", help="prefix-cache hash seed")
     p.add_argument("--fingerprint", default="", help="model-config fingerprint (16 hex)")
+    p.add_argument("--trace", metavar="FILE", default=None,
+                   help="write each session call that is a spec action to FILE (JSON lines)")
 
 
 def build_parser() -> argparse.ArgumentParser:

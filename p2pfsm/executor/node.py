@@ -12,6 +12,11 @@ Host API: :meth:`connect`, :meth:`fetch` (a future of LoadResult), :meth:`lookup
 (a future of LookupResult), :meth:`supply` (a future of StoreResult), :meth:`finish`,
 :meth:`close`. Lookups from peers are answered by the ``on_lookup`` callback; the
 ``on_fetch`` callback hears of fetches (to supply blocks for them).
+
+Trace log (off by default): with ``NodeConfig.trace`` set, every ``Session.handle`` call
+that is a step of the TLA+ spec is written to that file as one JSON line, named by
+:func:`p2pfsm.spec_calls.call_action` (the mapping trace validation uses for simulated
+runs); :func:`p2pfsm.verify.traces.merge_logs` merges two nodes' logs into one trace.
 """
 
 from __future__ import annotations
@@ -25,11 +30,12 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import IO, Any
 
 from p2pfsm.errors import ConfigError, LocalProtocolError, RemoteProtocolError, TransportError
 from p2pfsm.executor.nixl_plane import DataPlane
 from p2pfsm.executor.zmq_plane import ControlPlane, FrameIn, PeerLost
+from p2pfsm.fsm import Tracer
 from p2pfsm.protocol import Connect, decode, encode
 from p2pfsm.session import (
     DEFAULT_HASH_SEED,
@@ -65,6 +71,7 @@ from p2pfsm.session import (
     TransportLost,
     WriteFinished,
 )
+from p2pfsm.spec_calls import call_action, steps_of
 
 _INBOUND_GRACE_S = 0.05
 """How long the data plane stays at its busy progress interval after a load ends."""
@@ -101,6 +108,7 @@ class NodeConfig:
         timeouts: session deadlines.
         device: ``"cpu"`` or ``"cuda[:N]"`` for the region.
         heartbeat_ivl_ms, heartbeat_timeout_ms: ZMTP liveness of each peer connection.
+        trace: path of a trace log to write (None: no log); see :class:`CallLog`.
     """
 
     bind: str
@@ -113,10 +121,48 @@ class NodeConfig:
     device: str = "cpu"
     heartbeat_ivl_ms: int = 2000
     heartbeat_timeout_ms: int = 10_000
+    trace: str | None = None
 
     @property
     def config_fingerprint(self) -> str:
         return self.fingerprint if self.fingerprint is not None else fingerprint(self.model_config)
+
+
+class CallLog:
+    """A trace log: one JSON line per ``Session.handle`` call that is a spec action.
+
+    Each line is ``{"t", "node", "peer", "action", "steps"}``: ``time.monotonic_ns()``
+    when the call started, our id, the session's peer, the action
+    (:func:`~p2pfsm.spec_calls.call_action`) and the (machine, trigger, source, dest)
+    steps the call fired. Calls the spec takes no step for are left out (a stale timer,
+    a registration result or transport loss after the session ended, a close of a
+    closed session, an answer to an ended lookup: each fires no machine). The file is
+    line-buffered, so a killed node leaves every finished line.
+    """
+
+    def __init__(self, path: str, local_id: str) -> None:
+        self.tracer = Tracer()
+        self.local_id = local_id
+        self._file: IO[str] = open(path, "w", encoding="utf-8", buffering=1)  # noqa: SIM115
+
+    def handle(self, peer_id: str, session: Session, event: Input) -> list[Output]:
+        """``session.handle(event)``, logged."""
+        t = time.monotonic_ns()
+        state = session.state
+        try:
+            outputs = session.handle(event, time.monotonic())
+            records = list(self.tracer.records)
+        finally:
+            self.tracer.records.clear()
+        action = call_action(state, event, records)
+        if action is not None:
+            self._file.write(json.dumps({"t": t, "node": self.local_id, "peer": peer_id,
+                                         "action": action,
+                                         "steps": sorted(steps_of(records))}) + "\n")
+        return outputs
+
+    def close(self) -> None:
+        self._file.close()
 
 
 class Node:
@@ -155,6 +201,14 @@ class Node:
         self._lookups: dict[tuple[str, str], deque[Future[LookupResult]]] = {}
         self._job = 0
         self._closed = False
+        self._log: CallLog | None = None
+        if config.trace is not None:
+            try:
+                self._log = CallLog(config.trace, self.local_id)
+            except OSError as exc:
+                self.data.close()
+                self.control.close()
+                raise ConfigError(f"cannot write the trace log {config.trace}: {exc}") from exc
 
     # ------------------------------------------------------------- host API
     @property
@@ -285,6 +339,8 @@ class Node:
         self._closed = True
         self.data.close()
         self.control.close()
+        if self._log is not None:
+            self._log.close()
 
     def __enter__(self) -> Node:
         return self
@@ -314,7 +370,7 @@ class Node:
             config_fingerprint=cfg.config_fingerprint,
             expected_peer_id=peer_id,
             timeouts=cfg.timeouts,
-        ))
+        ), None if self._log is None else self._log.tracer)
         self.sessions[peer_id] = session
         self.deaths.pop(peer_id, None)
         self._feed(peer_id, HostStart(), session=session)
@@ -362,7 +418,11 @@ class Node:
 
     def _feed(self, peer_id: str, event: Input, *, session: Session | None = None) -> None:
         session = session or self.sessions[peer_id]
-        for out in session.handle(event, time.monotonic()):
+        if self._log is None:
+            outputs = session.handle(event, time.monotonic())
+        else:
+            outputs = self._log.handle(peer_id, session, event)
+        for out in outputs:
             self._apply(peer_id, session, out)
 
     def _apply(self, peer_id: str, session: Session, out: Output) -> None:

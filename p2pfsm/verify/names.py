@@ -2,7 +2,8 @@
 
 An action of ``tla/P2P.tla`` that starts a machine step is named
 PascalCase(machine) + PascalCase(trigger): ``client_round`` + ``recv_transfer_done``
-gives ``ClientRoundRecvTransferDone``. :func:`action_name` computes that name and
+gives ``ClientRoundRecvTransferDone``. :func:`action_name` (defined in
+:mod:`p2pfsm.spec_calls`, which the executor imports without TLC) computes that name and
 :func:`action_map` inverts it over every (machine, trigger) of ``models/``. Actions
 of the environment (the network losing, duplicating or cutting frames, a frame
 reaching a session that is gone) start no machine step; they are the ``Network*``
@@ -18,21 +19,13 @@ import re
 from pathlib import Path
 
 from p2pfsm.fsm import MachineSpec, machines
+from p2pfsm.spec_calls import action_name as action_name
+from p2pfsm.spec_calls import pascal as pascal
 
 ENVIRONMENT_ACTIONS: frozenset[str] = frozenset(
     {"NetworkCut", "NetworkDrop", "NetworkDuplicate", "NetworkDiscard", "NetworkFrameLifetime"}
 )
 """Spec actions that start no machine step."""
-
-
-def pascal(snake: str) -> str:
-    """``recv_transfer_done`` -> ``RecvTransferDone``."""
-    return "".join(part[:1].upper() + part[1:] for part in snake.split("_") if part)
-
-
-def action_name(machine: str, trigger: str) -> str:
-    """The TLA+ action that starts ``trigger`` on ``machine``."""
-    return pascal(machine) + pascal(trigger)
 
 
 def action_map(specs: dict[str, MachineSpec] | None = None) -> dict[str, tuple[str, str]]:

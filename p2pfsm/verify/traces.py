@@ -1,16 +1,21 @@
 """Trace validation: runs of the real sessions, explained by the TLA+ spec (``TraceP2P.tla``).
 
 A :class:`TracingWorld` is a :class:`~p2pfsm.executor.sim.SimWorld` that logs every
-``Session.handle`` call as a :class:`TraceEvent`: the spec action the input is (derived
-as :mod:`p2pfsm.verify.names` derives every action name), the peer, and the machine
-steps the :class:`~p2pfsm.fsm.Tracer` recorded during that call. :func:`random_trace`
-drives one with a seeded random workload inside the spec's trace bounds (one request,
-one key, at most one fault). :func:`validate` writes every trace into a generated
-``TraceData.tla`` and runs TLC once: each trace some behaviour explains is accepted.
+``Session.handle`` call as a :class:`TraceEvent`: the spec action the call is
+(:func:`p2pfsm.spec_calls.call_action`, the mapping a Node's trace log uses too), the
+peer, and the machine steps the :class:`~p2pfsm.fsm.Tracer` recorded during that call.
+:func:`drive_trace` runs one with a workload inside the spec's trace bounds (one request,
+one key, at most one fault) whose every choice comes from a chooser:
+:func:`random_trace` feeds it a seeded ``random.Random``, :func:`hypothesis_traces`
+hypothesis draws. :func:`merge_logs` turns the trace logs of two real nodes
+(``NodeConfig.trace``) into one trace. :func:`validate` writes every trace into a
+generated ``TraceData.tla`` and runs TLC once: each trace some behaviour explains is
+accepted.
 """
 
 from __future__ import annotations
 
+import json
 import random
 import re
 import shutil
@@ -18,61 +23,16 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol, TypeVar
 
 from p2pfsm.executor.sim import SimWorld
 from p2pfsm.fsm import Tracer
-from p2pfsm.protocol import Fetch, decode
-from p2pfsm.session import (
-    FrameReceived,
-    HostAnswerLookup,
-    HostClose,
-    HostFetch,
-    HostFinish,
-    HostLookup,
-    HostStart,
-    HostSupply,
-    Input,
-    Output,
-    RegistrationFinished,
-    TimerFired,
-    TransportLost,
-    WriteFinished,
-)
+from p2pfsm.session import Input, Output
+from p2pfsm.spec_calls import Step, call_action, steps_of
 from p2pfsm.verify import tlc
 from p2pfsm.verify.configs import spec_dir
-from p2pfsm.verify.names import action_name
 
-Step = tuple[str, str, str, str]
-
-_LIVE = frozenset({"connecting", "registering", "registering_acked", "awaiting_ack", "ready"})
-_FRAME_ACTIONS = {
-    "connect": ("session", "recv_connect"),
-    "connect_ack": ("session", "recv_connect_ack"),
-    "disconnect": ("session", "recv_disconnect"),
-    "lookup": ("server_lookup", "recv_lookup"),
-    "abort_fetch": ("server_round", "recv_abort_fetch"),
-    "transfer_done": ("client_round", "recv_transfer_done"),
-    "abort_ack": ("client_round", "recv_abort_ack"),
-    "lookup_resp": ("client_lookup", "recv_lookup_resp"),
-}
-_TIMER_ACTIONS = {
-    "handshake": ("session", "timer_handshake"),
-    "load": ("client_round", "timer_load"),
-    "abort_ack": ("client_round", "timer_abort_ack"),
-    "lookup": ("client_lookup", "timer_lookup"),
-    "store": ("server_round", "timer_store"),
-    "demand": ("server_round", "timer_demand"),
-    "lookup_pending": ("server_lookup", "timer_lookup_pending"),
-}
-_HOST_ACTIONS: dict[type, tuple[str, str]] = {
-    HostStart: ("session", "host_start"),
-    HostClose: ("session", "host_close"),
-    HostFetch: ("client_round", "host_fetch"),
-    HostLookup: ("client_lookup", "host_lookup"),
-    HostSupply: ("server_round", "host_supply"),
-    HostAnswerLookup: ("server_lookup", "host_answer"),
-    HostFinish: ("client_round", "host_finish"),
-}
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,33 +42,6 @@ class TraceEvent:
     action: str
     peer: str
     steps: frozenset[Step]
-
-
-def action_of(state: str, event: Input) -> str | None:
-    """The spec action an input is, given the session state before it (None: no action)."""
-    if isinstance(event, FrameReceived):
-        if state not in _LIVE:
-            return "NetworkDiscard"
-        msg = decode(event.frame)
-        if isinstance(msg, Fetch):
-            trigger = "recv_terminal_fetch" if msg.is_terminal else "recv_fetch"
-            return action_name("server_round", trigger)
-        return action_name(*_FRAME_ACTIONS[msg.TYPE])
-    if isinstance(event, TimerFired):
-        return action_name(*_TIMER_ACTIONS[str(event.timer[0])])
-    if isinstance(event, WriteFinished):
-        return action_name("server_round", "write_done" if event.ok else "write_failed")
-    if isinstance(event, RegistrationFinished):
-        if state not in ("registering", "registering_acked"):
-            return None  # the session ended meanwhile: the result is ignored
-        return action_name("session", "registration_done" if event.ok
-                           else "registration_failed")
-    if isinstance(event, TransportLost):
-        return action_name("session", "transport_lost") if state in _LIVE else None
-    if isinstance(event, HostClose) and state == "closed":
-        return None
-    machine_trigger = _HOST_ACTIONS.get(type(event))
-    return None if machine_trigger is None else action_name(*machine_trigger)
 
 
 class TracingWorld(SimWorld):
@@ -125,29 +58,34 @@ class TracingWorld(SimWorld):
         state = self.sessions[node].state
         outputs = super().feed(node, event)
         records = self._tracer.records[before:]
-        # A timer that fires nothing was stale (disarmed or re-armed): no spec step.
-        stale = isinstance(event, TimerFired) and not records
-        action = None if stale else action_of(state, event)
-        if isinstance(event, HostAnswerLookup) and not records:
-            action = None  # the lookup had ended: the host's pins go back, no machine moves
+        action = call_action(state, event, records)
         if action is not None:
-            steps = frozenset((r.machine, r.trigger, r.source, r.dest) for r in records)
-            self.trace.append(TraceEvent(action, node, steps))
+            self.trace.append(TraceEvent(action, node, steps_of(records)))
         return outputs
 
 
+class Chooser(Protocol):
+    """Picks one of the options (a workload's every choice goes through one)."""
+
+    def __call__(self, options: Sequence[_T], /) -> _T: ...
+
+
 def random_trace(seed: int, steps: int = 40) -> list[TraceEvent]:
-    """A seeded random run of two sessions within TraceP2P's bounds.
+    """A seeded random run of two sessions within TraceP2P's bounds (see drive_trace)."""
+    return drive_trace(random.Random(seed).choice, seed, steps)
+
+
+def drive_trace(choose: Chooser, seed: int = 0, steps: int = 40) -> list[TraceEvent]:
+    """A run of two sessions within TraceP2P's bounds, every choice made by ``choose``.
 
     One request ``r1`` and one key (block 0, held by both nodes); each node fetches,
     looks up, supplies and finishes at most twice; at most one fault (a lost frame, a
     cut, a failed write or a close); frames are delivered in order.
     """
-    rng = random.Random(seed)
     w = TracingWorld(seed, held={"a": (0,), "b": (0,)}, num_blocks=8)
     w.start()
     budget = {(n, op): 2 for n in w.NODES for op in ("fetch", "lookup", "supply", "finish")}
-    fault = rng.choice([None, None, "drop", "cut", "wfail", "close"])
+    fault = choose([None, None, "drop", "cut", "wfail", "close"])
     for _ in range(steps):
         moves: list[tuple[str, tuple[str, ...]]] = []
         for (src, _dst), chan in w.channels.items():
@@ -167,14 +105,67 @@ def random_trace(seed: int, steps: int = 40) -> list[TraceEvent]:
                 if timer[0] != "handshake":
                     moves.append(("timer", (n, repr(timer))))
         if fault in ("cut", "close"):
-            moves.append((fault, (rng.choice(w.NODES),)))
+            moves.append((fault, (choose(w.NODES),)))
         if not moves:
             break
-        kind, args = rng.choice(moves)
+        kind, args = choose(moves)
         if kind in ("drop", "cut", "fail", "close"):
             fault = None
         _apply(w, kind, args, budget)
     return w.trace
+
+
+def hypothesis_traces(examples: int = 25, steps: int = 40) -> list[list[TraceEvent]]:
+    """The distinct traces of ``examples`` derandomized hypothesis runs of drive_trace.
+
+    Needs hypothesis (the ``test`` extra).
+    """
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import strategies as st
+
+    found: dict[tuple[TraceEvent, ...], None] = {}
+
+    @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
+              phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def run(data: st.DataObject) -> None:
+        def choose(options: Sequence[_T]) -> _T:
+            return data.draw(st.sampled_from(options))
+
+        found.setdefault(tuple(drive_trace(choose, 0, steps)), None)
+
+    run()
+    return [list(trace) for trace in found]
+
+
+def load_log(path: Path) -> list[dict[str, Any]]:
+    """The JSON lines of one node's trace log (``NodeConfig.trace``)."""
+    with path.open(encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def merge_logs(client: Path, server: Path) -> list[TraceEvent]:
+    """One trace of a real run: the client's calls as peer ``a``, the server's calls for
+    that client as ``b``, ordered by the monotonic time each call started.
+
+    CLOCK_MONOTONIC is one clock for all processes of a host, and a frame's receive
+    call starts after the call that sent it, so the order is a causal one.
+
+    Raises:
+        ValueError: the client log is not one node's calls with one peer.
+    """
+    mine = load_log(client)
+    nodes = {(line["node"], line["peer"]) for line in mine}
+    if len(nodes) != 1:
+        raise ValueError(f"{client}: expected one node with one peer, got {sorted(nodes)}")
+    ((client_id, _server_id),) = nodes
+    theirs = [line for line in load_log(server) if line["peer"] == client_id]
+    tagged = [(line["t"], "a", line) for line in mine] + [(line["t"], "b", line)
+                                                          for line in theirs]
+    tagged.sort(key=lambda x: (x[0], x[1]))
+    return [TraceEvent(line["action"], peer,
+                       frozenset((m, trig, src, dst) for m, trig, src, dst in line["steps"]))
+            for _, peer, line in tagged]
 
 
 def _apply(w: TracingWorld, kind: str, args: tuple[str, ...],
@@ -265,6 +256,8 @@ class TraceValidation:
     accepted: frozenset[int]
     rejected: frozenset[int]
     result: tlc.TlcResult
+    explained: dict[int, int]
+    """Trace number -> how many of its first calls some behaviour explains."""
 
 
 def validate(traces: Sequence[Sequence[TraceEvent]], *, workers: int | None = None,
@@ -292,12 +285,12 @@ def validate(traces: Sequence[Sequence[TraceEvent]], *, workers: int | None = No
         if not result.ok or result.dump is None:
             raise RuntimeError(f"trace validation failed to run: {result.outcome} "
                                f"{result.violated} {result.errors}")
-        reached: set[int] = set()
+        explained = dict.fromkeys(range(1, len(traces) + 1), 0)
         with dot.open(encoding="utf-8") as fh:
             for line in fh:
                 t = _T_LABEL.search(line)
                 n = _L_LABEL.search(line)
-                if t is not None and n is not None and int(n[1]) == len(traces[int(t[1]) - 1]):
-                    reached.add(int(t[1]))
-    accepted = frozenset(reached)
-    return TraceValidation(accepted, frozenset(range(1, len(traces) + 1)) - accepted, result)
+                if t is not None and n is not None:
+                    explained[int(t[1])] = max(explained[int(t[1])], int(n[1]))
+    accepted = frozenset(i for i, n in explained.items() if n == len(traces[i - 1]))
+    return TraceValidation(accepted, frozenset(explained) - accepted, result, explained)

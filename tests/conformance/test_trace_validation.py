@@ -1,66 +1,222 @@
-"""Trace validation: runs of the real sessions (SimWorld, seeded) are behaviours of the spec.
+"""Trace validation: runs of the real sessions are behaviours of the spec.
 
-Each ``Session.handle`` call is logged as (spec action, peer, machine steps taken); one
-TLC run of ``tla/TraceP2P.tla`` must explain every trace, with frame contents, keys and
-the hosts' answers hidden, and must reject a trace whose steps were tampered with.
+Each ``Session.handle`` call is logged as (spec action, peer, machine steps taken), from
+three sources: seeded SimWorld runs, hypothesis-driven SimWorld runs, and real runs (a
+``p2pfsm serve`` and ``p2pfsm fetch`` processes over ZeroMQ and NIXL on 127.0.0.1, each
+writing a ``--trace`` log, merged by time). One TLC run of ``tla/TraceP2P.tla`` must
+explain every trace, with frame contents, keys and the hosts' answers hidden, and must
+reject traces whose steps were tampered with.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
 import pytest
 
 from p2pfsm.fsm import machines
-from p2pfsm.verify.traces import TraceEvent, TraceValidation, random_trace, validate
+from p2pfsm.verify.traces import (
+    TraceEvent,
+    TraceValidation,
+    hypothesis_traces,
+    merge_logs,
+    random_trace,
+    validate,
+)
 
 SEEDS = range(10)
+HYPOTHESIS_EXAMPLES = 20
+CLI = [sys.executable, "-m", "p2pfsm.cli"]
+# One request, one key each (the spec's trace bounds); the server holds block 0 only.
+REAL_RUNS: dict[str, tuple[list[str], int]] = {
+    "pd": (["--keys", "0"], 0),
+    "sym": (["--keys", "0", "--mode", "sym"], 0),
+    # Block 1 is never supplied: the load deadline aborts the round.
+    "abort": (["--keys", "1", "--load-timeout", "1"], 1),
+}
+RUN_TIMEOUT = 90.0  # process start-up loads torch and NIXL; two busy cores
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """Every trace validated, by source, and the corrupted copies (must be rejected)."""
+
+    sim: list[list[TraceEvent]]
+    hypothesis: list[list[TraceEvent]]
+    real: dict[str, list[TraceEvent]]
+    corrupted: list[list[TraceEvent]]
+
+    @property
+    def traces(self) -> list[list[TraceEvent]]:
+        return [*self.sim, *self.hypothesis, *self.real.values()]
+
+
+def _settles(event: TraceEvent) -> bool:
+    return any(step[1] == "settle" and step[2] != step[3] for step in event.steps)
 
 
 def _corrupt(trace: list[TraceEvent]) -> list[TraceEvent]:
     """The first call that settled a round, claimed to have left the round as it was."""
     bad = list(trace)
-    i = next(i for i, e in enumerate(bad)
-             if any(step[1] == "settle" and step[2] != step[3] for step in e.steps))
+    i = next(i for i, e in enumerate(bad) if _settles(e))
     event = bad[i]
     bad[i] = TraceEvent(event.action, event.peer,
                         frozenset(s for s in event.steps if s[1] != "settle"))
     return bad
 
 
-@pytest.fixture(scope="module")
-def traces() -> list[list[TraceEvent]]:
-    return [random_trace(seed) for seed in SEEDS]
+def _real_runs(tmp: Path) -> dict[str, list[TraceEvent]]:
+    """Run one ``p2pfsm serve --trace`` and every REAL_RUNS fetch against it; merge logs.
+
+    The server is killed rather than stopped: its shutdown would close each client's
+    (already dead) session, a second close in the trace, and P2P.tla counts every close
+    against the fault budget (MaxFaults = 1 in the trace config). What its log holds
+    when killed is a prefix of its run, which the spec must explain like any other.
+    """
+    server_log = tmp / "server.jsonl"
+    server = subprocess.Popen(
+        [*CLI, "serve", "--bind", "tcp://127.0.0.1:0", "--blocks", "1",
+         "--block-len", "4096", "--trace", str(server_log)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    clients: dict[str, subprocess.Popen[str]] = {}
+    try:
+        assert server.stdout is not None
+        ready, _, _ = select.select([server.stdout], [], [], RUN_TIMEOUT)
+        line = server.stdout.readline() if ready else ""
+        assert line.startswith("serving"), f"serve did not start: {line!r} ({server.poll()})"
+        address = "tcp://" + line.rsplit("tcp://", 1)[1].strip()
+        for name, (args, _code) in REAL_RUNS.items():
+            clients[name] = subprocess.Popen(
+                [*CLI, "fetch", "--connect", address, "--trace", str(tmp / f"{name}.jsonl"),
+                 *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + RUN_TIMEOUT
+        for name, proc in clients.items():
+            try:
+                out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, err = proc.communicate()
+            expected = REAL_RUNS[name][1]
+            assert proc.returncode == expected, f"fetch {name}: {proc.returncode}\n{out}\n{err}"
+            assert "Traceback" not in err, err
+    finally:
+        for proc in [*clients.values(), server]:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+            proc.communicate(timeout=10)
+    return {name: merge_logs(tmp / f"{name}.jsonl", server_log) for name in REAL_RUNS}
 
 
 @pytest.fixture(scope="module")
-def validation(require_tlc: None, traces: list[list[TraceEvent]]) -> TraceValidation:
-    corrupted = next(_corrupt(t) for t in traces
-                     if any(s[1] == "settle" and s[2] != s[3] for e in t for s in e.steps))
-    return validate([*traces, corrupted])
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> Recorded:
+    sim = [random_trace(seed) for seed in SEEDS]
+    hyp = hypothesis_traces(HYPOTHESIS_EXAMPLES)
+    real: dict[str, list[TraceEvent]] = {}
+    if (importlib.util.find_spec("torch") is not None
+            and (importlib.util.find_spec("nixl") is not None
+                 or importlib.util.find_spec("nixl_cu12") is not None)):
+        real = _real_runs(tmp_path_factory.mktemp("real-traces"))
+    sources = [sim, hyp, list(real.values())]
+    corrupted = [_corrupt(next(t for t in source if any(_settles(e) for e in t)))
+                 for source in sources if source]
+    return Recorded(sim, hyp, real, corrupted)
 
 
-def test_traces_are_not_trivial(traces: list[list[TraceEvent]]) -> None:
-    assert all(len(t) >= 10 for t in traces)
-    actions = {e.action for t in traces for e in t}
+@pytest.fixture(scope="module")
+def validation(require_tlc: None, recorded: Recorded,
+               conformance_report: list[str]) -> Iterator[TraceValidation]:
+    """Every trace, and the corrupted copies after them, in one TLC run."""
+    traces = recorded.traces
+    result = validate([*traces, *recorded.corrupted])
+    ok = sum(1 for i in range(1, len(traces) + 1) if i in result.accepted)
+    bad = len(recorded.corrupted)
+    caught = sum(1 for i in range(len(traces) + 1, len(traces) + bad + 1)
+                 if i in result.rejected)
+    conformance_report.append(
+        f"trace validation: {len(traces)} traces ({len(recorded.sim)} sim, "
+        f"{len(recorded.hypothesis)} hypothesis, {len(recorded.real)} real, "
+        f"{sum(map(len, traces))} calls) checked by one TLC run "
+        f"({result.result.distinct_states} states, {result.result.seconds:.1f} s): "
+        f"{ok} accepted; {caught} of {bad} corrupted traces rejected")
+    yield result
+
+
+def _unexplained(validation: TraceValidation, numbers: range,
+                 traces: list[list[TraceEvent]]) -> list[str]:
+    out = []
+    for i, trace in zip(numbers, traces, strict=True):
+        if i not in validation.accepted:
+            k = validation.explained[i]
+            out.append(f"trace {i}: explained {k}/{len(trace)} calls, stuck at "
+                       f"{trace[k] if k < len(trace) else '?'}")
+    return out
+
+
+def test_traces_are_not_trivial(recorded: Recorded) -> None:
+    assert all(len(t) >= 10 for t in recorded.sim + recorded.hypothesis)
+    assert len(recorded.hypothesis) >= HYPOTHESIS_EXAMPLES // 2  # distinct ones
+    actions = {e.action for t in recorded.sim + recorded.hypothesis for e in t}
     assert {"ClientRoundHostFetch", "ServerRoundRecvFetch", "ClientRoundRecvTransferDone",
             "ServerRoundWriteDone"} <= actions
 
 
+def test_real_traces_are_not_trivial(recorded: Recorded) -> None:
+    if not recorded.real:
+        pytest.skip("real runs need torch and NIXL (.ci/install.sh installs them)")
+    done = {"ClientRoundHostFetch", "ServerRoundRecvFetch", "ServerRoundWriteDone",
+            "ClientRoundRecvTransferDone"}
+    wanted = {
+        "pd": done | {"ServerRoundHostSupply", "SessionHostClose"},
+        "sym": done | {"ClientLookupHostLookup", "ServerLookupRecvLookup",
+                       "ServerLookupHostAnswer", "ClientLookupRecvLookupResp",
+                       "ClientRoundHostFinish"},
+        "abort": {"ServerRoundRecvFetch", "ClientRoundTimerLoad", "ServerRoundRecvAbortFetch",
+                  "ClientRoundRecvAbortAck"},
+    }
+    for name, trace in recorded.real.items():
+        actions = {e.action for e in trace}
+        assert wanted[name] <= actions, f"{name}: missing {wanted[name] - actions}"
+        assert {e.peer for e in trace} == {"a", "b"}
+        assert [e.action for e in trace[:1]] == ["SessionHostStart"]
+
+
 def test_every_recorded_trace_is_explained(
-    validation: TraceValidation, traces: list[list[TraceEvent]],
+    validation: TraceValidation, recorded: Recorded,
 ) -> None:
-    recorded = set(range(1, len(traces) + 1))
-    missing = sorted(recorded - validation.accepted)
-    assert not missing, f"no behaviour of the spec explains traces {missing}"
+    traces = recorded.traces
+    missing = _unexplained(validation, range(1, len(traces) + 1), traces)
+    assert not missing, "no behaviour of the spec explains:\n" + "\n".join(missing)
 
 
-def test_a_corrupted_trace_is_rejected(
-    validation: TraceValidation, traces: list[list[TraceEvent]],
+def test_real_traces_are_explained(validation: TraceValidation, recorded: Recorded) -> None:
+    if not recorded.real:
+        pytest.skip("real runs need torch and NIXL (.ci/install.sh installs them)")
+    first = len(recorded.sim) + len(recorded.hypothesis) + 1
+    real = list(recorded.real.values())
+    missing = _unexplained(validation, range(first, first + len(real)), real)
+    assert not missing, "no behaviour of the spec explains:\n" + "\n".join(missing)
+
+
+def test_corrupted_traces_are_rejected(
+    validation: TraceValidation, recorded: Recorded,
 ) -> None:
-    assert len(traces) + 1 in validation.rejected
+    n = len(recorded.traces)
+    assert len(recorded.corrupted) >= 1
+    for k, trace in enumerate(recorded.corrupted, start=n + 1):
+        assert k in validation.rejected, f"corrupted trace {k} was explained"
+        assert validation.explained[k] < len(trace)
 
 
-def test_traces_exercise_most_transitions(traces: list[list[TraceEvent]]) -> None:
-    seen = {(m, (s, t, d)) for tr in traces for e in tr for m, t, s, d in e.steps}
+def test_traces_exercise_most_transitions(recorded: Recorded) -> None:
+    seen = {(m, (s, t, d)) for tr in recorded.traces for e in tr for m, t, s, d in e.steps}
     declared = {(name, edge) for name, spec in machines().items() for edge in spec.edges()}
     assert seen <= declared
     assert len(seen) >= len(declared) // 2, f"{len(seen)}/{len(declared)} transitions"
