@@ -477,9 +477,12 @@ SessionHostStart(p) ==
     /\ Commit(p, Send(FireS(Load(p, "SessionHostStart"), "host_start", "connecting"), Ctl("connect")))
 
 \* Session._on_close: best-effort disconnect; every outstanding job gets its result.
+\* Closing a session that is already dead ends nothing (a graceful shutdown): no fault.
 SessionHostClose(p) ==
-    /\ sess[p] # "closed" /\ CanFault("close")
-    /\ LET L == Faulted(Load(p, "SessionHostClose")) IN
+    /\ sess[p] # "closed" /\ (sess[p] = "dead" \/ CanFault("close"))
+    /\ LET L0 == Load(p, "SessionHostClose")
+           L == IF L0.sess = "dead" THEN L0 ELSE Faulted(L0)
+       IN
        Commit(p, IF L.sess \in Live
                  THEN EndRoles([Send(FireS(L, "host_close", "closed"), Ctl("disconnect"))
                                 EXCEPT !.queue = <<>>])

@@ -76,10 +76,8 @@ def _corrupt(trace: list[TraceEvent]) -> list[TraceEvent]:
 def _real_runs(tmp: Path) -> dict[str, list[TraceEvent]]:
     """Run one ``p2pfsm serve --trace`` and every REAL_RUNS fetch against it; merge logs.
 
-    The server is killed rather than stopped: its shutdown would close each client's
-    (already dead) session, a second close in the trace, and P2P.tla counts every close
-    against the fault budget (MaxFaults = 1 in the trace config). What its log holds
-    when killed is a prefix of its run, which the spec must explain like any other.
+    The server is stopped as an operator would (SIGTERM: it closes every session and
+    exits), so each merged trace is the whole of both runs, shutdown included.
     """
     server_log = tmp / "server.jsonl"
     server = subprocess.Popen(
@@ -107,6 +105,9 @@ def _real_runs(tmp: Path) -> dict[str, list[TraceEvent]]:
             expected = REAL_RUNS[name][1]
             assert proc.returncode == expected, f"fetch {name}: {proc.returncode}\n{out}\n{err}"
             assert "Traceback" not in err, err
+        server.send_signal(signal.SIGTERM)
+        _out, err = server.communicate(timeout=RUN_TIMEOUT)
+        assert server.returncode == 0, f"serve exited {server.returncode}\n{err}"
     finally:
         for proc in [*clients.values(), server]:
             if proc.poll() is None:
