@@ -433,6 +433,8 @@ def describe(path: SpecPath) -> str:
 
 
 def replay_all(graph: StateGraph, steps: Iterable[Step]) -> dict[Step, ReplayResult]:
-    """Replay the shortest path to each step the spec takes (KeyError: one it never takes)."""
+    """Replay the shortest path to each step (a failure for a step the spec never takes)."""
     index = PathIndex.build(graph)
-    return {step: replay(graph, index.path_to(step)) for step in steps}
+    never = ReplayResult(False, (), (), "the spec never takes this transition")
+    return {step: replay(graph, index.path_to(step)) if step in index.witness else never
+            for step in steps}
