@@ -129,6 +129,7 @@ def _node_config(args: argparse.Namespace, bind: str, blocks: int) -> Any:
     )
     return NodeConfig(bind=bind, num_blocks=blocks, block_len=args.block_len,
                       hash_seed=args.hash_seed, fingerprint=args.fingerprint, timeouts=timeouts,
+                      connect_timeout_ms=max(1, round(args.connect_timeout * 1000)),
                       trace=args.trace)
 
 
@@ -187,6 +188,8 @@ def _add_peer_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-len", type=_positive(int), default=4096, help="bytes per block")
     p.add_argument("--hash-seed", default="vllm-none-hash", help="prefix-cache hash seed")
     p.add_argument("--fingerprint", default="", help="model-config fingerprint (16 hex)")
+    p.add_argument("--connect-timeout", type=_positive(float), default=10.0, metavar="SECONDS",
+                   help="give up a peer connection not up by then (a refused one at once)")
     p.add_argument("--trace", metavar="FILE", default=None,
                    help="write each session call that is a spec action to FILE (JSON lines)")
 

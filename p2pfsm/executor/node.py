@@ -10,8 +10,9 @@ There is no fixed-interval sleep and no NIXL progress thread.
 
 Host API: :meth:`connect`, :meth:`fetch` (a future of LoadResult), :meth:`lookup`
 (a future of LookupResult), :meth:`supply` (a future of StoreResult), :meth:`finish`,
-:meth:`close`. Lookups from peers are answered by the ``on_lookup`` callback; the
-``on_fetch`` callback hears of fetches (to supply blocks for them).
+:meth:`close`. Lookups from peers are answered by the ``on_lookup`` callback, which may
+leave keys pending and settle them later with :meth:`resolve_lookup`; the ``on_fetch``
+callback hears of fetches (to supply blocks for them).
 
 Trace log (off by default): with ``NodeConfig.trace`` set, every ``Session.handle`` call
 that is a step of the TLA+ spec is written to that file as one JSON line, named by
@@ -21,6 +22,7 @@ runs); :func:`p2pfsm.verify.traces.merge_logs` merges two nodes' logs into one t
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import heapq
 import json
@@ -53,6 +55,7 @@ from p2pfsm.session import (
     HostSupply,
     Input,
     LoadResult,
+    LookupClosed,
     LookupRequest,
     LookupResult,
     Output,
@@ -78,6 +81,16 @@ _INBOUND_GRACE_S = 0.05
 
 LookupAnswer = tuple[Mapping[bytes, int], frozenset[bytes]]
 """What ``on_lookup`` returns: hit key -> local block index, and still-pending keys."""
+
+
+@dataclass(eq=False)
+class _ServedLookup:
+    """A peer's lookup with keys the host left pending (see :meth:`Node.resolve_lookup`)."""
+
+    peer_id: str
+    session: Session
+    session_token: int
+    pending: frozenset[bytes]
 
 
 def _is_connect(frame: bytes) -> bool:
@@ -108,6 +121,9 @@ class NodeConfig:
         timeouts: session deadlines.
         device: ``"cpu"`` or ``"cuda[:N]"`` for the region.
         heartbeat_ivl_ms, heartbeat_timeout_ms: ZMTP liveness of each peer connection.
+        connect_timeout_ms: how long a peer connection may take to come up (TCP and ZMTP
+            handshake) before its session dies with "transport lost: connect timeout".
+            A refused connect does not wait: "transport lost: connection refused".
         trace: path of a trace log to write (None: no log); see :class:`CallLog`.
     """
 
@@ -121,7 +137,13 @@ class NodeConfig:
     device: str = "cpu"
     heartbeat_ivl_ms: int = 2000
     heartbeat_timeout_ms: int = 10_000
+    connect_timeout_ms: int = 10_000
     trace: str | None = None
+
+    def __post_init__(self) -> None:
+        value = self.connect_timeout_ms
+        if type(value) is not int or value <= 0:
+            raise ConfigError(f"connect_timeout_ms: expected a positive int, got {value!r}")
 
     @property
     def config_fingerprint(self) -> str:
@@ -180,7 +202,8 @@ class Node:
         self.on_fetch = on_fetch
         self.control = ControlPlane(config.bind, heartbeat_ivl_ms=config.heartbeat_ivl_ms,
                                     heartbeat_timeout_ms=config.heartbeat_timeout_ms,
-                                    heartbeat_ttl_ms=config.heartbeat_timeout_ms)
+                                    heartbeat_ttl_ms=config.heartbeat_timeout_ms,
+                                    connect_timeout_ms=config.connect_timeout_ms)
         try:
             self.data = DataPlane(f"p2pfsm-{uuid.uuid4()}", config.num_blocks, config.block_len,
                                   config.device)
@@ -199,6 +222,10 @@ class Node:
         self._loads: dict[int, Future[LoadResult]] = {}
         self._stores: dict[int, Future[StoreResult]] = {}
         self._lookups: dict[tuple[str, str], deque[Future[LookupResult]]] = {}
+        self._lookup_serial = 0  # the last token handed to on_lookup
+        self._asking: int | None = None  # the token on_lookup is being asked about
+        self._served: dict[int, _ServedLookup] = {}  # our token -> lookup with pending keys
+        self._served_tokens: dict[tuple[str, int], int] = {}  # (peer, session token) -> ours
         self._job = 0
         self._closed = False
         self._log: CallLog | None = None
@@ -279,6 +306,68 @@ class Node:
     def finish(self, peer_id: str, kv_request_id: str) -> None:
         """The host is done with the request (both roles)."""
         self._host(peer_id, HostFinish(kv_request_id))
+
+    def resolve_lookup(self, peer_id: str, token: int, hits: Mapping[bytes, int] | None = None,
+                       pending: Iterable[bytes] = ()) -> Future[StoreResult] | None:
+        """Settle keys that ``on_lookup`` left pending in the peer's lookup ``token``.
+
+        ``hits`` maps a key to the local block now pinned for it; keys in ``pending``
+        stay pending (resolve again later); every other still-pending key is a miss.
+        Returns the future StoreResult of the new pins (None without hits): release
+        them then. A lookup with nothing pending any more (all settled, its
+        ``lookup_pending`` deadline passed, or the request or session ended) takes
+        nothing: the future is already done with ``success=False``. Raises
+        :class:`LocalProtocolError`, changing nothing, for a token never given to
+        ``on_lookup``, one of another peer, a key both hit and pending, a key not
+        pending, or an index outside our region.
+        """
+        self._check_open()
+        hits = dict(hits or {})
+        still = frozenset(pending)
+        if type(token) is not int or not 0 < token <= self._lookup_serial:
+            raise LocalProtocolError(f"resolve_lookup: no lookup {token!r} was asked")
+        if token == self._asking:
+            raise LocalProtocolError(
+                f"resolve_lookup: lookup {token} is being asked; answer it from on_lookup")
+        served = self._served.get(token)
+        if served is not None and served.peer_id != peer_id:
+            raise LocalProtocolError(f"resolve_lookup: lookup {token} is not from {peer_id}")
+        outside = [i for i in hits.values()
+                   if type(i) is not int or not 0 <= i < self.config.num_blocks]
+        if outside:
+            raise LocalProtocolError(f"resolve_lookup: index {outside[0]!r} outside our region")
+        both = hits.keys() & still
+        if both:
+            raise LocalProtocolError(f"resolve_lookup: {len(both)} key(s) both hit and pending")
+        if served is not None:
+            stray = [k for k in (*hits, *still) if k not in served.pending]
+            if stray:
+                raise LocalProtocolError(
+                    f"resolve_lookup: {len(stray)} key(s) not pending in lookup {token}")
+            # Called from a callback, on_lookup's first answer may still be queued.
+            self._drain()
+        if served is None or self._served.get(token) is not served:
+            if not hits:
+                return None
+            fut: Future[StoreResult] = Future()
+            fut.set_result(StoreResult(self.new_job_id(), False))
+            return fut
+        job = self.new_job_id() if hits else None
+        fut = Future()
+        if job is not None:
+            self._stores[job] = fut
+        try:
+            self._feed(peer_id, HostAnswerLookup(served.session_token, hits, job, still),
+                       session=served.session)
+        except BaseException:
+            if job is not None:
+                del self._stores[job]
+            raise
+        served.pending = still
+        if not still:
+            self._forget_served(token)
+        self._drain()
+        return fut if job is not None else None
 
     def run_until(self, done: Callable[[], bool], timeout: float) -> bool:
         """Run the loop until ``done()`` or ``timeout`` seconds; returns ``done()``."""
@@ -469,7 +558,11 @@ class Node:
                 if not queue:
                     del self._lookups[(peer_id, out.kv_request_id)]
         elif isinstance(out, LookupRequest):
-            self._answer(peer_id, out)
+            self._answer(peer_id, session, out)
+        elif isinstance(out, LookupClosed):
+            token = self._served_tokens.get((peer_id, out.token))
+            if token is not None:
+                self._forget_served(token)
         elif isinstance(out, FetchArrived):
             if self.on_fetch is not None:
                 self.on_fetch(peer_id, out)
@@ -481,16 +574,34 @@ class Node:
         elif isinstance(out, ProtocolViolation):
             self.violations.append((peer_id, out))
 
-    def _answer(self, peer_id: str, req: LookupRequest) -> None:
+    def _answer(self, peer_id: str, session: Session, req: LookupRequest) -> None:
+        """Ask ``on_lookup``, showing it our token for the lookup (unique in this node,
+        unlike the session's, which restarts with each session)."""
         hits: Mapping[bytes, int] = {}
         pending: frozenset[bytes] = frozenset()
+        self._lookup_serial += 1
+        token = self._lookup_serial
         if self.on_lookup is not None:
-            hits, pending = self.on_lookup(peer_id, req)
+            self._asking = token
+            try:
+                hits, pending = self.on_lookup(peer_id, dataclasses.replace(req, token=token))
+            finally:
+                self._asking = None
+            pending = frozenset(pending)
         job = None
         if hits:
             job = self.new_job_id()
             self._stores[job] = Future()
+        if pending - hits.keys():
+            self._served[token] = _ServedLookup(peer_id, session, req.token,
+                                                pending - hits.keys())
+            self._served_tokens[(peer_id, req.token)] = token
         self._events.append((peer_id, HostAnswerLookup(req.token, dict(hits), job, pending)))
+
+    def _forget_served(self, token: int) -> None:
+        served = self._served.pop(token, None)
+        if served is not None:
+            self._served_tokens.pop((served.peer_id, served.session_token), None)
 
     @staticmethod
     def _settle(fut: Future[Any] | None, value: object) -> None:

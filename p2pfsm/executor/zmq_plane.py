@@ -14,7 +14,9 @@ What this module adds on top of the raw pattern, because vLLM's own transport do
   else is dropped instead of crashing the loop;
 * messages at the ROUTER with other than exactly two frames are dropped;
 * the number of peers is capped (frames from new identities beyond the cap are dropped);
-* a DEALER that never completes its ZMTP handshake is given up after ``connect_timeout_ms``;
+* a DEALER whose TCP connect fails (refused: nobody listens there) is given up at once with
+  ``"connection refused"``, and one that never completes its ZMTP handshake after
+  ``connect_timeout_ms`` with ``"connect timeout"``;
 * the per-DEALER socket monitor is always detached with ``disable_monitor()`` before its
   PAIR socket is closed (libzmq#3575: closing the PAIR first can wedge the I/O thread and
   with it the whole context), and it only subscribes to the handful of events it acts on,
@@ -63,8 +65,10 @@ class PeerLost:
     """The connection to ``peer_id`` is gone; its DEALER has been closed.
 
     Reported once per loss. ``reason`` is one of ``"disconnected"``, ``"closed"``,
-    ``"handshake failed"``, ``"connect timeout"``, ``"send queue full"``,
-    ``"send failed: ..."`` or ``"not connected"`` (a send to an id with no DEALER).
+    ``"handshake failed"``, ``"connection refused"`` (the TCP connect failed: refused, or
+    the host is unreachable), ``"connection closed before handshake"``,
+    ``"connect timeout"``, ``"send queue full"``, ``"send failed: ..."`` or
+    ``"not connected"`` (a send to an id with no DEALER).
     """
 
     peer_id: str
@@ -89,12 +93,16 @@ _EV_HANDSHAKE_FAILED: Final = frozenset(
 )
 _EV_DISCONNECTED: Final = int(zmq.EVENT_DISCONNECTED)
 _EV_CLOSED: Final = int(zmq.EVENT_CLOSED)
-# Only what we act on: nothing here repeats while a connection keeps failing to come up
-# except CLOSED/DISCONNECTED, and those end the peer once it has connected.
+_EV_CONNECT_RETRIED: Final = int(zmq.EVENT_CONNECT_RETRIED)
+# Only what we act on. While a connection keeps failing to come up, libzmq repeats
+# CLOSED/DISCONNECTED and CONNECT_RETRIED every reconnect interval; the first
+# CONNECT_RETRIED (or a handshake failure) before the handshake ends the peer, and
+# CLOSED/DISCONNECTED end it once it has connected, so none of them piles up.
 _MONITOR_MASK: Final = (
     _EV_HANDSHAKE_OK
     | _EV_DISCONNECTED
     | _EV_CLOSED
+    | _EV_CONNECT_RETRIED
     | int(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
     | int(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
     | int(zmq.EVENT_HANDSHAKE_FAILED_AUTH)
@@ -184,6 +192,7 @@ class _Peer:
     monitor: zmq.Socket[bytes]
     deadline: float | None  # time.monotonic() by which the handshake must succeed
     connected: bool = False
+    reached: bool = False  # a TCP connection came up (and went) before the handshake
 
 
 class ControlPlane:
@@ -200,7 +209,8 @@ class ControlPlane:
         immediate: ZMQ_IMMEDIATE on DEALERs (vLLM: off, so frames queue until TCP is up).
         max_peers: at most this many DEALERs at once (vLLM: 128).
         connect_timeout_ms: a DEALER whose ZMTP handshake has not succeeded by then is
-            given up with ``PeerLost(reason="connect timeout")``.
+            given up with ``PeerLost(reason="connect timeout")``. A refused TCP connect
+            does not wait for it: it is ``PeerLost(reason="connection refused")`` at once.
         max_msg_size: largest frame the ROUTER accepts; a larger one drops that
             connection (libzmq MAXMSGSIZE). vLLM sets no limit.
         max_batch: at most this many ROUTER messages handled per :meth:`poll` call.
@@ -556,8 +566,15 @@ class ControlPlane:
                     self._lose(peer, "disconnected")
                 elif peer.connected and event == _EV_CLOSED:
                     self._lose(peer, "closed")
-                # Before the first handshake, CLOSED/DISCONNECTED are failed connect
-                # attempts; libzmq retries them until connect_timeout_ms runs out.
+                elif not peer.connected and event == _EV_DISCONNECTED:
+                    peer.reached = True
+                elif not peer.connected and event == _EV_CONNECT_RETRIED:
+                    # libzmq failed a connect attempt and would retry. With no TCP
+                    # connection made (no DISCONNECTED before: just CLOSED), the connect
+                    # itself failed: on an address nobody listens on, at once.
+                    self._lose(peer, "connection closed before handshake" if peer.reached
+                               else "connection refused")
+                # Before the first handshake, CLOSED is the socket of a failed attempt.
 
     def _expire(self) -> None:
         now = time.monotonic()

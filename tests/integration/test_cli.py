@@ -107,13 +107,19 @@ def server() -> Iterator[str]:
             proc.wait(10)
 
 
+REFUSING_PORT = closed_port()
+
+
 @pytest.fixture(scope="module")
 def runs(server: str) -> dict[str, Ran]:
     """Every command that starts a node, run at the same time."""
     commands = {
         "pd": ["fetch", "--connect", server, "--keys", "0-15"],
         "sym": ["fetch", "--connect", server, "--mode", "sym", "--keys", f"0-3,{SERVED_BLOCKS}"],
-        "refused": ["fetch", "--connect", f"tcp://127.0.0.1:{closed_port()}", "--timeout", "2"],
+        # Both deadlines far past RUN_TIMEOUT: a refusal that waited for either one
+        # would be killed (not exit 2) and fail its test.
+        "refused": ["fetch", "--connect", f"tcp://127.0.0.1:{REFUSING_PORT}",
+                    "--timeout", "600", "--connect-timeout", "600"],
         "mismatch": ["fetch", "--connect", server, "--block-len", "8192"],
         "demo": ["demo", "--json"],
         "bench": ["bench", "--suite", "all", "--json", "--number", "20", "--rounds", "2",
@@ -150,7 +156,9 @@ def test_fetch_sym_looks_up_then_fetches_the_hits(runs: dict[str, Ran]) -> None:
 
 
 def test_fetch_from_a_closed_port_fails_with_one_line(runs: dict[str, Ran]) -> None:
-    assert_one_error_line(runs["refused"], "cannot reach 127.0.0.1:")
+    """Refused at once (not after either deadline: see ``runs``), and said so."""
+    assert_one_error_line(runs["refused"], f"cannot reach 127.0.0.1:{REFUSING_PORT}",
+                          "connection refused")
 
 
 def test_fetch_from_a_mismatched_peer_fails_with_one_line(runs: dict[str, Ran]) -> None:
@@ -194,6 +202,8 @@ def test_bench_smoke_reports_every_measurement(runs: dict[str, Ran]) -> None:
         (["fetch", "--connect", "tcp://127.0.0.1:1", "--keys", "5-1"], "--keys"),
         (["fetch", "--connect", "tcp://127.0.0.1:1", "--block-len", "0"], "--block-len"),
         (["fetch", "--connect", "tcp://127.0.0.1:1", "--mode", "both"], "--mode"),
+        (["fetch", "--connect", "tcp://127.0.0.1:1", "--connect-timeout", "0"],
+         "--connect-timeout"),
         (["serve", "--bind", "127.0.0.1:0"], "tcp://HOST:PORT"),
         (["demo", "--blocks", "100"], "--blocks"),
         (["bench", "--suite", "everything"], "--suite"),

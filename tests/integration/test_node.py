@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from p2pfsm.demo_blocks import demo_block, demo_key
-from p2pfsm.errors import TransportError
+from p2pfsm.errors import ConfigError, TransportError
 from p2pfsm.executor.node import NodeConfig
 from p2pfsm.session import LoadResult, Timeouts
 
@@ -348,19 +348,38 @@ def test_mismatched_peers_never_transfer(server: Peer, nodes: Callable[..., Reco
     assert float(node.region.sum()) == 0
 
 
-def test_unreachable_address_fails_within_a_bound(nodes: Callable[..., RecordingNode]) -> None:
-    node = nodes(timeouts=Timeouts(handshake=1.0, load=5.0))
+def test_refused_address_fails_at_once_saying_so(nodes: Callable[..., RecordingNode]) -> None:
+    # Both deadlines far past the wait's bound: only the refusal itself can end it.
+    node = nodes(timeouts=Timeouts(handshake=120.0, load=120.0), connect_timeout_ms=120_000)
     peer = f"127.0.0.1:{closed_port()}"
-    start = time.monotonic()
     session = node.connect(peer)
     fut = node.fetch(peer, "nowhere-1", keys_of([0]), [0])  # queued until ready
-    drive(node, lambda: not session.alive, 5.0, "failure of the unreachable peer")
-    assert time.monotonic() - start < 4.0
-    assert node.deaths[peer].reason == "handshake timed out"
+    drive(node, lambda: not session.alive, 30.0, "failure of the refusing peer")
+    assert node.deaths[peer].reason == "transport lost: connection refused"
     assert fut.done() and not fut.result().success
     one_result_per_job(node)
     with pytest.raises(TransportError):
         node.connect("256.0.0.1:5555")
+
+
+def test_silent_address_fails_at_the_connect_timeout(
+        nodes: Callable[..., RecordingNode]) -> None:
+    """A listener that never speaks ZMTP: the TCP connect succeeds, so only
+    ``connect_timeout_ms`` (well before the handshake deadline) ends the session."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # never accepted: the kernel completes TCP, nobody answers
+        peer = f"127.0.0.1:{silent.getsockname()[1]}"
+        node = nodes(timeouts=Timeouts(handshake=120.0), connect_timeout_ms=300)
+        session = node.connect(peer)
+        drive(node, lambda: not session.alive, 30.0, "failure of the silent peer")
+    assert node.deaths[peer].reason == "transport lost: connect timeout"
+
+
+@pytest.mark.parametrize("bad", [0, -5, 1.5, True, "10"])
+def test_connect_timeout_is_validated(bad: object) -> None:
+    with pytest.raises(ConfigError, match="connect_timeout_ms"):
+        config(connect_timeout_ms=bad)
 
 
 # -- peers that die ------------------------------------------------------------------------

@@ -224,7 +224,8 @@ def test_frames_both_ways_with_dial_back(spawn_echo: Any, plane: ControlPlane) -
 def test_hostile_identities_are_dropped_and_node_survives(
     spawn_echo: Any, plane: ControlPlane
 ) -> None:
-    peer, peer_id = spawn_echo(report_drops=True, connect_timeout_ms=500, **FAST_HEARTBEATS)
+    # A connect timeout far past the wait's bound: the dial-back must end on the refusal.
+    peer, peer_id = spawn_echo(report_drops=True, connect_timeout_ms=120_000, **FAST_HEARTBEATS)
     bad_ids = [
         b"nocolon",
         b"\xff\xfe\x80:5555",
@@ -254,19 +255,19 @@ def test_hostile_identities_are_dropped_and_node_survives(
         multi.send(b"dial me back")  # well formed, from a port nobody listens on
 
         # Every bad message is dropped and counted; the one well-formed frame is
-        # delivered; the dial-back to a dead port gives up after connect_timeout_ms.
+        # delivered; the dial-back to a dead port gives up on its refusal.
         seen = _collect(
             peer,
             lambda seen: (
-                ("lost", unreachable, "connect timeout") in seen
+                ("lost", unreachable, "connection refused") in seen
                 and ("drops", expected_drops) in seen
             ),
             10.0,
-            "drops, frame and connect timeout",
+            "drops, frame and refused dial-back",
         )
         assert [m for m in seen if m[0] != "drops"] == [
             ("frame", unreachable, b"dial me back"),
-            ("lost", unreachable, "connect timeout"),
+            ("lost", unreachable, "connection refused"),
         ]
 
         # Still fully alive (no libzmq#3575 wedge after closing a failed dial-back).
@@ -290,8 +291,15 @@ def test_hostile_identities_are_dropped_and_node_survives(
 def test_peer_limit_drops_new_identities(spawn_echo: Any) -> None:
     peer, peer_id = spawn_echo(report_drops=True, max_peers=2, connect_timeout_ms=20_000)
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    # Identities of silent listeners: each dial-back stays up (TCP connects, no ZMTP)
+    # until the connect timeout, so the first two fill the limit. (A closed port would
+    # refuse the dial-back at once and free its slot.)
+    silent = [socket.socket() for _ in range(3)]
     try:
-        ids = [f"127.0.0.1:{_closed_port()}" for _ in range(3)]
+        for listener in silent:
+            listener.bind(("127.0.0.1", 0))
+            listener.listen(8)
+        ids = [f"127.0.0.1:{listener.getsockname()[1]}" for listener in silent]
         for ident in ids:
             s = ctx.socket(zmq.DEALER)
             s.setsockopt(zmq.IDENTITY, ident.encode())
@@ -307,6 +315,8 @@ def test_peer_limit_drops_new_identities(spawn_echo: Any) -> None:
         assert drops == {"peer limit": 1}
     finally:
         ctx.destroy(linger=0)
+        for listener in silent:
+            listener.close()
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "frozen"])
@@ -385,3 +395,26 @@ def test_poll_timeout_is_honoured(plane: ControlPlane) -> None:
         plane.connect(plane.local_id)
     with pytest.raises(TransportError):
         plane.connect("not-an-id")
+
+
+def test_refused_connect_is_lost_at_once_and_a_silent_one_times_out() -> None:
+    """A refused TCP connect ends the peer on libzmq's first retry, not at the connect
+    timeout (set far past the wait's bound); a listener that accepts TCP but never
+    speaks ZMTP is a timeout, not a refusal."""
+    refusing = f"127.0.0.1:{_closed_port()}"
+    with ControlPlane("tcp://127.0.0.1:0", connect_timeout_ms=120_000) as patient:
+        patient.connect(refusing)
+        assert patient.send(refusing, b"queued")  # queued until TCP is up
+        seen = wait_until(lambda: patient.poll(100), lambda seen: bool(seen), 30.0,
+                          "loss of the refusing peer")
+        assert seen == [PeerLost(refusing, "connection refused")]
+        assert patient.peers == ()
+    with socket.socket() as silent, ControlPlane("tcp://127.0.0.1:0",
+                                                 connect_timeout_ms=300) as hasty:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # never accepted: the kernel completes TCP, nobody answers
+        quiet = f"127.0.0.1:{silent.getsockname()[1]}"
+        hasty.connect(quiet)
+        seen = wait_until(lambda: hasty.poll(100), lambda seen: bool(seen), 30.0,
+                          "connect timeout of the silent peer")
+        assert seen == [PeerLost(quiet, "connect timeout")]
