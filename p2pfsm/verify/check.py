@@ -5,20 +5,26 @@
 
 Prints, per config, the distinct states, the search depth and the time. A violated
 property prints its counterexample as a table of (action, changed variables) and
-exits 1. ``--config mustfail`` runs every ``tla/mustfail/*.cfg`` and succeeds only
-if each one yields a counterexample. Exit status: 0 as expected, 1 a property
-failed (or a must-fail config passed), 2 TLC could not run or check the config.
+exits 1; so does a must-fail config named on its own (``--config p4_round_restart``),
+whose violation is the point. ``--config mustfail`` is the check of those checks: it
+runs every ``tla/mustfail/*.cfg`` and exits 0 only if each one yields a counterexample.
+Exit status: 0 as expected, 1 a property failed (in the ``mustfail`` group: a must-fail
+config passed), 2 TLC could not run or check the config.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import shlex
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from types import FrameType
 from typing import TextIO
 
 from p2pfsm.verify import tlc
@@ -73,14 +79,19 @@ def counterexample_table(result: tlc.TlcResult, *, width: int | None = 110) -> s
     return "\n".join(lines)
 
 
-def _verdict(cfg: Config, r: tlc.TlcResult) -> tuple[str, int]:
+def _verdict(cfg: Config, r: tlc.TlcResult, *, expect_failure: bool) -> tuple[str, int]:
+    """(verdict, exit status). ``expect_failure``: the ``mustfail`` group, where a
+    violation is the required result and a pass is the failure."""
     if r.errors and r.violated is None:
         return "ERROR", EXIT_ERROR
-    if cfg.must_fail:
+    if expect_failure:
         return ("FAILS AS EXPECTED", EXIT_OK) if r.violated else ("UNEXPECTEDLY PASSES",
                                                                   EXIT_FAILED)
     if r.violated:
-        return "VIOLATED", EXIT_FAILED
+        return ("VIOLATED (as this must-fail config requires)" if cfg.must_fail
+                else "VIOLATED"), EXIT_FAILED
+    if cfg.must_fail:
+        return "PASS (but this must-fail config should fail: the spec misses its bug)", EXIT_OK
     if r.exit_code != 0:
         return "ERROR", EXIT_ERROR
     return "PASS", EXIT_OK
@@ -117,6 +128,23 @@ def _as_json(cfg: Config, r: tlc.TlcResult, verdict: str) -> dict[str, object]:
     }
 
 
+@contextlib.contextmanager
+def _terminate_as_exit() -> Iterator[None]:
+    """Let SIGTERM end a run as Ctrl-C does: TLC is killed and its temporary files go."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, _frame: FrameType | None) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def check_main(argv: Sequence[str], out: TextIO | None = None) -> int:
     """Entry point of ``p2pfsm check``; returns the process exit status."""
     stream = sys.stdout if out is None else out
@@ -141,12 +169,13 @@ def check_main(argv: Sequence[str], out: TextIO | None = None) -> int:
     reports: list[dict[str, object]] = []
     for cfg in configs:
         try:
-            result = tlc.run(directory, SPEC_MODULE, cfg.path, workers=args.workers,
-                             timeout=args.timeout, extra=cfg.tlc_args)
+            with _terminate_as_exit():
+                result = tlc.run(directory, SPEC_MODULE, cfg.path, workers=args.workers,
+                                 timeout=args.timeout, extra=cfg.tlc_args)
         except tlc.TlcNotFound as exc:
             print(f"p2pfsm check: {exc}", file=sys.stderr)
             return EXIT_ERROR
-        verdict, code = _verdict(cfg, result)
+        verdict, code = _verdict(cfg, result, expect_failure=args.config == "mustfail")
         status = max(status, code)
         if args.json:
             reports.append(_as_json(cfg, result, verdict))

@@ -1,0 +1,87 @@
+"""``p2pfsm check`` as a user runs it: exit status, the readable counterexample, cleanup.
+
+The gate passes (exit 0); a must-fail config named on its own is violated (exit 1, the
+counterexample printed as a table); ``--config mustfail`` exits 0 only when every
+must-fail config fails; a SIGTERM stops TLC and removes its temporary files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from p2pfsm.verify.check import check_main
+
+CHECK = [sys.executable, "-m", "p2pfsm.cli", "check"]
+
+
+def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CHECK, *args], capture_output=True, text=True, timeout=600,
+                          env=env)
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # the process ended meanwhile
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def test_a_must_fail_config_exits_1_with_a_readable_counterexample(require_tlc: None) -> None:
+    proc = _run("--config", "p3_finish_drops_load")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert "VIOLATED (as this must-fail config requires)" in out
+    assert "OneLoadResultInv violated" in out
+    assert "#  action" in out and "changed variables" in out
+    assert "Initial predicate" in out and "ClientRoundHostFinish" in out
+
+
+def test_the_mustfail_group_exits_0_when_every_config_fails(
+    require_tlc: None, capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert check_main(["--config", "mustfail"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("FAILS AS EXPECTED") >= 5
+    assert "UNEXPECTEDLY PASSES" not in out
+
+
+def test_an_unknown_config_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert check_main(["--config", "no_such_config"]) == 2
+    assert "no_such_config" in capsys.readouterr().err
+
+
+def test_sigterm_stops_tlc_and_removes_its_files(require_tlc: None, tmp_path: Path) -> None:
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    proc = subprocess.Popen([*CHECK, "--config", "live", "--workers", "1"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        java = _children(proc.pid)
+        deadline = time.monotonic() + 60
+        while not java and time.monotonic() < deadline:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=0.05)  # returns early only if check died
+                break
+            java = _children(proc.pid)
+        assert java, f"TLC never started: {proc.poll()}"
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+        assert proc.returncode == 128 + signal.SIGTERM
+        assert all(not Path(f"/proc/{pid}").exists() for pid in java), "TLC left running"
+        assert not list(tmp_path.glob("p2pfsm-tlc-*")), "temporary files left behind"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
