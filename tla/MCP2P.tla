@@ -48,8 +48,8 @@ GateScenarios == <<
 >>
 
 \* ------------------------------------------------------------------ large
-\* Nightly: the gate's scenarios with every role timer armed and both peers loading,
-\* looking up and supplying (large.cfg sets LoadPeers = SupplyPeers = both).
+\* The gate's scenarios with every role timer armed (large.cfg also allows two faults per
+\* behaviour, three rounds and three aborts per request).
 AllTimers == TimerKinds
 LargeScenarios == [i \in DOMAIN GateScenarios |-> [GateScenarios[i] EXCEPT !.timers = AllTimers]]
 
