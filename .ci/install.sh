@@ -4,6 +4,10 @@
 # because its metadata asks for an unpinned torch (a multi-GB CUDA build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# TLC (the TLA+ model checker the tests and `p2pfsm check` run) needs a Java 11+ runtime.
+if ! command -v java >/dev/null 2>&1; then
+    apt-get update -q && apt-get install -y -q openjdk-17-jre-headless
+fi
 python3 -m venv .venv
 PIP=".venv/bin/pip"
 "$PIP" install -q --upgrade pip
