@@ -161,16 +161,6 @@ def _fill_demo(plane: DataPlane, count: int) -> None:
         plane.region[i] = torch.frombuffer(content, dtype=torch.uint8)
 
 
-@pytest.fixture
-def children() -> Iterator[list[Child]]:
-    started: list[Child] = []
-    try:
-        yield started
-    finally:
-        for child in started:
-            child.stop()
-
-
 @dataclass
 class Pair:
     """Our plane (32 blocks) connected both ways to a progressing target (64 blocks)."""

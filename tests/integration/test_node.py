@@ -125,16 +125,6 @@ def server() -> Iterator[Peer]:
 
 
 @pytest.fixture
-def children() -> Iterator[list[Child]]:
-    started: list[Child] = []
-    try:
-        yield started
-    finally:
-        for child in started:
-            child.stop()
-
-
-@pytest.fixture
 def nodes() -> Iterator[Callable[..., RecordingNode]]:
     made: list[RecordingNode] = []
 
