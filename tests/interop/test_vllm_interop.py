@@ -26,6 +26,7 @@ Every process started here is stopped in a ``finally`` (SIGTERM, then SIGKILL).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -140,7 +141,9 @@ class PeerProcess:
             if pump is not None:
                 pump()
             else:
-                time.sleep(0.05)
+                # Its output is a file: wait on the process, which returns early if it ends.
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.proc.wait(timeout=0.05)
         raise AssertionError(f"{self.name}: no {what} within {timeout:.0f} s\n{self.tail()}")
 
     def record(self, kind: str, timeout: float,

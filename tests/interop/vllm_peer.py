@@ -72,6 +72,12 @@ TICK_S = 0.001
 _STOP = False
 
 
+def wait_for_frames(transport: ZmqTransport) -> None:
+    """Block until a frame reaches vLLM's ROUTER, or TICK_S at most: NIXL completions and
+    vLLM's timers have nothing to wait on, so they are looked at every tick."""
+    transport._router.poll(max(1, round(TICK_S * 1000)), zmq.POLLIN)
+
+
 def emit(kind: str, **fields: Any) -> None:
     print(MARK + json.dumps({"kind": kind, **fields}, sort_keys=True), flush=True)
 
@@ -280,7 +286,7 @@ class Server:
         end = time.monotonic() + self.args.max_seconds
         while not _STOP and time.monotonic() < end:
             self.step()
-            time.sleep(TICK_S)
+            wait_for_frames(self.transport)
         self.close()
 
     def step(self) -> None:
@@ -419,7 +425,7 @@ def run_client_flow(args: argparse.Namespace, transport: ZmqTransport, session: 
     end = time.monotonic() + args.handshake_timeout
     while not session.ready and session.alive and time.monotonic() < end and not _STOP:
         _pump(transport, session, loads)
-        time.sleep(TICK_S)
+        wait_for_frames(transport)
     report["ready"] = session.ready
     if not session.ready:
         report.update(success=False, verified=False, error="handshake did not complete")
@@ -443,7 +449,7 @@ def run_client_flow(args: argparse.Namespace, transport: ZmqTransport, session: 
     end = time.monotonic() + args.hold_open
     while time.monotonic() < end and session.alive and not _STOP:
         _pump(transport, session, loads)
-        time.sleep(TICK_S)
+        wait_for_frames(transport)
 
 
 def one_attempt(args: argparse.Namespace, transport: ZmqTransport, session: P2PSession,
@@ -464,7 +470,7 @@ def one_attempt(args: argparse.Namespace, transport: ZmqTransport, session: P2PS
             session.flush_pending_lookups()
             _pump(transport, session, loads)
             answers = [session.register_lookup(kv, key) for key in keys]
-            time.sleep(TICK_S)
+            wait_for_frames(transport)
         out["lookup_seconds"] = round(time.monotonic() - t0, 4)
         if any(a is None for a in answers):
             return {**out, "success": False, "verified": False,
@@ -481,7 +487,7 @@ def one_attempt(args: argparse.Namespace, transport: ZmqTransport, session: P2PS
         while result is None and session.alive and time.monotonic() < end and not _STOP:
             _pump(transport, session, loads)
             result = next((r for r in loads if r.job_id == job), None)
-            time.sleep(TICK_S)
+            wait_for_frames(transport)
         if result is None:
             return {**out, "success": False, "verified": False,
                     "error": f"no load result in {limit} s"}
@@ -493,7 +499,7 @@ def one_attempt(args: argparse.Namespace, transport: ZmqTransport, session: P2PS
     end = time.monotonic() + args.linger
     while time.monotonic() < end and session.alive:
         _pump(transport, session, loads)
-        time.sleep(TICK_S)
+        wait_for_frames(transport)
     bl = args.block_len
     good = [b for d, b in zip(dest, chosen, strict=True)
             if region[d].tobytes() == demo_block(b, bl)]
