@@ -30,6 +30,7 @@ from p2pfsm.session import (
     TransportLost,
     WriteFinished,
 )
+from p2pfsm.session.core import LIVE_STATES
 
 Step = tuple[str, str, str, str]
 """(machine, trigger, source, dest) of one fired transition."""
@@ -45,8 +46,7 @@ def action_name(machine: str, trigger: str) -> str:
     return pascal(machine) + pascal(trigger)
 
 
-_LIVE = frozenset({"connecting", "registering", "registering_acked", "awaiting_ack", "ready"})
-_FRAME_ACTIONS = {
+FRAME_ACTIONS = {
     "connect": ("session", "recv_connect"),
     "connect_ack": ("session", "recv_connect_ack"),
     "disconnect": ("session", "recv_disconnect"),
@@ -56,7 +56,8 @@ _FRAME_ACTIONS = {
     "abort_ack": ("client_round", "recv_abort_ack"),
     "lookup_resp": ("client_lookup", "recv_lookup_resp"),
 }
-_TIMER_ACTIONS = {
+"""Frame type -> the (machine, trigger) its receipt starts (fetch: see action_of)."""
+TIMER_ACTIONS = {
     "handshake": ("session", "timer_handshake"),
     "load": ("client_round", "timer_load"),
     "abort_ack": ("client_round", "timer_abort_ack"),
@@ -65,6 +66,7 @@ _TIMER_ACTIONS = {
     "demand": ("server_round", "timer_demand"),
     "lookup_pending": ("server_lookup", "timer_lookup_pending"),
 }
+"""Timer kind (``TimerId[0]``) -> the (machine, trigger) its firing starts."""
 _HOST_ACTIONS: dict[type, tuple[str, str]] = {
     HostStart: ("session", "host_start"),
     HostClose: ("session", "host_close"),
@@ -79,15 +81,15 @@ _HOST_ACTIONS: dict[type, tuple[str, str]] = {
 def action_of(state: str, event: Input) -> str | None:
     """The spec action an input is, given the session state before it (None: no action)."""
     if isinstance(event, FrameReceived):
-        if state not in _LIVE:
+        if state not in LIVE_STATES:
             return "NetworkDiscard"
         msg = decode(event.frame)
         if isinstance(msg, Fetch):
             trigger = "recv_terminal_fetch" if msg.is_terminal else "recv_fetch"
             return action_name("server_round", trigger)
-        return action_name(*_FRAME_ACTIONS[msg.TYPE])
+        return action_name(*FRAME_ACTIONS[msg.TYPE])
     if isinstance(event, TimerFired):
-        return action_name(*_TIMER_ACTIONS[str(event.timer[0])])
+        return action_name(*TIMER_ACTIONS[str(event.timer[0])])
     if isinstance(event, WriteFinished):
         return action_name("server_round", "write_done" if event.ok else "write_failed")
     if isinstance(event, RegistrationFinished):
@@ -96,7 +98,7 @@ def action_of(state: str, event: Input) -> str | None:
         return action_name("session", "registration_done" if event.ok
                            else "registration_failed")
     if isinstance(event, TransportLost):
-        return action_name("session", "transport_lost") if state in _LIVE else None
+        return action_name("session", "transport_lost") if state in LIVE_STATES else None
     if isinstance(event, HostClose) and state == "closed":
         return None
     machine_trigger = _HOST_ACTIONS.get(type(event))

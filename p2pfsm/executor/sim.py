@@ -370,12 +370,16 @@ class SimWorld:
         self.feed(dst, FrameReceived(frame))
         self._flush_answers()
 
-    def cut(self) -> None:
-        """The connection breaks: queued frames are lost and both sides learn it."""
+    def lose_queued_frames(self) -> None:
+        """Every frame still on a channel is lost (no session is told)."""
         for chan in self.channels.values():
             chan.clear()
         for times in self.sent_at.values():
             times.clear()
+
+    def cut(self) -> None:
+        """The connection breaks: queued frames are lost and both sides learn it."""
+        self.lose_queued_frames()
         for n in self.NODES:
             self.feed(n, TransportLost("simulated cut"))
         self._flush_answers()

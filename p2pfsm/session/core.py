@@ -76,7 +76,8 @@ from p2pfsm.session.server import SERVER_LOOKUP, SERVER_ROUND, LookupPin, Server
 from p2pfsm.session.tombstones import Tombstones
 
 _HANDSHAKE_TYPES = (Connect, ConnectAck, Disconnect)
-_LIVE = frozenset({"connecting", "registering", "registering_acked", "awaiting_ack", "ready"})
+LIVE_STATES = frozenset({"connecting", "registering", "registering_acked", "awaiting_ack", "ready"})
+"""Session states in which the peer may still hear from us."""
 
 
 class Session:
@@ -143,7 +144,7 @@ class Session:
 
     @property
     def alive(self) -> bool:
-        return self.fsm_state in _LIVE
+        return self.fsm_state in LIVE_STATES
 
     @property
     def has_pending_work(self) -> bool:
@@ -402,7 +403,7 @@ class Session:
 
     # --------------------------------------------------------------- frames
     def _on_frame(self, ev: FrameReceived) -> None:
-        if self.fsm_state not in _LIVE:
+        if self.fsm_state not in LIVE_STATES:
             self.emit(FrameIgnored("", f"session is {self.fsm_state}"))
             return
         try:

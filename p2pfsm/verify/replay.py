@@ -41,7 +41,9 @@ from p2pfsm.session import (
     TimerId,
     TransportLost,
 )
+from p2pfsm.spec_calls import FRAME_ACTIONS, TIMER_ACTIONS, action_name
 from p2pfsm.verify.graph import StateGraph, Step
+from p2pfsm.verify.names import ENVIRONMENT_ACTIONS
 from p2pfsm.verify.traces import TraceEvent, TracingWorld
 
 Op = tuple[object, ...]
@@ -54,23 +56,14 @@ REPLAY_TIMEOUTS = Timeouts(handshake=1.0, load=1.0, abort_ack=1.0, store=1.0, lo
                            lookup_pending=1.0, demand=1.0, tombstone=1e6)
 _KEY_NUMBER = {demo_key(i): i for i in range(len(SPEC_KEYS))}
 _REQ = "r1"
-_HANDSHAKE = frozenset({"connect", "connect_ack", "disconnect"})
-_TIMER_KIND = {
-    "SessionTimerHandshake": "handshake",
-    "ClientRoundTimerLoad": "load",
-    "ClientRoundTimerAbortAck": "abort_ack",
-    "ClientLookupTimerLookup": "lookup",
-    "ServerRoundTimerStore": "store",
-    "ServerRoundTimerDemand": "demand",
-    "ServerLookupTimerLookupPending": "lookup_pending",
-}
-_RECEIVE = frozenset({
-    "NetworkDiscard", "SessionRecvConnect", "SessionRecvConnectAck", "SessionRecvDisconnect",
-    "ServerRoundRecvFetch", "ServerRoundRecvTerminalFetch", "ServerLookupRecvLookup",
-    "ServerRoundRecvAbortFetch", "ClientRoundRecvTransferDone", "ClientRoundRecvAbortAck",
-    "ClientLookupRecvLookupResp",
-})
-_SILENT = frozenset({"NetworkCut", "NetworkDrop", "NetworkDuplicate", "NetworkFrameLifetime"})
+_HANDSHAKE = frozenset(t for t, (machine, _) in FRAME_ACTIONS.items() if machine == "session")
+_TIMER_KIND = {action_name(*mt): kind for kind, mt in TIMER_ACTIONS.items()}
+_RECEIVE = frozenset(
+    {action_name(*mt) for mt in FRAME_ACTIONS.values()}
+    | {action_name("server_round", "recv_fetch"),
+       action_name("server_round", "recv_terminal_fetch"), "NetworkDiscard"})
+_SILENT = ENVIRONMENT_ACTIONS - {"NetworkDiscard"}
+"""Environment actions no Session.handle call stands for."""
 
 
 class ReplayWorld(TracingWorld):
@@ -140,10 +133,7 @@ def apply(w: ReplayWorld, op: Op) -> None:
         w.fire_timer(node, args[1])  # type: ignore[arg-type]
     elif kind == "cut":
         w.is_cut = True
-        for chan in w.channels.values():
-            chan.clear()
-        for times in w.sent_at.values():
-            times.clear()
+        w.lose_queued_frames()
     elif kind == "drop":
         w.drop(node)
     elif kind == "dup":  # the spec appends a copy of the head frame
