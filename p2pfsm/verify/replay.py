@@ -422,9 +422,8 @@ def describe(path: SpecPath) -> str:
     return " -> ".join(a for a, _n in path.steps) or "(initial state)"
 
 
-def replay_all(graph: StateGraph, steps: Iterable[Step]) -> dict[Step, ReplayResult]:
+def replay_all(index: PathIndex, steps: Iterable[Step]) -> dict[Step, ReplayResult]:
     """Replay the shortest path to each step (a failure for a step the spec never takes)."""
-    index = PathIndex.build(graph)
     never = ReplayResult(False, (), (), "the spec never takes this transition")
-    return {step: replay(graph, index.path_to(step)) if step in index.witness else never
+    return {step: replay(index.graph, index.path_to(step)) if step in index.witness else never
             for step in steps}

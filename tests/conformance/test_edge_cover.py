@@ -29,11 +29,15 @@ def _reachable(step: Step) -> bool:
 
 
 @pytest.fixture(scope="module")
-def replays(gate_graph: StateGraph) -> dict[Step, ReplayResult]:
+def paths(gate_graph: StateGraph) -> PathIndex:
+    return PathIndex.build(gate_graph)
+
+
+@pytest.fixture(scope="module")
+def replays(paths: PathIndex) -> dict[Step, ReplayResult]:
     """A replay per declared reachable transition and per step the spec takes."""
-    taken_by_spec = set(PathIndex.build(gate_graph).witness)
-    wanted = {s for s in DECLARED if _reachable(s)} | taken_by_spec
-    return replay_all(gate_graph, sorted(wanted))
+    wanted = {s for s in DECLARED if _reachable(s)} | set(paths.witness)
+    return replay_all(paths, sorted(wanted))
 
 
 @pytest.mark.parametrize("step", DECLARED, ids=lambda s: f"{s[0]}:{s[2]}-{s[1]}->{s[3]}")
@@ -68,8 +72,10 @@ def test_edge_coverage(
     assert taken == set(reachable)
 
 
-def test_a_step_the_code_does_not_take_is_reported(gate_graph: StateGraph) -> None:
-    path = PathIndex.build(gate_graph).path_to(
+def test_a_step_the_code_does_not_take_is_reported(
+    gate_graph: StateGraph, paths: PathIndex,
+) -> None:
+    path = paths.path_to(
         ("client_round", "recv_transfer_done", "loading", "done"))
     last_action, last_node = path.steps[-1]
     tampered = StateGraph(gate_graph.labels, gate_graph.edges, dict(gate_graph.fired),
@@ -82,11 +88,11 @@ def test_a_step_the_code_does_not_take_is_reported(gate_graph: StateGraph) -> No
 
 
 def test_a_code_mutation_fails_the_replay(
-    gate_graph: StateGraph, monkeypatch: pytest.MonkeyPatch,
+    gate_graph: StateGraph, paths: PathIndex, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A producer that never arms its demand timer cannot follow the spec."""
     step = ("server_round", "timer_demand", "serving", "draining")
-    path = PathIndex.build(gate_graph).path_to(step)
+    path = paths.path_to(step)
     assert replay(gate_graph, path).ok
     arm = Session.arm
 
