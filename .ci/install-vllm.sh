@@ -7,7 +7,7 @@
 #   * vllm 0.33.0 with --no-deps, plus the light packages its import needs;
 #   * nixl and nixl-cu12 1.5.1 with --no-deps (nixl-cu12 asks for an unpinned torch);
 #   * p2pfsm itself, editable and without its test extras, so the peer script can
-#     import p2pfsm.demo_blocks (the shared block model).
+#     import p2pfsm.demo.blocks (the shared block model).
 # Re-running it reuses an existing .venv-vllm. Measured: see docs/interop.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +27,6 @@ PIP="$VENV/bin/pip"
 import vllm.v1.kv_offload.tiering.p2p.session  # noqa: F401
 import vllm.v1.kv_offload.tiering.p2p.control.zmq  # noqa: F401
 import vllm.v1.kv_offload.tiering.p2p.data.nixl  # noqa: F401
-import p2pfsm.demo_blocks  # noqa: F401
+import p2pfsm.demo.blocks  # noqa: F401
 print("vLLM 0.33.0 P2P tier importable from .venv-vllm")
 PY

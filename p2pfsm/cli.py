@@ -68,7 +68,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     results: dict[str, Any] = {}
     text: list[str] = []
     if args.suite in ("fsm", "all"):
-        from p2pfsm import bench_fsm
+        from p2pfsm.bench import fsm as bench_fsm
 
         progress("fsm bench: one control event through the machines")
         rows = bench_fsm.run(number=args.number)
@@ -76,7 +76,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         text += ["control event through the machines (consumer session, medians):",
                  bench_fsm.format_rows(rows)]
     if args.suite in ("transfer", "all"):
-        from p2pfsm.executor import bench_transfer
+        from p2pfsm.bench import transfer as bench_transfer
 
         transfer = bench_transfer.run(rounds=args.rounds, number=args.per_round,
                                       idle_seconds=args.idle_seconds, progress=progress)
@@ -88,7 +88,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_sim_demo(args: argparse.Namespace) -> int:
-    from p2pfsm.sim_demo import run_demo
+    from p2pfsm.sim.demo import run_demo
 
     summary = run_demo(seed=args.seed, blocks=args.blocks)
     if args.json:
@@ -134,7 +134,7 @@ def _node_config(args: argparse.Namespace, bind: str, blocks: int) -> Any:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from p2pfsm.executor.demo_host import DemoServer
+    from p2pfsm.demo.host import DemoServer
 
     server = DemoServer(_node_config(args, args.bind, args.blocks))
     stop = False
@@ -155,7 +155,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_fetch(args: argparse.Namespace) -> int:
-    from p2pfsm.executor.demo_host import parse_keys, run_fetch
+    from p2pfsm.demo.host import parse_keys, run_fetch
     from p2pfsm.executor.node import Node
 
     peer = _peer_of(args.connect)
@@ -172,7 +172,7 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     if args.sim:
         return _cmd_sim_demo(args)
-    from p2pfsm.executor.demo import run_demo
+    from p2pfsm.demo.run import run_demo
 
     summary = run_demo(blocks=args.blocks, block_len=args.block_len)
     if args.json:

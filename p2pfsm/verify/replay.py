@@ -25,9 +25,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import product
 
-from p2pfsm.demo_blocks import demo_key
+from p2pfsm.demo.blocks import demo_key
 from p2pfsm.errors import LocalProtocolError
-from p2pfsm.executor.sim import SafetyViolation
 from p2pfsm.protocol import decode
 from p2pfsm.session import (
     HostAnswerLookup,
@@ -41,6 +40,7 @@ from p2pfsm.session import (
     TimerId,
     TransportLost,
 )
+from p2pfsm.sim.world import SafetyViolation
 from p2pfsm.spec_calls import FRAME_ACTIONS, TIMER_ACTIONS, action_name
 from p2pfsm.verify.graph import StateGraph, Step
 from p2pfsm.verify.names import ENVIRONMENT_ACTIONS

@@ -1,6 +1,6 @@
 """Trace validation: runs of the real sessions, explained by the TLA+ spec (``TraceP2P.tla``).
 
-A :class:`TracingWorld` is a :class:`~p2pfsm.executor.sim.SimWorld` that logs every
+A :class:`TracingWorld` is a :class:`~p2pfsm.sim.world.SimWorld` that logs every
 ``Session.handle`` call as a :class:`TraceEvent`: the spec action the call is
 (:func:`p2pfsm.spec_calls.call_action`, the mapping a Node's trace log uses too), the
 peer, and the machine steps the :class:`~p2pfsm.fsm.Tracer` recorded during that call.
@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from p2pfsm.executor.sim import SimWorld
 from p2pfsm.fsm import Tracer
 from p2pfsm.session import Input, Output
+from p2pfsm.sim.world import SimWorld
 from p2pfsm.spec_calls import Step, call_action, steps_of
 from p2pfsm.verify import tlc
 from p2pfsm.verify.configs import spec_dir

@@ -2,7 +2,7 @@
 
 Two ways to drive sessions:
 
-* :class:`World` -- the seeded :class:`~p2pfsm.executor.sim.SimWorld` (two sessions
+* :class:`World` -- the seeded :class:`~p2pfsm.sim.world.SimWorld` (two sessions
   ``a`` and ``b`` over FIFO channels, with its safety checks), plus a record of every
   output and every frame each node ever sent, wire decoding of the channels, and
   lookup answers that a test may hold back and give by hand;
@@ -17,8 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
 
-from p2pfsm.demo_blocks import demo_key
-from p2pfsm.executor.sim import SimWorld
+from p2pfsm.demo.blocks import demo_key
 from p2pfsm.protocol import Connect, ConnectAck, Message, decode, encode
 from p2pfsm.session import (
     DEFAULT_HASH_SEED,
@@ -38,6 +37,7 @@ from p2pfsm.session import (
     TimerFired,
     TimerId,
 )
+from p2pfsm.sim.world import SimWorld
 
 T = TypeVar("T")
 

@@ -5,7 +5,7 @@ The vLLM side is ``vllm_peer.py`` run by the separate venv ``.venv-vllm``
 control transport and NIXL data transport. The p2pfsm side is a :class:`~p2pfsm.executor.
 node.Node` driven from this process (and, for one smoke test per direction, the
 ``p2pfsm serve`` / ``p2pfsm fetch`` CLI). Both derive keys and block contents from
-``p2pfsm.demo_blocks``, so each receiver checks every byte it was sent.
+``p2pfsm.demo.blocks``, so each receiver checks every byte it was sent.
 
 Flows (each in both directions):
 
@@ -60,8 +60,8 @@ pytestmark = [
 ]
 
 
-from p2pfsm.demo_blocks import demo_block, demo_key  # noqa: E402
-from p2pfsm.executor.demo_host import DemoServer  # noqa: E402
+from p2pfsm.demo.blocks import demo_block, demo_key  # noqa: E402
+from p2pfsm.demo.host import DemoServer  # noqa: E402
 from p2pfsm.executor.node import LookupAnswer, Node, NodeConfig, fingerprint  # noqa: E402
 from p2pfsm.session import (  # noqa: E402
     FetchArrived,

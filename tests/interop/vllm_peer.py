@@ -2,7 +2,7 @@
 
 Run it with the separate venv that ``.ci/install-vllm.sh`` builds (``.venv-vllm``), never
 with p2pfsm's venv: it imports vLLM, and p2pfsm only for the shared demo block model
-(``p2pfsm.demo_blocks``). It drives ``P2PSession`` directly, the way vLLM's
+(``p2pfsm.demo.blocks``). It drives ``P2PSession`` directly, the way vLLM's
 ``P2PSecondaryTierManager`` does (see shared/reference/vllm-wire-notes.md, section 6):
 ``poll()`` every iteration, ``add_stored_blocks`` for supply, ``request_blocks`` for
 fetches, ``register_lookup`` + ``flush_pending_lookups`` for lookups, and a small
@@ -64,7 +64,7 @@ from vllm.v1.kv_offload.tiering.p2p.data.nixl import NixlTransport
 from vllm.v1.kv_offload.tiering.p2p.session import P2PSession
 from vllm.v1.kv_offload.tiering.p2p.session import client as vllm_client
 
-from p2pfsm.demo_blocks import demo_block, demo_key
+from p2pfsm.demo.blocks import demo_block, demo_key
 
 MARK = "P2PINTEROP "
 HOST = "127.0.0.1"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from helpers.world import World, keys, ready_world
 
-from p2pfsm.demo_blocks import demo_block
+from p2pfsm.demo.blocks import demo_block
 from p2pfsm.protocol import Fetch, TransferDone
 from p2pfsm.session import FetchArrived, LoadResult, StartWrite, StoreResult
 

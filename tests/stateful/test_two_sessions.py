@@ -18,11 +18,11 @@ import hypothesis.strategies as st
 from hypothesis import note
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from p2pfsm.demo_blocks import demo_key
-from p2pfsm.executor.sim import SimWorld
+from p2pfsm.demo.blocks import demo_key
 from p2pfsm.fsm import Tracer
 from p2pfsm.protocol import AbortAck, AbortFetch, Fetch, TransferDone, decode
 from p2pfsm.session import Timeouts
+from p2pfsm.sim.world import SimWorld
 
 NODES = st.sampled_from(("a", "b"))
 REQUESTS = st.sampled_from(("r1", "r2", "r3"))

@@ -1,7 +1,7 @@
 """Benchmark: fetches through two Nodes, as ratios against the raw operations beneath.
 
 Two processes on 127.0.0.1: this one (the consumer node) and a spawned peer (a
-:class:`~p2pfsm.executor.demo_host.DemoServer`, the producer). Every ratio compares
+:class:`~p2pfsm.demo.host.DemoServer`, the producer). Every ratio compares
 measurements taken in the same run, between the same two processes, interleaved round
 by round so that both sides of a ratio see the same machine load:
 
@@ -34,7 +34,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from p2pfsm.demo_blocks import demo_block, demo_key
+from p2pfsm.demo.blocks import demo_block, demo_key
 from p2pfsm.errors import ConfigError, TransportError
 from p2pfsm.executor.node import Node, NodeConfig
 from p2pfsm.protocol import Fetch, encode
@@ -94,7 +94,7 @@ def _peer_main(conn: Connection) -> None:
     """The producer process: one DemoServer at a time, plus raw operations on demand."""
     import zmq
 
-    from p2pfsm.executor.demo_host import DemoServer
+    from p2pfsm.demo.host import DemoServer
 
     server: DemoServer | None = None
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()

@@ -12,8 +12,8 @@ import subprocess
 import sys
 import time
 
+from p2pfsm.demo.host import run_fetch
 from p2pfsm.errors import ConfigError, TransportError
-from p2pfsm.executor.demo_host import run_fetch
 from p2pfsm.executor.node import Node, NodeConfig
 from p2pfsm.session import Timeouts
 

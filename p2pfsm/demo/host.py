@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from p2pfsm.demo_blocks import demo_block, demo_key
+from p2pfsm.demo.blocks import demo_block, demo_key
 from p2pfsm.errors import ConfigError, TransportError
 from p2pfsm.executor.node import LookupAnswer, Node, NodeConfig
 from p2pfsm.session import FetchArrived, LookupRequest

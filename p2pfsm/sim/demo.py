@@ -7,9 +7,9 @@ load's bytes are verified by the simulated host.
 from __future__ import annotations
 
 from p2pfsm.errors import ConfigError
-from p2pfsm.executor.sim import SimWorld
 from p2pfsm.fsm import Tracer
 from p2pfsm.session import Timeouts
+from p2pfsm.sim.world import SimWorld
 
 
 def run_demo(seed: int = 1, blocks: int = 16) -> dict[str, object]:
