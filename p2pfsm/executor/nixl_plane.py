@@ -1,7 +1,8 @@
 """NIXL data plane: one registered block region, block WRITEs into peers' regions over UCX.
 
 This is the data path of vLLM 0.33.0's P2P tier (wire-notes section 8): each side registers
-its whole region once (``num_blocks x block_len`` bytes, one slab), describes block ``i``
+its whole region once (``num_blocks x block_len`` bytes, one slab: allocated by the plane,
+or the host's own tensor or :class:`~p2pfsm.executor.memory.HostRegion`), describes block ``i``
 as ``(base_addr + i * block_len, block_len)``, loads a peer's agent metadata with
 ``add_remote_agent`` and builds that peer's descriptor list from the plain integers
 ``(base_addr, num_blocks, block_len)`` it sent. A batch of blocks goes out as one prepped
@@ -52,6 +53,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from p2pfsm.errors import ConfigError, TransportError
+from p2pfsm.executor.memory import (
+    HostRegion,
+    MemoryDesc,
+    describe_memory,
+    device_name,
+    parse_device,
+    require_device,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -101,18 +110,6 @@ def _agent_name_of(metadata: bytes) -> tuple[str, bytes]:
     return name, metadata[end:]
 
 
-def _parse_device(device: str) -> tuple[str, int]:
-    """``"cpu"`` -> DRAM; ``"cuda"`` / ``"cuda:N"`` -> VRAM on GPU N."""
-    if device == "cpu":
-        return "DRAM", 0
-    if device == "cuda":
-        return "VRAM", 0
-    kind, _, index = device.partition(":")
-    if kind == "cuda" and index.isdigit() and index.isascii():
-        return "VRAM", int(index)
-    raise ConfigError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
-
-
 def _positive_int(name: str, value: object, high: int) -> int:
     if type(value) is not int or not 0 < value <= high:
         raise ConfigError(f"{name} must be an int in [1, {high}], got {value!r}")
@@ -152,8 +149,17 @@ class DataPlane:
 
     Args:
         name: NIXL agent name; must differ from every peer's.
-        num_blocks, block_len: region geometry; block ``i`` is ``region[i]``.
+        num_blocks, block_len: region geometry; block ``i`` is the ``block_len`` bytes at
+            ``base_addr + i * block_len``.
         device: ``"cpu"`` (DRAM) or ``"cuda[:N]"`` (VRAM; peers are assumed to be DRAM).
+            ``None`` means ``"cpu"`` when the plane allocates, and the memory's own device
+            when ``memory`` is given; a device that disagrees with it is a ConfigError.
+        memory: the host's own region, registered as it is (no copy, no allocation):
+            a contiguous ``torch.Tensor`` of exactly ``num_blocks * block_len`` bytes (any
+            dtype and shape) or a :class:`~p2pfsm.executor.memory.HostRegion` of that
+            size. The host keeps it alive while the plane is open; :meth:`close`
+            deregisters it and never frees it. ``None``: the plane allocates a zeroed
+            uint8 tensor of shape ``(num_blocks, block_len)`` itself.
         busy_progress_ms, idle_progress_ms, warmup_s: see the module docstring.
         max_peer_blocks: largest ``num_blocks`` a peer may announce (each remote block
             costs a prepped descriptor, so an unbounded announcement is a memory hazard).
@@ -161,7 +167,9 @@ class DataPlane:
             handling mode ``peer``, one worker, no thread pool).
 
     Raises:
-        ConfigError: bad arguments. TransportError: NIXL or torch missing or failing.
+        ConfigError: bad arguments or memory (checked before anything is registered).
+        TransportError: NIXL missing or failing, torch missing when the plane must
+        allocate, or a CUDA device torch cannot use.
     """
 
     def __init__(
@@ -169,8 +177,9 @@ class DataPlane:
         name: str,
         num_blocks: int,
         block_len: int,
-        device: str = "cpu",
+        device: str | None = None,
         *,
+        memory: torch.Tensor | HostRegion | None = None,
         busy_progress_ms: int = 1,
         idle_progress_ms: int = 50,
         warmup_s: float = 5.0,
@@ -187,15 +196,22 @@ class DataPlane:
         if not isinstance(warmup_s, int | float) or warmup_s < 0:
             raise ConfigError(f"warmup_s must be a number >= 0, got {warmup_s!r}")
         self._warmup_s = float(warmup_s)
-        mem_type, dev_id = _parse_device(device)
+        given: MemoryDesc | None = None
+        if memory is None:
+            mem_type, dev_id = parse_device("cpu" if device is None else device)
+        else:
+            given = describe_memory(memory, self._num_blocks, self._block_len)
+            mem_type, dev_id = given.mem_type, given.dev_id
+            if device is not None and parse_device(device) != (mem_type, dev_id):
+                raise ConfigError(
+                    f"device {device!r} disagrees with the memory's device {given.device!r}"
+                )
+        require_device(mem_type, dev_id)
         self._name = name
         self._mem_type = mem_type
+        self._device = device_name(mem_type, dev_id)
 
         nixl = _import_nixl()
-        try:
-            import torch
-        except ImportError:
-            raise TransportError("torch is not installed (pip install torch==2.13.0)") from None
 
         self._peers: dict[str, _Peer] = {}
         self._inflight: dict[int, _Xfer] = {}
@@ -204,13 +220,13 @@ class DataPlane:
         self._busy_until = 0.0
         self._closed = False
 
-        try:
-            self._region: torch.Tensor = torch.zeros(
-                (num_blocks, block_len), dtype=torch.uint8, device=device
-            )
-        except (RuntimeError, ValueError) as exc:
-            raise TransportError(f"cannot allocate the block region on {device}: {exc}") from exc
-        self._base_addr = int(self._region.data_ptr())
+        self._region: torch.Tensor | None
+        if given is None:
+            self._region = self._allocate(num_blocks, block_len, self._device)
+            self._base_addr = int(self._region.data_ptr())
+        else:
+            self._region = given.tensor
+            self._base_addr = given.base_addr
 
         config = nixl.nixl_agent_config(
             enable_prog_thread=False, enable_listen_thread=False, backends=[]
@@ -221,7 +237,13 @@ class DataPlane:
         try:
             self._agent = nixl.nixl_agent(name, config)
             self._agent.create_backend("UCX", dict(ucx_params or {}))
-            self._reg = self._agent.register_memory(self._region)
+            if self._region is not None:
+                self._reg = self._agent.register_memory(self._region)
+            else:
+                whole = [(self._base_addr, num_blocks * block_len, dev_id, "")]
+                self._reg = self._agent.register_memory(whole, mem_type)
+            if self._reg is None:  # NIXL logs and returns None for what it cannot describe
+                raise TransportError("NIXL could not describe the region for registration")
             rows = _block_rows(self._base_addr, num_blocks, block_len, dev_id)
             self._local = self._agent.prep_xfer_dlist("", rows, mem_type)
             self._metadata = bytes(self._agent.get_agent_metadata())
@@ -258,9 +280,16 @@ class DataPlane:
         return self._base_addr
 
     @property
-    def region(self) -> torch.Tensor:
-        """The block region: a contiguous uint8 tensor of shape (num_blocks, block_len)."""
+    def region(self) -> torch.Tensor | None:
+        """The registered tensor: the one the plane allocated (contiguous uint8, shape
+        ``(num_blocks, block_len)``), the host's own tensor as given (same object, any
+        dtype and shape), or ``None`` when the host gave a raw HostRegion."""
         return self._region
+
+    @property
+    def device(self) -> str:
+        """Where the region lives: ``"cpu"`` or ``"cuda:N"``."""
+        return self._device
 
     @property
     def peers(self) -> tuple[str, ...]:
@@ -472,7 +501,8 @@ class DataPlane:
 
     def close(self) -> None:
         """Release every transfer and peer, deregister the region, drop the agent.
-        Idempotent. The region tensor stays readable."""
+        Idempotent. Memory is never freed: the region tensor stays readable, and the
+        host's own memory stays the host's."""
         if self._closed:
             return
         self._closed = True
@@ -494,6 +524,17 @@ class DataPlane:
         self.close()
 
     # -- internals ----------------------------------------------------------------
+
+    @staticmethod
+    def _allocate(num_blocks: int, block_len: int, device: str) -> torch.Tensor:
+        try:
+            import torch
+        except ImportError:
+            raise TransportError("torch is not installed (pip install torch==2.13.0)") from None
+        try:
+            return torch.zeros((num_blocks, block_len), dtype=torch.uint8, device=device)
+        except (AssertionError, RuntimeError, ValueError) as exc:  # torch: all three
+            raise TransportError(f"cannot allocate the block region on {device}: {exc}") from exc
 
     def _check_open(self) -> None:
         if self._closed:

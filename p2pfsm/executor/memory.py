@@ -1,0 +1,168 @@
+"""Memory a host hands to the data plane, and the checks it must pass first.
+
+An engine that already holds its KV cache gives :class:`~p2pfsm.executor.nixl_plane.DataPlane`
+either a ``torch.Tensor`` or a :class:`HostRegion` (raw address + size); the plane
+registers that memory with NIXL as it is, with no copy. :func:`describe_memory` turns
+either form into a :class:`MemoryDesc` (address, size, NIXL memory type, device id) or
+raises :class:`~p2pfsm.errors.ConfigError` naming what is wrong. torch is optional: it is
+never imported here unless a CUDA device has to be checked.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
+
+from p2pfsm.errors import ConfigError, TransportError
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["HostRegion", "MemoryDesc", "describe_memory", "parse_device", "require_device"]
+
+_ADDR_LIMIT: Final = 1 << 64
+
+
+def parse_device(device: object) -> tuple[str, int]:
+    """``"cpu"`` -> ``("DRAM", 0)``; ``"cuda"`` / ``"cuda:N"`` -> ``("VRAM", N)``
+    (plain ``"cuda"`` is GPU 0). Anything else is a :class:`ConfigError`."""
+    if device == "cpu":
+        return "DRAM", 0
+    if device == "cuda":
+        return "VRAM", 0
+    if isinstance(device, str):
+        kind, _, index = device.partition(":")
+        if kind == "cuda" and index.isascii() and index.isdigit():
+            return "VRAM", int(index)
+    raise ConfigError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+
+
+def device_name(mem_type: str, dev_id: int) -> str:
+    """The canonical device string: ``"cpu"`` or ``"cuda:N"``."""
+    return "cpu" if mem_type == "DRAM" else f"cuda:{dev_id}"
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True, slots=True)
+class HostRegion:
+    """Raw memory the host owns: ``size`` bytes at ``addr`` on ``device``.
+
+    The host keeps it alive and mapped for as long as a data plane uses it; the plane
+    never frees it. Raises :class:`ConfigError` for a non-positive or non-int ``addr`` or
+    ``size``, a region past the end of the 64-bit address space, or a ``device`` that is
+    not ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
+    """
+
+    addr: int
+    size: int
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.addr) or self.addr <= 0:
+            raise ConfigError(f"HostRegion.addr must be a positive int, got {self.addr!r}")
+        if not _is_int(self.size) or self.size <= 0:
+            raise ConfigError(f"HostRegion.size must be a positive int, got {self.size!r}")
+        if self.addr + self.size > _ADDR_LIMIT:
+            raise ConfigError(
+                f"HostRegion [{self.addr:#x}, +{self.size}) runs past the 64-bit address space"
+            )
+        if not isinstance(self.device, str):
+            raise ConfigError(f"HostRegion.device must be a str, got {self.device!r}")
+        parse_device(self.device)
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryDesc:
+    """Checked host memory: where it is, how big, and how NIXL must register it."""
+
+    base_addr: int
+    size: int
+    mem_type: str  # "DRAM" or "VRAM"
+    dev_id: int
+    tensor: torch.Tensor | None  # the host's tensor, or None for a HostRegion
+
+    @property
+    def device(self) -> str:
+        """``"cpu"`` or ``"cuda:N"``."""
+        return device_name(self.mem_type, self.dev_id)
+
+
+def describe_memory(
+    memory: torch.Tensor | HostRegion, num_blocks: int, block_len: int
+) -> MemoryDesc:
+    """Check host memory for a ``num_blocks x block_len`` byte region and describe it.
+
+    A tensor must be a non-empty, contiguous, strided tensor on a CPU or CUDA device
+    whose byte size (``numel * element_size``; any dtype and shape) is exactly
+    ``num_blocks * block_len``; a :class:`HostRegion` must have exactly that ``size``.
+    Raises :class:`ConfigError` naming the first problem found.
+    """
+    expected = num_blocks * block_len
+    if isinstance(memory, HostRegion):
+        if memory.size != expected:
+            raise ConfigError(
+                f"HostRegion size is {memory.size} bytes, but {num_blocks} blocks x "
+                f"{block_len} bytes need exactly {expected}"
+            )
+        mem_type, dev_id = parse_device(memory.device)
+        return MemoryDesc(memory.addr, memory.size, mem_type, dev_id, None)
+
+    # A value can only be a tensor if the host already imported torch.
+    torch_mod = sys.modules.get("torch")
+    if torch_mod is None or not isinstance(memory, torch_mod.Tensor):
+        raise ConfigError(
+            f"memory must be a torch.Tensor or a HostRegion, got {type(memory).__name__}"
+        )
+    tensor = memory
+    if tensor.layout != torch_mod.strided:
+        raise ConfigError(f"memory tensor must be strided (dense), not {tensor.layout}")
+    if tensor.numel() == 0:
+        raise ConfigError(f"memory tensor is empty (shape {tuple(tensor.shape)})")
+    if not tensor.is_contiguous():
+        raise ConfigError(
+            f"memory tensor must be contiguous (shape {tuple(tensor.shape)}, "
+            f"strides {tensor.stride()}); NIXL registers one flat byte range"
+        )
+    kind = tensor.device.type
+    if kind not in ("cpu", "cuda"):
+        raise ConfigError(f"memory tensor is on device {str(tensor.device)!r}; need cpu or cuda")
+    size = tensor.numel() * tensor.element_size()
+    if size != expected:
+        raise ConfigError(
+            f"memory tensor holds {size} bytes ({tensor.numel()} x {tensor.element_size()}), "
+            f"but {num_blocks} blocks x {block_len} bytes need exactly {expected}"
+        )
+    base = int(tensor.data_ptr())
+    if base <= 0:
+        raise ConfigError(f"memory tensor has no storage address (data_ptr {base})")
+    if kind == "cpu":
+        return MemoryDesc(base, size, "DRAM", 0, tensor)
+    return MemoryDesc(base, size, "VRAM", int(tensor.get_device()), tensor)
+
+
+def require_device(mem_type: str, dev_id: int) -> None:
+    """Raise :class:`TransportError` unless torch can use CUDA device ``dev_id``.
+
+    DRAM always passes. For VRAM the check needs torch; without torch installed it is
+    left to NIXL's registration (which then fails with a TransportError of its own).
+    """
+    if mem_type != "VRAM":
+        return
+    try:
+        import torch
+    except ImportError:
+        return
+    name = device_name(mem_type, dev_id)
+    if not torch.cuda.is_available():
+        build = "" if torch.version.cuda else f"; torch {torch.__version__} is a CPU build"
+        raise TransportError(
+            f"CUDA device {name} requested but torch has no CUDA "
+            f"(torch.cuda.is_available() is False{build})"
+        )
+    count = torch.cuda.device_count()
+    if dev_id >= count:
+        raise TransportError(f"CUDA device {name} requested but torch sees {count} CUDA device(s)")
