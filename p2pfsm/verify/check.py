@@ -1,7 +1,11 @@
 """``p2pfsm check``: model-check the TLA+ spec with TLC.
 
-    p2pfsm check [--config gate|large|live|mustfail|NAME] [--dry-run] [--json]
+    p2pfsm check [--config gate|large|live|mustfail|NAME] [--dry-run] [--json] [-q]
                  [--workers N] [--timeout SECONDS] [--full]
+
+While TLC runs, its own progress lines (start, initial states, the periodic
+``Progress(...)`` line, the liveness check, the end) go to stderr, each prefixed with
+the config's name; ``--json`` and ``-q`` keep stderr quiet.
 
 Prints, per config, the distinct states, the search depth and the time. A violated
 property prints its counterexample as a table of (action, changed variables) and
@@ -17,18 +21,21 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import re
 import shlex
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import TextIO
 
 from p2pfsm.verify import tlc
 from p2pfsm.verify.configs import SPEC_MODULE, Config, resolve, spec_dir
+
+log = logging.getLogger(__name__)
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -47,6 +54,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=None, help="TLC workers (default: CPUs)")
     p.add_argument("--timeout", type=float, default=None, help="seconds per TLC run")
     p.add_argument("--full", action="store_true", help="do not shorten counterexample values")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="no TLC progress lines on stderr (--json implies it)")
+    p.add_argument("-v", "--verbose", action="count", default=0,
+                   help="accepted for symmetry with `p2pfsm -v`; progress is on by default")
     p.add_argument("--spec-dir", type=Path, default=None, help=argparse.SUPPRESS)
     return p
 
@@ -145,10 +156,17 @@ def _terminate_as_exit() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def _progress_printer(name: str) -> Callable[[str], None]:
+    def show(line: str) -> None:
+        print(f"{name}: tlc: {line}", file=sys.stderr, flush=True)
+    return show
+
+
 def check_main(argv: Sequence[str], out: TextIO | None = None) -> int:
     """Entry point of ``p2pfsm check``; returns the process exit status."""
     stream = sys.stdout if out is None else out
     args = _parser().parse_args(list(argv))
+    quiet = args.quiet or args.json
     try:
         directory = args.spec_dir or spec_dir()
         configs = resolve(directory, args.config)
@@ -169,9 +187,11 @@ def check_main(argv: Sequence[str], out: TextIO | None = None) -> int:
     reports: list[dict[str, object]] = []
     for cfg in configs:
         try:
+            log.info("%s: TLC in %s", cfg.name, directory)
             with _terminate_as_exit():
                 result = tlc.run(directory, SPEC_MODULE, cfg.path, workers=args.workers,
-                                 timeout=args.timeout, extra=cfg.tlc_args)
+                                 timeout=args.timeout, extra=cfg.tlc_args,
+                                 progress=None if quiet else _progress_printer(cfg.name))
         except tlc.TlcNotFound as exc:
             print(f"p2pfsm check: {exc}", file=sys.stderr)
             return EXIT_ERROR
@@ -180,7 +200,7 @@ def check_main(argv: Sequence[str], out: TextIO | None = None) -> int:
         if args.json:
             reports.append(_as_json(cfg, result, verdict))
             continue
-        print(_summary(cfg, result, verdict), file=stream)
+        print(_summary(cfg, result, verdict), file=stream, flush=True)
         if cfg.comment and cfg.must_fail:
             print(f"  re-introduces: {cfg.comment}", file=stream)
         for error in result.errors:

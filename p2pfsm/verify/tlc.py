@@ -20,11 +20,12 @@ import dataclasses
 import importlib.util
 import os
 import re
+import selectors
 import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -191,6 +192,7 @@ def run(
     dump_dot: Path | None = None,
     extra: Sequence[str] = (),
     timeout: float | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> TlcResult:
     """Run TLC on ``spec`` (a module in ``spec_dir``) with ``config`` (relative to it).
 
@@ -198,6 +200,9 @@ def run(
         dump_dot: write the reachable graph to this ``.dot`` path (given without the
             suffix TLC appends, the path is used as is).
         timeout: seconds before the run is killed (outcome "timeout").
+        progress: called, as TLC runs, with the first line of each of its progress
+            messages (:data:`PROGRESS_CODES`: start, initial states, the periodic
+            ``Progress(...)`` line, the liveness check, the end).
 
     Raises:
         TlcNotFound: java or the jar is missing.
@@ -210,14 +215,7 @@ def run(
             stem = dump_dot.with_suffix("") if dump_dot.suffix == ".dot" else dump_dot
         cmd = command(spec, config, workdir, workers=workers, dump_dot=stem, extra=extra)
         start = time.monotonic()
-        try:
-            proc = subprocess.run(cmd, cwd=spec_dir, capture_output=True, text=True,
-                                  timeout=timeout, check=False)
-            out, code = proc.stdout + proc.stderr, proc.returncode
-        except subprocess.TimeoutExpired as exc:
-            raw = exc.stdout or b""
-            out = raw.decode() if isinstance(raw, bytes) else raw
-            code = -1
+        out, code = _execute(cmd, spec_dir, timeout, progress)
         seconds = time.monotonic() - start
     dot = None if stem is None else stem.with_suffix(".dot")
     result = parse_output(out, code, config=config, seconds=seconds, command=tuple(cmd))
@@ -225,6 +223,85 @@ def run(
         result = dataclasses.replace(result, outcome="timeout",
                                      errors=(*result.errors, "timed out"))
     return dataclasses.replace(result, dump=dot if dot is not None and dot.exists() else None)
+
+
+PROGRESS_CODES: frozenset[int] = frozenset({
+    2185,  # Starting...
+    2190,  # Finished computing initial states
+    2200,  # Progress(depth) at ...: N states generated, M distinct states found, ...
+    2192,  # Checking temporal properties for the complete state space ...
+    2267,  # Finished checking temporal properties in ...
+    2193,  # Model checking completed. No error has been found.
+    2186,  # Finished in ...
+})
+"""``-tool`` message codes whose first line :func:`run` hands to its ``progress``."""
+
+_START = re.compile(rb"^@!@!@STARTMSG (\d+):(\d+) @!@!@$")
+_END = re.compile(rb"^@!@!@ENDMSG (\d+) @!@!@$")
+
+
+class _Progress:
+    """Splits TLC's output into lines as it arrives; reports the progress messages."""
+
+    def __init__(self, report: Callable[[str], None] | None) -> None:
+        self.report = report
+        self.partial = b""
+        self.code: int | None = None  # the open message, if its first line is awaited
+
+    def feed(self, data: bytes) -> None:
+        if self.report is None:
+            return
+        lines = (self.partial + data).split(b"\n")
+        self.partial = lines.pop()
+        for line in lines:
+            line = line.rstrip(b"\r")
+            if (m := _START.match(line)) is not None:
+                wanted = int(m[1]) in PROGRESS_CODES and m[2] == b"0"
+                self.code = int(m[1]) if wanted else None
+            elif _END.match(line) is not None:
+                self.code = None
+            elif self.code is not None:
+                self.code = None
+                text = line.decode("utf-8", "replace").strip()
+                if text:
+                    self.report(text)
+
+
+def _execute(cmd: Sequence[str], cwd: Path, timeout: float | None,
+             progress: Callable[[str], None] | None) -> tuple[str, int]:
+    """Run TLC, reading its merged output as it comes; (output, exit status or -1 on
+    timeout). Any exception (Ctrl-C, SIGTERM as SystemExit) kills TLC first."""
+    chunks: list[bytes] = []
+    lines = _Progress(progress)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    proc = subprocess.Popen(cmd, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    try:
+        with selectors.DefaultSelector() as sel:
+            sel.register(fd, selectors.EVENT_READ)
+            while True:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    proc.kill()
+                    proc.wait()
+                    return b"".join(chunks).decode("utf-8", "replace"), -1
+                if not sel.select(left):
+                    continue
+                data = os.read(fd, 65536)
+                if not data:
+                    break
+                chunks.append(data)
+                lines.feed(data)
+        code = proc.wait()
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    finally:
+        proc.stdout.close()
+    return b"".join(chunks).decode("utf-8", "replace"), code
 
 
 def _int(text: str) -> int:

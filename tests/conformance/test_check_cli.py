@@ -2,13 +2,15 @@
 
 The gate passes (exit 0); a must-fail config named on its own is violated (exit 1, the
 counterexample printed as a table); ``--config mustfail`` exits 0 only when every
-must-fail config fails; a SIGTERM stops TLC and removes its temporary files.
+must-fail config fails; a SIGTERM stops TLC and removes its temporary files; TLC's
+progress lines reach stderr while it runs (not with --json or -q).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -83,5 +85,41 @@ def test_sigterm_stops_tlc_and_removes_its_files(require_tlc: None, tmp_path: Pa
         assert not list(tmp_path.glob("p2pfsm-tlc-*")), "temporary files left behind"
     finally:
         if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+def test_tlc_progress_goes_to_stderr_unless_json_or_quiet(require_tlc: None) -> None:
+    loud = _run("--config", "p3_finish_drops_load")
+    assert loud.returncode == 1, loud.stdout + loud.stderr
+    lines = loud.stderr.splitlines()
+    assert lines[0].startswith("mustfail/p3_finish_drops_load: tlc: Starting..."), loud.stderr
+    assert any(" tlc: Finished in " in line for line in lines), loud.stderr
+    assert "tlc:" not in loud.stdout
+    for flag in ("--json", "-q"):
+        quiet = _run("--config", "p3_finish_drops_load", flag)
+        assert quiet.returncode == 1, quiet.stdout + quiet.stderr
+        assert quiet.stderr == "", (flag, quiet.stderr)
+    hushed = subprocess.run([*CHECK[:-1], "-q", "check", "--config", "p3_finish_drops_load"],
+                            capture_output=True, text=True, timeout=600)
+    assert hushed.returncode == 1 and hushed.stderr == "", hushed.stderr
+
+
+def test_tlc_progress_streams_while_tlc_runs(require_tlc: None) -> None:
+    """The first progress line arrives while TLC still runs (the live config takes
+    minutes), not at its end."""
+    proc = subprocess.Popen([*CHECK, "--config", "live", "--workers", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        ready, _, _ = select.select([proc.stderr], [], [], 120.0)
+        line = proc.stderr.readline() if ready else ""
+        assert line.startswith("live: tlc: Starting..."), (line, proc.poll())
+        assert proc.poll() is None, "TLC ended before its first progress line was read"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
             proc.kill()
             proc.communicate()
