@@ -198,7 +198,8 @@ class _Peer:
 
 def _stats(samples: list[float], scale: float) -> dict[str, float]:
     ordered = sorted(samples)
-    cuts = statistics.quantiles(ordered, n=10) if len(ordered) > 1 else ordered * 9
+    cuts = (statistics.quantiles(ordered, n=10, method="inclusive") if len(ordered) > 1
+            else ordered * 9)
     return {"median": statistics.median(ordered) * scale, "p10": cuts[0] * scale,
             "p90": cuts[-1] * scale, "n": float(len(ordered))}
 

@@ -1,46 +1,47 @@
 """A node: sessions bound to a real ZeroMQ control plane and a real NIXL data plane.
 
 Theory of operation. A :class:`Node` owns one :class:`ControlPlane` (bound ROUTER,
-one DEALER per peer), one :class:`DataPlane` (the registered block region) and one
-sans-IO :class:`~p2pfsm.session.Session` per peer. Everything runs on the thread
-that calls :meth:`Node.run_until` / :meth:`Node.serve`: the loop waits on ZeroMQ
-(never longer than the next timer deadline or the data plane's progress interval),
-feeds what happened to the sessions as input events and carries out their outputs.
-There is no fixed-interval sleep and no NIXL progress thread.
+one DEALER per peer), one :class:`DataPlane` (the registered block region: the host's
+own memory or one the node allocates) and one sans-IO :class:`~p2pfsm.session.Session`
+per peer. Everything runs on the thread that drives it: :meth:`Node.run_until` /
+:meth:`Node.serve`, or an event loop that waits on :meth:`Node.fileno` until
+:meth:`Node.next_deadline` and calls ``step(0)`` (:mod:`p2pfsm.aio` does this for
+asyncio). A turn feeds what happened to the sessions as input events and carries out
+their outputs. There is no fixed-interval sleep and no NIXL progress thread.
 
-Host API: :meth:`connect`, :meth:`fetch` (a future of LoadResult), :meth:`lookup`
-(a future of LookupResult), :meth:`supply` (a future of StoreResult), :meth:`finish`,
-:meth:`close`. Lookups from peers are answered by the ``on_lookup`` callback, which may
-leave keys pending and settle them later with :meth:`resolve_lookup`; the ``on_fetch``
-callback hears of fetches (to supply blocks for them).
+Host API: :meth:`connect` (and :meth:`when_ready`), :meth:`fetch` (a
+:class:`~p2pfsm.executor.jobs.JobFuture` of LoadResult), :meth:`lookup`, :meth:`supply`,
+:meth:`finish`, :meth:`resolve_lookup`, :meth:`close`. Host callbacks (``on_lookup``,
+``on_fetch``, ``on_result``) are queued and run after the outputs of the call that
+produced them are carried out: never from inside a session step, so they may call the
+host API freely.
 
-Trace log (off by default): with ``NodeConfig.trace`` set, every ``Session.handle`` call
-that is a step of the TLA+ spec is written to that file as one JSON line, named by
-:func:`p2pfsm.spec_calls.call_action` (the mapping trace validation uses for simulated
-runs); :func:`p2pfsm.verify.traces.merge_logs` merges two nodes' logs into one trace.
+Observability: :attr:`Node.metrics` (:class:`~p2pfsm.metrics.NodeMetrics`), stdlib
+logging under ``p2pfsm.node``, and an optional :class:`~p2pfsm.spec_log.CallHook` around
+every ``Session.handle`` call (``NodeConfig.trace`` installs the spec trace log).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
+import contextlib
 import heapq
-import json
+import logging
+import threading
 import time
 import uuid
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import Future
-from dataclasses import dataclass, field
-from typing import IO, Any
+from dataclasses import dataclass
+from typing import Any
 
 from p2pfsm.errors import ConfigError, LocalProtocolError, RemoteProtocolError, TransportError
+from p2pfsm.executor.config import NodeConfig, fingerprint
+from p2pfsm.executor.jobs import Driven, JobFuture, LookupAsk
 from p2pfsm.executor.nixl_plane import DataPlane
 from p2pfsm.executor.zmq_plane import ControlPlane, FrameIn, PeerLost
-from p2pfsm.fsm import Tracer
+from p2pfsm.metrics import NodeMetrics
 from p2pfsm.protocol import Connect, decode, encode
 from p2pfsm.session import (
-    DEFAULT_HASH_SEED,
     ArmTimer,
     CancelWrite,
     DisarmTimer,
@@ -68,18 +69,30 @@ from p2pfsm.session import (
     StartRegistration,
     StartWrite,
     StoreResult,
-    Timeouts,
     TimerFired,
     TimerId,
     TransportLost,
     WriteFinished,
 )
-from p2pfsm.spec_calls import call_action, steps_of
+from p2pfsm.spec_log import CallHook
+
+__all__ = ["LookupAnswer", "LookupAsk", "Node", "NodeConfig", "fingerprint"]
+
+log = logging.getLogger("p2pfsm.node")
+# A library stays silent until its host configures logging (no lastResort output).
+logging.getLogger("p2pfsm").addHandler(logging.NullHandler())
 
 _INBOUND_GRACE_S = 0.05
 """How long the data plane stays at its busy progress interval after a load ends."""
 
-LookupAnswer = tuple[Mapping[bytes, int], frozenset[bytes]]
+_DRIVEN_RECENTLY_S = 1.0
+"""A thread that stepped the node this recently counts as its driver."""
+
+_VIOLATION_LOG_BURST = 5
+_VIOLATION_LOG_WINDOW_S = 10.0
+"""At most this many violation log lines per peer per window; the rest are counted."""
+
+LookupAnswer = tuple[Mapping[bytes, int], Iterable[bytes]]
 """What ``on_lookup`` returns: hit key -> local block index, and still-pending keys."""
 
 
@@ -93,6 +106,30 @@ class _ServedLookup:
     pending: frozenset[bytes]
 
 
+@dataclass(eq=False, slots=True)
+class _Write:
+    """One of our WRITEs: the session's id for it, NIXL's, and its size."""
+
+    peer_id: str
+    xfer: int
+    nixl_id: int
+    nbytes: int
+
+
+@dataclass(eq=False, slots=True)
+class _Load:
+    future: JobFuture[LoadResult]
+    started: float
+    nbytes: int
+
+
+@dataclass(slots=True)
+class _ViolationLog:
+    window_start: float = 0.0
+    logged: int = 0
+    suppressed: int = 0
+
+
 def _is_connect(frame: bytes) -> bool:
     try:
         return isinstance(decode(frame), Connect)
@@ -100,147 +137,85 @@ def _is_connect(frame: bytes) -> bool:
         return False
 
 
-def fingerprint(model_config: Mapping[str, Any] | None) -> str:
-    """vLLM's config fingerprint: sha256 of sorted-key compact JSON, first 16 hex chars."""
-    if not model_config:
-        return ""
-    text = json.dumps(model_config, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-@dataclass(frozen=True)
-class NodeConfig:
-    """Everything a node needs; see ``docs/api.md``.
-
-    Args:
-        bind: ``tcp://HOST:PORT`` of our ROUTER (port 0: any free port).
-        num_blocks, block_len: our block region (``num_blocks * block_len`` bytes).
-        hash_seed: prefix-cache hash seed; peers must match (vLLM's default).
-        model_config: dict whose fingerprint peers must match (or pass ``fingerprint``).
-        fingerprint: an explicit fingerprint string (overrides ``model_config``).
-        timeouts: session deadlines.
-        device: ``"cpu"`` or ``"cuda[:N]"`` for the region.
-        heartbeat_ivl_ms, heartbeat_timeout_ms: ZMTP liveness of each peer connection.
-        connect_timeout_ms: how long a peer connection may take to come up (TCP and ZMTP
-            handshake) before its session dies with "transport lost: connect timeout".
-            A refused connect does not wait: "transport lost: connection refused".
-        trace: path of a trace log to write (None: no log); see :class:`CallLog`.
-    """
-
-    bind: str
-    num_blocks: int
-    block_len: int
-    hash_seed: str = DEFAULT_HASH_SEED
-    model_config: Mapping[str, Any] | None = None
-    fingerprint: str | None = None
-    timeouts: Timeouts = field(default_factory=Timeouts)
-    device: str = "cpu"
-    heartbeat_ivl_ms: int = 2000
-    heartbeat_timeout_ms: int = 10_000
-    connect_timeout_ms: int = 10_000
-    trace: str | None = None
-
-    def __post_init__(self) -> None:
-        value = self.connect_timeout_ms
-        if type(value) is not int or value <= 0:
-            raise ConfigError(f"connect_timeout_ms: expected a positive int, got {value!r}")
-
-    @property
-    def config_fingerprint(self) -> str:
-        return self.fingerprint if self.fingerprint is not None else fingerprint(self.model_config)
-
-
-class CallLog:
-    """A trace log: one JSON line per ``Session.handle`` call that is a spec action.
-
-    Each line is ``{"t", "node", "peer", "action", "steps"}``: ``time.monotonic_ns()``
-    when the call started, our id, the session's peer, the action
-    (:func:`~p2pfsm.spec_calls.call_action`) and the (machine, trigger, source, dest)
-    steps the call fired. Calls the spec takes no step for are left out (a stale timer,
-    a registration result or transport loss after the session ended, a close of a
-    closed session, an answer to an ended lookup: each fires no machine). The file is
-    line-buffered, so a killed node leaves every finished line.
-    """
-
-    def __init__(self, path: str, local_id: str) -> None:
-        self.tracer = Tracer()
-        self.local_id = local_id
-        self._file: IO[str] = open(path, "w", encoding="utf-8", buffering=1)  # noqa: SIM115
-
-    def handle(self, peer_id: str, session: Session, event: Input) -> list[Output]:
-        """``session.handle(event)``, logged."""
-        t = time.monotonic_ns()
-        state = session.state
-        try:
-            outputs = session.handle(event, time.monotonic())
-            records = list(self.tracer.records)
-        finally:
-            self.tracer.records.clear()
-        action = call_action(state, event, records)
-        if action is not None:
-            self._file.write(json.dumps({"t": t, "node": self.local_id, "peer": peer_id,
-                                         "action": action,
-                                         "steps": sorted(steps_of(records))}) + "\n")
-        return outputs
-
-    def close(self) -> None:
-        self._file.close()
-
-
-class Node:
-    """One process's endpoint: bind, connect to peers, move blocks. Not thread-safe."""
+class Node(Driven):
+    """One process's endpoint: bind, connect to peers, move blocks. Not thread-safe:
+    call it from the thread that drives it (``JobFuture.cancel`` excepted)."""
 
     def __init__(
         self,
         config: NodeConfig,
         *,
-        on_lookup: Callable[[str, LookupRequest], LookupAnswer] | None = None,
+        on_lookup: Callable[[str, LookupAsk], LookupAnswer] | None = None,
         on_fetch: Callable[[str, FetchArrived], None] | None = None,
+        on_result: Callable[[str, LoadResult | StoreResult | LookupResult], None] | None = None,
+        call_hook: CallHook | None = None,
     ) -> None:
+        if not isinstance(config, NodeConfig):
+            raise ConfigError(f"config: expected a NodeConfig, got {config!r}")
         self.config = config
         self.on_lookup = on_lookup
         self.on_fetch = on_fetch
+        self.on_result = on_result
+        self.metrics = NodeMetrics()
         self.control = ControlPlane(config.bind, heartbeat_ivl_ms=config.heartbeat_ivl_ms,
                                     heartbeat_timeout_ms=config.heartbeat_timeout_ms,
                                     heartbeat_ttl_ms=config.heartbeat_timeout_ms,
-                                    connect_timeout_ms=config.connect_timeout_ms)
+                                    connect_timeout_ms=config.connect_timeout_ms,
+                                    max_peers=config.max_peers,
+                                    advertise_host=config.advertise_host)
         try:
-            self.data = DataPlane(f"p2pfsm-{uuid.uuid4()}", config.num_blocks, config.block_len,
-                                  config.device)
+            name = f"p2pfsm-{uuid.uuid4()}"
+            self.data = DataPlane(name, config.num_blocks, config.block_len, config.device,
+                                  memory=config.memory)
         except BaseException:
             self.control.close()
             raise
         self.local_id = self.control.local_id
         self.sessions: dict[str, Session] = {}
-        self.deaths: dict[str, SessionDead] = {}
-        self.violations: list[tuple[str, ProtocolViolation]] = []
+        self.deaths: OrderedDict[str, SessionDead] = OrderedDict()
+        self.violations: deque[tuple[str, ProtocolViolation]] = deque(maxlen=config.history)
+        self._ended: OrderedDict[str, None] = OrderedDict()  # peers whose session ended
         self._events: deque[tuple[str, Input]] = deque()
+        self._callbacks: deque[Callable[[], None]] = deque()
+        self._cancels: deque[Callable[[], None]] = deque()  # appended from any thread
         self._timers: dict[tuple[str, TimerId], float] = {}
         self._heap: list[tuple[float, str, TimerId]] = []
-        self._xfers: dict[int, tuple[str, int]] = {}
-        self._by_session_xfer: dict[tuple[str, int], int] = {}
-        self._loads: dict[int, Future[LoadResult]] = {}
-        self._stores: dict[int, Future[StoreResult]] = {}
-        self._lookups: dict[tuple[str, str], deque[Future[LookupResult]]] = {}
+        self._writes_by_nixl: dict[int, _Write] = {}
+        self._writes: dict[tuple[str, int], _Write] = {}
+        self._loads: dict[int, _Load] = {}
+        self._stores: dict[int, JobFuture[StoreResult]] = {}
+        self._lookups: dict[tuple[str, str], deque[JobFuture[LookupResult]]] = {}
+        self._ready_waiters: dict[str, list[JobFuture[Session]]] = {}
+        self._started_at: dict[str, float] = {}
         self._lookup_serial = 0  # the last token handed to on_lookup
         self._asking: int | None = None  # the token on_lookup is being asked about
         self._served: dict[int, _ServedLookup] = {}  # our token -> lookup with pending keys
         self._served_tokens: dict[tuple[str, int], int] = {}  # (peer, session token) -> ours
+        self._violation_logs: dict[str, _ViolationLog] = {}
         self._job = 0
         self._closed = False
-        self._log: CallLog | None = None
-        if config.trace is not None:
+        self._draining = False
+        self._loop_thread: int | None = None
+        self._last_step: tuple[int, float] | None = None
+        self._aio_thread: int | None = None
+        self._hook = call_hook
+        if call_hook is None and config.trace is not None:
+            from p2pfsm.spec_log import CallLog
+
             try:
-                self._log = CallLog(config.trace, self.local_id)
+                self._hook = CallLog(config.trace, self.local_id)
             except OSError as exc:
                 self.data.close()
                 self.control.close()
                 raise ConfigError(f"cannot write the trace log {config.trace}: {exc}") from exc
+        log.info("node %s up: %d blocks of %d bytes", self.local_id, config.num_blocks,
+                 config.block_len)
 
     # ------------------------------------------------------------- host API
     @property
     def region(self) -> Any:
-        """Our block region (a torch uint8 tensor, one row per block)."""
+        """Our block region: the host's tensor, the one the node allocated (a uint8
+        tensor, one row per block), or None for raw host memory."""
         return self.data.region
 
     def new_job_id(self) -> int:
@@ -256,6 +231,19 @@ class Node:
         self.control.connect(peer_id)
         return self._new_session(peer_id)
 
+    def when_ready(self, peer_id: str) -> JobFuture[Session]:
+        """A future of the session to ``peer_id`` once it is ready; a
+        :class:`TransportError` naming the reason if it dies first."""
+        session = self.session(peer_id)
+        fut: JobFuture[Session] = JobFuture(self)
+        if session.ready:
+            fut.set_result(session)
+        elif not session.alive and session.state != "idle":
+            fut.set_exception(TransportError(self._death_reason(peer_id)))
+        else:
+            self._ready_waiters.setdefault(peer_id, []).append(fut)
+        return fut
+
     def session(self, peer_id: str) -> Session:
         try:
             return self.sessions[peer_id]
@@ -263,37 +251,47 @@ class Node:
             raise LocalProtocolError(f"no session to {peer_id}; connect first") from None
 
     def fetch(self, peer_id: str, kv_request_id: str, keys: Iterable[bytes],
-              dest_indexes: Iterable[int]) -> Future[LoadResult]:
-        """Load ``keys`` from the peer into our blocks ``dest_indexes``; one result."""
+              dest_indexes: Iterable[int]) -> JobFuture[LoadResult]:
+        """Load ``keys`` from the peer into our blocks ``dest_indexes``; one result.
+
+        ``cancel()`` on the future finishes the request (aborting a round in flight); the
+        future still resolves with the final LoadResult.
+        """
+        keys = tuple(keys)
         job = self.new_job_id()
-        fut: Future[LoadResult] = Future()
-        self._loads[job] = fut
+        fut: JobFuture[LoadResult] = JobFuture(
+            self, lambda: self._finish_quietly(peer_id, kv_request_id))
+        self._loads[job] = _Load(fut, time.monotonic(), len(keys) * self.config.block_len)
         try:
-            self._host(peer_id, HostFetch(job, kv_request_id, tuple(keys), tuple(dest_indexes)))
+            self._host(peer_id, HostFetch(job, kv_request_id, keys, tuple(dest_indexes)))
         except BaseException:
             del self._loads[job]
             raise
+        self.metrics.count("fetches_started")
         self.data.expect_inbound(_INBOUND_GRACE_S)
         return fut
 
     def lookup(self, peer_id: str, kv_request_id: str,
-               keys: Iterable[bytes]) -> Future[LookupResult]:
+               keys: Iterable[bytes]) -> JobFuture[LookupResult]:
         """Ask the peer which keys it holds; one result."""
-        fut: Future[LookupResult] = Future()
+        fut: JobFuture[LookupResult] = JobFuture(self)
         queue = self._lookups.setdefault((peer_id, kv_request_id), deque())
         queue.append(fut)
         try:
             self._host(peer_id, HostLookup(kv_request_id, tuple(keys)))
         except BaseException:
             queue.pop()
+            if not queue:
+                del self._lookups[(peer_id, kv_request_id)]
             raise
+        self.metrics.count("lookups_started")
         return fut
 
     def supply(self, peer_id: str, kv_request_id: str, keys: Iterable[bytes],
-               local_indexes: Iterable[int]) -> Future[StoreResult]:
+               local_indexes: Iterable[int]) -> JobFuture[StoreResult]:
         """Offer stored blocks to the peer; they stay pinned until the result."""
         job = self.new_job_id()
-        fut: Future[StoreResult] = Future()
+        fut: JobFuture[StoreResult] = JobFuture(self)
         self._stores[job] = fut
         try:
             self._host(peer_id, HostSupply(job, kv_request_id, tuple(keys),
@@ -301,14 +299,16 @@ class Node:
         except BaseException:
             del self._stores[job]
             raise
+        self.metrics.count("stores_started")
         return fut
 
     def finish(self, peer_id: str, kv_request_id: str) -> None:
-        """The host is done with the request (both roles)."""
+        """The host is done with the request (both roles): a load in flight is aborted
+        (its result still comes), a demand that cannot be met is answered."""
         self._host(peer_id, HostFinish(kv_request_id))
 
     def resolve_lookup(self, peer_id: str, token: int, hits: Mapping[bytes, int] | None = None,
-                       pending: Iterable[bytes] = ()) -> Future[StoreResult] | None:
+                       pending: Iterable[bytes] = ()) -> JobFuture[StoreResult] | None:
         """Settle keys that ``on_lookup`` left pending in the peer's lookup ``token``.
 
         ``hits`` maps a key to the local block now pinned for it; keys in ``pending``
@@ -332,10 +332,7 @@ class Node:
         served = self._served.get(token)
         if served is not None and served.peer_id != peer_id:
             raise LocalProtocolError(f"resolve_lookup: lookup {token} is not from {peer_id}")
-        outside = [i for i in hits.values()
-                   if type(i) is not int or not 0 <= i < self.config.num_blocks]
-        if outside:
-            raise LocalProtocolError(f"resolve_lookup: index {outside[0]!r} outside our region")
+        self._check_local_indexes("resolve_lookup", hits.values())
         both = hits.keys() & still
         if both:
             raise LocalProtocolError(f"resolve_lookup: {len(both)} key(s) both hit and pending")
@@ -349,11 +346,11 @@ class Node:
         if served is None or self._served.get(token) is not served:
             if not hits:
                 return None
-            fut: Future[StoreResult] = Future()
-            fut.set_result(StoreResult(self.new_job_id(), False))
-            return fut
+            done: JobFuture[StoreResult] = JobFuture(self)
+            done.set_result(StoreResult(self.new_job_id(), False))
+            return done
         job = self.new_job_id() if hits else None
-        fut = Future()
+        fut: JobFuture[StoreResult] = JobFuture(self)
         if job is not None:
             self._stores[job] = fut
         try:
@@ -369,6 +366,7 @@ class Node:
         self._drain()
         return fut if job is not None else None
 
+    # ------------------------------------------------------------- the loop
     def run_until(self, done: Callable[[], bool], timeout: float) -> bool:
         """Run the loop until ``done()`` or ``timeout`` seconds; returns ``done()``."""
         end = time.monotonic() + timeout
@@ -384,18 +382,54 @@ class Node:
         while not stop():
             self.step(1.0)
 
-    def step(self, max_wait: float) -> None:
-        """One loop turn: wait for news (bounded), then handle it all."""
+    def fileno(self) -> int:
+        """A descriptor that turns readable when the control plane has news.
+
+        For a host's own event loop: wait on it (readable) or until
+        :meth:`next_deadline`, whichever comes first, then call ``step(0)``. It is edge
+        triggered underneath: after it turns readable, ``step(0)`` before waiting again.
+        """
+        return self.control.fileno()
+
+    def next_deadline(self) -> float:
+        """The ``time.monotonic()`` by which ``step`` must run again: the earliest armed
+        timer, connect deadline or data-plane progress tick."""
+        now = time.monotonic()
+        deadline = now + self.data.progress_interval_ms / 1000.0
+        while self._heap and self._timers.get(self._heap[0][1:]) != self._heap[0][0]:
+            heapq.heappop(self._heap)  # disarmed or re-armed
+        if self._heap:
+            deadline = min(deadline, self._heap[0][0])
+        connect_ms = self.control.next_timeout_ms()
+        if connect_ms is not None:
+            deadline = min(deadline, now + connect_ms / 1000.0)
+        if self._events or self._callbacks or self._cancels:
+            deadline = now
+        return deadline
+
+    def step(self, max_wait: float) -> int:
+        """One loop turn: wait for news (at most ``max_wait`` s), then handle it all.
+        Returns how many control-plane events it took in."""
         self._check_open()
+        me = threading.get_ident()
+        if self._loop_thread == me:
+            raise LocalProtocolError("step() called from inside the node's own loop")
+        self._loop_thread = me
+        try:
+            return self._turn(max_wait)
+        finally:
+            self._loop_thread = None
+            self._last_step = (me, time.monotonic())
+
+    def _turn(self, max_wait: float) -> int:
         self._handle_all()
         if self._loads:
             # Blocks may be arriving (a peer's first WRITE needs our UCX progress):
             # progress often while loads are open, and only then.
             self.data.expect_inbound(_INBOUND_GRACE_S)
-        wait = min(max_wait, self.data.progress_interval_ms / 1000.0)
-        if self._heap:
-            wait = min(wait, max(0.0, self._heap[0][0] - time.monotonic()))
-        for event in self.control.poll(max(0, int(wait * 1000))):
+        wait = max(0.0, min(max_wait, self.next_deadline() - time.monotonic()))
+        events = self.control.poll(int(wait * 1000))
+        for event in events:
             if isinstance(event, FrameIn):
                 self._on_frame(event.peer_id, event.frame)
             elif isinstance(event, PeerLost):
@@ -409,27 +443,40 @@ class Node:
                 del self._timers[(peer, timer)]
                 self._events.append((peer, TimerFired(timer)))
         self._handle_all()
+        self._update_gauges()
+        return len(events)
 
     def close(self, timeout: float = 5.0) -> None:
-        """Close every session, give writes ``timeout`` to drain, release the transports."""
+        """Close every session, give writes ``timeout`` to drain, release the transports.
+        Every job still open gets its result (a :class:`TransportError` "node closed")."""
         if self._closed:
             return
         for peer in list(self.sessions):
             if self.sessions[peer].state != "closed":
                 self._events.append((peer, HostClose()))
         self._drain()
-        self.run_until(lambda: not self._xfers, timeout)
-        for peer_id, session_xfer in list(self._xfers.values()):
-            self._feed(peer_id, WriteFinished(session_xfer, False))
-        pending: list[Future[Any]] = [*self._loads.values(), *self._stores.values()]
+        self.run_until(lambda: not self._writes, timeout)
+        for write in list(self._writes.values()):
+            self._forget_write(write)
+            self._feed(write.peer_id, WriteFinished(write.xfer, False))
+        self._drain()
+        pending: list[JobFuture[Any]] = [
+            *(load.future for load in self._loads.values()), *self._stores.values(),
+            *(f for queue in self._lookups.values() for f in queue),
+            *(f for waiters in self._ready_waiters.values() for f in waiters)]
         for fut in pending:
             if not fut.done():
                 fut.set_exception(TransportError("node closed"))
+        self._loads.clear()
+        self._stores.clear()
+        self._lookups.clear()
+        self._ready_waiters.clear()
         self._closed = True
         self.data.close()
         self.control.close()
-        if self._log is not None:
-            self._log.close()
+        if self._hook is not None:
+            self._hook.close()
+        log.info("node %s closed", self.local_id)
 
     def __enter__(self) -> Node:
         return self
@@ -437,10 +484,58 @@ class Node:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    # ------------------------------------------------------- Driven (futures)
+    def wait_problem(self) -> str | None:
+        me = threading.get_ident()
+        if self._closed:
+            return "the node is closed"
+        if self._loop_thread == me:
+            return "called from inside the node's loop (a callback); let the loop finish it"
+        if self._aio_thread is not None:
+            if self._aio_thread == me:
+                return "called on the event loop's thread; await it instead"
+            return None
+        if self._loop_thread is not None:
+            return None
+        if (self._last_step is not None and self._last_step[0] != me
+                and time.monotonic() - self._last_step[1] < _DRIVEN_RECENTLY_S):
+            return None
+        return ("nothing drives the node: call node.run_until(future.done, timeout) here, "
+                "run node.serve() on another thread, or await it through p2pfsm.aio")
+
+    def request_cancel(self, action: Callable[[], None]) -> None:
+        if self._closed:
+            return
+        me = threading.get_ident()
+        driver = self._loop_thread or self._aio_thread
+        if driver is None or (driver == me and self._loop_thread is None):
+            action()
+        else:
+            self._cancels.append(action)  # run by the driver on its next turn
+
+    def attach_event_loop(self, thread_id: int | None) -> None:
+        """Mark the thread of the asyncio loop driving the node (None: detach)."""
+        self._aio_thread = thread_id
+
     # ------------------------------------------------------------ internals
     def _check_open(self) -> None:
         if self._closed:
             raise LocalProtocolError("the node is closed")
+
+    def _check_local_indexes(self, what: str, indexes: Iterable[object]) -> None:
+        outside = [i for i in indexes
+                   if type(i) is not int or not 0 <= i < self.config.num_blocks]
+        if outside:
+            raise LocalProtocolError(f"{what}: index {outside[0]!r} outside our region")
+
+    def _finish_quietly(self, peer_id: str, kv_request_id: str) -> None:
+        """A cancelled fetch: finish its request unless the session is already over."""
+        session = self.sessions.get(peer_id)
+        if self._closed or session is None or not session.alive:
+            return
+        with contextlib.suppress(LocalProtocolError):  # ended meanwhile: result on its way
+            self.finish(peer_id, kv_request_id)
+        log.info("fetch of %s from %s cancelled: request finished", kv_request_id, peer_id)
 
     def _host(self, peer_id: str, event: Input) -> None:
         self._check_open()
@@ -459,9 +554,11 @@ class Node:
             config_fingerprint=cfg.config_fingerprint,
             expected_peer_id=peer_id,
             timeouts=cfg.timeouts,
-        ), None if self._log is None else self._log.tracer)
+        ), None if self._hook is None else self._hook.tracer)
         self.sessions[peer_id] = session
+        self._ended.pop(peer_id, None)
         self.deaths.pop(peer_id, None)
+        self._started_at[peer_id] = time.monotonic()
         self._feed(peer_id, HostStart(), session=session)
         return session
 
@@ -483,36 +580,65 @@ class Node:
         """Handle every queued event, and the writes that this finished at once: over
         CMA a WRITE usually completes inside ``transfer()``, and waiting for the next
         turn to notice would add a whole loop wait (up to the idle interval) to it."""
+        while self._cancels:
+            self._cancels.popleft()()
         self._drain()
-        while self._xfers and self._collect_writes():
+        while self._writes and self._collect_writes():
             self._drain()
 
     def _collect_writes(self) -> bool:
         """Queue WriteFinished for our finished writes; True when there were any."""
         found = False
         for nixl_id, ok in self.data.poll():
-            owner = self._xfers.pop(nixl_id, None)
-            if owner is not None:
-                self._by_session_xfer.pop(owner, None)
-                self._events.append((owner[0], WriteFinished(owner[1], ok)))
+            write = self._writes_by_nixl.get(nixl_id)
+            if write is not None:
+                self._forget_write(write)
+                if ok:
+                    self.metrics.count("served_bytes", write.nbytes)
+                self._events.append((write.peer_id, WriteFinished(write.xfer, ok)))
                 found = True
         return found
 
+    def _forget_write(self, write: _Write) -> None:
+        del self._writes_by_nixl[write.nixl_id]
+        del self._writes[(write.peer_id, write.xfer)]
+
     def _drain(self) -> None:
-        while self._events:
-            peer_id, event = self._events.popleft()
-            session = self.sessions.get(peer_id)
-            if session is not None:
-                self._feed(peer_id, event, session=session)
+        """Handle queued events; then (unless this is a nested call from a callback)
+        run the queued host callbacks, until both queues are empty."""
+        nested = self._draining
+        self._draining = True
+        try:
+            while True:
+                while self._events:
+                    peer_id, event = self._events.popleft()
+                    session = self.sessions.get(peer_id)
+                    if session is not None:
+                        self._feed(peer_id, event, session=session)
+                if nested or not self._callbacks:
+                    return
+                self._callbacks.popleft()()
+        finally:
+            self._draining = nested
 
     def _feed(self, peer_id: str, event: Input, *, session: Session | None = None) -> None:
         session = session or self.sessions[peer_id]
-        if self._log is None:
+        was_ready = session.ready
+        hook = self._hook
+        if hook is None:
             outputs = session.handle(event, time.monotonic())
         else:
-            outputs = self._log.handle(peer_id, session, event)
+            started, state = time.monotonic_ns(), session.state
+            try:
+                outputs = session.handle(event, time.monotonic())
+            except BaseException:
+                hook.discard()
+                raise
+            hook.record(peer_id, state, event, started)
         for out in outputs:
             self._apply(peer_id, session, out)
+        if not was_ready and session.ready:
+            self._on_ready(peer_id, session)
 
     def _apply(self, peer_id: str, session: Session, out: Output) -> None:
         if isinstance(out, SendFrame):
@@ -521,16 +647,18 @@ class Node:
         elif isinstance(out, StartWrite):
             try:
                 nixl_id = self.data.write(peer_id, out.local_indexes, out.remote_indexes)
-            except TransportError:
+            except TransportError as exc:
+                log.warning("write to %s failed to start: %s", peer_id, exc)
                 self._events.append((peer_id, WriteFinished(out.xfer, False)))
                 return
-            self._xfers[nixl_id] = (peer_id, out.xfer)
-            self._by_session_xfer[(peer_id, out.xfer)] = nixl_id
+            write = _Write(peer_id, out.xfer, nixl_id,
+                           len(out.local_indexes) * self.config.block_len)
+            self._writes_by_nixl[nixl_id] = write
+            self._writes[(peer_id, out.xfer)] = write
         elif isinstance(out, CancelWrite):
-            cancel_id = self._by_session_xfer.get((peer_id, out.xfer))
-            if cancel_id is not None and self.data.cancel(cancel_id):
-                del self._by_session_xfer[(peer_id, out.xfer)]
-                del self._xfers[cancel_id]
+            cancelled = self._writes.get((peer_id, out.xfer))
+            if cancelled is not None and self.data.cancel(cancelled.nixl_id):
+                self._forget_write(cancelled)
                 self._events.append((peer_id, WriteFinished(out.xfer, False)))
         elif isinstance(out, ArmTimer):
             deadline = out.deadline  # sessions run on time.monotonic()
@@ -545,65 +673,174 @@ class Node:
                                    c.block_len)
                 result = RegistrationFinished(True)
             except (TransportError, ConfigError) as exc:
+                log.warning("peer %s: cannot register its memory: %s", peer_id, exc)
                 result = RegistrationFinished(False, str(exc))
             self._events.append((peer_id, result))
         elif isinstance(out, LoadResult):
-            self._settle(self._loads.pop(out.job_id, None), out)
+            self._on_load_result(peer_id, out)
         elif isinstance(out, StoreResult):
-            self._settle(self._stores.pop(out.job_id, None), out)
+            self._deliver(peer_id, self._stores.pop(out.job_id, None), out)
         elif isinstance(out, LookupResult):
             queue = self._lookups.get((peer_id, out.kv_request_id))
-            if queue:
-                self._settle(queue.popleft(), out)
-                if not queue:
-                    del self._lookups[(peer_id, out.kv_request_id)]
+            fut = queue.popleft() if queue else None
+            if queue is not None and not queue:
+                del self._lookups[(peer_id, out.kv_request_id)]
+            self._deliver(peer_id, fut, out)
         elif isinstance(out, LookupRequest):
-            self._answer(peer_id, session, out)
+            self._callbacks.append(lambda: self._answer(peer_id, session, out))
         elif isinstance(out, LookupClosed):
             token = self._served_tokens.get((peer_id, out.token))
             if token is not None:
                 self._forget_served(token)
         elif isinstance(out, FetchArrived):
-            if self.on_fetch is not None:
-                self.on_fetch(peer_id, out)
+            on_fetch = self.on_fetch
+            if on_fetch is not None:
+                self._callbacks.append(lambda: self._call_on_fetch(on_fetch, peer_id, out))
         elif isinstance(out, SessionDead):
-            self.deaths[peer_id] = out
-            if peer_id in self.data.peers:
-                # Writes to the peer may still be in flight; they fail on removal.
-                self.data.remove_peer(peer_id)
+            self._on_death(peer_id, out)
         elif isinstance(out, ProtocolViolation):
-            self.violations.append((peer_id, out))
+            self._on_violation(peer_id, out)
+
+    def _call_on_fetch(self, on_fetch: Callable[[str, FetchArrived], None], peer_id: str,
+                       arrived: FetchArrived) -> None:
+        if peer_id in self.sessions and self.sessions[peer_id].alive:
+            on_fetch(peer_id, arrived)
+
+    def _on_load_result(self, peer_id: str, res: LoadResult) -> None:
+        load = self._loads.pop(res.job_id, None)
+        if load is not None:
+            self.metrics.observe("fetch_seconds", time.monotonic() - load.started)
+            if res.success:
+                self.metrics.count("fetches_succeeded")
+                self.metrics.count("fetch_bytes", load.nbytes)
+            else:
+                self.metrics.count("fetches_failed")
+                log.info("load job %d (%s) from %s failed; destination released: %s",
+                         res.job_id, res.kv_request_id, peer_id, res.released)
+        self._deliver(peer_id, None if load is None else load.future, res)
+
+    def _deliver(self, peer_id: str, fut: JobFuture[Any] | None,
+                 value: LoadResult | StoreResult | LookupResult) -> None:
+        """Hand a result to its future (and ``on_result``); count one nobody holds."""
+        if fut is None:
+            self.metrics.count("results_dropped")
+            log.error("result with no job waiting for it (a bug): %r", value)
+        elif not fut.done():
+            fut.set_result(value)
+        on_result = self.on_result
+        if on_result is not None:
+            self._callbacks.append(lambda: on_result(peer_id, value))
+
+    def _on_ready(self, peer_id: str, session: Session) -> None:
+        started = self._started_at.pop(peer_id, None)
+        if started is not None:
+            self.metrics.observe("handshake_seconds", time.monotonic() - started)
+        self.metrics.count("handshakes")
+        log.info("peer %s ready", peer_id)
+        for fut in self._ready_waiters.pop(peer_id, ()):
+            if not fut.done():
+                fut.set_result(session)
+
+    def _on_death(self, peer_id: str, dead: SessionDead) -> None:
+        self.deaths[peer_id] = dead
+        self.deaths.move_to_end(peer_id)
+        while len(self.deaths) > self.config.history:
+            self.deaths.popitem(last=False)
+        self.metrics.count("deaths")
+        self._started_at.pop(peer_id, None)
+        if dead.mismatch is not None:
+            self.metrics.count("handshakes_rejected")
+            log.warning("peer %s rejected: handshake field %r differs (%s)", peer_id,
+                        dead.mismatch.field, dead.mismatch)
+        elif dead.reason == "closed":
+            log.info("peer %s: session closed", peer_id)
+        else:
+            log.warning("peer %s down: %s", peer_id, dead.reason)
+        error = TransportError(f"session to {peer_id} died: {dead.reason}")
+        for fut in self._ready_waiters.pop(peer_id, ()):
+            if not fut.done():
+                fut.set_exception(error)
+        if peer_id in self.data.peers:
+            # Writes to the peer may still be in flight; they fail on removal.
+            self.data.remove_peer(peer_id)
+        self._ended[peer_id] = None
+        self._ended.move_to_end(peer_id)
+        self._prune_ended()
+
+    def _prune_ended(self) -> None:
+        """Drop ended sessions with nothing left to do beyond ``history`` of them."""
+        excess = len(self._ended) - self.config.history
+        for peer_id in list(self._ended):
+            if excess <= 0:
+                return
+            session = self.sessions.get(peer_id)
+            if session is None or session.alive:
+                del self._ended[peer_id]
+                continue
+            if not session.has_pending_work:
+                del self._ended[peer_id]
+                del self.sessions[peer_id]
+                excess -= 1
+
+    def _on_violation(self, peer_id: str, violation: ProtocolViolation) -> None:
+        self.violations.append((peer_id, violation))
+        self.metrics.count("violations")
+        rate = self._violation_logs.setdefault(peer_id, _ViolationLog())
+        now = time.monotonic()
+        if now - rate.window_start >= _VIOLATION_LOG_WINDOW_S:
+            if rate.suppressed:
+                log.warning("peer %s: %d more rejected frames not logged", peer_id,
+                            rate.suppressed)
+            rate.window_start, rate.logged, rate.suppressed = now, 0, 0
+        if rate.logged < _VIOLATION_LOG_BURST:
+            rate.logged += 1
+            log.warning("peer %s: frame rejected: %s", peer_id, violation.error)
+        else:
+            rate.suppressed += 1
+
+    def _death_reason(self, peer_id: str) -> str:
+        dead = self.deaths.get(peer_id)
+        return f"session to {peer_id} died: {dead.reason if dead else 'unknown'}"
+
+    def _update_gauges(self) -> None:
+        self.metrics.set_gauge("peers", sum(1 for s in self.sessions.values() if s.alive))
+        self.metrics.set_gauge("open_loads", len(self._loads))
+        self.metrics.set_gauge("open_stores", len(self._stores))
 
     def _answer(self, peer_id: str, session: Session, req: LookupRequest) -> None:
         """Ask ``on_lookup``, showing it our token for the lookup (unique in this node,
-        unlike the session's, which restarts with each session)."""
-        hits: Mapping[bytes, int] = {}
-        pending: frozenset[bytes] = frozenset()
+        unlike the session's, which restarts with each session) and the future of the
+        pins it returns."""
         self._lookup_serial += 1
         token = self._lookup_serial
+        pins: JobFuture[StoreResult] = JobFuture(self)
+        hits: dict[bytes, int] = {}
+        pending: frozenset[bytes] = frozenset()
+        self.metrics.count("lookups_served")
         if self.on_lookup is not None:
+            ask = LookupAsk(token, req.kv_request_id, req.round_seq, req.keys, pins)
             self._asking = token
             try:
-                hits, pending = self.on_lookup(peer_id, dataclasses.replace(req, token=token))
+                answer_hits, answer_pending = self.on_lookup(peer_id, ask)
             finally:
                 self._asking = None
-            pending = frozenset(pending)
+            hits = dict(answer_hits)
+            pending = frozenset(answer_pending)
+            self._check_local_indexes("on_lookup", hits.values())
         job = None
         if hits:
             job = self.new_job_id()
-            self._stores[job] = Future()
+            self._stores[job] = pins
+        else:
+            pins.set_result(StoreResult(0, False))
         if pending - hits.keys():
             self._served[token] = _ServedLookup(peer_id, session, req.token,
                                                 pending - hits.keys())
             self._served_tokens[(peer_id, req.token)] = token
-        self._events.append((peer_id, HostAnswerLookup(req.token, dict(hits), job, pending)))
+        self._feed(peer_id, HostAnswerLookup(req.token, hits, job, pending), session=session)
 
     def _forget_served(self, token: int) -> None:
         served = self._served.pop(token, None)
         if served is not None:
             self._served_tokens.pop((served.peer_id, served.session_token), None)
 
-    @staticmethod
-    def _settle(fut: Future[Any] | None, value: object) -> None:
-        if fut is not None and not fut.done():
-            fut.set_result(value)

@@ -471,8 +471,9 @@ class Session:
             rnd.round_seq = msg.round_seq
             rounds[msg.round_seq] = rnd
         rnd = self._round_for(msg.kv_request_id, msg.round_seq)
+        supplied = tuple(k for k in msg.keys if k in rnd.supply)
         SERVER_ROUND.fire(rnd, "recv_fetch", msg)
-        self.emit(FetchArrived(msg.kv_request_id, msg.round_seq, msg.keys))
+        self.emit(FetchArrived(msg.kv_request_id, msg.round_seq, msg.keys, supplied))
         self._settle(rnd)
 
     def _on_lookup(self, msg: Lookup) -> None:

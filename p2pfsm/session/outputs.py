@@ -111,11 +111,23 @@ class LookupClosed:
 
 @dataclass(frozen=True, slots=True)
 class FetchArrived:
-    """The peer fetched ``keys`` for (kv_request_id, round_seq): supply for it is wanted."""
+    """The peer fetched ``keys`` for (kv_request_id, round_seq).
+
+    ``supplied`` are the keys the round already holds supply for (an earlier
+    :class:`~p2pfsm.session.inputs.HostSupply` or lookup pins); supply is wanted only for
+    :attr:`missing`. A round answered from a lookup takes no further supply.
+    """
 
     kv_request_id: str
     round_seq: int
     keys: tuple[bytes, ...] = ()
+    supplied: tuple[bytes, ...] = ()
+
+    @property
+    def missing(self) -> tuple[bytes, ...]:
+        """The fetched keys with no supply yet, in fetch order."""
+        have = set(self.supplied)
+        return tuple(k for k in self.keys if k not in have)
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,8 +39,9 @@ CLI = [sys.executable, "-m", "p2pfsm.cli"]
 REAL_RUNS: dict[str, tuple[list[str], int]] = {
     "pd": (["--keys", "0"], 0),
     "sym": (["--keys", "0", "--mode", "sym"], 0),
-    # Block 1 is never supplied: the load deadline aborts the round.
-    "abort": (["--keys", "1", "--load-timeout", "1"], 1),
+    # The server does not hold block 1: its host finishes the request, which fails the
+    # round at once (transfer_done(false)) rather than at the consumer's load deadline.
+    "miss": (["--keys", "1", "--load-timeout", "5"], 1),
 }
 RUN_TIMEOUT = 90.0  # process start-up loads torch and NIXL; two busy cores
 
@@ -179,8 +180,8 @@ def test_real_traces_are_not_trivial(recorded: Recorded) -> None:
         "sym": done | {"ClientLookupHostLookup", "ServerLookupRecvLookup",
                        "ServerLookupHostAnswer", "ClientLookupRecvLookupResp",
                        "ClientRoundHostFinish"},
-        "abort": {"ServerRoundRecvFetch", "ClientRoundTimerLoad", "ServerRoundRecvAbortFetch",
-                  "ClientRoundRecvAbortAck"},
+        "miss": {"ClientRoundHostFetch", "ServerRoundRecvFetch", "ClientRoundHostFinish",
+                 "ClientRoundRecvTransferDone"},
     }
     for name, trace in recorded.real.items():
         actions = {e.action for e in trace}

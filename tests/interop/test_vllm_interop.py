@@ -234,7 +234,7 @@ def region_block(node: Node, index: int) -> bytes:
 
 
 def check_node(node: Node) -> None:
-    assert node.violations == [], f"p2pfsm saw protocol violations: {node.violations}"
+    assert list(node.violations) == [], f"p2pfsm saw protocol violations: {node.violations}"
 
 
 @dataclass

@@ -28,7 +28,9 @@ def test_supply_before_fetch_is_written_when_the_fetch_arrives() -> None:
     assert w.xfers("b") == []
     job = w.load("a", "r1", [8, 9])
     w.deliver("a")
-    assert w.out("b", FetchArrived) == [FetchArrived("r1", 0, keys([8, 9]))]
+    arrived = w.out("b", FetchArrived)
+    assert arrived == [FetchArrived("r1", 0, keys([8, 9]), keys([8, 9]))]
+    assert arrived[0].missing == ()
     write = w.out("b", StartWrite)[-1]
     assert write.local_indexes == (8, 9)
     assert write.remote_indexes == w.hosts["a"].loads[job].dest
@@ -57,6 +59,7 @@ def test_supply_after_fetch_serves_the_parked_demand() -> None:
     w.deliver("a")
     assert w.out("b", StartWrite) == []
     assert w.counts("b")["server_round"] == 1
+    assert w.out("b", FetchArrived)[-1].missing == keys([8, 9])
     store = w.supply("b", "r1", [8, 9])
     write = w.out("b", StartWrite)[-1]
     assert write.local_indexes == (8, 9)
@@ -85,6 +88,16 @@ def test_partial_supply_in_two_batches_gives_one_transfer_done() -> None:
     assert w.result("a", job).success
     assert {r.job_id for r in w.out("b", StoreResult)} == {first, second}
     assert_idle(w)
+
+
+def test_fetch_arrived_names_the_keys_still_missing_after_partial_supply() -> None:
+    w = ready_world()
+    w.supply("b", "r1", [9])
+    w.load("a", "r1", [8, 9, 10])
+    w.deliver("a")
+    arrived = w.out("b", FetchArrived)[-1]
+    assert arrived.supplied == keys([9])
+    assert arrived.missing == keys([8, 10])
 
 
 def test_each_round_of_a_request_gets_exactly_one_transfer_done() -> None:

@@ -1,0 +1,130 @@
+"""A node's configuration, checked whole at construction (a bad value never fails later)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from p2pfsm.errors import ConfigError
+from p2pfsm.session import DEFAULT_HASH_SEED, Timeouts
+
+MAX_BLOCKS = (1 << 31) - 1
+"""Largest region in blocks: NIXL takes descriptor indexes as int32."""
+
+MAX_REGION_BYTES = 1 << 48
+"""Largest region in bytes the node accepts (256 TiB: beyond any host or GPU)."""
+
+
+def fingerprint(model_config: Mapping[str, Any] | None) -> str:
+    """vLLM's config fingerprint: sha256 of sorted-key compact JSON, first 16 hex chars."""
+    if not model_config:
+        return ""
+    text = json.dumps(model_config, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _int_in(name: str, value: object, low: int, high: int) -> None:
+    if type(value) is not int or not low <= value <= high:
+        raise ConfigError(f"{name}: expected an int in [{low}, {high}], got {value!r}")
+
+
+def _device_ok(device: object) -> bool:
+    if device in ("cpu", "cuda"):
+        return True
+    if not isinstance(device, str):
+        return False
+    kind, sep, index = device.partition(":")
+    return kind == "cuda" and bool(sep) and index.isascii() and index.isdigit()
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """Everything a node needs; see ``docs/api.md``. Every field is checked here.
+
+    Args:
+        bind: ``tcp://HOST:PORT`` of our ROUTER (port 0: any free port).
+        num_blocks, block_len: our block region (``num_blocks * block_len`` bytes).
+        hash_seed: prefix-cache hash seed; peers must match (vLLM's default).
+        model_config: dict whose fingerprint peers must match (or pass ``fingerprint``).
+        fingerprint: an explicit fingerprint string (overrides ``model_config``).
+        timeouts: session deadlines.
+        device: ``"cpu"`` or ``"cuda[:N]"``: where the node allocates the region, or
+            (with ``memory``) the device the memory must be on. None: ``"cpu"``, or the
+            memory's own device.
+        memory: the host's own memory to register instead (a contiguous torch tensor of
+            exactly ``num_blocks * block_len`` bytes, or a
+            :class:`~p2pfsm.executor.memory.HostRegion`); None: the node allocates.
+        heartbeat_ivl_ms, heartbeat_timeout_ms: ZMTP liveness of each peer connection.
+        connect_timeout_ms: how long a peer connection may take to come up (TCP and ZMTP
+            handshake) before its session dies with "transport lost: connect timeout".
+            A refused connect does not wait: "transport lost: connection refused".
+        advertise_host: the host our peers dial back and see in our id (bind
+            ``tcp://0.0.0.0:PORT`` and advertise the pod IP); None: the bind host.
+        max_peers: most peer connections at once; more are dropped at the door.
+        history: how many past deaths, violations and ended sessions the node keeps
+            (oldest go first; :attr:`Node.counts` keeps the totals).
+        trace: path of a trace log to write (None: no log); see
+            :class:`p2pfsm.spec_log.CallLog`.
+    """
+
+    bind: str
+    num_blocks: int
+    block_len: int
+    hash_seed: str = DEFAULT_HASH_SEED
+    model_config: Mapping[str, Any] | None = None
+    fingerprint: str | None = None
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    device: str | None = None
+    memory: Any = field(default=None, compare=False, repr=False)
+    heartbeat_ivl_ms: int = 2000
+    heartbeat_timeout_ms: int = 10_000
+    connect_timeout_ms: int = 10_000
+    advertise_host: str | None = None
+    max_peers: int = 128
+    history: int = 1000
+    trace: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.bind, str) or not self.bind.startswith("tcp://"):
+            raise ConfigError(f"bind: expected 'tcp://HOST:PORT', got {self.bind!r}")
+        _int_in("num_blocks", self.num_blocks, 1, MAX_BLOCKS)
+        _int_in("block_len", self.block_len, 1, MAX_REGION_BYTES)
+        if self.num_blocks * self.block_len > MAX_REGION_BYTES:
+            raise ConfigError(
+                f"num_blocks * block_len: {self.num_blocks * self.block_len} bytes is more "
+                f"than {MAX_REGION_BYTES}")
+        if not isinstance(self.hash_seed, str) or not self.hash_seed:
+            raise ConfigError(f"hash_seed: expected a non-empty str, got {self.hash_seed!r}")
+        if self.model_config is not None and not isinstance(self.model_config, Mapping):
+            raise ConfigError(f"model_config: expected a mapping, got {self.model_config!r}")
+        if self.model_config:
+            try:
+                fingerprint(self.model_config)
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(f"model_config: not JSON-serialisable: {exc}") from None
+        if self.fingerprint is not None and not isinstance(self.fingerprint, str):
+            raise ConfigError(f"fingerprint: expected a str, got {self.fingerprint!r}")
+        if not isinstance(self.timeouts, Timeouts):
+            raise ConfigError(f"timeouts: expected a Timeouts, got {self.timeouts!r}")
+        if self.device is not None and not _device_ok(self.device):
+            raise ConfigError(f"device: expected 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
+        _int_in("heartbeat_ivl_ms", self.heartbeat_ivl_ms, 0, 3_600_000)
+        _int_in("heartbeat_timeout_ms", self.heartbeat_timeout_ms, 0, 6_553_500)
+        _int_in("connect_timeout_ms", self.connect_timeout_ms, 1, 3_600_000)
+        if self.advertise_host is not None and (
+                not isinstance(self.advertise_host, str) or not self.advertise_host
+                or any(c in self.advertise_host for c in "/: ")):
+            raise ConfigError(
+                f"advertise_host: expected a host name or IPv4 address, got "
+                f"{self.advertise_host!r}")
+        _int_in("max_peers", self.max_peers, 1, 65_535)
+        _int_in("history", self.history, 1, 1_000_000)
+        if self.trace is not None and (not isinstance(self.trace, str) or not self.trace):
+            raise ConfigError(f"trace: expected a file path, got {self.trace!r}")
+
+    @property
+    def config_fingerprint(self) -> str:
+        return self.fingerprint if self.fingerprint is not None else fingerprint(self.model_config)

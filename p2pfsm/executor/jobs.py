@@ -1,0 +1,86 @@
+"""What a node hands the host for its jobs: futures that cannot lose a result.
+
+A :class:`JobFuture` is a :class:`concurrent.futures.Future` with two changes:
+
+* ``cancel()`` never cancels it. For a fetch it asks the node to finish the request
+  (an in-flight round is aborted) and the future still resolves with the final
+  :class:`~p2pfsm.session.LoadResult`, whose ``released`` says when the destination may
+  be reused; for other jobs it does nothing. It always returns False, so the future is
+  never marked cancelled and its result is never dropped.
+* ``result()`` / ``exception()`` on an unfinished future raise
+  :class:`~p2pfsm.errors.LocalProtocolError` when nothing drives the node (no thread in
+  its loop, no asyncio driver) or when the caller is the thread that drives it: waiting
+  there would hang forever.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from p2pfsm.errors import LocalProtocolError
+from p2pfsm.session import StoreResult
+
+T = TypeVar("T")
+
+
+class Driven:
+    """What a future asks of its node: may a wait on this thread end?"""
+
+    def wait_problem(self) -> str | None:  # pragma: no cover - overridden
+        """None when a blocking wait here can end; else why not."""
+        return None
+
+    def request_cancel(self, action: Callable[[], None]) -> None:  # pragma: no cover
+        """Run ``action`` on the node's thread (now, or on its next loop turn)."""
+        action()
+
+
+class JobFuture(Future[T], Generic[T]):
+    """A job's one result; see the module docstring for ``cancel`` and waits."""
+
+    def __init__(self, node: Driven, on_cancel: Callable[[], None] | None = None) -> None:
+        super().__init__()
+        self._node = node
+        self._on_cancel = on_cancel
+
+    def cancel(self) -> bool:
+        """Never cancels; a fetch's request is finished instead (its result still comes)."""
+        action, self._on_cancel = self._on_cancel, None
+        if action is not None and not self.done():
+            self._node.request_cancel(action)
+        return False
+
+    def result(self, timeout: float | None = None) -> T:
+        self._check_wait()
+        return super().result(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        self._check_wait()
+        return super().exception(timeout)
+
+    def _check_wait(self) -> None:
+        if self.done():
+            return
+        problem = self._node.wait_problem()
+        if problem is not None:
+            raise LocalProtocolError(f"waiting for this result would hang: {problem}")
+
+
+@dataclass(frozen=True, eq=False)
+class LookupAsk:
+    """A peer's lookup, as ``on_lookup`` sees it.
+
+    ``token`` is the node's id for the lookup (unique across peers and sessions; pass it
+    to :meth:`Node.resolve_lookup`). ``pins`` resolves once the blocks ``on_lookup``
+    returned as hits are no longer read by any write: unpin them then. It resolves with
+    ``StoreResult(0, False)`` when ``on_lookup`` returned no hits (nothing was pinned).
+    """
+
+    token: int
+    kv_request_id: str
+    round_seq: int
+    keys: tuple[bytes, ...]
+    pins: JobFuture[StoreResult]
