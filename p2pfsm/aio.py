@@ -18,10 +18,11 @@ the request (a round in flight is aborted) and the final
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 import time
 from collections.abc import Callable, Generator, Iterable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from p2pfsm.errors import LocalProtocolError
 from p2pfsm.executor.config import NodeConfig
@@ -30,6 +31,8 @@ from p2pfsm.executor.node import LookupAnswer, Node
 from p2pfsm.session import FetchArrived, LoadResult, LookupResult, Session, StoreResult
 
 __all__ = ["AsyncNode", "FetchHandle"]
+
+T = TypeVar("T")
 
 _MAX_STEPS_PER_WAKE = 64
 """Bound on back-to-back steps in one wake-up (a step that took a full batch of frames
@@ -136,13 +139,15 @@ class AsyncNode:
     async def lookup(self, peer_id: str, kv_request_id: str,
                      keys: Iterable[bytes]) -> LookupResult:
         """Ask the peer which keys it holds."""
-        return await self._await(self.node.lookup(peer_id, kv_request_id, keys))
+        result: LookupResult = await self._await(self.node.lookup(peer_id, kv_request_id, keys))
+        return result
 
     async def supply(self, peer_id: str, kv_request_id: str, keys: Iterable[bytes],
                      local_indexes: Iterable[int]) -> StoreResult:
         """Offer stored blocks; returns once no write reads them (unpin then)."""
-        return await self._await(self.node.supply(peer_id, kv_request_id, keys,
-                                                  local_indexes))
+        result: StoreResult = await self._await(
+            self.node.supply(peer_id, kv_request_id, keys, local_indexes))
+        return result
 
     def finish(self, peer_id: str, kv_request_id: str) -> None:
         self.node.finish(peer_id, kv_request_id)
@@ -160,7 +165,7 @@ class AsyncNode:
             raise LocalProtocolError("AsyncNode is not started: use 'async with' or start()")
         return self._loop
 
-    async def _await(self, job: JobFuture[Any]) -> Any:
+    async def _await(self, job: JobFuture[T]) -> T:
         loop = self._require_loop()
         self._wake()
         return await asyncio.shield(asyncio.wrap_future(job, loop=loop))
@@ -197,7 +202,8 @@ class AsyncNode:
         self.node.attach_event_loop(None)
 
 
-def _copy_result(job: JobFuture[LoadResult], final: asyncio.Future[LoadResult]) -> None:
+def _copy_result(job: concurrent.futures.Future[LoadResult],
+                 final: asyncio.Future[LoadResult]) -> None:
     """Copy the node's result onto the asyncio future (the node runs on the loop)."""
     if final.done():
         return
