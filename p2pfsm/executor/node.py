@@ -40,7 +40,7 @@ from p2pfsm.executor.jobs import Driven, JobFuture, LookupAsk
 from p2pfsm.executor.nixl_plane import DataPlane
 from p2pfsm.executor.zmq_plane import ControlPlane, FrameIn, PeerLost
 from p2pfsm.metrics import NodeMetrics
-from p2pfsm.protocol import Connect, decode, encode
+from p2pfsm.protocol import AbortFetch, Connect, decode, encode
 from p2pfsm.session import (
     ArmTimer,
     CancelWrite,
@@ -644,6 +644,10 @@ class Node(Driven):
         if isinstance(out, SendFrame):
             if not self.control.send(peer_id, encode(out.message)):
                 self._events.append((peer_id, TransportLost("send failed")))
+            elif isinstance(out.message, AbortFetch):
+                self.metrics.count("aborts_sent")
+                log.info("peer %s: aborting %s round %d", peer_id, out.message.kv_request_id,
+                         out.message.round_seq)
         elif isinstance(out, StartWrite):
             try:
                 nixl_id = self.data.write(peer_id, out.local_indexes, out.remote_indexes)
