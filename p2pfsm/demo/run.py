@@ -12,9 +12,8 @@ import subprocess
 import sys
 import time
 
-from p2pfsm.demo.host import run_fetch
+from p2pfsm.demo.host import check_region, require_data_plane, run_fetch
 from p2pfsm.errors import ConfigError, TransportError
-from p2pfsm.executor.node import Node, NodeConfig
 from p2pfsm.session import Timeouts
 
 
@@ -54,6 +53,11 @@ def stop_server(proc: subprocess.Popen[str]) -> int:
 def run_demo(blocks: int = 16, block_len: int = 65536) -> dict[str, object]:
     if not 1 <= blocks <= 64:
         raise ConfigError(f"--blocks: expected 1..64, got {blocks}")
+    # Two regions of blocks + 8 (the server's and ours) on this machine.
+    check_region(2 * (blocks + 8), block_len, what="--block-len")
+    require_data_plane()
+    from p2pfsm.executor.node import Node, NodeConfig
+
     proc, peer = start_server(blocks + 8, block_len)
     lines = [f"server process {proc.pid} serving on tcp://{peer}"]
     try:
