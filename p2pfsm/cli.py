@@ -1,7 +1,11 @@
-"""The ``p2pfsm`` command line: demo, diagrams, check, bench (and the executor's commands).
+"""The ``p2pfsm`` command line: demo, serve, fetch, diagrams, check, bench.
 
 Every command prints one clear error line and exits 2 on bad arguments or a
-refused operation; no traceback reaches the user for expected failures.
+refused operation; no traceback reaches the user for expected failures. Sizes are
+checked before anything is allocated. Global options: ``--version``; ``-v`` (INFO),
+``-vv`` (DEBUG) and ``-q`` (errors only, no progress lines) set the level of the
+``p2pfsm`` logger, which writes to stderr (WARNING by default). Output cut short by a
+closed pipe (``p2pfsm check --json | head -1``) ends the command quietly, exit 141.
 """
 
 from __future__ import annotations
@@ -9,13 +13,23 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import logging
+import os
 import signal
+import socket
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from p2pfsm.errors import ConfigError, P2PFSMError
+from p2pfsm.errors import ConfigError, P2PFSMError, TransportError
+
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
+PROBE_TIMEOUT = 1.0
+"""Seconds ``fetch`` waits for its TCP probe of the peer before starting the node."""
+
+log = logging.getLogger("p2pfsm.cli")
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -26,27 +40,22 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _cmd_diagrams(args: argparse.Namespace) -> int:
-    from p2pfsm.diagrams import render, write_svgs
+    from p2pfsm import diagrams
     from p2pfsm.fsm import machines
 
-    out = Path(args.out)
+    out = Path(args.out) if args.out is not None else diagrams.default_out()
     specs = machines()
-    wanted = render(specs, out)
     if args.check:
-        stale = [str(p) for p, text in wanted.items()
-                 if not p.is_file() or p.read_text() != text]
-        extra = sorted(str(p) for p in out.glob("*.mmd") if p not in wanted)
-        if stale or extra:
-            print(f"p2pfsm: stale diagrams (run `p2pfsm diagrams`): {', '.join(stale + extra)}",
+        stale = diagrams.stale(specs, out)
+        if stale:
+            again = "p2pfsm diagrams" + ("" if args.out is None else f" --out {out}")
+            print(f"p2pfsm: stale diagrams (run `{again}`): {', '.join(stale)}",
                   file=sys.stderr)
             return 1
-        print(f"diagrams up to date: {len(wanted)} machines in {out}")
+        print(f"diagrams up to date: {len(specs)} machines in {out}")
         return 0
-    out.mkdir(parents=True, exist_ok=True)
-    for path, text in wanted.items():
-        path.write_text(text)
-    svgs = write_svgs(specs, out)
-    print(f"wrote {len(wanted)} mermaid diagrams"
+    count, svgs = diagrams.write(specs, out)
+    print(f"wrote {count} mermaid diagrams"
           + (f" and {len(svgs)} SVGs" if svgs else " (no graphviz `dot`: no SVG)") + f" to {out}")
     return 0
 
@@ -55,13 +64,18 @@ def _cmd_check(args: argparse.Namespace) -> int:
     try:
         verify = importlib.import_module("p2pfsm.verify")
     except ImportError as exc:
-        raise P2PFSMError(f"model checking is not available: {exc}") from exc
-    return int(verify.check_main(list(args.rest)))
+        raise P2PFSMError(f"model checking is not available ({exc}): "
+                          "pip install 'p2pfsm[check]'") from exc
+    rest = list(args.rest)
+    if getattr(args, "quiet", False) and "-q" not in rest and "--quiet" not in rest:
+        rest.append("--quiet")
+    return int(verify.check_main(rest))
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     def progress(line: str) -> None:
-        print(line, file=sys.stderr, flush=True)
+        if not args.quiet:
+            print(line, file=sys.stderr, flush=True)
 
     if args.suite != "fsm" and args.rounds < 2:
         raise ConfigError(f"--rounds: expected at least 2, got {args.rounds}")
@@ -77,7 +91,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                  bench_fsm.format_rows(rows)]
     if args.suite in ("transfer", "all"):
         from p2pfsm.bench import transfer as bench_transfer
+        from p2pfsm.demo.host import require_data_plane
 
+        require_data_plane()
         transfer = bench_transfer.run(rounds=args.rounds, number=args.per_round,
                                       idle_seconds=args.idle_seconds, progress=progress)
         results["transfer"] = transfer
@@ -112,13 +128,42 @@ def _positive(kind: type[int] | type[float]) -> Callable[[str], Any]:
     return parse
 
 
+def _split_host_port(text: str, what: str) -> tuple[str, int]:
+    """``HOST:PORT`` or ``[V6]:PORT`` -> (host, port); port 0..65535."""
+    host, sep, port = text.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port.isdigit() or int(port) > 65535 or " " in host:
+        raise ConfigError(f"{what}: expected HOST:PORT, got {text!r}")
+    return host, int(port)
+
+
 def _peer_of(url: str) -> str:
     if not url.startswith("tcp://") or ":" not in url[6:]:
         raise ConfigError(f"--connect: expected tcp://HOST:PORT, got {url!r}")
     return url[len("tcp://"):]
 
 
-def _node_config(args: argparse.Namespace, bind: str, blocks: int) -> Any:
+def _probe(peer: str, timeout: float) -> None:
+    """A plain TCP connect to the peer, before torch, NIXL and the node start (seconds):
+    a refused or unresolvable peer is reported at once. Anything else (a timeout, an
+    unreachable network) is left to the node and its ``--connect-timeout``."""
+    host, port = _split_host_port(peer, "--connect")
+    started = time.monotonic()
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            pass
+    except ConnectionRefusedError:
+        raise TransportError(f"cannot reach {peer}: transport lost: connection refused") from None
+    except socket.gaierror as exc:
+        raise TransportError(f"cannot reach {peer}: cannot resolve {host!r}: {exc}") from None
+    except OSError as exc:
+        log.info("probe of %s: %s; leaving it to the node", peer, exc)
+    else:
+        log.debug("probe of %s: accepted in %.1f ms", peer, (time.monotonic() - started) * 1e3)
+
+
+def _node_config(args: argparse.Namespace, bind: str, blocks: int, **extra: Any) -> Any:
     from p2pfsm.executor.node import NodeConfig
     from p2pfsm.session import Timeouts
 
@@ -130,36 +175,96 @@ def _node_config(args: argparse.Namespace, bind: str, blocks: int) -> Any:
     return NodeConfig(bind=bind, num_blocks=blocks, block_len=args.block_len,
                       hash_seed=args.hash_seed, fingerprint=args.fingerprint, timeouts=timeouts,
                       connect_timeout_ms=max(1, round(args.connect_timeout * 1000)),
-                      trace=args.trace)
+                      trace=args.trace, **extra)
+
+
+def _metrics_address(text: str | None) -> tuple[str, int] | None:
+    """Validate ``--metrics HOST:PORT`` and that prometheus_client is importable."""
+    if text is None:
+        return None
+    host, port = _split_host_port(text, "--metrics")
+    try:
+        importlib.import_module("prometheus_client")
+    except ImportError as exc:
+        raise ConfigError(f"--metrics needs prometheus_client ({exc}): "
+                          "pip install 'p2pfsm[prometheus]'") from None
+    return host, port
+
+
+def _start_metrics(node: Any, address: tuple[str, int]) -> Any:
+    """Serve ``node.metrics`` on ``address``; returns the server (``.url``, ``.close()``)."""
+    try:
+        from p2pfsm.prometheus import serve_metrics
+    except ImportError as exc:
+        raise ConfigError(f"--metrics is not available: {exc}") from None
+    source = getattr(node, "metrics", None)
+    if source is None:
+        raise ConfigError("--metrics: this node keeps no metrics")
+    host, port = address
+    try:
+        return serve_metrics(source, host, port, node_label=node.local_id)
+    except OSError as exc:
+        raise ConfigError(f"--metrics: cannot serve on {host}:{port}: {exc}") from None
+
+
+def serve_config(args: argparse.Namespace) -> Any:
+    """The NodeConfig of ``p2pfsm serve`` (``--advertise-host`` and ``--max-peers``
+    passed only when given, so the node's own defaults apply otherwise)."""
+    extra: dict[str, Any] = {}
+    if args.advertise_host is not None:
+        extra["advertise_host"] = args.advertise_host
+    if args.max_peers is not None:
+        extra["max_peers"] = args.max_peers
+    try:
+        return _node_config(args, args.bind, args.blocks, **extra)
+    except TypeError as exc:  # a node without those fields
+        raise ConfigError(f"this node does not take {', '.join(extra)}: {exc}") from None
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    from p2pfsm.demo.host import check_region, require_data_plane
+
+    check_region(args.blocks, args.block_len)
+    metrics_at = _metrics_address(args.metrics)
+    config = serve_config(args)
+    require_data_plane()
     from p2pfsm.demo.host import DemoServer
 
-    server = DemoServer(_node_config(args, args.bind, args.blocks))
+    server = DemoServer(config)
     stop = False
 
     def on_signal(_sig: int, _frame: object) -> None:
         nonlocal stop
         stop = True
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    print(f"serving {args.blocks} blocks of {args.block_len} B on "
-          f"tcp://{server.node.local_id}", flush=True)
+    metrics = None
     try:
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        if metrics_at is not None:
+            metrics = _start_metrics(server.node, metrics_at)
+            print(f"metrics on {metrics.url}", file=sys.stderr, flush=True)
+        print(f"serving {args.blocks} blocks of {args.block_len} B on "
+              f"tcp://{server.node.local_id}", flush=True)
         server.node.serve(lambda: stop)
     finally:
+        if metrics is not None:
+            metrics.close()
         server.node.close()
     return 0
 
 
 def _cmd_fetch(args: argparse.Namespace) -> int:
-    from p2pfsm.demo.host import parse_keys, run_fetch
-    from p2pfsm.executor.node import Node
+    from p2pfsm.demo.host import check_region, parse_keys, require_data_plane
 
     peer = _peer_of(args.connect)
     blocks = parse_keys(args.keys)
+    check_region(len(blocks), args.block_len, what="--keys")
+    _probe(peer, min(PROBE_TIMEOUT, args.connect_timeout))
+    require_data_plane()
+    from p2pfsm.demo.host import run_fetch
+    from p2pfsm.executor.node import Node
+
     node = Node(_node_config(args, args.bind, max(len(blocks), 1)))
     try:
         report = run_fetch(node, peer, blocks, args.mode, args.timeout)
@@ -194,11 +299,47 @@ def _add_peer_options(p: argparse.ArgumentParser) -> None:
                    help="write each session call that is a spec action to FILE (JSON lines)")
 
 
+def _verbosity(parser: argparse.ArgumentParser, dest: str) -> None:
+    """-v/-q; on the main parser and again on each command (``p2pfsm serve -v``)."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("-v", "--verbose", action="count", default=0, dest=f"{dest}verbose",
+                       help="log more to stderr: -v INFO, -vv DEBUG (default: WARNING)")
+    group.add_argument("-q", "--quiet", action="store_true", dest=f"{dest}quiet",
+                       help="log errors only; no progress lines")
+
+
+def version() -> str:
+    """The installed distribution's version (the package's own when not installed)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("p2pfsm")
+    except PackageNotFoundError:
+        import p2pfsm
+
+        return p2pfsm.__version__
+
+
+def _global_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="p2pfsm", description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"p2pfsm {version()}")
+    _verbosity(parser, "")
+    return parser
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="p2pfsm", description=__doc__)
+    parser = _global_parser()
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    p = sub.add_parser("demo", help="start a server process, fetch from it, verify every byte")
+    def command(name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, **kwargs)
+        if kwargs.get("add_help", True):
+            _verbosity(p, "sub_")
+        return p
+
+    p = command("demo", help="start a server process, fetch from it, verify every byte")
     p.add_argument("--blocks", type=int, default=16, help="blocks to move (1-64)")
     p.add_argument("--block-len", type=_positive(int), default=65536, help="bytes per block")
     p.add_argument("--sim", action="store_true", help="run in the simulated world instead")
@@ -206,15 +347,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_cmd_demo)
 
-    p = sub.add_parser("serve", help="serve the demo block model until stopped")
+    p = command("serve", help="serve the demo block model until stopped")
     p.add_argument("--bind", required=True, help="tcp://HOST:PORT (port 0: any free port)")
-    p.add_argument("--blocks", type=_positive(int), default=256, help="blocks held (0..N-1)")
+    p.add_argument("--blocks", type=_positive(int), default=256,
+                   help="blocks held (0..N-1); blocks x (block-len + 512 B) must fit in "
+                        "the memory available, and N <= 2**31")
+    p.add_argument("--advertise-host", default=None, metavar="HOST",
+                   help="the host peers dial back and see in our id (default: the bind "
+                        "host; needed when binding 0.0.0.0)")
+    p.add_argument("--max-peers", type=_positive(int), default=None, metavar="N",
+                   help="most peer connections at once (default: the node's, 128)")
+    p.add_argument("--metrics", default=None, metavar="HOST:PORT",
+                   help="serve Prometheus metrics on http://HOST:PORT/metrics "
+                        "(needs prometheus_client: pip install 'p2pfsm[prometheus]')")
     _add_peer_options(p)
     p.set_defaults(func=_cmd_serve)
 
-    p = sub.add_parser("fetch", help="fetch demo blocks from a server and verify them")
+    p = command("fetch", help="fetch demo blocks from a server and verify them")
     p.add_argument("--connect", required=True, help="tcp://HOST:PORT of the server")
-    p.add_argument("--keys", default="0-15", help="block numbers, e.g. 0-15 or 0-3,9999")
+    p.add_argument("--keys", default="0-15",
+                   help="block numbers, e.g. 0-15 or 0-3,9999 (at most 65536 keys)")
     p.add_argument("--mode", choices=("pd", "sym"), default="pd",
                    help="pd: fetch directly; sym: lookup, then fetch the hits")
     p.add_argument("--bind", default="tcp://127.0.0.1:0", help="our own ROUTER address")
@@ -224,16 +376,19 @@ def build_parser() -> argparse.ArgumentParser:
     _add_peer_options(p)
     p.set_defaults(func=_cmd_fetch)
 
-    p = sub.add_parser("diagrams", help="draw every machine of models/ into docs/diagrams")
-    p.add_argument("--out", default="docs/diagrams", help="output directory")
-    p.add_argument("--check", action="store_true", help="exit 1 when committed diagrams are stale")
+    p = command("diagrams", help="draw every machine of models/ into docs/diagrams")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="output directory (default: docs/diagrams of the source checkout, "
+                        "when run inside it; required anywhere else)")
+    p.add_argument("--check", action="store_true",
+                   help="exit 1 when the diagrams in the output directory are stale")
     p.set_defaults(func=_cmd_diagrams)
 
-    p = sub.add_parser("check", help="model-check the TLA+ spec with TLC", add_help=False)
+    p = command("check", help="model-check the TLA+ spec with TLC", add_help=False)
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(func=_cmd_check)
 
-    p = sub.add_parser("bench", help="measure and print ratios against raw operations")
+    p = command("bench", help="measure and print ratios against raw operations")
     p.add_argument("--suite", choices=("fsm", "transfer", "all"), default="all",
                    help="fsm: control events through the machines; transfer: fetches "
                         "between two processes; all: both")
@@ -250,15 +405,86 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["check"]:
+class _Format(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        record.short = record.name.removeprefix("p2pfsm.")
+        return super().format(record)
+
+
+def configure_logging(verbose: int, quiet: bool) -> None:
+    """The ``p2pfsm`` logger to stderr: WARNING, -v INFO, -vv DEBUG, -q ERROR."""
+    if quiet:
+        level = logging.ERROR
+    else:
+        level = {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
+    logger = logging.getLogger("p2pfsm")
+    logger.setLevel(level)
+    logger.propagate = False
+    for handler in list(logger.handlers):
+        if getattr(handler, "_p2pfsm_cli", False):
+            logger.removeHandler(handler)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_Format("p2pfsm %(levelname)s %(short)s: %(message)s"))
+    handler._p2pfsm_cli = True  # type: ignore[attr-defined]
+    logger.addHandler(handler)
+
+
+def _settle_verbosity(args: argparse.Namespace) -> None:
+    verbose = getattr(args, "verbose", 0) + getattr(args, "sub_verbose", 0)
+    quiet = getattr(args, "quiet", False) or getattr(args, "sub_quiet", False)
+    if verbose and quiet:
+        raise ConfigError("-v and -q: choose one")
+    args.verbose, args.quiet = verbose, quiet
+    configure_logging(verbose, quiet)
+
+
+def _command_index(argv: Sequence[str]) -> int:
+    """Index of the command word (the first argument not an option), or len(argv)."""
+    return next((i for i, a in enumerate(argv) if not a.startswith("-")), len(argv))
+
+
+def _run(argv: list[str]) -> int:
+    at = _command_index(argv)
+    if argv[at:at + 1] == ["check"]:
         # `check` has its own parser (p2pfsm.verify); hand it every remaining argument.
-        return _guard(lambda: _cmd_check(argparse.Namespace(rest=argv[1:])))
-    args = parser.parse_args(argv)
+        args = _global_parser().parse_args(argv[:at])
+        rest = argv[at + 1:]
+        quick = argparse.ArgumentParser(add_help=False)
+        _verbosity(quick, "sub_")
+        known, _ = quick.parse_known_args(rest)
+        args.sub_verbose, args.sub_quiet = known.sub_verbose, known.sub_quiet
+        args.rest = rest
+
+        def check() -> int:
+            _settle_verbosity(args)
+            return _cmd_check(args)
+        return _guard(check)
+    args = build_parser().parse_args(argv)
     func: Command = args.func
-    return _guard(lambda: func(args))
+
+    def command() -> int:
+        _settle_verbosity(args)
+        return func(args)
+    return _guard(command)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        try:
+            code = _run(argv)
+        except SystemExit:  # argparse's --help, --version and usage errors
+            sys.stdout.flush()
+            raise
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (`p2pfsm check --json | head -1`): stop quietly, as a
+        # command killed by SIGPIPE would, and keep Python from failing to flush at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_BROKEN_PIPE
+    return code
 
 
 def _guard(run: Callable[[], int]) -> int:

@@ -1,13 +1,21 @@
 """State diagrams drawn from ``models/``: mermaid ``stateDiagram-v2`` (always) and SVG
-(when graphviz's ``dot`` is installed). Output is deterministic so CI can diff it."""
+(when graphviz's ``dot`` is installed). Output is deterministic so CI can diff it.
+
+Without ``--out``, ``p2pfsm diagrams`` writes (or checks) ``docs/diagrams`` of the
+source checkout, and only when run inside it (:func:`default_out`); anywhere else,
+an installed wheel included, ``--out DIR`` is required."""
 
 from __future__ import annotations
 
+import logging
 import shutil
 import subprocess
 from pathlib import Path
 
-from p2pfsm.fsm.spec import MachineSpec
+from p2pfsm.errors import ConfigError
+from p2pfsm.fsm.spec import MachineSpec, models_dir
+
+log = logging.getLogger(__name__)
 
 
 def _label(trigger: str, guards: tuple[str, ...], unless: tuple[str, ...]) -> str:
@@ -63,3 +71,54 @@ def write_svgs(specs: dict[str, MachineSpec], out: Path) -> list[Path]:
         path.write_bytes(svg)
         written.append(path)
     return written
+
+
+def checkout_root() -> Path | None:
+    """The source checkout this package runs from (``pyproject.toml`` naming p2pfsm and
+    ``models/`` beside the package), or None for an installed wheel."""
+    root = Path(__file__).resolve().parent.parent
+    project = root / "pyproject.toml"
+    try:
+        named = 'name = "p2pfsm"' in project.read_text()
+    except OSError:
+        return None
+    return root if named and (root / "models").is_dir() else None
+
+
+def default_out(cwd: Path | None = None) -> Path:
+    """Where ``p2pfsm diagrams`` writes without ``--out``: ``docs/diagrams`` of the
+    checkout the package runs from, when ``cwd`` lies inside that checkout.
+
+    Raises:
+        ConfigError: not run inside the checkout (an installed wheel has none).
+    """
+    root = checkout_root()
+    here = (cwd or Path.cwd()).resolve()
+    if root is not None and here.is_relative_to(root):
+        return root / "docs" / "diagrams"
+    where = "this installation has no source checkout" if root is None else (
+        f"{here} is outside the checkout {root}")
+    raise ConfigError(f"--out DIR is required: {where}")
+
+
+def stale(specs: dict[str, MachineSpec], out: Path) -> list[str]:
+    """The diagram files of ``out`` that differ from ``specs``: missing, changed or extra."""
+    wanted = render(specs, out)
+    log.debug("machines read from %s; checking %s", models_dir(), out)
+    changed = [str(p) for p, text in wanted.items() if not p.is_file() or p.read_text() != text]
+    extra = sorted(str(p) for p in out.glob("*.mmd") if p not in wanted)
+    return changed + extra
+
+
+def write(specs: dict[str, MachineSpec], out: Path) -> tuple[int, list[Path]]:
+    """Write the mermaid files (and SVGs when ``dot`` exists); (mermaid count, SVGs)."""
+    wanted = render(specs, out)
+    log.debug("machines read from %s", models_dir())
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for path, text in wanted.items():
+            path.write_text(text)
+            log.info("wrote %s", path)
+    except OSError as exc:
+        raise ConfigError(f"cannot write diagrams to {out}: {exc}") from exc
+    return len(wanted), write_svgs(specs, out)
