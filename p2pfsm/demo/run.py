@@ -73,8 +73,7 @@ def run_demo(blocks: int = 16, block_len: int = 65536) -> dict[str, object]:
         f"pd fetch: {pd.keys} blocks x {block_len} B in {pd.seconds * 1000:.2f} ms, "
         f"verified={pd.verified}",
         f"lookup {sym.keys} keys -> {sym.hits} hits -> fetch: verified={sym.verified}",
-        f"fetch of a block the server lacks: success={miss.success} "
-        "(load timeout -> abort_fetch -> abort_ack)",
+        f"fetch of a block the server lacks: success={miss.success} ({miss.error})",
         f"server stopped (exit {code})",
     ]
     ok = pd.verified and sym.verified and sym.hits == 2 and not miss.success
