@@ -13,7 +13,8 @@ import subprocess
 from pathlib import Path
 
 from p2pfsm.errors import ConfigError
-from p2pfsm.fsm.spec import MachineSpec, models_dir
+from p2pfsm.fsm.registry import models_directory
+from p2pfsm.fsm.spec import MachineSpec
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +105,7 @@ def default_out(cwd: Path | None = None) -> Path:
 def stale(specs: dict[str, MachineSpec], out: Path) -> list[str]:
     """The diagram files of ``out`` that differ from ``specs``: missing, changed or extra."""
     wanted = render(specs, out)
-    log.debug("machines read from %s; checking %s", models_dir(), out)
+    log.debug("machines read from %s; checking %s", models_directory(), out)
     changed = [str(p) for p, text in wanted.items() if not p.is_file() or p.read_text() != text]
     extra = sorted(str(p) for p in out.glob("*.mmd") if p not in wanted)
     return changed + extra
@@ -113,7 +114,7 @@ def stale(specs: dict[str, MachineSpec], out: Path) -> list[str]:
 def write(specs: dict[str, MachineSpec], out: Path) -> tuple[int, list[Path]]:
     """Write the mermaid files (and SVGs when ``dot`` exists); (mermaid count, SVGs)."""
     wanted = render(specs, out)
-    log.debug("machines read from %s", models_dir())
+    log.debug("machines read from %s", models_directory())
     try:
         out.mkdir(parents=True, exist_ok=True)
         for path, text in wanted.items():
