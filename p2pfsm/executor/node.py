@@ -24,7 +24,6 @@ every ``Session.handle`` call (``NodeConfig.trace`` installs the spec trace log)
 from __future__ import annotations
 
 import contextlib
-import heapq
 import logging
 import threading
 import time
@@ -36,6 +35,7 @@ from typing import Any
 
 from p2pfsm.errors import ConfigError, LocalProtocolError, RemoteProtocolError, TransportError
 from p2pfsm.executor.config import NodeConfig, fingerprint
+from p2pfsm.executor.core import Executor, TimerTable
 from p2pfsm.executor.jobs import Driven, JobFuture, LookupAsk
 from p2pfsm.executor.nixl_plane import DataPlane
 from p2pfsm.executor.zmq_plane import ControlPlane, FrameIn, PeerLost
@@ -59,7 +59,6 @@ from p2pfsm.session import (
     LookupClosed,
     LookupRequest,
     LookupResult,
-    Output,
     ProtocolViolation,
     RegistrationFinished,
     SendFrame,
@@ -137,7 +136,7 @@ def _is_connect(frame: bytes) -> bool:
         return False
 
 
-class Node(Driven):
+class Node(Driven, Executor):
     """One process's endpoint: bind, connect to peers, move blocks. Not thread-safe:
     call it from the thread that drives it (``JobFuture.cancel`` excepted)."""
 
@@ -178,8 +177,8 @@ class Node(Driven):
         self._events: deque[tuple[str, Input]] = deque()
         self._callbacks: deque[Callable[[], None]] = deque()
         self._cancels: deque[Callable[[], None]] = deque()  # appended from any thread
-        self._timers: dict[tuple[str, TimerId], float] = {}
-        self._heap: list[tuple[float, str, TimerId]] = []
+        self._timers: TimerTable[tuple[str, TimerId]] = TimerTable()
+        self._applying: Session | None = None  # whose outputs are being carried out
         self._writes_by_nixl: dict[int, _Write] = {}
         self._writes: dict[tuple[str, int], _Write] = {}
         self._loads: dict[int, _Load] = {}
@@ -396,10 +395,9 @@ class Node(Driven):
         timer, connect deadline or data-plane progress tick."""
         now = time.monotonic()
         deadline = now + self.data.progress_interval_ms / 1000.0
-        while self._heap and self._timers.get(self._heap[0][1:]) != self._heap[0][0]:
-            heapq.heappop(self._heap)  # disarmed or re-armed
-        if self._heap:
-            deadline = min(deadline, self._heap[0][0])
+        earliest = self._timers.earliest()
+        if earliest is not None:
+            deadline = min(deadline, earliest[0])
         connect_ms = self.control.next_timeout_ms()
         if connect_ms is not None:
             deadline = min(deadline, now + connect_ms / 1000.0)
@@ -437,11 +435,8 @@ class Node(Driven):
         self.data.progress()
         self._collect_writes()
         now = time.monotonic()
-        while self._heap and self._heap[0][0] <= now:
-            deadline, peer, timer = heapq.heappop(self._heap)
-            if self._timers.get((peer, timer)) == deadline:
-                del self._timers[(peer, timer)]
-                self._events.append((peer, TimerFired(timer)))
+        for peer, timer in self._timers.pop_due(now):
+            self._events.append((peer, TimerFired(timer)))
         self._handle_all()
         self._update_gauges()
         return len(events)
@@ -635,75 +630,90 @@ class Node(Driven):
                 hook.discard()
                 raise
             hook.record(peer_id, state, event, started)
-        for out in outputs:
-            self._apply(peer_id, session, out)
+        outer, self._applying = self._applying, session
+        try:
+            for out in outputs:
+                self.apply(peer_id, out)
+        finally:
+            self._applying = outer
         if not was_ready and session.ready:
             self._on_ready(peer_id, session)
 
-    def _apply(self, peer_id: str, session: Session, out: Output) -> None:
-        if isinstance(out, SendFrame):
-            if not self.control.send(peer_id, encode(out.message)):
-                self._events.append((peer_id, TransportLost("send failed")))
-            elif isinstance(out.message, AbortFetch):
-                self.metrics.count("aborts_sent")
-                log.info("peer %s: aborting %s round %d", peer_id, out.message.kv_request_id,
-                         out.message.round_seq)
-        elif isinstance(out, StartWrite):
-            try:
-                nixl_id = self.data.write(peer_id, out.local_indexes, out.remote_indexes)
-            except TransportError as exc:
-                log.warning("write to %s failed to start: %s", peer_id, exc)
-                self._events.append((peer_id, WriteFinished(out.xfer, False)))
-                return
-            write = _Write(peer_id, out.xfer, nixl_id,
-                           len(out.local_indexes) * self.config.block_len)
-            self._writes_by_nixl[nixl_id] = write
-            self._writes[(peer_id, out.xfer)] = write
-        elif isinstance(out, CancelWrite):
-            cancelled = self._writes.get((peer_id, out.xfer))
-            if cancelled is not None and self.data.cancel(cancelled.nixl_id):
-                self._forget_write(cancelled)
-                self._events.append((peer_id, WriteFinished(out.xfer, False)))
-        elif isinstance(out, ArmTimer):
-            deadline = out.deadline  # sessions run on time.monotonic()
-            self._timers[(peer_id, out.timer)] = deadline
-            heapq.heappush(self._heap, (deadline, peer_id, out.timer))
-        elif isinstance(out, DisarmTimer):
-            self._timers.pop((peer_id, out.timer), None)
-        elif isinstance(out, StartRegistration):
-            c = out.connect
-            try:
-                self.data.add_peer(peer_id, c.agent_metadata, c.base_addr, c.num_blocks,
-                                   c.block_len)
-                result = RegistrationFinished(True)
-            except (TransportError, ConfigError) as exc:
-                log.warning("peer %s: cannot register its memory: %s", peer_id, exc)
-                result = RegistrationFinished(False, str(exc))
-            self._events.append((peer_id, result))
-        elif isinstance(out, LoadResult):
-            self._on_load_result(peer_id, out)
-        elif isinstance(out, StoreResult):
-            self._deliver(peer_id, self._stores.pop(out.job_id, None), out)
-        elif isinstance(out, LookupResult):
-            queue = self._lookups.get((peer_id, out.kv_request_id))
-            fut = queue.popleft() if queue else None
-            if queue is not None and not queue:
-                del self._lookups[(peer_id, out.kv_request_id)]
-            self._deliver(peer_id, fut, out)
-        elif isinstance(out, LookupRequest):
-            self._callbacks.append(lambda: self._answer(peer_id, session, out))
-        elif isinstance(out, LookupClosed):
-            token = self._served_tokens.get((peer_id, out.token))
-            if token is not None:
-                self._forget_served(token)
-        elif isinstance(out, FetchArrived):
-            on_fetch = self.on_fetch
-            if on_fetch is not None:
-                self._callbacks.append(lambda: self._call_on_fetch(on_fetch, peer_id, out))
-        elif isinstance(out, SessionDead):
-            self._on_death(peer_id, out)
-        elif isinstance(out, ProtocolViolation):
-            self._on_violation(peer_id, out)
+    # ------------------------------------------- Executor: carrying out outputs
+    def send_frame(self, peer: str, out: SendFrame) -> None:
+        if not self.control.send(peer, encode(out.message)):
+            self._events.append((peer, TransportLost("send failed")))
+        elif isinstance(out.message, AbortFetch):
+            self.metrics.count("aborts_sent")
+            log.info("peer %s: aborting %s round %d", peer, out.message.kv_request_id,
+                     out.message.round_seq)
+
+    def start_write(self, peer: str, out: StartWrite) -> None:
+        try:
+            nixl_id = self.data.write(peer, out.local_indexes, out.remote_indexes)
+        except TransportError as exc:
+            log.warning("write to %s failed to start: %s", peer, exc)
+            self._events.append((peer, WriteFinished(out.xfer, False)))
+            return
+        write = _Write(peer, out.xfer, nixl_id, len(out.local_indexes) * self.config.block_len)
+        self._writes_by_nixl[nixl_id] = write
+        self._writes[(peer, out.xfer)] = write
+
+    def cancel_write(self, peer: str, out: CancelWrite) -> None:
+        write = self._writes.get((peer, out.xfer))
+        if write is not None and self.data.cancel(write.nixl_id):
+            self._forget_write(write)
+            self._events.append((peer, WriteFinished(out.xfer, False)))
+
+    def arm_timer(self, peer: str, out: ArmTimer) -> None:
+        self._timers.arm((peer, out.timer), out.deadline)  # sessions run on time.monotonic()
+
+    def disarm_timer(self, peer: str, out: DisarmTimer) -> None:
+        self._timers.disarm((peer, out.timer))
+
+    def start_registration(self, peer: str, out: StartRegistration) -> None:
+        c = out.connect
+        try:
+            self.data.add_peer(peer, c.agent_metadata, c.base_addr, c.num_blocks, c.block_len)
+            result = RegistrationFinished(True)
+        except (TransportError, ConfigError) as exc:
+            log.warning("peer %s: cannot register its memory: %s", peer, exc)
+            result = RegistrationFinished(False, str(exc))
+        self._events.append((peer, result))
+
+    def load_result(self, peer: str, out: LoadResult) -> None:
+        self._on_load_result(peer, out)
+
+    def store_result(self, peer: str, out: StoreResult) -> None:
+        self._deliver(peer, self._stores.pop(out.job_id, None), out)
+
+    def lookup_result(self, peer: str, out: LookupResult) -> None:
+        queue = self._lookups.get((peer, out.kv_request_id))
+        fut = queue.popleft() if queue else None
+        if queue is not None and not queue:
+            del self._lookups[(peer, out.kv_request_id)]
+        self._deliver(peer, fut, out)
+
+    def lookup_request(self, peer: str, out: LookupRequest) -> None:
+        session = self._applying
+        assert session is not None  # outputs are applied only from _feed
+        self._callbacks.append(lambda: self._answer(peer, session, out))
+
+    def lookup_closed(self, peer: str, out: LookupClosed) -> None:
+        token = self._served_tokens.get((peer, out.token))
+        if token is not None:
+            self._forget_served(token)
+
+    def fetch_arrived(self, peer: str, out: FetchArrived) -> None:
+        on_fetch = self.on_fetch
+        if on_fetch is not None:
+            self._callbacks.append(lambda: self._call_on_fetch(on_fetch, peer, out))
+
+    def session_dead(self, peer: str, out: SessionDead) -> None:
+        self._on_death(peer, out)
+
+    def protocol_violation(self, peer: str, out: ProtocolViolation) -> None:
+        self._on_violation(peer, out)
 
     def _call_on_fetch(self, on_fetch: Callable[[str, FetchArrived], None], peer_id: str,
                        arrived: FetchArrived) -> None:

@@ -26,12 +26,14 @@ from functools import partial
 
 from p2pfsm.demo.blocks import demo_block, demo_key
 from p2pfsm.errors import LocalProtocolError
+from p2pfsm.executor.core import Executor, TimerTable
 from p2pfsm.fsm import Tracer
 from p2pfsm.protocol import encode
 from p2pfsm.session import (
     ArmTimer,
     CancelWrite,
     DisarmTimer,
+    FetchArrived,
     FrameReceived,
     HostAnswerLookup,
     HostClose,
@@ -127,7 +129,7 @@ class SimHost:
                 and self.lookups_sent == len(self.lookup_results))
 
 
-class SimWorld:
+class SimWorld(Executor):
     """Two peers ``a`` and ``b`` connected by a simulated network.
 
     Args:
@@ -183,7 +185,7 @@ class SimWorld:
         self.sent_at: dict[tuple[str, str], list[float]] = {("a", "b"): [], ("b", "a"): []}
         # Frames live at most half a tombstone period (the sessions' stated assumption).
         self.max_delay = (timeouts or Timeouts()).tombstone / 2
-        self.timers: dict[str, dict[TimerId, float]] = {n: {} for n in self.NODES}
+        self.timers: dict[str, TimerTable[TimerId]] = {n: TimerTable() for n in self.NODES}
         self.registrations: set[str] = set()
         self.writes: dict[tuple[str, int], SimWrite] = {}
         self.registered: dict[str, bool] = {n: False for n in self.NODES}
@@ -199,43 +201,58 @@ class SimWorld:
         """Give ``event`` to ``node``'s session and carry out its outputs."""
         outputs = self.sessions[node].handle(event, self.now)
         for out in outputs:
-            self._apply(node, out)
+            self.apply(node, out)
         return outputs
 
-    def _apply(self, node: str, out: Output) -> None:
-        host = self.hosts[node]
-        if isinstance(out, SendFrame):
-            self.channels[(node, self.other(node))].append(encode(out.message))
-            self.sent_at[(node, self.other(node))].append(self.now)
-        elif isinstance(out, ArmTimer):
-            self.timers[node][out.timer] = out.deadline
-        elif isinstance(out, DisarmTimer):
-            self.timers[node].pop(out.timer, None)
-        elif isinstance(out, StartRegistration):
-            self.registrations.add(node)
-        elif isinstance(out, StartWrite):
-            self._start_write(node, out)
-        elif isinstance(out, CancelWrite):
-            write = self.writes.get((node, out.xfer))
-            if write is not None:  # absent only after a SafetyViolation stopped its start
-                write.cancelled = True
-        elif isinstance(out, LoadResult):
-            self._on_load_result(host, out)
-        elif isinstance(out, StoreResult):
-            self._on_store_result(node, host, out)
-        elif isinstance(out, LookupResult):
-            host.lookup_results.append(out)
-        elif isinstance(out, LookupRequest):
-            host.lookup_requests[out.token] = out
-            self._answer_lookup(node, out)
-        elif isinstance(out, ProtocolViolation):
-            host.violations.append(out)
-        elif isinstance(out, SessionDead):
-            host.deaths.append(out)
-        elif isinstance(out, LookupClosed):
-            if out.token in host.lookups_closed:
-                raise SafetyViolation(f"{node}: lookup {out.token} closed twice")
-            host.lookups_closed.add(out.token)
+    # ------------------------------- Executor: outputs of ``node``'s session
+    def send_frame(self, peer: str, out: SendFrame) -> None:
+        self.channels[(peer, self.other(peer))].append(encode(out.message))
+        self.sent_at[(peer, self.other(peer))].append(self.now)
+
+    def arm_timer(self, peer: str, out: ArmTimer) -> None:
+        self.timers[peer].arm(out.timer, out.deadline)
+
+    def disarm_timer(self, peer: str, out: DisarmTimer) -> None:
+        self.timers[peer].disarm(out.timer)
+
+    def start_registration(self, peer: str, out: StartRegistration) -> None:
+        self.registrations.add(peer)
+
+    def start_write(self, peer: str, out: StartWrite) -> None:
+        self._start_write(peer, out)
+
+    def cancel_write(self, peer: str, out: CancelWrite) -> None:
+        write = self.writes.get((peer, out.xfer))
+        if write is not None:  # absent only after a SafetyViolation stopped its start
+            write.cancelled = True
+
+    def load_result(self, peer: str, out: LoadResult) -> None:
+        self._on_load_result(self.hosts[peer], out)
+
+    def store_result(self, peer: str, out: StoreResult) -> None:
+        self._on_store_result(peer, self.hosts[peer], out)
+
+    def lookup_result(self, peer: str, out: LookupResult) -> None:
+        self.hosts[peer].lookup_results.append(out)
+
+    def lookup_request(self, peer: str, out: LookupRequest) -> None:
+        self.hosts[peer].lookup_requests[out.token] = out
+        self._answer_lookup(peer, out)
+
+    def fetch_arrived(self, peer: str, out: FetchArrived) -> None:
+        """The simulated host supplies only when a test or rule says so."""
+
+    def protocol_violation(self, peer: str, out: ProtocolViolation) -> None:
+        self.hosts[peer].violations.append(out)
+
+    def session_dead(self, peer: str, out: SessionDead) -> None:
+        self.hosts[peer].deaths.append(out)
+
+    def lookup_closed(self, peer: str, out: LookupClosed) -> None:
+        host = self.hosts[peer]
+        if out.token in host.lookups_closed:
+            raise SafetyViolation(f"{peer}: lookup {out.token} closed twice")
+        host.lookups_closed.add(out.token)
 
     # --------------------------------------------------------- host actions
     def start(self) -> None:
@@ -423,11 +440,12 @@ class SimWorld:
         self._flush_answers()
 
     def next_deadline(self) -> tuple[float, str, TimerId] | None:
+        """The earliest armed timer of either node (ties: node, then timer name)."""
         best: tuple[float, str, TimerId] | None = None
         for n in self.NODES:
-            for t, d in self.timers[n].items():
-                if best is None or (d, n, str(t)) < (best[0], best[1], str(best[2])):
-                    best = (d, n, t)
+            earliest = self.timers[n].earliest()
+            if earliest is not None and (best is None or (earliest[0], n) < best[:2]):
+                best = (earliest[0], n, earliest[1])
         return best
 
     def can_advance(self) -> bool:

@@ -86,10 +86,10 @@ class ReplayWorld(TracingWorld):
         self.now = self.clock[node]
         return super().feed(node, event)
 
-    def _apply(self, node: str, out: Output) -> None:
-        if isinstance(out, SendFrame) and self.is_cut:
+    def send_frame(self, peer: str, out: SendFrame) -> None:
+        if self.is_cut:
             return  # the connection is gone: the frame never leaves
-        super()._apply(node, out)
+        super().send_frame(peer, out)
 
     def _answer_lookup(self, node: str, req: LookupRequest) -> None:
         self.unanswered[(node, req.token)] = frozenset(_KEY_NUMBER[k] for k in req.keys)

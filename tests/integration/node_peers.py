@@ -32,12 +32,11 @@ from typing import Any
 
 from p2pfsm.demo.blocks import demo_key
 from p2pfsm.demo.host import fill_demo_region
-from p2pfsm.executor.node import LookupAnswer, Node, NodeConfig
+from p2pfsm.executor.node import LookupAnswer, LookupAsk, Node, NodeConfig
 from p2pfsm.protocol import decode
 from p2pfsm.session import (
     FetchArrived,
     LoadResult,
-    LookupRequest,
     Output,
     Session,
     StoreResult,
@@ -65,10 +64,10 @@ class RecordingNode(Node):
             self.received[peer_id].append("?")
         super()._on_frame(peer_id, frame)
 
-    def _apply(self, peer_id: str, session: Session, out: Output) -> None:
+    def apply(self, peer: str, out: Output) -> None:
         if isinstance(out, LoadResult | StoreResult):
             self.results.append(out)
-        super()._apply(peer_id, session, out)
+        super().apply(peer, out)
 
 
 @dataclass
@@ -136,7 +135,7 @@ def peer_main(conn: Connection, config: NodeConfig, held: int,
             supply(peer_id, fetch.kv_request_id, now)
         conn.send(("fetch", peer_id, fetch.kv_request_id, len(now), len(later)))
 
-    def on_lookup(peer_id: str, req: LookupRequest) -> LookupAnswer:
+    def on_lookup(peer_id: str, req: LookupAsk) -> LookupAnswer:
         hits = {k: index[k] for k in req.keys if k in index}
         if hits:
             pinned.add((peer_id, req.kv_request_id, req.round_seq))

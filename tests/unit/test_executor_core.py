@@ -1,0 +1,61 @@
+"""The executor core both the Node and the SimWorld run on: output dispatch and timers."""
+
+from __future__ import annotations
+
+import typing
+
+import pytest
+
+from p2pfsm.executor.core import _HANDLERS, Executor, TimerTable, check_handlers
+from p2pfsm.protocol import Disconnect
+from p2pfsm.session import LookupClosed, Output, SendFrame
+from p2pfsm.sim.world import SimWorld
+
+
+def test_every_output_type_has_exactly_one_executor_method() -> None:
+    check_handlers()
+    assert set(_HANDLERS) == set(typing.get_args(Output))
+    assert len(set(_HANDLERS.values())) == len(_HANDLERS)
+
+
+def test_an_executor_missing_a_method_fails_loudly_not_silently() -> None:
+    class Partial(Executor):
+        pass
+
+    with pytest.raises(NotImplementedError):
+        Partial().apply("p", SendFrame(Disconnect()))
+    Partial().apply("p", LookupClosed(1))  # optional: no action
+
+
+def test_node_and_simworld_implement_every_required_method() -> None:
+    from p2pfsm.executor.node import Node
+
+    required = {name for name in _HANDLERS.values()
+                if getattr(Executor, name).__doc__ is None}
+    for cls in (Node, SimWorld):
+        missing = {n for n in required if getattr(cls, n) is getattr(Executor, n)}
+        assert not missing, (cls.__name__, missing)
+
+
+def test_timer_table_orders_by_deadline_then_name_and_forgets_rearmed_entries() -> None:
+    timers: TimerTable[tuple[str, int]] = TimerTable()
+    timers.arm(("load", 2), 5.0)
+    timers.arm(("abort", 1), 5.0)
+    timers.arm(("load", 3), 1.0)
+    timers.arm(("load", 3), 7.0)  # re-armed: the 1.0 entry is stale
+    assert timers.earliest() == (5.0, ("abort", 1))
+    assert dict(timers) == {("load", 2): 5.0, ("abort", 1): 5.0, ("load", 3): 7.0}
+    assert timers.disarm(("abort", 1)) == 5.0 and timers.disarm(("abort", 1)) is None
+    assert list(timers.pop_due(6.0)) == [("load", 2)]
+    assert timers == {("load", 3): 7.0}
+    assert timers.pop(("load", 3)) == 7.0
+    with pytest.raises(KeyError):
+        timers.pop(("load", 3))
+    assert timers.earliest() is None and len(timers) == 0
+
+
+def test_simworld_timers_come_from_the_same_table() -> None:
+    w = SimWorld(0)
+    w.start()
+    assert isinstance(w.timers["a"], TimerTable)
+    assert w.timers["a"] and all(t[0] == "handshake" for t in w.timers["a"])
