@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Creates .venv and installs p2pfsm with everything its tests need.
+# Creates .venv and installs p2pfsm with everything its tests need: what
+# `pip install 'p2pfsm[nixl,check,prometheus]'` gives a user, plus the test tools.
 # torch is pinned to the CPU wheel on disk; nixl-cu12 goes in with --no-deps
 # because its metadata asks for an unpinned torch (a multi-GB CUDA build).
 set -euo pipefail
