@@ -1,0 +1,76 @@
+"""What a node tells its operator: logs naming a rejected handshake field, metrics of
+real fetches, and bounded history on a node whose peers keep dying. Real ZeroMQ and NIXL
+on 127.0.0.1; the peer runs in a child process."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+
+import pytest
+
+from p2pfsm.demo.blocks import demo_key
+from p2pfsm.executor.node import Node, NodeConfig
+from p2pfsm.session import Timeouts
+
+from . import Child
+from .node_peers import peer_main
+
+pytest.importorskip("torch")
+if importlib.util.find_spec("nixl") is None and importlib.util.find_spec("nixl_cu12") is None:
+    pytest.skip("NIXL is not installed (.ci/install.sh installs it)", allow_module_level=True)
+
+
+def start_peer(children: list[Child], block_len: int) -> str:
+    child = Child(peer_main, NodeConfig("tcp://127.0.0.1:0", 32, block_len), 16, (),
+                  name="peer")
+    children.append(child)
+    return str(child.expect("ready", 60.0)[1])
+
+
+def test_a_rejected_handshake_is_logged_with_the_field_and_counted(
+        children: list[Child], caplog: pytest.LogCaptureFixture) -> None:
+    peer = start_peer(children, block_len=8192)
+    caplog.set_level(logging.INFO, logger="p2pfsm")
+    with Node(NodeConfig("tcp://127.0.0.1:0", 32, 4096)) as node:
+        session = node.connect(peer)
+        assert node.run_until(lambda: not session.alive, 30), "the mismatch was not noticed"
+        assert node.deaths[peer].mismatch is not None
+        counters = node.metrics.snapshot()["counters"]
+    rejected = [r for r in caplog.records if "rejected" in r.getMessage()]
+    assert rejected and "'block_len'" in rejected[0].getMessage(), caplog.text
+    assert rejected[0].levelno == logging.WARNING and rejected[0].name == "p2pfsm.node"
+    assert counters["handshakes_rejected"] == 1 and counters["deaths"] == 1
+    assert counters["handshakes"] == 0
+
+
+def test_metrics_count_real_fetches_and_time_them(children: list[Child]) -> None:
+    peer = start_peer(children, block_len=4096)
+    with Node(NodeConfig("tcp://127.0.0.1:0", 32, 4096, timeouts=Timeouts(load=1))) as node:
+        session = node.connect(peer)
+        assert node.run_until(lambda: session.ready or not session.alive, 30)
+        loads = [node.fetch(peer, f"r{i}", [demo_key(i)], [i]) for i in range(3)]
+        # The peer holds blocks 0..15 and never supplies 20: the load deadline aborts it.
+        missing = node.fetch(peer, "gone", [demo_key(20)], [10])
+        assert node.run_until(lambda: all(f.done() for f in (*loads, missing)), 30)
+        assert all(f.result().success for f in loads) and not missing.result().success
+        snap = node.metrics.snapshot()
+    c = snap["counters"]
+    assert (c["fetches_started"], c["fetches_succeeded"], c["fetches_failed"]) == (4, 3, 1)
+    assert c["fetch_bytes"] == 3 * 4096 and c["handshakes"] == 1
+    assert c["results_dropped"] == 0 and c["aborts_sent"] == 1
+    assert snap["histograms"]["fetch_seconds"]["count"] == 4
+    assert snap["histograms"]["handshake_seconds"]["count"] == 1
+
+
+def test_history_of_dead_peers_is_bounded_and_the_totals_kept() -> None:
+    with Node(NodeConfig("tcp://127.0.0.1:0", 8, 4096, history=2)) as node:
+        peers = [f"127.0.0.1:{port}" for port in (1, 2, 3, 4)]  # nobody listens there
+        for peer in peers:
+            session = node.connect(peer)
+            assert node.run_until(lambda s=session: not s.alive, 10), peer  # type: ignore[misc]
+        assert list(node.deaths) == peers[-2:]
+        assert all(d.reason == "transport lost: connection refused"
+                   for d in node.deaths.values())
+        assert len(node.sessions) <= 2
+        assert node.metrics.snapshot()["counters"]["deaths"] == 4

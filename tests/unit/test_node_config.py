@@ -1,0 +1,67 @@
+"""NodeConfig checks every field when it is built: a bad value is a ConfigError naming it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from p2pfsm.errors import ConfigError
+from p2pfsm.executor.config import MAX_REGION_BYTES, NodeConfig, fingerprint
+from p2pfsm.session import Timeouts
+
+GOOD: dict[str, Any] = {"bind": "tcp://127.0.0.1:0", "num_blocks": 16, "block_len": 4096}
+
+
+def make(**kw: Any) -> NodeConfig:
+    return NodeConfig(**{**GOOD, **kw})
+
+
+def test_defaults_are_valid_and_fingerprint_is_vllms() -> None:
+    cfg = make(model_config={"model": "m", "dtype": "bf16"})
+    assert cfg.device is None and cfg.memory is None and cfg.max_peers == 128
+    assert cfg.config_fingerprint == fingerprint({"dtype": "bf16", "model": "m"})
+    assert len(cfg.config_fingerprint) == 16
+    assert make(fingerprint="abc").config_fingerprint == "abc"
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("bind", "127.0.0.1:5555"),
+    ("bind", 5555),
+    ("num_blocks", 0),
+    ("num_blocks", True),
+    ("num_blocks", 1 << 31),
+    ("block_len", -1),
+    ("block_len", 4096.0),
+    ("hash_seed", ""),
+    ("hash_seed", None),
+    ("model_config", ["not", "a", "mapping"]),
+    ("model_config", {"x": object()}),
+    ("fingerprint", 123),
+    ("timeouts", {"load": 1}),
+    ("device", "gpu"),
+    ("device", "cuda:x"),
+    ("heartbeat_ivl_ms", -1),
+    ("heartbeat_timeout_ms", "10"),
+    ("connect_timeout_ms", 0),
+    ("advertise_host", ""),
+    ("advertise_host", "10.0.0.1:80"),
+    ("advertise_host", 7),
+    ("max_peers", 0),
+    ("history", 0),
+    ("trace", ""),
+])
+def test_a_bad_field_is_named_at_construction(field: str, value: object) -> None:
+    with pytest.raises(ConfigError, match=field):
+        make(**{field: value})
+
+
+def test_a_region_too_large_to_exist_is_refused_before_any_allocation() -> None:
+    with pytest.raises(ConfigError, match="num_blocks \\* block_len"):
+        make(num_blocks=1 << 30, block_len=MAX_REGION_BYTES >> 29)
+
+
+def test_timeouts_are_checked_by_their_own_type() -> None:
+    with pytest.raises(ConfigError, match=r"timeouts\.load"):
+        Timeouts(load=0)
+    assert make(timeouts=Timeouts(load=1)).timeouts.load == 1
