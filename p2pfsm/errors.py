@@ -67,3 +67,10 @@ class ConfigError(P2PFSMError):
 
 class TransportError(P2PFSMError):
     """The executor's ZeroMQ or NIXL layer failed (executor only)."""
+
+
+NIXL_INSTALL_HINT = ("pip install 'p2pfsm[nixl]' (without a GPU, install the CPU torch "
+                     "wheel first: pip install torch --index-url "
+                     "https://download.pytorch.org/whl/cpu)")
+"""How to get the NIXL data plane (torch, numpy, nixl-cu12); every missing-import error
+names the import that failed and then this."""

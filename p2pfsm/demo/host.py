@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from p2pfsm.demo.blocks import demo_block, demo_key
-from p2pfsm.errors import ConfigError, TransportError
+from p2pfsm.errors import NIXL_INSTALL_HINT, ConfigError, TransportError
 from p2pfsm.protocol.validate import Limits
 from p2pfsm.session import FetchArrived
 
@@ -41,9 +41,6 @@ MAX_KEY_NUMBER = 2**64 - 1
 BOOKKEEPING_PER_BLOCK = 512
 """Bytes a demo host spends per block beside the block itself (its key table, NIXL's
 descriptors), counted by :func:`check_region`."""
-NIXL_INSTALL_HINT = ("pip install 'p2pfsm[nixl]' (without a GPU, install the CPU torch "
-                     "wheel first: pip install torch --index-url "
-                     "https://download.pytorch.org/whl/cpu)")
 
 
 def _ranges(text: str) -> list[tuple[int, int]]:

@@ -52,7 +52,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from p2pfsm.errors import ConfigError, TransportError
+from p2pfsm.errors import NIXL_INSTALL_HINT, ConfigError, TransportError
 from p2pfsm.executor.memory import (
     HostRegion,
     MemoryDesc,
@@ -77,17 +77,20 @@ _MD_LEN: Final = struct.Struct("<Q")
 
 def _import_nixl() -> Any:
     """The NIXL Python API module: the ``nixl`` shim if present, else ``nixl_cu12``."""
+    failures: list[str] = []
     for module in ("nixl._api", "nixl_cu12._api"):
         try:
             api = importlib.import_module(module)
-        except (ImportError, OSError):
+        except (ImportError, OSError) as exc:
+            package = module.partition(".")[0]
+            if not (isinstance(exc, ModuleNotFoundError) and exc.name == package):
+                failures.append(f"{module}: {exc}")  # installed but broken: say why
             continue
         # NIXL logs every agent start at INFO; keep the CLI's output to what we print.
         logging.getLogger("nixl").setLevel(logging.WARNING)
         return api
-    raise TransportError(
-        "NIXL is not installed: pip install --no-deps nixl-cu12==1.5.1 (see .ci/install.sh)"
-    )
+    why = "; ".join(failures) or "No module named 'nixl_cu12'"
+    raise TransportError(f"NIXL cannot be imported ({why}); install it with {NIXL_INSTALL_HINT}")
 
 
 def _agent_name_of(metadata: bytes) -> tuple[str, bytes]:
@@ -529,8 +532,9 @@ class DataPlane:
     def _allocate(num_blocks: int, block_len: int, device: str) -> torch.Tensor:
         try:
             import torch
-        except ImportError:
-            raise TransportError("torch is not installed (pip install torch==2.13.0)") from None
+        except ImportError as exc:
+            raise TransportError(f"the NIXL data plane needs torch ({exc}); install it with "
+                                 f"{NIXL_INSTALL_HINT}") from None
         try:
             return torch.zeros((num_blocks, block_len), dtype=torch.uint8, device=device)
         except (AssertionError, RuntimeError, ValueError) as exc:  # torch: all three

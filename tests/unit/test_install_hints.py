@@ -1,0 +1,42 @@
+"""A missing or broken dependency of the data plane is named, with the command that fixes it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+PROBE = """
+import sys
+for name in {hidden!r}:
+    sys.modules[name] = None  # makes 'import name' fail as if it were not installed
+from p2pfsm.errors import TransportError
+from p2pfsm.executor.nixl_plane import _import_nixl
+try:
+    _import_nixl()
+except TransportError as exc:
+    print(exc)
+else:
+    print("imported")
+"""
+
+
+def probe(*hidden: str) -> str:
+    ran = subprocess.run([sys.executable, "-c", PROBE.format(hidden=list(hidden))],
+                         capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stderr
+    return ran.stdout.strip()
+
+
+@pytest.mark.parametrize("hidden", [("nixl", "nixl_cu12")])
+def test_nixl_missing_says_how_to_install_it(hidden: tuple[str, ...]) -> None:
+    text = probe(*hidden)
+    assert "NIXL cannot be imported" in text and "pip install 'p2pfsm[nixl]'" in text
+    assert ".ci/install.sh" not in text
+
+
+def test_a_missing_numpy_under_nixl_is_the_error_shown() -> None:
+    pytest.importorskip("nixl_cu12")
+    text = probe("numpy")
+    assert "numpy" in text and "pip install 'p2pfsm[nixl]'" in text, text
