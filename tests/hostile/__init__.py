@@ -1,0 +1,1 @@
+"""Hostile peers against a real ``p2pfsm serve`` process (see conftest.py)."""

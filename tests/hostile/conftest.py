@@ -1,0 +1,312 @@
+"""A real ``p2pfsm serve`` process under attack, and the checks run after every scenario.
+
+``server`` (module scope) starts ``python -m p2pfsm.cli serve`` on a free loopback port,
+stderr to a file (read per scenario for the server's own account of what it rejected;
+a pipe could fill and block it). After a warm-up fetch it records the baseline: open
+fds (``/proc/PID/fd``) and ``VmRSS``.
+
+``hostile`` (per test) hands the scenario an attacker context (raw pyzmq peers, real
+NIXL agents, helper processes: everything registered is closed before the checks) and
+``hostile.verify()`` then checks, in order:
+
+1. the server process is alive;
+2. a fresh legitimate client (a p2pfsm Node in this process) completes a handshake and
+   fetches demo blocks 0-3, verified byte for byte;
+3. within ``SETTLE_S``, polling: the server's fd count is back to the baseline exactly
+   and its RSS is within ``RSS_TOLERANCE`` of the baseline.
+
+A scenario that forgets ``verify()`` gets it at teardown. A scenario that kills the
+server fails, and the next one gets a fresh server. The terminal summary prints one
+row per scenario: its name, the reaction seen (from the attacker's side, plus the
+server's first log line about it) and the verdict.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import select
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+
+from .wire import BLOCK_LEN, SERVED_BLOCKS, RawPeer
+
+if importlib.util.find_spec("nixl") is None and importlib.util.find_spec("nixl_cu12") is None:
+    pytest.skip("NIXL is not installed (.ci/install.sh installs it)", allow_module_level=True)
+pytest.importorskip("torch")
+
+CONNECT_TIMEOUT_S = 2.0   # serve --connect-timeout: a dial-back that never comes up
+START_TIMEOUT_S = 60.0
+SETTLE_S = 20.0           # fds/RSS back to the baseline within this
+RSS_TOLERANCE = 48 << 20  # bytes above the baseline RSS still counted as "back"
+LEGIT_TIMEOUT_S = 20.0
+
+_ROWS = pytest.StashKey[list[tuple[str, str, str]]]()
+_REACTIONS = pytest.StashKey[dict[str, str]]()
+
+
+def _fd_count(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def _rss(pid: int) -> int:
+    with open(f"/proc/{pid}/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def wait_for(cond: Callable[[], bool], timeout: float, what: str,
+             interval: float = 0.05) -> None:
+    """Poll ``cond`` until true; AssertionError naming ``what`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{what}: not within {timeout:.0f} s")
+        time.sleep(interval)
+
+
+class Server:
+    """One ``p2pfsm serve`` process."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_path = log_dir / f"serve-{uuid.uuid4().hex[:8]}.log"
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "p2pfsm.cli", "serve", "--bind", "tcp://127.0.0.1:0",
+             "--blocks", str(SERVED_BLOCKS), "--block-len", str(BLOCK_LEN),
+             "--connect-timeout", str(CONNECT_TIMEOUT_S)],
+            stdout=subprocess.PIPE, stderr=self._log, text=True)
+        self.pid = self.proc.pid
+        try:
+            assert self.proc.stdout is not None
+            ready, _, _ = select.select([self.proc.stdout], [], [], START_TIMEOUT_S)
+            line = self.proc.stdout.readline() if ready else ""
+            assert line.startswith("serving"), f"serve did not start: {line!r}"
+            self.addr = line.rsplit("tcp://", 1)[1].strip()
+            self.base_fds = _fd_count(self.pid)
+            legit_fetch(self.addr)
+            # Lazily opened descriptors (first remote agent) settle; take the floor.
+            floor = self.base_fds
+            with_deadline = time.monotonic() + 5.0
+            while time.monotonic() < with_deadline and _fd_count(self.pid) != floor:
+                time.sleep(0.05)
+            self.base_fds = min(floor, _fd_count(self.pid))
+            self.base_rss = _rss(self.pid)
+        except BaseException:
+            self.stop()
+            raise
+        self._log_pos = 0
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def fds(self) -> int:
+        return _fd_count(self.pid)
+
+    def rss(self) -> int:
+        return _rss(self.pid)
+
+    def new_log(self) -> list[str]:
+        """Log lines written since the last call."""
+        with open(self.log_path, "rb") as f:
+            f.seek(self._log_pos)
+            data = f.read()
+        cut = data.rfind(b"\n") + 1
+        self._log_pos += cut
+        return data[:cut].decode("utf-8", "replace").splitlines()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self._log.close()
+
+
+def legit_fetch(addr: str, blocks: range = range(4)) -> None:
+    """A fresh p2pfsm Node: handshake, fetch ``blocks``, verify every byte."""
+    from p2pfsm.demo.host import run_fetch
+    from p2pfsm.executor.node import Node, NodeConfig
+
+    node = Node(NodeConfig("tcp://127.0.0.1:0", num_blocks=len(blocks), block_len=BLOCK_LEN,
+                           connect_timeout_ms=2000))
+    try:
+        report = run_fetch(node, addr, list(blocks), "pd", LEGIT_TIMEOUT_S)
+    finally:
+        node.close()
+    assert report.success and report.verified, f"legitimate fetch failed: {report}"
+
+
+@dataclass
+class ServerBox:
+    """The module's server; replaced when a scenario killed it."""
+
+    log_dir: Path
+    current: Server | None = None
+
+    def get(self) -> Server:
+        if self.current is None or not self.current.alive():
+            if self.current is not None:
+                self.current.stop()
+            self.current = Server(self.log_dir)
+        return self.current
+
+
+@pytest.fixture(scope="module")
+def server_box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerBox]:
+    box = ServerBox(tmp_path_factory.mktemp("hostile"))
+    try:
+        yield box
+    finally:
+        if box.current is not None:
+            box.current.stop()
+
+
+@dataclass
+class Hostile:
+    """One scenario's attacker context and its after-checks."""
+
+    server: Server
+    ctx: zmq.Context[Any] = field(default_factory=zmq.Context)
+    closers: list[Callable[[], None]] = field(default_factory=list)
+    reaction: str = ""
+    verified: bool = False
+    log: list[str] = field(default_factory=list)  # server log lines of the attack
+
+    @property
+    def addr(self) -> str:
+        return self.server.addr
+
+    def peer(self, **kwargs: Any) -> RawPeer:
+        p = RawPeer(self.ctx, self.server.addr, **kwargs)
+        self.closers.append(p.close)
+        return p
+
+    def agent(self) -> Any:
+        """A real NIXL agent with a 64-block region: real metadata and base_addr for a
+        connect frame, and memory the server's writes land in."""
+        from p2pfsm.executor.nixl_plane import DataPlane
+
+        plane = DataPlane(f"hostile-{uuid.uuid4().hex[:12]}", SERVED_BLOCKS, BLOCK_LEN)
+        self.closers.append(plane.close)
+        return plane
+
+    def ready(self) -> tuple[RawPeer, Any]:
+        """A raw peer that completed the handshake with a real agent: (peer, agent)."""
+        plane = self.agent()
+        peer = self.peer()
+        peer.handshake(plane.metadata, plane.base_addr)
+        return peer, plane
+
+    def on_close(self, fn: Callable[[], None]) -> None:
+        self.closers.append(fn)
+
+    def react(self, text: str) -> None:
+        self.reaction = text
+
+    def release(self) -> None:
+        """Close everything the attacker holds (last opened first)."""
+        while self.closers:
+            fn = self.closers.pop()
+            try:
+                fn()
+            except Exception as exc:  # one failed close must not keep the rest open
+                print(f"hostile: close failed: {exc!r}")
+        self.ctx.destroy(linger=0)
+
+    def verify(self) -> None:
+        """The after-checks of every scenario (see the module docstring)."""
+        self.verified = True
+        self.log = self.server.new_log()  # the attack's own lines, before ours
+        self.release()
+        srv = self.server
+        assert srv.alive(), f"the server died (exit {srv.proc.returncode})"
+        legit_fetch(srv.addr)
+        last: list[int] = []
+
+        def settled() -> bool:
+            last[:] = [srv.fds(), srv.rss()]
+            return last[0] == srv.base_fds and last[1] <= srv.base_rss + RSS_TOLERANCE
+
+        try:
+            wait_for(settled, SETTLE_S, "fds/RSS back to baseline")
+        except AssertionError:
+            raise AssertionError(
+                f"server not back to baseline: fds {last[0]} (baseline {srv.base_fds}), "
+                f"RSS {last[1] >> 20} MiB (baseline {srv.base_rss >> 20} MiB)") from None
+        assert srv.alive()
+
+
+@pytest.fixture
+def hostile(server_box: ServerBox, request: pytest.FixtureRequest) -> Iterator[Hostile]:
+    srv = server_box.get()
+    srv.new_log()
+    h = Hostile(srv)
+    try:
+        yield h
+    finally:
+        try:
+            if not h.verified:
+                h.release()
+        finally:
+            seen = h.log if h.verified else srv.new_log()
+            lines = [ln for ln in seen if "WARNING" in ln or "ERROR" in ln]
+            note = h.reaction or "-"
+            if lines:
+                first = lines[0].split(" node: ", 1)[-1]
+                note += f" | server: {first[:90]}" + (f" (+{len(lines) - 1})"
+                                                      if len(lines) > 1 else "")
+            request.config.stash.setdefault(_REACTIONS, {})[request.node.nodeid] = note
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    if report.when == "teardown":
+        rows = item.config.stash.setdefault(_ROWS, [])
+        reaction = item.config.stash.get(_REACTIONS, {}).get(item.nodeid)
+        if reaction is not None:
+            outcome = getattr(item, "_hostile_outcome", "passed")
+            if report.failed:
+                outcome = "ERROR"
+            rows.append((item.name, reaction, outcome))
+    elif report.when == "call" or (report.when == "setup" and not report.passed):
+        verdict = "passed" if report.passed else "FAILED"
+        if hasattr(report, "wasxfail"):
+            verdict = "xfail" if report.skipped else "XPASS"
+        elif report.skipped:
+            verdict = "skipped"
+        item._hostile_outcome = verdict  # type: ignore[attr-defined]
+    return report
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter,
+                            config: pytest.Config) -> None:
+    rows = config.stash.get(_ROWS, [])
+    if not rows:
+        return
+    terminalreporter.section("p2pfsm hostile peers")
+    width = max(len(r[0]) for r in rows)
+    terminalreporter.write_line(f"{'scenario':<{width}}  {'verdict':<7}  reaction")
+    for name, reaction, verdict in rows:
+        terminalreporter.write_line(f"{name:<{width}}  {verdict:<7}  {reaction}")
+    counts: dict[str, int] = {}
+    for _, _, verdict in rows:
+        counts[verdict] = counts.get(verdict, 0) + 1
+    terminalreporter.write_line(", ".join(f"{n} {v}" for v, n in sorted(counts.items())))
