@@ -53,15 +53,21 @@ def connect_msg(peer_id: str, metadata: bytes, base_addr: int,
         "base_addr": base_addr, "num_blocks": num_blocks, "block_len": BLOCK_LEN,
         "config_fingerprint": "", "hash_seed": HASH_SEED,
     }
-    for key, value in override.items():
-        if value is DROP:
-            msg.pop(key, None)
-        else:
-            msg[key] = value
-    return msg
+    return patched(msg, override)
 
 
 DROP = object()
+
+
+def patched(msg: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``msg`` with ``override`` applied (the value ``DROP`` removes a key)."""
+    out = dict(msg)
+    for key, value in override.items():
+        if value is DROP:
+            out.pop(key, None)
+        else:
+            out[key] = value
+    return out
 
 
 def fetch_msg(rid: str, keys: Any, indexes: Any, round_seq: Any = 0) -> dict[str, Any]:
