@@ -624,9 +624,24 @@ def test_pd_demand_vllm_client_p2pfsm_server(procs: list[PeerProcess],
     assert_server_clean(server, state)
 
 
+def test_pd_miss_vllm_client_p2pfsm_demo_server(
+        procs: list[PeerProcess], p2pfsm_server: Callable[..., P2pfsmServer]) -> None:
+    # The demo host finishes a request naming a block it lacks: the round fails at once
+    # with transfer_done(false) once its writes landed, not at the consumer's deadline.
+    server = p2pfsm_server()
+    result, state = vllm_client(procs, server, "--keys", f"0-3,{MISSING}", "--mode", "pd",
+                                "--load-timeout", "3")
+    assert result["ready"] and not result["success"], result["_tail"]
+    assert result["seconds"] < 2.9, result["seconds"]
+    frames = vllm_frames(result)
+    assert only(frames, "in", "transfer_done")["success"] is False
+    assert "abort_fetch" not in types(frames, "out")
+    assert_server_clean(server, state)
+
+
 def test_pd_abort_vllm_client_p2pfsm_server(procs: list[PeerProcess],
                                             p2pfsm_server: Callable[..., P2pfsmServer]) -> None:
-    server = p2pfsm_server()
+    server = p2pfsm_server(finish_after=None)  # a host that never gives up: the load times out
     result, state = vllm_client(procs, server, "--keys", f"0-3,{MISSING}", "--mode", "pd",
                          "--load-timeout", "3")
     assert result["ready"] and not result["success"], result["_tail"]
