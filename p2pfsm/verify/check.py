@@ -8,8 +8,12 @@ While TLC runs, its own progress lines (start, initial states, the periodic
 the config's name; ``--json`` and ``-q`` keep stderr quiet.
 
 Prints, per config, the distinct states, the search depth and the time. A violated
-property prints its counterexample as a table of (action, changed variables) and
-exits 1; so does a must-fail config named on its own (``--config p4_round_restart``),
+property prints its counterexample in the models' terms (:mod:`.explain`): per step the
+action and the (machine, trigger) it starts, each machine step it made
+(``a client_round r1/0: loading -> aborting (timer_load)``), the frames it sent,
+delivered or lost (``sent abort_fetch r1/0 job=1 a -> b``) and only the variables that
+changed, under a short legend; ``--json`` gives the same steps as data. It exits 1;
+so does a must-fail config named on its own (``--config p4_round_restart``),
 whose violation is the point. ``--config mustfail`` is the check of those checks: it
 runs every ``tla/mustfail/*.cfg`` and exits 0 only if each one yields a counterexample.
 Exit status: 0 as expected, 1 a property failed (in the ``mustfail`` group: a must-fail
@@ -32,7 +36,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TextIO
 
-from p2pfsm.verify import tlc
+from p2pfsm.verify import explain, tlc
 from p2pfsm.verify.configs import SPEC_MODULE, Config, resolve, spec_dir
 
 log = logging.getLogger(__name__)
@@ -53,7 +57,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--workers", type=int, default=None, help="TLC workers (default: CPUs)")
     p.add_argument("--timeout", type=float, default=None, help="seconds per TLC run")
-    p.add_argument("--full", action="store_true", help="do not shorten counterexample values")
+    p.add_argument("--full", action="store_true",
+                   help="counterexamples: also list the variable changes the machine steps "
+                        "and frames already tell, and do not wrap long lines")
     p.add_argument("-q", "--quiet", action="store_true",
                    help="no TLC progress lines on stderr (--json implies it)")
     p.add_argument("-v", "--verbose", action="count", default=0,
@@ -62,32 +68,45 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _compact(value: str, width: int | None) -> str:
-    text = re.sub(r"\s+", " ", value).strip()
-    if width is not None and len(text) > width:
-        return text[: width - 1] + "…"
-    return text
-
-
-def counterexample_table(result: tlc.TlcResult, *, width: int | None = 110) -> str:
-    """A readable table of the counterexample: step, action, changed variables."""
+def counterexample_table(result: tlc.TlcResult, *, width: int | None = 100,
+                         full: bool = False, legend: bool = True) -> str:
+    """The counterexample step by step in the models' terms (:mod:`.explain`): each
+    step's action and (machine, trigger), the machine steps it made, the frames it sent,
+    delivered or lost, and the variables that changed; long lines wrap, nothing is cut.
+    ``width=None`` does not wrap. Falls back to TLC's changed variables if a state
+    cannot be read."""
     if not result.trace:
         return ""
-    action_w = max(len("action"), *(len(s.action) for s in result.trace))
-    lines = [f"{'#':>3}  {'action':<{action_w}}  changed variables"]
-    lines.append(f"{'-' * 3}  {'-' * action_w}  {'-' * 17}")
+    try:
+        steps = explain.explain(result.trace)
+    except Exception as exc:  # never lose the verdict to the explanation
+        log.warning("cannot explain the counterexample: %s", exc)
+        return _raw_table(result, f"(steps not explained: {exc})")
+    return explain.render(steps, width=width or 10 ** 6, full=full, legend=legend)
+
+
+def _raw_table(result: tlc.TlcResult, head: str) -> str:
+    lines = [head]
     for step in result.trace:
-        changes = [(k, v) for k, v in step.changes.items() if k != "fired"]
-        if step.index == 1 or step.action == "Initial predicate":
-            changes = sorted(changes)
-        if not changes:
-            changes = [("", "(no change)" if step.action != "Stuttering" else "(stutters)")]
-        for i, (name, value) in enumerate(changes):
-            head = (f"{step.index:>3}  {step.action:<{action_w}}" if i == 0
-                    else f"{'':>3}  {'':<{action_w}}")
-            text = f"{name} = {_compact(value, width)}" if name else value
-            lines.append(f"{head}  {text}")
+        lines.append(f"{step.index:>3}  {step.action}")
+        for name, value in step.changes.items():
+            if name not in explain.HIDDEN:
+                text = re.sub(r"\s+", " ", value).strip()
+                lines.append(f"       {name} = {text}")
     return "\n".join(lines)
+
+
+def counterexample_json(result: tlc.TlcResult) -> list[dict[str, object]]:
+    """The counterexample's steps as data: action, machine, trigger, machine_steps
+    [{machine, peer, instance, source, dest, triggers, note}], frames_sent,
+    frames_delivered, frames_lost, frames_queued, changed {var: [before, after]}."""
+    try:
+        return explain.as_json(explain.explain(result.trace))
+    except Exception as exc:  # never lose the verdict to the explanation
+        log.warning("cannot explain the counterexample: %s", exc)
+        return [{"step": s.index, "action": s.action, "error": str(exc),
+                 "changes": {k: v for k, v in s.changes.items() if k not in explain.HIDDEN}}
+                for s in result.trace]
 
 
 def _verdict(cfg: Config, r: tlc.TlcResult, *, expect_failure: bool) -> tuple[str, int]:
@@ -130,11 +149,7 @@ def _as_json(cfg: Config, r: tlc.TlcResult, verdict: str) -> dict[str, object]:
         "depth": r.depth,
         "seconds": round(r.seconds, 3),
         "violated": r.violated,
-        "counterexample": [
-            {"step": s.index, "action": s.action,
-             "changes": {k: v for k, v in s.changes.items() if k != "fired"}}
-            for s in r.trace
-        ],
+        "counterexample": counterexample_json(r),
         "errors": list(r.errors),
     }
 
@@ -185,6 +200,7 @@ def check_main(argv: Sequence[str], out: TextIO | None = None) -> int:
         return EXIT_OK
     status = EXIT_OK
     reports: list[dict[str, object]] = []
+    legend = True
     for cfg in configs:
         try:
             log.info("%s: TLC in %s", cfg.name, directory)
@@ -206,8 +222,11 @@ def check_main(argv: Sequence[str], out: TextIO | None = None) -> int:
         for error in result.errors:
             print(f"  error: {error}", file=stream)
         if result.trace and (not cfg.must_fail or verdict != "PASS"):
-            table = counterexample_table(result, width=None if args.full else 110)
-            print("\n".join("  " + line for line in table.splitlines()), file=stream)
+            table = counterexample_table(result, width=None if args.full else 98,
+                                         full=args.full, legend=legend)
+            legend = False  # once, above the first counterexample
+            print("\n".join(("  " + line).rstrip() for line in table.splitlines()),
+                  file=stream)
     if args.json:
         json.dump(reports, stream, indent=2)
         print(file=stream)

@@ -1,0 +1,1000 @@
+"""A TLC counterexample told in the terms of ``models/``: machine steps, frames, changes.
+
+TLC prints a behaviour as whole states. :func:`explain` reads each state's variables
+(TLA+ values, parsed by :func:`parse_value`) and, for every step, works out what a
+reader of ``models/`` wants to know:
+
+- the action and the (machine, trigger) it starts (:mod:`p2pfsm.verify.names`), or
+  that it is an environment action;
+- each machine step the action made, from the diff of the per-machine state of
+  ``tla/P2P.tla``: ``sess[p]`` (session), ``cr[p][<<req, seq>>].st`` (client_round),
+  ``cl[p][req]`` (client_lookup, a list, oldest first), ``sr[p][<<req, seq>>].st``
+  (server_round) and ``sl[p][req]`` (server_lookup, "resolving" while listed). An
+  instance that appears came from the model's initial state; one that disappears went
+  to a terminal state, chosen by what the step shows (a client round whose job got
+  "orphan", a served lookup whose lookup_resp went out) and by the model's edges. The
+  triggers are a shortest path of the model from source to dest over the action's
+  trigger and the ones a call fires along (settle, request_closed, lookup_pin,
+  session_lost when the session ended); when the state records ``fired`` (configs with
+  ``TrackFired``) only its steps are used. A step no path of the model explains says
+  so (:data:`NOT_IN_MODEL`): that is where a must-fail config's bug acts. A round whose
+  record changed in the same state is a step too, and the action's own machine staying
+  put (a re-sent abort) is found by the self-loop of its trigger. An unbound server
+  round taken over by the request's first fetch is one step of the adopting round;
+- the frames the step put on a channel, took off it (delivered, or lost to a fault) or
+  queued until the session is ready, from the FIFO diff of ``chan[p]`` / ``queue[p]``;
+- the variables that changed, before and after, narrowed to the parts that changed
+  (``cr[a][<<"r1", 0>>].ab``); a variable that did not change is not listed.
+
+:func:`render` prints the steps as blocks of lines (nothing is cut), :func:`as_json`
+gives the same steps as plain data for ``p2pfsm check --json``.
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Union
+
+from p2pfsm.fsm import MachineSpec, machines
+from p2pfsm.verify import tlc
+from p2pfsm.verify.names import ENVIRONMENT_ACTIONS, action_map
+
+# ---------------------------------------------------------------------------
+# TLA+ values as TLC prints them
+
+
+class Fn(dict[object, object]):
+    """A TLA+ function or record (``[a |-> 1]``, ``(<<"r1", 0>> :> x @@ ...)``), hashable."""
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(frozenset(self.items()))
+
+
+Value = Union[str, int, bool, tuple[object, ...], frozenset[object], Fn]  # noqa: UP007
+"""A parsed value: string, integer, boolean, sequence (tuple), set, function."""
+
+_TOKEN = re.compile(r'\s*(<<|>>|\|->|:>|@@|[\[\](){},]|"(?:[^"\\]|\\.)*"|-?\d+|[A-Za-z_]\w*)')
+
+
+def _tokens(text: str) -> list[str]:
+    out: list[str] = []
+    pos = 0
+    text = text.rstrip()
+    while pos < len(text):
+        m = _TOKEN.match(text, pos)
+        if m is None:
+            raise ValueError(f"cannot read the TLA+ value at {text[pos:pos + 30]!r}")
+        out.append(m.group(1))
+        pos = m.end()
+    return out
+
+
+class _Reader:
+    def __init__(self, text: str) -> None:
+        self.toks = _tokens(text)
+        self.i = 0
+
+    def peek(self) -> str:
+        return self.toks[self.i] if self.i < len(self.toks) else ""
+
+    def take(self, want: str | None = None) -> str:
+        tok = self.peek()
+        if not tok or (want is not None and tok != want):
+            raise ValueError(f"expected {want or 'a value'}, found {tok or 'the end'!r}")
+        self.i += 1
+        return tok
+
+    def items(self, close: str) -> Iterator[None]:
+        """Yield once per comma-separated item until ``close``."""
+        if self.peek() == close:
+            self.take()
+            return
+        while True:
+            yield None
+            if self.take() == close:
+                return
+            if self.toks[self.i - 1] != ",":
+                raise ValueError(f"expected , or {close}")
+
+    def value(self) -> object:
+        tok = self.take()
+        if tok == "<<":
+            seq: list[object] = []
+            for _ in self.items(">>"):
+                seq.append(self.value())
+            return tuple(seq)
+        if tok == "{":
+            members: list[object] = []
+            for _ in self.items("}"):
+                members.append(self.value())
+            return frozenset(members)
+        if tok == "[":
+            rec = Fn()
+            for _ in self.items("]"):
+                name = self.take()
+                self.take("|->")
+                rec[name] = self.value()
+            return rec
+        if tok == "(":
+            fn = Fn()
+            while True:
+                key = self.value()
+                self.take(":>")
+                fn[key] = self.value()
+                sep = self.take()
+                if sep == ")":
+                    return fn
+                if sep != "@@":
+                    raise ValueError("expected @@ or )")
+        if tok.startswith('"'):
+            return re.sub(r"\\(.)", r"\1", tok[1:-1])
+        if tok in ("TRUE", "FALSE"):
+            return tok == "TRUE"
+        if re.fullmatch(r"-?\d+", tok):
+            return int(tok)
+        return tok  # a model value
+
+
+def parse_value(text: str) -> object:
+    """One TLA+ value as TLC prints it -> Python (see :data:`Value`).
+
+    Raises:
+        ValueError: the text is no value TLC prints.
+    """
+    reader = _Reader(text)
+    value = reader.value()
+    if reader.peek():
+        raise ValueError(f"trailing text after the value: {reader.peek()!r}")
+    return value
+
+
+def _is_ident(key: object) -> bool:
+    return isinstance(key, str) and re.fullmatch(r"[A-Za-z_]\w*", key) is not None
+
+
+def show(value: object) -> str:
+    """A parsed value as TLA+ text on one line."""
+    if isinstance(value, bool):
+        return "TRUE" if value else "FALSE"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, tuple):
+        return "<<" + ", ".join(show(v) for v in value) + ">>"
+    if isinstance(value, frozenset):
+        return "{" + ", ".join(sorted(show(v) for v in value)) + "}"
+    if isinstance(value, Fn):
+        if not value:
+            return "<<>>"
+        if all(_is_ident(k) for k in value):
+            return "[" + ", ".join(f"{k} |-> {show(v)}" for k, v in value.items()) + "]"
+        return "(" + " @@ ".join(f"{show(k)} :> {show(v)}" for k, v in value.items()) + ")"
+    return str(value)
+
+
+# ---------------------------------------------------------------------------
+# The explained steps
+
+
+@dataclass(frozen=True, slots=True)
+class MachineStep:
+    """One machine instance changed state (or changed its record in the same state)."""
+
+    machine: str
+    peer: str
+    instance: str
+    source: str
+    dest: str | None
+    triggers: tuple[str, ...] = ()
+    note: str = ""
+
+    def text(self) -> str:
+        who = f"{self.peer} {self.machine}" + (f" {self.instance}" if self.instance
+                                               and self.machine != "session" else "")
+        dest = self.dest if self.dest is not None else "(gone)"
+        line = f"{who}: {self.source} -> {dest}"
+        if self.triggers:
+            line += f" ({', '.join(self.triggers)})"
+        if self.note:
+            line += f"  [{self.note}]"
+        return line
+
+    def as_json(self) -> dict[str, object]:
+        return {"machine": self.machine, "peer": self.peer, "instance": self.instance,
+                "source": self.source, "dest": self.dest, "triggers": list(self.triggers),
+                "note": self.note}
+
+
+_HANDSHAKE = frozenset({"connect", "connect_ack", "disconnect"})
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """A frame ``<<type, req, seq, keys, dst, ok, hits, g>>`` from ``sender`` to ``receiver``."""
+
+    type: str
+    req: str
+    seq: int
+    keys: tuple[str, ...]
+    job: int
+    ok: bool
+    hits: tuple[str, ...]
+    allowed: bool
+    sender: str
+    receiver: str
+
+    @classmethod
+    def of(cls, raw: object, sender: str, receiver: str) -> Frame | None:
+        if not (isinstance(raw, tuple) and len(raw) == 8):
+            return None
+        t, req, seq, keys, dst, ok, hits, g = raw
+        if not (isinstance(t, str) and isinstance(req, str) and isinstance(seq, int)
+                and isinstance(dst, int) and isinstance(keys, frozenset)
+                and isinstance(hits, frozenset)):
+            return None
+        return cls(t, req, seq, tuple(sorted(map(str, keys))), dst, ok is True,
+                   tuple(sorted(map(str, hits))), g is True, sender, receiver)
+
+    def core(self) -> tuple[object, ...]:
+        """The frame without its ghost ``g`` (a flushed frame gets a new one)."""
+        return (self.type, self.req, self.seq, self.keys, self.job, self.ok, self.hits,
+                self.sender)
+
+    def text(self) -> str:
+        parts = [self.type]
+        if self.type not in _HANDSHAKE:
+            parts.append(self.req if self.seq < 0 else f"{self.req}/{self.seq}")
+            if self.type in ("fetch", "lookup", "lookup_resp"):
+                parts.append(f"keys=[{', '.join(self.keys)}]")
+            if self.type == "fetch" and not self.keys:
+                parts.append("(terminal)")
+            if self.type == "lookup_resp":
+                parts.append(f"hits=[{', '.join(self.hits)}]")
+            if self.type == "transfer_done":
+                parts.append(f"ok={'TRUE' if self.ok else 'FALSE'}")
+            if self.job:
+                parts.append(f"job={self.job}")
+        parts.append(f"{self.sender} -> {self.receiver}")
+        if not self.allowed:
+            parts.append("(on the wire before ready)")
+        return " ".join(parts)
+
+    def as_json(self) -> dict[str, object]:
+        return {"type": self.type, "req": self.req, "seq": self.seq, "keys": list(self.keys),
+                "job": self.job, "ok": self.ok, "hits": list(self.hits), "g": self.allowed,
+                "from": self.sender, "to": self.receiver, "text": self.text()}
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One changed part of a variable: ``path`` (``cr[a][<<"r1", 0>>].ab``) before/after."""
+
+    var: str
+    path: str
+    before: str
+    after: str
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One step of the behaviour, explained.
+
+    Attributes:
+        kind: "initial", "step", "stutter" (the lasso of a liveness counterexample
+            stutters for ever) or "back" (it loops back to an earlier state).
+        machine, trigger: the (machine, trigger) the action starts; None for an
+            environment action (or one no model names).
+        changed: every variable that changed, as (before, after) TLA+ text.
+        parts: the same changes narrowed to the parts that changed.
+        shown: the parts the text prints: those not already told by a machine step
+            (``sess``, ``.st``) or a frame (``chan``, ``queue``).
+    """
+
+    index: int
+    action: str
+    kind: str
+    machine: str | None
+    trigger: str | None
+    machine_steps: tuple[MachineStep, ...] = ()
+    frames_sent: tuple[Frame, ...] = ()
+    frames_delivered: tuple[Frame, ...] = ()
+    frames_lost: tuple[Frame, ...] = ()
+    frames_queued: tuple[Frame, ...] = ()
+    changed: dict[str, tuple[str | None, str]] = field(default_factory=dict)
+    parts: tuple[Change, ...] = ()
+    shown: tuple[Change, ...] = ()
+    state: dict[str, str] = field(default_factory=dict)
+
+
+# Bookkeeping of the spec, not protocol state: `fired` is told as machine steps, `act`
+# (the last action, for fairness) is the step's action.
+HIDDEN = frozenset({"fired", "act"})
+_ENDED = frozenset({"dead", "closed"})
+
+
+def _parse_state(state: Mapping[str, str]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for name, text in state.items():
+        try:
+            out[name] = parse_value(text)
+        except ValueError:
+            out[name] = _Opaque(re.sub(r"\s+", " ", text).strip())
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class _Opaque:
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def _get(fn: object, key: object) -> object:
+    if isinstance(fn, Fn):
+        return fn.get(key)
+    return None
+
+
+def _peers(values: Mapping[str, object]) -> list[str]:
+    sess = values.get("sess")
+    return sorted(str(k) for k in sess) if isinstance(sess, Fn) else []
+
+
+def _round_name(key: object) -> str:
+    if isinstance(key, tuple) and len(key) == 2:
+        req, seq = key
+        return f"{req}/{'unbound' if isinstance(seq, int) and seq < 0 else seq}"
+    return show(key)
+
+
+def _keys_text(keys: object) -> str:
+    if isinstance(keys, frozenset):
+        return "[" + ", ".join(sorted(map(str, keys))) + "]"
+    return show(keys)
+
+
+# An instance: (machine, peer, instance name) -> (state, record).
+_Instances = dict[tuple[str, str, str], tuple[str, object]]
+
+
+def _lookup_list(values: Mapping[str, object], var: str, peer: str
+                 ) -> dict[str, tuple[object, ...]]:
+    out: dict[str, tuple[object, ...]] = {}
+    per_peer = _get(values.get(var), peer)
+    if isinstance(per_peer, Fn):
+        for req, lst in per_peer.items():
+            if isinstance(lst, tuple):
+                out[str(req)] = lst
+    return out
+
+
+def _lookup_name(req: str, rec: object) -> str:
+    seq = _get(rec, "seq")
+    seq_text = "unbound" if isinstance(seq, int) and seq < 0 else str(seq)
+    return f"{req}/{seq_text} keys={_keys_text(_get(rec, 'keys'))}"
+
+
+def _lookup_state(rec: object) -> str:
+    """A lookup's state: its ``st``; a served lookup is "resolving" while listed."""
+    st = _get(rec, "st")
+    return st if isinstance(st, str) else "resolving"
+
+
+def _identity(rec: object) -> tuple[object, object]:
+    return (_get(rec, "seq"), _get(rec, "keys"))
+
+
+def _align(before: Sequence[object], after: Sequence[object]
+           ) -> list[tuple[int | None, int | None]]:
+    """Pairs (i, j) matching list entries by identity (round and keys), fewest changes
+    first; (i, None) an entry gone, (None, j) an entry added."""
+    n, m = len(before), len(after)
+    inf = 10 ** 9
+
+    def cost(i: int, j: int) -> int:
+        if _identity(before[i]) != _identity(after[j]):
+            return inf
+        return 0 if before[i] == after[j] else 1
+
+    best = [[0] * (m + 1) for _ in range(n + 1)]
+    for i in range(n, -1, -1):
+        for j in range(m, -1, -1):
+            if i == n and j == m:
+                continue
+            options = []
+            if i < n:
+                options.append(1 + best[i + 1][j])
+            if j < m:
+                options.append(1 + best[i][j + 1])
+            if i < n and j < m:
+                options.append(cost(i, j) + best[i + 1][j + 1])
+            best[i][j] = min(options)
+    pairs: list[tuple[int | None, int | None]] = []
+    i = j = 0
+    while i < n or j < m:
+        if i < n and j < m and cost(i, j) < inf and best[i][j] == cost(i, j) + best[i + 1][j + 1]:
+            pairs.append((i, j))
+            i, j = i + 1, j + 1
+        elif i < n and best[i][j] == 1 + best[i + 1][j]:
+            pairs.append((i, None))
+            i += 1
+        else:
+            pairs.append((None, j))
+            j += 1
+    return pairs
+
+
+def _map_instances(values: Mapping[str, object], var: str, machine: str, peer: str,
+                   out: _Instances) -> None:
+    per_peer = _get(values.get(var), peer)
+    if isinstance(per_peer, Fn):
+        for key, rec in per_peer.items():
+            st = _get(rec, "st")
+            if isinstance(st, str):
+                out[(machine, peer, _round_name(key))] = (st, rec)
+
+
+def _instances(values: Mapping[str, object]) -> _Instances:
+    out: _Instances = {}
+    for peer in _peers(values):
+        st = _get(values.get("sess"), peer)
+        if isinstance(st, str):
+            out[("session", peer, peer)] = (st, st)
+        _map_instances(values, "cr", "client_round", peer, out)
+        _map_instances(values, "sr", "server_round", peer, out)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Working out a step
+
+
+def _paths(spec: MachineSpec, allowed: frozenset[str] | None, source: str, dest: str,
+           prefer: str | None, limit: int = 4) -> tuple[str, ...] | None:
+    """Triggers of a path source -> dest (at least one edge when source is dest) over the
+    model's edges whose trigger is allowed: the shortest that uses ``prefer`` (the
+    action's own trigger), else the shortest; None when there is none of ``limit`` edges
+    or fewer."""
+    edges = sorted((s, t, d) for s, t, d in spec.edges() if allowed is None or t in allowed)
+    shortest: tuple[str, ...] | None = None
+    frontier: list[tuple[str, tuple[str, ...]]] = [(source, ())]
+    seen = {(source, False)}
+    for _depth in range(limit):
+        following: list[tuple[str, tuple[str, ...]]] = []
+        for state, path in frontier:
+            for s, t, d in edges:
+                if s != state:
+                    continue
+                new = (*path, t)
+                used = prefer is not None and prefer in new
+                if d == dest:
+                    if used or prefer is None:
+                        return new
+                    shortest = shortest or new
+                if (d, used) not in seen:
+                    seen.add((d, used))
+                    following.append((d, new))
+        frontier = following
+    return shortest
+
+
+@dataclass(slots=True)
+class _Context:
+    specs: dict[str, MachineSpec]
+    trigger: str | None
+    allowed: dict[tuple[str, str], frozenset[str]]
+    fired: dict[str, frozenset[tuple[str, str, str]]] | None
+
+    def triggers(self, machine: str, peer: str, source: str, dest: str) -> tuple[str, ...]:
+        spec = self.specs.get(machine)
+        if spec is None:
+            return ()
+        if self.fired is not None:
+            return _fired_path(self.fired.get(machine, frozenset()), source, dest) or ()
+        allowed = self.allowed.get((machine, peer), frozenset())
+        if source == dest:
+            # A record changed in the same state: a settle that ends nothing changes no
+            # record, so it alone explains nothing.
+            allowed = allowed - {"settle"}
+        return _paths(spec, allowed, source, dest, self.trigger) or ()
+
+    def reachable(self, machine: str, peer: str, source: str, dest: str) -> bool:
+        return bool(self.triggers(machine, peer, source, dest))
+
+
+def _fired_path(edges: frozenset[tuple[str, str, str]], source: str, dest: str
+                ) -> tuple[str, ...] | None:
+    """Triggers of a shortest path source -> dest over the steps ``fired`` records, with
+    the self-loops it fired on the states along the way (write_done in serving, then
+    settle to done)."""
+    loops = {s: sorted(t for s2, t, d in edges if s2 == s and d == s) for s, _t, _d in edges}
+    moves = sorted((s, t, d) for s, t, d in edges if s != d)
+    frontier: deque[tuple[str, tuple[str, ...]]] = deque([(source, ())])
+    seen = {source}
+    while frontier:
+        state, path = frontier.popleft()
+        here = (*path, *loops.get(state, ()))
+        if state == dest and here:
+            return here
+        for s, t, d in moves:
+            if s == state and d not in seen:
+                seen.add(d)
+                frontier.append((d, (*here, t)))
+        if dest in seen and dest != source:
+            break
+    found = [p for st, p in frontier if st == dest]
+    return (*found[0], *loops.get(dest, ())) if found else None
+
+
+def _fired(values: Mapping[str, object]) -> dict[str, frozenset[tuple[str, str, str]]] | None:
+    raw = values.get("fired")
+    if not isinstance(raw, frozenset) or not raw:
+        return None
+    out: dict[str, set[tuple[str, str, str]]] = {}
+    for entry in raw:
+        if isinstance(entry, tuple) and len(entry) == 4 and all(isinstance(x, str) for x in entry):
+            m, t, s, d = (str(x) for x in entry)
+            out.setdefault(m, set()).add((s, t, d))
+    return {m: frozenset(v) for m, v in out.items()}
+
+
+def _frames(values: Mapping[str, object], var: str, sender: str, receiver: str
+            ) -> tuple[object, ...]:
+    lst = _get(values.get(var), sender)
+    return lst if isinstance(lst, tuple) else ()
+
+
+def _fifo_diff(before: tuple[object, ...], after: tuple[object, ...]
+               ) -> tuple[tuple[object, ...], tuple[object, ...]]:
+    """(taken from the head, added at the tail) of a FIFO, fewest taken first."""
+    for k in range(len(before) + 1):
+        rest = before[k:]
+        if after[:len(rest)] == rest:
+            return before[:k], after[len(rest):]
+    return before, after
+
+
+def _as_frames(raw: Iterable[object], sender: str, receiver: str) -> list[Frame]:
+    return [f for f in (Frame.of(r, sender, receiver) for r in raw) if f is not None]
+
+
+ABSENT = "(none)"
+"""The before or after of a map entry or sequence element that did not exist."""
+
+
+def _key_path(path: str, key: object, index_names: frozenset[str]) -> str:
+    if isinstance(key, str) and key in index_names:
+        return f"{path}[{key}]"
+    if _is_ident(key):
+        return f"{path}.{key}"
+    return f"{path}[{show(key)}]"
+
+
+def _narrow(var: str, path: str, before: object, after: object, index_names: frozenset[str],
+            out: list[Change]) -> None:
+    """The parts of a variable that changed: into functions and records key by key (an
+    added or removed key shows :data:`ABSENT`), into sequences element by element when
+    one is the other with elements changed or appended."""
+    if before == after:
+        return
+    empty_b, empty_a = before == (), after == ()
+    if (isinstance(before, Fn) or empty_b) and (isinstance(after, Fn) or empty_a) \
+            and not (empty_b and empty_a):
+        b = before if isinstance(before, Fn) else Fn()
+        a = after if isinstance(after, Fn) else Fn()
+        for key in [*b, *(k for k in a if k not in b)]:
+            sub = _key_path(path, key, index_names)
+            if key not in a:
+                out.append(Change(var, sub, show(b[key]), ABSENT))
+            elif key not in b:
+                out.append(Change(var, sub, ABSENT, show(a[key])))
+            else:
+                _narrow(var, sub, b[key], a[key], index_names, out)
+        return
+    if isinstance(before, tuple) and isinstance(after, tuple):
+        common = min(len(before), len(after))
+        if len(before) == len(after) or before[:common] == after[:common]:
+            for i in range(max(len(before), len(after))):
+                sub = f"{path}[{i + 1}]"
+                if i >= len(after):
+                    out.append(Change(var, sub, show(before[i]), ABSENT))
+                elif i >= len(before):
+                    out.append(Change(var, sub, ABSENT, show(after[i])))
+                else:
+                    _narrow(var, sub, before[i], after[i], index_names, out)
+            return
+    out.append(Change(var, path, show(before), show(after)))
+
+
+def _index_names(values: Mapping[str, object]) -> frozenset[str]:
+    names = set(_peers(values))
+    for peer in _peers(values):
+        per_req = _get(values.get("fl"), peer)
+        if isinstance(per_req, Fn):
+            names.update(str(k) for k in per_req)
+    return frozenset(names)
+
+
+def _told(change: Change) -> bool:
+    """A change the machine steps or the frames already tell."""
+    if change.var in ("chan", "queue", "sess"):
+        return True
+    return change.var in ("cr", "sr", "cl") and change.path.endswith(".st")
+
+
+def _session_ended(before: Mapping[str, object], after: Mapping[str, object], peer: str) -> bool:
+    b, a = _get(before.get("sess"), peer), _get(after.get("sess"), peer)
+    return b not in _ENDED and a in _ENDED
+
+
+def _allowed(trigger: str | None, ended: bool) -> frozenset[str]:
+    """Triggers one call may fire besides its own: settle on every round it touches,
+    lookup_pin from a host answer, request_closed and host_finish from a finish,
+    session_lost when the session ends."""
+    out = {"settle"}
+    if trigger is not None:
+        out.add(trigger)
+    if trigger == "host_answer":
+        out.add("lookup_pin")
+    if trigger in ("host_finish", "recv_terminal_fetch"):
+        out.add("request_closed")
+    if ended:
+        out |= {"session_lost", "request_closed"}
+    return frozenset(out)
+
+
+NOT_IN_MODEL = "no transition of models/ does this"
+
+
+def _step(ctx: _Context, machine: str, peer: str, name: str, source: str, dest: str | None,
+          note: str = "") -> MachineStep:
+    """A machine step with the triggers that explain it, or a note that none does."""
+    triggers = ctx.triggers(machine, peer, source, dest) if dest is not None else ()
+    if not triggers and machine in ctx.specs:
+        note = f"{note}; {NOT_IN_MODEL}" if note else NOT_IN_MODEL
+    return MachineStep(machine, peer, name, source, dest, triggers, note)
+
+
+def _adopted(old: _Instances, new: _Instances, gone: tuple[str, str, str],
+             fresh: Sequence[tuple[str, str, str]]) -> tuple[str, str, str] | None:
+    """The round that took over an unbound server round (the request's first fetch
+    adopts it): same request, a seq, and the unbound round's store jobs."""
+    machine, peer, name = gone
+    if machine != "server_round" or not name.endswith("/unbound"):
+        return None
+    jobs = _get(old[gone][1], "jobs")
+    for key in fresh:
+        if key[:2] == (machine, peer) and key[2].split("/")[0] == name.split("/")[0]:
+            got = _get(new[key][1], "jobs")
+            if isinstance(jobs, frozenset) and jobs and isinstance(got, frozenset) \
+                    and jobs <= got:
+                return key
+    return None
+
+
+def _machine_steps(before: Mapping[str, object], after: Mapping[str, object],
+                   ctx: _Context, sent: Sequence[Frame]) -> list[MachineStep]:
+    steps: list[MachineStep] = []
+    old, new = _instances(before), _instances(after)
+    fresh = [k for k in sorted(new) if k not in old]
+    taken: set[tuple[str, str, str]] = set()
+    for key in sorted(old):
+        machine, peer, name = key
+        s, rec = old[key]
+        if key in new:
+            d, rec_a = new[key]
+            if s != d or rec != rec_a:
+                steps.append(_step(ctx, machine, peer, name, s, d))
+        elif (heir := _adopted(old, new, key, fresh)) is not None:
+            taken.add(heir)
+            steps.append(_step(ctx, machine, peer, heir[2], s, new[heir][0],
+                               f"adopts {name}"))
+        else:
+            steps.append(_ended_instance(machine, peer, name, s, rec, before, after, ctx))
+    for key in fresh:
+        if key not in taken:
+            machine, peer, name = key
+            spec = ctx.specs.get(machine)
+            steps.append(_step(ctx, machine, peer, name, spec.initial if spec else "?",
+                               new[key][0]))
+    for peer in sorted(set(_peers(before)) | set(_peers(after))):
+        steps.extend(_lookup_steps(before, after, ctx, peer, sent))
+    order = {m: i for i, m in enumerate(MACHINE_ORDER)}
+    return sorted(steps, key=lambda m: (order.get(m.machine, 9), m.peer, m.instance))
+
+
+MACHINE_ORDER = ("session", "client_round", "client_lookup", "server_round", "server_lookup")
+
+
+def _terminal_dest(machine: str, peer: str, source: str, ctx: _Context,
+                   prefer: Sequence[str] = ()) -> str | None:
+    spec = ctx.specs.get(machine)
+    if spec is None:
+        return None
+    for dest in prefer:
+        if ctx.reachable(machine, peer, source, dest):
+            return dest
+    found = [d for d in sorted(spec.terminal) if ctx.reachable(machine, peer, source, d)]
+    if len(found) > 1 and ctx.trigger is not None:
+        mine = [d for d in found if ctx.trigger in ctx.triggers(machine, peer, source, d)]
+        found = mine or found
+    return found[0] if len(found) == 1 else None
+
+
+def _ended_instance(machine: str, peer: str, name: str, source: str, rec: object,
+                    before: Mapping[str, object], after: Mapping[str, object],
+                    ctx: _Context) -> MachineStep:
+    note = ""
+    dest: str | None
+    if machine == "client_round":
+        job = _get(rec, "job")
+        results = _get(after.get("lres"), peer)
+        result = (_get(results[job - 1], "r") if isinstance(results, tuple)
+                  and isinstance(job, int) and 0 < job <= len(results) else None)
+        if _session_ended(before, after, peer):
+            dest = "orphaned"
+        elif result == "pending":
+            dest, note = None, f"forgotten: job {job} never gets a result"
+        else:
+            dest = "done"
+    else:
+        dest = _terminal_dest(machine, peer, source, ctx)
+    return _step(ctx, machine, peer, name, source, dest, note)
+
+
+def _lookup_steps(before: Mapping[str, object], after: Mapping[str, object], ctx: _Context,
+                  peer: str, sent: Sequence[Frame]) -> list[MachineStep]:
+    steps: list[MachineStep] = []
+    for var, machine in (("cl", "client_lookup"), ("sl", "server_lookup")):
+        spec = ctx.specs.get(machine)
+        initial = spec.initial if spec is not None else "new"
+        old, new = _lookup_list(before, var, peer), _lookup_list(after, var, peer)
+        for req in sorted(set(old) | set(new)):
+            b, a = old.get(req, ()), new.get(req, ())
+            for i, j in _align(b, a):
+                rec = b[i] if i is not None else a[j] if j is not None else None
+                name = _lookup_name(req, rec)
+
+                if i is not None and j is not None:
+                    if b[i] == a[j]:
+                        continue
+                    steps.append(_step(ctx, machine, peer, name, _lookup_state(b[i]),
+                                       _lookup_state(a[j])))
+                elif j is not None:
+                    steps.append(_step(ctx, machine, peer, name, initial, _lookup_state(a[j])))
+                elif i is not None:
+                    s = _lookup_state(b[i])
+                    prefer: list[str] = []
+                    if machine == "server_lookup":
+                        keys = _get(b[i], "keys")
+                        answered = any(
+                            f.type == "lookup_resp" and f.req == req and f.sender == peer
+                            and isinstance(keys, frozenset)
+                            and f.keys == tuple(sorted(map(str, keys))) for f in sent)
+                        prefer = ["answered" if answered else "dropped"]
+                    elif _session_ended(before, after, peer):
+                        prefer = ["cancelled"]
+                    dest = _terminal_dest(machine, peer, s, ctx, prefer)
+                    steps.append(_step(ctx, machine, peer, name, s, dest))
+    return steps
+
+
+def _stays(before: Mapping[str, object], ctx: _Context, machine: str, trigger: str
+           ) -> list[MachineStep]:
+    """The action's own machine stayed in its state (a self-loop the diff cannot show):
+    the one instance whose state has that self-loop, if it is the only one."""
+    spec = ctx.specs.get(machine)
+    if spec is None:
+        return []
+    loops = {s for s, t, d in spec.edges() if t == trigger and s == d}
+    found: list[MachineStep] = []
+    for (m, peer, name), (st, _rec) in _instances(before).items():
+        if m == machine and st in loops:
+            found.append(MachineStep(m, peer, name, st, st, (trigger,)))
+    for peer in _peers(before):
+        for var in ("cl", "sl"):
+            for req, lst in _lookup_list(before, var, peer).items():
+                for rec in lst:
+                    st = _lookup_state(rec)
+                    if machine == ("client_lookup" if var == "cl" else "server_lookup") \
+                            and st in loops:
+                        found.append(MachineStep(machine, peer, _lookup_name(req, rec), st, st,
+                                                 (trigger,)))
+    return found if len(found) == 1 else []
+
+
+def explain(trace: Sequence[tlc.TraceStep],
+            specs: dict[str, MachineSpec] | None = None) -> list[Step]:
+    """Each state of a TLC counterexample as a :class:`Step` in the models' terms."""
+    specs = machines() if specs is None else specs
+    actions = action_map(specs)
+    out: list[Step] = []
+    previous: dict[str, object] = {}
+    for raw in trace:
+        values = _parse_state(raw.state)
+        if raw.action.startswith("Back to state") or raw.action == "Stuttering":
+            kind = "back" if raw.action.startswith("Back") else "stutter"
+            out.append(Step(raw.index, raw.action, kind, None, None, state=dict(raw.state)))
+            continue
+        pair = actions.get(raw.action)
+        machine, trigger = pair if pair is not None else (None, None)
+        if not previous:
+            out.append(_initial(raw, values, specs))
+            previous = values
+            continue
+        index_names = _index_names(values)
+        changed: dict[str, tuple[str | None, str]] = {}
+        parts: list[Change] = []
+        for name in sorted(set(previous) | set(values)):
+            if name in HIDDEN:
+                continue
+            b, a = previous.get(name), values.get(name)
+            if b != a:
+                changed[name] = (show(b), show(a))
+                _narrow(name, name, b, a, index_names, parts)
+        peers = sorted(set(_peers(previous)) | set(_peers(values)))
+        sent: list[Frame] = []
+        taken: list[Frame] = []
+        queued: list[Frame] = []
+        unsent: list[Frame] = []
+        for p in peers:
+            q = next((x for x in peers if x != p), p)
+            gone, added = _fifo_diff(_frames(previous, "chan", p, q), _frames(values, "chan", p, q))
+            taken += _as_frames(gone, p, q)
+            sent += _as_frames(added, p, q)
+            gone, added = _fifo_diff(_frames(previous, "queue", p, q),
+                                     _frames(values, "queue", p, q))
+            queued += _as_frames(added, p, q)
+            flushed = {f.core() for f in sent}
+            unsent += [f for f in _as_frames(gone, p, q) if f.core() not in flushed]
+        lost = raw.action in ("NetworkDrop", "NetworkCut")
+        ctx = _Context(specs, trigger,
+                       {(m, p): _allowed(trigger, _session_ended(previous, values, p))
+                        for m in specs for p in peers},
+                       _fired(values))
+        steps = _machine_steps(previous, values, ctx, sent)
+        if machine is not None and trigger is not None and ctx.fired is None \
+                and not any(s.machine == machine for s in steps):
+            steps += _stays(previous, ctx, machine, trigger)
+        out.append(Step(
+            raw.index, raw.action, "step", machine, trigger, tuple(steps), tuple(sent),
+            () if lost else tuple(taken), tuple(taken if lost else ()) + tuple(unsent),
+            tuple(queued), changed, tuple(parts), tuple(c for c in parts if not _told(c)),
+            dict(raw.state)))
+        previous = values
+    return out
+
+
+def _initial(raw: tlc.TraceStep, values: Mapping[str, object],
+             specs: dict[str, MachineSpec]) -> Step:
+    steps = [MachineStep(m, p, n, st, st)
+             for (m, p, n), (st, _r) in sorted(_instances(values).items())]
+    peers = _peers(values)
+    sent: list[Frame] = []
+    queued: list[Frame] = []
+    for p in peers:
+        q = next((x for x in peers if x != p), p)
+        sent += _as_frames(_frames(values, "chan", p, q), p, q)
+        queued += _as_frames(_frames(values, "queue", p, q), p, q)
+    changed: dict[str, tuple[str | None, str]] = {
+        k: (None, show(v)) for k, v in sorted(values.items()) if k not in HIDDEN}
+    parts = tuple(Change(k, k, "", a) for k, (_b, a) in changed.items())
+    return Step(raw.index, raw.action, "initial", None, None, tuple(steps), tuple(sent), (),
+                (), tuple(queued), changed, parts, parts, dict(raw.state))
+
+
+# ---------------------------------------------------------------------------
+# Printing
+
+LEGEND = (
+    "Each step: the TLA+ action = the (machine, trigger) of models/ it starts, then",
+    "  PEER MACHINE INSTANCE: SOURCE -> DEST (TRIGGERS)  a machine instance at a peer that",
+    "      changed state (instances: request/round, lookups by their keys; the triggers",
+    "      are read off the model)",
+    "  sent | delivered | lost | queued FRAME  a frame on the channel SENDER -> RECEIVER",
+    "      (job=N: the load job a fetch or abort was sent for, echoed by the reply)",
+    "  VAR[PART]: BEFORE -> AFTER  every other change; variables not listed kept their value",
+)
+
+
+def _wrap(text: str, indent: str, width: int) -> list[str]:
+    return textwrap.wrap(text, width=max(width, len(indent) + 20), initial_indent=indent,
+                         subsequent_indent=indent + "    ", break_long_words=False,
+                         break_on_hyphens=False) or [indent]
+
+
+def _pack(items: Sequence[str], indent: str, width: int) -> list[str]:
+    """Items joined by "; " into lines of at most ``width``; a long item wraps alone."""
+    lines: list[str] = []
+    line = ""
+    for item in items:
+        if line and len(indent) + len(line) + 2 + len(item) <= width:
+            line += "; " + item
+            continue
+        if line:
+            lines.append(indent + line + ";")
+        if len(indent) + len(item) > width:
+            lines.extend(_wrap(item, indent, width))
+            line = ""
+        else:
+            line = item
+    if line:
+        lines.append(indent + line)
+    elif lines and lines[-1].endswith(";"):
+        lines[-1] = lines[-1][:-1]
+    return lines
+
+
+def _head(step: Step) -> str:
+    if step.kind == "initial":
+        return "Initial predicate"
+    if step.kind == "stutter":
+        return "Stuttering: nothing happens any more (the property needs a step that never comes)"
+    if step.kind == "back":
+        return f"{step.action}: the behaviour repeats from there for ever"
+    if step.machine is not None:
+        return f"{step.action} = {step.machine} {step.trigger}"
+    if step.action in ENVIRONMENT_ACTIONS:
+        return f"{step.action} (the environment: no machine starts it)"
+    return step.action
+
+
+def render(steps: Sequence[Step], *, width: int = 100, full: bool = False,
+           legend: bool = True) -> str:
+    """The explained steps as blocks of lines: nothing is cut, long lines wrap.
+
+    Args:
+        full: also list the changes the machine steps and frames already tell
+            (``sess``, ``.st``, ``chan``, ``queue``).
+    """
+    lines: list[str] = [*LEGEND, ""] if legend else []
+    for step in steps:
+        lines.append(f"{step.index:>3}  {_head(step)}")
+        pad = " " * 7
+        if step.kind == "initial":
+            for ms in step.machine_steps:
+                lines.append(f"{pad}{ms.peer} {ms.machine}"
+                             + (f" {ms.instance}" if ms.machine != "session" else "")
+                             + f": {ms.source}")
+            for f in step.frames_sent:
+                lines.append(f"{pad}on the wire {f.text()}")
+            for f in step.frames_queued:
+                lines.append(f"{pad}queued {f.text()}")
+            lines.extend(_pack([f"{c.var} = {c.after}" for c in step.parts], pad, width))
+            continue
+        for ms in step.machine_steps:
+            lines.extend(_wrap(ms.text(), pad, width))
+        for label, frames in (("delivered", step.frames_delivered), ("lost", step.frames_lost),
+                              ("sent", step.frames_sent), ("queued", step.frames_queued)):
+            for f in frames:
+                lines.extend(_wrap(f"{label} {f.text()}", pad, width))
+        for c in (step.parts if full else step.shown):
+            lines.extend(_wrap(f"{c.path}: {c.before} -> {c.after}", pad, width))
+        if step.kind == "step" and not step.machine_steps:
+            lines.append(f"{pad}(no machine changed state)")
+        if step.kind == "step" and not step.parts:
+            lines.append(f"{pad}(no variable changed)")
+    return "\n".join(lines)
+
+
+def as_json(steps: Sequence[Step]) -> list[dict[str, object]]:
+    """The explained steps as plain data (``p2pfsm check --json``)."""
+    return [{
+        "step": s.index,
+        "action": s.action,
+        "kind": s.kind,
+        "machine": s.machine,
+        "trigger": s.trigger,
+        "machine_steps": [m.as_json() for m in s.machine_steps],
+        "frames_sent": [f.as_json() for f in s.frames_sent],
+        "frames_delivered": [f.as_json() for f in s.frames_delivered],
+        "frames_lost": [f.as_json() for f in s.frames_lost],
+        "frames_queued": [f.as_json() for f in s.frames_queued],
+        "changed": {k: [b, a] for k, (b, a) in s.changed.items()},
+    } for s in steps]
