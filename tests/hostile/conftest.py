@@ -47,7 +47,11 @@ pytest.importorskip("torch")
 CONNECT_TIMEOUT_S = 2.0   # serve --connect-timeout: a dial-back that never comes up
 START_TIMEOUT_S = 60.0
 SETTLE_S = 20.0           # fds/RSS back to the baseline within this
-RSS_TOLERANCE = 48 << 20  # bytes above the baseline RSS still counted as "back"
+RSS_TOLERANCE = 96 << 20
+"""Bytes above the baseline RSS still counted as "back". Memory the server freed is not
+all returned to the OS (glibc keeps per-thread arenas, e.g. libzmq's I/O thread after
+a slow reader's queues): a high-water mark of ~70 MiB, not a leak;
+``test_slow_reader_repeated_does_not_grow`` checks that repeating it adds nothing."""
 LEGIT_TIMEOUT_S = 20.0
 
 _ROWS = pytest.StashKey[list[tuple[str, str, str]]]()
@@ -94,19 +98,26 @@ class Server:
             line = self.proc.stdout.readline() if ready else ""
             assert line.startswith("serving"), f"serve did not start: {line!r}"
             self.addr = line.rsplit("tcp://", 1)[1].strip()
-            self.base_fds = _fd_count(self.pid)
+            # Two warm-up fetches: NIXL/UCX open some descriptors with the first remote
+            # agent and keep them. The baseline is the count once it holds still.
             legit_fetch(self.addr)
-            # Lazily opened descriptors (first remote agent) settle; take the floor.
-            floor = self.base_fds
-            with_deadline = time.monotonic() + 5.0
-            while time.monotonic() < with_deadline and _fd_count(self.pid) != floor:
-                time.sleep(0.05)
-            self.base_fds = min(floor, _fd_count(self.pid))
+            legit_fetch(self.addr)
+            self.base_fds = self._steady_fds()
             self.base_rss = _rss(self.pid)
         except BaseException:
             self.stop()
             raise
         self._log_pos = 0
+
+    def _steady_fds(self) -> int:
+        """The fd count once three reads 100 ms apart agree (at most 5 s)."""
+        reads = [_fd_count(self.pid)]
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline and not (len(reads) >= 3
+                                                   and len(set(reads[-3:])) == 1):
+            time.sleep(0.1)
+            reads.append(_fd_count(self.pid))
+        return reads[-1]
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -139,7 +150,7 @@ class Server:
         self._log.close()
 
 
-def legit_fetch(addr: str, blocks: range = range(4)) -> None:
+def legit_fetch(addr: str, blocks: range = range(4), timeout: float = LEGIT_TIMEOUT_S) -> None:
     """A fresh p2pfsm Node: handshake, fetch ``blocks``, verify every byte."""
     from p2pfsm.demo.host import run_fetch
     from p2pfsm.executor.node import Node, NodeConfig
@@ -147,7 +158,7 @@ def legit_fetch(addr: str, blocks: range = range(4)) -> None:
     node = Node(NodeConfig("tcp://127.0.0.1:0", num_blocks=len(blocks), block_len=BLOCK_LEN,
                            connect_timeout_ms=2000))
     try:
-        report = run_fetch(node, addr, list(blocks), "pd", LEGIT_TIMEOUT_S)
+        report = run_fetch(node, addr, list(blocks), "pd", timeout)
     finally:
         node.close()
     assert report.success and report.verified, f"legitimate fetch failed: {report}"

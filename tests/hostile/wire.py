@@ -89,12 +89,23 @@ class RawPeer:
             port = self.router.bind_to_random_port("tcp://127.0.0.1")
         self.peer_id = f"127.0.0.1:{port}"
         self.identity = identity if identity is not None else self.peer_id.encode()
-        self.dealer: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
-        self.dealer.setsockopt(zmq.LINGER, 0)
-        self.dealer.setsockopt(zmq.SNDHWM, sndhwm)
-        self.dealer.setsockopt(zmq.IDENTITY, self.identity)
-        self.dealer.connect(f"tcp://{server}")
+        self.server = server
+        self.sndhwm = sndhwm
+        self.dealer: zmq.Socket[bytes] = self._dial()
         self.seen: list[dict[str, Any]] = []
+
+    def _dial(self) -> zmq.Socket[bytes]:
+        dealer: zmq.Socket[bytes] = self.ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.setsockopt(zmq.SNDHWM, self.sndhwm)
+        dealer.setsockopt(zmq.IDENTITY, self.identity)
+        dealer.connect(f"tcp://{self.server}")
+        return dealer
+
+    def redial(self) -> None:
+        """A new DEALER under the same identity (a reconnect)."""
+        self.dealer.close(0)
+        self.dealer = self._dial()
 
     def send(self, obj: Any) -> None:
         self.send_raw(pack(obj))

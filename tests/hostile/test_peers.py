@@ -1,0 +1,264 @@
+"""Identity abuse, half-open and frozen peers, slow readers.
+
+The routing id of a frame is the sender's claimed "host:port" and the server dials it
+back. Ids that do not parse are dropped at the door; ids naming a port nobody listens
+on are given up at once (the dial-back is refused); a frozen peer holds only its own
+session while everyone else is served.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import socket
+from typing import Any
+
+import pytest
+import zmq
+
+from .conftest import Hostile, legit_fetch, wait_for
+from .frozen import helper_main
+from .wire import RawPeer, connect_msg, demo_key, free_port, pack
+
+BAD_IDENTITIES = {
+    "no_colon": b"garbage",
+    "host_only": b"127.0.0.1",
+    "port_zero": b"127.0.0.1:0",
+    "port_65536": b"127.0.0.1:65536",
+    "port_leading_zero": b"127.0.0.1:080",
+    "port_sign": b"127.0.0.1:+80",
+    "ipv4_octet_999": b"999.1.1.1:5555",
+    "non_ascii": b"\xff\xfe:5555",
+    "with_scheme": b"tcp://127.0.0.1:5555",
+    "space_in_host": b"bad host:5555",
+    "long_255": b"h" * 249 + b":55555",
+    "unclosed_ipv6": b"[::1:5555",
+    "label_dash": b"-bad-.example:5555",
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_IDENTITIES))
+def test_unparseable_identity(hostile: Hostile, name: str) -> None:
+    ident = BAD_IDENTITIES[name]
+    plane = hostile.agent()
+    peer = hostile.peer(identity=ident)
+    text = ident.decode("ascii", "replace")
+    for _ in range(10):
+        peer.send(connect_msg(text, plane.metadata, plane.base_addr))
+    assert peer.types_within(0.3) == []  # nobody to answer: dropped at the door
+    legit_fetch(hostile.addr)
+    hostile.react("dropped (bad identity): no dial-back, no session")
+    hostile.verify()
+
+
+def test_identity_is_the_servers_own(hostile: Hostile) -> None:
+    plane = hostile.agent()
+    peer = hostile.peer(identity=hostile.addr.encode())
+    for _ in range(10):
+        peer.send(connect_msg(hostile.addr, plane.metadata, plane.base_addr))
+    legit_fetch(hostile.addr)
+    hostile.react("dropped (own identity)")
+    hostile.verify()
+
+
+def test_identity_naming_an_unbound_port(hostile: Hostile) -> None:
+    plane = hostile.agent()
+    ident = f"127.0.0.1:{free_port()}"
+    peer = hostile.peer(identity=ident.encode(), bind=False)
+    peer.send(connect_msg(ident, plane.metadata, plane.base_addr))
+    legit_fetch(hostile.addr)
+    hostile.react("dial-back refused at once; session dropped")
+    hostile.verify()
+
+
+def test_thousands_of_identities(hostile: Hostile) -> None:
+    """3000 identities naming unbound ports, one connect each, 250 sockets at a time."""
+    plane = hostile.agent()
+    frame_of = {}
+    for batch in range(12):
+        peers = []
+        for _ in range(250):
+            ident = f"127.0.0.1:{free_port()}"
+            frame_of[ident] = pack(connect_msg(ident, plane.metadata, plane.base_addr))
+            p = RawPeer(hostile.ctx, hostile.addr, identity=ident.encode(), bind=False)
+            p.send_raw(frame_of[ident])
+            peers.append(p)
+        for p in peers:  # linger 0 would drop unsent frames: let each go out first
+            p.dealer.setsockopt(zmq.LINGER, 2000)
+            p.close()
+        assert hostile.server.alive(), f"server died in batch {batch}"
+    legit_fetch(hostile.addr)
+    hostile.react("3000 dial-backs refused and given up; no residue")
+    hostile.verify()
+
+
+@pytest.mark.xfail(strict=False, reason=(
+    "open finding, intermittent: after another connection takes a live peer's routing id over and "
+    "leaves, the victim's session is lost (server: 'transport lost: disconnected') and "
+    "its next fetch, even after a redial, is sometimes not answered within 15 s; cause not yet "
+    "analysed (ROUTER_HANDOVER is set in zmq_plane.py for restarted peers)"))
+def test_identity_takeover_of_a_live_peer(hostile: Hostile) -> None:
+    """A second connection under a live peer's routing id takes the id over
+    (ROUTER_HANDOVER, so that restarted peers can come back) and sends garbage. The
+    garbage is rejected and the session survives; the victim's old connection no longer
+    carries its frames, so the victim redials (same id) and fetches on its session."""
+    victim, plane = hostile.ready()
+    thief = hostile.peer(identity=victim.peer_id.encode(), bind=False)
+    for _ in range(20):
+        thief.send_raw(b"\xc1garbage")
+    thief.dealer.setsockopt(zmq.LINGER, 1000)
+    thief.close()
+    hostile.closers.remove(thief.close)
+    victim.redial()
+    victim.fetch_ok(plane, "after-takeover", range(3), timeout=15.0)
+    hostile.react("garbage rejected, session kept; victim's old link deaf until it redials")
+    hostile.verify()
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "orphan dial-back DEALERs: a frame from an unknown id makes the control plane dial "
+    "back, and when the node then opens no session (not a connect) nothing ever closes "
+    "that DEALER while the peer's ROUTER lives; 128 such ids fill max_peers and every "
+    "new peer, legitimate ones included, is dropped at the door. Fix belongs in "
+    "node.py (remove_peer when a frame from an unknown id opens no session, and when "
+    "a session ends with no pending work)"))
+def test_bound_identities_that_never_connect_hold_the_peer_slots(hostile: Hostile) -> None:
+    """130 bound ROUTERs each send one non-connect frame and stay: the legitimate
+    client must still be served."""
+    squatters = [hostile.peer() for _ in range(130)]
+    for p in squatters:
+        p.send({"type": "disconnect"})
+    # The dial-backs reach our ROUTERs (ZMTP handshakes complete on their own).
+    wait_for(lambda: hostile.server.fds() >= hostile.server.base_fds + 128, 15.0,
+             "the server dialled back the squatters")
+    legit_fetch(hostile.addr, timeout=5.0)
+    hostile.react("legit client served while 130 squatters hold dial-backs")
+    hostile.verify()
+
+
+def _raw_tcp(port: int) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", port), timeout=5.0)
+    return s
+
+
+def test_raw_tcp_half_open(hostile: Hostile) -> None:
+    """200 TCP connections that never send a ZMTP greeting, plus 50 that send half of
+    one and 50 that send garbage; held while a legitimate client is served."""
+    port = int(hostile.addr.rpartition(":")[2])
+    socks = []
+    for i in range(300):
+        s = _raw_tcp(port)
+        if 200 <= i < 250:
+            s.sendall(b"\xff\x00\x00\x00\x00\x00\x00\x00\x01")  # first bytes of a greeting
+        elif i >= 250:
+            s.sendall(os.urandom(512))
+        socks.append(s)
+        hostile.on_close(s.close)
+    legit_fetch(hostile.addr)
+    hostile.react("held, no effect on others; freed when closed")
+    hostile.verify()
+
+
+def _spawn_helper(hostile: Hostile, fetch_blocks: int) -> tuple[Any, Any]:
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=helper_main, args=(child, hostile.addr, fetch_blocks),
+                       daemon=True)
+    proc.start()
+    child.close()
+
+    def stop() -> None:
+        if proc.is_alive():
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.join(10)
+        parent.close()
+
+    hostile.on_close(stop)
+    assert parent.poll(60.0), "helper did not finish its handshake"
+    tag, _peer_id = parent.recv()
+    assert tag == "ready"
+    return proc, parent
+
+
+def _stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        return f.read().rpartition(")")[2].split()[0] == "T"
+
+
+def test_peer_frozen_after_handshake(hostile: Hostile) -> None:
+    proc, _conn = _spawn_helper(hostile, 0)
+    os.kill(proc.pid, signal.SIGSTOP)
+    wait_for(lambda: _stopped(proc.pid), 5.0, "helper stopped")
+    legit_fetch(hostile.addr, range(8))
+    hostile.react("frozen peer holds its session only; others served; killed -> freed")
+    hostile.verify()
+
+
+def test_peer_frozen_mid_fetch(hostile: Hostile) -> None:
+    proc, _conn = _spawn_helper(hostile, 32)
+    wait_for(lambda: _stopped(proc.pid), 10.0, "helper stopped itself")
+    legit_fetch(hostile.addr, range(8))
+    hostile.react("writes into a frozen peer; others served; killed -> freed")
+    hostile.verify()
+
+
+@pytest.mark.slow
+def test_frozen_peer_dropped_by_heartbeat(hostile: Hostile) -> None:
+    """Still frozen: the server's heartbeat timeout (10 s) drops the connection."""
+    proc, _conn = _spawn_helper(hostile, 0)
+    base = hostile.server.fds()
+    os.kill(proc.pid, signal.SIGSTOP)
+    wait_for(lambda: hostile.server.fds() < base, 30.0, "heartbeat drop of the frozen peer")
+    hostile.react("dropped by ZMTP heartbeat while frozen")
+    hostile.verify()
+
+
+def _slow_reader(hostile: Hostile) -> None:
+    """Never reads: 400 lookups of 1000 unknown keys (a ~38 KB lookup_resp each, ~15 MB
+    in all) against a receive queue of 4 messages; the server must not block on us."""
+    plane = hostile.agent()
+    peer = hostile.peer()
+    assert peer.router is not None
+    peer.router.setsockopt(zmq.RCVHWM, 4)
+    peer.handshake(plane.metadata, plane.base_addr)
+    keys = [b"\x02" + i.to_bytes(35, "big") for i in range(1000)]
+    for i in range(400):
+        peer.send({"type": "lookup", "kv_request_id": f"slow-{i}", "keys": keys,
+                   "round_seq": 0})
+    legit_fetch(hostile.addr)  # while our queue is full and the server's is filling
+
+
+def test_slow_reader(hostile: Hostile) -> None:
+    _slow_reader(hostile)
+    hostile.react("server kept serving others while we never read")
+    hostile.verify()
+
+
+def test_slow_reader_repeated_does_not_grow(hostile: Hostile) -> None:
+    """Three slow readers one after the other: RSS after the third is not above RSS
+    after the first (plus 16 MiB), so what a slow reader leaves is a high-water mark
+    of the allocator, not a leak."""
+    after = []
+    for _ in range(3):
+        _slow_reader(hostile)
+        hostile.release()
+        hostile.ctx = zmq.Context()
+        srv = hostile.server
+        wait_for(lambda s=srv: s.fds() == s.base_fds, 20.0, "fds back after a slow reader")
+        after.append(srv.rss())
+    assert after[2] <= after[0] + (16 << 20), [a >> 20 for a in after]
+    hostile.react(f"RSS after each: {[a >> 20 for a in after]} MiB (no growth)")
+    hostile.verify()
+
+
+def test_stop_reading_and_flood_fetches(hostile: Hostile) -> None:
+    peer, _plane = hostile.ready()
+    assert peer.router is not None
+    peer.router.setsockopt(zmq.RCVHWM, 1)
+    for i in range(3000):
+        peer.send({"type": "fetch", "kv_request_id": f"nr-{i}",
+                   "keys": [demo_key(i % 64)], "block_indexes": [i % 64], "round_seq": 0})
+    legit_fetch(hostile.addr)
+    hostile.react("others served while 3000 transfer_done queue up unread")
+    hostile.verify()
