@@ -17,6 +17,7 @@ Counters (monotonic ints; :meth:`NodeMetrics.count`):
 - ``stores_started``: stores the host asked for.
 - ``aborts_sent``: aborts we sent to peers.
 - ``violations``: frames rejected as protocol violations.
+- ``violation_closes``: sessions closed for sending more than ``max_violations``.
 - ``deaths``: sessions that died.
 - ``handshakes``: sessions that became ready.
 - ``handshakes_rejected``: handshakes refused (mismatched configuration).
@@ -55,6 +56,7 @@ COUNTERS: Final[dict[str, str]] = {
     "stores_started": "Stores the host asked for.",
     "aborts_sent": "Aborts sent to peers.",
     "violations": "Frames rejected as protocol violations.",
+    "violation_closes": "Sessions closed for sending more rejected frames than allowed.",
     "deaths": "Sessions that died.",
     "handshakes": "Sessions that became ready.",
     "handshakes_rejected": "Handshakes refused for a mismatched configuration.",

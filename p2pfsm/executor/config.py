@@ -64,6 +64,8 @@ class NodeConfig:
         advertise_host: the host our peers dial back and see in our id (bind
             ``tcp://0.0.0.0:PORT`` and advertise the pod IP); None: the bind host.
         max_peers: most peer connections at once; more are dropped at the door.
+        max_violations: rejected frames one session may send before the node closes it
+            (a disconnect; every job of it gets its result); 0: never close for that.
         history: how many past deaths, violations and ended sessions the node keeps
             (oldest go first; :attr:`Node.counts` keeps the totals).
         trace: path of a trace log to write (None: no log); see
@@ -85,6 +87,7 @@ class NodeConfig:
     advertise_host: str | None = None
     max_peers: int = 128
     history: int = 1000
+    max_violations: int = 64
     trace: str | None = None
 
     def __post_init__(self) -> None:
@@ -122,6 +125,7 @@ class NodeConfig:
                 f"{self.advertise_host!r}")
         _int_in("max_peers", self.max_peers, 1, 65_535)
         _int_in("history", self.history, 1, 1_000_000)
+        _int_in("max_violations", self.max_violations, 0, 1_000_000)
         if self.trace is not None and (not isinstance(self.trace, str) or not self.trace):
             raise ConfigError(f"trace: expected a file path, got {self.trace!r}")
 

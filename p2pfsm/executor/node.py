@@ -191,6 +191,7 @@ class Node(Driven, Executor):
         self._served: dict[int, _ServedLookup] = {}  # our token -> lookup with pending keys
         self._served_tokens: dict[tuple[str, int], int] = {}  # (peer, session token) -> ours
         self._violation_logs: dict[str, _ViolationLog] = {}
+        self._session_violations: dict[str, int] = {}  # rejected frames of the live session
         self._job = 0
         self._closed = False
         self._draining = False
@@ -551,6 +552,7 @@ class Node(Driven, Executor):
             timeouts=cfg.timeouts,
         ), None if self._hook is None else self._hook.tracer)
         self.sessions[peer_id] = session
+        self._session_violations.pop(peer_id, None)
         self._ended.pop(peer_id, None)
         self.deaths.pop(peer_id, None)
         self._started_at[peer_id] = time.monotonic()
@@ -799,6 +801,15 @@ class Node(Driven, Executor):
     def _on_violation(self, peer_id: str, violation: ProtocolViolation) -> None:
         self.violations.append((peer_id, violation))
         self.metrics.count("violations")
+        count = self._session_violations.get(peer_id, 0) + 1
+        self._session_violations[peer_id] = count
+        budget = self.config.max_violations
+        session = self._applying
+        if budget and count == budget + 1 and session is not None:
+            log.warning("peer %s: %d rejected frames (budget %d): closing the session",
+                        peer_id, count, budget)
+            self.metrics.count("violation_closes")
+            self._callbacks.append(lambda: self._close_for_violations(peer_id, session))
         rate = self._violation_logs.setdefault(peer_id, _ViolationLog())
         now = time.monotonic()
         if now - rate.window_start >= _VIOLATION_LOG_WINDOW_S:
@@ -811,6 +822,10 @@ class Node(Driven, Executor):
             log.warning("peer %s: frame rejected: %s", peer_id, violation.error)
         else:
             rate.suppressed += 1
+
+    def _close_for_violations(self, peer_id: str, session: Session) -> None:
+        if self.sessions.get(peer_id) is session and session.state != "closed":
+            self._feed(peer_id, HostClose(), session=session)
 
     def _death_reason(self, peer_id: str) -> str:
         dead = self.deaths.get(peer_id)

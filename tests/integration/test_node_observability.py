@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import time
+from collections.abc import Callable
 
 import pytest
 
@@ -74,3 +76,35 @@ def test_history_of_dead_peers_is_bounded_and_the_totals_kept() -> None:
                    for d in node.deaths.values())
         assert len(node.sessions) <= 2
         assert node.metrics.snapshot()["counters"]["deaths"] == 4
+
+
+def test_a_session_past_its_violation_budget_is_closed_and_its_jobs_get_results() -> None:
+    producer = Node(NodeConfig("tcp://127.0.0.1:0", 8, 4096, max_violations=3))
+    consumer = Node(NodeConfig("tcp://127.0.0.1:0", 8, 4096, timeouts=Timeouts(load=30)))
+    nodes = (producer, consumer)
+
+    def both(done: Callable[[], bool], what: str) -> None:
+        deadline = time.monotonic() + 20
+        while not done():
+            assert time.monotonic() < deadline, f"no {what}"
+            for n in nodes:
+                n.step(0.005)
+
+    try:
+        session = consumer.connect(producer.local_id)
+        both(lambda: session.ready and consumer.local_id in producer.sessions
+             and producer.sessions[consumer.local_id].ready, "handshake")
+        load = consumer.fetch(producer.local_id, "r1", [demo_key(0)], [0])  # never supplied
+        for k in range(3):
+            assert consumer.control.send(producer.local_id, b"\xc1 not msgpack %d" % k)
+        both(lambda: len(producer.violations) == 3, "three rejected frames")
+        assert producer.sessions[consumer.local_id].alive  # within the budget
+        assert consumer.control.send(producer.local_id, b"\xc1 one too many")
+        both(lambda: not session.alive, "the producer's disconnect")
+        both(load.done, "the load's result")
+        assert not load.result().success
+        assert producer.metrics.snapshot()["counters"]["violation_closes"] == 1
+        assert not producer.sessions[consumer.local_id].alive
+    finally:
+        for n in nodes:
+            n.close(timeout=2.0)
