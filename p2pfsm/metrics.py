@@ -18,6 +18,7 @@ Counters (monotonic ints; :meth:`NodeMetrics.count`):
 - ``aborts_sent``: aborts we sent to peers.
 - ``violations``: frames rejected as protocol violations.
 - ``violation_closes``: sessions closed for sending more than ``max_violations``.
+- ``idle_closes``: inbound sessions closed after ``idle_timeout_s`` without traffic.
 - ``deaths``: sessions that died.
 - ``handshakes``: sessions that became ready.
 - ``handshakes_rejected``: handshakes refused (mismatched configuration).
@@ -57,6 +58,7 @@ COUNTERS: Final[dict[str, str]] = {
     "aborts_sent": "Aborts sent to peers.",
     "violations": "Frames rejected as protocol violations.",
     "violation_closes": "Sessions closed for sending more rejected frames than allowed.",
+    "idle_closes": "Inbound sessions closed after idle_timeout_s without traffic.",
     "deaths": "Sessions that died.",
     "handshakes": "Sessions that became ready.",
     "handshakes_rejected": "Handshakes refused for a mismatched configuration.",

@@ -66,6 +66,9 @@ class NodeConfig:
         max_peers: most peer connections at once; more are dropped at the door.
         max_violations: rejected frames one session may send before the node closes it
             (a disconnect; every job of it gets its result); 0: never close for that.
+        idle_timeout_s: a session a peer opened to us (not one we dialled) that has
+            carried no frame and held no work for this long is closed, as vLLM evicts
+            idle peers after 300 s; None: never.
         history: how many past deaths, violations and ended sessions the node keeps
             (oldest go first; :attr:`Node.counts` keeps the totals).
         trace: path of a trace log to write (None: no log); see
@@ -88,6 +91,7 @@ class NodeConfig:
     max_peers: int = 128
     history: int = 1000
     max_violations: int = 64
+    idle_timeout_s: float | None = 300.0
     trace: str | None = None
 
     def __post_init__(self) -> None:
@@ -126,6 +130,11 @@ class NodeConfig:
         _int_in("max_peers", self.max_peers, 1, 65_535)
         _int_in("history", self.history, 1, 1_000_000)
         _int_in("max_violations", self.max_violations, 0, 1_000_000)
+        idle = self.idle_timeout_s
+        if idle is not None and (not isinstance(idle, int | float) or isinstance(idle, bool)
+                                 or not 0 < idle <= 86_400):
+            raise ConfigError(f"idle_timeout_s: expected None or seconds in (0, 86400], "
+                              f"got {idle!r}")
         if self.trace is not None and (not isinstance(self.trace, str) or not self.trace):
             raise ConfigError(f"trace: expected a file path, got {self.trace!r}")
 

@@ -192,6 +192,8 @@ class Node(Driven, Executor):
         self._served_tokens: dict[tuple[str, int], int] = {}  # (peer, session token) -> ours
         self._violation_logs: dict[str, _ViolationLog] = {}
         self._session_violations: dict[str, int] = {}  # rejected frames of the live session
+        self._heard: dict[str, float] = {}  # inbound sessions: when their last frame came
+        self._next_idle_check = 0.0
         self._job = 0
         self._closed = False
         self._draining = False
@@ -229,7 +231,9 @@ class Node(Driven, Executor):
         if session is not None and session.alive:
             return session
         self.control.connect(peer_id)
-        return self._new_session(peer_id)
+        session = self._new_session(peer_id)
+        self._heard.pop(peer_id, None)  # ours: never evicted for idleness
+        return session
 
     def when_ready(self, peer_id: str) -> JobFuture[Session]:
         """A future of the session to ``peer_id`` once it is ready; a
@@ -438,6 +442,8 @@ class Node(Driven, Executor):
         now = time.monotonic()
         for peer, timer in self._timers.pop_due(now):
             self._events.append((peer, TimerFired(timer)))
+        if self._heard and now >= self._next_idle_check:
+            self._evict_idle(now)
         self._handle_all()
         self._update_gauges()
         return len(events)
@@ -571,6 +577,9 @@ class Node(Driven, Executor):
                     self._events.append((peer_id, FrameReceived(frame)))
                 return
             self._new_session(peer_id)
+            self._heard[peer_id] = time.monotonic()
+        if peer_id in self._heard:
+            self._heard[peer_id] = time.monotonic()
         self._events.append((peer_id, FrameReceived(frame)))
 
     def _handle_all(self) -> None:
@@ -822,6 +831,22 @@ class Node(Driven, Executor):
             log.warning("peer %s: frame rejected: %s", peer_id, violation.error)
         else:
             rate.suppressed += 1
+
+    def _evict_idle(self, now: float) -> None:
+        """Close inbound sessions idle for ``idle_timeout_s`` (checked about once a second)."""
+        limit = self.config.idle_timeout_s
+        self._next_idle_check = now + min(1.0, limit or 1.0)
+        if limit is None:
+            return
+        for peer_id, heard in list(self._heard.items()):
+            session = self.sessions.get(peer_id)
+            if session is None or not session.alive:
+                del self._heard[peer_id]
+            elif now - heard >= limit and not session.has_pending_work:
+                del self._heard[peer_id]
+                log.info("peer %s: idle for %.0f s, closing its session", peer_id, now - heard)
+                self.metrics.count("idle_closes")
+                self._events.append((peer_id, HostClose()))
 
     def _close_for_violations(self, peer_id: str, session: Session) -> None:
         if self.sessions.get(peer_id) is session and session.state != "closed":

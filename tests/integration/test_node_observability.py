@@ -108,3 +108,53 @@ def test_a_session_past_its_violation_budget_is_closed_and_its_jobs_get_results(
     finally:
         for n in nodes:
             n.close(timeout=2.0)
+
+
+def _pair(producer_idle: float | None, consumer_idle: float | None) -> tuple[Node, Node]:
+    producer = Node(NodeConfig("tcp://127.0.0.1:0", 8, 4096, idle_timeout_s=producer_idle))
+    consumer = Node(NodeConfig("tcp://127.0.0.1:0", 8, 4096, idle_timeout_s=consumer_idle))
+    return producer, consumer
+
+
+def _step_both(nodes: tuple[Node, Node], done: Callable[[], bool], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not done() and time.monotonic() < deadline:
+        for n in nodes:
+            n.step(0.005)
+    return done()
+
+
+def test_an_idle_inbound_session_is_evicted_and_the_consumer_can_reconnect() -> None:
+    nodes = _pair(producer_idle=0.5, consumer_idle=None)
+    producer, consumer = nodes
+    try:
+        session = consumer.connect(producer.local_id)
+        assert _step_both(nodes, lambda: session.ready, 20), "handshake"
+        assert _step_both(nodes, lambda: not session.alive, 10), "no eviction"
+        assert producer.metrics.snapshot()["counters"]["idle_closes"] == 1
+        again = consumer.connect(producer.local_id)
+        assert again is not session
+        assert _step_both(nodes, lambda: again.ready, 20), "no second handshake"
+        load = consumer.fetch(producer.local_id, "r1", [demo_key(0)], [0])
+        producer_session = producer.sessions[consumer.local_id]
+        assert _step_both(nodes, lambda: producer_session.has_pending_work, 10)
+        # Open work is never evicted, however long it waits.
+        assert not _step_both(nodes, lambda: not producer_session.alive, 1.5)
+        consumer.finish(producer.local_id, "r1")
+        assert _step_both(nodes, load.done, 20)
+    finally:
+        for n in nodes:
+            n.close(timeout=2.0)
+
+
+def test_a_session_we_dialled_is_never_evicted_for_idleness() -> None:
+    nodes = _pair(producer_idle=None, consumer_idle=0.3)
+    producer, consumer = nodes
+    try:
+        session = consumer.connect(producer.local_id)
+        assert _step_both(nodes, lambda: session.ready, 20), "handshake"
+        assert not _step_both(nodes, lambda: not session.alive, 1.5)
+        assert consumer.metrics.snapshot()["counters"]["idle_closes"] == 0
+    finally:
+        for n in nodes:
+            n.close(timeout=2.0)
