@@ -131,10 +131,14 @@ def test_empty_delimiter_frame(hostile: Hostile) -> None:
 
 
 def test_garbage_flood(hostile: Hostile) -> None:
-    """5000 garbage frames in a burst, then a real fetch on the same session."""
+    """5000 garbage frames in a burst on a ready session: the node's violation budget
+    (NodeConfig.max_violations) closes the session with a disconnect; the peer can
+    start over and fetch."""
     peer, plane = hostile.ready()
     for i in range(5000):
         peer.send_raw(_garbage(64 + i % 64))
+    peer.expect("disconnect", 30.0)
+    peer.handshake(plane.metadata, plane.base_addr, timeout=30.0)
     peer.fetch_ok(plane, "after-flood", range(4), timeout=30.0)
-    hostile.react("all rejected (log rate-limited); session kept")
+    hostile.react("session closed by the violation budget (disconnect); a new one works")
     hostile.verify()
