@@ -296,6 +296,15 @@ def test_bad_requests_raise_transport_error(pair: Pair) -> None:
         DataPlane("x", 1, BLOCK, device="tpu")
 
 
+def test_a_peer_announcing_more_blocks_than_allowed_is_refused(pair: Pair) -> None:
+    with DataPlane("bounded", 4, BLOCK, max_peer_blocks=64) as plane:
+        with pytest.raises(TransportError, match="exceeds 64"):
+            plane.add_peer("target", pair.metadata, pair.base_addr, 65, BLOCK)
+        assert plane.peers == ()
+        plane.add_peer("target", pair.metadata, pair.base_addr, 64, BLOCK)
+        assert plane.peers == ("target",)
+
+
 def test_remove_and_re_add_peer(pair: Pair) -> None:
     plane, child, md, base = pair.plane, pair.child, pair.metadata, pair.base_addr
     plane.remove_peer("target")
