@@ -192,6 +192,7 @@ class Node(Driven, Executor):
         self._served_tokens: dict[tuple[str, int], int] = {}  # (peer, session token) -> ours
         self._violation_logs: dict[str, _ViolationLog] = {}
         self._session_violations: dict[str, int] = {}  # rejected frames of the live session
+        self._live: set[str] = set()  # peers whose session is alive (O(1) gauges per turn)
         self._heard: dict[str, float] = {}  # inbound sessions: when their last frame came
         self._next_idle_check = 0.0
         self._job = 0
@@ -558,6 +559,7 @@ class Node(Driven, Executor):
             timeouts=cfg.timeouts,
         ), None if self._hook is None else self._hook.tracer)
         self.sessions[peer_id] = session
+        self._live.add(peer_id)
         self._session_violations.pop(peer_id, None)
         self._ended.pop(peer_id, None)
         self.deaths.pop(peer_id, None)
@@ -649,6 +651,8 @@ class Node(Driven, Executor):
             self._applying = outer
         if not was_ready and session.ready:
             self._on_ready(peer_id, session)
+        elif not session.alive and peer_id in self._live and self.sessions.get(peer_id) is session:
+            self._live.discard(peer_id)  # died or closed
 
     # ------------------------------------------- Executor: carrying out outputs
     def send_frame(self, peer: str, out: SendFrame) -> None:
@@ -857,7 +861,7 @@ class Node(Driven, Executor):
         return f"session to {peer_id} died: {dead.reason if dead else 'unknown'}"
 
     def _update_gauges(self) -> None:
-        self.metrics.set_gauge("peers", sum(1 for s in self.sessions.values() if s.alive))
+        self.metrics.set_gauge("peers", len(self._live))
         self.metrics.set_gauge("open_loads", len(self._loads))
         self.metrics.set_gauge("open_stores", len(self._stores))
 

@@ -56,7 +56,9 @@ def test_metrics_count_real_fetches_and_time_them(children: list[Child]) -> None
         missing = node.fetch(peer, "gone", [demo_key(20)], [10])
         assert node.run_until(lambda: all(f.done() for f in (*loads, missing)), 30)
         assert all(f.result().success for f in loads) and not missing.result().success
+        node.step(0)
         snap = node.metrics.snapshot()
+        assert snap["gauges"] == {"peers": 1, "open_loads": 0, "open_stores": 0}
     c = snap["counters"]
     assert (c["fetches_started"], c["fetches_succeeded"], c["fetches_failed"]) == (4, 3, 1)
     assert c["fetch_bytes"] == 3 * 4096 and c["handshakes"] == 1
@@ -76,6 +78,8 @@ def test_history_of_dead_peers_is_bounded_and_the_totals_kept() -> None:
                    for d in node.deaths.values())
         assert len(node.sessions) <= 2
         assert node.metrics.snapshot()["counters"]["deaths"] == 4
+        node.step(0)
+        assert node.metrics.snapshot()["gauges"]["peers"] == 0
 
 
 def test_a_session_past_its_violation_budget_is_closed_and_its_jobs_get_results() -> None:
