@@ -23,6 +23,28 @@ What this module adds on top of the raw pattern, because vLLM's own transport do
   so an unread monitor pipe cannot fill up;
 * ``close()`` is bounded by the DEALER linger (500 ms by default) and idempotent.
 
+Hardening a node turns on (the raw pattern, the default here, dials back on any frame):
+
+* ``dial_back_check``: a frame from an identity with no DEALER is dialled back only when
+  the check accepts it (the node passes :func:`is_connect_from`: a well-formed connect
+  whose ``peer_id`` is the identity); anything else is dropped, counted as
+  ``"not a connect"`` and logged at debug (rate-limited). One stray frame can no longer
+  make the node dial a third party.
+* the dial-back goes only to the host the connection came from (each message's
+  ``Peer-Address``): an identity naming another host (or a host name) is dropped as
+  ``"address mismatch"`` unless ``dial_back_any_host`` (peers behind NAT). Our own
+  DEALERs connect from our bind address when it is a specific IP, so our connections
+  come from the host our identity names.
+* ``max_pending``: dial-backs whose session is not ready yet (:meth:`ControlPlane.
+  mark_ready` not called) have a budget of their own; when it is full the oldest is
+  evicted (``PeerLost(reason="evicted: too many unfinished handshakes")``). Ready peers
+  and our own dials count against ``max_peers``, so identities that never finish a
+  handshake cannot lock a legitimate peer out.
+* ``curve``: ZeroMQ CURVE on every socket with an allow-list of client keys enforced by
+  a ZAP authenticator on our context: an unknown key or no key at all (NULL security)
+  is refused during the ZMTP handshake, before any frame is delivered, and logged on
+  ``p2pfsm.zmq``. A dial-back uses the key the peer authenticated with (ZAP User-Id).
+
 Liveness: ZMTP heartbeats (PING every ``heartbeat_ivl_ms``, drop after
 ``heartbeat_timeout_ms`` of silence) make libzmq drop the TCP connection of a frozen peer;
 a killed peer's kernel closes it at once. Either way the DEALER's monitor reports
@@ -38,18 +60,35 @@ from __future__ import annotations
 
 import ipaddress
 import itertools
+import logging
 import math
+import os
 import select
 import struct
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Final, TypeAlias
+from typing import Any, Final, TypeAlias
 
 import zmq
+import zmq.auth
+from zmq.auth.thread import ThreadAuthenticator
 
-from p2pfsm.errors import ConfigError, TransportError
+from p2pfsm.errors import ConfigError, RemoteProtocolError, TransportError
+from p2pfsm.protocol import Connect, decode
 
-__all__ = ["ControlEvent", "ControlPlane", "FrameIn", "PeerLost", "parse_peer_id"]
+__all__ = [
+    "ControlEvent",
+    "ControlPlane",
+    "CurveKeys",
+    "FrameIn",
+    "PeerLost",
+    "is_connect_from",
+    "load_curve_keys",
+    "parse_peer_id",
+]
+
+log = logging.getLogger("p2pfsm.zmq")
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +115,115 @@ class PeerLost:
 
 
 ControlEvent: TypeAlias = FrameIn | PeerLost
+
+EVICTED: Final = "evicted: too many unfinished handshakes"
+""":class:`PeerLost` reason of a dial-back pushed out of the ``max_pending`` budget."""
+
+
+def is_connect_from(peer_id: str, frame: bytes) -> bool:
+    """True when ``frame`` is a well-formed connect whose ``peer_id`` is ``peer_id``: the
+    only frame a node dials an unknown identity back for."""
+    try:
+        message = decode(frame)
+    except RemoteProtocolError:
+        return False
+    return isinstance(message, Connect) and message.peer_id == peer_id
+
+
+@dataclass(frozen=True, slots=True)
+class CurveKeys:
+    """A node's CURVE keys (Z85 text, 40 bytes each).
+
+    Attributes:
+        public, secret: our keypair: the ROUTER's server key and every DEALER's client key.
+        allow: the client public keys our ROUTER accepts (checked by ZAP).
+        peer_key: the server public key for our own :meth:`ControlPlane.connect` calls
+            when none is given (None: the allow-list's key when it holds exactly one).
+            A dial-back uses the key the peer authenticated with instead.
+    """
+
+    public: bytes
+    secret: bytes
+    allow: frozenset[bytes]
+    peer_key: bytes | None = None
+
+    def server_key_for(self, peer_id: str) -> bytes:
+        if self.peer_key is not None:
+            return self.peer_key
+        if len(self.allow) == 1:
+            return next(iter(self.allow))
+        raise TransportError(
+            f"no CURVE server key for {peer_id}: the allow-list holds {len(self.allow)} keys; "
+            "set curve_peer_key (p2pfsm fetch --peer-key FILE)")
+
+
+def _public_key_file(path: str, what: str) -> bytes:
+    try:
+        public, _secret = zmq.auth.load_certificate(path)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{what}: cannot read a CURVE key from {path!r}: {exc}") from None
+    if len(public) != 40:
+        raise ConfigError(f"{what}: {path!r} holds no 40-character Z85 public key")
+    return public
+
+
+def load_curve_keys(secret_file: str, allow: Iterable[str],
+                    peer_key: str | None = None) -> CurveKeys:
+    """Read key files in ZeroMQ's format (``zmq.auth.create_certificates``).
+
+    ``secret_file`` is our ``NAME.key_secret``; each ``allow`` entry is a public key file
+    or a directory whose ``*.key`` files are all allowed; ``peer_key`` a public key file.
+    Raises :class:`ConfigError` naming the file for anything unreadable or empty.
+    """
+    try:
+        public, secret = zmq.auth.load_certificate(secret_file)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"curve_secret_key: cannot read {secret_file!r}: {exc}") from None
+    if secret is None or len(secret) != 40 or len(public) != 40:
+        raise ConfigError(f"curve_secret_key: {secret_file!r} is not a secret key file "
+                          "(NAME.key_secret written by p2pfsm keygen)")
+    allowed: set[bytes] = set()
+    for entry in allow:
+        if os.path.isdir(entry):
+            try:
+                found = zmq.auth.load_certificates(entry)
+            except (OSError, ValueError) as exc:
+                raise ConfigError(f"curve_allow: cannot read keys in {entry!r}: {exc}") from None
+            if not found:
+                raise ConfigError(f"curve_allow: no *.key files in {entry!r}")
+            allowed.update(k for k in found if len(k) == 40)
+        else:
+            allowed.add(_public_key_file(entry, "curve_allow"))
+    if not allowed:
+        raise ConfigError("curve_allow: a CURVE node needs at least one allowed public key")
+    server = None if peer_key is None else _public_key_file(peer_key, "curve_peer_key")
+    return CurveKeys(public, secret, frozenset(allowed), server)
+
+
+class _Gatekeeper(ThreadAuthenticator):
+    """ZAP for our context: a CURVE client is let in only with a key in the allow-list;
+    every refusal is logged with the peer's address."""
+
+    def __init__(self, context: zmq.Context[Any], allow: frozenset[bytes]) -> None:
+        super().__init__(context, log=logging.getLogger("p2pfsm.zmq.zap"))
+        self._allow = allow
+        self._address = "?"
+
+    async def handle_zap_message(self, msg: list[bytes]) -> None:
+        # One request at a time on the authenticator's thread: the address is that of
+        # the request whose key callback() is asked about next.
+        self._address = msg[3].decode("ascii", "replace") if len(msg) > 3 else "?"
+        if len(msg) > 5 and msg[5] != b"CURVE":
+            log.warning("refused a connection from %s: mechanism %s, not CURVE",
+                        self._address, msg[5].decode("ascii", "replace"))
+        await super().handle_zap_message(msg)
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        if key in self._allow:
+            return True
+        log.warning("refused a connection from %s: CURVE key %s is not in the allow-list",
+                    self._address, key.decode("ascii", "replace"))
+        return False
 
 _MAX_HOSTNAME_LEN: Final = 253
 _MAX_PEER_ID_LEN: Final = _MAX_HOSTNAME_LEN + 1 + 5
@@ -108,6 +256,15 @@ _MONITOR_MASK: Final = (
     | int(zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 )
 _MONITOR_HEADER: Final = struct.Struct("=HI")  # uint16 event id, uint32 value, no padding
+# The ROUTER's own monitor (CURVE only): refused handshakes, to count and log them.
+_EV_AUTH_FAILED: Final = int(zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+_ROUTER_MONITOR_MASK: Final = (
+    int(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+    | int(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
+    | int(zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+)
+_DROP_LOG_BURST: Final = 10
+_DROP_LOG_WINDOW_S: Final = 10.0
 
 _monitor_serial = itertools.count()
 
@@ -185,6 +342,27 @@ def _check_int(name: str, value: object, low: int, high: int | None = None) -> i
     return value
 
 
+def _ip_of(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The address a host text names when it is an IP literal (IPv4-mapped IPv6 as
+    IPv4), else None."""
+    text = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        ip = ipaddress.ip_address(text.partition("%")[0])
+    except ValueError:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    return ip
+
+
+def _meta(frame: zmq.Frame, name: str) -> str | None:
+    try:
+        value = frame.get(name)
+    except (zmq.ZMQError, UnicodeDecodeError):
+        return None
+    return value if isinstance(value, str) else None
+
+
 @dataclass(eq=False)
 class _Peer:
     peer_id: str
@@ -193,6 +371,8 @@ class _Peer:
     deadline: float | None  # time.monotonic() by which the handshake must succeed
     connected: bool = False
     reached: bool = False  # a TCP connection came up (and went) before the handshake
+    dialled_back: bool = False  # opened for an unknown identity, not by connect()
+    ready: bool = False  # the node said its session is ready (mark_ready)
 
 
 class ControlPlane:
@@ -216,6 +396,16 @@ class ControlPlane:
         max_batch: at most this many ROUTER messages handled per :meth:`poll` call.
         advertise_host: the host put in ``local_id`` (default: the bind host), for
             binding a wildcard address while advertising a reachable one.
+        dial_back_check: ``check(peer_id, frame)`` decides whether a frame from an
+            identity with no DEALER is dialled back (False: dropped as "not a
+            connect"); None: every frame is (vLLM's raw pattern). A node passes
+            :func:`is_connect_from`.
+        dial_back_any_host: dial back whatever host the identity names. Off by
+            default: only an identity whose host is the IP the connection came from.
+        max_pending: the budget of dial-backs not yet :meth:`mark_ready` (oldest
+            evicted when full); ready peers and our own dials count against
+            ``max_peers``. None: every peer counts against ``max_peers``, no eviction.
+        curve: CURVE keys (:func:`load_curve_keys`); None: NULL security (vLLM's).
     """
 
     def __init__(
@@ -234,6 +424,10 @@ class ControlPlane:
         max_msg_size: int = 16 * 1024 * 1024,
         max_batch: int = 1000,
         advertise_host: str | None = None,
+        dial_back_check: Callable[[str, bytes], bool] | None = None,
+        dial_back_any_host: bool = False,
+        max_pending: int | None = None,
+        curve: CurveKeys | None = None,
     ) -> None:
         if not isinstance(bind, str) or not bind.startswith("tcp://"):
             raise ConfigError(f"bind must be 'tcp://HOST:PORT', got {bind!r}")
@@ -257,16 +451,42 @@ class ControlPlane:
         self._max_msg_size = _check_int("max_msg_size", max_msg_size, 1)
         self._max_batch = _check_int("max_batch", max_batch, 1)
         self._immediate = bool(immediate)
+        self._max_pending = None if max_pending is None else _check_int(
+            "max_pending", max_pending, 1)
+        if curve is not None and not isinstance(curve, CurveKeys):
+            raise ConfigError(f"curve must be CurveKeys, got {curve!r}")
+        self._curve = curve
+        self._dial_back_check = dial_back_check
+        self._any_host = bool(dial_back_any_host)
+        # Our DEALERs connect from the bind address when it is one specific IP, so the
+        # peer sees our connection come from the host our identity names.
+        bind_ip = _ip_of(host)
+        self._source = host if bind_ip is not None and not bind_ip.is_unspecified else None
 
         self._peers: dict[str, _Peer] = {}
         self._peer_by_ident: dict[bytes, str] = {}
         self._pending: list[ControlEvent] = []
         self._drops: dict[str, int] = {}
+        self._drop_log = [0.0, 0, 0]  # window start, lines logged, lines suppressed
         self._closed = False
 
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self._auth: _Gatekeeper | None = None
+        self._router_monitor: zmq.Socket[bytes] | None = None
         self._router: zmq.Socket[bytes] = self._ctx.socket(zmq.ROUTER)
         try:
+            if curve is not None:
+                # ZAP first: a CURVE server with no handler yet would let any key in.
+                self._auth = _Gatekeeper(self._ctx, curve.allow)
+                self._auth.start()
+                self._auth.configure_curve_callback("*", self._auth)
+                self._router.setsockopt(zmq.CURVE_SERVER, 1)
+                self._router.setsockopt(zmq.CURVE_SECRETKEY, curve.secret)
+                addr = f"inproc://p2pfsm-router-monitor-{id(self):x}-{next(_monitor_serial)}"
+                self._router.monitor(addr, _ROUTER_MONITOR_MASK)
+                self._router_monitor = self._ctx.socket(zmq.PAIR)
+                self._router_monitor.setsockopt(zmq.LINGER, 0)
+                self._router_monitor.connect(addr)
             self._set_heartbeats(self._router)
             self._router.setsockopt(zmq.RCVHWM, self._rcvhwm)
             self._router.setsockopt(zmq.MAXMSGSIZE, self._max_msg_size)
@@ -278,8 +498,7 @@ class ControlPlane:
             self._router.bind(f"tcp://{host}:{port}")
             endpoint = self._router.getsockopt(zmq.LAST_ENDPOINT)
         except zmq.ZMQError as exc:
-            self._router.close(linger=0)
-            self._ctx.term()
+            self._close_router()
             self._closed = True
             raise TransportError(f"cannot bind ROUTER on {bind}: {exc}") from exc
         assert isinstance(endpoint, bytes)
@@ -291,6 +510,9 @@ class ControlPlane:
         self._poller.register(self._router, zmq.POLLIN)
         self._epoll = select.epoll()
         self._epoll.register(_fd(self._router), select.EPOLLIN)
+        if self._router_monitor is not None:
+            self._poller.register(self._router_monitor, zmq.POLLIN)
+            self._epoll.register(_fd(self._router_monitor), select.EPOLLIN)
 
     # -- properties ---------------------------------------------------------------
 
@@ -320,21 +542,43 @@ class ControlPlane:
 
     # -- peers --------------------------------------------------------------------
 
-    def connect(self, peer_id: str) -> None:
+    def connect(self, peer_id: str, server_key: bytes | None = None) -> None:
         """Open the DEALER to ``tcp://peer_id`` (no-op if one is already open).
 
-        Frames sent before TCP is up are queued (unless ``immediate``). Raises
-        :class:`TransportError` for a malformed id, our own id, or too many peers.
+        Frames sent before TCP is up are queued (unless ``immediate``). With CURVE,
+        ``server_key`` is the peer's public key (Z85; default: ``curve.peer_key``, or the
+        allow-list's only key). Raises :class:`TransportError` for a malformed id, our
+        own id, too many peers, or no server key.
         """
         self._check_open()
         parse_peer_id(peer_id)
         if peer_id == self._local_id:
             raise TransportError("cannot connect to our own local_id")
-        if peer_id in self._peers:
+        known = self._peers.get(peer_id)
+        if known is not None:
+            known.dialled_back = False  # ours now: never evicted as a pending dial-back
             return
-        if len(self._peers) >= self._max_peers:
+        if self._settled() >= self._max_peers:
             raise TransportError(f"peer limit reached ({self._max_peers})")
-        self._open_peer(peer_id)
+        if self._curve is not None and server_key is None:
+            server_key = self._curve.server_key_for(peer_id)
+        self._open_peer(peer_id, server_key)
+
+    def mark_ready(self, peer_id: str) -> bool:
+        """The session with ``peer_id`` completed its handshake: from now on it counts
+        against ``max_peers`` instead of the pending budget. False (and a
+        :class:`PeerLost` ``"peer limit"`` at the next poll) when ``max_peers`` ready
+        peers exist already; True otherwise, and for an unknown id (nothing to do)."""
+        self._check_open()
+        peer = self._peers.get(peer_id)
+        if peer is None or peer.ready:
+            return True
+        if (self._max_pending is not None and peer.dialled_back
+                and self._settled() >= self._max_peers):
+            self._lose(peer, "peer limit")
+            return False
+        peer.ready = True
+        return True
 
     def remove_peer(self, peer_id: str) -> None:
         """Close the DEALER to ``peer_id`` (lingering up to ``dealer_linger_ms`` to
@@ -404,8 +648,8 @@ class ControlPlane:
         return self._wait_ms(None)
 
     def close(self) -> None:
-        """Close every socket and the context. Idempotent; returns within about
-        ``dealer_linger_ms`` even when peers are dead or frozen."""
+        """Close every socket, the ZAP authenticator and the context. Idempotent; returns
+        within about ``dealer_linger_ms`` even when peers are dead or frozen."""
         if self._closed:
             return
         self._closed = True
@@ -414,10 +658,12 @@ class ControlPlane:
                 self._teardown(peer, self._dealer_linger)
             self._poller.unregister(self._router)
             self._epoll.unregister(_fd(self._router))
+            if self._router_monitor is not None:
+                self._poller.unregister(self._router_monitor)
+                self._epoll.unregister(_fd(self._router_monitor))
         finally:
             self._epoll.close()
-            self._router.close(linger=0)
-            self._ctx.term()
+            self._close_router()
 
     def __enter__(self) -> ControlPlane:
         return self
@@ -431,12 +677,34 @@ class ControlPlane:
         if self._closed:
             raise TransportError("control plane is closed")
 
+    def _close_router(self) -> None:
+        """ROUTER (its monitor detached first, libzmq#3575), ZAP thread, context."""
+        try:
+            if self._router_monitor is not None:
+                try:
+                    self._router.disable_monitor()
+                finally:
+                    self._router_monitor.close(linger=0)
+        finally:
+            self._router.close(linger=0)
+            if self._auth is not None:
+                self._auth.stop()
+            self._ctx.term()
+
+    def _settled(self) -> int:
+        """Peers counted against ``max_peers``: all of them without a pending budget,
+        else the ready ones and our own dials."""
+        if self._max_pending is None:
+            return len(self._peers)
+        return sum(1 for p in self._peers.values() if p.ready or not p.dialled_back)
+
     def _set_heartbeats(self, sock: zmq.Socket[bytes]) -> None:
         sock.setsockopt(zmq.HEARTBEAT_IVL, self._hb_ivl)
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, self._hb_timeout)
         sock.setsockopt(zmq.HEARTBEAT_TTL, self._hb_ttl)
 
-    def _open_peer(self, peer_id: str) -> _Peer:
+    def _open_peer(self, peer_id: str, server_key: bytes | None,
+                   dialled_back: bool = False) -> _Peer:
         dealer = self._ctx.socket(zmq.DEALER)
         monitor: zmq.Socket[bytes] | None = None
         monitoring = False
@@ -449,22 +717,31 @@ class ControlPlane:
             self._set_heartbeats(dealer)
             if peer_id.startswith("["):
                 dealer.setsockopt(zmq.IPV6, 1)
+            if self._curve is not None:
+                if server_key is None:
+                    raise TransportError(f"no CURVE server key for {peer_id}")
+                dealer.setsockopt(zmq.CURVE_PUBLICKEY, self._curve.public)
+                dealer.setsockopt(zmq.CURVE_SECRETKEY, self._curve.secret)
+                dealer.setsockopt(zmq.CURVE_SERVERKEY, server_key)
             addr = f"inproc://p2pfsm-monitor-{id(self):x}-{next(_monitor_serial)}"
             dealer.monitor(addr, _MONITOR_MASK)
             monitoring = True
             monitor = self._ctx.socket(zmq.PAIR)
             monitor.setsockopt(zmq.LINGER, 0)
             monitor.connect(addr)
-            dealer.connect(f"tcp://{peer_id}")
-        except zmq.ZMQError as exc:
+            source = "" if self._source is None else f"{self._source}:0;"
+            dealer.connect(f"tcp://{source}{peer_id}")
+        except (zmq.ZMQError, TransportError) as exc:
             if monitoring:
                 dealer.disable_monitor()
             if monitor is not None:
                 monitor.close(linger=0)
             dealer.close(linger=0)
+            if isinstance(exc, TransportError):
+                raise
             raise TransportError(f"cannot open DEALER to {peer_id}: {exc}") from exc
         deadline = time.monotonic() + self._connect_timeout / 1000.0
-        peer = _Peer(peer_id, dealer, monitor, deadline)
+        peer = _Peer(peer_id, dealer, monitor, deadline, dialled_back=dialled_back)
         self._peers[peer_id] = peer
         self._poller.register(monitor, zmq.POLLIN)
         self._epoll.register(_fd(monitor), select.EPOLLIN)
@@ -487,13 +764,28 @@ class ControlPlane:
         self._teardown(peer, 0)
         self._pending.append(PeerLost(peer.peer_id, reason))
 
-    def _drop(self, reason: str) -> None:
+    def _drop(self, reason: str, detail: str = "") -> None:
         self._drops[reason] = self._drops.get(reason, 0) + 1
+        if not log.isEnabledFor(logging.DEBUG):
+            return
+        now = time.monotonic()
+        window = self._drop_log
+        if now - window[0] >= _DROP_LOG_WINDOW_S:
+            if window[2]:
+                log.debug("%d more inbound messages dropped in the last %.0f s (not logged)",
+                          window[2], _DROP_LOG_WINDOW_S)
+            window[:] = [now, 0, 0]
+        if window[1] < _DROP_LOG_BURST:
+            window[1] += 1
+            log.debug("dropped an inbound message: %s%s", reason, detail)
+        else:
+            window[2] += 1
 
     def _collect(self) -> list[ControlEvent]:
         out = self._pending
         self._pending = []
         self._drain_router(out)
+        self._drain_router_monitor()
         self._drain_monitors()
         self._expire()
         out.extend(self._pending)
@@ -506,24 +798,24 @@ class ControlPlane:
             if not int(self._router.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
                 return
             try:
-                parts = self._router.recv_multipart(zmq.NOBLOCK)
+                parts = self._router.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
             if len(parts) != 2:
                 self._drop("frame count")
                 continue
-            ident, frame = parts
-            peer_id = self._admit(ident)
+            ident, frame = parts[0].bytes, parts[1].bytes
+            peer_id = self._admit(ident, frame, parts[1])
             if peer_id is not None:
                 out.append(FrameIn(peer_id, frame))
 
-    def _admit(self, ident: bytes) -> str | None:
+    def _admit(self, ident: bytes, frame: bytes, message: zmq.Frame) -> str | None:
         """The peer id for a routing id, dialling back unknown ones; None = drop."""
         known = self._peer_by_ident.get(ident)
         if known is not None and known in self._peers:
             return known
         try:
-            parse_peer_id(ident)
+            host, _port = parse_peer_id(ident)
         except TransportError:
             self._drop("bad identity")
             return None
@@ -534,16 +826,67 @@ class ControlPlane:
         if peer_id == self._local_id:
             self._drop("own identity")
             return None
-        if len(self._peers) >= self._max_peers:
-            self._drop("peer limit")
+        if self._dial_back_check is not None and not self._dial_back_check(peer_id, frame):
+            self._drop("not a connect", f" from unknown identity {peer_id}")
             return None
+        source = _meta(message, "Peer-Address")
+        if not self._any_host:
+            ip = _ip_of(host)
+            if ip is None or source is None or ip != _ip_of(source):
+                self._drop("address mismatch",
+                           f": identity {peer_id} came from {source or 'an unknown address'}")
+                return None
+        server_key = None
+        if self._curve is not None:
+            user = _meta(message, "User-Id")
+            server_key = None if user is None else user.encode("ascii", "replace")
+            if server_key not in self._curve.allow:
+                self._drop("no authenticated key", f": {peer_id} from {source}")
+                return None
+        if self._settled() >= self._max_peers:
+            self._drop("peer limit", f": {peer_id}")
+            return None
+        if self._max_pending is not None:
+            pending = [p for p in self._peers.values() if p.dialled_back and not p.ready]
+            if len(pending) >= self._max_pending:
+                oldest = pending[0]
+                log.info("evicting %s: %d dial-backs without a finished handshake",
+                         oldest.peer_id, len(pending))
+                self._lose(oldest, EVICTED)
         try:
-            self._open_peer(peer_id)
+            self._open_peer(peer_id, server_key, dialled_back=True)
         except TransportError:
-            self._drop("dial-back failed")
+            self._drop("dial-back failed", f": {peer_id}")
             return None
         self._peer_by_ident[ident] = peer_id
         return peer_id
+
+    def _drain_router_monitor(self) -> None:
+        """Count and log the handshakes our ROUTER refused (CURVE only). ZAP has logged a
+        refused key with its address already; libzmq does not say who offered no key at
+        all, so that line names our endpoint."""
+        monitor = self._router_monitor
+        if monitor is None:
+            return
+        for _ in range(self._max_batch):
+            if not int(monitor.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                return
+            try:
+                parts = monitor.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if not parts or len(parts[0]) != _MONITOR_HEADER.size:
+                continue
+            event, value = _MONITOR_HEADER.unpack(parts[0])
+            if event == _EV_AUTH_FAILED:
+                self._drop("refused: key not allowed")
+                continue
+            where = parts[1].decode("ascii", "replace") if len(parts) > 1 else self._local_id
+            mismatch = value == int(zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
+            self._drop("refused: no CURVE key" if mismatch else "refused: handshake failed")
+            log.warning("refused a connection on %s: %s", where,
+                        "the peer offered no CURVE key (NULL security)" if mismatch
+                        else f"CURVE handshake failed (libzmq error 0x{value:x})")
 
     def _drain_monitors(self) -> None:
         for peer in list(self._peers.values()):
@@ -561,6 +904,11 @@ class ControlPlane:
                     peer.connected = True
                     peer.deadline = None
                 elif event in _EV_HANDSHAKE_FAILED:
+                    if self._curve is not None:
+                        log.warning("%s refused our connection: %s", peer.peer_id,
+                                    "our CURVE key is not in its allow-list"
+                                    if event == _EV_AUTH_FAILED
+                                    else "no CURVE handshake (a NULL-security peer?)")
                     self._lose(peer, "handshake failed")
                 elif peer.connected and event == _EV_DISCONNECTED:
                     self._lose(peer, "disconnected")
