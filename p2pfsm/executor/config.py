@@ -6,10 +6,13 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from p2pfsm.errors import ConfigError
 from p2pfsm.session import DEFAULT_HASH_SEED, Timeouts
+
+if TYPE_CHECKING:
+    from p2pfsm.executor.zmq_plane import CurveKeys
 
 MAX_BLOCKS = (1 << 31) - 1
 """Largest region in blocks: NIXL takes descriptor indexes as int32."""
@@ -73,6 +76,20 @@ class NodeConfig:
             (oldest go first; :attr:`Node.counts` keeps the totals).
         trace: path of a trace log to write (None: no log); see
             :class:`p2pfsm.spec_log.CallLog`.
+        max_pending_peers: peers that opened a connection to us with a connect but have
+            not finished the handshake: at most this many (the oldest is dropped for a
+            newer one); ready peers count against ``max_peers`` instead.
+        dial_back_any_host: dial a connecting peer back at the host its id names even
+            when its connection came from another address (NAT); off: only an id
+            whose host is the IP the connection came from is dialled back.
+        curve_secret_key: path of our ``NAME.key_secret`` (``p2pfsm keygen``): ZeroMQ
+            CURVE on every socket, only peers in ``curve_allow`` let in. None: NULL
+            security (vLLM's).
+        curve_allow: the peers allowed in: public key files (``NAME.key``) or
+            directories of them (every ``*.key``). Required with ``curve_secret_key``.
+        curve_peer_key: the server's public key file for our own ``connect`` calls;
+            None: the one key of ``curve_allow`` when it holds exactly one. A dial-back
+            uses the key the peer authenticated with.
     """
 
     bind: str
@@ -93,6 +110,11 @@ class NodeConfig:
     max_violations: int = 64
     idle_timeout_s: float | None = 300.0
     trace: str | None = None
+    max_pending_peers: int = 32
+    dial_back_any_host: bool = False
+    curve_secret_key: str | None = None
+    curve_allow: tuple[str, ...] = ()
+    curve_peer_key: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.bind, str) or not self.bind.startswith("tcp://"):
@@ -137,6 +159,34 @@ class NodeConfig:
                               f"got {idle!r}")
         if self.trace is not None and (not isinstance(self.trace, str) or not self.trace):
             raise ConfigError(f"trace: expected a file path, got {self.trace!r}")
+        _int_in("max_pending_peers", self.max_pending_peers, 1, 65_535)
+        if not isinstance(self.dial_back_any_host, bool):
+            raise ConfigError(f"dial_back_any_host: expected a bool, got "
+                              f"{self.dial_back_any_host!r}")
+        self.curve_keys()  # reads and checks the key files now
+
+    def curve_keys(self) -> CurveKeys | None:
+        """The CURVE keys read from the key files (None: NULL security); ConfigError
+        naming the field for a missing or unreadable file."""
+        allow = self.curve_allow
+        if isinstance(allow, str) or not isinstance(allow, tuple) or not all(
+                isinstance(a, str) and a for a in allow):
+            raise ConfigError(f"curve_allow: expected a tuple of key file or directory "
+                              f"paths, got {allow!r}")
+        for name in ("curve_secret_key", "curve_peer_key"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ConfigError(f"{name}: expected a key file path, got {value!r}")
+        if self.curve_secret_key is None:
+            if allow or self.curve_peer_key is not None:
+                raise ConfigError("curve_allow / curve_peer_key: need curve_secret_key")
+            return None
+        if not allow:
+            raise ConfigError("curve_allow: CURVE needs the public keys of the peers to let "
+                              "in (key files or directories)")
+        from p2pfsm.executor.zmq_plane import load_curve_keys
+
+        return load_curve_keys(self.curve_secret_key, allow, self.curve_peer_key)
 
     @property
     def config_fingerprint(self) -> str:
