@@ -38,7 +38,7 @@ from p2pfsm.executor.config import NodeConfig, fingerprint
 from p2pfsm.executor.core import Executor, TimerTable
 from p2pfsm.executor.jobs import Driven, JobFuture, LookupAsk
 from p2pfsm.executor.nixl_plane import DataPlane
-from p2pfsm.executor.zmq_plane import ControlPlane, FrameIn, PeerLost
+from p2pfsm.executor.zmq_plane import ControlPlane, FrameIn, PeerLost, is_connect_from
 from p2pfsm.metrics import NodeMetrics
 from p2pfsm.protocol import AbortFetch, Connect, decode, encode
 from p2pfsm.session import (
@@ -161,7 +161,11 @@ class Node(Driven, Executor):
                                     heartbeat_ttl_ms=config.heartbeat_timeout_ms,
                                     connect_timeout_ms=config.connect_timeout_ms,
                                     max_peers=config.max_peers,
-                                    advertise_host=config.advertise_host)
+                                    advertise_host=config.advertise_host,
+                                    dial_back_check=is_connect_from,
+                                    dial_back_any_host=config.dial_back_any_host,
+                                    max_pending=config.max_pending_peers,
+                                    curve=config.curve_keys())
         try:
             name = f"p2pfsm-{uuid.uuid4()}"
             self.data = DataPlane(name, config.num_blocks, config.block_len, config.device,
@@ -761,6 +765,7 @@ class Node(Driven, Executor):
             self._callbacks.append(lambda: on_result(peer_id, value))
 
     def _on_ready(self, peer_id: str, session: Session) -> None:
+        self.control.mark_ready(peer_id)  # out of the pending budget (or refused: full)
         started = self._started_at.pop(peer_id, None)
         if started is not None:
             self.metrics.observe("handshake_seconds", time.monotonic() - started)
@@ -792,6 +797,8 @@ class Node(Driven, Executor):
         if peer_id in self.data.peers:
             # Writes to the peer may still be in flight; they fail on removal.
             self.data.remove_peer(peer_id)
+        if not self.control.closed:
+            self.control.mark_done(peer_id)  # its connection gives up its slot
         self._ended[peer_id] = None
         self._ended.move_to_end(peer_id)
         self._prune_ended()

@@ -373,6 +373,7 @@ class _Peer:
     reached: bool = False  # a TCP connection came up (and went) before the handshake
     dialled_back: bool = False  # opened for an unknown identity, not by connect()
     ready: bool = False  # the node said its session is ready (mark_ready)
+    done: bool = False  # the node said its session is over (mark_done): evicted first
 
 
 class ControlPlane:
@@ -578,7 +579,22 @@ class ControlPlane:
             self._lose(peer, "peer limit")
             return False
         peer.ready = True
+        peer.done = False
         return True
+
+    def mark_done(self, peer_id: str) -> None:
+        """The session with ``peer_id`` is over. Its DEALER stays (frames still in flight
+        either way reach the node), but it no longer holds a slot: it joins the pending
+        budget and is the first evicted there. A later connect from it (a restarted
+        peer) makes it pending again. Unknown ids are ignored; no-op without
+        ``max_pending``."""
+        self._check_open()
+        peer = self._peers.get(peer_id)
+        if peer is None or self._max_pending is None:
+            return
+        peer.ready = False
+        peer.dialled_back = True
+        peer.done = True
 
     def remove_peer(self, peer_id: str) -> None:
         """Close the DEALER to ``peer_id`` (lingering up to ``dealer_linger_ms`` to
@@ -813,6 +829,10 @@ class ControlPlane:
         """The peer id for a routing id, dialling back unknown ones; None = drop."""
         known = self._peer_by_ident.get(ident)
         if known is not None and known in self._peers:
+            peer = self._peers[known]
+            if peer.done and (self._dial_back_check is None
+                              or self._dial_back_check(known, frame)):
+                peer.done = False  # a restarted peer: pending again, not first to go
             return known
         try:
             host, _port = parse_peer_id(ident)
@@ -849,7 +869,7 @@ class ControlPlane:
         if self._max_pending is not None:
             pending = [p for p in self._peers.values() if p.dialled_back and not p.ready]
             if len(pending) >= self._max_pending:
-                oldest = pending[0]
+                oldest = next((p for p in pending if p.done), pending[0])
                 log.info("evicting %s: %d dial-backs without a finished handshake",
                          oldest.peer_id, len(pending))
                 self._lose(oldest, EVICTED)
