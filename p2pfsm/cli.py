@@ -1,4 +1,4 @@
-"""The ``p2pfsm`` command line: demo, serve, fetch, diagrams, check, bench.
+"""The ``p2pfsm`` command line: demo, serve, fetch, keygen, diagrams, check, bench.
 
 Every command prints one clear error line and exits 2 on bad arguments or a
 refused operation; no traceback reaches the user for expected failures. Sizes are
@@ -172,10 +172,48 @@ def _node_config(args: argparse.Namespace, bind: str, blocks: int, **extra: Any)
         abort_ack=getattr(args, "abort_ack_timeout", 10.0),
         handshake=getattr(args, "timeout", 30.0),
     )
+    curve_secret = getattr(args, "curve_secret", None)
+    allow = tuple(getattr(args, "allow", None) or ())
+    peer_key = getattr(args, "peer_key", None)
+    if curve_secret is not None or allow or peer_key is not None:
+        if curve_secret is None:
+            raise ConfigError("--allow / --peer-key need --curve-secret FILE")
+        if not allow:
+            raise ConfigError("--curve-secret needs --allow FILE_OR_DIR (the peers' public keys)")
+        extra.update(curve_secret_key=curve_secret, curve_allow=allow)
+        if peer_key is not None:
+            extra["curve_peer_key"] = peer_key
+    if getattr(args, "dial_back_any_host", False):
+        extra["dial_back_any_host"] = True
     return NodeConfig(bind=bind, num_blocks=blocks, block_len=args.block_len,
                       hash_seed=args.hash_seed, fingerprint=args.fingerprint, timeouts=timeouts,
                       connect_timeout_ms=max(1, round(args.connect_timeout * 1000)),
                       trace=args.trace, **extra)
+
+
+def _cmd_keygen(args: argparse.Namespace) -> int:
+    import zmq.auth
+
+    name = args.name
+    if not name or "/" in name or name.startswith("."):
+        raise ConfigError(f"--name: expected a plain file name, got {name!r}")
+    out = Path(args.dir)
+    public, secret = out / f"{name}.key", out / f"{name}.key_secret"
+    for path in (public, secret):
+        if path.exists():
+            raise ConfigError(f"{path} exists: not overwriting a key")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        old = os.umask(0o077)  # the secret key is readable by its owner only
+        try:
+            written = zmq.auth.create_certificates(str(out), name)
+        finally:
+            os.umask(old)
+        os.chmod(public, 0o644)
+    except OSError as exc:
+        raise ConfigError(f"cannot write keys in {out}: {exc}") from None
+    print(f"public key {written[0]}\nsecret key {written[1]}")
+    return 0
 
 
 def _metrics_address(text: str | None) -> tuple[str, int] | None:
@@ -297,6 +335,12 @@ def _add_peer_options(p: argparse.ArgumentParser) -> None:
                    help="give up a peer connection not up by then (a refused one at once)")
     p.add_argument("--trace", metavar="FILE", default=None,
                    help="write each session call that is a spec action to FILE (JSON lines)")
+    p.add_argument("--curve-secret", metavar="FILE", default=None,
+                   help="our NAME.key_secret (p2pfsm keygen): ZeroMQ CURVE on every "
+                        "connection; needs --allow. Default: NULL security (vLLM's)")
+    p.add_argument("--allow", metavar="FILE_OR_DIR", action="append", default=None,
+                   help="public key file of a peer let in, or a directory of *.key files "
+                        "(repeatable)")
 
 
 def _verbosity(parser: argparse.ArgumentParser, dest: str) -> None:
@@ -360,6 +404,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics", default=None, metavar="HOST:PORT",
                    help="serve Prometheus metrics on http://HOST:PORT/metrics "
                         "(needs prometheus_client: pip install 'p2pfsm[prometheus]')")
+    p.add_argument("--dial-back-any-host", action="store_true",
+                   help="dial a connecting peer back at the host its id names even when "
+                        "its connection comes from another address (peers behind NAT)")
     _add_peer_options(p)
     p.set_defaults(func=_cmd_serve)
 
@@ -373,8 +420,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--load-timeout", type=_positive(float), default=30.0)
     p.add_argument("--abort-ack-timeout", type=_positive(float), default=10.0)
     p.add_argument("--timeout", type=_positive(float), default=30.0, help="handshake deadline")
+    p.add_argument("--peer-key", metavar="FILE", default=None,
+                   help="the server's public key file (default: the --allow key, when "
+                        "there is exactly one)")
     _add_peer_options(p)
     p.set_defaults(func=_cmd_fetch)
+
+    p = command("keygen", help="write a CURVE keypair: DIR/NAME.key and DIR/NAME.key_secret")
+    p.add_argument("dir", metavar="DIR", help="directory to write into (created if missing)")
+    p.add_argument("--name", default="node", help="file name of the pair (default: node)")
+    p.set_defaults(func=_cmd_keygen)
 
     p = command("diagrams", help="draw every machine of models/ into docs/diagrams")
     p.add_argument("--out", default=None, metavar="DIR",
