@@ -1,0 +1,207 @@
+"""Churn campaign: one ``p2pfsm serve`` process, many fetches and many clients.
+
+* back-to-back: one client Node, one session, N fetches in a row (4 blocks each, every
+  byte verified);
+* clients: N short-lived client Nodes one after the other, each connecting, fetching one
+  verified block and closing.
+
+The producer's open fds (``/proc/PID/fd``) and ``VmRSS`` are sampled after a warm-up
+(two clients and 20 fetches: NIXL/UCX open some descriptors with the first remote agent
+and keep them) and at the end. At the end the fd count must come back to the baseline
+exactly within ``SETTLE_S`` (polled), and RSS stay within ``RSS_TOLERANCE``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import select
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from p2pfsm.demo.blocks import demo_block, demo_key
+from p2pfsm.executor.node import Node, NodeConfig
+
+from .conftest import churn
+
+if importlib.util.find_spec("nixl") is None and importlib.util.find_spec("nixl_cu12") is None:
+    pytest.skip("NIXL is not installed (.ci/install.sh installs it)", allow_module_level=True)
+pytest.importorskip("torch")
+
+BLOCK = 4096
+SERVED = 64
+SETTLE_S = 15.0
+RSS_TOLERANCE = 16 << 20
+"""Bytes of VmRSS growth still counted as flat. The server keeps the last ``history``
+(1000) ended sessions and per-request tombstones for ``Timeouts.tombstone``; glibc keeps
+freed heap. Measured growth is printed in the summary (docs/reliability.md)."""
+
+
+def fd_count(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def rss(pid: int) -> int:
+    with open(f"/proc/{pid}/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+class Serve:
+    """``python -m p2pfsm.cli serve`` on a free loopback port; stopped by its PID."""
+
+    def __init__(self, log: Path) -> None:
+        self._log = open(log, "wb")  # noqa: SIM115 (closed in stop)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "p2pfsm.cli", "serve", "--bind", "tcp://127.0.0.1:0",
+             "--blocks", str(SERVED), "--block-len", str(BLOCK)],
+            stdout=subprocess.PIPE, stderr=self._log, text=True)
+        self.pid = self.proc.pid
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], 60.0)
+        line = self.proc.stdout.readline() if ready else ""
+        if not line.startswith("serving"):
+            self.stop()
+            raise AssertionError(f"serve did not start: {line!r}")
+        self.addr = line.rsplit("tcp://", 1)[1].strip()
+
+    def steady_fds(self, timeout: float = 5.0) -> int:
+        """The fd count once three reads 100 ms apart agree (bounded)."""
+        reads = [fd_count(self.pid)]
+        end = time.monotonic() + timeout
+        while time.monotonic() < end and not (len(reads) >= 3 and len(set(reads[-3:])) == 1):
+            time.sleep(0.1)  # polling /proc with a deadline
+            reads.append(fd_count(self.pid))
+        return reads[-1]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self._log.close()
+
+
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator[Serve]:
+    server = Serve(tmp_path / "serve.log")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def client(num_blocks: int = 8) -> Node:
+    return Node(NodeConfig("tcp://127.0.0.1:0", num_blocks, BLOCK, connect_timeout_ms=5000))
+
+
+def connect(node: Node, peer: str) -> None:
+    session = node.connect(peer)
+    node.run_until(lambda: session.ready or not session.alive, 20.0)
+    assert session.ready, node.deaths.get(peer)
+
+
+def fetch_verified(node: Node, peer: str, rid: str, blocks: list[int]) -> None:
+    fut = node.fetch(peer, rid, [demo_key(b) for b in blocks], range(len(blocks)))
+    assert node.run_until(fut.done, 20.0), f"{rid}: no result"
+    result = fut.result()
+    assert result.success and result.released, f"{rid}: {result}"
+    for d, b in enumerate(blocks):
+        assert bytes(node.region[d].numpy()) == demo_block(b, BLOCK), f"{rid}: block {b}"
+
+
+def one_client(peer: str, i: int) -> None:
+    node = client()
+    try:
+        connect(node, peer)
+        fetch_verified(node, peer, f"client-{i}", [i % SERVED])
+    finally:
+        node.close(timeout=2.0)
+
+
+def warm_up(serve: Serve) -> tuple[int, int]:
+    one_client(serve.addr, 0)
+    one_client(serve.addr, 1)
+    node = client()
+    try:
+        connect(node, serve.addr)
+        for i in range(20):
+            fetch_verified(node, serve.addr, f"warm-{i}", [i % SERVED])
+    finally:
+        node.close(timeout=2.0)
+    return serve.steady_fds(), rss(serve.pid)
+
+
+def flat(serve: Serve, base: tuple[int, int], what: str,
+         report: Callable[[str], None], n: int, seconds: float) -> None:
+    last = (0, 0)
+    end = time.monotonic() + SETTLE_S
+    while True:
+        last = (fd_count(serve.pid), rss(serve.pid))
+        if last[0] == base[0] and last[1] <= base[1] + RSS_TOLERANCE:
+            break
+        if time.monotonic() >= end:
+            break
+        time.sleep(0.1)  # polling the child's /proc between reads, bounded by SETTLE_S
+    report(f"{n} {what} in {seconds:.1f} s, all verified; producer fds {base[0]} -> "
+           f"{last[0]}, RSS {base[1] / 2**20:.1f} -> {last[1] / 2**20:.1f} MiB "
+           f"(+{(last[1] - base[1]) / 2**20:.1f}, tolerance {RSS_TOLERANCE >> 20} MiB)")
+    assert serve.proc.poll() is None, "the producer died"
+    assert last[0] == base[0], f"producer fds {base[0]} -> {last[0]}"
+    assert last[1] <= base[1] + RSS_TOLERANCE, f"producer RSS {base[1]} -> {last[1]}"
+
+
+def back_to_back(serve: Serve, n: int, report: Callable[[str], None]) -> None:
+    base = warm_up(serve)
+    node = client()
+    start = time.monotonic()
+    try:
+        connect(node, serve.addr)
+        for i in range(n):
+            fetch_verified(node, serve.addr, f"b2b-{i}", [(4 * i + k) % SERVED for k in range(4)])
+        assert node.session(serve.addr).ready
+        assert node.metrics.snapshot()["counters"]["fetches_succeeded"] == n
+    finally:
+        node.close(timeout=2.0)
+    flat(serve, base, "back-to-back fetches on one session", report, n,
+         time.monotonic() - start)
+
+
+def clients(serve: Serve, n: int, report: Callable[[str], None]) -> None:
+    base = warm_up(serve)
+    start = time.monotonic()
+    for i in range(n):
+        one_client(serve.addr, i)
+    flat(serve, base, "clients connecting, fetching and leaving", report, n,
+         time.monotonic() - start)
+
+
+def test_back_to_back_fetches(serve: Serve, campaign_report: Callable[[str], None]) -> None:
+    back_to_back(serve, churn(slow=False), campaign_report)
+
+
+def test_clients_come_and_go(serve: Serve, campaign_report: Callable[[str], None]) -> None:
+    clients(serve, churn(slow=False), campaign_report)
+
+
+@pytest.mark.slow
+def test_back_to_back_fetches_long(serve: Serve,
+                                   campaign_report: Callable[[str], None]) -> None:
+    back_to_back(serve, churn(slow=True), campaign_report)
+
+
+@pytest.mark.slow
+def test_clients_come_and_go_long(serve: Serve, campaign_report: Callable[[str], None]) -> None:
+    clients(serve, churn(slow=True), campaign_report)
