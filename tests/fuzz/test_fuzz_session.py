@@ -1,0 +1,191 @@
+"""Fuzzing ``Session.handle(FrameReceived(frame), now)`` in every reachable state.
+
+Each example takes a deep copy of a session in one of ``states.STATES`` (idle,
+handshake stages, ready with open client rounds, aborted rounds, client lookups,
+serve rounds with writes in flight, PD supply, served and pinned lookups,
+tombstones, dead, closed, a SimWorld mid-run) and feeds it a sequence of fuzzed
+frames (``frames.fuzz_frames``: mostly mutated valid messages aimed at its open
+ids), sometimes interleaved with legitimate events (a due timer, a write result,
+the registration result) that move it to further states. For every frame:
+
+* no exception escapes ``handle`` (a crash);
+* outputs are Output instances; every frame the session sends decodes back to itself;
+* a frame ``decode`` refuses yields exactly one ProtocolViolation (FrameIgnored for
+  an unknown type, or when the session is no longer live);
+* every rejected frame (one ProtocolViolation or FrameIgnored) leaves the session
+  unchanged: state, open counts, pending work and the full ``states.digest``;
+* a rejection is the only output of its frame.
+
+CI: derandomized, about 4 500 frames and 1 500 other events. Long run: see test_fuzz_decode.py.
+"""
+
+from __future__ import annotations
+
+from helpers.world import Driver, sent
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fuzz.frames import fuzz_frames
+from fuzz.states import STATES, fresh, full_snapshot, settle_clock
+from fuzz.stats import COUNTS, fuzz_settings
+from p2pfsm.errors import MalformedFrame, RemoteProtocolError, UnknownMessageType
+from p2pfsm.protocol import decode, encode
+from p2pfsm.session import (
+    ArmTimer,
+    CancelWrite,
+    DisarmTimer,
+    FetchArrived,
+    FrameIgnored,
+    FrameReceived,
+    Input,
+    LoadResult,
+    LookupClosed,
+    LookupRequest,
+    LookupResult,
+    Output,
+    ProtocolViolation,
+    RegistrationFinished,
+    SendFrame,
+    SessionDead,
+    StartRegistration,
+    StartWrite,
+    StoreResult,
+    WriteFinished,
+)
+from p2pfsm.session.core import LIVE_STATES
+
+OUTPUT_TYPES = (SendFrame, StartRegistration, StartWrite, CancelWrite, ArmTimer, DisarmTimer,
+                LoadResult, StoreResult, LookupResult, LookupRequest, LookupClosed, FetchArrived,
+                ProtocolViolation, FrameIgnored, SessionDead)
+
+
+def check_outputs(out: list[Output]) -> None:
+    for o in out:
+        assert isinstance(o, OUTPUT_TYPES), o
+        if isinstance(o, ProtocolViolation):
+            assert isinstance(o.error, RemoteProtocolError), o
+    for msg in sent(out):
+        assert decode(encode(msg)) == msg, f"the session sent a frame it would refuse: {msg}"
+
+
+def feed(d: Driver, event: Input) -> list[Output]:
+    try:
+        out = d(event)
+    except BaseException:
+        COUNTS.crashes += 1
+        raise
+    check_outputs(out)
+    return out
+
+
+def feed_frame(d: Driver, frame: bytes) -> list[Output]:
+    """Feed one fuzzed frame and check every property of the module docstring."""
+    settle_clock(d)
+    s = d.s
+    live = s.state in LIVE_STATES
+    before = full_snapshot(s)
+    COUNTS.session_frames += 1
+    out = feed(d, FrameReceived(frame))
+    try:
+        decode(frame, s.config.limits)
+        refused: type[Output] | None = None
+    except UnknownMessageType:
+        refused = FrameIgnored
+    except MalformedFrame:
+        refused = ProtocolViolation
+    if not live:
+        refused = FrameIgnored
+    if refused is not None:
+        assert len(out) == 1 and type(out[0]) is refused, (refused, out)
+    rejections = [o for o in out if isinstance(o, ProtocolViolation | FrameIgnored)]
+    if rejections:
+        assert len(out) == 1, f"a rejection came with other outputs: {out}"
+        after = full_snapshot(s)
+        if after != before:
+            COUNTS.changed_by_rejection += 1
+            changed = [i for i, (x, y) in enumerate(zip(before, after, strict=True)) if x != y]
+            raise AssertionError(f"{out[0]} changed the session (parts {changed}):\n"
+                                 f"before {before}\nafter  {after}")
+        COUNTS.rejected_frames += 1
+    return out
+
+
+def step_event(d: Driver, choice: int) -> None:
+    """A legitimate event that moves the session on: a due timer, a write result or the
+    registration result (whichever applies; nothing when none does)."""
+    s = d.s
+    if s.state in ("registering", "registering_acked"):
+        COUNTS.session_events += 1
+        feed(d, RegistrationFinished(True))
+    elif s._writes and choice % 2:
+        xfer = sorted(s._writes)[choice % len(s._writes)]
+        COUNTS.session_events += 1
+        feed(d, WriteFinished(xfer, choice % 3 != 0))
+    elif d.timers:
+        timer = sorted(d.timers, key=lambda t: (d.timers[t], str(t)))[choice % len(d.timers)]
+        COUNTS.session_events += 1
+        try:
+            d.fire(timer)
+        except BaseException:
+            COUNTS.crashes += 1
+            raise
+
+
+ops = st.one_of(fuzz_frames, fuzz_frames, fuzz_frames, st.integers(0, 7))
+"""Mostly frames; an int is a legitimate event (``step_event``)."""
+
+
+@fuzz_settings(900)
+@given(st.sampled_from(sorted(STATES)), st.lists(ops, min_size=1, max_size=10))
+def test_fuzzed_frames_in_every_state(state: str, steps: list[bytes | int]) -> None:
+    d = fresh(state)
+    for step in steps:
+        if isinstance(step, bytes):
+            feed_frame(d, step)
+        else:
+            step_event(d, step)
+
+
+@fuzz_settings(150)
+@given(st.lists(fuzz_frames, min_size=1, max_size=10))
+def test_fuzzed_frames_on_the_busiest_session(frames: list[bytes]) -> None:
+    # The state with the most open machines gets extra attention.
+    d = fresh("ready+busy")
+    for frame in frames:
+        feed_frame(d, frame)
+
+
+def test_every_state_is_built_as_named() -> None:
+    for name in STATES:
+        d = fresh(name)
+        expected = name.split("+")[0]
+        assert d.s.state == ("ready" if expected == "sim-midrun" else expected), name
+    busy = fresh("ready+busy").s.open_counts()
+    assert all(busy[k] > 0 for k in ("client_round", "client_lookup", "server_round",
+                                     "server_lookup", "writes", "timers")), busy
+
+
+def test_digest_sees_a_change_in_any_machine_table() -> None:
+    # The unchanged-session check can fail: each of these edits shows up in the digest.
+    from fuzz.states import digest
+
+    edits = {
+        "client round state": lambda s: setattr(next(iter(s._loads["load"].values())),
+                                                "fsm_state", "x"),
+        "client lookup keys": lambda s: setattr(s._lookups["look"][0], "keys", ()),
+        "server round demand": lambda s: s._rounds["dem"][0].demand.clear(),
+        "server round supply": lambda s: s._rounds["pd"][None].supply.clear(),
+        "served lookup pending": lambda s: s._tokens[1].pending.clear(),
+        "write table": lambda s: s._writes.clear(),
+        "store jobs": lambda s: s._store_jobs.pop(50),
+        "timers": lambda s: s._timers.popitem(),
+        "queue": lambda s: s._queue.append(None),
+        "round floor": lambda s: s._round_floor.put("z", 1, 0.0),
+        "a replaced round": lambda s: s._rounds["dem"].update(
+            {0: __import__("copy").copy(s._rounds["dem"][0])}),
+    }
+    for name, edit in edits.items():
+        s = fresh("ready+busy").s
+        before = digest(s)
+        edit(s)
+        assert digest(s) != before, name
