@@ -309,6 +309,8 @@ class Consumer:
                 "lookups_done": sum(f.done() for f in self.lookups),
                 "results_dropped":
                     self.node.metrics.snapshot()["counters"].get("results_dropped", 0),
+                "alive": {p: x.alive for p, x in self.node.sessions.items()},
+                "deaths": self.node.metrics.snapshot()["counters"].get("deaths", 0),
                 **self.guard.verify()}
 
 

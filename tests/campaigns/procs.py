@@ -33,18 +33,34 @@ from typing import Any
 
 _SPAWN = multiprocessing.get_context("spawn")
 _CLONE_NEWNET = 0x40000000
+_CLONE_NEWNS = 0x00020000
+_MS_REC, _MS_SLAVE, _MNT_DETACH = 0x4000, 0x80000, 2
 
 
 def enter_netns(name: str) -> None:
-    """Move this (single-threaded) process into the network namespace ``name``."""
+    """Move this (single-threaded) process into the network namespace ``name``.
+
+    As ``ip netns exec`` does, the process also gets a mount namespace of its own with
+    a fresh ``/sys``: UCX checks every interface under ``/sys/class/net``, which
+    otherwise still shows the namespace the process came from.
+    """
     libc = ctypes.CDLL(None, use_errno=True)
+
+    def check(rc: int, what: str) -> None:
+        if rc != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"{what}: {os.strerror(err)}")
+
     fd = os.open(f"/var/run/netns/{name}", os.O_RDONLY)
     try:
-        if libc.setns(fd, _CLONE_NEWNET) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"setns({name}): {os.strerror(err)}")
+        check(libc.setns(fd, _CLONE_NEWNET), f"setns({name})")
     finally:
         os.close(fd)
+    check(libc.unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+    # Our mounts stop propagating back (MS_REC | MS_SLAVE on /), then a new sysfs.
+    check(libc.mount(None, b"/", None, _MS_REC | _MS_SLAVE, None), "mount --make-rslave /")
+    check(libc.umount2(b"/sys", _MNT_DETACH), "umount /sys")
+    check(libc.mount(b"sysfs", b"/sys", b"sysfs", 0, None), "mount sysfs /sys")
 
 
 class Child:
