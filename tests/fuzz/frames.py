@@ -240,8 +240,8 @@ def mutate_entries(draw: st.DrawFn, entries: list[tuple[object, object]]) -> Non
         entries.insert(draw(st.integers(0, len(entries))), ("type", name))
     elif op == "extra":
         k = draw(st.one_of(st.text(max_size=12), st.sampled_from(
-            ("config_fingerprint", "keys", "round_seq", "success")), st.integers(), st.binary(
-                max_size=4), st.none()))
+            ("config_fingerprint", "keys", "round_seq", "success")),
+            st.integers(-(2**63), 2**64 - 1), st.binary(max_size=4), st.none()))
         entries.insert(draw(st.integers(0, len(entries))), (k, draw(any_values)))
     elif op == "dup":
         entries.append(entries[draw(st.integers(0, len(entries) - 1))])

@@ -51,7 +51,9 @@ from p2pfsm.protocol import (
 HANG_S = 1.0
 """No decode may take longer (the worst legitimate frames take milliseconds)."""
 
-TIGHT = Limits(max_frame_bytes=4096, max_list_items=4, max_key_bytes=16, max_str_len=16,
+# max_str_len stays >= 18: msgpack applies it to field names too (see
+# test_fuzz_regressions.test_small_max_str_len_does_not_refuse_field_names).
+TIGHT = Limits(max_frame_bytes=4096, max_list_items=4, max_key_bytes=16, max_str_len=20,
                max_metadata_bytes=32, max_block_index=63, max_num_blocks=128,
                max_round_seq=1000)
 
@@ -121,8 +123,11 @@ def fuzz_decode(frame: bytes, limits: Limits = DEFAULT_LIMITS) -> Message | None
         COUNTS.crashes += 1
         raise
     elapsed = time.perf_counter() - start
-    COUNTS.max_decode_s = max(COUNTS.max_decode_s, elapsed)
-    assert elapsed < HANG_S, f"decode of {len(frame)} bytes took {elapsed:.2f} s"
+    if tracemalloc.is_tracing():  # tracing slows msgpack's allocations several times
+        assert elapsed < 10 * HANG_S, f"decode of {len(frame)} bytes took {elapsed:.2f} s"
+    else:
+        COUNTS.max_decode_s = max(COUNTS.max_decode_s, elapsed)
+        assert elapsed < HANG_S, f"decode of {len(frame)} bytes took {elapsed:.2f} s"
     if msg is not None:
         assert_within_limits(msg, limits)
         assert decode(encode(msg), limits) == msg
