@@ -263,6 +263,7 @@ _ROUTER_MONITOR_MASK: Final = (
     | int(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
     | int(zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 )
+_LISTEN_BACKLOG: Final = 1024
 _DROP_LOG_BURST: Final = 10
 _DROP_LOG_WINDOW_S: Final = 10.0
 
@@ -494,6 +495,10 @@ class ControlPlane:
             # A restarted peer reconnects under the same identity; let the new
             # connection take the identity over instead of being refused.
             self._router.setsockopt(zmq.ROUTER_HANDOVER, 1)
+            # A burst of connects (hundreds of peers at once, or a flood) must not
+            # overflow libzmq's default listen backlog of 100, which stalls even a
+            # legitimate peer's TCP connect for seconds of SYN retries.
+            self._router.setsockopt(zmq.BACKLOG, _LISTEN_BACKLOG)
             if host.startswith("["):
                 self._router.setsockopt(zmq.IPV6, 1)
             self._router.bind(f"tcp://{host}:{port}")

@@ -1,0 +1,294 @@
+"""No reflection, no lock-out: what a node dials back, and who may crowd its peer table.
+
+A real :class:`Node` on 127.0.0.1 (driven from the test's thread) or a real
+``p2pfsm serve``; the attackers are raw pyzmq DEALERs with chosen identities, and the
+ports their identities name are plain TCP listeners bound by the test, so "no dial-back"
+is checked where it would show: no TCP connection arrives there within a bounded wait.
+Both 127.0.0.1 and 127.0.0.2 are loopback addresses, so a connection from "another
+host" is one whose source the DEALER binds to 127.0.0.2.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import select
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import zmq
+
+from p2pfsm.protocol import Connect, encode
+
+if importlib.util.find_spec("nixl") is None and importlib.util.find_spec("nixl_cu12") is None:
+    pytest.skip("NIXL is not installed (.ci/install.sh installs it)", allow_module_level=True)
+pytest.importorskip("torch")
+
+from p2pfsm.executor.node import Node, NodeConfig
+
+BLOCK = 4096
+SEED = "vllm-none-hash"
+NO_DIAL_WAIT = 1.0  # seconds a listener waits for a dial-back that must not come
+CLI = [sys.executable, "-m", "p2pfsm.cli"]
+
+
+def connect_frame(peer_id: str, block_len: int = BLOCK) -> bytes:
+    """A well-formed connect that our node would accept the handshake of."""
+    return encode(Connect(peer_id=peer_id, agent_metadata=b"not-really-nixl", base_addr=0,
+                          num_blocks=16, block_len=block_len, config_fingerprint="",
+                          hash_seed=SEED))
+
+
+def listener(host: str = "127.0.0.1") -> socket.socket:
+    """A TCP listener that never accepts on its own: a dial-back shows as a pending
+    connection in its backlog."""
+    s = socket.socket()
+    s.bind((host, 0))
+    s.listen(8)
+    s.setblocking(False)
+    return s
+
+
+def ident_of(s: socket.socket) -> str:
+    host, port = s.getsockname()[:2]
+    return f"{host}:{port}"
+
+
+def dialled(s: socket.socket, node: Node | None, within: float) -> bool:
+    """Whether a TCP connection reaches ``s`` within ``within`` s (the node is driven
+    meanwhile)."""
+    deadline = time.monotonic() + within
+    while True:
+        left = deadline - time.monotonic()
+        if node is not None:
+            node.step(min(max(left, 0.0), 0.02))
+        ready, _, _ = select.select([s], [], [], 0 if node is not None else max(left, 0.0))
+        if ready:
+            conn, _ = s.accept()
+            conn.close()
+            return True
+        if left <= 0:
+            return False
+
+
+def drive(node: Node, done: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError(f"no {what} within {timeout:.1f} s; "
+                                 f"drops={node.control.drop_counts} deaths={dict(node.deaths)}")
+        node.step(min(left, 0.05))
+
+
+@pytest.fixture
+def zctx() -> Iterator[zmq.Context[zmq.Socket[bytes]]]:
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    try:
+        yield ctx
+    finally:
+        ctx.destroy(linger=0)
+
+
+@pytest.fixture
+def sockets() -> Iterator[list[socket.socket]]:
+    opened: list[socket.socket] = []
+    try:
+        yield opened
+    finally:
+        for s in opened:
+            s.close()
+
+
+@pytest.fixture
+def make_node() -> Iterator[Callable[..., Node]]:
+    made: list[Node] = []
+
+    def make(**kw: Any) -> Node:
+        kw.setdefault("connect_timeout_ms", 30_000)
+        node = Node(NodeConfig("tcp://127.0.0.1:0", 16, BLOCK, hash_seed=SEED, **kw))
+        made.append(node)
+        return node
+
+    try:
+        yield make
+    finally:
+        for node in made:
+            node.close(timeout=1.0)
+
+
+def dealer(ctx: zmq.Context[zmq.Socket[bytes]], identity: str, target: str,
+           source: str | None = None) -> zmq.Socket[bytes]:
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.IDENTITY, identity.encode())
+    s.setsockopt(zmq.LINGER, 1000)
+    s.connect(f"tcp://{'' if source is None else source + ':0;'}{target}")
+    return s
+
+
+def test_garbage_from_an_unknown_identity_dials_nobody(
+        make_node: Callable[..., Node], zctx: Any, sockets: list[socket.socket]) -> None:
+    node = make_node()
+    victim, control = listener(), listener()
+    sockets += [victim, control]
+    garbage = [b"garbage", b"\x93\x01\x02\x03", encode(Connect(
+        peer_id="127.0.0.1:1", agent_metadata=b"", base_addr=0, num_blocks=1,
+        block_len=BLOCK, config_fingerprint="", hash_seed=SEED))]  # a connect naming another id
+    s = dealer(zctx, ident_of(victim), node.local_id)
+    for frame in garbage:
+        s.send(frame)
+    drive(node, lambda: node.control.drop_counts.get("not a connect", 0) >= len(garbage),
+          10.0, "the garbage dropped")
+    assert not dialled(victim, node, NO_DIAL_WAIT), "a garbage frame made the node dial out"
+    assert node.control.peers == () and node.sessions == {}
+
+    # The same node does dial back a well-formed connect naming its sender (so the
+    # checks above could have failed).
+    dealer(zctx, ident_of(control), node.local_id).send(connect_frame(ident_of(control)))
+    assert dialled(control, node, 10.0), "a real connect was not dialled back"
+    assert ident_of(control) in node.sessions
+    assert ident_of(victim) not in node.control.peers
+
+
+def test_a_connect_naming_another_host_is_not_dialled_back(
+        make_node: Callable[..., Node], zctx: Any, sockets: list[socket.socket]) -> None:
+    node = make_node()
+    elsewhere = listener("127.0.0.2")
+    sockets.append(elsewhere)
+    third_party = ident_of(elsewhere)
+    # From 127.0.0.1, claiming to be 127.0.0.2:PORT.
+    dealer(zctx, third_party, node.local_id, source="127.0.0.1").send(connect_frame(third_party))
+    drive(node, lambda: node.control.drop_counts.get("address mismatch", 0) >= 1, 10.0,
+          "the mismatched source dropped")
+    assert not dialled(elsewhere, node, NO_DIAL_WAIT), "dialled a host the frame did not come from"
+    assert node.control.peers == () and node.sessions == {}
+
+    # From 127.0.0.2 itself it is dialled back.
+    dealer(zctx, third_party, node.local_id, source="127.0.0.2").send(connect_frame(third_party))
+    assert dialled(elsewhere, node, 10.0), "a connect from the host it names was not dialled"
+    assert third_party in node.sessions
+
+
+def test_dial_back_any_host_relaxes_the_source_check(
+        make_node: Callable[..., Node], zctx: Any, sockets: list[socket.socket]) -> None:
+    node = make_node(dial_back_any_host=True)
+    natted = listener("127.0.0.2")
+    sockets.append(natted)
+    ident = ident_of(natted)
+    dealer(zctx, ident, node.local_id, source="127.0.0.1").send(connect_frame(ident))
+    assert dialled(natted, node, 10.0), "dial_back_any_host did not dial the named host"
+    assert "address mismatch" not in node.control.drop_counts
+
+
+def test_a_node_on_another_address_handshakes_and_fetches() -> None:
+    """Our DEALERs connect from our bind address: a node bound on 127.0.0.2 is dialled
+    back by one on 127.0.0.1 although the kernel would pick 127.0.0.1 as the source."""
+    from p2pfsm.demo.blocks import demo_block, demo_key
+    from p2pfsm.demo.host import DemoServer
+
+    server = DemoServer(NodeConfig("tcp://127.0.0.1:0", 16, BLOCK, hash_seed=SEED)).node
+    client = Node(NodeConfig("tcp://127.0.0.2:0", 16, BLOCK, hash_seed=SEED))
+    try:
+        session = client.connect(server.local_id)
+
+        def both(done: Callable[[], bool], timeout: float, what: str) -> None:
+            deadline = time.monotonic() + timeout
+            while not done():
+                assert time.monotonic() < deadline, f"no {what}; deaths {dict(client.deaths)}"
+                client.step(0.01)
+                server.step(0.01)
+
+        both(lambda: session.ready or not session.alive, 20.0, "handshake")
+        assert session.ready, client.deaths
+        load = client.fetch(server.local_id, "r", [demo_key(i) for i in range(4)], range(4))
+        both(load.done, 20.0, "fetch")
+        assert load.result().success
+        assert all(bytes(client.region[i].numpy()) == demo_block(i, BLOCK) for i in range(4))
+        assert server.control.drop_counts.get("address mismatch", 0) == 0
+    finally:
+        client.close(timeout=1.0)
+        server.close(timeout=1.0)
+
+
+def read_until(fd: int, done: Callable[[str], bool], timeout: float, what: str) -> str:
+    """What the process writes to ``fd`` until ``done(text so far)``, within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    text = ""
+    while not done(text):
+        left = deadline - time.monotonic()
+        ready, _, _ = select.select([fd], [], [], max(left, 0.0))
+        chunk = os.read(fd, 65536).decode(errors="replace") if ready else ""
+        if not chunk and (left <= 0 or ready):
+            raise AssertionError(f"no {what} within {timeout:.0f} s ({len(text)} chars, "
+                                 f"{text.count(chr(10))} lines): {text[-1500:]}")
+        text += chunk
+    return text
+
+
+def test_300_unfinished_handshakes_do_not_lock_a_legitimate_peer_out(
+        zctx: Any, sockets: list[socket.socket]) -> None:
+    """A ``p2pfsm serve`` (default budgets: 128 peers, 32 pending) gets 300 garbage frames
+    from 300 identities and 300 valid connects from identities whose dial-backs never
+    finish (silent listeners; the connect timeout is set past the test). A legitimate
+    client still handshakes and fetches, verified, promptly."""
+    proc = subprocess.Popen(
+        [*CLI, "serve", "-v", "--bind", "tcp://127.0.0.1:0", "--blocks", "16",
+         "--block-len", str(BLOCK), "--connect-timeout", "120"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        err = proc.stderr.fileno()
+        line = read_until(proc.stdout.fileno(), lambda t: "\n" in t, 60.0, "serving line")
+        assert line.startswith("serving"), line
+        server = line.strip().rsplit("tcp://", 1)[1]
+
+        # Kept open (closed with the context): a closed DEALER's linger could expire
+        # before a busy server has taken its frame.
+        for i in range(300):
+            dealer(zctx, f"127.0.0.1:{20000 + i}", server).send(b"not a frame %d" % i)
+        silent = [listener() for _ in range(300)]
+        sockets.extend(silent)
+        for lst in silent:
+            dealer(zctx, ident_of(lst), server).send(connect_frame(ident_of(lst)))
+        # The server evicts the oldest unfinished handshake for each new one past 32:
+        # wait for those, so the legitimate peer comes after the whole flood. (With
+        # libzmq's default listen backlog of 100, some of these 600 simultaneous
+        # connects stalled for tens of seconds: the ROUTER's backlog is 1024.)
+        log = read_until(err, lambda t: t.count("evicting 127.0.0.1:") >= 300 - 32, 60.0,
+                         "evictions of the flood")
+
+        started = time.monotonic()
+        with Node(NodeConfig("tcp://127.0.0.1:0", 16, BLOCK, hash_seed=SEED)) as client:
+            from p2pfsm.demo.host import run_fetch
+
+            report = run_fetch(client, server, list(range(8)), "pd", 20.0)
+        elapsed = time.monotonic() - started
+        assert report.success and report.verified, (report, log[-3000:])
+        assert elapsed < 15.0, f"the legitimate fetch took {elapsed:.1f} s"
+    finally:
+        proc.terminate()
+        try:
+            _, rest = proc.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, rest = proc.communicate(timeout=10)
+    assert proc.returncode == 0, rest[-3000:]
+    # Only the legitimate peer became ready; the flood's garbage opened nothing.
+    assert (log + rest.decode(errors="replace")).count(" ready") == 1, rest[-3000:]
+
+
+def test_interop_shape_connect_first_is_what_a_vllm_peer_sends() -> None:
+    """vLLM's client sends its connect as the first frame on a new DEALER, naming its
+    own identity: exactly what is_connect_from admits (the interop suite runs the real
+    thing)."""
+    from p2pfsm.executor.zmq_plane import is_connect_from
+
+    frame = connect_frame("10.0.0.7:5555")
+    assert is_connect_from("10.0.0.7:5555", frame)
+    assert not is_connect_from("10.0.0.8:5555", frame)
+    assert not is_connect_from("10.0.0.7:5555", b"\x80")
