@@ -575,22 +575,38 @@ class Session:
         if self.fsm_state == "idle":
             raise LocalProtocolError(f"{what}: the session is not started (HostStart first)")
 
-    def _check_keys(self, keys: tuple[bytes, ...], indexes: tuple[int, ...], what: str) -> None:
+    def _check_request_id(self, kv_request_id: str, what: str) -> None:
+        """A request id our peer's decoder accepts (else the frame would be dropped there)."""
+        limit = self.config.limits.max_str_len
+        if type(kv_request_id) is not str or not kv_request_id:
+            raise LocalProtocolError(f"{what}: kv_request_id must be a non-empty str, "
+                                     f"got {kv_request_id!r}")
+        if len(kv_request_id.encode("utf-8", "surrogatepass")) > limit:
+            raise LocalProtocolError(f"{what}: kv_request_id longer than {limit} bytes")
+
+    def _check_keys(self, keys: tuple[bytes, ...], indexes: tuple[int, ...], what: str,
+                    kv_request_id: str) -> None:
+        self._check_request_id(kv_request_id, what)
         if len(keys) != len(indexes):
             raise LocalProtocolError(f"{what}: {len(keys)} keys but {len(indexes)} indexes")
+        max_key = self.config.limits.max_key_bytes
+        for i, key in enumerate(keys):
+            if type(key) is not bytes or not key or len(key) > max_key:
+                raise LocalProtocolError(
+                    f"{what}: keys[{i}] must be non-empty bytes of at most {max_key}")
         if len(set(keys)) != len(keys):
             raise LocalProtocolError(f"{what}: duplicate keys")
+        if len(keys) > self.config.limits.max_list_items:
+            raise LocalProtocolError(
+                f"{what}: {len(keys)} keys, more than {self.config.limits.max_list_items}")
         for i, idx in enumerate(indexes):
             if type(idx) is not int or not 0 <= idx < self.config.num_blocks:
                 raise LocalProtocolError(
                     f"{what}: index[{i}]={idx!r} outside our {self.config.num_blocks} blocks")
-        for i, key in enumerate(keys):
-            if type(key) is not bytes or not key:
-                raise LocalProtocolError(f"{what}: keys[{i}] must be non-empty bytes")
 
     def _on_host_fetch(self, ev: HostFetch) -> None:
         self._require_started("fetch")
-        self._check_keys(ev.keys, ev.dest_indexes, "fetch")
+        self._check_keys(ev.keys, ev.dest_indexes, "fetch", ev.kv_request_id)
         if ev.job_id in self._load_jobs:
             raise LocalProtocolError(f"fetch: job {ev.job_id} is already loading")
         if not self.alive:
@@ -610,7 +626,7 @@ class Session:
 
     def _on_host_lookup(self, ev: HostLookup) -> None:
         self._require_started("lookup")
-        self._check_keys(ev.keys, tuple(0 for _ in ev.keys), "lookup")
+        self._check_keys(ev.keys, tuple(0 for _ in ev.keys), "lookup", ev.kv_request_id)
         if not self.alive or not ev.keys:
             self.emit(LookupResult(ev.kv_request_id, ev.keys, (False,) * len(ev.keys), False))
             return
@@ -626,7 +642,7 @@ class Session:
 
     def _on_host_supply(self, ev: HostSupply) -> None:
         self._require_started("supply")
-        self._check_keys(ev.keys, ev.local_indexes, "supply")
+        self._check_keys(ev.keys, ev.local_indexes, "supply", ev.kv_request_id)
         if ev.job_id in self._store_jobs:
             raise LocalProtocolError(f"supply: job {ev.job_id} is already pinned")
         if self.fsm_state in ("dead", "closed"):
@@ -683,6 +699,7 @@ class Session:
 
     def _on_host_finish(self, ev: HostFinish) -> None:
         self._require_started("finish")
+        self._check_request_id(ev.kv_request_id, "finish")
         rid = ev.kv_request_id
         for rnd in list(self._loads.get(rid, {}).values()):
             CLIENT_ROUND.fire(rnd, "host_finish", ev)

@@ -1,9 +1,9 @@
 """Minimal regressions for what the fuzzers found (see each test's reason).
 
-All are xfail(strict=True): p2pfsm/session/ is owned elsewhere, and the two codec
-findings have no small fix that leaves the existing codec tests as they are (see each
-reason). The strict mark turns each into a failure the day the behaviour is fixed, so
-the mark gets removed then.
+The two session findings are fixed (Session checks request ids and key sizes before
+anything is sent, and key types before hashing them). The codec findings have no small
+fix that leaves the existing codec tests as they are (see each reason): they are
+xfail(strict=True), which turns each into a failure the day the behaviour is fixed.
 """
 
 from __future__ import annotations
@@ -18,11 +18,6 @@ from p2pfsm.protocol import DEFAULT_LIMITS, decode
 from p2pfsm.session import HostFetch, HostLookup, Input
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "session bug: HostFetch/HostLookup do not check kv_request_id (empty, not a str, longer "
-    "than Limits.max_str_len) nor key length (> max_key_bytes): the session accepts the call "
-    "and sends a fetch/lookup that the peer's decode refuses (MalformedFrame), so the peer "
-    "drops it and our load waits for its timeout; expected LocalProtocolError"))
 @pytest.mark.parametrize("event", [
     HostFetch(1, "", (key(1),), (1,)),
     HostFetch(1, 7, (key(1),), (1,)),  # type: ignore[arg-type]
@@ -39,10 +34,6 @@ def test_host_call_that_would_send_an_undecodable_frame_is_refused(event: Input)
     raise AssertionError(f"{event} was accepted and its frame is one no peer may accept")
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError, reason=(
-    "session bug: Session._check_keys runs set(keys) before the per-key type check, so a "
-    "HostFetch/HostSupply/HostLookup whose keys hold an unhashable value (a list) raises "
-    "TypeError out of handle instead of LocalProtocolError"))
 def test_unhashable_key_is_a_local_protocol_error() -> None:
     d = ready_driver()
     with pytest.raises(LocalProtocolError):
