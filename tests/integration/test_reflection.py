@@ -86,12 +86,16 @@ def drive(node: Node, done: Callable[[], bool], timeout: float, what: str) -> No
         node.step(min(left, 0.05))
 
 
+_HELD: list[zmq.Socket[bytes]] = []  # the test's DEALERs: a collected one would close
+
+
 @pytest.fixture
 def zctx() -> Iterator[zmq.Context[zmq.Socket[bytes]]]:
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     try:
         yield ctx
     finally:
+        _HELD.clear()
         ctx.destroy(linger=0)
 
 
@@ -128,6 +132,7 @@ def dealer(ctx: zmq.Context[zmq.Socket[bytes]], identity: str, target: str,
     s.setsockopt(zmq.IDENTITY, identity.encode())
     s.setsockopt(zmq.LINGER, 1000)
     s.connect(f"tcp://{'' if source is None else source + ':0;'}{target}")
+    _HELD.append(s)
     return s
 
 
@@ -247,8 +252,8 @@ def test_300_unfinished_handshakes_do_not_lock_a_legitimate_peer_out(
         assert line.startswith("serving"), line
         server = line.strip().rsplit("tcp://", 1)[1]
 
-        # Kept open (closed with the context): a closed DEALER's linger could expire
-        # before a busy server has taken its frame.
+        # Kept open until the context goes (_HELD): a closed DEALER's linger could
+        # expire before a busy server has taken its frame.
         for i in range(300):
             dealer(zctx, f"127.0.0.1:{20000 + i}", server).send(b"not a frame %d" % i)
         silent = [listener() for _ in range(300)]
