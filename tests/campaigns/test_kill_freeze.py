@@ -235,8 +235,12 @@ def producer_victim_trial(consumer: Consumer, victim: Child, plan: Plan, figures
     pending = list(plan.fetches)
     heard = 0
 
+    longest = [0.0]  # the longest single step: a node blocked inside a call shows here
+
     def step(w: float) -> None:
+        t0 = time.monotonic()
         consumer.step(peer, w)
+        longest[0] = max(longest[0], time.monotonic() - t0)
 
     hard_end = start + 5.0 + plan.second_after + result_deadline(plan.fault)
     while time.monotonic() < hard_end:
@@ -259,7 +263,11 @@ def producer_victim_trial(consumer: Consumer, victim: Child, plan: Plan, figures
     assert fault.at is not None
     assert not pending and consumer.jobs_done(), (
         f"trial {trial} ({plan}): jobs without a result after the deadline: "
-        f"{[j.rid for j in consumer.guard.jobs if j.result is None]}")
+        f"{[j.rid for j in consumer.guard.jobs if j.result is None]}; longest step "
+        f"{longest[0]:.2f} s; session {consumer.node.sessions[peer].state}, open "
+        f"{consumer.node.sessions[peer].open_counts()}, deaths {consumer.node.deaths}, "
+        f"fault at +{fault.at - start:.2f} s, second signal at "
+        f"{None if fault.second_at is None else round(fault.second_at - start, 2)}")
     last = max((j.at for j in consumer.guard.jobs if j.result is not None), default=fault.at)
     latency = max(0.0, last - fault.at)
     figures.max_latency = max(figures.max_latency, latency)
@@ -289,7 +297,9 @@ def producer_victim_trial(consumer: Consumer, victim: Child, plan: Plan, figures
 
 def recover(consumer: Consumer, peer: str, trial: int) -> None:
     if not consumer.node.sessions[peer].alive:
-        assert consumer.connect(peer, 10.0), f"trial {trial}: no reconnect"
+        assert consumer.connect(peer, 10.0), (
+            f"trial {trial}: no reconnect to the producer after its SIGCONT: "
+            f"{consumer.node.deaths.get(peer)}")
     if not consumer.guard.fits(2):
         return
     job = consumer.fetch(peer, f"t{trial}-again", [0, 1])
