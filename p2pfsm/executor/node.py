@@ -107,12 +107,13 @@ class _ServedLookup:
 
 @dataclass(eq=False, slots=True)
 class _Write:
-    """One of our WRITEs: the session's id for it, NIXL's, and its size."""
+    """One of our WRITEs: the session's id for it, NIXL's, its size and its session."""
 
     peer_id: str
     xfer: int
     nixl_id: int
     nbytes: int
+    session: Session
 
 
 @dataclass(eq=False, slots=True)
@@ -178,13 +179,17 @@ class Node(Driven, Executor):
         self.deaths: OrderedDict[str, SessionDead] = OrderedDict()
         self.violations: deque[tuple[str, ProtocolViolation]] = deque(maxlen=config.history)
         self._ended: OrderedDict[str, None] = OrderedDict()  # peers whose session ended
-        self._events: deque[tuple[str, Input]] = deque()
+        # Each event is bound to the session it belongs to when it is queued (a frame to
+        # the session current when it arrived, a write's or timer's result to the session
+        # that started it), so a session that replaces another never sees the old one's.
+        self._events: deque[tuple[str, Input, Session | None]] = deque()
+        self._timer_owner: dict[tuple[str, TimerId], Session] = {}
         self._callbacks: deque[Callable[[], None]] = deque()
         self._cancels: deque[Callable[[], None]] = deque()  # appended from any thread
         self._timers: TimerTable[tuple[str, TimerId]] = TimerTable()
         self._applying: Session | None = None  # whose outputs are being carried out
         self._writes_by_nixl: dict[int, _Write] = {}
-        self._writes: dict[tuple[str, int], _Write] = {}
+        self._writes: dict[tuple[Session, int], _Write] = {}  # by (session, its xfer id)
         self._loads: dict[int, _Load] = {}
         self._stores: dict[int, JobFuture[StoreResult]] = {}
         self._lookups: dict[tuple[str, str], deque[JobFuture[LookupResult]]] = {}
@@ -441,12 +446,14 @@ class Node(Driven, Executor):
             if isinstance(event, FrameIn):
                 self._on_frame(event.peer_id, event.frame)
             elif isinstance(event, PeerLost):
-                self._events.append((event.peer_id, TransportLost(event.reason)))
+                self._queue(event.peer_id, TransportLost(event.reason))
         self.data.progress()
         self._collect_writes()
         now = time.monotonic()
         for peer, timer in self._timers.pop_due(now):
-            self._events.append((peer, TimerFired(timer)))
+            owner = self._timer_owner.pop((peer, timer), None)
+            if owner is not None:
+                self._events.append((peer, TimerFired(timer), owner))
         if self._heard and now >= self._next_idle_check:
             self._evict_idle(now)
         self._handle_all()
@@ -460,12 +467,12 @@ class Node(Driven, Executor):
             return
         for peer in list(self.sessions):
             if self.sessions[peer].state != "closed":
-                self._events.append((peer, HostClose()))
+                self._queue(peer, HostClose())
         self._drain()
         self.run_until(lambda: not self._writes, timeout)
         for write in list(self._writes.values()):
             self._forget_write(write)
-            self._feed(write.peer_id, WriteFinished(write.xfer, False))
+            self._feed(write.peer_id, WriteFinished(write.xfer, False), session=write.session)
         self._drain()
         pending: list[JobFuture[Any]] = [
             *(load.future for load in self._loads.values()), *self._stores.values(),
@@ -580,13 +587,17 @@ class Node(Driven, Executor):
             # each other's sessions forever, so it goes to the old session (ignored).
             if not _is_connect(frame):
                 if session is not None:
-                    self._events.append((peer_id, FrameReceived(frame)))
+                    self._queue(peer_id, FrameReceived(frame))
                 return
             self._new_session(peer_id)
             self._heard[peer_id] = time.monotonic()
         if peer_id in self._heard:
             self._heard[peer_id] = time.monotonic()
-        self._events.append((peer_id, FrameReceived(frame)))
+        self._queue(peer_id, FrameReceived(frame))
+
+    def _queue(self, peer_id: str, event: Input, session: Session | None = None) -> None:
+        """Queue ``event`` for ``session`` (default: the peer's session now)."""
+        self._events.append((peer_id, event, session or self.sessions.get(peer_id)))
 
     def _handle_all(self) -> None:
         """Handle every queued event, and the writes that this finished at once: over
@@ -607,13 +618,13 @@ class Node(Driven, Executor):
                 self._forget_write(write)
                 if ok:
                     self.metrics.count("served_bytes", write.nbytes)
-                self._events.append((write.peer_id, WriteFinished(write.xfer, ok)))
+                self._events.append((write.peer_id, WriteFinished(write.xfer, ok), write.session))
                 found = True
         return found
 
     def _forget_write(self, write: _Write) -> None:
         del self._writes_by_nixl[write.nixl_id]
-        del self._writes[(write.peer_id, write.xfer)]
+        del self._writes[(write.session, write.xfer)]
 
     def _drain(self) -> None:
         """Handle queued events; then (unless this is a nested call from a callback)
@@ -623,8 +634,7 @@ class Node(Driven, Executor):
         try:
             while True:
                 while self._events:
-                    peer_id, event = self._events.popleft()
-                    session = self.sessions.get(peer_id)
+                    peer_id, event, session = self._events.popleft()
                     if session is not None:
                         self._feed(peer_id, event, session=session)
                 if nested or not self._callbacks:
@@ -661,7 +671,7 @@ class Node(Driven, Executor):
     # ------------------------------------------- Executor: carrying out outputs
     def send_frame(self, peer: str, out: SendFrame) -> None:
         if not self.control.send(peer, encode(out.message)):
-            self._events.append((peer, TransportLost("send failed")))
+            self._queue(peer, TransportLost("send failed"), self._applying)
         elif isinstance(out.message, AbortFetch):
             self.metrics.count("aborts_sent")
             log.info("peer %s: aborting %s round %d", peer, out.message.kv_request_id,
@@ -672,23 +682,30 @@ class Node(Driven, Executor):
             nixl_id = self.data.write(peer, out.local_indexes, out.remote_indexes)
         except TransportError as exc:
             log.warning("write to %s failed to start: %s", peer, exc)
-            self._events.append((peer, WriteFinished(out.xfer, False)))
+            self._queue(peer, WriteFinished(out.xfer, False), self._applying)
             return
-        write = _Write(peer, out.xfer, nixl_id, len(out.local_indexes) * self.config.block_len)
+        assert self._applying is not None  # outputs are applied only from _feed
+        write = _Write(peer, out.xfer, nixl_id, len(out.local_indexes) * self.config.block_len,
+                       self._applying)
         self._writes_by_nixl[nixl_id] = write
-        self._writes[(peer, out.xfer)] = write
+        self._writes[(self._applying, out.xfer)] = write
 
     def cancel_write(self, peer: str, out: CancelWrite) -> None:
-        write = self._writes.get((peer, out.xfer))
+        write = (None if self._applying is None
+                 else self._writes.get((self._applying, out.xfer)))
         if write is not None and self.data.cancel(write.nixl_id):
             self._forget_write(write)
-            self._events.append((peer, WriteFinished(out.xfer, False)))
+            self._queue(peer, WriteFinished(out.xfer, False), write.session)
 
     def arm_timer(self, peer: str, out: ArmTimer) -> None:
+        assert self._applying is not None  # outputs are applied only from _feed
         self._timers.arm((peer, out.timer), out.deadline)  # sessions run on time.monotonic()
+        self._timer_owner[(peer, out.timer)] = self._applying
 
     def disarm_timer(self, peer: str, out: DisarmTimer) -> None:
-        self._timers.disarm((peer, out.timer))
+        if self._timer_owner.get((peer, out.timer)) is self._applying:
+            self._timers.disarm((peer, out.timer))
+            del self._timer_owner[(peer, out.timer)]
 
     def start_registration(self, peer: str, out: StartRegistration) -> None:
         c = out.connect
@@ -698,7 +715,7 @@ class Node(Driven, Executor):
         except (TransportError, ConfigError) as exc:
             log.warning("peer %s: cannot register its memory: %s", peer, exc)
             result = RegistrationFinished(False, str(exc))
-        self._events.append((peer, result))
+        self._queue(peer, result, self._applying)
 
     def load_result(self, peer: str, out: LoadResult) -> None:
         self._on_load_result(peer, out)
@@ -857,7 +874,7 @@ class Node(Driven, Executor):
                 del self._heard[peer_id]
                 log.info("peer %s: idle for %.0f s, closing its session", peer_id, now - heard)
                 self.metrics.count("idle_closes")
-                self._events.append((peer_id, HostClose()))
+                self._queue(peer_id, HostClose(), session)
 
     def _close_for_violations(self, peer_id: str, session: Session) -> None:
         if self.sessions.get(peer_id) is session and session.state != "closed":

@@ -13,7 +13,8 @@ import pytest
 
 from p2pfsm.demo.blocks import demo_key
 from p2pfsm.executor.node import Node, NodeConfig
-from p2pfsm.session import Timeouts
+from p2pfsm.protocol import Connect, encode
+from p2pfsm.session import DEFAULT_HASH_SEED, Timeouts
 
 from . import Child
 from .node_peers import peer_main
@@ -159,6 +160,48 @@ def test_a_session_we_dialled_is_never_evicted_for_idleness() -> None:
         assert _step_both(nodes, lambda: session.ready, 20), "handshake"
         assert not _step_both(nodes, lambda: not session.alive, 1.5)
         assert consumer.metrics.snapshot()["counters"]["idle_closes"] == 0
+    finally:
+        for n in nodes:
+            n.close(timeout=2.0)
+
+
+def test_frames_that_arrived_before_a_new_connect_go_to_the_old_session() -> None:
+    """A burst [garbage x 40, connect] reaches the producer in one poll after its session
+    to us was closed: the garbage belongs to the closed session, the connect opens a new
+    one, and the new session must not be charged with the old one's frames (it was: the
+    queue was routed by peer id when drained, after the connect had replaced the session)."""
+    producer = Node(NodeConfig("tcp://127.0.0.1:0", 8, 4096, max_violations=2))
+    consumer = Node(NodeConfig("tcp://127.0.0.1:0", 8, 4096))
+    nodes = (producer, consumer)
+
+    def both(done: Callable[[], bool], what: str) -> None:
+        deadline = time.monotonic() + 20
+        while not done():
+            assert time.monotonic() < deadline, f"no {what}"
+            for n in nodes:
+                n.step(0.005)
+
+    try:
+        me = consumer.local_id
+        session = consumer.connect(producer.local_id)
+        both(lambda: session.ready and me in producer.sessions
+             and producer.sessions[me].ready, "handshake")
+        for k in range(3):  # over the budget of 2: the producer closes our session
+            assert consumer.control.send(producer.local_id, b"\xc1 bad %d" % k)
+        both(lambda: not producer.sessions[me].alive, "the violation close")
+        old = producer.sessions[me]
+        hello = encode(Connect(me, consumer.data.metadata, consumer.data.base_addr, 8, 4096,
+                               "", DEFAULT_HASH_SEED))
+        for k in range(40):
+            assert consumer.control.send(producer.local_id, b"\xc1 late %d" % k)
+        assert consumer.control.send(producer.local_id, hello)
+        deadline = time.monotonic() + 20
+        while producer.sessions[me] is old:  # the connect came last: all 40 came before it
+            assert time.monotonic() < deadline, "the burst did not arrive"
+            producer.step(0.005)
+        producer.step(0)
+        assert producer.sessions[me].alive, "the new session was charged the old frames"
+        assert producer.metrics.snapshot()["counters"]["violation_closes"] == 1
     finally:
         for n in nodes:
             n.close(timeout=2.0)
