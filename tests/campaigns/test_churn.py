@@ -14,15 +14,12 @@ exactly within ``SETTLE_S`` (polled), and RSS stay within ``RSS_TOLERANCE``.
 from __future__ import annotations
 
 import importlib.util
-import os
-import select
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from helpers.serve_process import ServeProcess, fd_count, rss
 
 from p2pfsm.demo.blocks import demo_block, demo_key
 from p2pfsm.executor.node import Node, NodeConfig
@@ -42,56 +39,11 @@ RSS_TOLERANCE = 16 << 20
 freed heap. Measured growth is printed in the summary (docs/reliability.md)."""
 
 
-def fd_count(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-def rss(pid: int) -> int:
-    with open(f"/proc/{pid}/status", encoding="ascii") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
-
-
-class Serve:
-    """``python -m p2pfsm.cli serve`` on a free loopback port; stopped by its PID."""
+class Serve(ServeProcess):
+    """``p2pfsm serve`` holding the demo blocks this campaign fetches."""
 
     def __init__(self, log: Path) -> None:
-        self._log = open(log, "wb")  # noqa: SIM115 (closed in stop)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "p2pfsm.cli", "serve", "--bind", "tcp://127.0.0.1:0",
-             "--blocks", str(SERVED), "--block-len", str(BLOCK)],
-            stdout=subprocess.PIPE, stderr=self._log, text=True)
-        self.pid = self.proc.pid
-        assert self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], 60.0)
-        line = self.proc.stdout.readline() if ready else ""
-        if not line.startswith("serving"):
-            self.stop()
-            raise AssertionError(f"serve did not start: {line!r}")
-        self.addr = line.rsplit("tcp://", 1)[1].strip()
-
-    def steady_fds(self, timeout: float = 5.0) -> int:
-        """The fd count once three reads 100 ms apart agree (bounded)."""
-        reads = [fd_count(self.pid)]
-        end = time.monotonic() + timeout
-        while time.monotonic() < end and not (len(reads) >= 3 and len(set(reads[-3:])) == 1):
-            time.sleep(0.1)  # polling /proc with a deadline
-            reads.append(fd_count(self.pid))
-        return reads[-1]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-        self._log.close()
+        super().__init__(log, SERVED, BLOCK)
 
 
 @pytest.fixture

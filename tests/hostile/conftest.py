@@ -24,10 +24,6 @@ server's first log line about it) and the verdict.
 from __future__ import annotations
 
 import importlib.util
-import os
-import select
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -37,6 +33,7 @@ from typing import Any
 
 import pytest
 import zmq
+from helpers.serve_process import ServeProcess
 
 from .wire import BLOCK_LEN, SERVED_BLOCKS, RawPeer
 
@@ -58,18 +55,6 @@ _ROWS = pytest.StashKey[list[tuple[str, str, str]]]()
 _REACTIONS = pytest.StashKey[dict[str, str]]()
 
 
-def _fd_count(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-def _rss(pid: int) -> int:
-    with open(f"/proc/{pid}/status", encoding="ascii") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
-
-
 def wait_for(cond: Callable[[], bool], timeout: float, what: str,
              interval: float = 0.05) -> None:
     """Poll ``cond`` until true; AssertionError naming ``what`` after ``timeout`` s."""
@@ -80,53 +65,24 @@ def wait_for(cond: Callable[[], bool], timeout: float, what: str,
         time.sleep(interval)
 
 
-class Server:
-    """One ``p2pfsm serve`` process."""
+class Server(ServeProcess):
+    """One ``p2pfsm serve`` process, with its fd and memory baseline."""
 
     def __init__(self, log_dir: Path) -> None:
-        self.log_path = log_dir / f"serve-{uuid.uuid4().hex[:8]}.log"
-        self._log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "p2pfsm.cli", "serve", "--bind", "tcp://127.0.0.1:0",
-             "--blocks", str(SERVED_BLOCKS), "--block-len", str(BLOCK_LEN),
-             "--connect-timeout", str(CONNECT_TIMEOUT_S)],
-            stdout=subprocess.PIPE, stderr=self._log, text=True)
-        self.pid = self.proc.pid
+        super().__init__(log_dir / f"serve-{uuid.uuid4().hex[:8]}.log", SERVED_BLOCKS,
+                         BLOCK_LEN, ("--connect-timeout", str(CONNECT_TIMEOUT_S)),
+                         START_TIMEOUT_S)
         try:
-            assert self.proc.stdout is not None
-            ready, _, _ = select.select([self.proc.stdout], [], [], START_TIMEOUT_S)
-            line = self.proc.stdout.readline() if ready else ""
-            assert line.startswith("serving"), f"serve did not start: {line!r}"
-            self.addr = line.rsplit("tcp://", 1)[1].strip()
             # Two warm-up fetches: NIXL/UCX open some descriptors with the first remote
             # agent and keep them. The baseline is the count once it holds still.
             legit_fetch(self.addr)
             legit_fetch(self.addr)
-            self.base_fds = self._steady_fds()
-            self.base_rss = _rss(self.pid)
+            self.base_fds = self.steady_fds()
+            self.base_rss = self.rss()
         except BaseException:
             self.stop()
             raise
         self._log_pos = 0
-
-    def _steady_fds(self) -> int:
-        """The fd count once three reads 100 ms apart agree (at most 5 s)."""
-        reads = [_fd_count(self.pid)]
-        deadline = time.monotonic() + 5.0
-        while time.monotonic() < deadline and not (len(reads) >= 3
-                                                   and len(set(reads[-3:])) == 1):
-            time.sleep(0.1)
-            reads.append(_fd_count(self.pid))
-        return reads[-1]
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def fds(self) -> int:
-        return _fd_count(self.pid)
-
-    def rss(self) -> int:
-        return _rss(self.pid)
 
     def new_log(self) -> list[str]:
         """Log lines written since the last call."""
@@ -136,18 +92,6 @@ class Server:
         cut = data.rfind(b"\n") + 1
         self._log_pos += cut
         return data[:cut].decode("utf-8", "replace").splitlines()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-        self._log.close()
 
 
 def legit_fetch(addr: str, blocks: range = range(4), timeout: float = LEGIT_TIMEOUT_S) -> None:

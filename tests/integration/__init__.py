@@ -109,3 +109,15 @@ def cpu_seconds(pid: int) -> float:
     # Fields after the command name start at field 3 (state); utime/stime are 14/15.
     ticks = int(fields[11]) + int(fields[12])
     return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def drive(node: Any, done: Callable[[], bool], timeout: float, what: str) -> None:
+    """Run a Node's loop until ``done()``; fail naming ``what`` (and the node's dropped
+    frames and deaths) after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError(f"no {what} within {timeout:.1f} s; drops="
+                                 f"{node.control.drop_counts} deaths={dict(node.deaths)}")
+        node.step(min(left, 0.05))

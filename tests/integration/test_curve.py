@@ -16,7 +16,7 @@ import select
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,8 @@ if importlib.util.find_spec("nixl") is None and importlib.util.find_spec("nixl_c
 pytest.importorskip("torch")
 
 from p2pfsm.executor.node import Node, NodeConfig
+
+from . import drive
 
 CLI = [sys.executable, "-m", "p2pfsm.cli"]
 BLOCK = 4096
@@ -84,14 +86,6 @@ def zmq_log() -> Iterator[Records]:
         logger.setLevel(level)
 
 
-def drive(node: Node, done: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not done():
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise AssertionError(f"no {what} within {timeout:.1f} s; "
-                                 f"drops={node.control.drop_counts}")
-        node.step(min(left, 0.05))
 
 
 def connect_frame(peer_id: str) -> bytes:

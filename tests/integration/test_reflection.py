@@ -31,6 +31,8 @@ pytest.importorskip("torch")
 
 from p2pfsm.executor.node import Node, NodeConfig
 
+from . import drive
+
 BLOCK = 4096
 SEED = "vllm-none-hash"
 NO_DIAL_WAIT = 1.0  # seconds a listener waits for a dial-back that must not come
@@ -76,14 +78,6 @@ def dialled(s: socket.socket, node: Node | None, within: float) -> bool:
             return False
 
 
-def drive(node: Node, done: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not done():
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise AssertionError(f"no {what} within {timeout:.1f} s; "
-                                 f"drops={node.control.drop_counts} deaths={dict(node.deaths)}")
-        node.step(min(left, 0.05))
 
 
 _HELD: list[zmq.Socket[bytes]] = []  # the test's DEALERs: a collected one would close

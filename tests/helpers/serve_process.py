@@ -1,0 +1,78 @@
+"""A ``p2pfsm serve`` process for the suites that attack or churn a real server, and the
+/proc readings they hold it to (open fds, resident memory). Stopped by its PID."""
+
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def fd_count(pid: int) -> int:
+    """Open file descriptors of process ``pid``."""
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def rss(pid: int) -> int:
+    """Resident memory of process ``pid`` in bytes (VmRSS)."""
+    with open(f"/proc/{pid}/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+class ServeProcess:
+    """``python -m p2pfsm.cli serve`` on a free loopback port, stderr to ``log``."""
+
+    def __init__(self, log: Path, blocks: int, block_len: int, extra: Sequence[str] = (),
+                 start_timeout: float = 60.0) -> None:
+        self.log_path = log
+        self._log = open(log, "wb")  # noqa: SIM115 (closed in stop)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "p2pfsm.cli", "serve", "--bind", "tcp://127.0.0.1:0",
+             "--blocks", str(blocks), "--block-len", str(block_len), *extra],
+            stdout=subprocess.PIPE, stderr=self._log, text=True)
+        self.pid = self.proc.pid
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], start_timeout)
+        line = self.proc.stdout.readline() if ready else ""
+        if not line.startswith("serving"):
+            self.stop()
+            raise AssertionError(f"serve did not start: {line!r}")
+        self.addr = line.rsplit("tcp://", 1)[1].strip()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def fds(self) -> int:
+        return fd_count(self.pid)
+
+    def rss(self) -> int:
+        return rss(self.pid)
+
+    def steady_fds(self, timeout: float = 5.0) -> int:
+        """The fd count once three reads 100 ms apart agree (at most ``timeout`` s)."""
+        reads = [fd_count(self.pid)]
+        end = time.monotonic() + timeout
+        while time.monotonic() < end and not (len(reads) >= 3 and len(set(reads[-3:])) == 1):
+            time.sleep(0.1)  # polling /proc, which has nothing to wait on, with a deadline
+            reads.append(fd_count(self.pid))
+        return reads[-1]
+
+    def stop(self) -> None:
+        """SIGTERM (the server closes its sessions), SIGKILL if it does not exit."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self._log.close()
