@@ -230,6 +230,9 @@ _MAX_PEER_ID_LEN: Final = _MAX_HOSTNAME_LEN + 1 + 5
 _HOST_CHARS: Final = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-")
 _DIGITS_AND_DOTS: Final = frozenset("0123456789.")
 _MAX_HEARTBEAT_TTL_MS: Final = 6_553_599  # ZMTP carries the TTL in deciseconds, 16 bits.
+_DONE_GRACE_S: Final = 5.0
+"""How long the DEALER of a peer whose session is over stays open (its last frames, e.g.
+a disconnect, go out meanwhile) before it is closed and its descriptors freed."""
 
 _EV_HANDSHAKE_OK: Final = int(zmq.EVENT_HANDSHAKE_SUCCEEDED)
 _EV_HANDSHAKE_FAILED: Final = frozenset(
@@ -375,6 +378,7 @@ class _Peer:
     dialled_back: bool = False  # opened for an unknown identity, not by connect()
     ready: bool = False  # the node said its session is ready (mark_ready)
     done: bool = False  # the node said its session is over (mark_done): evicted first
+    done_at: float | None = None  # when mark_done came; closed _DONE_GRACE_S later
 
 
 class ControlPlane:
@@ -585,6 +589,7 @@ class ControlPlane:
             return False
         peer.ready = True
         peer.done = False
+        peer.done_at = None
         return True
 
     def mark_done(self, peer_id: str) -> None:
@@ -600,6 +605,7 @@ class ControlPlane:
         peer.ready = False
         peer.dialled_back = True
         peer.done = True
+        peer.done_at = time.monotonic()
 
     def remove_peer(self, peer_id: str) -> None:
         """Close the DEALER to ``peer_id`` (lingering up to ``dealer_linger_ms`` to
@@ -838,6 +844,7 @@ class ControlPlane:
             if peer.done and (self._dial_back_check is None
                               or self._dial_back_check(known, frame)):
                 peer.done = False  # a restarted peer: pending again, not first to go
+                peer.done_at = None
             return known
         try:
             host, _port = parse_peer_id(ident)
@@ -954,6 +961,8 @@ class ControlPlane:
         for peer in list(self._peers.values()):
             if peer.deadline is not None and now >= peer.deadline:
                 self._lose(peer, "connect timeout")
+            elif peer.done_at is not None and now >= peer.done_at + _DONE_GRACE_S:
+                self._teardown(peer, self._dealer_linger)  # over: free its descriptors
 
     def _wait_ms(self, end: float | None) -> int | None:
         deadlines = [p.deadline for p in self._peers.values() if p.deadline is not None]
