@@ -590,7 +590,7 @@ class Node(Driven, Executor):
                     self._queue(peer_id, FrameReceived(frame))
                 return
             self._new_session(peer_id)
-            self._heard[peer_id] = time.monotonic()
+            self._heard[peer_id] = 0.0  # opened by the peer: subject to idle eviction
         if peer_id in self._heard:
             self._heard[peer_id] = time.monotonic()
         self._queue(peer_id, FrameReceived(frame))
