@@ -2,7 +2,7 @@
 # Creates .venv-vllm: a separate venv holding vLLM 0.33.0's P2P tier, the peer that
 # tests/interop/ runs p2pfsm against. Only the packages that importing
 # vllm.v1.kv_offload.tiering.p2p.{session,control.zmq,data.nixl} needs go in, not
-# vLLM's full dependency set (see shared/reference/vllm-wire-notes.md):
+# vLLM's full dependency set:
 #   * torch 2.13.0, the CPU wheel (vLLM pins 2.14.0; its P2P tier runs on 2.13.0);
 #   * vllm 0.33.0 with --no-deps, plus the light packages its import needs;
 #   * nixl and nixl-cu12 1.5.1 with --no-deps (nixl-cu12 asks for an unpinned torch);

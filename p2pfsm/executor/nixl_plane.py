@@ -1,6 +1,7 @@
 """NIXL data plane: one registered block region, block WRITEs into peers' regions over UCX.
 
-This is the data path of vLLM 0.33.0's P2P tier (wire-notes section 8): each side registers
+This is the data path of vLLM 0.33.0's P2P tier
+(``vllm/v1/kv_offload/tiering/p2p/data/nixl.py``): each side registers
 its whole region once (``num_blocks x block_len`` bytes, one slab: allocated by the plane,
 or the host's own tensor or :class:`~p2pfsm.executor.memory.HostRegion`), describes block ``i``
 as ``(base_addr + i * block_len, block_len)``, loads a peer's agent metadata with
@@ -11,7 +12,7 @@ NIXL WRITE; on one host UCX does it with CMA (``process_vm_writev``), zero-copy.
 Progress, without a progress thread
 -----------------------------------
 NIXL's Python default starts a UCX progress thread that polls with a zero timeout and
-burns a whole core per process even when idle (transport-anchors 1.2). This plane creates
+burns a whole core per process even when idle (measured here). This plane creates
 its agent with ``enable_prog_thread=False``, so UCX only progresses inside NIXL calls:
 :meth:`DataPlane.poll` (``check_xfer_state``) drives our own WRITEs, and
 :meth:`DataPlane.progress` (``get_new_notifs``, which runs the worker's progress loop)

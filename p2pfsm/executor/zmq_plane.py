@@ -1,6 +1,7 @@
 """ZeroMQ control plane: one bound ROUTER that only receives, one DEALER per peer that only sends.
 
-This is the socket pattern of vLLM 0.33.0's P2P tier (wire-notes section 3). A node binds a
+This is the socket pattern of vLLM 0.33.0's P2P tier
+(``vllm/v1/kv_offload/tiering/p2p/control/zmq.py``). A node binds a
 ROUTER on ``tcp://HOST:PORT`` and is known to every peer as ``local_id = "HOST:PORT"`` (no
 ``tcp://``). To talk to a peer it opens a DEALER whose ZMQ identity is ``local_id`` and
 connects it to the peer's ROUTER, so each direction of a conversation has its own TCP

@@ -5,12 +5,12 @@ wire key order, fixstr keys, the smallest int encodings, bin for bytes and
 arrays for lists (msgpack's ``use_bin_type=True`` output is byte-identical; the
 capture tests check this frame by frame).
 
-``decode`` treats its input as hostile (``transport-anchors.md`` §5):
+``decode`` treats its input as hostile (a peer controls every byte of it):
 
 1. the frame length is checked against ``Limits.max_frame_bytes`` before any
    unpacking (the bound ``Unpacker(max_buffer_size=...)`` would give; one
    ``unpackb`` call per frame is several times cheaper than a streaming
-   ``Unpacker``, see ``transport-anchors.md`` §5);
+   ``Unpacker``, measured here);
 2. ``unpackb`` runs with every ``max_*_len`` set from the limits *and* clamped
    to the frame length, since no container can hold more entries than the
    frame has bytes. Without the clamp, 3 KB of nested ``array16(65535)``

@@ -1,7 +1,8 @@
 """The nine control messages as frozen, slotted dataclasses.
 
 Each class mirrors one wire map. Its fields are declared in the order vLLM
-0.33.0 writes the map's keys (``vllm-wire-notes.md`` §3, "Messages"), after the
+0.33.0 writes the map's keys (its ``vllm/v1/kv_offload/tiering/p2p/protocol.py``, as the captures in
+``tests/data`` show), after the
 ``type`` key, so ``validate.to_dict`` can rebuild byte-identical frames. The
 ``TYPE`` class variable holds the wire type string.
 

@@ -1,7 +1,7 @@
 """Wire names of the P2P control protocol: the type key and the nine type strings.
 
 Every frame is one msgpack map whose ``type`` entry names the message. These
-strings are the wire facts of vLLM 0.33.0 (see ``vllm-wire-notes.md`` §3); the
+strings are the wire facts of vLLM 0.33.0 (``vllm/v1/kv_offload/tiering/p2p/protocol.py``); the
 rest of p2pfsm refers to them only through this module.
 """
 

@@ -5,8 +5,8 @@ Theory of operation: ``codec.decode`` turns bytes into plain Python values
 ``from_dict``. ``from_dict`` checks every field of the named message *before*
 building anything, and raises ``MalformedFrame(field, reason)`` on the first
 problem, so a caller never sees a half-valid message. The rules are stricter
-than vLLM 0.33.0's own checks (``vllm-wire-notes.md`` §3 and §11 list what it
-lets through):
+than vLLM 0.33.0's own checks (which accept, e.g., a bool where an int belongs and
+unbounded lists):
 
 - exact types: a bool is never accepted as an int, an int never as a bool,
   keys must be msgpack bin (``bytes``) and text must be ``str``;

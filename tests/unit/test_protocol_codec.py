@@ -134,7 +134,7 @@ def test_each_type_round_trips(msg: Message) -> None:
     assert decode(encode(msg)) == msg
 
 
-# --- exact bytes (vllm-wire-notes.md §3) -----------------------------------------------------
+# --- exact bytes (as vLLM 0.33.0 writes them) -----------------------------------------------------
 
 
 def test_disconnect_bytes() -> None:
