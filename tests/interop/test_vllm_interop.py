@@ -1,11 +1,11 @@
 """Interop with vLLM 0.33.0: every protocol flow, in both directions, every byte verified.
 
-The vLLM side is ``vllm_peer.py`` run by the separate venv ``.venv-vllm``
-(``bash .ci/install-vllm.sh``), in its own process: vLLM's own ``P2PSession``, ZMQ
-control transport and NIXL data transport. The p2pfsm side is a :class:`~p2pfsm.executor.
-node.Node` driven from this process (and, for one smoke test per direction, the
-``p2pfsm serve`` / ``p2pfsm fetch`` CLI). Both derive keys and block contents from
-``p2pfsm.demo.blocks``, so each receiver checks every byte it was sent.
+The vLLM side is ``p2pfsm/vllm/peer.py`` (``python -m p2pfsm.vllm.peer``), run by the
+separate venv ``.venv-vllm`` (``bash .ci/install-vllm.sh``), in its own process: vLLM's
+own ``P2PSession``, ZMQ control transport and NIXL data transport. The p2pfsm side is a
+:class:`~p2pfsm.executor.node.Node` driven from this process (and, for one smoke test per
+direction, the ``p2pfsm serve`` / ``p2pfsm fetch`` CLI). Both derive keys and block
+contents from ``p2pfsm.demo.blocks``, so each receiver checks every byte it was sent.
 
 Flows (each in both directions):
 
@@ -44,7 +44,7 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PEER_SCRIPT = Path(__file__).with_name("vllm_peer.py")
+PEER_MODULE = "p2pfsm.vllm.peer"
 VLLM_PYTHON = Path(os.environ.get("P2PFSM_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
 
 pytestmark = [
@@ -179,7 +179,7 @@ def procs() -> Iterator[list[PeerProcess]]:
 
 
 def vllm_argv(role: str, *args: str) -> list[str]:
-    return [str(VLLM_PYTHON), str(PEER_SCRIPT), role, "--block-len", str(BLOCK_LEN),
+    return [str(VLLM_PYTHON), "-m", PEER_MODULE, role, "--block-len", str(BLOCK_LEN),
             "--config-json", CONFIG_JSON, *args]
 
 
@@ -430,7 +430,7 @@ def snapshot(server: P2pfsmServer) -> ServerSnapshot:
 
 def vllm_client(procs: list[PeerProcess], server: P2pfsmServer, *args: str,
                 timeout: float = 120.0) -> tuple[dict[str, Any], ServerSnapshot]:
-    """Run vllm_peer.py's client against ``server`` (pumping it meanwhile).
+    """Run the vLLM peer's client against ``server`` (pumping it meanwhile).
 
     Returns the client's result and the server's state when the client said its flow was
     done (its session still open).

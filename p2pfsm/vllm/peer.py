@@ -1,8 +1,9 @@
-"""A vLLM 0.33.0 P2P peer for the interop suite: vLLM's own session, ZMQ and NIXL code.
+"""A vLLM 0.33.0 P2P peer: vLLM's own session, ZMQ and NIXL code, driven as its tier does.
 
-Run it with the separate venv that ``.ci/install-vllm.sh`` builds (``.venv-vllm``), never
-with p2pfsm's venv: it imports vLLM, and p2pfsm only for the shared demo block model
-(``p2pfsm.demo.blocks``). It drives ``P2PSession`` directly, the way vLLM's
+Run it as ``python -m p2pfsm.vllm.peer server|client ...`` with a Python that has vLLM
+0.33.0 (``.venv-vllm``, built by ``.ci/install-vllm.sh``); the interop suite and
+``p2pfsm bench --vs-vllm`` start it that way. Besides vLLM it imports only p2pfsm's shared
+demo block model (``p2pfsm.demo.blocks``). It drives ``P2PSession`` directly, the way vLLM's
 ``P2PSecondaryTierManager`` does (``vllm/v1/kv_offload/tiering/p2p/manager.py`` in the wheel):
 ``poll()`` every iteration, ``add_stored_blocks`` for supply, ``request_blocks`` for
 fetches, ``register_lookup`` + ``flush_pending_lookups`` for lookups, and a small
@@ -119,7 +120,7 @@ def make_region(num_blocks: int, block_len: int) -> np.ndarray:
 
 
 def make_data(region: np.ndarray, config: dict[str, Any] | None) -> NixlTransport:
-    data = NixlTransport(f"vllm-interop-{uuid.uuid4().hex[:12]}", memoryview(region),
+    data = NixlTransport(f"vllm-interop-{uuid.uuid4().hex[:12]}", memoryview(region.data),
                          config_fields=config)
     if not data.available:
         raise RuntimeError("vLLM found no NIXL (pip install --no-deps nixl==1.5.1 nixl-cu12)")
@@ -141,7 +142,7 @@ def summarize(msg: Any) -> dict[str, Any]:
     return out
 
 
-class RecordingConnection(ControlConnection):
+class RecordingConnection(ControlConnection):  # type: ignore[misc]
     """Wraps vLLM's ZmqConnection and records every frame the session receives or sends."""
 
     def __init__(self, inner: ControlConnection) -> None:
@@ -160,14 +161,14 @@ class RecordingConnection(ControlConnection):
 
     @property
     def alive(self) -> bool:
-        return self.inner.alive
+        return bool(self.inner.alive)
 
-    def send(self, msg: dict) -> None:
+    def send(self, msg: dict[str, Any]) -> None:
         self._note("out", msg)
         self.inner.send(msg)
 
-    def recv(self) -> Sequence[dict]:
-        msgs = self.inner.recv()
+    def recv(self) -> Sequence[dict[str, Any]]:
+        msgs: Sequence[dict[str, Any]] = self.inner.recv()
         for msg in msgs:
             self._note("in", msg)
             if isinstance(msg, dict) and isinstance(msg.get("kv_request_id"), str):
@@ -212,7 +213,7 @@ class DemoStore:
         return keys
 
 
-class StandInParent(ParentManager):
+class StandInParent(ParentManager):  # type: ignore[misc]
     """The tiering manager as the server role sees it during serve_external_requests."""
 
     def __init__(self, store: DemoStore, server: Server) -> None:
