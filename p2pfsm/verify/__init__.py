@@ -3,7 +3,8 @@
 :mod:`.tlc` runs TLC 2.15 and parses its answer; :mod:`.check` is ``p2pfsm check``;
 :mod:`.names` derives TLA+ action names from the models; :mod:`.graph` reads the
 reachable state graph TLC dumps and projects it onto each machine; :mod:`.configs`
-locates the spec and its configs.
+locates the spec and its configs; :mod:`.coverage` counts the steps of each ``Next``
+disjunct and fails the check on one that never fires.
 """
 
 from p2pfsm.verify.check import check_main, counterexample_table

@@ -1,7 +1,7 @@
 """``p2pfsm check``: model-check the TLA+ spec with TLC.
 
     p2pfsm check [--config gate|large|live|mustfail|NAME] [--dry-run] [--json] [-q]
-                 [--workers N] [--timeout SECONDS] [--full]
+                 [--workers N] [--timeout SECONDS] [--full] [--coverage MODE]
 
 While TLC runs, its own progress lines (start, initial states, the periodic
 ``Progress(...)`` line, the liveness check, the end) go to stderr, each prefixed with
@@ -16,6 +16,13 @@ changed, under a short legend; ``--json`` gives the same steps as data. It exits
 so does a must-fail config named on its own (``--config p4_round_restart``),
 whose violation is the point. ``--config mustfail`` is the check of those checks: it
 runs every ``tla/mustfail/*.cfg`` and exits 0 only if each one yields a counterexample.
+
+Action coverage (:mod:`.coverage`): for the gate (``--coverage auto``, the default) TLC
+dumps its reachable graph and the check prints, per action operator of ``Next``, the
+states it reached and the steps it took, and fails (exit 1, naming the action) when
+one never fires: a vacuity check. ``--coverage tlc`` reads TLC's own ``-coverage``
+statistics instead (any config; about seven times slower), ``graph`` dumps the graph
+for any config, ``off`` skips it.
 Exit status: 0 as expected, 1 a property failed (in the ``mustfail`` group: a must-fail
 config passed), 2 TLC could not run or check the config.
 """
@@ -30,13 +37,14 @@ import re
 import shlex
 import signal
 import sys
+import tempfile
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import TextIO
 
-from p2pfsm.verify import explain, tlc
+from p2pfsm.verify import coverage, explain, names, tlc
 from p2pfsm.verify.configs import SPEC_MODULE, Config, resolve, spec_dir
 
 log = logging.getLogger(__name__)
@@ -44,6 +52,9 @@ log = logging.getLogger(__name__)
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_ERROR = 2
+COVERAGE_MODES = ("auto", "graph", "tlc", "off")
+TLC_COVERAGE_MINUTES = "100000"
+"""``-coverage`` interval: long enough that TLC reports only once, at the end."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -60,6 +71,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--full", action="store_true",
                    help="counterexamples: also list the variable changes the machine steps "
                         "and frames already tell, and do not wrap long lines")
+    p.add_argument("--coverage", choices=COVERAGE_MODES, default="auto",
+                   help="action coverage and the vacuity check: auto (the gate, from its "
+                        "state graph), graph, tlc (TLC's -coverage, slower), off")
     p.add_argument("-q", "--quiet", action="store_true",
                    help="no TLC progress lines on stderr (--json implies it)")
     p.add_argument("-v", "--verbose", action="count", default=0,
@@ -127,6 +141,32 @@ def _verdict(cfg: Config, r: tlc.TlcResult, *, expect_failure: bool) -> tuple[st
     return "PASS", EXIT_OK
 
 
+def _coverage_mode(cfg: Config, asked: str) -> str:
+    if asked == "auto":
+        return "graph" if cfg.name == "gate" else "off"
+    return asked
+
+
+def _run_one(directory: Path, cfg: Config, mode: str, args: argparse.Namespace,
+             quiet: bool) -> tuple[tlc.TlcResult, dict[str, coverage.ActionCount] | None]:
+    """One TLC run, with the action counts ``mode`` asks for (None: off)."""
+    extra = cfg.tlc_args + (("-coverage", TLC_COVERAGE_MINUTES) if mode == "tlc" else ())
+    progress = None if quiet else _progress_printer(cfg.name)
+    with tempfile.TemporaryDirectory(prefix="p2pfsm-check-") as tmp:
+        dot = Path(tmp) / "graph.dot" if mode == "graph" else None
+        with _terminate_as_exit():
+            result = tlc.run(directory, SPEC_MODULE, cfg.path, workers=args.workers,
+                             timeout=args.timeout, extra=extra, dump_dot=dot,
+                             progress=progress)
+        if mode == "graph":
+            counts = coverage.from_dot(result.dump) if result.dump is not None else {}
+        elif mode == "tlc":
+            counts = coverage.from_tlc(result.messages)
+        else:
+            return result, None
+    return result, counts
+
+
 def _summary(cfg: Config, r: tlc.TlcResult, verdict: str) -> str:
     states = "?" if r.distinct_states is None else f"{r.distinct_states:,}"
     depth = "?" if r.depth is None else str(r.depth)
@@ -191,8 +231,12 @@ def check_main(argv: Sequence[str], out: TextIO | None = None) -> int:
     if args.dry_run:
         try:
             for cfg in configs:
-                cmd = tlc.command(SPEC_MODULE, cfg.path, Path("<tmp>"), workers=args.workers,
-                                  extra=cfg.tlc_args)
+                mode = _coverage_mode(cfg, args.coverage)
+                cmd = tlc.command(
+                    SPEC_MODULE, cfg.path, Path("<tmp>"), workers=args.workers,
+                    dump_dot=Path("<tmp>/graph") if mode == "graph" else None,
+                    extra=cfg.tlc_args + (("-coverage", TLC_COVERAGE_MINUTES)
+                                          if mode == "tlc" else ()))
                 print(f"(cd {shlex.quote(str(directory))} && {shlex.join(cmd)})", file=stream)
         except tlc.TlcNotFound as exc:
             print(f"p2pfsm check: {exc}", file=sys.stderr)
@@ -201,22 +245,32 @@ def check_main(argv: Sequence[str], out: TextIO | None = None) -> int:
     status = EXIT_OK
     reports: list[dict[str, object]] = []
     legend = True
+    actions = names.spec_actions(directory / "P2P.tla")
     for cfg in configs:
+        mode = _coverage_mode(cfg, args.coverage)
         try:
             log.info("%s: TLC in %s", cfg.name, directory)
-            with _terminate_as_exit():
-                result = tlc.run(directory, SPEC_MODULE, cfg.path, workers=args.workers,
-                                 timeout=args.timeout, extra=cfg.tlc_args,
-                                 progress=None if quiet else _progress_printer(cfg.name))
+            result, counts = _run_one(directory, cfg, mode, args, quiet)
         except tlc.TlcNotFound as exc:
             print(f"p2pfsm check: {exc}", file=sys.stderr)
             return EXIT_ERROR
         verdict, code = _verdict(cfg, result, expect_failure=args.config == "mustfail")
+        vacuous = [] if counts is None or cfg.must_fail or result.violated else (
+            coverage.never_fired(counts, actions))
+        if vacuous and code == EXIT_OK:
+            verdict, code = "VACUOUS (a Next disjunct never fires: " + ", ".join(vacuous) + ")", (
+                EXIT_FAILED)
         status = max(status, code)
         if args.json:
-            reports.append(_as_json(cfg, result, verdict))
+            report = _as_json(cfg, result, verdict)
+            if counts is not None:
+                report["coverage"] = coverage.as_json(counts, actions, mode)
+            reports.append(report)
             continue
         print(_summary(cfg, result, verdict), file=stream, flush=True)
+        if counts is not None and not result.errors:
+            for line in coverage.table(counts, actions, source=f"{cfg.name}, {mode}"):
+                print("  " + line, file=stream)
         if cfg.comment and cfg.must_fail:
             print(f"  re-introduces: {cfg.comment}", file=stream)
         for error in result.errors:
