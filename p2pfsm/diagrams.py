@@ -1,5 +1,8 @@
-"""State diagrams drawn from ``models/``: mermaid ``stateDiagram-v2`` (always) and SVG
-(when graphviz's ``dot`` is installed). Output is deterministic so CI can diff it.
+"""Diagrams drawn from ``models/``: per machine a mermaid ``stateDiagram-v2`` (always)
+and SVG (when graphviz's ``dot`` is installed), an overview of which inputs drive which
+machine, and ``docs/machines.md``, which embeds them with one sequence diagram per flow
+recorded from the simulated world (:mod:`p2pfsm.diagram_flows`). Output is deterministic
+so CI can diff it.
 
 Without ``--out``, ``p2pfsm diagrams`` writes (or checks) ``docs/diagrams`` of the
 source checkout, and only when run inside it (:func:`default_out`); anywhere else,
@@ -14,7 +17,7 @@ from pathlib import Path
 
 from p2pfsm.errors import ConfigError
 from p2pfsm.fsm.registry import models_directory
-from p2pfsm.fsm.spec import MachineSpec
+from p2pfsm.fsm.spec import MachineSpec, TransitionSpec
 
 log = logging.getLogger(__name__)
 
@@ -24,18 +27,48 @@ def _label(trigger: str, guards: tuple[str, ...], unless: tuple[str, ...]) -> st
     return f"{trigger} [{', '.join(conds)}]" if conds else trigger
 
 
+_SHOWN_ACTIONS = ("send_", "report_", "write_", "start_")
+"""Actions drawn on an edge: those that send a frame, report a result to the host or
+start work on the data plane (the rest arm timers and keep books)."""
+
+
+def _text(doc: str) -> str:
+    """A description mermaid reads as plain text (no ``:`` or ``;``)."""
+    return doc.replace(":", " -").replace(";", ",")
+
+
+def _edge_label(t: TransitionSpec) -> str:
+    shown = [a for a in t.actions if a.startswith(_SHOWN_ACTIONS)]
+    label = _label(t.trigger, t.guards, t.unless)
+    return f"{label} / {', '.join(shown)}" if shown else label
+
+
 def to_mermaid(spec: MachineSpec) -> str:
-    """The machine as a mermaid state diagram (internal transitions drawn as self-loops)."""
+    """The machine as a mermaid state diagram without label piles: one arrow per
+    (source, dest) carrying every transition between them, one line each with the
+    actions that send a frame or report a result; transitions that stay in their state
+    are grouped in a note on that state."""
     lines = [f"%% {spec.name}: {spec.doc} (generated from models/{spec.name}.toml)",
              "stateDiagram-v2"]
     for state, doc in spec.states.items():
-        lines.append(f"    {state} : {state}: {doc.replace(':', ' -')}")
+        lines.append(f"    {state} : {state}: {_text(doc)}")
     lines.append(f"    [*] --> {spec.initial}")
+    arrows: dict[tuple[str, str], list[str]] = {}
+    stays: dict[str, list[str]] = {}
     for t in spec.transitions:
         for source in t.sources:
-            lines.append(f"    {source} --> {t.dest_from(source)} : "
-                         f"{_label(t.trigger, t.guards, t.unless)}")
+            dest = t.dest_from(source)
+            if dest == source:
+                stays.setdefault(source, []).append(_edge_label(t))
+            else:
+                arrows.setdefault((source, dest), []).append(_edge_label(t))
+    for (source, dest), labels in arrows.items():
+        lines.append(f"    {source} --> {dest} : {'<br/>'.join(dict.fromkeys(labels))}")
     lines.extend(f"    {s} --> [*]" for s in sorted(spec.terminal))
+    for state, labels in stays.items():
+        lines.append(f"    note right of {state}")
+        lines.append("        stays on: " + "<br/>".join(dict.fromkeys(labels)))
+        lines.append("    end note")
     return "\n".join(lines) + "\n"
 
 
@@ -54,9 +87,22 @@ def to_dot(spec: MachineSpec) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render(specs: dict[str, MachineSpec], out: Path) -> dict[Path, str]:
-    """The mermaid files to write under ``out``, by path."""
-    return {out / f"{name}.mmd": to_mermaid(spec) for name, spec in specs.items()}
+def render(specs: dict[str, MachineSpec], out: Path, page: Path | None = None) -> dict[Path, str]:
+    """The generated files, by path: one ``.mmd`` per machine and ``overview.mmd`` under
+    ``out``, and the page of :func:`machines_page` (``page``, default
+    ``out/machines.md``)."""
+    files = {out / f"{name}.mmd": to_mermaid(spec) for name, spec in specs.items()}
+    files[out / "overview.mmd"] = to_overview(specs)
+    files[page or out / "machines.md"] = machines_page(specs)
+    return files
+
+
+def page_path(out: Path) -> Path:
+    """``docs/machines.md`` beside ``docs/diagrams``; ``DIR/machines.md`` elsewhere."""
+    root = checkout_root()
+    if root is not None and out.resolve() == (root / "docs" / "diagrams").resolve():
+        return root / "docs" / "machines.md"
+    return out / "machines.md"
 
 
 def write_svgs(specs: dict[str, MachineSpec], out: Path) -> list[Path]:
@@ -104,7 +150,7 @@ def default_out(cwd: Path | None = None) -> Path:
 
 def stale(specs: dict[str, MachineSpec], out: Path) -> list[str]:
     """The diagram files of ``out`` that differ from ``specs``: missing, changed or extra."""
-    wanted = render(specs, out)
+    wanted = render(specs, out, page_path(out))
     log.debug("machines read from %s; checking %s", models_directory(), out)
     changed = [str(p) for p, text in wanted.items() if not p.is_file() or p.read_text() != text]
     extra = sorted(str(p) for p in out.glob("*.mmd") if p not in wanted)
@@ -113,7 +159,7 @@ def stale(specs: dict[str, MachineSpec], out: Path) -> list[str]:
 
 def write(specs: dict[str, MachineSpec], out: Path) -> tuple[int, list[Path]]:
     """Write the mermaid files (and SVGs when ``dot`` exists); (mermaid count, SVGs)."""
-    wanted = render(specs, out)
+    wanted = render(specs, out, page_path(out))
     log.debug("machines read from %s", models_directory())
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -123,3 +169,82 @@ def write(specs: dict[str, MachineSpec], out: Path) -> tuple[int, list[Path]]:
     except OSError as exc:
         raise ConfigError(f"cannot write diagrams to {out}: {exc}") from exc
     return len(wanted), write_svgs(specs, out)
+
+
+_ROLES = (("client_", "consumer role"), ("server_", "producer role"))
+
+
+def to_overview(specs: dict[str, MachineSpec]) -> str:
+    """How the machines compose, drawn from ``models/``: the session machine gates every
+    frame; the consumer's and producer's machines (named ``client_*`` and ``server_*``)
+    live inside it; an arrow from the peer names the frames (``recv_<frame>`` triggers)
+    that drive a machine, an arrow to the peer the frames it sends (``send_<frame>``
+    actions), an arrow from the host its calls (``host_<call>`` triggers), a dotted one
+    its timers (``timer_<kind>``), and an arrow to the peer the actions that send frames
+(``send_*``)."""
+    lines = ["%% overview: which inputs drive which machine (generated from models/*.toml)",
+             "flowchart LR",
+             "    host([host and executor])", "    peer([peer session])",
+             "    timers([timers])"]
+    inside = {name for name in specs if not name.startswith(tuple(p for p, _ in _ROLES))}
+    lines.append("    subgraph sess [one session per peer]")
+    lines.extend(f"        {name}[{name}]" for name in sorted(inside))
+    for prefix, role in _ROLES:
+        members = sorted(n for n in specs if n.startswith(prefix))
+        if members:
+            lines.append(f"        subgraph {prefix.rstrip('_')} [{role}: one per request, "
+                         "round or lookup]")
+            lines.extend(f"            {name}[{name}]" for name in members)
+            lines.append("        end")
+    lines.append("    end")
+    for name, spec in specs.items():
+        triggers = sorted(spec.triggers)
+        recv = [t.removeprefix("recv_") for t in triggers if t.startswith("recv_")]
+        host = [t.removeprefix("host_") for t in triggers if t.startswith("host_")]
+        timer = [t.removeprefix("timer_") for t in triggers if t.startswith("timer_")]
+        sent = sorted({a for t in spec.transitions for a in t.actions
+                       if a.startswith("send_")})
+        if recv:
+            lines.append(f"    peer -- \"{', '.join(recv)}\" --> {name}")
+        if host:
+            lines.append(f"    host -- \"{', '.join(host)}\" --> {name}")
+        if timer:
+            lines.append(f"    timers -. \"{', '.join(timer)}\" .-> {name}")
+        if sent:
+            lines.append(f"    {name} -- \"{', '.join(sent)}\" --> peer")
+    return "\n".join(lines) + "\n"
+
+
+def _fence(text: str) -> str:
+    return "```mermaid\n" + text + "```\n"
+
+
+def machines_page(specs: dict[str, MachineSpec]) -> str:
+    """``docs/machines.md``: the overview, one sequence diagram per flow (recorded from
+    the simulated world) and every machine, in mermaid fences a forge renders."""
+    from p2pfsm import diagram_flows
+
+    parts = ["# Machines and flows\n",
+             "Generated by `p2pfsm diagrams` from `models/*.toml` and from runs of the "
+             "simulated world (`p2pfsm/diagram_flows.py`); `p2pfsm diagrams --check` (CI) "
+             "fails when this page is stale. Do not edit by hand.\n",
+             "## Overview\n",
+             "Which frames, host calls and timers drive which machine, and which frames "
+             "each sends. The session machine gates every frame (`recv_request`, "
+             "`recv_response`) before the machine of its request, round or lookup takes "
+             "it.\n", _fence(to_overview(specs)),
+             "## Flows\n",
+             "Each flow is a script of host calls on `p2pfsm.sim.SimWorld`, frames "
+             "delivered in order; notes are the machine steps each `Session.handle` call "
+             "took, dashed arrows what the session reported to its host and executor.\n"]
+    for name, (what, _script) in diagram_flows.FLOWS.items():
+        events = diagram_flows.record(name)
+        parts += [f"### {name}\n", f"{what}\n", _fence(diagram_flows.to_sequence(name, events))]
+    parts += ["## Machines\n",
+              "One arrow per pair of states, one line per transition on it: "
+              "`trigger [guards] / actions that send a frame or report a result`; "
+              "transitions that stay in their state are listed in a note.\n"]
+    for name, spec in specs.items():
+        parts += [f"### {name}\n", f"{spec.doc} (`models/{name}.toml`)\n",
+                  _fence(to_mermaid(spec))]
+    return "\n".join(parts)

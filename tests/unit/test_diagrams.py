@@ -1,0 +1,78 @@
+"""``p2pfsm diagrams``: machine diagrams without label piles, the overview, the flows
+recorded from the simulated world, and the freshness check of all of them."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from p2pfsm import diagram_flows, diagrams
+from p2pfsm.fsm import machines
+
+WIRE = {"handshake": {"connect", "connect_ack"}, "pd": {"fetch", "transfer_done"},
+        "demand": {"fetch", "transfer_done"}, "lookup_fetch": {"lookup", "lookup_resp",
+                                                               "fetch", "transfer_done"},
+        "abort": {"fetch", "abort_fetch", "abort_ack"},
+        "finish": {"fetch", "abort_fetch", "abort_ack", "disconnect"}}
+
+
+@pytest.mark.parametrize("name", sorted(machines()))
+def test_one_arrow_per_state_pair_and_every_transition_drawn(name: str) -> None:
+    spec = machines()[name]
+    text = diagrams.to_mermaid(spec)
+    pairs = re.findall(r"^    (\w+) --> (\w+) : (.*)$", text, re.MULTILINE)
+    assert len(pairs) == len({(s, d) for s, d, _ in pairs}), "two arrows between one pair"
+    assert all(s != d for s, d, _ in pairs), "a self-loop arrow (they belong in notes)"
+    for t in spec.transitions:
+        for source in t.sources:
+            dest = t.dest_from(source)
+            where = (next(lbl for s, d, lbl in pairs if (s, d) == (source, dest))
+                     if dest != source else
+                     text.split(f"note right of {source}\n", 1)[1].split("end note")[0])
+            assert t.trigger in where, (source, t.trigger, dest)
+            for action in t.actions:
+                if action.startswith(("send_", "report_")):
+                    assert action in where, (source, t.trigger, action)
+
+
+@pytest.mark.parametrize("flow", sorted(diagram_flows.FLOWS))
+def test_each_flow_is_recorded_from_the_sessions(flow: str) -> None:
+    events = diagram_flows.record(flow)
+    frames = {e.text.split()[0] for e in events if e.kind == "frame"}
+    assert WIRE[flow] <= frames, f"{flow}: frames {frames}"
+    assert any(e.kind == "step" for e in events)
+    text = diagram_flows.to_sequence(flow, events)
+    assert text.startswith(f"%% flow {flow}:") and "\nsequenceDiagram\n" in text
+    assert diagram_flows.to_sequence(flow, diagram_flows.record(flow)) == text  # stable
+
+
+def test_the_overview_names_each_machine_and_the_frames_it_takes() -> None:
+    text = diagrams.to_overview(machines())
+    for name, spec in machines().items():
+        assert f"[{name}]" in text
+        for trigger in spec.triggers:
+            if trigger.startswith("recv_"):
+                line = next(x for x in text.splitlines() if x.endswith(f"--> {name}")
+                            and x.lstrip().startswith("peer"))
+                assert trigger.removeprefix("recv_") in line
+
+
+def test_the_page_embeds_every_diagram_in_mermaid_fences(tmp_path: Path) -> None:
+    files = diagrams.render(machines(), tmp_path)
+    page = files[tmp_path / "machines.md"]
+    blocks = re.findall(r"```mermaid\n(.*?)```", page, re.DOTALL)
+    assert len(blocks) == 1 + len(diagram_flows.FLOWS) + len(machines())
+    assert sum(b.startswith("%% flow ") for b in blocks) == len(diagram_flows.FLOWS)
+
+
+def test_check_finds_a_stale_page_and_a_stale_machine(tmp_path: Path) -> None:
+    specs = machines()
+    diagrams.write(specs, tmp_path)
+    assert diagrams.stale(specs, tmp_path) == []
+    page = tmp_path / "machines.md"
+    page.write_text(page.read_text().replace("sequenceDiagram", "sequenceDiagram\n", 1))
+    (tmp_path / "session.mmd").write_text("stale\n")
+    assert sorted(diagrams.stale(specs, tmp_path)) == sorted([str(page),
+                                                              str(tmp_path / "session.mmd")])
