@@ -138,10 +138,32 @@ def hypothesis_traces(examples: int = 25, steps: int = 40) -> list[list[TraceEve
     return [list(trace) for trace in found]
 
 
+LOG_FIELDS = frozenset({"t", "node", "peer", "action", "steps"})
+"""The fields every line of a trace log has."""
+
+
 def load_log(path: Path) -> list[dict[str, Any]]:
-    """The JSON lines of one node's trace log (``NodeConfig.trace``)."""
+    """The JSON lines of one node's trace log (``NodeConfig.trace``).
+
+    Raises:
+        ValueError: a line is not a JSON object with :data:`LOG_FIELDS` (a log cut off
+            mid-line or garbled), naming the file and line.
+    """
+    lines: list[dict[str, Any]] = []
     with path.open(encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+        for number, text in enumerate(fh, start=1):
+            if not text.strip():
+                continue
+            try:
+                line = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{number}: not a JSON line ({exc.msg}): the log is "
+                                 "truncated or garbled") from exc
+            if not isinstance(line, dict) or not line.keys() >= LOG_FIELDS:
+                raise ValueError(f"{path}:{number}: a trace line needs the fields "
+                                 f"{sorted(LOG_FIELDS)}")
+            lines.append(line)
+    return lines
 
 
 def merge_logs(client: Path, server: Path) -> list[TraceEvent]:
@@ -259,14 +281,27 @@ class TraceValidation:
     explained: dict[int, int]
     """Trace number -> how many of its first calls some behaviour explains."""
 
+    @property
+    def complete(self) -> bool:
+        """TraceComplete of TraceP2P.tla: every line of every trace was consumed."""
+        return not self.rejected
+
+    def incomplete(self, traces: Sequence[Sequence[TraceEvent]]) -> list[str]:
+        """Per rejected trace: how far it was consumed and the first line left over."""
+        return [f"trace {i}: {self.explained[i]}/{len(traces[i - 1])} lines consumed; "
+                f"no behaviour takes line {self.explained[i] + 1}: "
+                f"{traces[i - 1][self.explained[i]]}" for i in sorted(self.rejected)]
+
 
 def validate(traces: Sequence[Sequence[TraceEvent]], *, workers: int | None = None,
              timeout: float | None = 600.0) -> TraceValidation:
     """Check every trace in one TLC run (traces are numbered from 1).
 
-    TLC explores TraceP2P and dumps the reachable graph; trace t is explained when a
-    reachable state has ``t = i`` and ``l = Len(TraceLog[i])`` (the states the witness
-    invariant ``NotExplained`` would report, read without printing their traces).
+    TLC explores TraceP2P and dumps the reachable graph; trace i is accepted when every
+    line of it is consumed: some reachable state has ``t = i`` and
+    ``l = Len(TraceLog[i])`` (``Consumed(i)``; TraceComplete holds when that is so for
+    every trace). A trace with a garbled or a missing line is rejected, and
+    :attr:`TraceValidation.explained` says how far it got.
 
     Raises:
         tlc.TlcNotFound: java or the jar is missing.

@@ -27,6 +27,7 @@ from p2pfsm.verify.traces import (
     TraceEvent,
     TraceValidation,
     hypothesis_traces,
+    load_log,
     merge_logs,
     random_trace,
     validate,
@@ -54,6 +55,8 @@ class Recorded:
     hypothesis: list[list[TraceEvent]]
     real: dict[str, list[TraceEvent]]
     corrupted: list[list[TraceEvent]]
+    incomplete: list[tuple[list[TraceEvent], int]]
+    """Traces with a garbled or a missing line, and the lines before it."""
 
     @property
     def traces(self) -> list[list[TraceEvent]]:
@@ -72,6 +75,20 @@ def _corrupt(trace: list[TraceEvent]) -> list[TraceEvent]:
     bad[i] = TraceEvent(event.action, event.peer,
                         frozenset(s for s in event.steps if s[1] != "settle"))
     return bad
+
+
+def _garbled(trace: list[TraceEvent]) -> tuple[list[TraceEvent], int]:
+    """The middle line claims another action (a garbled log line)."""
+    i = len(trace) // 2
+    other = "SessionHostStart" if trace[i].action != "SessionHostStart" else "SessionHostClose"
+    return [*trace[:i], TraceEvent(other, trace[i].peer, trace[i].steps), *trace[i + 1:]], i
+
+
+def _gap(trace: list[TraceEvent]) -> tuple[list[TraceEvent], int]:
+    """The line where peer b starts its session is missing (a log that lost a line; a
+    lost receive line would not do: the spec may explain it as a frame lost)."""
+    i = next(i for i, e in enumerate(trace) if e.action == "SessionHostStart" and e.peer == "b")
+    return [*trace[:i], *trace[i + 1:]], i
 
 
 def _real_runs(tmp: Path) -> dict[str, list[TraceEvent]]:
@@ -129,7 +146,7 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Recorded:
     sources = [sim, hyp, list(real.values())]
     corrupted = [_corrupt(next(t for t in source if any(_settles(e) for e in t)))
                  for source in sources if source]
-    return Recorded(sim, hyp, real, corrupted)
+    return Recorded(sim, hyp, real, corrupted, [_garbled(sim[0]), _gap(sim[1])])
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +154,7 @@ def validation(require_tlc: None, recorded: Recorded,
                conformance_report: list[str]) -> Iterator[TraceValidation]:
     """Every trace, and the corrupted copies after them, in one TLC run."""
     traces = recorded.traces
-    result = validate([*traces, *recorded.corrupted])
+    result = validate([*traces, *recorded.corrupted, *(t for t, _ in recorded.incomplete)])
     ok = sum(1 for i in range(1, len(traces) + 1) if i in result.accepted)
     bad = len(recorded.corrupted)
     caught = sum(1 for i in range(len(traces) + 1, len(traces) + bad + 1)
@@ -147,7 +164,10 @@ def validation(require_tlc: None, recorded: Recorded,
         f"{len(recorded.hypothesis)} hypothesis, {len(recorded.real)} real, "
         f"{sum(map(len, traces))} calls) checked by one TLC run "
         f"({result.result.distinct_states} states, {result.result.seconds:.1f} s): "
-        f"{ok} accepted; {caught} of {bad} corrupted traces rejected")
+        f"{ok} accepted; {caught} of {bad} corrupted traces rejected; trace completeness: "
+        f"{'every line of every accepted trace consumed' if ok == len(traces) else 'NO'}, "
+        f"{len(recorded.incomplete)} traces with a garbled or missing line not consumed "
+        f"past it")
     yield result
 
 
@@ -215,6 +235,42 @@ def test_corrupted_traces_are_rejected(
     for k, trace in enumerate(recorded.corrupted, start=n + 1):
         assert k in validation.rejected, f"corrupted trace {k} was explained"
         assert validation.explained[k] < len(trace)
+
+
+def test_every_line_is_consumed_or_the_trace_is_rejected(
+    validation: TraceValidation, recorded: Recorded,
+) -> None:
+    """Trace completeness (TraceComplete): a trace is accepted only when its last line is
+    consumed; one garbled or missing line stops it there."""
+    first = len(recorded.traces) + len(recorded.corrupted) + 1
+    assert len(recorded.incomplete) == 2
+    for k, (trace, good) in enumerate(recorded.incomplete, start=first):
+        assert k in validation.rejected, f"trace {k} (bad line {good + 1}) was accepted"
+        assert good <= validation.explained[k] < len(trace)
+    garbled, good = recorded.incomplete[0]
+    assert validation.explained[first] == good  # nothing takes the garbled line
+    assert not validation.complete
+    every = [*recorded.traces, *recorded.corrupted, *(t for t, _ in recorded.incomplete)]
+    report = validation.incomplete(every)
+    assert f"trace {first}: {good}/{len(garbled)} lines consumed" in "\n".join(report)
+    for i in range(1, len(recorded.traces) + 1):
+        assert validation.explained[i] == len(recorded.traces[i - 1])
+
+
+def test_a_truncated_or_garbled_log_is_a_clear_error(tmp_path: Path) -> None:
+    good = ('{"t": 1.0, "node": "x", "peer": "y", "action": "SessionHostStart", '
+            '"steps": []}\n')
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text(good + good[:30])
+    with pytest.raises(ValueError, match=r"cut.jsonl:2: not a JSON line .*truncated"):
+        load_log(cut)
+    odd = tmp_path / "odd.jsonl"
+    odd.write_text(good + '{"t": 2.0, "node": "x"}\n')
+    with pytest.raises(ValueError, match=r"odd.jsonl:2: a trace line needs the fields"):
+        load_log(odd)
+    whole = tmp_path / "whole.jsonl"
+    whole.write_text(good + good)
+    assert [line["action"] for line in load_log(whole)] == ["SessionHostStart"] * 2
 
 
 def test_traces_exercise_most_transitions(recorded: Recorded) -> None:
