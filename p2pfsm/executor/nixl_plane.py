@@ -21,9 +21,14 @@ progress is periodic and driven by the executor's event loop, which already wake
 the control plane: it calls ``progress()`` (about 1 us when idle) every time it wakes and
 never waits longer than :attr:`DataPlane.progress_interval_ms`, which is
 
-* ``busy_progress_ms`` (1 ms) while our own WRITEs are in flight, for ``warmup_s`` after
-  each :meth:`~DataPlane.add_peer`, and while :meth:`~DataPlane.expect_inbound` says a
-  peer may be writing into us;
+* 0 (progress on every turn, the loop does not sleep) for the first ``prompt_s`` (20 ms)
+  after a WRITE of ours is posted and after :meth:`~DataPlane.expect_inbound` is asked
+  for promptness (a client does when it sends a fetch): a WRITE's completion is an
+  endpoint flush that needs both ends to progress, so while one can be landing each
+  millisecond of sleep on either side is added to it;
+* ``busy_progress_ms`` (1 ms) while our own WRITEs are in flight after that, for
+  ``warmup_s`` after each :meth:`~DataPlane.add_peer`, and while
+  :meth:`~DataPlane.expect_inbound` says a peer may be writing into us;
 * ``idle_progress_ms`` (50 ms) otherwise.
 
 Why this is enough (measured here, two processes, CMA): the first WRITE from a new peer
@@ -186,7 +191,8 @@ class DataPlane:
         memory: torch.Tensor | HostRegion | None = None,
         busy_progress_ms: int = 1,
         idle_progress_ms: int = 50,
-        warmup_s: float = 5.0,
+        warmup_s: float = 1.0,
+        prompt_s: float = 0.02,
         max_peer_blocks: int = 1 << 20,
         ucx_params: Mapping[str, str] | None = None,
     ) -> None:
@@ -200,6 +206,10 @@ class DataPlane:
         if not isinstance(warmup_s, int | float) or warmup_s < 0:
             raise ConfigError(f"warmup_s must be a number >= 0, got {warmup_s!r}")
         self._warmup_s = float(warmup_s)
+        if not isinstance(prompt_s, int | float) or prompt_s < 0:
+            raise ConfigError(f"prompt_s must be a number >= 0, got {prompt_s!r}")
+        self._prompt_s = float(prompt_s)
+        self._prompt_until = 0.0
         given: MemoryDesc | None = None
         if memory is None:
             mem_type, dev_id = parse_device("cpu" if device is None else device)
@@ -307,7 +317,10 @@ class DataPlane:
     @property
     def progress_interval_ms(self) -> int:
         """The longest the event loop should go without calling :meth:`progress`."""
-        if self._inflight or time.monotonic() < self._busy_until:
+        now = time.monotonic()
+        if now < self._prompt_until:
+            return 0
+        if self._inflight or now < self._busy_until:
             return self._busy_ms
         return self._idle_ms
 
@@ -440,6 +453,8 @@ class DataPlane:
         self._inflight[xfer.xfer_id] = xfer
         if state != "PROC":
             self._settle(xfer, state)
+        else:
+            self._prompt_until = max(self._prompt_until, time.monotonic() + self._prompt_s)
         return xfer.xfer_id
 
     def poll(self) -> list[tuple[int, bool]]:
@@ -498,10 +513,14 @@ class DataPlane:
         except Exception as exc:
             raise TransportError(f"NIXL progress failed: {exc!r}") from exc
 
-    def expect_inbound(self, seconds: float) -> None:
+    def expect_inbound(self, seconds: float, prompt: bool = False) -> None:
         """Keep :attr:`progress_interval_ms` at the busy value for ``seconds`` more,
-        e.g. while we wait for a peer to WRITE blocks we asked for."""
-        self._busy_until = max(self._busy_until, time.monotonic() + max(0.0, seconds))
+        e.g. while we wait for a peer to WRITE blocks we asked for; ``prompt``: and at
+        0 for the next ``prompt_s`` (a WRITE may be landing now)."""
+        now = time.monotonic()
+        self._busy_until = max(self._busy_until, now + max(0.0, seconds))
+        if prompt:
+            self._prompt_until = max(self._prompt_until, now + self._prompt_s)
 
     def close(self) -> None:
         """Release every transfer and peer, deregister the region, drop the agent.

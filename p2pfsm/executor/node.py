@@ -282,7 +282,7 @@ class Node(Driven, Executor):
             del self._loads[job]
             raise
         self.metrics.count("fetches_started")
-        self.data.expect_inbound(_INBOUND_GRACE_S)
+        self.data.expect_inbound(_INBOUND_GRACE_S, prompt=True)
         return fut
 
     def lookup(self, peer_id: str, kv_request_id: str,

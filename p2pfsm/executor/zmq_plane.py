@@ -268,6 +268,12 @@ _ROUTER_MONITOR_MASK: Final = (
     | int(zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 )
 _LISTEN_BACKLOG: Final = 1024
+_POLLIN: Final = int(zmq.POLLIN)  # plain ints: enum arithmetic costs on every turn
+_EVENTS: Final = int(zmq.EVENTS)
+_SWEEP_S: Final = 1.0
+"""Every monitor is looked at this often even when its descriptor did not signal (a
+safety net under the edge-triggered ZMQ_FD); otherwise only signalled ones are, so an
+idle turn costs the same with 1 peer or 128."""
 _DROP_LOG_BURST: Final = 10
 _DROP_LOG_WINDOW_S: Final = 10.0
 
@@ -517,13 +523,15 @@ class ControlPlane:
         self._local_id = f"{advertise_host if advertise_host is not None else host}:{bound_port}"
         self._identity = self._local_id.encode("ascii")
 
-        self._poller = zmq.Poller()
-        self._poller.register(self._router, zmq.POLLIN)
         self._epoll = select.epoll()
         self._epoll.register(_fd(self._router), select.EPOLLIN)
         if self._router_monitor is not None:
-            self._poller.register(self._router_monitor, zmq.POLLIN)
             self._epoll.register(_fd(self._router_monitor), select.EPOLLIN)
+        self._by_fd: dict[int, _Peer] = {}  # monitor descriptor -> its peer
+        self._router_more = False  # the last drain stopped at max_batch
+        self._next_expiry: float | None = None  # earliest connect deadline or done grace
+        self._next_sweep = 0.0
+        self._look: list[_Peer] = []
 
     # -- properties ---------------------------------------------------------------
 
@@ -607,6 +615,7 @@ class ControlPlane:
         peer.dialled_back = True
         peer.done = True
         peer.done_at = time.monotonic()
+        self._note_expiry(peer.done_at + _DONE_GRACE_S)
 
     def remove_peer(self, peer_id: str) -> None:
         """Close the DEALER to ``peer_id`` (lingering up to ``dealer_linger_ms`` to
@@ -653,9 +662,9 @@ class ControlPlane:
             return events
         end = None if timeout_ms < 0 else time.monotonic() + timeout_ms / 1000.0
         while True:
-            wait = self._wait_ms(end)
+            wait = 0 if self._router_more else self._wait_ms(end)
             if wait != 0:
-                self._poller.poll(wait)
+                self._epoll.poll(-1 if wait is None else wait / 1000.0)
             events = self._collect()
             if events or (end is not None and time.monotonic() >= end):
                 return events
@@ -684,10 +693,8 @@ class ControlPlane:
         try:
             for peer in list(self._peers.values()):
                 self._teardown(peer, self._dealer_linger)
-            self._poller.unregister(self._router)
             self._epoll.unregister(_fd(self._router))
             if self._router_monitor is not None:
-                self._poller.unregister(self._router_monitor)
                 self._epoll.unregister(_fd(self._router_monitor))
         finally:
             self._epoll.close()
@@ -771,8 +778,11 @@ class ControlPlane:
         deadline = time.monotonic() + self._connect_timeout / 1000.0
         peer = _Peer(peer_id, dealer, monitor, deadline, dialled_back=dialled_back)
         self._peers[peer_id] = peer
-        self._poller.register(monitor, zmq.POLLIN)
-        self._epoll.register(_fd(monitor), select.EPOLLIN)
+        fd = _fd(monitor)
+        self._by_fd[fd] = peer
+        self._epoll.register(fd, select.EPOLLIN)
+        self._note_expiry(deadline)
+        self._look.append(peer)  # opening it ran its commands: look once without a signal
         return peer
 
     def _teardown(self, peer: _Peer, linger_ms: int) -> None:
@@ -780,8 +790,10 @@ class ControlPlane:
         # PAIR that reads it, so the DEALER never writes into a dead monitor pipe.
         self._peers.pop(peer.peer_id, None)
         self._peer_by_ident.pop(peer.peer_id.encode("ascii"), None)
-        self._poller.unregister(peer.monitor)
-        self._epoll.unregister(_fd(peer.monitor))
+        fd = _fd(peer.monitor)
+        if self._by_fd.get(fd) is peer:
+            del self._by_fd[fd]
+        self._epoll.unregister(fd)
         try:
             peer.dealer.disable_monitor()
         finally:
@@ -815,19 +827,24 @@ class ControlPlane:
         self._drain_router(out)
         self._drain_router_monitor()
         self._drain_monitors()
-        self._expire()
+        now = time.monotonic()
+        if self._next_expiry is not None and now >= self._next_expiry:
+            self._expire(now)
         out.extend(self._pending)
         self._pending = []
         return out
 
     def _drain_router(self, out: list[ControlEvent]) -> None:
+        self._router_more = True  # until it is seen empty
         for _ in range(self._max_batch):
             # Checking EVENTS first avoids raising zmq.Again on every empty poll.
-            if not int(self._router.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            if not int(self._router.getsockopt(_EVENTS)) & _POLLIN:
+                self._router_more = False
                 return
             try:
                 parts = self._router.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
+                self._router_more = False
                 return
             if len(parts) != 2:
                 self._drop("frame count")
@@ -902,7 +919,7 @@ class ControlPlane:
         if monitor is None:
             return
         for _ in range(self._max_batch):
-            if not int(monitor.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            if not int(monitor.getsockopt(_EVENTS)) & _POLLIN:
                 return
             try:
                 parts = monitor.recv_multipart(zmq.NOBLOCK)
@@ -922,9 +939,20 @@ class ControlPlane:
                         else f"CURVE handshake failed (libzmq error 0x{value:x})")
 
     def _drain_monitors(self) -> None:
-        for peer in list(self._peers.values()):
-            while peer.peer_id in self._peers:
-                if not int(peer.monitor.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+        """Drain the monitors whose descriptor signalled (all of them once a sweep)."""
+        now = time.monotonic()
+        if now >= self._next_sweep:
+            self._next_sweep = now + _SWEEP_S
+            chosen = list(self._peers.values())
+        else:
+            by_fd = self._by_fd
+            chosen = [by_fd[fd] for fd, _ in self._epoll.poll(0) if fd in by_fd]
+            if self._look:
+                chosen.extend(self._look)
+        self._look = []
+        for peer in chosen:
+            while peer.peer_id in self._peers and self._peers[peer.peer_id] is peer:
+                if not int(peer.monitor.getsockopt(_EVENTS)) & _POLLIN:
                     break
                 try:
                     parts = peer.monitor.recv_multipart(zmq.NOBLOCK)
@@ -957,18 +985,32 @@ class ControlPlane:
                                else "connection refused")
                 # Before the first handshake, CLOSED is the socket of a failed attempt.
 
-    def _expire(self) -> None:
-        now = time.monotonic()
+    def _note_expiry(self, when: float) -> None:
+        if self._next_expiry is None or when < self._next_expiry:
+            self._next_expiry = when
+
+    def _expire(self, now: float) -> None:
+        """Connect timeouts and done graces that are due (run only when one may be), and
+        the next one's time."""
+        self._next_expiry = None
         for peer in list(self._peers.values()):
-            if peer.deadline is not None and now >= peer.deadline:
-                self._lose(peer, "connect timeout")
-            elif peer.done_at is not None and now >= peer.done_at + _DONE_GRACE_S:
-                self._teardown(peer, self._dealer_linger)  # over: free its descriptors
+            if peer.deadline is not None:
+                if now >= peer.deadline:
+                    self._lose(peer, "connect timeout")
+                    continue
+                self._note_expiry(peer.deadline)
+            if peer.done_at is not None:
+                if now >= peer.done_at + _DONE_GRACE_S:
+                    self._teardown(peer, self._dealer_linger)  # over: free its descriptors
+                else:
+                    self._note_expiry(peer.done_at + _DONE_GRACE_S)
 
     def _wait_ms(self, end: float | None) -> int | None:
-        deadlines = [p.deadline for p in self._peers.values() if p.deadline is not None]
-        if end is not None:
-            deadlines.append(end)
-        if not deadlines:
+        first = self._next_expiry
+        if self._peers and (first is None or self._next_sweep < first):
+            first = self._next_sweep
+        if end is not None and (first is None or end < first):
+            first = end
+        if first is None:
             return None
-        return max(0, math.ceil((min(deadlines) - time.monotonic()) * 1000.0))
+        return max(0, math.ceil((first - time.monotonic()) * 1000.0))

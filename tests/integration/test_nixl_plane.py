@@ -237,7 +237,7 @@ def test_cancel_releases_a_transfer_stuck_in_flight(children: list[Child]) -> No
         stuck = plane.write("mute", [0], [0])
         assert plane.in_flight == 1
         assert plane.poll() == []
-        assert plane.progress_interval_ms == 1  # busy while a transfer is in flight
+        assert plane.progress_interval_ms <= 1  # prompt, then busy, while a transfer is in flight
         assert plane.cancel(stuck) is True
         assert plane.in_flight == 0
 
