@@ -79,17 +79,43 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
     if args.suite != "fsm" and args.rounds < 2:
         raise ConfigError(f"--rounds: expected at least 2, got {args.rounds}")
+    from p2pfsm.bench import report
+
     results: dict[str, Any] = {}
     text: list[str] = []
-    if args.suite in ("fsm", "all"):
+    if args.connect is not None:
+        from p2pfsm.bench.client import fetch_loop
+
+        peer = _peer_of(args.connect)
+        for shape in args.shapes:
+            blocks, block_len = report.parse_shape(shape)
+            progress(f"fetching {shape} from {peer}, {args.repeat} times")
+            try:
+                got = fetch_loop(peer, blocks, block_len, args.repeat)
+            except TransportError as exc:  # e.g. the server holds another block size
+                results[f"connect {shape}"] = {"error": str(exc)}
+                text.append(f"{shape} from {peer}: not measured: {exc}")
+                continue
+            results[f"connect {shape}"] = got
+            text.append(report.format_loop(f"{shape} from {peer}", got))
+    elif args.vs_vllm:
+        from p2pfsm.bench import matrix
+
+        results["vs_vllm"] = got = matrix.run(passes=args.passes, repeat=args.repeat,
+                                              progress=progress)
+        text += ["vLLM 0.33.0 vs p2pfsm (separate processes, fresh servers, interleaved):",
+                 matrix.format_matrix(got)]
+    suites = () if args.connect is not None or (args.vs_vllm and args.suite == "all") else (
+        report.SUITES if args.suite == "all" else (args.suite,))
+    if "fsm" in suites:
         from p2pfsm.bench import fsm as bench_fsm
 
         progress("fsm bench: one control event through the machines")
-        rows = bench_fsm.run(number=args.number)
+        rows = bench_fsm.run(open_counts=tuple(args.open_rounds), number=args.number)
         results["fsm"] = [r.__dict__ for r in rows]
         text += ["control event through the machines (consumer session, medians):",
                  bench_fsm.format_rows(rows)]
-    if args.suite in ("transfer", "all"):
+    if "transfer" in suites or (args.vs_vllm and args.suite == "all"):
         from p2pfsm.bench import transfer as bench_transfer
         from p2pfsm.demo.host import require_data_plane
 
@@ -99,6 +125,22 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         results["transfer"] = transfer
         text += ["", "fetches through two nodes vs the raw operations beneath "
                  "(same run, same two processes):", bench_transfer.format_table(transfer)]
+    if "sweep" in suites:
+        from p2pfsm.bench import workloads
+
+        results["sweep"] = rows_ = workloads.sweep(progress=progress)
+        text += ["", workloads.format_sweep(rows_)]
+    if "peers" in suites:
+        from p2pfsm.bench import peers
+
+        results["peers"] = got_peers = peers.run(count=args.peers, window_s=args.idle_seconds,
+                                                 progress=progress)
+        text += ["", peers.format_peers(got_peers)]
+    if args.plot is not None:
+        from p2pfsm.bench import plot
+
+        for path in plot.write_all(results, args.plot):
+            progress(f"wrote {path}")
     print(json.dumps(results) if args.json else "\n".join(text).strip("\n"))
     return 0
 
@@ -444,9 +486,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_check)
 
     p = command("bench", help="measure and print ratios against raw operations")
-    p.add_argument("--suite", choices=("fsm", "transfer", "all"), default="all",
-                   help="fsm: control events through the machines; transfer: fetches "
-                        "between two processes; all: both")
+    p.add_argument("--suite", choices=("fsm", "transfer", "sweep", "peers", "all"), default="all",
+                   help="fsm: control events through the machines vs open rounds; transfer: "
+                        "fetches between two processes vs raw NIXL and ZeroMQ; sweep: GB/s "
+                        "vs block size; peers: idle peers on one serve; all: fsm and transfer")
+    p.add_argument("--peers", type=_positive(int), default=128,
+                   help="peers: how many idle clients")
+    p.add_argument("--connect", metavar="tcp://HOST:PORT", default=None,
+                   help="only time fetches of the demo blocks from this server (vLLM's or "
+                        "ours)")
+    p.add_argument("--shapes", nargs="+", default=["256x64KiB", "1x4KiB"],
+                   help="--connect: fetch shapes, BLOCKSxSIZE (e.g. 256x64KiB)")
+    p.add_argument("--vs-vllm", action="store_true",
+                   help="the vLLM/p2pfsm client/server matrix (needs .venv-vllm); with "
+                        "--suite all it adds the transfer raws")
+    p.add_argument("--passes", type=_positive(int), default=2,
+                   help="--vs-vllm: interleaved passes, a fresh server per cell each")
+    p.add_argument("--repeat", type=_positive(int), default=20,
+                   help="--connect/--vs-vllm: timed fetches per cell and pass")
+    p.add_argument("--open-rounds", type=int, nargs="+", default=[0, 1000, 10_000, 100_000],
+                   help="fsm: open-round counts")
+    p.add_argument("--plot", metavar="DIR", default=None,
+                   help="write PNG figures of what was measured into DIR (needs the 'plot' "
+                        "extra: matplotlib)")
     p.add_argument("--number", type=_positive(int), default=2000,
                    help="fsm: iterations per sample")
     p.add_argument("--rounds", type=_positive(int), default=30,

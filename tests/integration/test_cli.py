@@ -145,7 +145,8 @@ def runs(server: str) -> dict[str, Ran]:
         "mismatch": ["fetch", "--connect", server, "--block-len", "8192"],
         "demo": ["demo", "--json"],
         "bench": ["bench", "--suite", "all", "--json", "--number", "20", "--rounds", "2",
-                  "--per-round", "3", "--idle-seconds", "0.5"],
+                  "--per-round", "3", "--idle-seconds", "0.5",
+                  "--open-rounds", "0", "100", "10000"],
     }
     started = {name: start(*args) for name, args in commands.items()}
     deadline = time.monotonic() + RUN_TIMEOUT

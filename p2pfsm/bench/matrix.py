@@ -1,0 +1,230 @@
+"""``p2pfsm bench --vs-vllm``: vLLM 0.33.0 and p2pfsm, client and server, side by side.
+
+Every cell is one (server, client) pair of separate processes: a p2pfsm server is
+``p2pfsm serve``, a vLLM one ``python -m p2pfsm.vllm.peer server`` in the interop venv;
+a p2pfsm client is :mod:`p2pfsm.bench.client`, a vLLM one ``p2pfsm.vllm.peer client
+--repeat``. Both hold the demo block model and verify every byte. Each cell gets a fresh
+server per pass; passes interleave the cells (pass 1: every cell, pass 2: every cell...),
+so a cell's samples spread over the whole run's machine load. Medians and p10/p90 are
+over the fetches of all passes; failures and verify failures are counted apart.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from p2pfsm.errors import ConfigError, TransportError
+
+__all__ = ["SHAPES", "format_matrix", "run", "vllm_python"]
+
+MARK = "P2PINTEROP "
+SHAPES: dict[str, tuple[int, int]] = {"256x64KiB": (256, 64 * 1024), "1x4KiB": (1, 4096)}
+KINDS = ("vllm", "p2pfsm")
+_START_S = 300.0
+_RUN_S = 600.0
+
+Progress = Callable[[str], None]
+_CORNER = "server"
+
+
+def vllm_python(root: Path | None = None) -> Path | None:
+    """The interop venv's python (``.venv-vllm`` at the checkout or cwd), None without it."""
+    for base in (root, Path.cwd(), Path(__file__).resolve().parents[2]):
+        if base is not None and (base / ".venv-vllm" / "bin" / "python").exists():
+            return base / ".venv-vllm" / "bin" / "python"
+    return None
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    here = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = here + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def _readline(proc: subprocess.Popen[str], until: float, what: str) -> str:
+    """The process's next stdout line, read straight from its descriptor (a buffered
+    reader could hold a second line where select() cannot see it)."""
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    buf = _BUFFERS.setdefault(proc.pid, bytearray())
+    while b"\n" not in buf:
+        left = until - time.monotonic()
+        if left <= 0:
+            raise TransportError(f"{what}: nothing within the time bound")
+        ready, _, _ = select.select([fd], [], [], left)
+        if ready:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise TransportError(f"{what}: exited ({proc.wait(5)})")
+            buf += chunk
+    line, _, rest = bytes(buf).partition(b"\n")
+    buf[:] = rest
+    return line.decode("utf-8", "replace") + "\n"
+
+
+_BUFFERS: dict[int, bytearray] = {}
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    _BUFFERS.pop(proc.pid, None)
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+def _server(kind: str, vpy: Path | None, blocks: int, block_len: int
+            ) -> tuple[subprocess.Popen[str], str]:
+    if kind == "p2pfsm":
+        argv = [sys.executable, "-m", "p2pfsm.cli", "serve", "--bind", "tcp://127.0.0.1:0",
+                "--blocks", str(blocks), "--block-len", str(block_len)]
+    else:
+        assert vpy is not None
+        argv = [str(vpy), "-m", "p2pfsm.vllm.peer", "server", "--blocks", str(blocks),
+                "--block-len", str(block_len), "--max-seconds", str(int(_RUN_S))]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True, env=_env())
+    until = time.monotonic() + _START_S
+    try:
+        while True:
+            line = _readline(proc, until, f"{kind} server")
+            if kind == "p2pfsm" and line.startswith("serving"):
+                return proc, line.rsplit("tcp://", 1)[1].strip()
+            if kind == "vllm" and line.startswith(MARK):
+                msg = json.loads(line[len(MARK):])
+                if msg.get("kind") == "ready":
+                    return proc, str(msg["peer_id"])
+    except BaseException:
+        _stop(proc)
+        raise
+
+
+def _client(kind: str, vpy: Path | None, addr: str, blocks: int, block_len: int,
+            repeat: int, warmup: int) -> dict[str, Any]:
+    if kind == "p2pfsm":
+        argv = [sys.executable, "-m", "p2pfsm.bench.client", "--connect", addr,
+                "--blocks", str(blocks), "--block-len", str(block_len),
+                "--repeat", str(repeat), "--warmup", str(warmup)]
+    else:
+        assert vpy is not None
+        argv = [str(vpy), "-m", "p2pfsm.vllm.peer", "client", "--connect", addr,
+                "--keys", f"0-{blocks - 1}", "--block-len", str(block_len),
+                "--repeat", str(repeat + warmup), "--linger", "0", "--hold-open", "0",
+                "--max-seconds", str(int(_RUN_S))]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, env=_env(),
+                              timeout=_RUN_S, check=False)
+    except subprocess.TimeoutExpired:
+        return {"times": [], "failures": repeat, "verify_failures": 0}
+    for line in reversed(done.stdout.splitlines()):
+        if kind == "p2pfsm" and line.startswith("{"):
+            out: dict[str, Any] = json.loads(line)
+            return out
+        if kind == "vllm" and line.startswith(MARK):
+            msg = json.loads(line[len(MARK):])
+            if msg.get("kind") != "result":
+                continue
+            attempts = msg.get("attempts", [])[warmup:]
+            ok = [a for a in attempts if a.get("success")]
+            return {"times": [a["seconds"] for a in ok if a.get("verified")],
+                    "failures": repeat - len(ok),
+                    "verify_failures": sum(1 for a in ok if not a.get("verified"))}
+    return {"times": [], "failures": repeat, "verify_failures": 0,
+            "error": (done.stderr or "")[-300:]}
+
+
+def _stats(samples: list[float]) -> dict[str, float] | None:
+    if not samples:
+        return None
+    s = sorted(samples)
+    cuts = statistics.quantiles(s, n=10, method="inclusive") if len(s) > 1 else s * 9
+    return {"median_ms": statistics.median(s) * 1e3, "p10_ms": cuts[0] * 1e3,
+            "p90_ms": cuts[-1] * 1e3, "n": len(s)}
+
+
+def run(passes: int = 2, repeat: int = 20, warmup: int = 3, shapes: tuple[str, ...] = tuple(SHAPES),
+        progress: Progress | None = None, vpy: Path | None = None) -> dict[str, Any]:
+    """Run the matrix; return cells keyed ``"<shape> <server> server / <client> client"``."""
+    say = progress or (lambda _line: None)
+    vpy = vpy or vllm_python()
+    if vpy is None:
+        raise ConfigError("--vs-vllm needs the interop venv .venv-vllm "
+                          "(bash .ci/install-vllm.sh)")
+    if passes < 1 or repeat < 1:
+        raise ConfigError(f"--vs-vllm: need passes and repeat >= 1, got {passes}, {repeat}")
+    samples: dict[str, dict[str, Any]] = {}
+    t0 = time.monotonic()
+    for p in range(passes):
+        for shape in shapes:
+            blocks, block_len = SHAPES[shape]
+            for server in KINDS:
+                for client in KINDS:
+                    key = f"{shape} {server}/{client}"
+                    cell = samples.setdefault(key, {"shape": shape, "server": server,
+                                                    "client": client, "times": [],
+                                                    "failures": 0, "verify_failures": 0})
+                    say(f"  pass {p + 1}/{passes}: {shape}, {server} server, {client} client")
+                    proc, addr = _server(server, vpy, blocks, block_len)
+                    try:
+                        got = _client(client, vpy, addr, blocks, block_len, repeat, warmup)
+                    finally:
+                        _stop(proc)
+                    cell["times"] += got["times"]
+                    cell["failures"] += got["failures"]
+                    cell["verify_failures"] += got["verify_failures"]
+    cells = {k: {**{f: v for f, v in c.items() if f != "times"}, "stats": _stats(c["times"]),
+                 "times_ms": [t * 1e3 for t in c["times"]]} for k, c in samples.items()}
+    return {"cells": cells, "passes": passes, "repeat": repeat,
+            "wall_s": time.monotonic() - t0}
+
+
+def _median(cells: dict[str, Any], shape: str, server: str, client: str) -> float | None:
+    stats = cells.get(f"{shape} {server}/{client}", {}).get("stats")
+    return None if stats is None else float(stats["median_ms"])
+
+
+def format_matrix(result: dict[str, Any]) -> str:
+    """The matrix as text: one table per shape, then the ratios."""
+    cells = result["cells"]
+    lines: list[str] = []
+    for shape in SHAPES:
+        if not any(c["shape"] == shape for c in cells.values()):
+            continue
+        lines += ["", f"{shape} fetch [ms]: median (p10-p90) n failures/verify-failures",
+                  f"{_CORNER:<16}" + "".join(f"{k + ' client':>36}" for k in KINDS)]
+        for server in KINDS:
+            row = f"{server:<16}"
+            for client in KINDS:
+                c = cells.get(f"{shape} {server}/{client}")
+                s = None if c is None else c["stats"]
+                text = "-" if s is None else (
+                    f"{s['median_ms']:.2f} ({s['p10_ms']:.2f}-{s['p90_ms']:.2f}) "
+                    f"n={s['n']} {c['failures']}/{c['verify_failures']}")
+                row += f"{text:>36}"
+            lines.append(row)
+        vv = _median(cells, shape, "vllm", "vllm")
+        pp = _median(cells, shape, "p2pfsm", "p2pfsm")
+        vp = _median(cells, shape, "vllm", "p2pfsm")
+        pv = _median(cells, shape, "p2pfsm", "vllm")
+        if vv and pp:
+            lines.append(f"  vLLM<->vLLM / p2pfsm<->p2pfsm = {vv / pp:.2f}x")
+        if vp and vv:
+            lines.append(f"  vLLM server: vLLM client / p2pfsm client = {vv / vp:.2f}x")
+        if pv and vv:
+            lines.append(f"  vLLM client: vLLM server / p2pfsm server = {vv / pv:.2f}x")
+    lines.append(f"({result['passes']} passes x {result['repeat']} fetches per cell, a fresh "
+                 f"server per cell and pass; {result['wall_s']:.0f} s)")
+    return "\n".join(lines).strip("\n")

@@ -1,0 +1,108 @@
+"""``p2pfsm bench --suite peers``: what connected, idle peers cost one ``p2pfsm serve``.
+
+This process opens ``count`` client nodes (one block of 4 KiB each), connects each to a
+fresh ``p2pfsm serve`` process (handshake time each), then leaves them idle, stepping
+them now and then, while it reads the server's CPU time, open descriptors and resident
+memory from ``/proc``: before any peer, in the first ``window_s`` after the peers are
+ready, in the ``window_s`` after that (steady state), and in the ``window_s`` after every
+client has closed.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+from p2pfsm.bench.matrix import _env, _readline, _stop
+from p2pfsm.bench.transfer import Progress
+
+__all__ = ["format_peers", "run"]
+
+
+def _cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def _rss(pid: int) -> int:
+    with open(f"/proc/{pid}/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _window(pid: int, seconds: float, nodes: list[Any]) -> float:
+    """Server CPU in % of a core over ``seconds``, stepping ``nodes`` twice a second."""
+    c0, t0 = _cpu_s(pid), time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        for node in nodes:
+            node.step(0)
+        time.sleep(0.5)  # the clients' own pace does not matter here: the server's does
+    return (_cpu_s(pid) - c0) / (time.monotonic() - t0) * 100
+
+
+def run(count: int = 128, window_s: float = 10.0,
+        progress: Progress | None = None) -> dict[str, Any]:
+    from p2pfsm.executor.node import Node, NodeConfig
+
+    say = progress or (lambda _line: None)
+    proc = subprocess.Popen([sys.executable, "-m", "p2pfsm.cli", "serve", "--bind",
+                             "tcp://127.0.0.1:0", "--blocks", "1", "--block-len", "4096"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            env=_env())
+    nodes: list[Any] = []
+    try:
+        line = _readline(proc, time.monotonic() + 300, "p2pfsm serve")
+        addr = line.rsplit("tcp://", 1)[1].strip()
+        pid = proc.pid
+        say(f"  peers: server idle with no peers for {window_s:g} s")
+        alone = _window(pid, window_s, [])
+        fds0, rss0 = _fds(pid), _rss(pid)
+        handshakes = []
+        for i in range(count):
+            node = Node(NodeConfig("tcp://127.0.0.1:0", 1, 4096))
+            nodes.append(node)
+            t0 = time.perf_counter()
+            session = node.connect(addr)
+            node.run_until(lambda: session.ready or not session.alive, 30.0)  # noqa: B023
+            if session.ready:
+                handshakes.append(time.perf_counter() - t0)
+            if i % 32 == 31:
+                say(f"  peers: {i + 1}/{count} connected")
+        say(f"  peers: {count} idle peers, two windows of {window_s:g} s")
+        first = _window(pid, window_s, nodes)
+        steady = _window(pid, window_s, nodes)
+        fds1, rss1 = _fds(pid), _rss(pid)
+        for node in nodes:
+            node.close(timeout=0.5)
+        nodes.clear()
+        after = _window(pid, window_s, [])
+    finally:
+        for node in nodes:
+            node.close(timeout=0.5)
+        _stop(proc)
+    return {"count": count, "connected": len(handshakes), "window_s": window_s,
+            "handshake_median_ms": statistics.median(handshakes) * 1e3 if handshakes else None,
+            "cpu_alone": alone, "cpu_first": first, "cpu_steady": steady, "cpu_after": after,
+            "fds_per_peer": (fds1 - fds0) / count, "rss_per_peer_kib": (rss1 - rss0) / count / 1024}
+
+
+def format_peers(r: dict[str, Any]) -> str:
+    hs = r["handshake_median_ms"]
+    return "\n".join([
+        f"{r['count']} idle peers on one p2pfsm serve ({r['connected']} handshakes, median "
+        f"{hs:.1f} ms)" if hs is not None else f"{r['count']} peers: no handshake",
+        f"  server CPU [% of a core]: no peers {r['cpu_alone']:.2f}; first {r['window_s']:g} s "
+        f"{r['cpu_first']:.2f}; steady {r['cpu_steady']:.2f}; after they left "
+        f"{r['cpu_after']:.2f}   (targets: < 2 total with peers, < 1 idle)",
+        f"  per peer: {r['fds_per_peer']:.1f} fds, {r['rss_per_peer_kib']:.0f} KiB"])

@@ -1,0 +1,69 @@
+"""PNG figures of a ``p2pfsm bench`` result (``--plot DIR``; needs matplotlib, the ``plot``
+extra): latency CDFs of the vLLM/p2pfsm matrix, GB/s vs block size, per-event cost vs
+open rounds. Only what the result holds is drawn."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from p2pfsm.errors import ConfigError
+
+__all__ = ["write_all"]
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise ConfigError(f"--plot needs matplotlib ({exc}): pip install 'p2pfsm[plot]'") from None
+    return plt
+
+
+def write_all(results: dict[str, Any], directory: str) -> list[Path]:
+    """Write every figure the results allow into ``directory``; return their paths."""
+    plt = _pyplot()
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    paths: list[Path] = []
+    cells = results.get("vs_vllm", {}).get("cells", {})
+    for shape in sorted({c["shape"] for c in cells.values()}):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for _key, c in sorted(cells.items()):
+            if c["shape"] == shape and c["times_ms"]:
+                xs = sorted(c["times_ms"])
+                ax.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))],
+                        label=f"{c['server']} server / {c['client']} client")
+        ax.set(xscale="log", xlabel="fetch latency [ms]", ylabel="fraction of fetches",
+               title=f"{shape} fetch: latency CDF")
+        ax.legend(fontsize=8)
+        paths.append(out / f"latency-cdf-{shape}.png")
+        fig.savefig(paths[-1], dpi=100, bbox_inches="tight")
+        plt.close(fig)
+    if results.get("sweep"):
+        rows = results["sweep"]
+        fig, ax = plt.subplots(figsize=(6, 4))
+        xs = [r["block_len"] / 1024 for r in rows]
+        for field, label in (("fetch_gbps", "fetch (Node)"), ("raw_gbps", "raw NIXL WRITE"),
+                             ("memcpy_gbps", "memcpy")):
+            ax.plot(xs, [r[field] for r in rows], marker="o", label=label)
+        ax.set(xscale="log", xlabel="block size [KiB]", ylabel="GB/s",
+               title="throughput vs block size")
+        ax.legend()
+        paths.append(out / "gbps-vs-block-size.png")
+        fig.savefig(paths[-1], dpi=100, bbox_inches="tight")
+        plt.close(fig)
+    if results.get("fsm"):
+        rows = results["fsm"]
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.plot([max(r["open_rounds"], 1) for r in rows], [r["per_event_us"] for r in rows],
+                marker="o")
+        ax.set(xscale="log", xlabel="open rounds (0 drawn at 1)", ylabel="µs per event",
+               title="per-event cost vs open rounds", ylim=(0, None))
+        paths.append(out / "event-cost-vs-open-rounds.png")
+        fig.savefig(paths[-1], dpi=100, bbox_inches="tight")
+        plt.close(fig)
+    return paths

@@ -1,0 +1,37 @@
+"""Shared bits of ``p2pfsm bench`` output: suites, fetch shapes, one loop's summary line."""
+
+from __future__ import annotations
+
+import re
+import statistics
+from typing import Any
+
+from p2pfsm.errors import ConfigError
+
+__all__ = ["SUITES", "format_loop", "parse_shape"]
+
+SUITES = ("fsm", "transfer")
+"""What ``--suite all`` runs (``sweep`` is chosen by name: it takes minutes)."""
+
+_UNITS = {"": 1, "B": 1, "KiB": 1024, "MiB": 1024 * 1024}
+_SHAPE = re.compile(r"^([1-9][0-9]{0,5})x([1-9][0-9]{0,9})(B|KiB|MiB)?$")
+
+
+def parse_shape(text: str) -> tuple[int, int]:
+    """``"256x64KiB"`` -> (256, 65536); a ConfigError for anything else."""
+    m = _SHAPE.match(text.strip())
+    if m is None:
+        raise ConfigError(f"fetch shape: expected BLOCKSxSIZE such as 256x64KiB, got {text!r}")
+    return int(m.group(1)), int(m.group(2)) * _UNITS[m.group(3) or ""]
+
+
+def format_loop(label: str, got: dict[str, Any]) -> str:
+    """One line: median and p10/p90 of a fetch loop's times, its failures."""
+    times = sorted(got["times"])
+    head = f"{label}: {len(times)} fetches, {got['failures']} failed, " \
+           f"{got['verify_failures']} verify failures"
+    if not times:
+        return head
+    cuts = statistics.quantiles(times, n=10, method="inclusive") if len(times) > 1 else times * 9
+    return (f"{head}; median {statistics.median(times) * 1e3:.3f} ms "
+            f"(p10 {cuts[0] * 1e3:.3f}, p90 {cuts[-1] * 1e3:.3f})")

@@ -1,0 +1,83 @@
+"""``p2pfsm bench`` argument handling and report formatting (no measurement runs here)."""
+
+from __future__ import annotations
+
+import pytest
+
+from p2pfsm.bench import matrix, report
+from p2pfsm.bench.transfer import format_table
+from p2pfsm.cli import build_parser
+from p2pfsm.errors import ConfigError
+
+
+@pytest.mark.parametrize(("text", "shape"), [("256x64KiB", (256, 65536)), ("1x4KiB", (1, 4096)),
+                                              ("8x2MiB", (8, 2 << 20)), ("3x100", (3, 100))])
+def test_shapes_parse(text: str, shape: tuple[int, int]) -> None:
+    assert report.parse_shape(text) == shape
+
+
+@pytest.mark.parametrize("text", ["", "0x4KiB", "4KiB", "2x", "1x4GiB", "-1x4KiB", "1x04 KiB"])
+def test_bad_shapes_are_config_errors(text: str) -> None:
+    with pytest.raises(ConfigError, match="BLOCKSxSIZE"):
+        report.parse_shape(text)
+
+
+def test_loop_line_names_failures_and_quantiles() -> None:
+    line = report.format_loop("x", {"times": [0.001, 0.002, 0.003], "failures": 1,
+                                     "verify_failures": 2})
+    assert line.startswith("x: 3 fetches, 1 failed, 2 verify failures; median 2.000 ms")
+    assert report.format_loop("y", {"times": [], "failures": 4, "verify_failures": 0}) == \
+        "y: 0 fetches, 4 failed, 0 verify failures"
+
+
+def test_bench_arguments() -> None:
+    args = build_parser().parse_args(["bench", "--connect", "tcp://127.0.0.1:5", "--shapes",
+                                      "1x4KiB", "--repeat", "3"])
+    assert (args.connect, args.shapes, args.repeat, args.vs_vllm) == \
+        ("tcp://127.0.0.1:5", ["1x4KiB"], 3, False)
+    args = build_parser().parse_args(["bench", "--vs-vllm", "--passes", "2", "--plot", "d"])
+    assert args.vs_vllm and args.passes == 2 and args.plot == "d"
+    assert build_parser().parse_args(["bench"]).open_rounds == [0, 1000, 10_000, 100_000]
+
+
+def _cell(shape: str, server: str, client: str, ms: list[float]) -> dict[str, object]:
+    stats = None if not ms else {"median_ms": sorted(ms)[len(ms) // 2], "p10_ms": min(ms),
+                                 "p90_ms": max(ms), "n": len(ms)}
+    return {"shape": shape, "server": server, "client": client, "failures": 0,
+            "verify_failures": 0, "stats": stats, "times_ms": ms}
+
+
+def test_matrix_table_has_every_cell_and_the_ratios() -> None:
+    cells = {f"256x64KiB {s}/{c}": _cell("256x64KiB", s, c, ms) for s, c, ms in (
+        ("vllm", "vllm", [9.0]), ("vllm", "p2pfsm", [6.0]), ("p2pfsm", "vllm", [4.5]),
+        ("p2pfsm", "p2pfsm", [3.0]))}
+    text = matrix.format_matrix({"cells": cells, "passes": 1, "repeat": 1, "wall_s": 1.0})
+    assert "vLLM<->vLLM / p2pfsm<->p2pfsm = 3.00x" in text
+    assert "vLLM server: vLLM client / p2pfsm client = 1.50x" in text
+    assert "vLLM client: vLLM server / p2pfsm server = 2.00x" in text
+    assert "1x4KiB" not in text
+
+
+def test_matrix_refuses_zero_passes() -> None:
+    with pytest.raises(ConfigError, match="passes"):
+        matrix.run(passes=0, vpy=matrix.Path("/nonexistent/python"))
+
+
+def _row(median: float) -> dict[str, float]:
+    return {"median": median, "p10": median / 2, "p90": median * 2, "n": 3.0}
+
+
+def test_transfer_table_shows_both_raws_and_the_floor_ratio() -> None:
+    result = {"fetch_large": {"unit": "ms", "raw": _row(3.0), "raw_prompt": _row(1.5),
+                              "node": _row(2.25), "ratio": 0.75, "ratio_prompt": 1.5,
+                              "target": 1.5},
+              "fetch_small": {"unit": "us", "raw": _row(60.0), "raw_tight": _row(50.0),
+                              "node": _row(100.0), "ratio": 1.67, "ratio_tight": 2.0,
+                              "target": 1.5},
+              "idle_cpu": {"peer_percent": 0.5, "local_percent": 0.4, "target_percent": 1.0,
+                           "seconds": 1.0},
+              "rounds": 2, "number": 1, "wall_s": 1.0}
+    text = format_table(result)
+    assert "raw WRITE, target spinning [ms]" in text and "raw REQ-REP round trip [us]" in text
+    assert " 1.50x  <= 1.5x of the last raw (0.75x of the first)" in text
+    assert " 2.00x  <= 1.5x of the last raw (1.67x of the first)" in text
