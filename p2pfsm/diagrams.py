@@ -89,11 +89,17 @@ def to_dot(spec: MachineSpec) -> str:
 
 def render(specs: dict[str, MachineSpec], out: Path, page: Path | None = None) -> dict[Path, str]:
     """The generated files, by path: one ``.mmd`` per machine and ``overview.mmd`` under
-    ``out``, and the page of :func:`machines_page` (``page``, default
-    ``out/machines.md``)."""
+    ``out``, the page of :func:`machines_page` (``page``, default ``out/machines.md``)
+    and, when that page is the checkout's ``docs/machines.md``, the checkout's
+    ``tla/MachineTables.tla`` (:mod:`p2pfsm.verify.tables`)."""
     files = {out / f"{name}.mmd": to_mermaid(spec) for name, spec in specs.items()}
     files[out / "overview.mmd"] = to_overview(specs)
     files[page or out / "machines.md"] = machines_page(specs)
+    root = checkout_root()
+    if root is not None and page == root / "docs" / "machines.md":
+        from p2pfsm.verify import tables  # the checkout's tla/ gets its generated module
+
+        files[tables.path(root / "tla")] = tables.to_tla(specs)
     return files
 
 

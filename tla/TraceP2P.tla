@@ -17,7 +17,7 @@
 (* TraceComplete below): a trace with a garbled or a missing line is      *)
 (* explained up to the line where it goes wrong, and rejected.            *)
 (***************************************************************************)
-EXTENDS MCP2P, TraceData
+EXTENDS MCP2P, TraceData, MachineTables
 
 VARIABLES t, l
 
@@ -61,6 +61,10 @@ TraceSpec == TraceInit /\ [][TraceNext]_tvars
 \* reachable graph TLC dumps: Consumed(i) must hold in some dumped state, for every i.
 Consumed(i) == t = i /\ l = Len(TraceLog[i])
 TraceComplete(reachable) == \A i \in DOMAIN TraceLog : \E s \in reachable : s.t = i /\ s.l = Len(TraceLog[i])
+
+\* Every machine step a behaviour takes is a transition of models/ (MachineTables is
+\* generated from them): checked as an invariant of every trace-validation run.
+FiredDeclared == \A f \in fired : Declared(f)
 
 \* Violated (a witness, not an error) once trace t is explained to its end.
 NotExplained == ~Consumed(t)

@@ -263,9 +263,10 @@ CONSTANTS
     BugP5 = FALSE
     TrackFired = TRUE
     TrackAct = TRUE
+INVARIANT FiredDeclared
 """
 
-_SPEC_FILES = ("P2P.tla", "Channel.tla", "MCP2P.tla", "TraceP2P.tla")
+_SPEC_FILES = ("P2P.tla", "Channel.tla", "MCP2P.tla", "TraceP2P.tla", "MachineTables.tla")
 # In a dot node label (escaped): ...\n/\\ t = 3\n... ; also as the label's first line.
 _T_LABEL = re.compile(r'(?:\[label="|\\n)/\\\\ t = (\d+)')
 _L_LABEL = re.compile(r'(?:\[label="|\\n)/\\\\ l = (\d+)')
@@ -294,20 +295,22 @@ class TraceValidation:
 
 
 def validate(traces: Sequence[Sequence[TraceEvent]], *, workers: int | None = None,
-             timeout: float | None = 600.0) -> TraceValidation:
+             timeout: float | None = 600.0, source: Path | None = None) -> TraceValidation:
     """Check every trace in one TLC run (traces are numbered from 1).
 
     TLC explores TraceP2P and dumps the reachable graph; trace i is accepted when every
     line of it is consumed: some reachable state has ``t = i`` and
     ``l = Len(TraceLog[i])`` (``Consumed(i)``; TraceComplete holds when that is so for
     every trace). A trace with a garbled or a missing line is rejected, and
-    :attr:`TraceValidation.explained` says how far it got.
+    :attr:`TraceValidation.explained` says how far it got. Every run also checks the
+    invariant ``FiredDeclared``: each machine step is a row of the generated
+    ``MachineTables.tla`` (``source``: the spec directory, default ``tla/``).
 
     Raises:
         tlc.TlcNotFound: java or the jar is missing.
         RuntimeError: TLC failed.
     """
-    source = spec_dir()
+    source = source or spec_dir()
     with tempfile.TemporaryDirectory(prefix="p2pfsm-trace-") as tmp:
         work = Path(tmp)
         for name in _SPEC_FILES:
