@@ -177,7 +177,7 @@ FLOWS: dict[str, tuple[str, Callable[[RecordingWorld], None]]] = {
                _demand),
     "lookup_fetch": ("A lookup pins the hits, the fetch of the same request is served from "
                      "the pins.", _lookup_fetch),
-    "abort": ("Nobody supplies: the consumer's load deadline aborts the round; the "
+    "abort": ("Nobody supplies: the consumer's load deadline aborts the round, the "
               "producer acknowledges once no write can land.", _abort),
     "finish": ("The consumer's host finishes the request while it loads (the round "
                "aborts), the producer's host finishes too, then one host closes its "
@@ -210,6 +210,7 @@ def to_sequence(name: str, events: list[Event]) -> str:
             steps.clear()
 
     for e in events:
+        e = Event(e.kind, e.node, e.text.replace(";", ",").replace("#", " "))  # mermaid syntax
         if e.kind == "step":
             if owner != e.node:
                 flush()
