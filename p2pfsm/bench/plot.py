@@ -39,6 +39,7 @@ def write_all(results: dict[str, Any], directory: str) -> list[Path]:
                         label=f"{c['server']} server / {c['client']} client")
         ax.set(xscale="log", xlabel="fetch latency [ms]", ylabel="fraction of fetches",
                title=f"{shape} fetch: latency CDF")
+        ax.xaxis.set_minor_formatter(plt.NullFormatter())
         ax.legend(fontsize=8)
         paths.append(out / f"latency-cdf-{shape}.png")
         fig.savefig(paths[-1], dpi=100, bbox_inches="tight")
