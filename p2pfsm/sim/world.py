@@ -143,6 +143,10 @@ class SimWorld(Executor):
             block not owned by a waiting load, and verify loaded bytes. The protocol
             guarantees this over FIFO channels; tests that duplicate or reorder frames
             (outside that model) turn it off and check the remaining properties.
+        cancelled_writes_land: :meth:`enabled` (so :meth:`run` and :meth:`stabilize`)
+            also lets a cancelled write land before its cancel completes (stabilize
+            lands it first), as NIXL may; by default a cancelled write there only
+            completes, unlanded (:meth:`land` may still land it).
     """
 
     NODES = ("a", "b")
@@ -158,9 +162,11 @@ class SimWorld(Executor):
         configs: dict[str, dict[str, object]] | None = None,
         tracer: Tracer | None = None,
         check_destinations: bool = True,
+        cancelled_writes_land: bool = False,
     ) -> None:
         self.rng = random.Random(seed)
         self.check_destinations = check_destinations
+        self.cancelled_writes_land = cancelled_writes_land
         self._pending_answers: list[tuple[str, HostAnswerLookup]] = []
         self.now = 0.0
         self.tracer = tracer
@@ -484,9 +490,9 @@ class SimWorld(Executor):
                     and self.sessions[n].state != "idle" and not self.channels[(n, peer)]):
                 steps.append((f"link down {peer}", partial(self.link_down, peer)))
         for (src, xfer), w in sorted(self.writes.items()):
-            if not w.landed and not w.cancelled:
+            if not w.landed and (not w.cancelled or self.cancelled_writes_land):
                 steps.append((f"land {src}#{xfer}", partial(self.land, src, xfer)))
-            else:
+            if w.landed or w.cancelled:
                 steps.append((f"complete {src}#{xfer}", partial(self.complete, src, xfer)))
         return steps
 

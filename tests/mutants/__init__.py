@@ -1,0 +1,7 @@
+"""Must-fail mutants: vLLM's race classes reintroduced at the Session boundary.
+
+See :mod:`mutants.catalogue` for the list, :mod:`mutants.plugin` to run any pytest suite
+under one (``P2PFSM_MUTANT=NAME pytest -p mutants.plugin ...``) and ``python -m
+tests.mutants`` for the table of which suites catch which mutant (docs/verification.md,
+"Mutants").
+"""

@@ -1,0 +1,300 @@
+"""The must-fail mutants: each makes a correct Session behave like one of vLLM's bugs.
+
+A mutant wraps :meth:`Session.handle`: it sees the input before the session does and
+the outputs after, and may rewrite, add or swallow them, keeping its own notes
+(:class:`~mutants.boundary.Boundary`) and nothing of the session's insides. So a mutant
+keeps working while the session's internals are restructured, as long as the public
+inputs and outputs keep their meaning. Each must be caught by the stateful test alone
+(``tests/mutants/test_caught.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from p2pfsm.protocol import AbortAck, AbortFetch, Fetch, Lookup, Message, TransferDone, decode
+from p2pfsm.protocol import encode as encode_frame
+from p2pfsm.session import (
+    CancelWrite,
+    FrameReceived,
+    HostFinish,
+    Input,
+    LoadResult,
+    Output,
+    SendFrame,
+    Session,
+    SessionDead,
+    StartWrite,
+    StoreResult,
+    TimerFired,
+)
+
+from .boundary import Boundary
+
+Inner = Callable[[Input, float], list[Output]]
+
+
+def _frame(event: Input, session: Session) -> Message | None:
+    """The message an incoming frame carries, or None (not a frame, or undecodable)."""
+    if not isinstance(event, FrameReceived):
+        return None
+    try:
+        return decode(event.frame, session.config.limits)
+    except Exception:
+        return None
+
+
+def _sent(outputs: list[Output], cls: type) -> list[Message]:
+    return [o.message for o in outputs if isinstance(o, SendFrame) and isinstance(o.message, cls)]
+
+
+class Mutant:
+    """One session's mutant: ``handle`` is called instead of the session's own."""
+
+    name = ""
+    race = ""
+    what = ""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.b = Boundary()
+
+    def handle(self, inner: Inner, event: Input, now: float) -> list[Output]:
+        event = self.rewrite_input(event)
+        self.b.before(event)
+        try:
+            outputs = inner(event, now)
+        except Exception:
+            self.b.failed(event)
+            raise
+        self.b.after(outputs)
+        return self.rewrite_outputs(event, outputs)
+
+    def rewrite_input(self, event: Input) -> Input:
+        return event
+
+    def rewrite_outputs(self, event: Input, outputs: list[Output]) -> list[Output]:
+        return outputs
+
+
+class P1Consumer(Mutant):
+    name = "p1_consumer"
+    race = "P1"
+    what = ("consumer completes the request's open round (the oldest) on any transfer_done, "
+            "ignoring its round_seq")
+
+    def rewrite_input(self, event: Input) -> Input:
+        msg = _frame(event, self.session)
+        if not isinstance(msg, TransferDone):
+            return event
+        rounds = self.b.open_rounds(msg.kv_request_id)
+        if not rounds or rounds[0].round_seq == msg.round_seq:
+            return event
+        return FrameReceived(encode_frame(replace(msg, round_seq=rounds[0].round_seq)))
+
+
+class P3FinishDrops(Mutant):
+    name = "p3_finish_drops"
+    race = "P3"
+    what = "consumer finish sends abort_fetch and drops its loads: they never get a LoadResult"
+
+    def __init__(self, session: Session) -> None:
+        super().__init__(session)
+        self.dropped: set[int] = set()
+
+    def rewrite_outputs(self, event: Input, outputs: list[Output]) -> list[Output]:
+        if isinstance(event, HostFinish):
+            self.dropped |= {j.job_id for j in self.b.loads.values()
+                             if j.kv_request_id == event.kv_request_id and not j.done
+                             and j.round_seq is not None}
+        return [o for o in outputs if not (isinstance(o, LoadResult) and o.job_id in self.dropped)]
+
+
+class P4RoundRestart(Mutant):
+    name = "p4_round_restart"
+    race = "P4"
+    what = ("consumer round numbers restart at 0 once a request has nothing open (no round "
+            "floor after an abort): a late abort_ack completes the new generation")
+
+    STALE = 1 << 40
+    """Internal round for a reply naming no live wire round (the session ignores it)."""
+
+    def __init__(self, session: Session) -> None:
+        super().__init__(session)
+        self.wire: dict[tuple[str, int], int] = {}  # (kv, internal round) -> wire round
+
+    def _to_wire(self, kv: str, internal: int) -> int:
+        key = (kv, internal)
+        if key not in self.wire:
+            live = [w for (k, _), w in self.wire.items() if k == kv]
+            self.wire[key] = max(live) + 1 if live else 0
+        return self.wire[key]
+
+    def rewrite_input(self, event: Input) -> Input:
+        msg = _frame(event, self.session)
+        if not isinstance(msg, TransferDone | AbortAck):
+            return event
+        internal = next((i for (k, i), w in self.wire.items()
+                         if k == msg.kv_request_id and w == msg.round_seq), None)
+        seq = self.STALE + msg.round_seq if internal is None else internal
+        return FrameReceived(encode_frame(replace(msg, round_seq=seq)))
+
+    def rewrite_outputs(self, event: Input, outputs: list[Output]) -> list[Output]:
+        result: list[Output] = []
+        ended: list[tuple[str, int]] = []
+        for out in outputs:
+            if isinstance(out, SendFrame) and isinstance(out.message, Fetch | AbortFetch | Lookup):
+                msg = out.message
+                if isinstance(msg, Fetch) and not msg.keys:  # closes a lookup round
+                    ended.append((msg.kv_request_id, msg.round_seq))
+                out = SendFrame(replace(msg, round_seq=self._to_wire(msg.kv_request_id,
+                                                                     msg.round_seq)))
+            elif isinstance(out, LoadResult) and out.job_id in self.b.loads:
+                job = self.b.loads[out.job_id]
+                if job.round_seq is not None:
+                    ended.append((job.kv_request_id, job.round_seq))
+            elif isinstance(out, SessionDead):
+                self.wire.clear()
+            result.append(out)
+        for key in ended:  # the request's idle state is pruned: its counter restarts
+            self.wire.pop(key, None)
+        return result
+
+
+class P5Producer(Mutant):
+    name = "p5_producer"
+    race = "P5 (producer)"
+    what = ("producer sends abort_ack as soon as abort_fetch arrives, before its writes are "
+            "quiescent (the real, later reply is swallowed)")
+
+    def __init__(self, session: Session) -> None:
+        super().__init__(session)
+        self.acked: set[tuple[str, int]] = set()
+
+    def rewrite_outputs(self, event: Input, outputs: list[Output]) -> list[Output]:
+        result: list[Output] = []
+        for out in outputs:
+            msg = out.message if isinstance(out, SendFrame) else None
+            if isinstance(msg, AbortAck | TransferDone) and (
+                    (msg.kv_request_id, msg.round_seq) in self.acked):
+                self.acked.discard((msg.kv_request_id, msg.round_seq))
+                continue
+            result.append(out)
+        msg = _frame(event, self.session)
+        if isinstance(msg, AbortFetch) and self.session.ready:
+            key = (msg.kv_request_id, msg.round_seq)
+            if not any((m.kv_request_id, m.round_seq) == key for m in _sent(result, AbortAck)):
+                result.append(SendFrame(AbortAck(*key)))
+                self.acked.add(key)
+        return result
+
+
+class _GiveUp(Mutant):
+    """Consumer reports a load failed and its destination free when a timer aborts it."""
+
+    def __init__(self, session: Session) -> None:
+        super().__init__(session)
+        self.aborts: dict[int, int] = {}  # job -> abort_fetch frames sent
+        self.given_up: set[int] = set()
+
+    def give_up(self, aborts_sent: int) -> bool:
+        raise NotImplementedError
+
+    def rewrite_outputs(self, event: Input, outputs: list[Output]) -> list[Output]:
+        result = [o for o in outputs
+                  if not (isinstance(o, LoadResult) and o.job_id in self.given_up)]
+        for msg in _sent(outputs, AbortFetch):
+            assert isinstance(msg, AbortFetch)
+            job = self.b.job_of_round(msg.kv_request_id, msg.round_seq)
+            if job is None or job.job_id in self.given_up:
+                continue
+            self.aborts[job.job_id] = self.aborts.get(job.job_id, 0) + 1
+            if isinstance(event, TimerFired) and self.give_up(self.aborts[job.job_id]):
+                self.given_up.add(job.job_id)
+                result.append(LoadResult(job.job_id, job.kv_request_id, False, True))
+        return result
+
+
+class P5Consumer(_GiveUp):
+    name = "p5_consumer"
+    race = "P5 (consumer)"
+    what = ("consumer frees the destination on the load timeout (failure, released) "
+            "without waiting for abort_ack")
+
+    def give_up(self, aborts_sent: int) -> bool:
+        return aborts_sent == 1
+
+
+class P5ConsumerAckTimeout(_GiveUp):
+    name = "p5_consumer_ack_timeout"
+    race = "P5 (consumer)"
+    what = ("consumer gives up when the abort_ack deadline passes (vLLM G1-G4) and frees "
+            "the destination")
+
+    def give_up(self, aborts_sent: int) -> bool:
+        return aborts_sent >= 2
+
+
+class _Unpin(Mutant):
+    """Producer reports a store job (pin release) early; the real StoreResult is swallowed."""
+
+    success = True
+
+    def __init__(self, session: Session) -> None:
+        super().__init__(session)
+        self.released: set[int] = set()
+
+    def trigger(self, out: Output) -> tuple[int, ...] | None:
+        raise NotImplementedError
+
+    def rewrite_outputs(self, event: Input, outputs: list[Output]) -> list[Output]:
+        result: list[Output] = []
+        for out in outputs:
+            if isinstance(out, StoreResult) and out.job_id in self.released:
+                continue
+            result.append(out)
+            blocks = self.trigger(out)
+            if blocks is None:
+                continue
+            for job in self.b.pins_read_by(blocks):
+                if job not in self.released:
+                    self.released.add(job)
+                    result.append(StoreResult(job, self.success))
+        return result
+
+
+class P6UnpinOnIssue(_Unpin):
+    name = "p6_unpin_on_issue"
+    race = "P6"
+    what = ("producer releases a pin (StoreResult) when the write reading it is issued, "
+            "not when it has completed")
+
+    def trigger(self, out: Output) -> tuple[int, ...] | None:
+        return tuple(out.local_indexes) if isinstance(out, StartWrite) else None
+
+
+class P6UnpinOnCancel(_Unpin):
+    name = "p6_unpin_on_cancel"
+    race = "P6"
+    what = ("producer releases the pins a write reads (StoreResult false) when it cancels "
+            "the write, before the cancel completes (vLLM G4 abort drain)")
+    success = False
+
+    def trigger(self, out: Output) -> tuple[int, ...] | None:
+        return self.b.writes.get(out.xfer) if isinstance(out, CancelWrite) else None
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    race: str
+    what: str
+    cls: type[Mutant]
+
+
+MUTANTS: dict[str, Entry] = {
+    m.name: Entry(m.name, m.race, m.what, m)
+    for m in (P1Consumer, P3FinishDrops, P4RoundRestart, P5Producer, P5Consumer,
+              P5ConsumerAckTimeout, P6UnpinOnIssue, P6UnpinOnCancel)
+}

@@ -1,0 +1,92 @@
+"""Run a suite under a mutant and say whether, and how fast, it caught it."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from hypothesis import Phase, settings
+from hypothesis.errors import InvalidArgument
+from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
+
+from .install import ENV, installed
+
+ROOT = Path(__file__).resolve().parents[2]
+SUITES = {
+    "scenarios": ["tests/scenarios"],
+    "replay": ["tests/conformance/test_edge_cover.py"],
+}
+"""The other suites a mutant is tried against (pytest paths, run in a subprocess)."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    caught: bool
+    examples: int | None
+    seconds: float
+    detail: str
+
+
+def ci_settings(profile: str = "ci") -> settings:
+    """The profile of tests/conftest.py, without shrinking (finding is what counts)."""
+    try:
+        base = settings.get_profile(profile)
+    except InvalidArgument:
+        spec = importlib.util.spec_from_file_location("_p2pfsm_profiles",
+                                                      ROOT / "tests" / "conftest.py")
+        assert spec is not None and spec.loader is not None
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+        base = settings.get_profile(profile)
+    return settings(base, phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target],
+                    print_blob=False)
+
+
+def stateful(mutant: str | None, machine: type[RuleBasedStateMachine],
+             profile: str = "ci") -> Outcome:
+    """Run the stateful machine under ``mutant`` (None: the real code)."""
+    counter = [0]
+
+    class Counting(machine):  # type: ignore[misc,valid-type]
+        def __init__(self) -> None:
+            counter[0] += 1
+            super().__init__()
+
+    Counting.__name__ = machine.__name__
+    start = time.perf_counter()
+    try:
+        if mutant is None:
+            run_state_machine_as_test(Counting, settings=ci_settings(profile))
+        else:
+            with installed(mutant):
+                run_state_machine_as_test(Counting, settings=ci_settings(profile))
+    except Exception as exc:  # the failure the suite reports
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return Outcome(True, counter[0], time.perf_counter() - start,
+                       f"{type(exc).__name__}: {first}"[:160])
+    return Outcome(False, counter[0], time.perf_counter() - start, "passed")
+
+
+def suite(mutant: str, name: str, timeout: float = 900.0) -> Outcome:
+    """Run pytest suite ``name`` in a subprocess under ``mutant``, stopping at the first
+    failure."""
+    env = dict(os.environ, **{ENV: mutant},
+               PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]))
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "mutants.plugin",
+           "-p", "no:cacheprovider", "--no-header", "-rN", *SUITES[name]]
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return Outcome(False, None, time.perf_counter() - start, f"timed out after {timeout}s")
+    seconds = time.perf_counter() - start
+    lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
+    failed = [ln for ln in lines if ln.startswith("FAILED") or "failed" in ln]
+    summary = lines[-1] if lines else proc.stderr.strip()[-160:]
+    first = next((ln for ln in lines if ln.startswith("FAILED")), summary)
+    return Outcome(proc.returncode == 1 and bool(failed), None, seconds, first[:200])

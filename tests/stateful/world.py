@@ -1,0 +1,168 @@
+"""The stateful test's world: a SimWorld with the checks that name a race, not a symptom.
+
+On top of SimWorld's own (a write landing in a released destination, a pin released
+while a write reads it, a second result, wrong bytes), every step checks:
+
+* **terminal frames complete their own round** (TLA+ ``TerminalFrameInv``): each frame
+  carries a ghost, the load job it is about (a fetch: its job; an abort: the job of that
+  round open at the consumer; a producer's reply: the ghost of the last request frame of
+  that round it received); a transfer_done or abort_ack may give a LoadResult only to
+  its ghost job. The ghosts never reach the sessions.
+* **no protocol error between conformant peers** unless the network lost or duplicated
+  a frame (``NoProtocolErrorInv``); garbage a test injects is not counted.
+* **canary**: a released destination block is filled with a canary; it must still hold
+  it when the host gives the block to a new load (nothing landed while it was free).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from p2pfsm.protocol import AbortAck, AbortFetch, Fetch, TransferDone, decode
+from p2pfsm.session import FrameReceived, LoadResult, SendFrame
+from p2pfsm.sim.world import SafetyViolation, SimHost, SimWorld
+
+CANARY = 0xA5
+
+
+class CheckedWorld(SimWorld):
+    """SimWorld plus ghost round checks, the protocol-error check and canaries.
+
+    Args:
+        check_rounds: check terminal frames against their ghosts (off when frames are
+            duplicated or reordered: the wire cannot tell generations apart then).
+        retries: how many failed loads the host loads again at once, same request and
+            keys (a host reusing a request id: a new round right after the old one ended).
+        kwargs: as :class:`SimWorld`.
+    """
+
+    def __init__(self, seed: int = 0, *, check_rounds: bool = True, retries: int = 0,
+                 **kwargs: Any) -> None:
+        self.check_rounds = check_rounds
+        self.retries = retries
+        self._retry: list[tuple[str, str, tuple[int, ...]]] = []
+        self.ghosts: dict[tuple[str, str], list[int | None]] = {("a", "b"): [], ("b", "a"): []}
+        self.served: dict[str, dict[tuple[str, int], int | None]] = {"a": {}, "b": {}}
+        self.load_round: dict[str, dict[int, tuple[str, int]]] = {"a": {}, "b": {}}
+        self.lossy = False
+        self.injected_violations: Counter[str] = Counter()
+        self.canaried: dict[str, set[int]] = {"a": set(), "b": set()}
+        self.stats: Counter[str] = Counter()
+        super().__init__(seed, **kwargs)
+
+    # ------------------------------------------------------------- ghosts
+    def _ghost_of(self, node: str, message: object) -> int | None:
+        host = self.hosts[node]
+        if isinstance(message, Fetch) and message.keys:
+            for job, load in host.loads.items():
+                if (job not in host.load_results and load.kv_request_id == message.kv_request_id
+                        and load.dest == tuple(message.block_indexes)):
+                    self.load_round[node][job] = (message.kv_request_id, message.round_seq)
+                    return job
+            return None
+        if isinstance(message, AbortFetch):
+            key = (message.kv_request_id, message.round_seq)
+            open_jobs = [j for j, r in self.load_round[node].items()
+                         if r == key and j not in host.load_results]
+            return open_jobs[-1] if open_jobs else None
+        if isinstance(message, TransferDone | AbortAck):
+            return self.served[node].get((message.kv_request_id, message.round_seq))
+        return None
+
+    def send_frame(self, peer: str, out: SendFrame) -> None:
+        super().send_frame(peer, out)
+        self.ghosts[(peer, self.other(peer))].append(self._ghost_of(peer, out.message))
+
+    def deliver(self, src: str, index: int = 0) -> None:
+        dst = self.other(src)
+        frame = self.channels[(src, dst)].pop(index)
+        self.sent_at[(src, dst)].pop(index)
+        ghost = self.ghosts[(src, dst)].pop(index)
+        msg = decode(frame)
+        if isinstance(msg, AbortFetch) or (isinstance(msg, Fetch) and msg.keys):
+            self.served[dst][(msg.kv_request_id, msg.round_seq)] = ghost
+        outputs = self.feed(dst, FrameReceived(frame))
+        if self.check_rounds and isinstance(msg, TransferDone | AbortAck):
+            for out in outputs:
+                if isinstance(out, LoadResult) and out.job_id != ghost:
+                    raise SafetyViolation(
+                        f"{dst}: {msg.TYPE} {msg.kv_request_id}/{msg.round_seq} sent for job "
+                        f"{ghost} completed job {out.job_id} (another round's load)")
+        self._flush_answers()
+
+    def drop(self, src: str, index: int = 0) -> None:
+        super().drop(src, index)
+        self.ghosts[(src, self.other(src))].pop(index)
+        self.lossy = True
+
+    def duplicate(self, src: str, index: int = 0) -> None:
+        super().duplicate(src, index)
+        ghosts = self.ghosts[(src, self.other(src))]
+        ghosts.insert(index, ghosts[index])
+        self.lossy = True
+
+    def lose_queued_frames(self) -> None:
+        super().lose_queued_frames()
+        for ghosts in self.ghosts.values():
+            ghosts.clear()
+
+    def inject(self, dst: str, frame: bytes) -> None:
+        before = len(self.hosts[dst].violations)
+        super().inject(dst, frame)
+        self.injected_violations[dst] += len(self.hosts[dst].violations) - before
+
+    def check_no_protocol_errors(self) -> None:
+        if self.lossy:
+            return
+        for node, host in self.hosts.items():
+            if len(host.violations) != self.injected_violations[node]:
+                raise SafetyViolation(f"{node} rejected a conformant peer's frame: "
+                                      f"{host.violations[-1].error}")
+
+    # ------------------------------------------------------------ retries
+    def _flush_answers(self) -> None:
+        super()._flush_answers()
+        while self._retry:
+            node, kv_request_id, key_ids = self._retry.pop(0)
+            if self.sessions[node].state != "idle":
+                self.fetch(node, kv_request_id, key_ids)
+            super()._flush_answers()
+
+    # ------------------------------------------------------------ canary
+    def _on_load_result(self, host: SimHost, res: LoadResult) -> None:
+        owned = [d for d, j in host.owner.items() if j == res.job_id]
+        super()._on_load_result(host, res)
+        if not res.success and res.released and self.retries > 0:
+            self.retries -= 1
+            load = host.loads[res.job_id]
+            self._retry.append((host.name, load.kv_request_id, load.key_ids))
+        if res.released:
+            for d in owned:
+                host.region[d * host.block_len:(d + 1) * host.block_len] = bytes(
+                    [CANARY]) * host.block_len
+                self.canaried[host.name].add(d)
+
+    def check_canaries(self, node: str, blocks: list[int]) -> None:
+        host = self.hosts[node]
+        if not self.check_destinations:
+            return
+        for d in blocks:
+            if d in self.canaried[node] and host.block(d) != bytes([CANARY]) * host.block_len:
+                raise SafetyViolation(f"{node}: free block {d} was written while free")
+
+    def fetch(self, node: str, kv_request_id: str, key_ids: Any) -> int | None:
+        key_ids = tuple(key_ids)
+        host = self.hosts[node]
+        taken = host.free[:len(key_ids)]
+        if len(key_ids) <= len(host.free):
+            self.check_canaries(node, taken)
+            self.canaried[node].difference_update(taken)
+        return super().fetch(node, kv_request_id, key_ids)
+
+    # ------------------------------------------------------------ stats
+    def land(self, src: str, xfer: int) -> None:
+        w = self.writes[(src, xfer)]
+        if w.cancelled and not w.landed:
+            self.stats["cancelled writes landed"] += 1
+        super().land(src, xfer)
