@@ -15,7 +15,10 @@ from .catalogue import MUTANTS
 from .install import active
 from .runner import stateful
 
-NOT_YET: dict[str, str] = {}
+NOT_YET: dict[str, str] = {
+    "p4_round_restart": "found by random seeds within ~50 examples, but not by the CI "
+                        "profile's derandomized 200 (python -m tests.mutants shows it)",
+}
 """Mutants the stateful test does not catch yet in the CI profile, with the reason."""
 
 

@@ -1,0 +1,70 @@
+"""The mutant job: apply each must-fail mutant and show which suites catch it, how fast.
+
+    PYTHONPATH=. .venv/bin/python -m tests.mutants [--suites stateful,scenarios,replay]
+        [--profile ci|long] [NAME ...]
+
+For each mutant: the stateful test alone (examples and seconds to the first failure,
+in-process, no shrinking), then the scenario suite and the conformance replay (pytest in
+a subprocess under ``-p mutants.plugin``, stopping at the first failure; the replay
+needs java and TLC). The real code is run first as the control: it must pass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+_TESTS = str(Path(__file__).resolve().parents[1])
+if _TESTS not in sys.path:
+    sys.path.insert(0, _TESTS)
+
+from stateful.machine import TwoSessions  # noqa: E402
+
+from mutants.catalogue import MUTANTS  # noqa: E402
+from mutants.runner import Outcome, stateful, suite  # noqa: E402
+
+
+def _cell(o: Outcome) -> str:
+    if not o.caught:
+        return f"no ({o.seconds:.0f} s)"
+    ex = f"{o.examples} examples, " if o.examples is not None else ""
+    return f"yes ({ex}{o.seconds:.1f} s)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tests.mutants", description=__doc__)
+    ap.add_argument("names", nargs="*", help="mutants (default: all)")
+    ap.add_argument("--suites", default="stateful,scenarios,replay")
+    ap.add_argument("--profile", default="ci", help="hypothesis profile of the stateful run")
+    args = ap.parse_args(argv)
+    names = args.names or list(MUTANTS)
+    suites = args.suites.split(",")
+    bad = [n for n in names if n not in MUTANTS]
+    if bad:
+        ap.error(f"unknown mutants {bad}; known: {', '.join(MUTANTS)}")
+    if "stateful" in suites:
+        control = stateful(None, TwoSessions, args.profile)
+        print(f"control (real code), stateful: {'FAILED' if control.caught else 'passed'} "
+              f"{control.examples} examples in {control.seconds:.1f} s {control.detail}")
+        if control.caught:
+            return 1
+    heads = ["stateful alone" if s == "stateful" else s for s in suites]
+    print("| mutant | race | " + " | ".join(heads) + " | first failure |")
+    missed = 0
+    for name in names:
+        entry = MUTANTS[name]
+        cells = [name, entry.race]
+        detail = ""
+        for s in suites:
+            o = stateful(name, TwoSessions, args.profile) if s == "stateful" else suite(name, s)
+            cells.append(_cell(o))
+            if s == "stateful" or not detail:
+                detail = o.detail
+                missed += not o.caught
+        print("| " + " | ".join([*cells, detail.replace("|", "/")]) + " |", flush=True)
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
