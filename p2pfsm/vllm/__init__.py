@@ -1,5 +1,33 @@
 """p2pfsm inside vLLM 0.33.0: its P2P tier's sessions, backed by p2pfsm's machines.
 
+``p2pfsm.vllm.install()`` makes a stock vLLM tier build :class:`p2pfsm.vllm.session.
+P2PSession` wherever it would build its own; ``uninstall()`` undoes it (docs/vllm.md).
 Nothing here imports vLLM when this package is imported, so ``import p2pfsm.vllm``
-works without vLLM installed; the submodules that need it import it themselves.
+works without vLLM installed; the functions and submodules that need it import it then.
 """
+
+from __future__ import annotations
+
+
+def install() -> None:
+    """New sessions of vLLM's P2P tier are p2pfsm's (see :mod:`p2pfsm.vllm.switch`)."""
+    from p2pfsm.vllm.switch import install as _install
+
+    _install()
+
+
+def uninstall() -> None:
+    """New sessions of vLLM's P2P tier are vLLM's own again."""
+    from p2pfsm.vllm.switch import uninstall as _uninstall
+
+    _uninstall()
+
+
+def installed() -> bool:
+    """True while vLLM's tier builds p2pfsm's sessions."""
+    from p2pfsm.vllm.switch import installed as _installed
+
+    return _installed()
+
+
+__all__ = ["install", "installed", "uninstall"]

@@ -29,6 +29,10 @@ Two roles:
     received against the block model, and prints one ``result`` line. ``--load-timeout``
     patches vLLM's ``_LOAD_TIMEOUT_S`` (the capture harness did the same with 3 s).
 
+``--adapter`` (either role) calls :func:`p2pfsm.vllm.install` first, so the same driver
+runs p2pfsm's sessions behind vLLM's interface; the peer builds each session through the
+name vLLM's tier manager uses, so it gets whichever class the manager would.
+
 Every line meant for the test starts with ``P2PINTEROP `` followed by one JSON object;
 vLLM's own logging goes to stderr. Loopback only; every loop is bounded in time.
 """
@@ -66,6 +70,7 @@ from vllm.v1.kv_offload.tiering.p2p.session import P2PSession
 from vllm.v1.kv_offload.tiering.p2p.session import client as vllm_client
 
 from p2pfsm.demo.blocks import demo_block, demo_key
+from p2pfsm.vllm.switch import current
 
 MARK = "P2PINTEROP "
 HOST = "127.0.0.1"
@@ -77,6 +82,16 @@ def wait_for_frames(transport: ZmqTransport) -> None:
     """Block until a frame reaches vLLM's ROUTER, or TICK_S at most: NIXL completions and
     vLLM's timers have nothing to wait on, so they are looked at every tick."""
     transport._router.poll(max(1, round(TICK_S * 1000)), zmq.POLLIN)
+
+
+def new_session(*args: Any) -> P2PSession:
+    """A session of the class vLLM's tier manager would build now: vLLM's own, or
+    p2pfsm's once ``--adapter`` ran :func:`p2pfsm.vllm.install`."""
+    return current()(*args)
+
+
+def session_kind() -> str:
+    return "vllm" if current() is P2PSession else "p2pfsm"
 
 
 def emit(kind: str, **fields: Any) -> None:
@@ -283,6 +298,7 @@ class Server:
 
     def run(self) -> None:
         emit("ready", peer_id=self.local_id, fingerprint=self.data.config_fingerprint,
+             sessions=session_kind(),
              blocks=self.args.blocks, block_len=self.args.block_len)
         end = time.monotonic() + self.args.max_seconds
         while not _STOP and time.monotonic() < end:
@@ -293,7 +309,7 @@ class Server:
     def step(self) -> None:
         for conn in self.transport.poll():
             rec = RecordingConnection(conn)
-            session = P2PSession(conn.peer_id, self.local_id, self.data, self.args.block_len,
+            session = new_session(conn.peer_id, self.local_id, self.data, self.args.block_len,
                                  self.args.hash_seed, rec)
             self.sessions[conn.peer_id] = (session, rec)
             self.note("session_created", peer_id=conn.peer_id)
@@ -397,8 +413,9 @@ def run_client(args: argparse.Namespace) -> int:
     data = make_data(region, config)
     conn = transport.connect(args.connect)
     rec = RecordingConnection(conn)
-    session = P2PSession(args.connect, local_id, data, args.block_len, args.hash_seed, rec)
+    session = new_session(args.connect, local_id, data, args.block_len, args.hash_seed, rec)
     report: dict[str, Any] = {"mode": args.mode, "keys": len(blocks), "peer_id": local_id,
+                              "sessions": session_kind(),
                               "fingerprint": data.config_fingerprint}
     try:
         run_client_flow(args, transport, session, region, blocks, report)
@@ -522,6 +539,8 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--config-json", default="",
                        help="model config dict whose fingerprint the peer must match")
         q.add_argument("--max-seconds", type=float, default=120.0, help="hard bound on the run")
+        q.add_argument("--adapter", action="store_true",
+                       help="run p2pfsm's sessions (p2pfsm.vllm.install()) instead of vLLM's")
     s = sub.choices["server"]
     s.add_argument("--blocks", type=int, default=16, help="demo blocks 0..N-1 held")
     s.add_argument("--hold-back", default="", help="blocks stored only --late-after s later")
@@ -552,6 +571,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGINT, _on_signal)
     signal.signal(signal.SIGALRM, _on_signal)
     signal.alarm(max(1, int(args.max_seconds)))  # the hard bound, whatever a loop does
+    if args.adapter:
+        from p2pfsm.vllm import install
+
+        install()  # before any session is built
     if args.role == "server":
         Server(args).run()
         return 0

@@ -1,0 +1,479 @@
+"""``P2PSession`` for vLLM 0.33.0's P2P tier, decided by p2pfsm's sans-IO :class:`Session`.
+
+The class keeps vLLM's constructor and the public surface its tier manager uses. Each
+call becomes one :class:`~p2pfsm.session.Input`; each :class:`~p2pfsm.session.Output`
+is carried out on vLLM's own ``ControlConnection`` (dict frames) and ``DataTransport``
+(NIXL writes) by the :class:`~p2pfsm.executor.core.Executor` methods below, or collected
+for the next :meth:`P2PSession.poll`. Nothing here decides protocol questions: rounds,
+deadlines, aborts and pins are the Session's. Importing this module imports vLLM.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future
+from typing import Any, NamedTuple
+
+import msgpack
+from vllm import envs
+from vllm.v1.kv_offload.base import LookupResult as VllmLookup
+from vllm.v1.kv_offload.base import ReqContext
+from vllm.v1.kv_offload.tiering.p2p.session import client as vllm_client
+from vllm.v1.kv_offload.tiering.p2p.session import server as vllm_server
+from vllm.v1.kv_offload.tiering.p2p.session.client import LoadResult as VllmLoadResult
+from vllm.v1.kv_offload.tiering.p2p.session.server import StoreResult as VllmStoreResult
+
+from p2pfsm.errors import LocalProtocolError
+from p2pfsm.executor.core import Executor, TimerTable
+from p2pfsm.protocol.validate import to_dict
+from p2pfsm.session import (
+    ArmTimer,
+    CancelWrite,
+    DisarmTimer,
+    FetchArrived,
+    FrameReceived,
+    HostAnswerLookup,
+    HostClose,
+    HostFetch,
+    HostFinish,
+    HostLookup,
+    HostStart,
+    HostSupply,
+    Input,
+    LoadResult,
+    LookupClosed,
+    LookupRequest,
+    LookupResult,
+    ProtocolViolation,
+    RegistrationFinished,
+    SendFrame,
+    Session,
+    SessionConfig,
+    SessionDead,
+    StartRegistration,
+    StartWrite,
+    StoreResult,
+    Timeouts,
+    TimerFired,
+    TimerId,
+    TransportLost,
+    WriteFinished,
+)
+
+log = logging.getLogger(__name__)
+
+CLOSE_DRAIN_S = 10.0
+"""close() waits at most this long for writes it cancelled to stop reading our blocks."""
+
+
+class SessionPollResult(NamedTuple):
+    """One poll's news, as vLLM's manager reads it."""
+
+    loads: list[VllmLoadResult]
+    stores: list[VllmStoreResult]
+    new_fetch_ids: list[str]
+
+
+class SessionCloseResult(NamedTuple):
+    """What close() leaves the manager to fail or release, as vLLM's manager reads it."""
+
+    failed_jobs: list[int]
+    failed_req_ids: list[str]
+    failed_stores: list[int]
+    failed_serves: list[ReqContext]
+
+
+def timeouts_from_vllm() -> Timeouts:
+    """vLLM's deadlines as they are now (a test may have patched its module constants)."""
+    return Timeouts(handshake=float(envs.VLLM_P2P_HANDSHAKE_TIMEOUT_S),
+                    load=float(vllm_client._LOAD_TIMEOUT_S),
+                    abort_ack=float(vllm_client._ABORT_ACK_TIMEOUT_S),
+                    lookup=float(vllm_client._LOOKUP_TIMEOUT_S),
+                    store=float(vllm_server._STORE_TIMEOUT_S),
+                    lookup_pending=float(vllm_server._LOOKUP_PENDING_TIMEOUT_S))
+
+
+class _Served:
+    """A peer's lookup being answered from the tier manager (``serve_external_requests``)."""
+
+    def __init__(self, req: LookupRequest, ctx: ReqContext) -> None:
+        self.req = req
+        self.ctx = ctx
+        self.asked = False
+        self.pending: set[bytes] = set(req.keys)
+
+
+class P2PSession(Executor):
+    """One peer's session, both roles, with vLLM 0.33.0's constructor and surface."""
+
+    def __init__(self, peer_id: str, local_id: str, transport: Any, local_block_len: int,
+                 local_hash_seed: str, conn: Any = None) -> None:
+        self.peer_id = peer_id
+        self._local_id = local_id
+        self._transport = transport
+        self._conn: Any = None
+        self._session = Session(SessionConfig(
+            local_id=local_id,
+            agent_metadata=bytes(transport.get_agent_metadata()),
+            base_addr=int(transport.base_addr),
+            num_blocks=int(transport.num_blocks),
+            block_len=int(local_block_len),
+            hash_seed=local_hash_seed,
+            config_fingerprint=str(transport.config_fingerprint),
+            timeouts=timeouts_from_vllm(),
+        ))
+        self._timers: TimerTable[TimerId] = TimerTable()
+        self._registration: Future[None] | None = None
+        self._writes: dict[int, int] = {}  # session xfer -> transport transfer id
+        self._by_tid: dict[int, int] = {}  # transport transfer id -> session xfer
+        self._events: list[Input] = []
+        self._loads: list[VllmLoadResult] = []
+        self._stores: list[VllmStoreResult] = []
+        self._fetch_ids: list[str] = []
+        self._load_reqs: dict[int, str] = {}  # open load job -> kv_request_id
+        self._probes: dict[str, dict[bytes, bool | None]] = {}
+        self._unsent: dict[str, list[bytes]] = {}
+        self._lookup_keys: dict[str, list[tuple[bytes, ...]]] = {}
+        self._served: dict[int, _Served] = {}
+        self._finished_ctxs: list[ReqContext] = []
+        self._held: list[Input] = []  # host calls made before a connection is attached
+        self._death_reason: str | None = None
+        self._fault: str | None = None
+        self._served_serial = 0
+        self._last_activity_at = time.monotonic()
+        if conn is not None:
+            self.attach_connection(conn)
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def alive(self) -> bool:
+        if self._conn is None:
+            return True
+        return bool(self._conn.alive) and self._session.alive
+
+    @property
+    def connected(self) -> bool:
+        return self._conn is not None
+
+    @property
+    def ready(self) -> bool:
+        return self._session.ready
+
+    @property
+    def has_pending_work(self) -> bool:
+        return (self._registration is not None or bool(self._writes)
+                or bool(self._load_reqs) or self._session.has_pending_work)
+
+    @property
+    def death_reason(self) -> str:
+        return self._death_reason or self._session.death_reason or "control connection lost"
+
+    @property
+    def data_plane_fault(self) -> str | None:
+        return self._fault
+
+    @property
+    def last_activity_at(self) -> float:
+        return self._last_activity_at
+
+    # ------------------------------------------------------------------ host calls
+    def attach_connection(self, conn: Any) -> None:
+        """Attach the control connection and open the handshake."""
+        if self._conn is not None:
+            raise ValueError(f"P2PSession {self.peer_id}: already connected")
+        self._conn = conn
+        self._last_activity_at = time.monotonic()
+        self._feed(HostStart())
+        held, self._held = self._held, []
+        for event in held:
+            self._host(event)
+
+    def request_blocks(self, job_id: int, kv_request_id: str, keys: Sequence[bytes],
+                       block_ids: Sequence[int]) -> None:
+        """Load ``keys`` into our blocks ``block_ids`` (one LoadResult in a later poll)."""
+        self._probes.pop(kv_request_id, None)  # a fetch ends the request's probing
+        self._unsent.pop(kv_request_id, None)
+        self._load_reqs[job_id] = kv_request_id
+        self._host(HostFetch(job_id, kv_request_id, tuple(bytes(k) for k in keys),
+                             tuple(int(b) for b in block_ids)))
+
+    def add_stored_blocks(self, kv_request_id: str, keys: Sequence[bytes],
+                          block_ids: Sequence[int], job_id: int) -> None:
+        """Offer stored blocks to the peer (one StoreResult in a later poll)."""
+        self._host(HostSupply(job_id, kv_request_id, tuple(bytes(k) for k in keys),
+                              tuple(int(b) for b in block_ids)))
+
+    def finish_request(self, kv_request_id: str) -> None:
+        """The request is over here, in both roles (no-op for an unknown id)."""
+        self._probes.pop(kv_request_id, None)
+        self._unsent.pop(kv_request_id, None)
+        self._host(HostFinish(kv_request_id))
+
+    def register_lookup(self, kv_request_id: str, key: bytes) -> bool | None:
+        """The peer's answer for ``key`` once known; None (and the key queued) before."""
+        probes = self._probes.setdefault(kv_request_id, {})
+        key = bytes(key)
+        if key in probes:
+            return probes[key]
+        probes[key] = None
+        self._unsent.setdefault(kv_request_id, []).append(key)
+        return None
+
+    def flush_pending_lookups(self) -> None:
+        """Send one lookup per request for the keys registered since the last flush."""
+        unsent, self._unsent = self._unsent, {}
+        for kv_request_id, keys in unsent.items():
+            batch = tuple(dict.fromkeys(keys))
+            self._lookup_keys.setdefault(kv_request_id, []).append(batch)
+            self._host(HostLookup(kv_request_id, batch))
+
+    def serve_external_requests(self, parent: Any) -> None:
+        """Answer the peer's lookups from ``parent`` (valid only during this call)."""
+        for token, served in list(self._served.items()):
+            if token not in self._served:
+                continue  # closed by the answer just given to another one
+            if not served.asked:
+                served.asked = True
+                parent.on_new_request(served.ctx)
+            self._ask(token, served, parent)
+        finished, self._finished_ctxs = self._finished_ctxs, []
+        for ctx in finished:
+            parent.on_request_finished(ctx)
+
+    def _ask(self, token: int, served: _Served, parent: Any) -> None:
+        hits: list[bytes] = []
+        pending: set[bytes] = set()
+        for key in [k for k in served.req.keys if k in served.pending]:
+            result = parent.lookup(key, served.ctx)
+            if result is VllmLookup.HIT:
+                hits.append(key)
+            elif result is not VllmLookup.MISS:
+                pending.add(key)  # HIT_PENDING and RETRY: ask again next time
+        if pending == served.pending and not hits:
+            return  # nothing settled since the last answer
+        answer: dict[bytes, int] = {}
+        job_id: int | None = None
+        if hits:
+            job = parent.create_store_job(hits, served.ctx)
+            job_id = int(job.job_id)
+            answer = {bytes(k): int(c) for k, c in zip(job.keys, job.chunk_ids.tolist(),
+                                                       strict=True)}
+        served.pending = pending
+        self._feed(HostAnswerLookup(served.req.token, answer, job_id, frozenset(pending)))
+
+    def poll(self) -> SessionPollResult:
+        """Frames in, registration, finished writes, due timers; then this poll's results."""
+        conn = self._conn
+        if conn is not None:
+            messages = conn.recv()
+            if messages:
+                self._last_activity_at = time.monotonic()
+            for msg in messages:
+                self._feed(FrameReceived(_pack(msg)))
+            self._poll_registration()
+            self._poll_writes()
+            for timer in list(self._timers.pop_due(time.monotonic())):
+                self._feed(TimerFired(timer))
+            if not conn.alive and self._session.alive:
+                self._feed(TransportLost("control connection lost"))
+        loads, self._loads = self._loads, []
+        stores, self._stores = self._stores, []
+        fetch_ids, self._fetch_ids = self._fetch_ids, []
+        return SessionPollResult(loads, stores, fetch_ids)
+
+    def close(self) -> SessionCloseResult:
+        """End the session: every open job's result, and what the manager must release."""
+        if self._registration is not None:
+            self._registration.cancel()
+            self._registration = None
+        if self._conn is not None:
+            self._feed(HostClose())
+            end = time.monotonic() + CLOSE_DRAIN_S
+            while self._writes and time.monotonic() < end:
+                self._poll_writes()  # a pin is released only once its writes stopped
+                time.sleep(0.001)
+            for xfer in list(self._writes):
+                log.warning("P2PSession %s: write %d still running at close", self.peer_id,
+                            xfer)
+                self._finish_write(xfer, False)
+        loads, self._loads = self._loads, []
+        stores, self._stores = self._stores, []
+        failed_jobs = [r.job_id for r in loads if not r.success]
+        failed_reqs = list(dict.fromkeys(
+            [r.kv_request_id for r in loads if not r.success]
+            + [kv for kv, probes in self._probes.items() if None in probes.values()]))
+        failed_stores = [r.job_id for r in stores if not r.success]
+        serves = [s.ctx for s in self._served.values() if s.asked] + self._finished_ctxs
+        self._served.clear()
+        self._finished_ctxs = []
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        return SessionCloseResult(failed_jobs, failed_reqs, failed_stores, serves)
+
+    # ------------------------------------------------------------------ plumbing
+    def _host(self, event: Input) -> None:
+        """A host call; one the Session refuses ends its job at once, as a failure."""
+        if self._conn is None:
+            self._held.append(event)
+            return
+        try:
+            self._feed(event)
+        except LocalProtocolError as exc:
+            log.warning("P2PSession %s: %s refused: %s", self.peer_id, type(event).__name__,
+                        exc)
+            if isinstance(event, HostFetch):
+                self.load_result(self.peer_id, LoadResult(event.job_id, event.kv_request_id,
+                                                          False, True))
+            elif isinstance(event, HostSupply):
+                self._stores.append(VllmStoreResult(event.job_id, False))
+
+    def _feed(self, event: Input) -> None:
+        """Handle ``event`` and everything its outputs cause, in order."""
+        self._events.append(event)
+        if len(self._events) > 1:
+            return  # an outer _feed is draining
+        try:
+            while self._events:
+                for out in self._session.handle(self._events[0], time.monotonic()):
+                    self.apply(self.peer_id, out)
+                self._events.pop(0)
+        finally:
+            self._events.clear()
+
+    def _poll_registration(self) -> None:
+        fut = self._registration
+        if fut is None or not fut.done():
+            return
+        self._registration = None
+        try:
+            fut.result()
+        except Exception as exc:
+            self._feed(RegistrationFinished(False, str(exc)))
+            return
+        self._feed(RegistrationFinished(True))
+
+    def _poll_writes(self) -> None:
+        if not self._writes:
+            return
+        result = self._transport.poll(self.peer_id)
+        if result.peer_fault is not None and self._fault is None:
+            self._fault = str(result.peer_fault)
+        for tid in result.done:
+            self._finish_tid(int(tid), True)
+        for tid in result.failed:
+            self._finish_tid(int(tid), False)
+        if self._fault is not None and not self._writes and self._session.alive:
+            self._feed(TransportLost(f"data plane: {self._fault}"))
+
+    def _finish_tid(self, tid: int, ok: bool) -> None:
+        xfer = self._by_tid.get(tid)
+        if xfer is not None:
+            self._finish_write(xfer, ok)
+
+    def _finish_write(self, xfer: int, ok: bool) -> None:
+        tid = self._writes.pop(xfer)
+        del self._by_tid[tid]
+        self._feed(WriteFinished(xfer, ok))
+
+    # ------------------------------------------------------- Executor: the outputs
+    def send_frame(self, peer: str, out: SendFrame) -> None:
+        conn = self._conn
+        if conn is None:
+            return
+        try:
+            conn.send(to_dict(out.message))
+            self._last_activity_at = time.monotonic()
+        except Exception as exc:
+            self._events.append(TransportLost(f"send failed: {exc}"))
+
+    def start_registration(self, peer: str, out: StartRegistration) -> None:
+        c = out.connect
+        try:
+            self._registration = self._transport.add_remote_peer_async(
+                self.peer_id, agent_metadata=c.agent_metadata, base_addr=c.base_addr,
+                num_blocks=c.num_blocks, block_len=c.block_len)
+        except Exception as exc:
+            self._events.append(RegistrationFinished(False, str(exc)))
+            return
+        self._poll_registration()  # transports that register inline have finished
+
+    def start_write(self, peer: str, out: StartWrite) -> None:
+        tid = self._transport.write_blocks(self.peer_id, list(out.local_indexes),
+                                           list(out.remote_indexes))
+        if tid is None:
+            self._events.append(WriteFinished(out.xfer, False))
+            return
+        self._writes[out.xfer] = int(tid)
+        self._by_tid[int(tid)] = out.xfer
+
+    def cancel_write(self, peer: str, out: CancelWrite) -> None:
+        tid = self._writes.get(out.xfer)
+        if tid is None:
+            return
+        still = self._transport.cancel([tid], mode="wait")
+        if tid not in still:  # stopped: it reads our blocks no more
+            del self._writes[out.xfer]
+            del self._by_tid[tid]
+            self._events.append(WriteFinished(out.xfer, False))
+
+    def arm_timer(self, peer: str, out: ArmTimer) -> None:
+        self._timers.arm(out.timer, out.deadline)
+
+    def disarm_timer(self, peer: str, out: DisarmTimer) -> None:
+        self._timers.disarm(out.timer)
+
+    def load_result(self, peer: str, out: LoadResult) -> None:
+        if self._load_reqs.pop(out.job_id, None) is not None:
+            self._loads.append(VllmLoadResult(out.job_id, out.kv_request_id, out.success))
+
+    def store_result(self, peer: str, out: StoreResult) -> None:
+        self._stores.append(VllmStoreResult(out.job_id, out.success))
+
+    def lookup_result(self, peer: str, out: LookupResult) -> None:
+        batches = self._lookup_keys.get(out.kv_request_id)
+        if batches:
+            batches.pop(0)
+            if not batches:
+                del self._lookup_keys[out.kv_request_id]
+        probes = self._probes.get(out.kv_request_id)
+        if probes is None:
+            return  # fetched or finished meanwhile: nobody asks any more
+        for key, hit in zip(out.keys, out.hits, strict=True):
+            if key in probes:
+                probes[key] = bool(hit and out.answered)
+
+    def lookup_request(self, peer: str, out: LookupRequest) -> None:
+        self._served_serial += 1
+        ctx = ReqContext(req_id=f"p2p:{self.peer_id}:{out.kv_request_id}:lu{out.token}")
+        self._served[out.token] = _Served(out, ctx)
+
+    def lookup_closed(self, peer: str, out: LookupClosed) -> None:
+        served = self._served.pop(out.token, None)
+        if served is not None and served.asked:
+            self._finished_ctxs.append(served.ctx)
+
+    def fetch_arrived(self, peer: str, out: FetchArrived) -> None:
+        self._fetch_ids.append(out.kv_request_id)
+
+    def protocol_violation(self, peer: str, out: ProtocolViolation) -> None:
+        # vLLM ends a session on its first malformed frame: so does the adapter.
+        if self._death_reason is None:
+            self._death_reason = f"protocol error: {out.error}"
+        self._events.append(HostClose())
+
+    def session_dead(self, peer: str, out: SessionDead) -> None:
+        if self._death_reason is None:
+            self._death_reason = out.reason
+        if self._conn is not None:
+            self._conn.mark_dead()
+
+
+def _pack(msg: object) -> bytes:
+    """A frame vLLM's connection already decoded, encoded again for the Session to check."""
+    try:
+        return bytes(msgpack.packb(msg, use_bin_type=True))
+    except (TypeError, ValueError):
+        return b""  # not encodable: the Session rejects it as malformed
