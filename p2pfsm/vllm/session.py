@@ -298,13 +298,15 @@ class P2PSession(Executor):
                 log.warning("P2PSession %s: write %d still running at close", self.peer_id,
                             xfer)
                 self._finish_write(xfer, False)
+        # Results not yet polled are given here, as failures: the manager reads no poll
+        # after close(), and a failure is always safe for it (fall back, release pins).
         loads, self._loads = self._loads, []
         stores, self._stores = self._stores, []
-        failed_jobs = [r.job_id for r in loads if not r.success]
+        failed_jobs = [r.job_id for r in loads]
         failed_reqs = list(dict.fromkeys(
-            [r.kv_request_id for r in loads if not r.success]
+            [r.kv_request_id for r in loads]
             + [kv for kv, probes in self._probes.items() if None in probes.values()]))
-        failed_stores = [r.job_id for r in stores if not r.success]
+        failed_stores = [r.job_id for r in stores]
         serves = [s.ctx for s in self._served.values() if s.asked] + self._finished_ctxs
         self._served.clear()
         self._finished_ctxs = []
