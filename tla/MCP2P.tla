@@ -27,8 +27,9 @@ GateScenarios == <<
     \* 1. handshake from idle, a load and a supply queued behind it, every fault
     [Quiet EXCEPT !.ready = FALSE, !.loads = 1, !.stores = 1,
                   !.faults = {"incompat", "dup", "regfail", "hstimer", "close", "cut", "drop"}],
-    \* 2. PD loads: supply before or after the fetch, finish on both sides, timeouts
-    [Quiet EXCEPT !.loads = 1, !.stores = 2, !.fin = Fin(1, 2), !.faults = {"wfail"},
+    \* 2. PD loads: supply before or after the fetch, finish on both sides, timeouts, a
+    \*    close while a failed round drains
+    [Quiet EXCEPT !.loads = 1, !.stores = 2, !.fin = Fin(1, 2), !.faults = {"wfail", "close"},
                   !.timers = {"load", "abort_ack", "store", "demand"}],
     \* 3. PD loads under loss, cut and close
     [Quiet EXCEPT !.loads = 1, !.stores = 1, !.fin = Fin(1, 1),
@@ -36,15 +37,25 @@ GateScenarios == <<
     \* 4. lookups answered in parts (two pins in one round), unservable fetches
     [Quiet EXCEPT !.loads = 1, !.stores = 2, !.lookups = 1, !.timers = {"pending", "lookup"},
                   !.fks = K12, !.lks = K12, !.sks = K12],
-    \* 5. lookups with finish on both sides: terminal fetches, closed lookup supply
-    [Quiet EXCEPT !.loads = 1, !.stores = 1, !.lookups = 1, !.fin = Fin(1, 1),
-                  !.timers = {"lookup"}, !.fks = K12, !.lks = K12],
-    \* 6. lookups when the session dies
-    [Quiet EXCEPT !.lookups = 1, !.faults = {"cut", "close"}, !.timers = {"lookup"}],
+    \* 5. lookups with finish on both sides: terminal fetches, closed lookup pins, pins
+    \*    that expire before their fetch
+    [Quiet EXCEPT !.loads = 1, !.stores = 1, !.lookups = 1, !.fin = Fin(1, 2),
+                  !.timers = {"lookup", "store"}, !.fks = K12, !.lks = K12],
+    \* 6. lookups (and their pins) when the session dies
+    [Quiet EXCEPT !.lookups = 1, !.stores = 1, !.fin = Fin(0, 1), !.faults = {"cut", "close"},
+                  !.timers = {"lookup"}],
     \* 7. loads and lookups when a frame is lost: aborts and terminal fetches meet rounds
-    \*    whose fetch or abort never arrived
+    \*    whose fetch or abort never arrived; a re-sent abort meets a silently draining
+    \*    round, a demand deadline a draining one
     [Quiet EXCEPT !.loads = 1, !.stores = 1, !.lookups = 1, !.fin = Fin(1, 1),
-                  !.faults = {"drop"}, !.timers = {"load"}]
+                  !.faults = {"drop"}, !.timers = {"load", "abort_ack", "demand"}],
+    \* 9. as 7, with supply after the round drains silently
+    [Quiet EXCEPT !.loads = 1, !.stores = 2, !.lookups = 1, !.fin = Fin(1, 1),
+                  !.faults = {"drop"}, !.timers = {"load"}],
+    \* 8. a write fails while another of the round is in flight: the round drains, owing
+    \*    transfer_done(false), and its demand deadline passes meanwhile
+    [Quiet EXCEPT !.loads = 1, !.stores = 2, !.faults = {"wfail"}, !.timers = {"demand"},
+                  !.fks = K12, !.sks = {{"k1"}, {"k2"}}]
 >>
 
 \* ------------------------------------------------------------------ large

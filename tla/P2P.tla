@@ -95,7 +95,10 @@ MsgTypes == Handshake \cup {"fetch", "lookup", "abort_fetch", "transfer_done",
 \* "answered", "discarded", "cancelled" and "dropped" end the instance.
 CRStates == {"loading", "aborting"}
 CLStates == {"probing", "expired"}
-SRStates == {"supplied", "supply_closed", "serving", "finishing", "draining"}
+\* A draining serve round is in the state named by the reply it owes.
+Draining == {"draining_abort", "draining_failed", "draining_silent"}
+SRStates == {"supplied", "supply_closed", "pinned", "pinned_closed", "serving", "finishing"}
+            \cup Draining
 LoadResults == {"pending", "ok", "fail", "orphan", "twice"}
 StoreStates == {"pinned", "released", "twice"}
 
@@ -116,13 +119,14 @@ AsRec(f) == [t |-> f[1], req |-> f[2], seq |-> f[3], keys |-> f[4], dst |-> f[5]
              ok |-> f[6], hits |-> f[7], g |-> f[8]]
 Ctl(t) == Msg(t, NoReq, Unbound, {}, 0, FALSE, {})
 
-\* A fresh serve round (ServerRound.__init__). dtm: its demand timer is armed (the fetch
-\* arms it once, firing consumes it; found by the spec -> code replay, which could not make
-\* the code fire it twice).
+\* A fresh serve round (ServerRound.__init__). lsup: its origin is lookup pins (fixed
+\* when the round is created; host supply is never routed to it). dtm: its demand timer
+\* is armed (the fetch arms it once, firing consumes it; found by the spec -> code
+\* replay, which could not make the code fire it twice). Every other piece of control
+\* state is the round's machine state `st`.
 NewSR(seq, ord) ==
     [st |-> "new", seq |-> seq, ord |-> ord, supply |-> {}, demand |-> {}, dst |-> 0,
-     jobs |-> {}, lsup |-> FALSE, failed |-> FALSE, aborted |-> FALSE, silent |-> FALSE,
-     dtm |-> FALSE]
+     jobs |-> {}, lsup |-> FALSE, dtm |-> FALSE]
 
 \* Where the producer keeps a round. BugP1: by kv_request_id only (vLLM G3).
 SKey(req, seq) == IF BugP1 /\ seq # Unbound THEN <<req, 0>> ELSE <<req, seq>>
@@ -173,7 +177,7 @@ CRound == [st : CRStates, job : Nat, ab : BOOLEAN]
 CLookup == [st : CLStates, seq : Seqs, keys : SUBSET STRING]
 SRound == [st : SRStates, seq : SSeqs, ord : Nat, supply : SUBSET (STRING \X Nat),
            demand : SUBSET STRING, dst : Nat, jobs : SUBSET Nat, lsup : BOOLEAN,
-           failed : BOOLEAN, aborted : BOOLEAN, silent : BOOLEAN, dtm : BOOLEAN]
+           dtm : BOOLEAN]
 SLookup == [seq : Seqs, keys : SUBSET STRING, pending : SUBSET STRING, hits : SUBSET STRING]
 Write == [rk : SKeys, dst : Nat, keys : SUBSET STRING, jobs : SUBSET Nat]
 LoadResult == [r : LoadResults, by : Nat]
@@ -374,33 +378,29 @@ EndRound(L, k) ==
 
 WireSeq(R) == IF R.seq = Unbound THEN 0 ELSE R.seq
 
-\* ServerRound.send_final_reply (R: the round as it ended).
-FinalReply(L, k, R) ==
-    IF L.sess \notin Live THEN L
-    ELSE IF R.aborted
-         THEN Send(L, Msg("abort_ack", k[1], WireSeq(R), {}, R.dst, FALSE, {}))
-         ELSE IF R.dst # 0 /\ ~R.silent
-              THEN Send(L, Msg("transfer_done", k[1], WireSeq(R), {}, R.dst,
-                               ~R.failed /\ R.demand = {}, {}))
-              ELSE L
+\* A round's reply: transfer_done(ok) or abort_ack, for the round as it ended (R).
+Done(L, k, R, ok) == Send(L, Msg("transfer_done", k[1], WireSeq(R), {}, R.dst, ok, {}))
+AbortAckOf(L, k, R) == Send(L, Msg("abort_ack", k[1], WireSeq(R), {}, R.dst, FALSE, {}))
 
-\* Session._settle: `settle` on a round after every event touching it.
+\* Session._settle: `settle` on a round after every event touching it; the reply a
+\* round sends when it ends is the one its state owes.
 Settle(L, k) ==
     LET st == SSt(L, k)
         R == L.sr[k]
         quiet == Inflight(L, k) = {}
+        End(L1) == EndRound(FireSR(L1, k, "settle", "done"), k)
     IN CASE st \in {"none", "done"} -> L
-         [] st = "serving" /\ R.demand = {} /\ quiet ->
-                EndRound(Send(FireSR(L, k, "settle", "done"),
-                              Msg("transfer_done", k[1], WireSeq(R), {}, R.dst, TRUE, {})), k)
-         [] st \in {"finishing", "draining"} /\ quiet ->
-                EndRound(FinalReply(FireSR(L, k, "settle", "done"), k, R), k)
+         [] st \in {"serving", "finishing"} /\ R.demand = {} /\ quiet -> End(Done(L, k, R, TRUE))
+         [] st = "finishing" /\ quiet -> End(Done(L, k, R, FALSE))
+         [] st = "draining_abort" /\ quiet -> End(AbortAckOf(L, k, R))
+         [] st = "draining_failed" /\ quiet -> End(Done(L, k, R, FALSE))
+         [] st = "draining_silent" /\ quiet -> End(L)
          [] OTHER -> FireSR(L, k, "settle", st)
 
 \* session_lost on one serve round, then settle.
 LoseServe(L, k) ==
     IF SSt(L, k) = "none" THEN L
-    ELSE Settle([FireSR(L, k, "session_lost", "draining") EXCEPT !.sr[k].silent = TRUE], k)
+    ELSE Settle(FireSR(L, k, "session_lost", "draining_silent"), k)
 
 \* host_finish or recv_terminal_fetch (trigger t) on one serve round, then settle.
 CloseRound(L, k, t) ==
@@ -408,9 +408,10 @@ CloseRound(L, k, t) ==
     IF st = "none" THEN L
     ELSE IF t = "host_finish"
     THEN Settle(FireSR(L, k, t, CASE st = "supplied" -> "supply_closed"
+                                  [] st = "pinned" -> "pinned_closed"
                                   [] st = "serving" -> "finishing"
                                   [] OTHER -> st), k)
-    ELSE Settle([FireSR(L, k, t, "draining") EXCEPT !.sr[k].silent = TRUE], k)
+    ELSE Settle(FireSR(L, k, t, IF st \in Draining THEN st ELSE "draining_silent"), k)
 
 \* Session._settle_lookups: answer in arrival order; stop at the first that must wait.
 RECURSIVE SettleLookups(_, _)
@@ -569,7 +570,7 @@ ServerLookupHostAnswer(p) ==
            j == Len(L0.sres) + 1
            k == SKey(req, lk.seq)
            st == SSt(L0, k)
-           canPin == st \in {"none", "supplied"} \/ BugP1
+           canPin == st \in {"none", "pinned"} \/ BugP1
            L == IF hits # {} THEN [L0 EXCEPT !.sres = Append(@, [st |-> "pinned", rnd |-> lk.seq])]
                 ELSE L0
            pinned == hits # {} /\ canPin
@@ -582,7 +583,7 @@ ServerLookupHostAnswer(p) ==
            src == SSt(Ln, k)
            L3 == IF pinned
                  THEN [AddSupply(FireSR(Ln, k, "lookup_pin",
-                                        IF src \in {"new", "supplied"} THEN "supplied" ELSE src),
+                                        IF src \in {"new", "pinned"} THEN "pinned" ELSE src),
                                  k, hits, j) EXCEPT !.sr[k].lsup = TRUE]
                  ELSE L2
        IN /\ hits \cup miss # {}
@@ -665,20 +666,21 @@ ServerRoundRecvFetch(p) ==
                                                              !.ord = NextOrd(L1, m.req)])]
                  ELSE Open(L1, k, m.seq)
            R == L2.sr[k]
-           unservable == R.lsup /\ ~(m.keys \subseteq SupplyKeys(R))
+           unservable == src \in {"pinned", "pinned_closed"} /\ ~(m.keys \subseteq SupplyKeys(R))
            L3 == [L2 EXCEPT !.sr[k].dst = m.dst, !.sr[k].demand = m.keys, !.sr[k].dtm = TRUE]
        IN Commit(p,
             IF ~CanRequest(L0) THEN Reject(Load(p, "ServerRoundRecvFetch"))
             ELSE IF expired
             THEN Send([L1 EXCEPT !.xl[m.req] = Unbound],
                       Msg("transfer_done", m.req, m.seq, {}, m.dst, FALSE, {}))
-            ELSE IF src \notin {"new", "supplied", "supply_closed"} THEN Reject(Load(p, "ServerRoundRecvFetch"))
+            ELSE IF src \notin {"new", "supplied", "supply_closed", "pinned", "pinned_closed"}
+            THEN Reject(Load(p, "ServerRoundRecvFetch"))
             ELSE IF unservable
             THEN EndRound(Send(FireSR(L3, k, "recv_fetch", "done"),
                                Msg("transfer_done", m.req, m.seq, {}, m.dst, FALSE, {})), k)
             ELSE Settle(WriteMatched(FireSR(L3, k, "recv_fetch",
-                                            IF src = "supply_closed" THEN "finishing"
-                                            ELSE "serving"), k), k))
+                                            IF src \in {"supply_closed", "pinned_closed"}
+                                            THEN "finishing" ELSE "serving"), k), k))
 
 \* Session._on_fetch without keys: the consumer finished the request.
 ServerRoundRecvTerminalFetch(p) ==
@@ -716,8 +718,7 @@ ServerRoundRecvAbortFetch(p) ==
             IF ~CanRequest(L0) THEN Reject(Load(p, "ServerRoundRecvAbortFetch"))
             ELSE IF k \notin DOMAIN L1.sr
             THEN Send(L1, Msg("abort_ack", m.req, m.seq, {}, m.dst, FALSE, {}))
-            ELSE Settle([FireSR(L1, k, "recv_abort_fetch", "draining")
-                         EXCEPT !.sr[k].aborted = TRUE], k))
+            ELSE Settle(FireSR(L1, k, "recv_abort_fetch", "draining_abort"), k))
 
 \* Session._on_transfer_done.
 ClientRoundRecvTransferDone(p) ==
@@ -787,11 +788,11 @@ ServerRoundWriteFailed(p) ==
     \E w \in wr[p] :
        LET L0 == [Load(p, "ServerRoundWriteFailed") EXCEPT !.wr = @ \ {w}]
            st == L0.sr[w.rk].st
-       IN IF st = "draining"
+       IN IF st \in Draining
           THEN Commit(p, Settle(FireSR(L0, w.rk, "write_failed", st), w.rk))
           ELSE /\ CanFault("wfail")
-               /\ Commit(p, Settle([FireSR(Faulted(L0), w.rk, "write_failed", "draining")
-                                    EXCEPT !.sr[w.rk].failed = TRUE], w.rk))
+               /\ Commit(p, Settle(FireSR(Faulted(L0), w.rk, "write_failed", "draining_failed"),
+                                   w.rk))
 
 \* The transport reports the cut connection.
 SessionTransportLost(p) ==
@@ -841,23 +842,23 @@ ClientLookupTimerLookup(p) ==
 
 ServerRoundTimerStore(p) ==
     \E k \in DOMAIN sr[p] : Timer("store") /\
-       /\ sr[p][k].st \in {"supplied", "supply_closed"}
+       /\ sr[p][k].st \in {"supplied", "supply_closed", "pinned", "pinned_closed"}
        /\ LET L == Load(p, "ServerRoundTimerStore")
               R == L.sr[k]
-              L1 == IF R.lsup /\ R.seq # Unbound THEN [L EXCEPT !.xl[k[1]] = R.seq] ELSE L
+              \* ServerRound.remember_expired: the late fetch of expired pins fails fast.
+              L1 == IF R.st \in {"pinned", "pinned_closed"} THEN [L EXCEPT !.xl[k[1]] = R.seq]
+                    ELSE L
           IN Commit(p, EndRound(FireSR(L1, k, "timer_store", "done"), k))
 
 \* The producer's demand deadline (armed by a servable fetch, never disarmed before the
 \* round ends, so it may also fire while the round drains, even after session death).
 ServerRoundTimerDemand(p) ==
     \E k \in DOMAIN sr[p] : Timer("demand") /\
-       /\ sr[p][k].st \in {"serving", "finishing", "draining"} /\ sr[p][k].dtm
+       /\ sr[p][k].st \in {"serving", "finishing"} \cup Draining /\ sr[p][k].dtm
        /\ LET L == [Load(p, "ServerRoundTimerDemand") EXCEPT !.sr[k].dtm = FALSE]
               st == L.sr[k].st
-          IN Commit(p, Settle(IF st = "draining"
-                              THEN FireSR(L, k, "timer_demand", st)
-                              ELSE [FireSR(L, k, "timer_demand", "draining")
-                                    EXCEPT !.sr[k].failed = TRUE], k))
+          IN Commit(p, Settle(FireSR(L, k, "timer_demand",
+                                     IF st \in Draining THEN st ELSE "draining_failed"), k))
 
 ServerLookupTimerLookupPending(p) ==
     \E req \in Reqs : \E i \in 1 .. Len(sl[p][req]) : Timer("pending") /\
@@ -1034,9 +1035,10 @@ EnTimers ==
         \/ sess[p] \in PreReady /\ CanFault("hstimer")
         \/ Timer("load") /\ \E k \in DOMAIN cr[p] : cr[p][k].st = "loading"
         \/ Timer("lookup") /\ \E q \in Reqs : cl[p][q] # <<>>
-        \/ Timer("store") /\ \E k \in DOMAIN sr[p] : sr[p][k].st \in {"supplied", "supply_closed"}
+        \/ Timer("store") /\ \E k \in DOMAIN sr[p] :
+               sr[p][k].st \in {"supplied", "supply_closed", "pinned", "pinned_closed"}
         \/ Timer("demand") /\ \E k \in DOMAIN sr[p] :
-               sr[p][k].st \in {"serving", "finishing", "draining"} /\ sr[p][k].dtm
+               sr[p][k].st \in {"serving", "finishing"} \cup Draining /\ sr[p][k].dtm
         \/ Timer("pending") /\ \E q \in Reqs : sl[p][q] # <<>>
 EnResend == \E p \in Peers : \E k \in DOMAIN cr[p] : CanResend(p, k)
 

@@ -1,10 +1,14 @@
 """The hot-path dispatcher: a frozen ``(state, trigger) -> candidates`` table.
 
-Firing a trigger looks up the candidates for the object's current state, takes
-the first whose guards hold (and whose ``unless`` guards do not), sets the new
-state, records the step with the tracer, then runs the actions in order. No
-candidate means the machine declares no such step: :class:`InvalidTransition`
-is raised and nothing has changed, because guards are pure predicates.
+Firing a trigger is all-or-nothing. It plans: looks up the candidates for the
+object's current state and takes the first whose guards hold (and whose ``unless``
+guards do not); guards are pure predicates. No candidate means the machine declares
+no such step: :class:`InvalidTransition` is raised and nothing has changed. Then it
+commits: sets the new state and runs the actions in order, and only once every
+action has returned records the step with the tracer. Should an action raise, the
+object's state, its declared extended state (``fsm_data``: the attributes its
+actions write) and its output list (``fsm_outputs``) are put back as they were
+before the step, and the exception propagates.
 
 This module is the only place that assigns ``fsm_state``; a test walks the AST
 of the package to keep it that way.
@@ -22,7 +26,12 @@ from p2pfsm.fsm.trace import Tracer
 
 
 class FsmObject(Protocol):
-    """What a machine instance must carry."""
+    """What a machine instance must carry.
+
+    ``fsm_data`` (optional, a class attribute) names the attributes its actions write;
+    ``fsm_outputs`` (optional) is the list its actions append outputs to. Both are
+    restored when an action raises.
+    """
 
     fsm_state: str
 
@@ -90,12 +99,25 @@ class CompiledMachine:
         cand = self._select(obj, trigger, event)
         if cand is None:
             raise InvalidTransition(self.name, source, trigger)
-        obj.fsm_state = cand.dest
+        if cand.actions:
+            outputs: list[Any] | None = getattr(obj, "fsm_outputs", None)
+            mark = 0 if outputs is None else len(outputs)
+            saved = _snapshot(obj)
+            obj.fsm_state = cand.dest
+            try:
+                for action in cand.actions:
+                    action(obj, event)
+            except BaseException:
+                _restore(obj, saved)
+                obj.fsm_state = source
+                if outputs is not None:
+                    del outputs[mark:]
+                raise
+        else:
+            obj.fsm_state = cand.dest
         tracer = obj.fsm_tracer
         if tracer is not None:
             tracer.record(self.name, obj.fsm_label, trigger, source, cand.dest)
-        for action in cand.actions:
-            action(obj, event)
         return cand.dest
 
     def _select(self, obj: FsmObject, trigger: str, event: object) -> _Candidate | None:
@@ -105,3 +127,29 @@ class CompiledMachine:
             ):
                 return cand
         return None
+
+
+def _snapshot(obj: object) -> list[tuple[str, object]]:
+    """Copies of the attributes named by ``obj.fsm_data`` (containers copied one level)."""
+    saved: list[tuple[str, object]] = []
+    for name in getattr(obj, "fsm_data", ()):
+        value = getattr(obj, name)
+        if isinstance(value, dict | list | set):
+            value = value.copy()
+        saved.append((name, value))
+    return saved
+
+
+def _restore(obj: object, saved: list[tuple[str, object]]) -> None:
+    for name, value in saved:
+        current = getattr(obj, name)
+        if isinstance(current, dict | list | set) and type(current) is type(value):
+            current.clear()  # in place: others may hold the same container
+            if isinstance(current, dict):
+                current.update(value)
+            elif isinstance(current, list):
+                current.extend(value)
+            else:
+                current.update(value)
+        else:
+            setattr(obj, name, value)

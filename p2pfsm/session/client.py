@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from p2pfsm.fsm import CompiledMachine, Tracer, machine
 from p2pfsm.protocol import AbortFetch, Fetch, Lookup, LookupResp, TransferDone
-from p2pfsm.session.outputs import LoadResult, LookupResult
+from p2pfsm.session.outputs import LoadResult, LookupResult, Output
 
 if TYPE_CHECKING:
     from p2pfsm.session.core import Session
@@ -38,6 +38,13 @@ class ClientRound:
         self.keys = keys
         self.dest_indexes = dest_indexes
         self.aborted = False
+
+    fsm_data = ("aborted",)
+    """What this round's actions write (restored should one raise)."""
+
+    @property
+    def fsm_outputs(self) -> list[Output]:
+        return self.s.outputs
 
     @property
     def fsm_label(self) -> str:
@@ -100,6 +107,10 @@ class ClientLookup:
         self.kv_request_id = kv_request_id
         self.round_seq = round_seq
         self.keys = keys
+
+    @property
+    def fsm_outputs(self) -> list[Output]:
+        return self.s.outputs
 
     @property
     def fsm_label(self) -> str:

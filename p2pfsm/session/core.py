@@ -125,7 +125,19 @@ class Session:
         self._tokens: dict[int, ServerLookup] = {}
         self._next_token = 0
 
+    fsm_data = ("peer", "death_reason", "was_ready", "mismatch", "_queue")
+    """What the session machine's actions write (restored should one raise)."""
+
     # ------------------------------------------------------------------ queries
+    @property
+    def outputs(self) -> list[Output]:
+        """The outputs of the step in progress (machine actions append to it)."""
+        return self._out
+
+    @property
+    def fsm_outputs(self) -> list[Output]:
+        return self._out
+
     @property
     def fsm_label(self) -> str:
         return self.config.local_id
@@ -353,15 +365,21 @@ class Session:
             del self._served[served.kv_request_id]
 
     def pin_lookup_hits(self, kv_request_id: str, round_seq: int, pin: LookupPin) -> None:
-        rnd = self._round_for(kv_request_id, round_seq)
+        rnd = self._round_for(kv_request_id, round_seq, "lookup")
         SERVER_ROUND.fire(rnd, "lookup_pin", pin)
 
-    def _round_for(self, kv_request_id: str, round_seq: int | None) -> ServerRound:
+    def expire_lookup_round(self, rnd: ServerRound) -> None:
+        """The lookup pins of ``rnd`` expired before its fetch: that fetch fails fast."""
+        assert rnd.round_seq is not None
+        self._expired_lookups.put(rnd.kv_request_id, rnd.round_seq, self.now)
+
+    def _round_for(self, kv_request_id: str, round_seq: int | None,
+                   origin: str = "host") -> ServerRound:
         rounds = self._rounds.setdefault(kv_request_id, {})
         rnd = rounds.get(round_seq)
         if rnd is None:
             self._round_serial += 1
-            rnd = ServerRound(self, self._round_serial, kv_request_id, round_seq)
+            rnd = ServerRound(self, self._round_serial, kv_request_id, round_seq, origin)
             rounds[round_seq] = rnd
             self._round_by_serial[rnd.serial] = rnd
         return rnd
@@ -660,7 +678,7 @@ class Session:
         else a new unbound round that the next fetch of the request adopts.
         """
         rounds = [r for r in self._rounds.get(ev.kv_request_id, {}).values()
-                  if not r.lookup_supplied]
+                  if r.origin == "host"]
         for rnd in rounds:
             if rnd.demand and any(k in rnd.demand for k in ev.keys):
                 return rnd
@@ -752,8 +770,6 @@ class Session:
         elif kind == "store":
             rnd = self._round_by_serial[int(timer[1])]
             SERVER_ROUND.fire(rnd, "timer_store", ev)
-            if rnd.lookup_supplied and rnd.round_seq is not None:
-                self._expired_lookups.put(rnd.kv_request_id, rnd.round_seq, self.now)
         elif kind == "lookup_pending":
             served = self._tokens[int(timer[1])]
             SERVER_LOOKUP.fire(served, "timer_lookup_pending", ev)

@@ -20,7 +20,14 @@ from typing import TYPE_CHECKING
 from p2pfsm.fsm import CompiledMachine, Tracer, machine
 from p2pfsm.protocol import AbortAck, Fetch, LookupResp, TransferDone
 from p2pfsm.session.inputs import HostAnswerLookup, HostSupply, WriteFinished
-from p2pfsm.session.outputs import CancelWrite, LookupClosed, LookupRequest, StartWrite, StoreResult
+from p2pfsm.session.outputs import (
+    CancelWrite,
+    LookupClosed,
+    LookupRequest,
+    Output,
+    StartWrite,
+    StoreResult,
+)
 
 if TYPE_CHECKING:
     from p2pfsm.session.core import Session
@@ -43,29 +50,37 @@ class ServerRound:
     """Producer state of one (kv_request_id, round_seq)."""
 
     __slots__ = (
-        "aborted", "demand", "demanded", "failed", "fsm_state", "inflight", "jobs", "kv_request_id",
-        "landed", "lookup_supplied", "round_seq", "s", "serial", "silent", "succeeded", "supply",
-        "total",
+        "demand", "fsm_state", "inflight", "jobs", "kv_request_id", "landed", "origin",
+        "round_seq", "s", "serial", "supply", "total",
     )
 
-    def __init__(self, s: Session, serial: int, kv_request_id: str, round_seq: int | None) -> None:
+    def __init__(self, s: Session, serial: int, kv_request_id: str, round_seq: int | None,
+                 origin: str = "host") -> None:
         self.s = s
         self.fsm_state = SERVER_ROUND.spec.initial
         self.serial = serial
         self.kv_request_id = kv_request_id
         self.round_seq = round_seq
+        self.origin = origin
+        """Which supply feeds the round, fixed at creation: "host" or "lookup"."""
         self.supply: dict[bytes, int] = {}
         self.demand: dict[bytes, int] = {}
         self.inflight: dict[int, int] = {}
         self.jobs: set[int] = set()
-        self.demanded = False
         self.total = 0
         self.landed = 0
-        self.lookup_supplied = False
-        self.failed = False
-        self.aborted = False
-        self.silent = False
-        self.succeeded = False
+
+    fsm_data = ("supply", "demand", "inflight", "jobs", "total", "landed")
+    """What this round's actions write (restored should one raise)."""
+
+    @property
+    def fsm_outputs(self) -> list[Output]:
+        return self.s.outputs
+
+    @property
+    def demanded(self) -> bool:
+        """A fetch has named this round (its demand was recorded)."""
+        return self.total > 0
 
     @property
     def fsm_label(self) -> str:
@@ -84,7 +99,7 @@ class ServerRound:
     # guards
     def is_unservable(self, ev: object) -> bool:
         assert isinstance(ev, Fetch)
-        return self.lookup_supplied and any(k not in self.supply for k in ev.keys)
+        return any(k not in self.supply for k in ev.keys)
 
     def is_complete(self, _ev: object) -> bool:
         return not self.demand and not self.inflight and self.landed == self.total
@@ -94,12 +109,7 @@ class ServerRound:
 
     # actions
     def add_supply(self, ev: object) -> None:
-        assert isinstance(ev, HostSupply)
-        self._add(ev.job_id, ev.keys, ev.local_indexes)
-
-    def add_lookup_supply(self, ev: object) -> None:
-        assert isinstance(ev, LookupPin)
-        self.lookup_supplied = True
+        assert isinstance(ev, HostSupply | LookupPin)
         self._add(ev.job_id, ev.keys, ev.local_indexes)
 
     def reject_supply(self, ev: object) -> None:
@@ -117,7 +127,6 @@ class ServerRound:
 
     def record_demand(self, ev: object) -> None:
         assert isinstance(ev, Fetch)
-        self.demanded = True
         self.total = len(ev.keys)
         self.demand = dict(zip(ev.keys, ev.block_indexes, strict=True))
 
@@ -141,38 +150,31 @@ class ServerRound:
         if ev.ok:
             self.landed += count
 
-    def mark_failed(self, _ev: object) -> None:
-        self.failed = True
-
-    def mark_aborted(self, _ev: object) -> None:
-        self.aborted = True
-
-    def mark_closed(self, _ev: object) -> None:
-        self.silent = True
-
     def cancel_writes(self, _ev: object) -> None:
         for xfer in self.inflight:
             self.s.emit(CancelWrite(xfer))
 
     def send_done_success(self, _ev: object) -> None:
-        self.succeeded = True
         self.s.send(TransferDone(self.kv_request_id, True, self._wire_round()))
 
     def send_done_failure(self, _ev: object) -> None:
         self.s.send(TransferDone(self.kv_request_id, False, self._wire_round()))
 
-    def send_final_reply(self, _ev: object) -> None:
-        if not self.s.alive:
-            return
-        if self.aborted:
-            self.s.send(AbortAck(self.kv_request_id, self._wire_round()))
-        elif self.demanded and not self.silent:
-            self.succeeded = not self.failed and self.landed == self.total and not self.demand
-            self.s.send(TransferDone(self.kv_request_id, self.succeeded, self._wire_round()))
+    def send_abort_ack(self, _ev: object) -> None:
+        self.s.send(AbortAck(self.kv_request_id, self._wire_round()))
+
+    def remember_expired(self, _ev: object) -> None:
+        self.s.expire_lookup_round(self)
 
     def release_jobs(self, _ev: object) -> None:
+        self._release(False)
+
+    def release_served_jobs(self, _ev: object) -> None:
+        self._release(True)
+
+    def _release(self, served: bool) -> None:
         for job in sorted(self.jobs):
-            self.s.emit(StoreResult(job, self.succeeded))
+            self.s.emit(StoreResult(job, served))
         self.s.forget_round(self)
 
     def _wire_round(self) -> int:
@@ -197,6 +199,13 @@ class ServerLookup:
         self.keys = keys
         self.resolved: dict[bytes, bool] = {}
         self.pending: set[bytes] = set(keys)
+
+    fsm_data = ("resolved", "pending")
+    """What this lookup's actions write (restored should one raise)."""
+
+    @property
+    def fsm_outputs(self) -> list[Output]:
+        return self.s.outputs
 
     @property
     def fsm_label(self) -> str:

@@ -23,7 +23,9 @@ Step = tuple[str, str, str, str]
 _NODE = re.compile(r'^(-?\d+) \[label="(.*)"(?:,style = filled)?\];?$')
 _EDGE = re.compile(r'^(-?\d+) -> (-?\d+) \[label="([^"]*)"')
 _FIRED_VAR = re.compile(r'/\\\\ fired = (\{.*?\})(?:\\n/\\\\ |$)')
-_FIRED_STEP = re.compile(r'<<\\"(\w+)\\", \\"(\w+)\\", \\"(\w+)\\", \\"(\w+)\\">>')
+_FIRED_STEP = re.compile(
+    r'<<\s*\\"(\w+)\\",\s*\\"(\w+)\\",\s*\\"(\w+)\\",\s*\\"(\w+)\\"\s*>>')
+"""One step; TLC wraps a long tuple over several lines (``<< "server_round",\\n ...``)."""
 
 
 def _unescape(label: str) -> str:
@@ -68,9 +70,8 @@ def parse_fired(label: str) -> frozenset[Step]:
     m = _FIRED_VAR.search(label)
     if m is None:
         return frozenset()
-    return frozenset(
-        (s[0], s[1], s[2], s[3]) for s in _FIRED_STEP.findall(m.group(1))
-    )
+    text = m.group(1).replace("\\n", " ")
+    return frozenset((s[0], s[1], s[2], s[3]) for s in _FIRED_STEP.findall(text))
 
 
 def load_dot(path: Path) -> StateGraph:

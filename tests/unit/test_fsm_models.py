@@ -32,15 +32,17 @@ class _Stub:
     def __init__(self, state: str, guard_values: dict[str, bool]) -> None:
         self.fsm_state = state
         self.values = guard_values
+        self.ran: list[str] = []
 
 
 def _stub_class(spec: MachineSpec) -> type:
-    """A class with every guard (reading ``values``) and every action (a no-op) of ``spec``."""
+    """A class with every guard (reading ``values``) and every action of ``spec`` (each
+    records its name in ``ran``)."""
     namespace: dict[str, object] = {}
     for g in spec.guard_names:
         namespace[g] = lambda self, _ev=None, g=g: self.values[g]
     for a in spec.action_names:
-        namespace[a] = lambda self, _ev=None: None
+        namespace[a] = lambda self, _ev=None, a=a: self.ran.append(a)
     return type(f"Stub_{spec.name}", (_Stub,), namespace)
 
 
@@ -53,7 +55,8 @@ def _guard_cases(spec: MachineSpec, state: str, trigger: str) -> list[dict[str, 
 
 @pytest.mark.parametrize("name", sorted(BOUND))
 def test_compiled_table_agrees_with_transitions(name: str) -> None:
-    """For every state, trigger and guard valuation both dispatchers reach the same state."""
+    """For every state, trigger and guard valuation both dispatchers reach the same state
+    and run the same actions in the same order."""
     spec = machines()[name]
     stub_cls = _stub_class(spec)
     compiled = CompiledMachine(spec, stub_cls)
@@ -67,7 +70,7 @@ def test_compiled_table_agrees_with_transitions(name: str) -> None:
                 except InvalidTransition:
                     expected = None
                 theirs = stub_cls(state, values)
-                build_transitions_machine(spec, theirs)
+                build_transitions_machine(spec, theirs, actions=True)
                 theirs.fsm_state = state
                 try:
                     fired = theirs.trigger(trigger)
@@ -75,6 +78,7 @@ def test_compiled_table_agrees_with_transitions(name: str) -> None:
                     fired = False
                 got = theirs.fsm_state if fired else None
                 assert got == expected, (name, state, trigger, values)
+                assert theirs.ran == ours.ran, (name, state, trigger, values)
                 compared += 1
     assert compared >= len(spec.states) * len(spec.triggers)
 
