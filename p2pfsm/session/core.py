@@ -506,8 +506,6 @@ class Session:
         self._tokens[served.token] = served
         self._served.setdefault(msg.kv_request_id, []).append(served)
         SERVER_LOOKUP.fire(served, "recv_lookup", msg)
-        if not msg.keys:
-            served.pending.clear()
         self._settle_lookups(msg.kv_request_id)
 
     def _on_abort_fetch(self, msg: AbortFetch) -> None:
