@@ -4,7 +4,7 @@
 # 'p2pfsm-*.whl[check]') and run the CLI from a directory outside the checkout, so
 # that nothing can come from the source tree: --version, demo (real ZeroMQ + NIXL),
 # check --dry-run and one real TLC run on the spec inside the wheel, diagrams
-# --check of a copy of docs/diagrams and diagrams --out. Every temporary directory
+# --check of a copy of docs/diagrams (and docs/machines.md) and diagrams --out. Every temporary directory
 # goes on exit. About two minutes, most of it installing torch.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -76,6 +76,8 @@ set -e
     || fail "diagrams without --out outside a checkout exited $code: $(cat "$WORK/diagrams.err")"
 [ -z "$(ls -A "$OUTSIDE")" ] || fail "diagrams without --out wrote into $OUTSIDE"
 cp -r "$REPO/docs/diagrams" "$WORK/diagrams-copy"
+# Outside a checkout the machines page (docs/machines.md there) lives in the --out DIR.
+cp "$REPO/docs/machines.md" "$WORK/diagrams-copy/machines.md"
 "$P2PFSM" diagrams --check --out "$WORK/diagrams-copy"
 "$P2PFSM" diagrams --out "$WORK/diagrams-new"
 "$P2PFSM" diagrams --check --out "$WORK/diagrams-new"
