@@ -37,7 +37,7 @@
 (* the gate small while every transition is still reached.                *)
 (*                                                                         *)
 (* Bug switches (tla/mustfail/*.cfg) re-introduce vLLM bugs P1, P3, P4 and *)
-(* P5 of reference/vllm-p2p-protocol.md section 5.2.                       *)
+(* P5 (each cfg names the vLLM issue or PR it comes from).                 *)
 (***************************************************************************)
 EXTENDS Naturals, Integers, Sequences, FiniteSets, TLC, Channel
 
@@ -1059,7 +1059,7 @@ Spec == Init /\ [][Next]_vars
 FairSpec == Spec /\ Fairness
 
 -----------------------------------------------------------------------------
-(* Safety properties (DESIGN.md, "The properties") *)
+(* Safety properties (docs/verification.md lists each and what backs it) *)
 
 Released(p, j) == lres[p][j].r \in {"ok", "fail"}
 
