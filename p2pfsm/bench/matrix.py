@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from p2pfsm.demo.run import stop_server
 from p2pfsm.errors import ConfigError, TransportError
 
 __all__ = ["SHAPES", "format_matrix", "run", "vllm_python"]
@@ -77,13 +78,7 @@ _BUFFERS: dict[int, bytearray] = {}
 
 def _stop(proc: subprocess.Popen[str]) -> None:
     _BUFFERS.pop(proc.pid, None)
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+    stop_server(proc)
 
 
 def _server(kind: str, vpy: Path | None, blocks: int, block_len: int
