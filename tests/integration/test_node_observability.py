@@ -88,25 +88,18 @@ def test_a_session_past_its_violation_budget_is_closed_and_its_jobs_get_results(
     consumer = Node(NodeConfig("tcp://127.0.0.1:0", 8, 4096, timeouts=Timeouts(load=30)))
     nodes = (producer, consumer)
 
-    def both(done: Callable[[], bool], what: str) -> None:
-        deadline = time.monotonic() + 20
-        while not done():
-            assert time.monotonic() < deadline, f"no {what}"
-            for n in nodes:
-                n.step(0.005)
-
     try:
         session = consumer.connect(producer.local_id)
-        both(lambda: session.ready and consumer.local_id in producer.sessions
-             and producer.sessions[consumer.local_id].ready, "handshake")
+        _until(nodes, lambda: session.ready and consumer.local_id in producer.sessions
+                    and producer.sessions[consumer.local_id].ready, "handshake")
         load = consumer.fetch(producer.local_id, "r1", [demo_key(0)], [0])  # never supplied
         for k in range(3):
             assert consumer.control.send(producer.local_id, b"\xc1 not msgpack %d" % k)
-        both(lambda: len(producer.violations) == 3, "three rejected frames")
+        _until(nodes, lambda: len(producer.violations) == 3, "three rejected frames")
         assert producer.sessions[consumer.local_id].alive  # within the budget
         assert consumer.control.send(producer.local_id, b"\xc1 one too many")
-        both(lambda: not session.alive, "the producer's disconnect")
-        both(load.done, "the load's result")
+        _until(nodes, lambda: not session.alive, "the producer's disconnect")
+        _until(nodes, load.done, "the load's result")
         assert not load.result().success
         assert producer.metrics.snapshot()["counters"]["violation_closes"] == 1
         assert not producer.sessions[consumer.local_id].alive
@@ -127,6 +120,11 @@ def _step_both(nodes: tuple[Node, Node], done: Callable[[], bool], seconds: floa
         for n in nodes:
             n.step(0.005)
     return done()
+
+
+def _until(nodes: tuple[Node, Node], done: Callable[[], bool], what: str) -> None:
+    """Step both nodes until ``done``, failing with ``what`` after 20 s."""
+    assert _step_both(nodes, done, 20), f"no {what}"
 
 
 def test_an_idle_inbound_session_is_evicted_and_the_consumer_can_reconnect() -> None:
@@ -174,21 +172,14 @@ def test_frames_that_arrived_before_a_new_connect_go_to_the_old_session() -> Non
     consumer = Node(NodeConfig("tcp://127.0.0.1:0", 8, 4096))
     nodes = (producer, consumer)
 
-    def both(done: Callable[[], bool], what: str) -> None:
-        deadline = time.monotonic() + 20
-        while not done():
-            assert time.monotonic() < deadline, f"no {what}"
-            for n in nodes:
-                n.step(0.005)
-
     try:
         me = consumer.local_id
         session = consumer.connect(producer.local_id)
-        both(lambda: session.ready and me in producer.sessions
-             and producer.sessions[me].ready, "handshake")
+        _until(nodes, lambda: session.ready and me in producer.sessions
+                    and producer.sessions[me].ready, "handshake")
         for k in range(3):  # over the budget of 2: the producer closes our session
             assert consumer.control.send(producer.local_id, b"\xc1 bad %d" % k)
-        both(lambda: not producer.sessions[me].alive, "the violation close")
+        _until(nodes, lambda: not producer.sessions[me].alive, "the violation close")
         old = producer.sessions[me]
         hello = encode(Connect(me, consumer.data.metadata, consumer.data.base_addr, 8, 4096,
                                "", DEFAULT_HASH_SEED))
