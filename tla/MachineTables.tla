@@ -16,7 +16,8 @@ MachineStates ==
          "expired",
          "new",
          "probing"}
-    @@ "client_round" :> {"aborting",
+    @@ "client_round" :> {"aborted",
+         "aborting",
          "done",
          "loading",
          "new",
@@ -56,7 +57,8 @@ MachineTerminal ==
        "client_lookup" :> {"answered",
          "cancelled",
          "discarded"}
-    @@ "client_round" :> {"done",
+    @@ "client_round" :> {"aborted",
+         "done",
          "orphaned"}
     @@ "server_lookup" :> {"answered",
          "dropped"}
@@ -75,13 +77,15 @@ MachineTransitions ==
          <<"probing", "session_lost", "cancelled">>,
          <<"probing", "timer_lookup", "expired">>}
     @@ "client_round" :> {<<"aborting", "host_finish", "aborting">>,
-         <<"aborting", "recv_abort_ack", "done">>,
-         <<"aborting", "recv_transfer_done", "done">>,
+         <<"aborting", "recv_abort_ack", "aborted">>,
+         <<"aborting", "recv_transfer_done", "aborted">>,
          <<"aborting", "session_lost", "orphaned">>,
+         <<"aborting", "session_lost_unsent", "done">>,
          <<"aborting", "timer_abort_ack", "aborting">>,
          <<"loading", "host_finish", "aborting">>,
          <<"loading", "recv_transfer_done", "done">>,
          <<"loading", "session_lost", "orphaned">>,
+         <<"loading", "session_lost_unsent", "done">>,
          <<"loading", "timer_load", "aborting">>,
          <<"new", "host_fetch", "loading">>}
     @@ "server_lookup" :> {<<"new", "recv_lookup", "resolving">>,

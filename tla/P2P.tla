@@ -91,7 +91,7 @@ SessionStates == {"idle", "closed", "dead"} \cup Live
 MsgTypes == Handshake \cup {"fetch", "lookup", "abort_fetch", "transfer_done",
                             "abort_ack", "lookup_resp"}
 \* Resting states. "new" is never observed between actions (a host call or frame
-\* creates an instance and fires its first trigger at once), "done", "orphaned",
+\* creates an instance and fires its first trigger at once), "done", "aborted", "orphaned",
 \* "answered", "discarded", "cancelled" and "dropped" end the instance.
 CRStates == {"loading", "aborting"}
 CLStates == {"probing", "expired"}
@@ -144,7 +144,6 @@ VARIABLES
     faults,  \* Nat: faults so far
     compat,  \* BOOLEAN: block_len, hash_seed and fingerprints agree
     cr,      \* [Peers -> [open CKeys -> client round]]: load rounds (consumer role)
-    rdy,     \* [Peers -> BOOLEAN]: was_ready, the session flushed its queue once
     fl,      \* [Peers -> [Reqs -> Nat]]: round floor, tombstone of rounds ended by an abort
     xl,      \* [Peers -> [Reqs -> SSeqs]]: tombstone of a lookup round whose pins expired
     lr,      \* [Peers -> [Reqs -> SSeqs]]: the round opened by lookups, not fetched yet
@@ -161,7 +160,7 @@ VARIABLES
     fired,   \* SUBSET <<machine, trigger, source, dest>>: steps of the last action
     act      \* <<action, peer>>: the last action (when TrackAct), for cheap fairness
 
-peerVars == <<sess, reg, rdy, queue, cr, fl, xl, lr, cl, nlk, nlr, nfin, sr, sl, wr, lres,
+peerVars == <<sess, reg, queue, cr, fl, xl, lr, cl, nlk, nlr, nfin, sr, sl, wr, lres,
              sres>>
 netVars == <<chan, cut, faults, compat>>
 vars == <<scn, peerVars, netVars, perr, fired, act>>
@@ -173,7 +172,7 @@ S == Scenarios[scn]
 
 Frame == MsgTypes \X (Reqs \cup {NoReq}) \X SSeqs \X (SUBSET STRING) \X Nat \X BOOLEAN
          \X (SUBSET STRING) \X BOOLEAN
-CRound == [st : CRStates, job : Nat, ab : BOOLEAN]
+CRound == [st : CRStates, job : Nat]
 CLookup == [st : CLStates, seq : Seqs, keys : SUBSET STRING]
 SRound == [st : SRStates, seq : SSeqs, ord : Nat, supply : SUBSET (STRING \X Nat),
            demand : SUBSET STRING, dst : Nat, jobs : SUBSET Nat, lsup : BOOLEAN,
@@ -191,7 +190,6 @@ TypeInv ==
     /\ \A p \in Peers : queue[p] \in Seq(Frame) /\ chan[p] \in Seq(Frame)
     /\ cut \in BOOLEAN /\ faults \in 0 .. MaxFaults /\ compat \in BOOLEAN
     /\ \A p \in Peers : IsMap(cr[p], CKeys, CRound) /\ IsMap(sr[p], SKeys, SRound)
-    /\ rdy \in [Peers -> BOOLEAN]
     /\ fl \in [Peers -> [Reqs -> 0 .. MaxRounds]]
     /\ xl \in [Peers -> [Reqs -> SSeqs]]
     /\ lr \in [Peers -> [Reqs -> SSeqs]]
@@ -207,7 +205,7 @@ TypeInv ==
 (* The acting peer's variables as one record, and writing it back. *)
 
 Load(p, name) ==
-    [sess |-> sess[p], reg |-> reg[p], rdy |-> rdy[p], queue |-> queue[p], cr |-> cr[p],
+    [sess |-> sess[p], reg |-> reg[p], queue |-> queue[p], cr |-> cr[p],
      fl |-> fl[p], xl |-> xl[p],
      lr |-> lr[p], cl |-> cl[p], nlk |-> nlk[p], nlr |-> nlr[p], nfin |-> nfin[p],
      sr |-> sr[p], sl |-> sl[p], wr |-> wr[p], lres |-> lres[p], sres |-> sres[p],
@@ -219,7 +217,6 @@ Commit(p, L) ==
     /\ reg' = [reg EXCEPT ![p] = L.reg]
     /\ queue' = [queue EXCEPT ![p] = L.queue]
     /\ cr' = [cr EXCEPT ![p] = L.cr]
-    /\ rdy' = [rdy EXCEPT ![p] = L.rdy]
     /\ fl' = [fl EXCEPT ![p] = L.fl]
     /\ xl' = [xl EXCEPT ![p] = L.xl]
     /\ lr' = [lr EXCEPT ![p] = L.lr]
@@ -266,7 +263,7 @@ Send(L, m) ==
 Flush(L) ==
     [L EXCEPT !.out = EnqueueAll(@, [i \in 1 .. Len(L.queue) |->
                                    [L.queue[i] EXCEPT ![8] = (L.sess = "ready")]], L.cut),
-              !.queue = <<>>, !.rdy = TRUE]
+              !.queue = <<>>]
 
 \* Keys in a fixed order, for loops (dict order in the Python code).
 ReqSeq == CHOOSE s \in [1 .. Cardinality(Reqs) -> Reqs] : Reqs = {s[i] : i \in DOMAIN s}
@@ -290,12 +287,12 @@ FireCR(L, k, t, d) == Fire([L EXCEPT !.cr[k].st = d], "client_round", t, L.cr[k]
 Report(L, j, r, by) ==
     [L EXCEPT !.lres[j] = [r |-> IF @.r = "pending" THEN r ELSE "twice", by |-> by]]
 
-\* Session.forget_load: a round that sent an abort raises the request's round floor,
+\* Session.forget_load: a round that ended `aborted` raises the request's round floor,
 \* since a late duplicate abort_ack of it may still arrive. BugP4: no floor, round
 \* numbers restart as soon as the request's rounds are pruned (vLLM G4, PR #56471).
 Forget(L, k) ==
     LET req == k[1]
-        floor == IF L.cr[k].ab /\ ~BugP4 THEN Max({L.fl[req], k[2] + 1}) ELSE L.fl[req]
+        floor == IF L.cr[k].st = "aborted" /\ ~BugP4 THEN Max({L.fl[req], k[2] + 1}) ELSE L.fl[req]
     IN [L EXCEPT !.cr = MapDel(@, k), !.fl[req] = floor]
 
 \* Session._alloc_round: the floor, or above every live load round of the request.
@@ -305,17 +302,18 @@ Alloc(L, req) ==
 
 AbortFrame(L, k) == Msg("abort_fetch", k[1], k[2], {}, L.cr[k].job, FALSE, {})
 
-\* ClientRound.send_abort (it marks the round aborted).
-SendAbort(L, k) == Send([L EXCEPT !.cr[k].ab = TRUE], AbortFrame(L, k))
+\* ClientRound.send_abort.
+SendAbort(L, k) == Send(L, AbortFrame(L, k))
 
 \* ClientRound: a result reported and the round forgotten.
 Complete(L, k, t, d, r, by) == Forget(Report(FireCR(L, k, t, d), L.cr[k].job, r, by), k)
 
-\* session_lost on one load round (Session._end_roles).
-LoseRound(L, k) ==
+\* session_lost (t) on one load round (Session._end_roles): orphaned, or released when
+\* the session was never ready (session_lost_unsent: the fetch never left the queue).
+LoseRound(L, k, t) ==
     IF CSt(L, k) \in CRStates
-    THEN \* released unless the session was ever ready (else the fetch never left)
-         Complete(L, k, "session_lost", "orphaned", IF L.rdy THEN "orphan" ELSE "fail", 0)
+    THEN IF t = "session_lost" THEN Complete(L, k, t, "orphaned", "orphan", 0)
+         ELSE Complete(L, k, t, "done", "fail", 0)
     ELSE L
 
 \* host_finish on one load round. BugP3: the round is dropped without a result (PR #52571).
@@ -431,7 +429,7 @@ SettleLookups(L, req) ==
 
 \* One step of a loop: apply the helper named op to element x.
 Apply(L, x, op, arg) ==
-    CASE op = "lose_round" -> LoseRound(L, x)
+    CASE op = "lose_round" -> LoseRound(L, x, arg)
       [] op = "finish_load" -> FinishLoad(L, x)
       [] op = "end_lookup" -> EndLookup(L, x, arg)
       [] op = "drop_served" -> Fire(L, "server_lookup", "request_closed", "resolving", "dropped")
@@ -454,16 +452,21 @@ EachReq(L, qs, t) ==
     ELSE EachReq(IF t = "drop_served" THEN DropServed(L, Head(qs))
                  ELSE EndLookups(L, Head(qs), t), Tail(qs), t)
 
-\* Session._end_roles: every machine of both roles learns that the session is gone.
-EndRoles(L) ==
-    LET L1 == Each(L, AllCKeys, "lose_round", "")
+\* The trigger the session's end fires on load rounds: its source state s tells whether
+\* it was ever ready (end_work_sent) or not (end_work_queued).
+LostTrigger(s) == IF s = "ready" THEN "session_lost" ELSE "session_lost_unsent"
+
+\* Session._end_roles: every machine of both roles learns that the session is gone; t is
+\* LostTrigger of the state the session ended from.
+EndRoles(L, t) ==
+    LET L1 == Each(L, AllCKeys, "lose_round", t)
         L2 == EachReq(L1, ReqSeq, "session_lost")
         L3 == [L2 EXCEPT !.lr = [q \in Reqs |-> Unbound]]
         L4 == EachReq(L3, ReqSeq, "drop_served")
     IN Each(L4, AllRKeys, "lose_serve", "")
 
-\* Session._die (the session machine has already moved to dead).
-Die(L) == EndRoles([L EXCEPT !.queue = <<>>])
+\* Session._die and end_work_* (the session machine has already moved to dead from s).
+Die(L, s) == EndRoles([L EXCEPT !.queue = <<>>], LostTrigger(s))
 
 \* Session._close_request: the request ended (terminal fetch or host finish).
 CloseRequest(L, req, t) ==
@@ -486,7 +489,7 @@ SessionHostClose(p) ==
        IN
        Commit(p, IF L.sess \in Live
                  THEN EndRoles([Send(FireS(L, "host_close", "closed"), Ctl("disconnect"))
-                                EXCEPT !.queue = <<>>])
+                                EXCEPT !.queue = <<>>], LostTrigger(L.sess))
                  ELSE FireS(L, "host_close", "closed"))
 
 \* Session._on_host_fetch: a load job for `keys` into fresh destination blocks.
@@ -502,8 +505,7 @@ ClientRoundHostFetch(p) ==
             ELSE /\ seq < MaxRounds
                  /\ Commit(p, Send(Fire([L EXCEPT !.lres = Append(@, [r |-> "pending", by |-> 0]),
                                                   !.lr[req] = Unbound,
-                                                  !.cr = MapPut(@, k, [st |-> "loading", job |-> j,
-                                                                       ab |-> FALSE])],
+                                                  !.cr = MapPut(@, k, [st |-> "loading", job |-> j])],
                                         "client_round", "host_fetch", "new", "loading"),
                                    Msg("fetch", req, seq, keys, j, FALSE, {})))
 
@@ -623,7 +625,7 @@ SessionRecvConnect(p) ==
     /\ LET L == Pop(Load(p, "SessionRecvConnect")) IN
        Commit(p, IF L.sess = "connecting" /\ L.compat
                  THEN FireS(L, "recv_connect", "registering")
-                 ELSE Die(Send(FireS(L, "recv_connect", "dead"), Ctl("disconnect"))))
+                 ELSE Die(Send(FireS(L, "recv_connect", "dead"), Ctl("disconnect")), L.sess))
 
 SessionRecvConnectAck(p) ==
     /\ Incoming(p, "connect_ack")
@@ -632,11 +634,13 @@ SessionRecvConnectAck(p) ==
                    [] L.sess = "awaiting_ack" -> Flush(FireS(L, "recv_connect_ack", "ready"))
                    [] L.sess \in {"registering_acked", "ready"} ->
                           FireS(L, "recv_connect_ack", L.sess)
-                   [] OTHER -> Die(Send(FireS(L, "recv_connect_ack", "dead"), Ctl("disconnect"))))
+                   [] OTHER -> Die(Send(FireS(L, "recv_connect_ack", "dead"), Ctl("disconnect")),
+                                   L.sess))
 
 SessionRecvDisconnect(p) ==
     /\ Incoming(p, "disconnect")
-    /\ Commit(p, Die(FireS(Pop(Load(p, "SessionRecvDisconnect")), "recv_disconnect", "dead")))
+    /\ Commit(p, Die(FireS(Pop(Load(p, "SessionRecvDisconnect")), "recv_disconnect", "dead"),
+                    sess[p]))
 
 \* The session gate for requests (fetch, lookup, abort_fetch) ...
 CanRequest(L) == L.sess \in {"awaiting_ack", "ready"}
@@ -729,7 +733,8 @@ ClientRoundRecvTransferDone(p) ==
        IN Commit(p,
             IF ~CanRespond(L0) THEN Reject(Load(p, "ClientRoundRecvTransferDone"))
             ELSE IF k \notin DOMAIN L0.cr THEN L0
-            ELSE Complete(GateResponse(L0), k, "recv_transfer_done", "done",
+            ELSE Complete(GateResponse(L0), k, "recv_transfer_done",
+                          IF L0.cr[k].st = "aborting" THEN "aborted" ELSE "done",
                           IF m.ok THEN "ok" ELSE "fail", m.dst))
 
 \* Session._on_abort_ack.
@@ -741,7 +746,7 @@ ClientRoundRecvAbortAck(p) ==
        IN Commit(p,
             IF ~CanRespond(L0) \/ CSt(L0, k) = "loading" THEN Reject(Load(p, "ClientRoundRecvAbortAck"))
             ELSE IF k \notin DOMAIN L0.cr THEN L0
-            ELSE Complete(GateResponse(L0), k, "recv_abort_ack", "done", "fail", m.dst))
+            ELSE Complete(GateResponse(L0), k, "recv_abort_ack", "aborted", "fail", m.dst))
 
 \* Session._on_lookup_resp: the oldest open lookup of the request with these keys.
 ClientLookupRecvLookupResp(p) ==
@@ -774,7 +779,7 @@ SessionRegistrationDone(p) ==
 SessionRegistrationFailed(p) ==
     /\ sess[p] \in {"registering", "registering_acked"} /\ CanFault("regfail")
     /\ Commit(p, Die(Send(FireS(Faulted(Load(p, "SessionRegistrationFailed")), "registration_failed", "dead"),
-                         Ctl("disconnect"))))
+                         Ctl("disconnect")), sess[p]))
 
 \* A write completed after landing (WriteFinished ok).
 ServerRoundWriteDone(p) ==
@@ -797,7 +802,7 @@ ServerRoundWriteFailed(p) ==
 \* The transport reports the cut connection.
 SessionTransportLost(p) ==
     /\ cut /\ sess[p] \in Live
-    /\ Commit(p, Die(FireS(Load(p, "SessionTransportLost"), "transport_lost", "dead")))
+    /\ Commit(p, Die(FireS(Load(p, "SessionTransportLost"), "transport_lost", "dead"), sess[p]))
 
 -----------------------------------------------------------------------------
 (* Timers: each is enabled while armed; there is no clock. *)
@@ -805,7 +810,7 @@ SessionTransportLost(p) ==
 SessionTimerHandshake(p) ==
     /\ sess[p] \in PreReady /\ CanFault("hstimer")
     /\ Commit(p, Die(Send(FireS(Faulted(Load(p, "SessionTimerHandshake")), "timer_handshake", "dead"),
-                         Ctl("disconnect"))))
+                         Ctl("disconnect")), sess[p]))
 
 ClientRoundTimerLoad(p) ==
     \E k \in DOMAIN cr[p] : Timer("load") /\
@@ -827,7 +832,7 @@ ClientRoundTimerAbortAck(p) ==
        /\ CanResend(p, k)
        /\ LET L == Load(p, "ClientRoundTimerAbortAck") IN
           Commit(p, IF BugP5
-                       THEN Complete(L, k, "timer_abort_ack", "done", "fail", 0)
+                       THEN Complete(L, k, "timer_abort_ack", "aborted", "fail", 0)
                        ELSE SendAbort(FireCR(L, k, "timer_abort_ack", "aborting"), k))
 
 \* probing: all-MISS and wait one more period for a late answer; expired: stop waiting.
@@ -910,7 +915,7 @@ NetworkFrameLifetime(p) ==
           /\ xl' = [xl EXCEPT ![p][req] = IF xlGone THEN Unbound ELSE @]
           /\ fired' = {}
           /\ act' = IF TrackAct THEN <<"NetworkFrameLifetime", p>> ELSE <<"", "">>
-          /\ UNCHANGED <<scn, sess, reg, rdy, queue, cr, lr, cl, nlk, nlr, nfin, sr, sl, wr,
+          /\ UNCHANGED <<scn, sess, reg, queue, cr, lr, cl, nlk, nlr, nfin, sr, sl, wr,
                          lres, sres, netVars, perr>>
 
 -----------------------------------------------------------------------------
@@ -927,7 +932,6 @@ Init ==
     /\ chan = [p \in Peers |-> <<>>]
     /\ cut = FALSE
     /\ cr = [p \in Peers |-> <<>>]
-    /\ rdy = [p \in Peers |-> Scenarios[scn].ready]
     /\ fl = [p \in Peers |-> [q \in Reqs |-> 0]]
     /\ xl = [p \in Peers |-> [q \in Reqs |-> Unbound]]
     /\ lr = [p \in Peers |-> [q \in Reqs |-> Unbound]]

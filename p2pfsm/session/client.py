@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 class ClientRound:
     """One load job: a fetch for (kv_request_id, round_seq)."""
 
-    __slots__ = ("aborted", "dest_indexes", "fsm_state", "job_id", "keys", "kv_request_id",
+    __slots__ = ("dest_indexes", "fsm_state", "job_id", "keys", "kv_request_id",
                  "round_seq", "s")
 
     def __init__(
@@ -37,10 +37,6 @@ class ClientRound:
         self.round_seq = round_seq
         self.keys = keys
         self.dest_indexes = dest_indexes
-        self.aborted = False
-
-    fsm_data = ("aborted",)
-    """What this round's actions write (restored should one raise)."""
 
     @property
     def fsm_outputs(self) -> list[Output]:
@@ -68,7 +64,6 @@ class ClientRound:
         self.s.disarm(self._timer("load"))
 
     def send_abort(self, _ev: object) -> None:
-        self.aborted = True
         self.s.send(AbortFetch(self.kv_request_id, self.round_seq))
 
     def arm_abort_ack_timer(self, _ev: object) -> None:
@@ -85,8 +80,11 @@ class ClientRound:
         self._report(False, released=True)
 
     def report_orphaned(self, _ev: object) -> None:
-        # A fetch still queued (the session never became ready) can cause no write.
-        self._report(False, released=not self.s.was_ready)
+        self._report(False, released=False)
+
+    def report_unsent(self, _ev: object) -> None:
+        # The fetch never left the queue (the session was never ready): no write can land.
+        self._report(False, released=True)
 
     def _report(self, success: bool, *, released: bool) -> None:
         self.s.emit(LoadResult(self.job_id, self.kv_request_id, success, released))

@@ -94,8 +94,6 @@ class Session:
         self.fsm_state = SESSION.spec.initial
         self.peer: Connect | None = None
         self.death_reason: str | None = None
-        self.was_ready = False
-        """True once frames other than the handshake may have reached the peer."""
         self.mismatch: HandshakeMismatch | None = None
         self.now = 0.0
         self._out: list[Output] = []
@@ -125,7 +123,7 @@ class Session:
         self._tokens: dict[int, ServerLookup] = {}
         self._next_token = 0
 
-    fsm_data = ("peer", "death_reason", "was_ready", "mismatch", "_queue")
+    fsm_data = ("peer", "death_reason", "mismatch", "_queue")
     """What the session machine's actions write (restored should one raise)."""
 
     # ------------------------------------------------------------------ queries
@@ -262,7 +260,6 @@ class Session:
         self.send(ConnectAck(self.config.local_id))
 
     def flush_queue(self, _ev: object) -> None:
-        self.was_ready = True
         queued, self._queue = self._queue, []
         self._out.extend(SendFrame(m) for m in queued)
 
@@ -294,20 +291,24 @@ class Session:
         assert isinstance(ev, TransportLost)
         self._die(f"transport lost: {ev.reason}")
 
-    def end_all_work(self, _ev: object) -> None:
+    def end_work_queued(self, _ev: object) -> None:
+        """The session ends before it was ready: our frames never left the queue."""
         self._queue.clear()
-        self._end_roles()
+        self._end_roles("session_lost_unsent")
+
+    def end_work_sent(self, _ev: object) -> None:
+        """The session ends after it was ready: our frames may have reached the peer."""
+        self._queue.clear()
+        self._end_roles("session_lost")
 
     def _die(self, reason: str, mismatch: HandshakeMismatch | None = None) -> None:
         self.death_reason = reason
-        self._queue.clear()
         self.emit(SessionDead(reason, mismatch))
-        self._end_roles()
 
-    def _end_roles(self) -> None:
+    def _end_roles(self, load_trigger: str) -> None:
         for rounds in list(self._loads.values()):
             for rnd in list(rounds.values()):
-                CLIENT_ROUND.fire(rnd, "session_lost")
+                CLIENT_ROUND.fire(rnd, load_trigger)
         for lookups in list(self._lookups.values()):
             for lk in list(lookups):
                 CLIENT_LOOKUP.fire(lk, "session_lost")
@@ -324,7 +325,7 @@ class Session:
 
     # ------------------------------------------------------ role bookkeeping
     def forget_load(self, rnd: ClientRound) -> None:
-        if rnd.aborted:
+        if rnd.fsm_state == "aborted":
             floor = self._round_floor.get(rnd.kv_request_id) or 0
             self._round_floor.put(rnd.kv_request_id, max(floor, rnd.round_seq + 1), self.now)
         rounds = self._loads[rnd.kv_request_id]

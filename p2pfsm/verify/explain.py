@@ -24,7 +24,7 @@ reader of ``models/`` wants to know:
 - the frames the step put on a channel, took off it (delivered, or lost to a fault) or
   queued until the session is ready, from the FIFO diff of ``chan[p]`` / ``queue[p]``;
 - the variables that changed, before and after, narrowed to the parts that changed
-  (``cr[a][<<"r1", 0>>].ab``); a variable that did not change is not listed.
+  (``sr[b][<<"r1", 0>>].supply``); a variable that did not change is not listed.
 
 :func:`render` prints the steps as blocks of lines (nothing is cut), :func:`as_json`
 gives the same steps as plain data for ``p2pfsm check --json``.
@@ -272,7 +272,7 @@ class Frame:
 
 @dataclass(frozen=True, slots=True)
 class Change:
-    """One changed part of a variable: ``path`` (``cr[a][<<"r1", 0>>].ab``) before/after."""
+    """One changed part of a variable: ``path`` (``sr[b][<<"r1", 0>>].supply``) before/after."""
 
     var: str
     path: str
@@ -738,11 +738,11 @@ def _ended_instance(machine: str, peer: str, name: str, source: str, rec: object
         result = (_get(results[job - 1], "r") if isinstance(results, tuple)
                   and isinstance(job, int) and 0 < job <= len(results) else None)
         if _session_ended(before, after, peer):
-            dest = "orphaned"
+            dest = "orphaned" if result == "orphan" else "done"
         elif result == "pending":
             dest, note = None, f"forgotten: job {job} never gets a result"
         else:
-            dest = "done"
+            dest = "aborted" if source == "aborting" else "done"
     else:
         dest = _terminal_dest(machine, peer, source, ctx)
     return _step(ctx, machine, peer, name, source, dest, note)

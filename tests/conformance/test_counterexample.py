@@ -49,7 +49,7 @@ def test_p4_text_names_machine_steps_and_frames(
     assert "…" not in out
     # The stale ack of job 1 completes job 2's round: the last step says so.
     last = out.split(f"\n  {len(p4.trace):>3}  ")[-1]
-    assert "a client_round r1/0: aborting -> done (recv_abort_ack)" in last, last
+    assert "a client_round r1/0: aborting -> aborted (recv_abort_ack)" in last, last
     assert "delivered abort_ack r1/0 job=1 b -> a" in last and "lres[a][2].by: 0 -> 1" in last
 
 
@@ -155,8 +155,8 @@ def test_values_parse_as_tlc_prints_them() -> None:
 
 
 def test_a_synthetic_trace_queues_flushes_and_lists_changes_only() -> None:
-    queued = {**_INIT, "cr": '[a |-> <<>>, b |-> (<<"r1", 0>> :> [st |-> "loading", job |-> 1, '
-                              'ab |-> FALSE])]',
+    queued = {**_INIT, "cr": '[a |-> <<>>, b |-> (<<"r1", 0>> :> [st |-> "loading", '
+                              'job |-> 1])]',
               "queue": f"[a |-> <<>>, b |-> <<{_FETCH}>>]"}
     flushed = {**queued, "sess": '[a |-> "ready", b |-> "ready"]',
                "queue": "[a |-> <<>>, b |-> <<>>]", "chan": f"[a |-> <<>>, b |-> <<{_FETCH}>>]"}
@@ -190,13 +190,13 @@ def test_a_synthetic_trace_queues_flushes_and_lists_changes_only() -> None:
 
 
 def test_a_step_no_model_transition_explains_is_flagged() -> None:
-    aborting = {**_INIT, "cr": '[a |-> (<<"r1", 0>> :> [st |-> "aborting", job |-> 1, '
-                               'ab |-> TRUE]), b |-> <<>>]',
+    aborting = {**_INIT, "cr": '[a |-> (<<"r1", 0>> :> [st |-> "aborting", job |-> 1]), '
+                               'b |-> <<>>]',
                 "lres": '[a |-> <<[r |-> "pending", by |-> 0]>>, b |-> <<>>]'}
     given_up = {**aborting, "cr": "[a |-> <<>>, b |-> <<>>]",
                 "lres": '[a |-> <<[r |-> "fail", by |-> 0]>>, b |-> <<>>]'}
     steps = explain.explain(_trace(("Initial predicate", aborting),
                                    ("ClientRoundTimerAbortAck", given_up)))
     (ms,) = steps[1].machine_steps
-    assert (ms.source, ms.dest, ms.triggers) == ("aborting", "done", ())
+    assert (ms.source, ms.dest, ms.triggers) == ("aborting", "aborted", ())
     assert explain.NOT_IN_MODEL in ms.text()

@@ -25,6 +25,7 @@ TRIGGERS_WITHOUT_ACTION: frozenset[tuple[str, str]] = frozenset({
     ("session", "recv_request"),        # the gate every request frame fires first
     ("session", "recv_response"),       # the gate every response frame fires first
     ("client_round", "session_lost"),   # every session death or close
+    ("client_round", "session_lost_unsent"),
     ("client_lookup", "session_lost"),
     ("server_round", "session_lost"),
     ("server_lookup", "request_closed"),

@@ -3,12 +3,15 @@ released=False, a write may still land), stores only once their writes are quies
 
 from __future__ import annotations
 
-from helpers.world import World, keys, ready_world
+from helpers.world import Driver, World, keys, ready_world
 
 from p2pfsm.protocol import Disconnect, TransferDone
 from p2pfsm.session import (
     CancelWrite,
     HostClose,
+    HostFetch,
+    HostFinish,
+    HostStart,
     LoadResult,
     LookupClosed,
     LookupResult,
@@ -126,3 +129,18 @@ def test_close_before_the_handshake_completes_reports_queued_work() -> None:
     assert w.result("a", job).success is False
     assert w.hosts["a"].lookup_results == [LookupResult("r2", keys([9]), (False,), False)]
     assert w.types("a") == ["connect", "disconnect"]  # queued frames were never sent
+
+
+def test_a_load_aborted_before_the_handshake_is_released_on_close() -> None:
+    """Never ready: neither the fetch nor its abort left the queue, so no write can land
+    (client_round aborting -> done by session_lost_unsent, beyond the gate config)."""
+    d = Driver()
+    d(HostStart())
+    d(HostFetch(1, "r1", keys([1]), (3,)))
+    d(HostFinish("r1"))
+    rnd = d.s._loads["r1"][0]
+    assert rnd.fsm_state == "aborting"
+    out = d(HostClose())
+    assert [o for o in out if isinstance(o, LoadResult)] == [LoadResult(1, "r1", False, True)]
+    assert rnd.fsm_state == "done" and d.s.state == "closed"
+    assert d.timers == {}
