@@ -38,6 +38,9 @@ from test_vllm_interop import pytestmark as _marks  # type: ignore[import-not-fo
 
 pytestmark = _marks
 
+# A server that serves several clients one after another outlives the default bound
+# (120 s) on a busy machine, where each client takes seconds just to import vLLM.
+LONG = ("--max-seconds", "400")
 
 
 def run_client(procs: list[PeerProcess], peer: str, *args: str) -> dict[str, Any]:
@@ -48,6 +51,13 @@ def run_client(procs: list[PeerProcess], peer: str, *args: str) -> dict[str, Any
     result["_rc"] = client.proc.wait(30)
     result["_tail"] = client.tail()
     return result
+
+
+def verified(result: dict[str, Any], blocks: list[int]) -> None:
+    assert result["ready"], result["_tail"]
+    assert result["success"] and result["verified"], result["_tail"]
+    assert result["landed"] == blocks, result["_tail"]
+    assert result["_rc"] == 0, result["_tail"]
 
 
 # ------------------------------------------------------------------------ the switch
@@ -95,6 +105,41 @@ def test_package_imports_without_vllm() -> None:
 # ------------------------------------------- adapter server, stock vLLM clients
 
 
+def test_adapter_server_stock_clients(procs: list[PeerProcess]) -> None:
+    """PD, demand (4 and 5 stored 1 s late), abort after the load timeout, lookup with a
+    HIT_PENDING key turning into a hit, and no hits: one adapter server, five clients."""
+    server, peer = start_vllm_server(procs, "--adapter", "--hold-back", "4,5",
+                                     "--late-after", "1.0", *LONG)
+    demand = run_client(procs, peer, "--keys", "0-7")
+    verified(demand, list(range(8)))
+    assert demand["seconds"] >= 0.9, "the round ended before the late blocks were stored"
+    happy = run_client(procs, peer, "--keys", "8-11")
+    verified(happy, list(range(8, 12)))
+    abort = run_client(procs, peer, "--keys", f"0-3,{MISSING}", "--load-timeout", "3")
+    assert abort["ready"] and not abort["success"], abort["_tail"]
+    assert abort["landed"] == [0, 1, 2, 3], abort["_tail"]
+    assert only(vllm_frames(abort), "in", "abort_ack")["round_seq"] == 0
+    sym = run_client(procs, peer, "--keys", f"0-6,{MISSING}", "--mode", "sym")
+    verified(sym, list(range(7)))
+    assert only(vllm_frames(sym), "in", "lookup_resp")["hits"] == [True] * 7 + [False]
+    nohit = run_client(procs, peer, "--keys", f"{MISSING - 1}-{MISSING}", "--mode", "sym")
+    assert nohit["success"] and nohit["chosen"] == [], nohit["_tail"]
+    summary = stop_vllm_server(server)
+    assert len(summary["peers"]) == 5
+    assert all(p["reason"] == "peer disconnected" for p in summary["peers"]), summary["peers"]
+    # Every store job got exactly one result: supplies and lookup pins.
+    jobs = [s["job_id"] for s in summary["stores"]]
+    assert len(jobs) == len(set(jobs)), summary["stores"]
+    created = [e for e in summary["events"]
+               if e["event"] in ("add_stored_blocks", "parent.create_store_job")]
+    assert sorted(jobs) == sorted(e["job_id"] for e in created), (jobs, created)
+    events = [e["event"] for e in summary["events"]]
+    assert events.count("parent.on_new_request") == events.count("parent.on_request_finished")
+    terminal = [f for p in summary["peers"] for f in p["frames"]
+                if f["type"] == "fetch" and f["dir"] == "in" and f["nkeys"] == 0]
+    assert len(terminal) == 1  # the no-hit lookup's terminal fetch
+
+
 def test_adapter_server_host_finish(procs: list[PeerProcess]) -> None:
     server, peer = start_vllm_server(procs, "--adapter", "--finish-after", "1.0")
     result = run_client(procs, peer, "--keys", f"0-3,{MISSING}")
@@ -107,6 +152,37 @@ def test_adapter_server_host_finish(procs: list[PeerProcess]) -> None:
 
 
 # ------------------------------------------- stock vLLM server, adapter clients
+
+
+def test_stock_server_adapter_clients(procs: list[PeerProcess]) -> None:
+    """The same flows with the roles swapped, plus one request id used twice."""
+    server, peer = start_vllm_server(procs, "--hold-back", "4,5", "--late-after", "1.0",
+                                     *LONG)
+    demand = run_client(procs, peer, "--adapter", "--keys", "0-7")
+    verified(demand, list(range(8)))
+    assert demand["seconds"] >= 0.9
+    assert demand["sessions"] == "p2pfsm"
+    abort = run_client(procs, peer, "--adapter", "--keys", f"0-3,{MISSING}",
+                       "--load-timeout", "3")
+    assert abort["ready"] and not abort["success"], abort["_tail"]
+    assert abort["landed"] == [0, 1, 2, 3], abort["_tail"]
+    assert 2.9 <= abort["seconds"] < 9.0
+    frames = vllm_frames(abort)
+    assert only(frames, "out", "abort_fetch")["round_seq"] == 0
+    assert "transfer_done" not in types(frames, "in")
+    sym = run_client(procs, peer, "--adapter", "--keys", f"0-6,{MISSING}", "--mode", "sym")
+    verified(sym, list(range(7)))
+    nohit = run_client(procs, peer, "--adapter", "--keys", f"{MISSING - 1}-{MISSING}",
+                       "--mode", "sym")
+    assert nohit["success"] and nohit["chosen"] == [], nohit["_tail"]
+    terminal = only(vllm_frames(nohit), "out", "fetch")
+    assert terminal["nkeys"] == 0 and terminal["round_seq"] == 0
+    reuse = run_client(procs, peer, "--adapter", "--keys", "8-11", "--repeat", "2")
+    assert [a["verified"] for a in reuse["attempts"]] == [True, True], reuse["_tail"]
+    dones = [f for f in vllm_frames(reuse) if f["type"] == "transfer_done"]
+    assert [(d["round_seq"], d["success"]) for d in dones] == [(0, True), (0, True)]
+    summary = stop_vllm_server(server)
+    assert all(s["success"] for s in summary["stores"][:2]), summary["stores"]
 
 
 def test_stock_server_finish_adapter_client(procs: list[PeerProcess]) -> None:
