@@ -277,6 +277,8 @@ class P2PSession(Executor):
             for timer in list(self._timers.pop_due(time.monotonic())):
                 self._feed(TimerFired(timer))
             if not conn.alive and self._session.alive:
+                # vLLM's own wording for a connection its transport marked dead.
+                self._death_reason = self._death_reason or "control connection lost"
                 self._feed(TransportLost("control connection lost"))
         loads, self._loads = self._loads, []
         stores, self._stores = self._stores, []
