@@ -15,10 +15,11 @@ Two roles:
     Holds demo blocks ``0..N-1`` at their own index. A fetch that names a request with no
     lookup behind it is supplied at once with the demanded blocks it holds (vLLM's manager
     replays parked stores on ``new_fetch_ids``). Options shape the PD flows:
-    ``--hold-back 4,5`` keeps those blocks "not yet stored" until ``--late-after`` seconds
-    after the first request arrives, then stores them (a lookup sees them as
-    HIT_PENDING until then; a waiting fetch is supplied then); ``--finish-after S`` calls
-    ``finish_request`` on each fetched request ``S`` seconds after its fetch.
+    ``--hold-back 4,5`` keeps those blocks "not yet stored" for each request until
+    ``--late-after`` seconds after the server first saw that request (a lookup sees them
+    as HIT_PENDING until then; a waiting fetch is supplied then), so one server serves
+    many clients alike; ``--finish-after S`` calls ``finish_request`` on each fetched
+    request (whose id starts with ``--finish-prefix``) ``S`` seconds after its fetch.
     Prints one ``ready`` line when it accepts peers, and a ``summary`` line (every control
     frame it saw or sent, per peer, and its store results) when it stops: on SIGTERM or
     SIGINT, or after ``--max-seconds``.
@@ -28,6 +29,11 @@ Two roles:
     lookup first, then fetch the hits, then ``finish_request``), verifies every byte it
     received against the block model, and prints one ``result`` line. ``--load-timeout``
     patches vLLM's ``_LOAD_TIMEOUT_S`` (the capture harness did the same with 3 s).
+    With ``--plan FILE`` it waits for that JSON file and runs its steps instead, one
+    session each (:func:`run_plan`), switching between vLLM's sessions and p2pfsm's per
+    step; ``kill`` steps keep fetches in flight until a process is killed (:func:`run_kill`).
+
+Both roles record a :class:`Trace` per session: what a tier manager sees of it.
 
 ``--adapter`` (either role) calls :func:`p2pfsm.vllm.install` first, so the same driver
 runs p2pfsm's sessions behind vLLM's interface; the peer builds each session through the
@@ -40,6 +46,8 @@ vLLM's own logging goes to stderr. Loopback only; every loop is bounded in time.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import faulthandler
 import json
 import os
 import signal
@@ -64,7 +72,7 @@ from vllm.v1.kv_offload.base import (
 )
 from vllm.v1.kv_offload.tiering.base import ParentManager, TransferJob
 from vllm.v1.kv_offload.tiering.p2p.control.base import ControlConnection
-from vllm.v1.kv_offload.tiering.p2p.control.zmq import ZmqTransport
+from vllm.v1.kv_offload.tiering.p2p.control.zmq import ZmqConnection, ZmqTransport
 from vllm.v1.kv_offload.tiering.p2p.data.nixl import NixlTransport
 from vllm.v1.kv_offload.tiering.p2p.session import P2PSession
 from vllm.v1.kv_offload.tiering.p2p.session import client as vllm_client
@@ -73,6 +81,22 @@ from p2pfsm.demo.blocks import demo_block, demo_key
 from p2pfsm.vllm.switch import current
 
 MARK = "P2PINTEROP "
+
+
+def _close_monitor_first_off(self: ZmqConnection) -> None:
+    """vLLM 0.33.0's ``ZmqConnection.close`` closes the monitor's PAIR socket, then the
+    DEALER: the DEALER's close event then goes to a monitor with no reader, and libzmq's
+    I/O thread can block on it for good, so the process accepts no new peer (seen here
+    after a few sessions, with both vLLM's sessions and the adapter's). Stop the monitor
+    first; everything else is vLLM's close."""
+    if not self._closed:
+        with contextlib.suppress(zmq.ZMQError):
+            self._sockets.dealer.disable_monitor()
+    _STOCK_CLOSE(self)
+
+
+_STOCK_CLOSE = ZmqConnection.close
+ZmqConnection.close = _close_monitor_first_off
 HOST = "127.0.0.1"
 TICK_S = 0.001
 _STOP = False
@@ -205,27 +229,35 @@ class RecordingConnection(ControlConnection):  # type: ignore[misc]
 
 
 class DemoStore:
-    """The server's blocks: which keys are stored, at which index."""
+    """The server's blocks, each at its own index. ``held_back`` keys count as "not yet
+    stored" for each request until ``late_after`` seconds after the server first saw that
+    request (its fetch, or its lookup): every request sees the same late store, however
+    many requests one server process serves."""
 
-    def __init__(self, region: np.ndarray, blocks: int, hold_back: set[int]) -> None:
+    def __init__(self, region: np.ndarray, blocks: int, hold_back: set[int],
+                 late_after: float) -> None:
         self.region = region
         self.block_len = region.shape[1]
         self.index = {demo_key(i): i for i in range(blocks)}
         self.held_back = {demo_key(i) for i in hold_back if i < blocks}
-        self.stored = {k for k in self.index if k not in self.held_back}
-        for key in self.stored:
-            self.write(self.index[key])
+        self.late_after = late_after
+        self.first_seen: dict[str, float] = {}
+        for i in range(blocks):
+            self.region[i] = np.frombuffer(demo_block(i, self.block_len), dtype=np.uint8)
 
-    def write(self, i: int) -> None:
-        self.region[i] = np.frombuffer(demo_block(i, self.block_len), dtype=np.uint8)
+    def seen(self, request: str) -> float:
+        """When the server first saw ``request`` (now, the first time it is asked)."""
+        return self.first_seen.setdefault(request, time.monotonic())
 
-    def store_late(self) -> list[bytes]:
-        keys = sorted(self.held_back, key=self.index.__getitem__)
-        for key in keys:
-            self.write(self.index[key])
-        self.stored |= self.held_back
-        self.held_back = set()
-        return keys
+    def holds(self, key: bytes) -> bool:
+        return key in self.index
+
+    def stored_for(self, key: bytes, request: str) -> bool:
+        """Whether ``key`` counts as stored for ``request`` now."""
+        if key not in self.index:
+            return False
+        return key not in self.held_back or (
+            time.monotonic() >= self.seen(request) + self.late_after)
 
 
 class StandInParent(ParentManager):  # type: ignore[misc]
@@ -240,11 +272,10 @@ class StandInParent(ParentManager):  # type: ignore[misc]
         return RequestOffloadingContext()
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
-        if key in self.store.stored:
+        if self.store.stored_for(key, req_context.req_id):
             result = LookupResult.HIT
-        elif key in self.store.held_back:
+        elif self.store.holds(key):
             result = LookupResult.HIT_PENDING
-            self.server.start_late_clock()
         else:
             result = LookupResult.MISS
         self.server.lookup_results[result.name] = self.server.lookup_results.get(result.name,
@@ -264,23 +295,70 @@ class StandInParent(ParentManager):  # type: ignore[misc]
         self.server.note("parent.on_request_finished", req_id=req_context.req_id)
 
 
+class Trace:
+    """What a tier manager sees of one session, in order, timing left out: each poll's
+    loads / stores / new fetch ids, each change of ``ready`` / ``alive`` / ``connected``
+    (with ``death_reason`` once ``alive`` fell), lookup answers, and ``close()``'s result.
+    Job ids are numbered per session in order of first appearance (a server's job
+    counter is shared by its sessions) and request ids are kept as given."""
+
+    def __init__(self) -> None:
+        self.loads: list[list[Any]] = []
+        self.stores: list[list[Any]] = []
+        self.new_fetch_ids: list[str] = []
+        self.transitions: list[list[Any]] = []
+        self.lookups: list[list[Any]] = []
+        self.close: dict[str, Any] | None = None
+        self.state: dict[str, Any] = {}
+        self.jobs: dict[int, int] = {}
+
+    def job(self, job_id: int) -> int:
+        return self.jobs.setdefault(job_id, len(self.jobs) + 1)
+
+    def observe(self, session: P2PSession) -> None:
+        for name in ("connected", "ready", "alive"):
+            value = bool(getattr(session, name))
+            if self.state.get(name) != value:
+                self.state[name] = value
+                self.transitions.append([name, value])
+                if name == "alive" and not value:
+                    self.transitions.append(["death_reason", session.death_reason])
+
+    def polled(self, session: P2PSession, result: Any) -> None:
+        self.loads += [[self.job(r.job_id), bool(r.success)] for r in result.loads]
+        self.stores += [[self.job(r.job_id), bool(r.success)] for r in result.stores]
+        self.new_fetch_ids += list(result.new_fetch_ids)
+        self.observe(session)
+
+    def closed(self, result: Any) -> None:
+        self.close = {"failed_jobs": sorted(self.job(j) for j in result.failed_jobs),
+                      "failed_req_ids": sorted(result.failed_req_ids),
+                      "failed_stores": sorted(self.job(j) for j in result.failed_stores),
+                      "failed_serves": len(result.failed_serves)}
+
+    def report(self) -> dict[str, Any]:
+        return {"loads": self.loads, "stores": self.stores,
+                "new_fetch_ids": self.new_fetch_ids, "transitions": self.transitions,
+                "lookups": self.lookups, "close": self.close}
+
+
 class Server:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.config = json.loads(args.config_json) if args.config_json else None
         self.region = make_region(args.blocks, args.block_len)
-        self.store = DemoStore(self.region, args.blocks, set(parse_blocks(args.hold_back)))
+        self.store = DemoStore(self.region, args.blocks, set(parse_blocks(args.hold_back)),
+                               args.late_after)
         self.transport, self.local_id = bind_transport()
         self.data = make_data(self.region, self.config)
         self.parent = StandInParent(self.store, self)
-        self.sessions: dict[str, tuple[P2PSession, RecordingConnection]] = {}
+        self.sessions: dict[str, tuple[P2PSession, RecordingConnection, Trace]] = {}
         self.ended: list[dict[str, Any]] = []
         # (peer, kv_request_id) -> fetch time, keys still waiting for a late store, finished?
         self.demands: dict[tuple[str, str], dict[str, Any]] = {}
         self.events: list[dict[str, Any]] = []
         self.lookup_results: dict[str, int] = {}
         self.store_results: list[dict[str, Any]] = []
-        self.late_at: float | None = None
         self.job = 0
         self.t0 = time.monotonic()
 
@@ -291,10 +369,6 @@ class Server:
     def note(self, what: str, **fields: Any) -> None:
         self.events.append({"event": what, "t_ms": round((time.monotonic() - self.t0) * 1000, 1),
                             **fields})
-
-    def start_late_clock(self) -> None:
-        if self.late_at is None and self.store.held_back:
-            self.late_at = time.monotonic() + self.args.late_after
 
     def run(self) -> None:
         emit("ready", peer_id=self.local_id, fingerprint=self.data.config_fingerprint,
@@ -311,19 +385,21 @@ class Server:
             rec = RecordingConnection(conn)
             session = new_session(conn.peer_id, self.local_id, self.data, self.args.block_len,
                                  self.args.hash_seed, rec)
-            self.sessions[conn.peer_id] = (session, rec)
+            trace = Trace()
+            trace.observe(session)
+            self.sessions[conn.peer_id] = (session, rec, trace)
             self.note("session_created", peer_id=conn.peer_id)
-        for peer, (session, rec) in list(self.sessions.items()):
-            if rec.lookups:
-                self.start_late_clock()
+        for peer, (session, rec, trace) in list(self.sessions.items()):
             result = session.poll()
+            trace.polled(session, result)
             for kv in result.new_fetch_ids:
                 self.on_fetch(peer, session, rec, kv)
             for store in result.stores:
                 self.store_results.append({"job_id": store.job_id, "success": store.success})
             session.serve_external_requests(self.parent)
+            trace.observe(session)
             if not session.alive:
-                self.reap(peer, session, rec)
+                self.reap(peer, session, rec, trace)
         self.late_store()
         self.finish_due()
 
@@ -336,30 +412,30 @@ class Server:
         if kv in rec.lookups:
             self.note("fetch_supplied_by_lookup_pins", peer_id=peer, kv_request_id=kv)
             return
-        held = [k for k in keys if k in self.store.stored]
-        waiting = [k for k in keys if k in self.store.held_back]
+        request = f"{peer}/{kv}"
+        held = [k for k in keys if self.store.stored_for(k, request)]
+        waiting = [k for k in keys if self.store.holds(k) and k not in held]
         if held:
             job = self.new_job()
             idxs = [self.store.index[k] for k in held]
             session.add_stored_blocks(kv, held, idxs, job)
             self.note("add_stored_blocks", kv_request_id=kv, job_id=job, blocks=idxs,
                       why="fetch")
-        if waiting:
-            self.start_late_clock()
         self.demands[(peer, kv)] = {"t": time.monotonic(), "waiting": waiting,
-                                    "finished": False}
+                                    "finished": False,
+                                    "late_at": self.store.seen(request) + self.args.late_after}
 
     def late_store(self) -> None:
-        if self.late_at is None or time.monotonic() < self.late_at or not self.store.held_back:
-            return
-        keys = self.store.store_late()
-        self.note("late_store", blocks=[self.store.index[k] for k in keys])
+        """Each request's held-back blocks, ``--late-after`` s after the server first saw
+        that request: stored now, and offered to the request waiting for them."""
+        now = time.monotonic()
         for (peer, kv), demand in self.demands.items():
             entry = self.sessions.get(peer)
-            if not demand["waiting"] or entry is None:
+            if not demand["waiting"] or entry is None or now < demand["late_at"]:
                 continue
-            job = self.new_job()
             idxs = [self.store.index[k] for k in demand["waiting"]]
+            self.note("late_store", blocks=idxs, kv_request_id=kv)
+            job = self.new_job()
             entry[0].add_stored_blocks(kv, demand["waiting"], idxs, job)
             self.note("add_stored_blocks", kv_request_id=kv, job_id=job, blocks=idxs,
                       why="late_store")
@@ -371,28 +447,33 @@ class Server:
         now = time.monotonic()
         for (peer, kv), demand in self.demands.items():
             entry = self.sessions.get(peer)
-            if demand["finished"] or entry is None:
+            if demand["finished"] or entry is None or not kv.startswith(self.args.finish_prefix):
                 continue
             if now - demand["t"] >= self.args.finish_after:
                 entry[0].finish_request(kv)
                 demand["finished"] = True
                 self.note("finish_request", kv_request_id=kv)
 
-    def reap(self, peer: str, session: P2PSession, rec: RecordingConnection) -> None:
+    def reap(self, peer: str, session: P2PSession, rec: RecordingConnection,
+             trace: Trace) -> None:
         reason = session.death_reason
         closed = session.close()
+        trace.closed(closed)
         self.data.remove_remote_peer(peer)
         del self.sessions[peer]
         self.note("session_dead", peer_id=peer, reason=reason)
         self.ended.append({"peer_id": peer, "reason": reason, "frames": rec.frames,
-                           "failed_stores": list(closed.failed_stores)})
+                           "failed_stores": list(closed.failed_stores),
+                           "trace": trace.report()})
 
     def close(self) -> None:
-        for peer, (session, rec) in list(self.sessions.items()):
+        for peer, (session, rec, trace) in list(self.sessions.items()):
             closed = session.close()
+            trace.closed(closed)
             self.ended.append({"peer_id": peer, "reason": "server stopped",
                                "frames": rec.frames,
-                               "failed_stores": list(closed.failed_stores)})
+                               "failed_stores": list(closed.failed_stores),
+                               "trace": trace.report()})
         self.sessions.clear()
         emit("summary", peers=self.ended, events=self.events, stores=self.store_results,
              lookup_results=self.lookup_results)
@@ -403,55 +484,90 @@ class Server:
 # ----------------------------------------------------------------------------- client
 
 
-def run_client(args: argparse.Namespace) -> int:
+class Link:
+    """One client session to one server: its transports, region and public-interface
+    trace; every ``poll()`` goes through :meth:`pump`."""
+
+    def __init__(self, args: argparse.Namespace, nblocks: int) -> None:
+        self.args = args
+        self.config = json.loads(args.config_json) if args.config_json else None
+        self.region = make_region(max(nblocks, 1), args.block_len)
+        self.transport, self.local_id = bind_transport()
+        self.data = make_data(self.region, self.config)
+        self.rec = RecordingConnection(self.transport.connect(args.connect))
+        self.session = new_session(args.connect, self.local_id, self.data, args.block_len,
+                                   args.hash_seed, self.rec)
+        self.kind = session_kind()
+        self.trace = Trace()
+        self.trace.observe(self.session)
+        self.loads: list[Any] = []
+        self.closed = False
+
+    def pump(self) -> None:
+        self.transport.poll()
+        result = self.session.poll()
+        self.loads.extend(result.loads)
+        self.trace.polled(self.session, result)
+
+    def landed(self, dest: list[int], blocks: list[int]) -> list[int]:
+        bl = self.args.block_len
+        return [b for d, b in zip(dest, blocks, strict=True)
+                if self.region[d].tobytes() == demo_block(b, bl)]
+
+    def close(self, report: dict[str, Any]) -> None:
+        """Close as vLLM's manager does (its reaper, or its shutdown); fill ``report``."""
+        if self.closed:
+            return
+        self.closed = True
+        alive = self.session.alive  # read before close(): close() drops the connection
+        report["session_alive"] = alive
+        report["death_reason"] = None if alive else self.session.death_reason
+        self.trace.closed(self.session.close())
+        report["frames"] = self.rec.frames
+        report["trace"] = self.trace.report()
+        self.transport.close()
+        self.data.close()
+
+
+def run_client(args: argparse.Namespace, name: str | None = None) -> int:
+    """One session to ``--connect``: the flow ``--mode`` / ``--keys``; one result line."""
     vllm_client._LOAD_TIMEOUT_S = args.load_timeout
     vllm_client._ABORT_ACK_TIMEOUT_S = args.abort_ack_timeout
-    config = json.loads(args.config_json) if args.config_json else None
     blocks = parse_blocks(args.keys)
-    region = make_region(max(len(blocks), 1), args.block_len)
-    transport, local_id = bind_transport()
-    data = make_data(region, config)
-    conn = transport.connect(args.connect)
-    rec = RecordingConnection(conn)
-    session = new_session(args.connect, local_id, data, args.block_len, args.hash_seed, rec)
-    report: dict[str, Any] = {"mode": args.mode, "keys": len(blocks), "peer_id": local_id,
-                              "sessions": session_kind(),
-                              "fingerprint": data.config_fingerprint}
+    link = Link(args, len(blocks))
+    report: dict[str, Any] = {"mode": args.mode, "keys": len(blocks), "peer_id": link.local_id,
+                              "sessions": link.kind, "fingerprint": link.data.config_fingerprint,
+                              "request_id": args.request_id}
+    if name is not None:
+        report["name"] = name
     try:
-        run_client_flow(args, transport, session, region, blocks, report)
+        run_client_flow(args, link, blocks, report)
     finally:
-        alive = session.alive  # read before close(): close() drops the connection
-        report["session_alive"] = alive
-        report["death_reason"] = None if alive else session.death_reason
-        session.close()
-        report["frames"] = rec.frames
-        transport.close()
-        data.close()
+        link.close(report)
     emit("result", **report)
     return 0 if report.get("success") and report.get("verified") else 1
 
 
-def _pump(transport: ZmqTransport, session: P2PSession, loads: list[Any]) -> None:
-    transport.poll()
-    result = session.poll()
-    loads.extend(result.loads)
+def wait_ready(links: Sequence[Link], seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while (not all(k.session.ready or not k.session.alive for k in links)
+           and time.monotonic() < end and not _STOP):
+        for k in links:
+            k.pump()
+        wait_for_frames(links[0].transport)
 
 
-def run_client_flow(args: argparse.Namespace, transport: ZmqTransport, session: P2PSession,
-                    region: np.ndarray, blocks: list[int], report: dict[str, Any]) -> None:
-    loads: list[Any] = []
-    end = time.monotonic() + args.handshake_timeout
-    while not session.ready and session.alive and time.monotonic() < end and not _STOP:
-        _pump(transport, session, loads)
-        wait_for_frames(transport)
-    report["ready"] = session.ready
-    if not session.ready:
+def run_client_flow(args: argparse.Namespace, link: Link, blocks: list[int],
+                    report: dict[str, Any]) -> None:
+    wait_ready([link], args.handshake_timeout)
+    report["ready"] = link.session.ready
+    if not link.session.ready:
         report.update(success=False, verified=False, error="handshake did not complete")
         return
     attempts: list[dict[str, Any]] = []
     for job in range(1, args.repeat + 1):
-        region[:] = 0  # each attempt's bytes are verified on their own
-        attempt = one_attempt(args, transport, session, region, blocks, job, loads)
+        link.region[:] = 0  # each attempt's bytes are verified on their own
+        attempt = one_attempt(args, link, blocks, job)
         attempts.append(attempt)
         if "error" in attempt:
             break
@@ -459,22 +575,22 @@ def run_client_flow(args: argparse.Namespace, transport: ZmqTransport, session: 
     report["attempts"] = attempts
     report["success"] = all(a["success"] for a in attempts) and len(attempts) == args.repeat
     report["verified"] = all(a["verified"] for a in attempts) and report["success"]
-    report["late_loads"] = [(r.job_id, r.success) for r in loads
+    report["late_loads"] = [(r.job_id, r.success) for r in link.loads
                             if r.job_id not in {a.get("job") for a in attempts}]
     # The flow is over but the session is still open: a p2pfsm server under test can
     # look at its own state now, before our disconnect ends it.
     emit("done", success=report["success"])
     end = time.monotonic() + args.hold_open
-    while time.monotonic() < end and session.alive and not _STOP:
-        _pump(transport, session, loads)
-        wait_for_frames(transport)
+    while time.monotonic() < end and link.session.alive and not _STOP:
+        link.pump()
+        wait_for_frames(link.transport)
 
 
-def one_attempt(args: argparse.Namespace, transport: ZmqTransport, session: P2PSession,
-                region: np.ndarray, blocks: list[int], job: int,
-                loads: list[Any]) -> dict[str, Any]:
+def one_attempt(args: argparse.Namespace, link: Link, blocks: list[int],
+                job: int) -> dict[str, Any]:
     """One lookup (sym) and fetch of ``blocks`` under ``--request-id``; its report."""
     kv = args.request_id
+    session = link.session
     keys = [OffloadKey(demo_key(b)) for b in blocks]
     out: dict[str, Any] = {"job": job}
     t0 = time.monotonic()
@@ -486,9 +602,10 @@ def one_attempt(args: argparse.Namespace, transport: ZmqTransport, session: P2PS
         end = time.monotonic() + args.lookup_timeout
         while any(a is None for a in answers) and session.alive and time.monotonic() < end:
             session.flush_pending_lookups()
-            _pump(transport, session, loads)
+            link.pump()
             answers = [session.register_lookup(kv, key) for key in keys]
-            wait_for_frames(transport)
+            wait_for_frames(link.transport)
+        link.trace.lookups.append(answers)
         out["lookup_seconds"] = round(time.monotonic() - t0, 4)
         if any(a is None for a in answers):
             return {**out, "success": False, "verified": False,
@@ -499,13 +616,14 @@ def one_attempt(args: argparse.Namespace, transport: ZmqTransport, session: P2PS
     success = True
     if chosen:
         session.request_blocks(job, kv, [OffloadKey(demo_key(b)) for b in chosen], dest)
+        link.trace.observe(session)
         limit = args.load_timeout + args.abort_ack_timeout + 5
         end = time.monotonic() + limit
         result = None
         while result is None and session.alive and time.monotonic() < end and not _STOP:
-            _pump(transport, session, loads)
-            result = next((r for r in loads if r.job_id == job), None)
-            wait_for_frames(transport)
+            link.pump()
+            result = next((r for r in link.loads if r.job_id == job), None)
+            wait_for_frames(link.transport)
         if result is None:
             return {**out, "success": False, "verified": False,
                     "error": f"no load result in {limit} s"}
@@ -513,17 +631,117 @@ def one_attempt(args: argparse.Namespace, transport: ZmqTransport, session: P2PS
     out["seconds"] = round(time.monotonic() - t0, 4)
     if args.mode == "sym":
         session.finish_request(kv)
+        link.trace.observe(session)
     # Let the last frames (a terminal fetch, the peer's late replies) go out and in.
     end = time.monotonic() + args.linger
     while time.monotonic() < end and session.alive:
-        _pump(transport, session, loads)
-        wait_for_frames(transport)
-    bl = args.block_len
-    good = [b for d, b in zip(dest, chosen, strict=True)
-            if region[d].tobytes() == demo_block(b, bl)]
+        link.pump()
+        wait_for_frames(link.transport)
+    good = link.landed(dest, chosen)
     out.update(success=success, verified=success and len(good) == len(chosen), landed=good,
-               chosen=chosen, bytes=len(chosen) * bl if success else 0)
+               chosen=chosen, bytes=len(chosen) * args.block_len if success else 0)
     return out
+
+
+# ------------------------------------------------------------------------------ plans
+
+
+def use_sessions(kind: str) -> None:
+    """Make ``new_session`` build vLLM's sessions (``vllm``) or p2pfsm's (``p2pfsm``)."""
+    from p2pfsm.vllm import install, uninstall
+
+    if kind == "p2pfsm":
+        install()
+    elif kind == "vllm":
+        uninstall()
+    else:
+        raise ValueError(f"unknown sessions {kind!r} (vllm or p2pfsm)")
+
+
+def read_plan(path: str, seconds: float) -> dict[str, Any]:
+    """The plan file, once it exists (the test writes it atomically when its servers are
+    up); waits at most ``seconds``."""
+    end = time.monotonic() + seconds
+    while not os.path.exists(path):
+        if time.monotonic() >= end or _STOP:
+            raise RuntimeError(f"no plan at {path} within {seconds:.0f} s")
+        time.sleep(0.05)  # a file to appear: nothing to block on
+    with open(path) as f:
+        plan: dict[str, Any] = json.load(f)
+    return plan
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    """Every step of ``--plan``, one after another: ``flow`` steps are one session and one
+    client flow each (the client options as keys), ``kill`` steps are :func:`run_kill`.
+    Each flow builds its own session of the kind the step names."""
+    plan = read_plan(args.plan, args.max_seconds)
+    failures = 0
+    for step in plan["steps"]:
+        use_sessions(step.get("sessions", "vllm"))
+        if step["kind"] == "kill":
+            run_kill(args, step)
+            continue
+        flow = argparse.Namespace(**{**vars(args), **{k.replace("-", "_"): v
+                                                      for k, v in step["args"].items()}})
+        failures += run_client(flow, name=step["name"]) != 0
+    emit("plan_done", failures=failures)
+    return 0
+
+
+def run_kill(args: argparse.Namespace, step: dict[str, Any]) -> None:
+    """Sessions that each fetch ``keys`` and stay in flight: once every session has the
+    blocks ``landed`` in its region and has sent its ``connect_ack``, one ``in_flight`` line;
+    the test then kills a process (this one or a server). Each surviving session is
+    polled until it is no longer alive, then closed as vLLM's manager reaps it; one
+    ``result`` line each, with the seconds from ``in_flight`` to the death."""
+    vllm_client._LOAD_TIMEOUT_S = args.load_timeout
+    vllm_client._ABORT_ACK_TIMEOUT_S = args.abort_ack_timeout
+    blocks = parse_blocks(step["keys"])
+    want = parse_blocks(step["landed"])
+    links: list[tuple[dict[str, Any], Link]] = []
+    for target in step["targets"]:
+        use_sessions(target["sessions"])
+        one = argparse.Namespace(**{**vars(args), "connect": target["connect"]})
+        links.append((target, Link(one, len(blocks))))
+    wait_ready([k for _, k in links], args.handshake_timeout)
+    dest = list(range(len(blocks)))
+    for target, k in links:
+        k.session.request_blocks(1, target["request_id"],
+                                 [OffloadKey(demo_key(b)) for b in blocks], dest)
+        k.trace.observe(k.session)
+    def in_flight(k: Link) -> bool:
+        # Our connect_ack is out too: vLLM sends it once it registered the peer's data
+        # plane, which may come after the peer's first writes landed.
+        acked = any(f["dir"] == "out" and f["type"] == "connect_ack" for f in k.rec.frames)
+        return acked and k.landed(dest[:len(want)], want) == want
+
+    end = time.monotonic() + step["seconds"]
+    while (not all(in_flight(k) for _, k in links)
+           and time.monotonic() < end and not _STOP):
+        for _, k in links:
+            k.pump()
+        wait_for_frames(links[0][1].transport)
+    emit("in_flight", peers=[k.local_id for _, k in links],
+         landed=[k.landed(dest[:len(want)], want) for _, k in links])
+    t0 = time.monotonic()
+    died: dict[int, float] = {}
+    end = t0 + step["seconds"]
+    while len(died) < len(links) and time.monotonic() < end and not _STOP:
+        for i, (_, k) in enumerate(links):
+            if i in died:
+                continue
+            k.pump()
+            if not k.session.alive:
+                died[i] = round(time.monotonic() - t0, 3)
+        wait_for_frames(links[0][1].transport)
+    for i, (target, k) in enumerate(links):
+        report: dict[str, Any] = {"name": target["name"], "sessions": k.kind,
+                                  "died_after": died.get(i),
+                                  "landed": k.landed(dest[:len(want)], want),
+                                  "loads": [(r.job_id, r.success) for r in k.loads]}
+        k.close(report)
+        emit("result", **report)
 
 
 # ------------------------------------------------------------------------------- main
@@ -547,8 +765,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--late-after", type=float, default=1.0)
     s.add_argument("--finish-after", type=float, default=None,
                    help="finish_request each fetched request this long after its fetch")
+    s.add_argument("--finish-prefix", default="",
+                   help="--finish-after only for request ids starting with this")
     c = sub.choices["client"]
-    c.add_argument("--connect", required=True, help="HOST:PORT of the server")
+    c.add_argument("--connect", default="", help="HOST:PORT of the server")
+    c.add_argument("--plan", default="",
+                   help="a JSON file of steps to run instead of one flow (see run_plan)")
     c.add_argument("--keys", default="0-7")
     c.add_argument("--mode", choices=("pd", "sym"), default="pd")
     c.add_argument("--request-id", default=f"vllm-interop-{uuid.uuid4().hex[:12]}")
@@ -570,6 +792,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
     signal.signal(signal.SIGALRM, _on_signal)
+    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID`: every thread's stack
     signal.alarm(max(1, int(args.max_seconds)))  # the hard bound, whatever a loop does
     if args.adapter:
         from p2pfsm.vllm import install
@@ -578,6 +801,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.role == "server":
         Server(args).run()
         return 0
+    if args.plan:
+        return run_plan(args)
+    if not args.connect:
+        raise SystemExit("client: --connect HOST:PORT or --plan FILE is required")
     return run_client(args)
 
 
