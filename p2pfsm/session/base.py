@@ -1,0 +1,184 @@
+"""The session's state and the helpers every part of it uses.
+
+:class:`SessionBase` holds everything a :class:`~p2pfsm.session.core.Session` keeps
+(the session machine's data, both roles' instance maps, timers, the step's outputs)
+and the output helpers machine actions call (emit, send, arm, disarm), the queries the
+host reads, and the checks of host-call arguments. It fires no machine itself.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, cast
+
+from p2pfsm.errors import HandshakeMismatch, LocalProtocolError
+from p2pfsm.fsm import Tracer, machine
+from p2pfsm.protocol import Connect, ConnectAck, Disconnect, Message
+from p2pfsm.session.client import ClientLookup, ClientRound
+from p2pfsm.session.config import SessionConfig
+from p2pfsm.session.inputs import TimerId
+from p2pfsm.session.outputs import ArmTimer, DisarmTimer, Output, SendFrame
+from p2pfsm.session.server import ServerLookup, ServerRound
+from p2pfsm.session.tombstones import Tombstones
+
+if TYPE_CHECKING:
+    from p2pfsm.session.core import Session
+
+_HANDSHAKE_TYPES = (Connect, ConnectAck, Disconnect)
+LIVE_STATES = frozenset({"connecting", "registering", "registering_acked", "awaiting_ack", "ready"})
+"""Session states in which the peer may still hear from us."""
+
+
+class SessionBase:
+    """A session's state, output helpers, queries and host-call checks.
+
+    Args:
+        config: our identity, layout and deadlines.
+        tracer: when given, records every fired transition.
+    """
+
+    def __init__(self, config: SessionConfig, tracer: Tracer | None = None) -> None:
+        self.config = config
+        self.tracer = tracer
+        self.fsm_state = machine("session").initial
+        self.peer: Connect | None = None
+        self.death_reason: str | None = None
+        self.mismatch: HandshakeMismatch | None = None
+        self.now = 0.0
+        self._out: list[Output] = []
+        self._queue: list[Message] = []
+        self._timers: dict[TimerId, float] = {}
+        # consumer role
+        self._loads: dict[str, dict[int, ClientRound]] = {}
+        self._load_count = 0
+        self._load_jobs: set[int] = set()
+        # Lowest round number a request may use next: rounds below it ended with an
+        # abort whose late abort_ack may still be on the wire (kept a frame lifetime).
+        self._round_floor = Tombstones(config.timeouts.tombstone)
+        self._lookup_round: dict[str, int] = {}
+        self._lookups: dict[str, list[ClientLookup]] = {}
+        self._lookup_by_serial: dict[int, ClientLookup] = {}
+        self._lookup_serial = 0
+        # producer role
+        self._rounds: dict[str, dict[int | None, ServerRound]] = {}
+        self._round_by_serial: dict[int, ServerRound] = {}
+        # Lookup-pinned rounds whose pins expired before their fetch: that fetch fails fast.
+        self._expired_lookups = Tombstones(config.timeouts.tombstone)
+        self._round_serial = 0
+        self._store_jobs: dict[int, ServerRound] = {}
+        self._writes: dict[int, ServerRound] = {}
+        self._next_xfer = 0
+        self._served: dict[str, list[ServerLookup]] = {}
+        self._tokens: dict[int, ServerLookup] = {}
+        self._next_token = 0
+
+    fsm_data = ("peer", "death_reason", "mismatch", "_queue")
+    """What the session machine's actions write (restored should one raise)."""
+
+    @property
+    def _owner(self) -> Session:
+        """This object as the Session it is part of (the owner children are given)."""
+        return cast("Session", self)
+
+    # ------------------------------------------------------------------ queries
+
+    @property
+    def outputs(self) -> list[Output]:
+        """The outputs of the step in progress (machine actions append to it)."""
+        return self._out
+
+    @property
+    def fsm_outputs(self) -> list[Output]:
+        return self._out
+
+    @property
+    def fsm_label(self) -> str:
+        return self.config.local_id
+
+    @property
+    def fsm_tracer(self) -> Tracer | None:
+        return self.tracer
+
+    @property
+    def state(self) -> str:
+        return self.fsm_state
+
+    @property
+    def ready(self) -> bool:
+        return self.fsm_state == "ready"
+
+    @property
+    def alive(self) -> bool:
+        return self.fsm_state in LIVE_STATES
+
+    @property
+    def has_pending_work(self) -> bool:
+        """True while any job, lookup or write is outstanding."""
+        return bool(self._loads or self._lookups or self._rounds or self._tokens)
+
+    def open_counts(self) -> dict[str, int]:
+        """How many machine instances of each kind are open (for tests and stats)."""
+        return {
+            "client_round": self._load_count,
+            "client_lookup": sum(len(v) for v in self._lookups.values()),
+            "server_round": len(self._round_by_serial),
+            "server_lookup": len(self._tokens),
+            "writes": len(self._writes),
+            "timers": len(self._timers),
+        }
+
+    # ---------------------------------------------------------- output helpers
+
+    def emit(self, output: Output) -> None:
+        self._out.append(output)
+
+    def send(self, message: Message) -> None:
+        """Send now when ready (or a handshake frame); else queue in order."""
+        if self.fsm_state == "ready" or isinstance(message, _HANDSHAKE_TYPES):
+            self._out.append(SendFrame(message))
+        else:
+            self._queue.append(message)
+
+    def arm(self, timer: TimerId, delay: float, *, keep: bool = False) -> None:
+        if keep and timer in self._timers:
+            return
+        deadline = self.now + delay
+        self._timers[timer] = deadline
+        self._out.append(ArmTimer(timer, deadline))
+
+    def disarm(self, timer: TimerId) -> None:
+        if self._timers.pop(timer, None) is not None:
+            self._out.append(DisarmTimer(timer))
+
+    # ------------------------------------------------------- host-call checks
+    def _require_started(self, what: str) -> None:
+        if self.fsm_state == "idle":
+            raise LocalProtocolError(f"{what}: the session is not started (HostStart first)")
+
+    def _check_request_id(self, kv_request_id: str, what: str) -> None:
+        """A request id our peer's decoder accepts (else the frame would be dropped there)."""
+        limit = self.config.limits.max_str_len
+        if type(kv_request_id) is not str or not kv_request_id:
+            raise LocalProtocolError(f"{what}: kv_request_id must be a non-empty str, "
+                                     f"got {kv_request_id!r}")
+        if len(kv_request_id.encode("utf-8", "surrogatepass")) > limit:
+            raise LocalProtocolError(f"{what}: kv_request_id longer than {limit} bytes")
+
+    def _check_keys(self, keys: tuple[bytes, ...], indexes: tuple[int, ...], what: str,
+                    kv_request_id: str) -> None:
+        self._check_request_id(kv_request_id, what)
+        if len(keys) != len(indexes):
+            raise LocalProtocolError(f"{what}: {len(keys)} keys but {len(indexes)} indexes")
+        max_key = self.config.limits.max_key_bytes
+        for i, key in enumerate(keys):
+            if type(key) is not bytes or not key or len(key) > max_key:
+                raise LocalProtocolError(
+                    f"{what}: keys[{i}] must be non-empty bytes of at most {max_key}")
+        if len(set(keys)) != len(keys):
+            raise LocalProtocolError(f"{what}: duplicate keys")
+        if len(keys) > self.config.limits.max_list_items:
+            raise LocalProtocolError(
+                f"{what}: {len(keys)} keys, more than {self.config.limits.max_list_items}")
+        for i, idx in enumerate(indexes):
+            if type(idx) is not int or not 0 <= idx < self.config.num_blocks:
+                raise LocalProtocolError(
+                    f"{what}: index[{i}]={idx!r} outside our {self.config.num_blocks} blocks")

@@ -1,0 +1,124 @@
+"""The session machine (``models/session.toml``): its guards and actions.
+
+Handshake, send gating, death and close. The state the session ends from tells whether
+it was ever ready: ``end_work_queued`` (before ``ready``, our frames never left the
+queue) and ``end_work_sent`` (from ``ready``) fire different triggers on the open
+loads. :data:`SESSION` binds the model to these methods.
+"""
+
+from __future__ import annotations
+
+from p2pfsm.errors import HandshakeMismatch, InvalidTransition
+from p2pfsm.fsm import CompiledMachine, machine
+from p2pfsm.protocol import Connect, ConnectAck, Disconnect, Message
+from p2pfsm.session.base import SessionBase
+from p2pfsm.session.inputs import RegistrationFinished, TransportLost
+from p2pfsm.session.outputs import SendFrame, SessionDead, StartRegistration
+
+
+class SessionMachine(SessionBase):
+    """The session machine's guards and actions, and the gate every frame passes."""
+
+    def is_peer_compatible(self, ev: object) -> bool:
+        assert isinstance(ev, Connect)
+        return self._mismatch(ev) is None
+
+    def _mismatch(self, peer: Connect) -> HandshakeMismatch | None:
+        cfg = self.config
+        checks: list[tuple[str, object, object]] = [
+            ("block_len", cfg.block_len, peer.block_len),
+            ("hash_seed", cfg.hash_seed, peer.hash_seed),
+            ("config_fingerprint", cfg.config_fingerprint, peer.config_fingerprint),
+        ]
+        if cfg.expected_peer_id is not None:
+            checks.append(("peer_id", cfg.expected_peer_id, peer.peer_id))
+        for name, ours, theirs in checks:
+            if ours != theirs:
+                return HandshakeMismatch(name, ours, theirs)
+        if peer.agent_metadata == cfg.agent_metadata or peer.peer_id == cfg.local_id:
+            return HandshakeMismatch("agent_metadata", "ours", "ours (a peer posing as us)")
+        return None
+
+    def send_connect(self, _ev: object) -> None:
+        cfg = self.config
+        self.send(Connect(cfg.local_id, cfg.agent_metadata, cfg.base_addr, cfg.num_blocks,
+                          cfg.block_len, cfg.config_fingerprint, cfg.hash_seed))
+
+    def arm_handshake_timer(self, _ev: object) -> None:
+        self.arm(("handshake",), self.config.timeouts.handshake)
+
+    def disarm_handshake_timer(self, _ev: object) -> None:
+        self.disarm(("handshake",))
+
+    def remember_peer(self, ev: object) -> None:
+        assert isinstance(ev, Connect)
+        self.peer = ev
+
+    def start_registration(self, ev: object) -> None:
+        assert isinstance(ev, Connect)
+        self.emit(StartRegistration(ev))
+
+    def send_connect_ack(self, _ev: object) -> None:
+        self.send(ConnectAck(self.config.local_id))
+
+    def flush_queue(self, _ev: object) -> None:
+        queued, self._queue = self._queue, []
+        self._out.extend(SendFrame(m) for m in queued)
+
+    def send_disconnect(self, _ev: object) -> None:
+        self.send(Disconnect())
+
+    def die_mismatch(self, ev: object) -> None:
+        assert isinstance(ev, Connect)
+        self.mismatch = self._mismatch(ev)
+        self._die(f"incompatible peer: {self.mismatch}", self.mismatch)
+
+    def die_duplicate_connect(self, _ev: object) -> None:
+        self._die("protocol error: connect after the handshake")
+
+    def die_registration_failed(self, ev: object) -> None:
+        assert isinstance(ev, RegistrationFinished)
+        self._die(f"data-plane registration failed: {ev.reason or 'unknown'}")
+
+    def die_ack_before_connect(self, _ev: object) -> None:
+        self._die("protocol error: connect_ack before connect")
+
+    def die_peer_disconnected(self, _ev: object) -> None:
+        self._die("peer disconnected")
+
+    def die_handshake_timeout(self, _ev: object) -> None:
+        self._die("handshake timed out")
+
+    def die_transport_lost(self, ev: object) -> None:
+        assert isinstance(ev, TransportLost)
+        self._die(f"transport lost: {ev.reason}")
+
+    def end_work_queued(self, _ev: object) -> None:
+        """The session ends before it was ready: our frames never left the queue."""
+        self._queue.clear()
+        self._end_roles("session_lost_unsent")
+
+    def end_work_sent(self, _ev: object) -> None:
+        """The session ends after it was ready: our frames may have reached the peer."""
+        self._queue.clear()
+        self._end_roles("session_lost")
+
+    def _die(self, reason: str, mismatch: HandshakeMismatch | None = None) -> None:
+        self.death_reason = reason
+        self.emit(SessionDead(reason, mismatch))
+
+    def _end_roles(self, load_trigger: str) -> None:
+        """Every machine of both roles learns that the session is gone."""
+        raise NotImplementedError  # InputDispatch, which sees both roles
+
+    # ------------------------------------------------------------- frame gate
+    def _gate(self, trigger: str, msg: Message) -> None:
+        """Fire the session's gate for a non-handshake frame (validate first!)."""
+        SESSION.fire(self, trigger, msg)
+
+    def _check_gate(self, trigger: str) -> None:
+        if not SESSION.can_fire(self, trigger):
+            raise InvalidTransition(SESSION.name, self.fsm_state, trigger)
+
+
+SESSION = CompiledMachine(machine("session"), SessionMachine)
