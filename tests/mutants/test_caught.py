@@ -15,16 +15,8 @@ from .catalogue import MUTANTS
 from .install import active
 from .runner import stateful
 
-NOT_YET: dict[str, str] = {
-    "p4_round_restart": "found by random seeds within ~50 examples, but not by the CI "
-                        "profile's derandomized 200 (python -m tests.mutants shows it)",
-}
-"""Mutants the stateful test does not catch yet in the CI profile, with the reason."""
 
-
-@pytest.mark.parametrize("name", [
-    pytest.param(n, marks=pytest.mark.xfail(reason=NOT_YET[n], strict=False)) if n in NOT_YET
-    else n for n in sorted(MUTANTS)])
+@pytest.mark.parametrize("name", sorted(MUTANTS))
 def test_the_stateful_test_catches(name: str) -> None:
     outcome = stateful(name, TwoSessions)
     assert active() is None, "the mutant was not switched off"

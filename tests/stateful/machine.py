@@ -155,6 +155,33 @@ class TwoSessions(RuleBasedStateMachine):
         load = data.draw(st.sampled_from(self._failed_loads(node)[-3:]))
         self.world.fetch(node, load.kv_request_id, load.key_ids)
 
+    def _replied_requests(self, node: str) -> list[str]:
+        """Requests of ``node`` with a load that ended while a reply of the same request
+        (transfer_done, abort_ack: a duplicate, or one that raced the abort) is still on
+        its way to ``node``: the window in which a reused round number is taken for the
+        old one (vLLM P4)."""
+        host = self.world.hosts[node]
+        ended = {host.loads[j].kv_request_id for j in host.load_results}
+        replies = set()
+        for frame in self.world.channels[(self.world.other(node), node)]:
+            try:
+                msg = decode(frame)
+            except Exception:  # injected garbage
+                continue
+            if isinstance(msg, TransferDone | AbortAck):
+                replies.add(msg.kv_request_id)
+        return sorted(ended & replies)
+
+    @precondition(lambda self: any(self._replied_requests(n) for n in "ab"))
+    @rule(data=st.data(), picks=PICKS)
+    def new_round_while_replies_in_flight(self, data: st.DataObject, picks: list[int]) -> None:
+        """The host loads a request again while a reply to its ended round is on the
+        wire: the new round must not be mistaken for the old one."""
+        node = data.draw(st.sampled_from([n for n in "ab" if self._replied_requests(n)]))
+        rid = data.draw(st.sampled_from(self._replied_requests(node)))
+        self.stats["new rounds while a reply of the request is in flight"] += 1
+        self.world.fetch(node, rid, _blocks(self.world.other(node), picks))
+
     # ------------------------------------------------------------- network
     @precondition(lambda self: any(self.world.channels.values()))
     @rule(data=st.data(), count=st.sampled_from((1, 1, 1, 3)))
@@ -381,7 +408,8 @@ class TwoSessions(RuleBasedStateMachine):
             return
         stats = self.stats + world.stats
         for label in ("timers or aborts while writing", "rounds of one request open at once",
-                      "cancelled writes landed"):
+                      "cancelled writes landed",
+                      "new rounds while a reply of the request is in flight"):
             target(float(stats[label]), label=label)
         for _ in range(2000):  # faults off: deliver, register, complete, fire timers
             if world.stabilize() == 0 and not world.advance():
