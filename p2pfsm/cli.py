@@ -104,8 +104,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         from p2pfsm.bench import matrix
 
         results["vs_vllm"] = got = matrix.run(passes=args.passes, repeat=args.repeat,
+                                              shapes=args.shapes, cells=args.cells or matrix.CELLS,
                                               progress=progress)
-        text += ["vLLM 0.33.0 vs p2pfsm (separate processes, fresh servers, interleaved):",
+        text += ["vLLM 0.33.0, the adapter and p2pfsm (separate processes, fresh servers, "
+                 "interleaved):",
                  matrix.format_matrix(got)]
     suites = () if args.connect is not None or (args.vs_vllm and args.suite == "all") else (
         report.SUITES if args.suite == "all" else (args.suite,))
@@ -498,10 +500,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="only time fetches of the demo blocks from this server (vLLM's or "
                         "ours)")
     p.add_argument("--shapes", nargs="+", default=["256x64KiB", "1x4KiB"],
-                   help="--connect: fetch shapes, BLOCKSxSIZE (e.g. 256x64KiB)")
+                   help="--connect/--vs-vllm: fetch shapes, BLOCKSxSIZE (e.g. 256x64KiB)")
     p.add_argument("--vs-vllm", action="store_true",
                    help="the vLLM/p2pfsm client/server matrix (needs .venv-vllm); with "
                         "--suite all it adds the transfer raws")
+    p.add_argument("--cells", nargs="+", metavar="SERVER/CLIENT", default=None,
+                   help="--vs-vllm: the cells to run, each kind one of vllm (vLLM's sessions), "
+                        "adapter (p2pfsm's sessions in vLLM: p2pfsm.vllm), p2pfsm (a node); "
+                        "default: all nine")
     p.add_argument("--passes", type=_positive(int), default=2,
                    help="--vs-vllm: interleaved passes, a fresh server per cell each")
     p.add_argument("--repeat", type=_positive(int), default=20,

@@ -1,12 +1,21 @@
-"""``p2pfsm bench --vs-vllm``: vLLM 0.33.0 and p2pfsm, client and server, side by side.
+"""``p2pfsm bench --vs-vllm``: vLLM 0.33.0, the adapter and p2pfsm, client and server.
 
-Every cell is one (server, client) pair of separate processes: a p2pfsm server is
-``p2pfsm serve``, a vLLM one ``python -m p2pfsm.vllm.peer server`` in the interop venv;
-a p2pfsm client is :mod:`p2pfsm.bench.client`, a vLLM one ``p2pfsm.vllm.peer client
---repeat``. Both hold the demo block model and verify every byte. Each cell gets a fresh
-server per pass; passes interleave the cells (pass 1: every cell, pass 2: every cell...),
-so a cell's samples spread over the whole run's machine load. Medians and p10/p90 are
-over the fetches of all passes; failures and verify failures are counted apart.
+Every cell is one (server, client) pair of separate processes, each of one of three kinds:
+
+``vllm``
+    vLLM's own sessions: ``python -m p2pfsm.vllm.peer server|client`` in the interop venv.
+``adapter``
+    The same vLLM driver with ``--adapter``: p2pfsm's sessions behind vLLM's interface
+    (:mod:`p2pfsm.vllm`), on vLLM's ZeroMQ connection and NIXL transport.
+``p2pfsm``
+    A p2pfsm node: ``p2pfsm serve``, or the :mod:`p2pfsm.bench.client` loop.
+
+All hold the demo block model and verify every byte. Each cell gets a fresh server per
+pass; passes interleave the cells (pass 1: every cell, pass 2: every cell..., each pass
+starting one cell later), so a cell's samples spread over the whole run's machine load.
+Medians and p10/p90 are over the fetches of all passes; failures and verify failures are
+counted apart. A ``vllm`` cell and an ``adapter`` cell differ only in the session class, so
+their ratio is the adapter's cost.
 """
 
 from __future__ import annotations
@@ -18,18 +27,23 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from p2pfsm.bench.report import parse_shape
 from p2pfsm.demo.run import stop_server
 from p2pfsm.errors import ConfigError, TransportError
 
-__all__ = ["SHAPES", "format_matrix", "run", "vllm_python"]
+__all__ = ["CELLS", "KINDS", "SHAPES", "format_matrix", "parse_cells", "run", "vllm_python"]
 
 MARK = "P2PINTEROP "
 SHAPES: dict[str, tuple[int, int]] = {"256x64KiB": (256, 64 * 1024), "1x4KiB": (1, 4096)}
-KINDS = ("vllm", "p2pfsm")
+KINDS = ("vllm", "adapter", "p2pfsm")
+LABELS = {"vllm": "vLLM", "adapter": "adapter", "p2pfsm": "p2pfsm"}
+CELLS = tuple(f"{s}/{c}" for s in KINDS for c in KINDS)
+"""Every SERVER/CLIENT pair, the default of ``--cells``."""
+_SESSIONS = {"vllm": "vllm", "adapter": "p2pfsm"}  # what a vLLM driver reports running
 _START_S = 300.0
 _RUN_S = 600.0
 
@@ -81,15 +95,43 @@ def _stop(proc: subprocess.Popen[str]) -> None:
     stop_server(proc)
 
 
+def parse_cells(texts: Sequence[str]) -> tuple[str, ...]:
+    """``["vllm/adapter", ...]`` -> the same cells, checked; a ConfigError for a bad one."""
+    out: list[str] = []
+    for text in texts:
+        server, sep, client = text.strip().partition("/")
+        if not sep or server not in KINDS or client not in KINDS:
+            raise ConfigError(f"--cells: expected SERVER/CLIENT with each one of "
+                              f"{', '.join(KINDS)}, got {text!r}")
+        out.append(f"{server}/{client}")
+    if not out:
+        raise ConfigError("--cells: need at least one SERVER/CLIENT cell")
+    return tuple(dict.fromkeys(out))
+
+
+def _check_sessions(kind: str, msg: dict[str, Any]) -> None:
+    """A vLLM driver says which sessions it runs: an adapter cell must really run ours."""
+    if msg.get("sessions") != _SESSIONS[kind]:
+        raise ConfigError(f"{kind} peer runs {msg.get('sessions')!r} sessions, expected "
+                          f"{_SESSIONS[kind]!r} (the switch did not take)")
+
+
+def _vllm_argv(kind: str, vpy: Path | None, role: str, *rest: str) -> list[str]:
+    """``python -m p2pfsm.vllm.peer ROLE ...``, with ``--adapter`` for an adapter peer."""
+    assert vpy is not None
+    flag = ["--adapter"] if kind == "adapter" else []
+    return [str(vpy), "-m", "p2pfsm.vllm.peer", role, "--max-seconds", str(int(_RUN_S)),
+            *flag, *rest]
+
+
 def _server(kind: str, vpy: Path | None, blocks: int, block_len: int
             ) -> tuple[subprocess.Popen[str], str]:
     if kind == "p2pfsm":
         argv = [sys.executable, "-m", "p2pfsm.cli", "serve", "--bind", "tcp://127.0.0.1:0",
                 "--blocks", str(blocks), "--block-len", str(block_len)]
     else:
-        assert vpy is not None
-        argv = [str(vpy), "-m", "p2pfsm.vllm.peer", "server", "--blocks", str(blocks),
-                "--block-len", str(block_len), "--max-seconds", str(int(_RUN_S))]
+        argv = _vllm_argv(kind, vpy, "server", "--blocks", str(blocks),
+                          "--block-len", str(block_len))
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             text=True, env=_env())
     until = time.monotonic() + _START_S
@@ -98,9 +140,10 @@ def _server(kind: str, vpy: Path | None, blocks: int, block_len: int
             line = _readline(proc, until, f"{kind} server")
             if kind == "p2pfsm" and line.startswith("serving"):
                 return proc, line.rsplit("tcp://", 1)[1].strip()
-            if kind == "vllm" and line.startswith(MARK):
+            if kind != "p2pfsm" and line.startswith(MARK):
                 msg = json.loads(line[len(MARK):])
                 if msg.get("kind") == "ready":
+                    _check_sessions(kind, msg)
                     return proc, str(msg["peer_id"])
     except BaseException:
         _stop(proc)
@@ -114,11 +157,9 @@ def _client(kind: str, vpy: Path | None, addr: str, blocks: int, block_len: int,
                 "--blocks", str(blocks), "--block-len", str(block_len),
                 "--repeat", str(repeat), "--warmup", str(warmup)]
     else:
-        assert vpy is not None
-        argv = [str(vpy), "-m", "p2pfsm.vllm.peer", "client", "--connect", addr,
-                "--keys", f"0-{blocks - 1}", "--block-len", str(block_len),
-                "--repeat", str(repeat + warmup), "--linger", "0", "--hold-open", "0",
-                "--max-seconds", str(int(_RUN_S))]
+        argv = _vllm_argv(kind, vpy, "client", "--connect", addr, "--keys", f"0-{blocks - 1}",
+                          "--block-len", str(block_len), "--repeat", str(repeat + warmup),
+                          "--linger", "0", "--hold-open", "0")
     try:
         done = subprocess.run(argv, capture_output=True, text=True, env=_env(),
                               timeout=_RUN_S, check=False)
@@ -128,10 +169,11 @@ def _client(kind: str, vpy: Path | None, addr: str, blocks: int, block_len: int,
         if kind == "p2pfsm" and line.startswith("{"):
             out: dict[str, Any] = json.loads(line)
             return out
-        if kind == "vllm" and line.startswith(MARK):
+        if kind != "p2pfsm" and line.startswith(MARK):
             msg = json.loads(line[len(MARK):])
             if msg.get("kind") != "result":
                 continue
+            _check_sessions(kind, msg)
             attempts = msg.get("attempts", [])[warmup:]
             ok = [a for a in attempts if a.get("success")]
             return {"times": [a["seconds"] for a in ok if a.get("verified")],
@@ -150,39 +192,44 @@ def _stats(samples: list[float]) -> dict[str, float] | None:
             "p90_ms": cuts[-1] * 1e3, "n": len(s)}
 
 
-def run(passes: int = 2, repeat: int = 20, warmup: int = 3, shapes: tuple[str, ...] = tuple(SHAPES),
+def run(passes: int = 2, repeat: int = 20, warmup: int = 3,
+        shapes: Sequence[str] = tuple(SHAPES), cells: Sequence[str] = CELLS,
         progress: Progress | None = None, vpy: Path | None = None) -> dict[str, Any]:
-    """Run the matrix; return cells keyed ``"<shape> <server> server / <client> client"``."""
+    """Run the matrix; return cells keyed ``"<shape> <server>/<client>"``."""
     say = progress or (lambda _line: None)
+    if passes < 1 or repeat < 1 or warmup < 0:
+        raise ConfigError(f"--vs-vllm: need passes and repeat >= 1 and warmup >= 0, "
+                          f"got {passes}, {repeat}, {warmup}")
+    pairs = [tuple(c.split("/")) for c in parse_cells(cells)]
+    dims = {shape: parse_shape(shape) for shape in shapes}
+    if not dims:
+        raise ConfigError("--vs-vllm: need at least one fetch shape")
     vpy = vpy or vllm_python()
-    if vpy is None:
+    if vpy is None and any(k != "p2pfsm" for pair in pairs for k in pair):
         raise ConfigError("--vs-vllm needs the interop venv .venv-vllm "
                           "(bash .ci/install-vllm.sh)")
-    if passes < 1 or repeat < 1:
-        raise ConfigError(f"--vs-vllm: need passes and repeat >= 1, got {passes}, {repeat}")
     samples: dict[str, dict[str, Any]] = {}
     t0 = time.monotonic()
     for p in range(passes):
-        for shape in shapes:
-            blocks, block_len = SHAPES[shape]
-            for server in KINDS:
-                for client in KINDS:
-                    key = f"{shape} {server}/{client}"
-                    cell = samples.setdefault(key, {"shape": shape, "server": server,
-                                                    "client": client, "times": [],
-                                                    "failures": 0, "verify_failures": 0})
-                    say(f"  pass {p + 1}/{passes}: {shape}, {server} server, {client} client")
-                    proc, addr = _server(server, vpy, blocks, block_len)
-                    try:
-                        got = _client(client, vpy, addr, blocks, block_len, repeat, warmup)
-                    finally:
-                        _stop(proc)
-                    cell["times"] += got["times"]
-                    cell["failures"] += got["failures"]
-                    cell["verify_failures"] += got["verify_failures"]
-    cells = {k: {**{f: v for f, v in c.items() if f != "times"}, "stats": _stats(c["times"]),
-                 "times_ms": [t * 1e3 for t in c["times"]]} for k, c in samples.items()}
-    return {"cells": cells, "passes": passes, "repeat": repeat,
+        for shape, (blocks, block_len) in dims.items():
+            start = p % len(pairs)
+            for server, client in pairs[start:] + pairs[:start]:
+                key = f"{shape} {server}/{client}"
+                cell = samples.setdefault(key, {"shape": shape, "server": server,
+                                                "client": client, "times": [],
+                                                "failures": 0, "verify_failures": 0})
+                say(f"  pass {p + 1}/{passes}: {shape}, {server} server, {client} client")
+                proc, addr = _server(server, vpy, blocks, block_len)
+                try:
+                    got = _client(client, vpy, addr, blocks, block_len, repeat, warmup)
+                finally:
+                    _stop(proc)
+                cell["times"] += got["times"]
+                cell["failures"] += got["failures"]
+                cell["verify_failures"] += got["verify_failures"]
+    out = {k: {**{f: v for f, v in c.items() if f != "times"}, "stats": _stats(c["times"]),
+               "times_ms": [t * 1e3 for t in c["times"]]} for k, c in samples.items()}
+    return {"cells": out, "passes": passes, "repeat": repeat,
             "wall_s": time.monotonic() - t0}
 
 
@@ -191,35 +238,61 @@ def _median(cells: dict[str, Any], shape: str, server: str, client: str) -> floa
     return None if stats is None else float(stats["median_ms"])
 
 
+def _ratio(label: str, slow: float | None, fast: float | None, indent: str = "  "
+           ) -> list[str]:
+    return [] if not slow or not fast else [f"{indent}{label} = {slow / fast:.2f}x"]
+
+
+def _adapter_ratios(cells: dict[str, Any], shape: str) -> list[str]:
+    """vLLM's sessions / the adapter with everything else equal (>= 1: not slower)."""
+    def med(server: str, client: str) -> float | None:
+        return _median(cells, shape, server, client)
+
+    lines: list[str] = []
+    for other in KINDS:
+        lines += _ratio(f"client role, {LABELS[other]} server: vLLM client / adapter client",
+                        med(other, "vllm"), med(other, "adapter"), "    ")
+    for other in KINDS:
+        lines += _ratio(f"server role, {LABELS[other]} client: vLLM server / adapter server",
+                        med("vllm", other), med("adapter", other), "    ")
+    lines += _ratio("both ends: vLLM<->vLLM / adapter<->adapter", med("vllm", "vllm"),
+                    med("adapter", "adapter"), "    ")
+    if lines:
+        lines.insert(0, "  the adapter vs vLLM's sessions, all else equal "
+                        "(>= 1.00x: the adapter is not slower):")
+    return lines
+
+
 def format_matrix(result: dict[str, Any]) -> str:
-    """The matrix as text: one table per shape, then the ratios."""
+    """The matrix as text: one table per shape (rows: servers, columns: clients), ratios."""
     cells = result["cells"]
     lines: list[str] = []
-    for shape in SHAPES:
-        if not any(c["shape"] == shape for c in cells.values()):
-            continue
+    shapes = list(dict.fromkeys(c["shape"] for c in cells.values()))
+    for shape in shapes:
+        mine = [c for c in cells.values() if c["shape"] == shape]
+        servers = [k for k in KINDS if any(c["server"] == k for c in mine)]
+        clients = [k for k in KINDS if any(c["client"] == k for c in mine)]
         lines += ["", f"{shape} fetch [ms]: median (p10-p90) n failures/verify-failures",
-                  f"{_CORNER:<16}" + "".join(f"{k + ' client':>36}" for k in KINDS)]
-        for server in KINDS:
-            row = f"{server:<16}"
-            for client in KINDS:
+                  f"{_CORNER:<16}" + "".join(f"{LABELS[k] + ' client':>36}" for k in clients)]
+        for server in servers:
+            row = f"{LABELS[server]:<16}"
+            for client in clients:
                 c = cells.get(f"{shape} {server}/{client}")
                 s = None if c is None else c["stats"]
-                text = "-" if s is None else (
+                text = "-" if c is None else (
+                    f"none {c['failures']}/{c['verify_failures']}" if s is None else
                     f"{s['median_ms']:.2f} ({s['p10_ms']:.2f}-{s['p90_ms']:.2f}) "
                     f"n={s['n']} {c['failures']}/{c['verify_failures']}")
                 row += f"{text:>36}"
             lines.append(row)
         vv = _median(cells, shape, "vllm", "vllm")
-        pp = _median(cells, shape, "p2pfsm", "p2pfsm")
-        vp = _median(cells, shape, "vllm", "p2pfsm")
-        pv = _median(cells, shape, "p2pfsm", "vllm")
-        if vv and pp:
-            lines.append(f"  vLLM<->vLLM / p2pfsm<->p2pfsm = {vv / pp:.2f}x")
-        if vp and vv:
-            lines.append(f"  vLLM server: vLLM client / p2pfsm client = {vv / vp:.2f}x")
-        if pv and vv:
-            lines.append(f"  vLLM client: vLLM server / p2pfsm server = {vv / pv:.2f}x")
+        lines += _ratio("vLLM<->vLLM / p2pfsm<->p2pfsm", vv,
+                        _median(cells, shape, "p2pfsm", "p2pfsm"))
+        lines += _ratio("vLLM server: vLLM client / p2pfsm client", vv,
+                        _median(cells, shape, "vllm", "p2pfsm"))
+        lines += _ratio("vLLM client: vLLM server / p2pfsm server", vv,
+                        _median(cells, shape, "p2pfsm", "vllm"))
+        lines += _adapter_ratios(cells, shape)
     lines.append(f"({result['passes']} passes x {result['repeat']} fetches per cell, a fresh "
                  f"server per cell and pass; {result['wall_s']:.0f} s)")
     return "\n".join(lines).strip("\n")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from p2pfsm.bench import matrix, report
@@ -60,7 +62,33 @@ def test_matrix_table_has_every_cell_and_the_ratios() -> None:
 
 def test_matrix_refuses_zero_passes() -> None:
     with pytest.raises(ConfigError, match="passes"):
-        matrix.run(passes=0, vpy=matrix.Path("/nonexistent/python"))
+        matrix.run(passes=0, vpy=Path("/nonexistent/python"))
+
+
+def test_matrix_adapter_ratios_compare_like_with_like() -> None:
+    cells = {f"1x4KiB {s}/{c}": _cell("1x4KiB", s, c, ms) for s, c, ms in (
+        ("vllm", "vllm", [6.0]), ("vllm", "adapter", [4.0]), ("adapter", "vllm", [12.0]),
+        ("adapter", "adapter", [3.0]), ("p2pfsm", "adapter", [2.0]))}
+    text = matrix.format_matrix({"cells": cells, "passes": 1, "repeat": 1, "wall_s": 1.0})
+    assert "client role, vLLM server: vLLM client / adapter client = 1.50x" in text
+    assert "server role, vLLM client: vLLM server / adapter server = 0.50x" in text
+    assert "both ends: vLLM<->vLLM / adapter<->adapter = 2.00x" in text
+    assert "p2pfsm server: vLLM client" not in text  # that cell was not run
+    assert "adapter client" in text.splitlines()[1] and "p2pfsm client" not in text
+
+
+def test_matrix_cells_parse_and_refuse() -> None:
+    assert matrix.parse_cells(["vllm/adapter", "p2pfsm/vllm", "vllm/adapter"]) == \
+        ("vllm/adapter", "p2pfsm/vllm")
+    assert len(matrix.CELLS) == 9 and matrix.parse_cells(matrix.CELLS) == matrix.CELLS
+    for bad in (["vllm"], ["vllm/ours"], ["/vllm"], []):
+        with pytest.raises(ConfigError, match="--cells"):
+            matrix.parse_cells(bad)
+    with pytest.raises(ConfigError, match="BLOCKSxSIZE"):  # checked before anything starts
+        matrix.run(passes=1, shapes=["4KiB"], vpy=Path("/nonexistent/python"))
+    args = build_parser().parse_args(["bench", "--vs-vllm", "--cells", "vllm/adapter",
+                                      "adapter/vllm", "--shapes", "1x4KiB"])
+    assert args.cells == ["vllm/adapter", "adapter/vllm"] and args.shapes == ["1x4KiB"]
 
 
 def _row(median: float) -> dict[str, float]:
