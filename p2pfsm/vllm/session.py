@@ -347,7 +347,7 @@ class P2PSession(Executor):
             self._events.clear()
         if self._posted:  # a small write is often done already: report it now, not a
             self._posted = False  # scheduler step later (one check, no waiting)
-            self._poll_writes()
+            self._poll_writes(escalate=False)  # a data-plane fault ends it in poll()
 
     def _poll_registration(self) -> None:
         fut = self._registration
@@ -361,17 +361,18 @@ class P2PSession(Executor):
             return
         self._feed(RegistrationFinished(True))
 
-    def _poll_writes(self) -> None:
-        if not self._writes:
-            return
-        result = self._transport.poll(self.peer_id)
-        if result.peer_fault is not None and self._fault is None:
-            self._fault = str(result.peer_fault)
-        for tid in result.done:
-            self._finish_tid(int(tid), True)
-        for tid in result.failed:
-            self._finish_tid(int(tid), False)
-        if self._fault is not None and not self._writes and self._session.alive:
+    def _poll_writes(self, escalate: bool = True) -> None:
+        if self._writes:
+            result = self._transport.poll(self.peer_id)
+            if result.peer_fault is not None and self._fault is None:
+                self._fault = str(result.peer_fault)
+            for tid in result.done:
+                self._finish_tid(int(tid), True)
+            for tid in result.failed:
+                self._finish_tid(int(tid), False)
+        conn = self._conn
+        if (escalate and self._fault is not None and not self._writes and self._session.alive
+                and conn is not None and conn.alive):  # as vLLM: a dead conn says so itself
             self._feed(TransportLost(f"data plane: {self._fault}"))
 
     def _finish_tid(self, tid: int, ok: bool) -> None:
