@@ -55,7 +55,10 @@ GateScenarios == <<
     \* 8. a write fails while another of the round is in flight: the round drains, owing
     \*    transfer_done(false), and its demand deadline passes meanwhile
     [Quiet EXCEPT !.loads = 1, !.stores = 2, !.faults = {"wfail"}, !.timers = {"demand"},
-                  !.fks = K12, !.sks = {{"k1"}, {"k2"}}]
+                  !.fks = K12, !.sks = {{"k1"}, {"k2"}}],
+    \* 10. a peer restarts mid-transfer: its connect, of a new incarnation, ends the
+    \*     other's session (every job one result) and no old frame reaches the new one
+    [Quiet EXCEPT !.loads = 1, !.stores = 1, !.faults = {"restart"}]
 >>
 
 \* ------------------------------------------------------------------ large

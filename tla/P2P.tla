@@ -59,7 +59,8 @@ CONSTANTS
     TrackAct        \* record `act` (liveness: fairness is checked on it)
 
 \* Fault kinds a scenario may allow.
-FaultKinds == {"cut", "drop", "dup", "close", "regfail", "hstimer", "incompat", "wfail"}
+FaultKinds == {"cut", "drop", "dup", "close", "regfail", "hstimer", "incompat", "wfail",
+               "restart"}
 \* Role timers a scenario lets fire (the handshake timer is the fault "hstimer").
 TimerKinds == {"load", "abort_ack", "lookup", "store", "pending", "demand"}
 
@@ -118,6 +119,9 @@ Msg(t, req, seq, keys, dst, ok, hits) == <<t, req, seq, keys, dst, ok, hits, TRU
 AsRec(f) == [t |-> f[1], req |-> f[2], seq |-> f[3], keys |-> f[4], dst |-> f[5],
              ok |-> f[6], hits |-> f[7], g |-> f[8]]
 Ctl(t) == Msg(t, NoReq, Unbound, {}, 0, FALSE, {})
+\* A connect carries the sender's incarnation in the dst slot: 0 for the first process
+\* of a peer, 1 for the one that replaced it (NetworkRestart; at most one a behaviour).
+Restarted == 1
 
 \* A fresh serve round (ServerRound.__init__). lsup: its origin is lookup pins (fixed
 \* when the round is created; host supply is never routed to it). dtm: its demand timer
@@ -157,13 +161,15 @@ VARIABLES
     lres,    \* [Peers -> Seq(load result)]: one entry per load job (index = job id)
     sres,    \* [Peers -> Seq(store job)]: one entry per store job (index = job id)
     perr,    \* BOOLEAN: ghost, a frame of a conformant peer was rejected
+    gone,    \* SUBSET Peers: peers whose connection leads to a process that restarted
+             \* (what they send is lost: it never reaches the new incarnation)
     fired,   \* SUBSET <<machine, trigger, source, dest>>: steps of the last action
     act      \* <<action, peer>>: the last action (when TrackAct), for cheap fairness
 
 peerVars == <<sess, reg, queue, cr, fl, xl, lr, cl, nlk, nlr, nfin, sr, sl, wr, lres,
              sres>>
 netVars == <<chan, cut, faults, compat>>
-vars == <<scn, peerVars, netVars, perr, fired, act>>
+vars == <<scn, peerVars, netVars, gone, perr, fired, act>>
 
 S == Scenarios[scn]
 
@@ -198,6 +204,7 @@ TypeInv ==
     /\ \A p \in Peers : wr[p] \subseteq Write
     /\ \A p \in Peers : lres[p] \in Seq(LoadResult) /\ sres[p] \in Seq(StoreJob)
     /\ perr \in BOOLEAN
+    /\ gone \subseteq Peers
     /\ \A f \in fired : f \in STRING \X STRING \X STRING \X STRING
     /\ act \in STRING \X STRING
 
@@ -229,12 +236,12 @@ Commit(p, L) ==
     /\ wr' = [wr EXCEPT ![p] = L.wr]
     /\ lres' = [lres EXCEPT ![p] = L.lres]
     /\ sres' = [sres EXCEPT ![p] = L.sres]
-    /\ chan' = [x \in Peers |-> IF x = p THEN L.out ELSE L.in]
+    /\ chan' = [x \in Peers |-> IF x = p THEN (IF p \in gone THEN chan[p] ELSE L.out) ELSE L.in]
     /\ faults' = L.faults
     /\ perr' = (perr \/ L.perr)
     /\ fired' = IF TrackFired THEN L.fired ELSE {}
     /\ act' = IF TrackAct THEN L.act ELSE <<"", "">>
-    /\ UNCHANGED <<scn, cut, compat>>
+    /\ UNCHANGED <<scn, cut, compat, gone>>
 
 \* A role timer of this kind may fire in this scenario.
 Timer(kind) == kind \in S.timers
@@ -620,11 +627,19 @@ NetworkDiscard(p) ==
     /\ sess[p] \notin Live
     /\ Commit(p, Pop(Load(p, "NetworkDiscard")))
 
+\* Past connecting, the session holds the connect of incarnation 0: one of incarnation 1
+\* is the peer restarted (is_peer_restarted), which ends the session without a
+\* disconnect (it would end the new incarnation's); the host then serves that connect
+\* with a fresh session, which the spec leaves out (one session per peer).
 SessionRecvConnect(p) ==
     /\ Incoming(p, "connect")
-    /\ LET L == Pop(Load(p, "SessionRecvConnect")) IN
+    /\ LET L == Pop(Load(p, "SessionRecvConnect"))
+           restarted == Peek(chan[Other(p)])[5] = Restarted
+       IN
        Commit(p, IF L.sess = "connecting" /\ L.compat
                  THEN FireS(L, "recv_connect", "registering")
+                 ELSE IF L.sess # "connecting" /\ restarted
+                 THEN Die(FireS(L, "recv_connect", "dead"), L.sess)
                  ELSE Die(Send(FireS(L, "recv_connect", "dead"), Ctl("disconnect")), L.sess))
 
 SessionRecvConnectAck(p) ==
@@ -881,7 +896,7 @@ NetworkCut ==
     /\ chan' = [p \in Peers |-> <<>>]
     /\ fired' = {}
     /\ act' = IF TrackAct THEN <<"NetworkCut", "">> ELSE <<"", "">>
-    /\ UNCHANGED <<scn, peerVars, compat, perr>>
+    /\ UNCHANGED <<scn, peerVars, compat, gone, perr>>
 
 NetworkDrop(p) ==
     /\ chan[p] # <<>> /\ CanFault("drop")
@@ -889,7 +904,7 @@ NetworkDrop(p) ==
     /\ faults' = faults + 1
     /\ fired' = {}
     /\ act' = IF TrackAct THEN <<"NetworkDrop", p>> ELSE <<"", "">>
-    /\ UNCHANGED <<scn, peerVars, cut, compat, perr>>
+    /\ UNCHANGED <<scn, peerVars, cut, compat, gone, perr>>
 
 NetworkDuplicate(p) ==
     /\ chan[p] # <<>> /\ Peek(chan[p])[1] \in DupTypes /\ CanFault("dup")
@@ -897,7 +912,7 @@ NetworkDuplicate(p) ==
     /\ faults' = faults + 1
     /\ fired' = {}
     /\ act' = IF TrackAct THEN <<"NetworkDuplicate", p>> ELSE <<"", "">>
-    /\ UNCHANGED <<scn, peerVars, cut, compat, perr>>
+    /\ UNCHANGED <<scn, peerVars, cut, compat, gone, perr>>
 
 \* A frame lifetime passes (Timeouts.tombstone, purged in Session.handle): a tombstone
 \* is forgotten once no frame it guards against can still arrive. The sessions assume
@@ -916,7 +931,44 @@ NetworkFrameLifetime(p) ==
           /\ fired' = {}
           /\ act' = IF TrackAct THEN <<"NetworkFrameLifetime", p>> ELSE <<"", "">>
           /\ UNCHANGED <<scn, sess, reg, queue, cr, lr, cl, nlk, nlr, nfin, sr, sl, wr,
-                         lres, sres, netVars, perr>>
+                         lres, sres, netVars, gone, perr>>
+
+\* A peer's process is killed and started again on the same address before its peer
+\* noticed (no cut: the old connection looks alive). The new process has a fresh
+\* session that has sent its connect, carrying incarnation 1, behind whatever the old
+\* process had sent. The old process's jobs end with it (loads orphaned: their blocks
+\* are gone; pins released), its writes stop, and frames to it are lost; so is what the
+\* peer sends until it learns of the restart (gone: a new process never reads the old
+\* connection). The peer must end its session on that connect, every job of it with one
+\* result, and nothing of the old incarnation reaches the new one.
+NetworkRestart(p) ==
+    /\ ~cut /\ gone = {} /\ CanFault("restart")
+    /\ sess[p] \in Live /\ sess[Other(p)] \in Live \ {"connecting"}
+    /\ sess' = [sess EXCEPT ![p] = "connecting"]
+    /\ reg' = [reg EXCEPT ![p] = FALSE]
+    /\ queue' = [queue EXCEPT ![p] = <<>>]
+    /\ cr' = [cr EXCEPT ![p] = <<>>]
+    /\ fl' = [fl EXCEPT ![p] = [q \in Reqs |-> 0]]
+    /\ xl' = [xl EXCEPT ![p] = [q \in Reqs |-> Unbound]]
+    /\ lr' = [lr EXCEPT ![p] = [q \in Reqs |-> Unbound]]
+    /\ cl' = [cl EXCEPT ![p] = [q \in Reqs |-> <<>>]]
+    /\ nlr' = [nlr EXCEPT ![p] = nlk[p]]
+    /\ sr' = [sr EXCEPT ![p] = <<>>]
+    /\ sl' = [sl EXCEPT ![p] = [q \in Reqs |-> <<>>]]
+    /\ wr' = [wr EXCEPT ![p] = {}]
+    /\ lres' = [lres EXCEPT ![p] = [j \in DOMAIN @ |->
+                    IF @[j].r = "pending" THEN [@[j] EXCEPT !.r = "orphan"] ELSE @[j]]]
+    /\ sres' = [sres EXCEPT ![p] = [j \in DOMAIN @ |->
+                    IF @[j].st = "pinned" THEN [@[j] EXCEPT !.st = "released"] ELSE @[j]]]
+    /\ chan' = [x \in Peers |-> IF x = p
+                                THEN Append(chan[p], Msg("connect", NoReq, Unbound, {},
+                                                         Restarted, FALSE, {}))
+                                ELSE <<>>]
+    /\ gone' = {Other(p)}
+    /\ faults' = faults + 1
+    /\ fired' = {}
+    /\ act' = IF TrackAct THEN <<"NetworkRestart", p>> ELSE <<"", "">>
+    /\ UNCHANGED <<scn, nlk, nfin, cut, compat, perr>>
 
 -----------------------------------------------------------------------------
 (* The specification *)
@@ -945,6 +997,7 @@ Init ==
     /\ lres = [p \in Peers |-> <<>>]
     /\ sres = [p \in Peers |-> <<>>]
     /\ perr = FALSE
+    /\ gone = {}
     /\ fired = {}
     /\ act = <<"", "">>
 
@@ -997,6 +1050,7 @@ NextNetwork ==
     \/ \E p \in Peers : NetworkDrop(p)
     \/ \E p \in Peers : NetworkDuplicate(p)
     \/ \E p \in Peers : NetworkFrameLifetime(p)
+    \/ \E p \in Peers : NetworkRestart(p)
 
 Next ==
     \/ \E p \in Peers : NextHost(p) \/ NextReceive(p) \/ NextExecutor(p) \/ NextTimer(p)

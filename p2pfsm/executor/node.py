@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import secrets
 import threading
 import time
 import uuid
@@ -175,6 +176,9 @@ class Node(Driven, Executor):
             self.control.close()
             raise
         self.local_id = self.control.local_id
+        # Drawn per process and sent in every connect: a peer that sees a new one on a
+        # live session knows we restarted (vLLM peers ignore the field).
+        self.incarnation = secrets.randbits(63)
         self.sessions: dict[str, Session] = {}
         self.deaths: OrderedDict[str, SessionDead] = OrderedDict()
         self.violations: deque[tuple[str, ProtocolViolation]] = deque(maxlen=config.history)
@@ -568,6 +572,7 @@ class Node(Driven, Executor):
             config_fingerprint=cfg.config_fingerprint,
             expected_peer_id=peer_id,
             timeouts=cfg.timeouts,
+            incarnation=self.incarnation,
         ), None if self._hook is None else self._hook.tracer)
         self.sessions[peer_id] = session
         self._live.add(peer_id)
@@ -819,6 +824,19 @@ class Node(Driven, Executor):
         self._ended[peer_id] = None
         self._ended.move_to_end(peer_id)
         self._prune_ended()
+        restart = dead.restarted_by
+        if restart is not None:
+            old = self.sessions.get(peer_id)
+            self._callbacks.append(lambda: self._serve_restart(peer_id, old, restart))
+
+    def _serve_restart(self, peer_id: str, old: Session | None, connect: Connect) -> None:
+        """The connect that ended ``old`` (a new incarnation of the peer) opens a fresh
+        session, once the old one has reported all its work and left the data plane."""
+        if self._closed or self.control.closed or self.sessions.get(peer_id) is not old:
+            return
+        self._new_session(peer_id)
+        self._heard[peer_id] = time.monotonic()
+        self._queue(peer_id, FrameReceived(encode(connect)))
 
     def _prune_ended(self) -> None:
         """Drop ended sessions with nothing left to do beyond ``history`` of them."""

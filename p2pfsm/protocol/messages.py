@@ -31,6 +31,9 @@ class Connect:
         block_len: bytes per block; must equal ours.
         config_fingerprint: model configuration digest, or "" to skip the check.
         hash_seed: the prefix-cache hash seed; must equal ours.
+        incarnation: optional, p2pfsm only: a random number the sending process drew at
+            start, so that a restarted peer is recognised on its connect. None: absent
+            from the wire (vLLM 0.33.0 neither sends it nor reads it).
     """
 
     TYPE: ClassVar[str] = names.CONNECT
@@ -42,6 +45,7 @@ class Connect:
     block_len: int
     config_fingerprint: str
     hash_seed: str
+    incarnation: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

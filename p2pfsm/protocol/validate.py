@@ -236,6 +236,10 @@ def _parse_connect(obj: Mapping[str, object], limits: Limits) -> Connect:
         obj.get("config_fingerprint", ""), "config_fingerprint", limits, nonempty=False
     )
     hash_seed = _check_text(_get(obj, "hash_seed"), "hash_seed", limits, nonempty=True)
+    # Optional (p2pfsm only): absent from vLLM's connect.
+    raw_incarnation = obj.get("incarnation")
+    incarnation = (None if raw_incarnation is None
+                   else _check_int(raw_incarnation, "incarnation", 0, _U64_LIMIT - 1))
     return Connect(
         peer_id=peer_id,
         agent_metadata=metadata,
@@ -244,6 +248,7 @@ def _parse_connect(obj: Mapping[str, object], limits: Limits) -> Connect:
         block_len=block_len,
         config_fingerprint=fingerprint,
         hash_seed=hash_seed,
+        incarnation=incarnation,
     )
 
 
@@ -359,8 +364,9 @@ _FIELD_NAMES: Final[dict[type, tuple[str, ...]]] = {
 def to_dict(msg: Message) -> dict[str, object]:
     """Return the wire map of ``msg``: ``type`` first, then fields in vLLM's order.
 
-    Tuples become lists, so msgpack writes arrays exactly as vLLM does. The
-    message is not validated here.
+    Tuples become lists, so msgpack writes arrays exactly as vLLM does. An optional
+    field that is None (connect's ``incarnation``) is left out. The message is not
+    validated here.
 
     Raises:
         LocalProtocolError: ``msg`` is not one of the nine message classes.
@@ -372,6 +378,8 @@ def to_dict(msg: Message) -> dict[str, object]:
     wire: dict[str, object] = {names.TYPE_KEY: msg.TYPE}
     for name in field_names:
         value = getattr(msg, name)
+        if value is None:
+            continue  # an optional field left unset
         wire[name] = list(value) if type(value) is tuple else value
     return wire
 

@@ -47,6 +47,8 @@ class SessionConfig:
         hash_seed: prefix-cache hash seed; the peer's must be equal.
         config_fingerprint: model-config fingerprint; the peer's must be equal (exactly).
         expected_peer_id: when set, the peer's connect must carry this peer_id.
+        incarnation: sent in our connect (None: left out, as vLLM does); a node draws
+            one at start, so that its peers recognise a restart on its first frame.
     """
 
     local_id: str
@@ -59,6 +61,7 @@ class SessionConfig:
     expected_peer_id: str | None = None
     timeouts: Timeouts = field(default_factory=Timeouts)
     limits: Limits = DEFAULT_LIMITS
+    incarnation: int | None = None
 
     def __post_init__(self) -> None:
         if not self.local_id:
@@ -71,3 +74,6 @@ class SessionConfig:
             raise ConfigError(f"base_addr: expected a non-negative int, got {self.base_addr!r}")
         if not self.hash_seed:
             raise ConfigError("hash_seed: must not be empty")
+        inc = self.incarnation
+        if inc is not None and (type(inc) is not int or not 0 <= inc < 2**64):
+            raise ConfigError(f"incarnation: expected None or an int in [0, 2**64), got {inc!r}")

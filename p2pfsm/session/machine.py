@@ -23,6 +23,12 @@ class SessionMachine(SessionBase):
         assert isinstance(ev, Connect)
         return self._mismatch(ev) is None
 
+    def is_peer_restarted(self, ev: object) -> bool:
+        """A connect from a new incarnation of the peer we hold (both carry one)."""
+        assert isinstance(ev, Connect)
+        known = None if self.peer is None else self.peer.incarnation
+        return known is not None and ev.incarnation is not None and ev.incarnation != known
+
     def _mismatch(self, peer: Connect) -> HandshakeMismatch | None:
         cfg = self.config
         checks: list[tuple[str, object, object]] = [
@@ -42,7 +48,8 @@ class SessionMachine(SessionBase):
     def send_connect(self, _ev: object) -> None:
         cfg = self.config
         self.send(Connect(cfg.local_id, cfg.agent_metadata, cfg.base_addr, cfg.num_blocks,
-                          cfg.block_len, cfg.config_fingerprint, cfg.hash_seed))
+                          cfg.block_len, cfg.config_fingerprint, cfg.hash_seed,
+                          cfg.incarnation))
 
     def arm_handshake_timer(self, _ev: object) -> None:
         self.arm(("handshake",), self.config.timeouts.handshake)
@@ -75,6 +82,11 @@ class SessionMachine(SessionBase):
 
     def die_duplicate_connect(self, _ev: object) -> None:
         self._die("protocol error: connect after the handshake")
+
+    def die_peer_restarted(self, ev: object) -> None:
+        assert isinstance(ev, Connect)
+        self.death_reason = "peer restarted"
+        self.emit(SessionDead(self.death_reason, restarted_by=ev))
 
     def die_registration_failed(self, ev: object) -> None:
         assert isinstance(ev, RegistrationFinished)

@@ -147,10 +147,13 @@ class FrameIgnored:
 
 @dataclass(frozen=True, slots=True)
 class SessionDead:
-    """The session failed; ``mismatch`` is set when the peer's config is incompatible."""
+    """The session failed; ``mismatch`` is set when the peer's config is incompatible,
+    ``restarted_by`` when a connect of a new incarnation of the peer ended it (the host
+    serves that connect with a fresh session)."""
 
     reason: str
     mismatch: HandshakeMismatch | None = None
+    restarted_by: Connect | None = None
 
 
 Output = (

@@ -23,7 +23,8 @@ from p2pfsm.spec_calls import action_name as action_name
 from p2pfsm.spec_calls import pascal as pascal
 
 ENVIRONMENT_ACTIONS: frozenset[str] = frozenset(
-    {"NetworkCut", "NetworkDrop", "NetworkDuplicate", "NetworkDiscard", "NetworkFrameLifetime"}
+    {"NetworkCut", "NetworkDrop", "NetworkDuplicate", "NetworkDiscard", "NetworkFrameLifetime",
+     "NetworkRestart"}
 )
 """Spec actions that start no machine step."""
 

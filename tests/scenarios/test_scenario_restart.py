@@ -1,0 +1,70 @@
+"""Restart detection: a connect carrying a new incarnation ends the live session as
+"peer restarted" (every job one result, no disconnect sent); the same incarnation, or
+none (a vLLM peer), is today's duplicate-connect error."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+from helpers.world import (
+    Driver,
+    key,
+    local_config,
+    of_type,
+    only,
+    peer_connect,
+    sent,
+)
+
+from p2pfsm.protocol import Connect, Disconnect, decode, encode
+from p2pfsm.session import HostFetch, HostStart, LoadResult, SessionDead
+
+
+def test_our_connect_carries_our_incarnation_and_none_leaves_it_off_the_wire() -> None:
+    d = Driver(local_config(incarnation=7))
+    connect = only([m for m in sent(d(HostStart())) if isinstance(m, Connect)])
+    assert connect.incarnation == 7
+    plain = Driver()
+    frame = encode(only(sent(plain(HostStart()))))
+    assert "incarnation" not in msgpack.unpackb(frame)
+    decoded = decode(frame)
+    assert isinstance(decoded, Connect) and decoded.incarnation is None
+
+
+def test_a_new_incarnation_after_ready_ends_the_session_as_restarted() -> None:
+    d = Driver(local_config(incarnation=1))
+    d.handshake(peer_connect(incarnation=100))
+    sent_before = d(HostFetch(1, "r1", (key(1),), (4,)))
+    assert sent(sent_before)
+    restart = peer_connect(incarnation=101)
+    out = d.recv(restart)
+    dead = only(of_type(out, SessionDead))
+    assert dead.reason == "peer restarted" and dead.restarted_by == restart
+    assert d.s.state == "dead"
+    # The fetch went out: its destination stays quarantined (a write may still land).
+    assert only(of_type(out, LoadResult)) == LoadResult(1, "r1", False, False)
+    assert not [m for m in sent(out) if isinstance(m, Disconnect)]  # would end the new one
+
+
+def test_a_new_incarnation_before_ready_fails_queued_work_with_its_destination_free() -> None:
+    d = Driver(local_config(incarnation=1))
+    d(HostStart())
+    d.recv(peer_connect(incarnation=100))
+    assert d.s.state == "registering"
+    d(HostFetch(1, "r1", (key(1),), (4,)))  # queued: nothing reached the peer
+    out = d.recv(peer_connect(incarnation=5))
+    assert only(of_type(out, SessionDead)).reason == "peer restarted"
+    assert only(of_type(out, LoadResult)) == LoadResult(1, "r1", False, True)
+    assert not sent(out)
+
+
+@pytest.mark.parametrize(("first", "second"), [(None, None), (None, 5), (5, None), (5, 5)],
+                         ids=["vllm", "old-then-new", "field-dropped", "same"])
+def test_without_two_different_incarnations_a_second_connect_is_a_protocol_error(
+        first: int | None, second: int | None) -> None:
+    d = Driver(local_config(incarnation=1))
+    d.handshake(peer_connect(incarnation=first))
+    out = d.recv(peer_connect(incarnation=second))
+    dead = only(of_type(out, SessionDead))
+    assert "connect after the handshake" in dead.reason and dead.restarted_by is None
+    assert [type(m) for m in sent(out)] == [Disconnect]
