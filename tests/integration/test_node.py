@@ -431,3 +431,46 @@ def test_peer_killed_with_work_outstanding_then_restarted(
     assert node.deaths[restarted.id].reason.startswith("transport lost")
     assert isinstance(frozen.result(), LoadResult)
     one_result_per_job(node)
+
+
+def test_restarted_peer_is_recognised_on_its_first_frame(
+        children: list[Child], nodes: Callable[..., RecordingNode]) -> None:
+    """A peer whose old connection still looks alive (SIGSTOPped: no FIN, heartbeats of
+    60 s) comes back as a new incarnation: its connect, sent here over a raw DEALER under
+    its identity (as a restarted process would), ends the old session at once as "peer
+    restarted", every job with one result, and opens a fresh session."""
+    import dataclasses
+
+    import zmq
+
+    from p2pfsm.protocol import encode
+
+    slow = {"heartbeat_ivl_ms": 1000, "heartbeat_timeout_ms": 60_000}
+    victim = start_peer(children, "victim", config(**slow))
+    node = connected(nodes(**slow), victim)
+    victim.ask(node, "withhold", [40], reply="withholding")
+    parked = node.fetch(victim.id, "parked", keys_of([40]), [63])
+    assert victim.wait(node, "fetch", "parked")[3:] == (0, 1)
+    old = node.sessions[victim.id]
+    assert old.peer is not None and old.peer.incarnation is not None
+    os.kill(victim.pid, signal.SIGSTOP)
+
+    ctx = zmq.Context()
+    dealer = ctx.socket(zmq.DEALER)
+    try:
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.setsockopt(zmq.IDENTITY, victim.id.encode("ascii"))
+        dealer.connect(f"tcp://{node.local_id}")
+        restart = dataclasses.replace(old.peer, incarnation=old.peer.incarnation + 1)
+        dealer.send(encode(restart))
+        drive(node, parked.done, 10.0, "the parked load's result")
+    finally:
+        dealer.close(0)
+        ctx.term()
+    assert old.death_reason == "peer restarted"  # (deaths[] is reset by the fresh session)
+    lost = parked.result()
+    assert not lost.success and not lost.released  # its write might still land
+    assert one_result_per_job(node) == [lost.job_id]
+    fresh = node.sessions[victim.id]
+    assert fresh is not old and fresh.alive and fresh.peer == restart
+    os.kill(victim.pid, signal.SIGKILL)
