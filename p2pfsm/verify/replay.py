@@ -64,6 +64,10 @@ _RECEIVE = frozenset(
        action_name("server_round", "recv_terminal_fetch"), "NetworkDiscard"})
 _SILENT = ENVIRONMENT_ACTIONS - {"NetworkDiscard"}
 """Environment actions no Session.handle call stands for."""
+_UNREPLAYABLE = frozenset({"NetworkRestart"})
+"""Environment actions a path to replay never takes: the replay world has two sessions
+and no process that could restart (the restart is checked by the spec's invariants and
+by tests/scenarios/test_scenario_restart.py)."""
 
 
 class ReplayWorld(TracingWorld):
@@ -299,7 +303,8 @@ class PathIndex:
         index = cls(graph)
         out: dict[str, list[tuple[str, str]]] = {}
         for src, dst, action, _steps in graph.steps():
-            out.setdefault(src, []).append((dst, action))
+            if action not in _UNREPLAYABLE:
+                out.setdefault(src, []).append((dst, action))
         todo = deque(graph.initial)
         for node in graph.initial:
             index.parent[node] = None
