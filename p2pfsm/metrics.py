@@ -20,6 +20,7 @@ Counters (monotonic ints; :meth:`NodeMetrics.count`):
 - ``violation_closes``: sessions closed for sending more than ``max_violations``.
 - ``idle_closes``: inbound sessions closed after ``idle_timeout_s`` without traffic.
 - ``deaths``: sessions that died.
+- ``restarts``: sessions ended because their peer came back as a new incarnation.
 - ``handshakes``: sessions that became ready.
 - ``handshakes_rejected``: handshakes refused (mismatched configuration).
 - ``results_dropped``: results for which the host held nothing (should stay 0).
@@ -60,6 +61,7 @@ COUNTERS: Final[dict[str, str]] = {
     "violation_closes": "Sessions closed for sending more rejected frames than allowed.",
     "idle_closes": "Inbound sessions closed after idle_timeout_s without traffic.",
     "deaths": "Sessions that died.",
+    "restarts": "Sessions ended because their peer came back as a new incarnation.",
     "handshakes": "Sessions that became ready.",
     "handshakes_rejected": "Handshakes refused for a mismatched configuration.",
     "results_dropped": "Results for which the host held nothing (should stay 0).",

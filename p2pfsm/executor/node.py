@@ -826,6 +826,7 @@ class Node(Driven, Executor):
         self._prune_ended()
         restart = dead.restarted_by
         if restart is not None:
+            self.metrics.count("restarts")
             old = self.sessions.get(peer_id)
             self._callbacks.append(lambda: self._serve_restart(peer_id, old, restart))
 

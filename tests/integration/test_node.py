@@ -473,4 +473,5 @@ def test_restarted_peer_is_recognised_on_its_first_frame(
     assert one_result_per_job(node) == [lost.job_id]
     fresh = node.sessions[victim.id]
     assert fresh is not old and fresh.alive and fresh.peer == restart
+    assert node.metrics.snapshot()["counters"]["restarts"] == 1
     os.kill(victim.pid, signal.SIGKILL)
