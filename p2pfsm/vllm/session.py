@@ -66,6 +66,8 @@ log = logging.getLogger(__name__)
 
 CLOSE_DRAIN_S = 10.0
 """close() waits at most this long for writes it cancelled to stop reading our blocks."""
+CONN_LOST = "control connection lost"
+"""vLLM's own wording for a connection its transport marked dead (the death reason)."""
 
 
 class SessionPollResult(NamedTuple):
@@ -169,7 +171,7 @@ class P2PSession(Executor):
 
     @property
     def death_reason(self) -> str:
-        return self._death_reason or self._session.death_reason or "control connection lost"
+        return self._death_reason or self._session.death_reason or CONN_LOST
 
     @property
     def data_plane_fault(self) -> str | None:
@@ -276,9 +278,8 @@ class P2PSession(Executor):
             for timer in list(self._timers.pop_due(time.monotonic())):
                 self._feed(TimerFired(timer))
             if not conn.alive and self._session.alive:
-                # vLLM's own wording for a connection its transport marked dead.
-                self._death_reason = self._death_reason or "control connection lost"
-                self._feed(TransportLost("control connection lost"))
+                self._death_reason = self._death_reason or CONN_LOST
+                self._feed(TransportLost(CONN_LOST))
         loads, self._loads = self._loads, []
         stores, self._stores = self._stores, []
         fetch_ids, self._fetch_ids = self._fetch_ids, []
