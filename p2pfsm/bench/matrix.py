@@ -10,12 +10,16 @@ Every cell is one (server, client) pair of separate processes, each of one of th
 ``p2pfsm``
     A p2pfsm node: ``p2pfsm serve``, or the :mod:`p2pfsm.bench.client` loop.
 
-All hold the demo block model and verify every byte. Each cell gets a fresh server per
-pass; passes interleave the cells (pass 1: every cell, pass 2: every cell..., each pass
-starting one cell later), so a cell's samples spread over the whole run's machine load.
-Medians and p10/p90 are over the fetches of all passes; failures and verify failures are
-counted apart. A ``vllm`` cell and an ``adapter`` cell differ only in the session class, so
-their ratio is the adapter's cost.
+All hold the demo block model and verify every byte. Cells whose client is a vLLM driver
+(``vllm`` or ``adapter``) run side by side: per pass and shape one server per server kind,
+and one client process holding a session per cell (vLLM's sessions on one engine, the
+adapter's on another, as two vLLM engines would) that fetches on each cell in turn, one
+fetch at a time (:func:`p2pfsm.vllm.peer.run_links`). Their samples are paired in time:
+machine load that comes and goes hits every cell alike. Cells with a p2pfsm client run one
+after another, a fresh server each. Passes start one cell later each. Medians and p10/p90
+are over the fetches of all passes; failures and verify failures are counted apart. A
+``vllm`` cell and an ``adapter`` cell differ only in the session class, so their ratio is
+the adapter's cost.
 """
 
 from __future__ import annotations
@@ -150,37 +154,55 @@ def _server(kind: str, vpy: Path | None, blocks: int, block_len: int
         raise
 
 
-def _client(kind: str, vpy: Path | None, addr: str, blocks: int, block_len: int,
-            repeat: int, warmup: int) -> dict[str, Any]:
-    if kind == "p2pfsm":
-        argv = [sys.executable, "-m", "p2pfsm.bench.client", "--connect", addr,
-                "--blocks", str(blocks), "--block-len", str(block_len),
-                "--repeat", str(repeat), "--warmup", str(warmup)]
-    else:
-        argv = _vllm_argv(kind, vpy, "client", "--connect", addr, "--keys", f"0-{blocks - 1}",
-                          "--block-len", str(block_len), "--repeat", str(repeat + warmup),
-                          "--linger", "0", "--hold-open", "0")
+def _client(addr: str, blocks: int, block_len: int, repeat: int,
+            warmup: int) -> dict[str, Any]:
+    """A p2pfsm client (:mod:`p2pfsm.bench.client`) against ``addr``: its times."""
+    argv = [sys.executable, "-m", "p2pfsm.bench.client", "--connect", addr,
+            "--blocks", str(blocks), "--block-len", str(block_len),
+            "--repeat", str(repeat), "--warmup", str(warmup)]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, env=_env(),
                               timeout=_RUN_S, check=False)
     except subprocess.TimeoutExpired:
         return {"times": [], "failures": repeat, "verify_failures": 0}
     for line in reversed(done.stdout.splitlines()):
-        if kind == "p2pfsm" and line.startswith("{"):
+        if line.startswith("{"):
             out: dict[str, Any] = json.loads(line)
             return out
-        if kind != "p2pfsm" and line.startswith(MARK):
-            msg = json.loads(line[len(MARK):])
-            if msg.get("kind") != "result":
-                continue
-            _check_sessions(kind, msg)
-            attempts = msg.get("attempts", [])[warmup:]
-            ok = [a for a in attempts if a.get("success")]
-            return {"times": [a["seconds"] for a in ok if a.get("verified")],
-                    "failures": repeat - len(ok),
-                    "verify_failures": sum(1 for a in ok if not a.get("verified"))}
     return {"times": [], "failures": repeat, "verify_failures": 0,
             "error": (done.stderr or "")[-300:]}
+
+
+def _linked(vpy: Path | None, servers: dict[str, str], pairs: Sequence[tuple[str, str]],
+            blocks: int, block_len: int, repeat: int, warmup: int
+            ) -> dict[tuple[str, str], dict[str, Any]]:
+    """One vLLM driver client holding a session per (server, client) pair, fetching on each
+    in turn (``--links``); each pair's times, failures and verify failures."""
+    links = ",".join(f"{_SESSIONS[client]}={servers[server]}" for server, client in pairs)
+    argv = _vllm_argv("vllm", vpy, "client", "--links", links, "--keys", f"0-{blocks - 1}",
+                      "--block-len", str(block_len), "--repeat", str(repeat + warmup),
+                      "--linger", "0", "--hold-open", "0")
+    empty = {"times": [], "failures": repeat, "verify_failures": 0}
+    out = {pair: dict(empty) for pair in pairs}
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, env=_env(),
+                              timeout=_RUN_S, check=False)
+    except subprocess.TimeoutExpired:
+        return out
+    for line in done.stdout.splitlines():
+        if not line.startswith(MARK):
+            continue
+        msg = json.loads(line[len(MARK):])
+        if msg.get("kind") != "result":
+            continue
+        pair = pairs[int(msg["name"])]
+        _check_sessions(pair[1], msg)
+        attempts = msg.get("attempts", [])[warmup:]
+        ok = [a for a in attempts if a.get("success")]
+        out[pair] = {"times": [a["seconds"] for a in ok if a.get("verified")],
+                     "failures": repeat - len(ok),
+                     "verify_failures": sum(1 for a in ok if not a.get("verified"))}
+    return out
 
 
 def _stats(samples: list[float]) -> dict[str, float] | None:
@@ -200,7 +222,7 @@ def run(passes: int = 2, repeat: int = 20, warmup: int = 3,
     if passes < 1 or repeat < 1 or warmup < 0:
         raise ConfigError(f"--vs-vllm: need passes and repeat >= 1 and warmup >= 0, "
                           f"got {passes}, {repeat}, {warmup}")
-    pairs = [tuple(c.split("/")) for c in parse_cells(cells)]
+    pairs = [(c.partition("/")[0], c.partition("/")[2]) for c in parse_cells(cells)]
     dims = {shape: parse_shape(shape) for shape in shapes}
     if not dims:
         raise ConfigError("--vs-vllm: need at least one fetch shape")
@@ -208,25 +230,46 @@ def run(passes: int = 2, repeat: int = 20, warmup: int = 3,
     if vpy is None and any(k != "p2pfsm" for pair in pairs for k in pair):
         raise ConfigError("--vs-vllm needs the interop venv .venv-vllm "
                           "(bash .ci/install-vllm.sh)")
-    samples: dict[str, dict[str, Any]] = {}
+    samples: dict[str, dict[str, Any]] = {
+        f"{shape} {server}/{client}": {"shape": shape, "server": server, "client": client,
+                                       "times": [], "failures": 0, "verify_failures": 0}
+        for shape in dims for server, client in pairs}
+
+    def add(shape: str, pair: tuple[str, str], got: dict[str, Any]) -> None:
+        cell = samples[f"{shape} {pair[0]}/{pair[1]}"]
+        for field in ("times", "failures", "verify_failures"):
+            cell[field] += got[field]
+
     t0 = time.monotonic()
     for p in range(passes):
         for shape, (blocks, block_len) in dims.items():
             start = p % len(pairs)
-            for server, client in pairs[start:] + pairs[:start]:
-                key = f"{shape} {server}/{client}"
-                cell = samples.setdefault(key, {"shape": shape, "server": server,
-                                                "client": client, "times": [],
-                                                "failures": 0, "verify_failures": 0})
+            turn = pairs[start:] + pairs[:start]
+            linked = [pair for pair in turn if pair[1] != "p2pfsm"]
+            if linked:
+                kinds = list(dict.fromkeys(server for server, _ in linked))
+                say(f"  pass {p + 1}/{passes}: {shape}, side by side: "
+                    f"{' '.join(f'{s}/{c}' for s, c in linked)}")
+                procs: list[subprocess.Popen[str]] = []
+                try:
+                    servers: dict[str, str] = {}
+                    for kind in kinds:
+                        proc, servers[kind] = _server(kind, vpy, blocks, block_len)
+                        procs.append(proc)
+                    got_all = _linked(vpy, servers, linked, blocks, block_len, repeat, warmup)
+                finally:
+                    for proc in procs:
+                        _stop(proc)
+                for pair, got in got_all.items():
+                    add(shape, pair, got)
+            for server, client in [pair for pair in turn if pair[1] == "p2pfsm"]:
                 say(f"  pass {p + 1}/{passes}: {shape}, {server} server, {client} client")
                 proc, addr = _server(server, vpy, blocks, block_len)
                 try:
-                    got = _client(client, vpy, addr, blocks, block_len, repeat, warmup)
+                    got = _client(addr, blocks, block_len, repeat, warmup)
                 finally:
                     _stop(proc)
-                cell["times"] += got["times"]
-                cell["failures"] += got["failures"]
-                cell["verify_failures"] += got["verify_failures"]
+                add(shape, (server, client), got)
     out = {k: {**{f: v for f, v in c.items() if f != "times"}, "stats": _stats(c["times"]),
                "times_ms": [t * 1e3 for t in c["times"]]} for k, c in samples.items()}
     return {"cells": out, "passes": passes, "repeat": repeat,

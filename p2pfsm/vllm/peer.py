@@ -604,7 +604,8 @@ def one_attempt(args: argparse.Namespace, link: Link, blocks: list[int],
             session.flush_pending_lookups()
             link.pump()
             answers = [session.register_lookup(kv, key) for key in keys]
-            wait_for_frames(link.transport)
+            if any(a is None for a in answers):
+                wait_for_frames(link.transport)  # no tick once the answer is in
         link.trace.lookups.append(answers)
         out["lookup_seconds"] = round(time.monotonic() - t0, 4)
         if any(a is None for a in answers):
@@ -623,7 +624,8 @@ def one_attempt(args: argparse.Namespace, link: Link, blocks: list[int],
         while result is None and session.alive and time.monotonic() < end and not _STOP:
             link.pump()
             result = next((r for r in link.loads if r.job_id == job), None)
-            wait_for_frames(link.transport)
+            if result is None:
+                wait_for_frames(link.transport)  # no tick once the load is in
         if result is None:
             return {**out, "success": False, "verified": False,
                     "error": f"no load result in {limit} s"}
@@ -744,6 +746,55 @@ def run_kill(args: argparse.Namespace, step: dict[str, Any]) -> None:
         emit("result", **report)
 
 
+def parse_links(text: str) -> list[tuple[str, str]]:
+    """``"vllm=H:P,p2pfsm=H:P"`` -> [(sessions, address), ...]; a ValueError if malformed."""
+    out: list[tuple[str, str]] = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        kind, sep, addr = part.partition("=")
+        if not sep or kind not in ("vllm", "p2pfsm") or ":" not in addr:
+            raise ValueError(f"--links: expected SESSIONS=HOST:PORT with SESSIONS vllm or "
+                             f"p2pfsm, got {part!r}")
+        out.append((kind, addr))
+    if not out:
+        raise ValueError("--links: need at least one SESSIONS=HOST:PORT")
+    return out
+
+
+def run_links(args: argparse.Namespace) -> int:
+    """One session per ``--links`` entry, all in this process, fetching in turn: attempt
+    ``i`` runs one fetch on every link, starting at link ``i mod n``. Sessions of both
+    kinds thus share this process, its load and its minute; one ``result`` line per link
+    (``name`` is its index). Only pd mode: one fetch, nothing else, per attempt."""
+    vllm_client._LOAD_TIMEOUT_S = args.load_timeout
+    vllm_client._ABORT_ACK_TIMEOUT_S = args.abort_ack_timeout
+    blocks = parse_blocks(args.keys)
+    links: list[Link] = []
+    for kind, addr in parse_links(args.links):
+        use_sessions(kind)
+        links.append(Link(argparse.Namespace(**{**vars(args), "connect": addr}), len(blocks)))
+    wait_ready(links, args.handshake_timeout)
+    attempts: list[list[dict[str, Any]]] = [[] for _ in links]
+    failed = not all(k.session.ready for k in links)
+    for job in range(1, args.repeat + 1):
+        if failed:
+            break
+        for n in range(len(links)):
+            i = (job + n) % len(links)
+            links[i].region[:] = 0
+            attempts[i].append(one_attempt(args, links[i], blocks, job))
+            failed = failed or "error" in attempts[i][-1]
+    for i, k in enumerate(links):
+        report: dict[str, Any] = {"name": str(i), "mode": args.mode, "keys": len(blocks),
+                                  "sessions": k.kind, "connect": k.args.connect,
+                                  "ready": k.session.ready, "attempts": attempts[i]}
+        report["success"] = len(attempts[i]) == args.repeat and all(
+            a["success"] for a in attempts[i])
+        report["verified"] = report["success"] and all(a["verified"] for a in attempts[i])
+        k.close(report)
+        emit("result", **report)
+    return 0 if all(k.session is not None for k in links) and not failed else 1
+
+
 # ------------------------------------------------------------------------------- main
 
 
@@ -771,6 +822,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--connect", default="", help="HOST:PORT of the server")
     c.add_argument("--plan", default="",
                    help="a JSON file of steps to run instead of one flow (see run_plan)")
+    c.add_argument("--links", default="",
+                   help="SESSIONS=HOST:PORT,...: one session each, fetching in turn "
+                        "(see run_links; instead of --connect)")
     c.add_argument("--keys", default="0-7")
     c.add_argument("--mode", choices=("pd", "sym"), default="pd")
     c.add_argument("--request-id", default=f"vllm-interop-{uuid.uuid4().hex[:12]}")
@@ -803,6 +857,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.plan:
         return run_plan(args)
+    if args.links:
+        return run_links(args)
     if not args.connect:
         raise SystemExit("client: --connect HOST:PORT or --plan FILE is required")
     return run_client(args)

@@ -494,11 +494,22 @@ _ENCODE = msgspec.msgpack.Encoder().encode
 
 
 def _keys(keys: Sequence[bytes]) -> tuple[bytes, ...]:
-    """vLLM's keys (``OffloadKey`` is ``bytes``) as the Session takes them, at C speed."""
+    """vLLM's keys (``OffloadKey`` is ``bytes``) as the Session takes them, at C speed:
+    taken as they are when every one is exactly ``bytes`` (one C pass over their types)."""
+    if set(map(type, keys)) <= _BYTES:
+        return tuple(keys)
     return tuple(map(bytes, keys))
 
 
 def _indexes(block_ids: Sequence[int]) -> tuple[int, ...]:
     """Block ids (a list, or a numpy array as vLLM's jobs hold them) as Python ints."""
     tolist = getattr(block_ids, "tolist", None)
-    return tuple(tolist() if callable(tolist) else map(int, block_ids))
+    if callable(tolist):
+        return tuple(tolist())
+    if set(map(type, block_ids)) <= _INT:
+        return tuple(block_ids)
+    return tuple(map(int, block_ids))
+
+
+_BYTES = frozenset((bytes,))
+_INT = frozenset((int,))

@@ -82,6 +82,19 @@ from vllm.v1.kv_offload.tiering.p2p.session import P2PSession as later
 assert later is Adapter  # what a manager imported afterwards builds with
 pv.uninstall(); pv.uninstall()
 assert pkg.P2PSession is stock and not pv.installed()
+# A manager module imported before install() bound the name at its import: the switch
+# rebinds it there too. (The real manager needs vLLM's full dependencies, which this venv
+# lacks, so a module under its name that bound the name the same way stands in.)
+import sys, types
+from p2pfsm.vllm.switch import MANAGER_MODULE
+early = sys.modules[MANAGER_MODULE] = types.ModuleType(MANAGER_MODULE)
+exec("from vllm.v1.kv_offload.tiering.p2p.session import P2PSession", early.__dict__)
+assert early.P2PSession is stock
+pv.install()
+assert early.P2PSession is Adapter and pv.installed()
+pv.uninstall()
+assert early.P2PSession is stock and pkg.P2PSession is stock
+del sys.modules[MANAGER_MODULE]
 os.environ.pop(autoinstall.ENV_VAR, None)
 autoinstall.register()
 assert pkg.P2PSession is stock
