@@ -130,10 +130,20 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         text += ["", "fetches through two nodes vs the raw operations beneath "
                  "(same run, same two processes):", bench_transfer.format_table(transfer)]
     if "sweep" in suites:
-        from p2pfsm.bench import workloads
+        from p2pfsm.bench import sweep
 
-        results["sweep"] = rows_ = workloads.sweep(progress=progress)
-        text += ["", workloads.format_sweep(rows_)]
+        results["sweep"] = rows_ = sweep.sweep(progress=progress)
+        text += ["", sweep.format_sweep(rows_)]
+    if "workloads" in suites:
+        from p2pfsm.bench import workloads
+        from p2pfsm.demo.host import require_data_plane
+
+        require_data_plane()
+        results["workloads"] = got_w = workloads.run(
+            rounds=args.rounds, soak=args.soak, cpu_fetches=args.cpu_fetches,
+            region_mib=args.region_mib, consumers=args.consumers,
+            fanout_fetches=args.fanout_fetches, progress=progress)
+        text += ["", workloads.format_workloads(got_w)]
     if "peers" in suites:
         from p2pfsm.bench import peers
 
@@ -490,10 +500,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_check)
 
     p = command("bench", help="measure and print ratios against raw operations")
-    p.add_argument("--suite", choices=("fsm", "transfer", "sweep", "peers", "all"), default="all",
+    p.add_argument("--suite", choices=("fsm", "transfer", "sweep", "workloads", "peers", "all"),
+                   default="all",
                    help="fsm: control events through the machines vs open rounds; transfer: "
                         "fetches between two processes vs raw NIXL and ZeroMQ; sweep: GB/s "
-                        "vs block size; peers: idle peers on one serve; all: fsm and transfer")
+                        "vs block size; workloads: lookup + fetch, concurrent requests, "
+                        "fan-out, soak, CPU per GB, large-region handshake; peers: idle "
+                        "peers on one serve; all: fsm and transfer")
     p.add_argument("--peers", type=_positive(int), default=128,
                    help="peers: how many idle clients")
     p.add_argument("--connect", metavar="tcp://HOST:PORT", default=None,
@@ -525,6 +538,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="transfer: small fetches and raw round trips per round")
     p.add_argument("--idle-seconds", type=_positive(float), default=10.0,
                    help="transfer: idle window of the CPU measurement")
+    p.add_argument("--soak", type=_positive(int), default=1000,
+                   help="workloads: small fetches back to back (drift, fds, RSS)")
+    p.add_argument("--cpu-fetches", type=_positive(int), default=60,
+                   help="workloads: 256 x 64 KiB fetches of the CPU-per-GB run")
+    p.add_argument("--region-mib", type=_positive(int), default=1024,
+                   help="workloads: region size of the handshake workload, MiB per side")
+    p.add_argument("--consumers", type=int, default=16,
+                   help="workloads: consumer processes of the fan-out (0: none)")
+    p.add_argument("--fanout-fetches", type=_positive(int), default=10,
+                   help="workloads: fetches per fan-out consumer")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_cmd_bench)
     return parser

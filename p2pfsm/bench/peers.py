@@ -10,7 +10,6 @@ client has closed.
 
 from __future__ import annotations
 
-import os
 import statistics
 import subprocess
 import sys
@@ -18,27 +17,12 @@ import time
 from typing import Any
 
 from p2pfsm.bench.matrix import _env, _readline, _stop
+from p2pfsm.bench.procstat import cpu_s as _cpu_s
+from p2pfsm.bench.procstat import fds as _fds
+from p2pfsm.bench.procstat import rss as _rss
 from p2pfsm.bench.transfer import Progress
 
 __all__ = ["format_peers", "run"]
-
-
-def _cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-        fields = f.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _fds(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-def _rss(pid: int) -> int:
-    with open(f"/proc/{pid}/status", encoding="ascii") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 def _window(pid: int, seconds: float, nodes: list[Any]) -> float:

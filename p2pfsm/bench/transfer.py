@@ -40,8 +40,10 @@ from typing import Any
 
 from p2pfsm.demo.blocks import demo_block, demo_key
 from p2pfsm.errors import ConfigError, TransportError
+from p2pfsm.executor.jobs import JobFuture
 from p2pfsm.executor.node import Node, NodeConfig
 from p2pfsm.protocol import Fetch, encode
+from p2pfsm.session import LoadResult
 
 __all__ = ["format_table", "run"]
 
@@ -95,13 +97,25 @@ def _raw_writes(node: Node, peer_id: str, count: int) -> list[float]:
     return times
 
 
+class _Bare:
+    """A node with a region and no blocks to serve (for the region handshake)."""
+
+    def __init__(self, config: NodeConfig) -> None:
+        t0 = time.perf_counter()
+        self.node = Node(config)
+        self.setup_s = time.perf_counter() - t0
+
+
 def _peer_main(conn: Connection) -> None:
-    """The producer process: one DemoServer at a time, plus raw operations on demand."""
+    """The producer process: one DemoServer (or bare node) at a time, plus raw operations
+    on demand."""
+    import gc
+
     import zmq
 
     from p2pfsm.demo.host import DemoServer
 
-    server: DemoServer | None = None
+    server: DemoServer | _Bare | None = None
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     router: zmq.Socket[bytes] | None = None
     dealer: zmq.Socket[bytes] | None = None
@@ -116,11 +130,20 @@ def _peer_main(conn: Connection) -> None:
             cmd = conn.recv()
             if cmd[0] == "stop":
                 return
-            if cmd[0] == "node":
+            if cmd[0] in ("node", "region", "drop"):
                 if server is not None:
                     server.node.close()
-                server = DemoServer(NodeConfig("tcp://127.0.0.1:0", cmd[1], cmd[2]))
-                conn.send(("node", server.node.local_id))
+                    server = None
+                    gc.collect()  # a large region goes back now, not at some later cycle
+                config = NodeConfig("tcp://127.0.0.1:0", *cmd[1:3]) if len(cmd) > 2 else None
+                if cmd[0] == "node" and config is not None:
+                    server = DemoServer(config)
+                    conn.send(("node", server.node.local_id))
+                elif cmd[0] == "region" and config is not None:
+                    server = bare = _Bare(config)
+                    conn.send(("region", bare.node.local_id, bare.setup_s))
+                else:
+                    conn.send(("drop",))
             elif cmd[0] == "raw_write":
                 assert server is not None
                 conn.send(("raw_write", _raw_writes(server.node, cmd[1], cmd[2])))
@@ -174,7 +197,7 @@ class _Peer:
                                   name="p2pfsm-bench-peer")
         self.proc.start()
         child_end.close()
-        self.expect("ready")
+        self.pid: int = self.expect("ready")[1]
 
     def expect(self, tag: str, node: Node | None = None,
                pump: Callable[[], None] | None = None) -> tuple[Any, ...]:
@@ -242,23 +265,36 @@ def _node_pair(peer: _Peer, shape: tuple[int, int]) -> tuple[Node, str]:
 
 
 class _Fetcher:
-    """Times whole fetches of demo blocks ``0..count-1`` into the same indexes."""
+    """Times whole fetches of demo blocks ``first..first+count-1`` into the same indexes."""
 
-    def __init__(self, node: Node, peer_id: str, count: int, tag: str) -> None:
+    def __init__(self, node: Node, peer_id: str, count: int, tag: str, first: int = 0) -> None:
         self.node, self.peer_id, self.tag, self.n = node, peer_id, tag, 0
-        self.keys = [demo_key(i) for i in range(count)]
-        self.dest = list(range(count))
+        self.keys = [demo_key(i) for i in range(first, first + count)]
+        self.dest = list(range(first, first + count))
+
+    def start(self) -> JobFuture[LoadResult]:
+        """Send one fetch; its future."""
+        self.n += 1
+        return self.node.fetch(self.peer_id, f"bench-{self.tag}-{self.n}", self.keys, self.dest)
 
     def once(self) -> float:
-        self.n += 1
         t0 = time.perf_counter()
-        fut = self.node.fetch(self.peer_id, f"bench-{self.tag}-{self.n}", self.keys, self.dest)
+        fut = self.start()
         self.node.run_until(fut.done, 30.0)
         elapsed = time.perf_counter() - t0
-        if not fut.done() or not fut.result().success:
-            raise TransportError(f"bench fetch {self.n} failed: "
-                                 f"{fut.result() if fut.done() else 'no result'}")
+        self.check(fut)
         return elapsed
+
+    def check(self, fut: JobFuture[LoadResult]) -> None:
+        """Raise unless ``fut`` is a successful fetch."""
+        if not fut.done() or not fut.result().success:
+            raise TransportError(f"bench fetch {self.tag} {self.n} failed: "
+                                 f"{fut.result() if fut.done() else 'no result'}")
+
+    def clear(self) -> None:
+        """Zero our destination blocks, so that the next :meth:`verify` sees only what the
+        next fetch delivered."""
+        self.node.region[self.dest[0]:self.dest[-1] + 1].zero_()
 
     def verify(self) -> None:
         bl = self.node.config.block_len

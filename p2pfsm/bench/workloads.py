@@ -1,72 +1,358 @@
-"""``p2pfsm bench --suite sweep``: GB/s of a fetch vs block size, against the raw WRITE
-(target spinning) and a memcpy of the same bytes, between the same two processes."""
+"""``p2pfsm bench --suite workloads``: what users do, between the transfer bench's two
+processes (this one the consumer node, a spawned peer the producer; every fetch
+byte-verified against the demo block model, its destination zeroed before it).
+
+* ``lookup``: a symmetric lookup of 256 keys (192 held by the peer, 64 not), then a
+  fetch of the hits: time to the lookup's answer (ready to fetch) and in total;
+* ``concurrent``: 8 fetches of 32 x 64 KiB in flight at once on one session: each one's
+  latency and the aggregate GB/s, against one 256-block fetch of the same bytes;
+* ``soak``: ``soak`` 1 x 4 KiB fetches back to back: the first 100 against the last 100
+  (drift), descriptors and resident memory of both processes before and after;
+* ``cpu``: CPU seconds per GB moved, each side, over a run of 256 x 64 KiB fetches;
+* ``region``: a node with a ``region_mib`` MiB region on each side (checked against the
+  memory available first): construction (allocation + NIXL registration) on each side,
+  connect -> ready, and the region freed after;
+* ``fanout`` (:mod:`p2pfsm.bench.fanout`): many consumer processes fetching from one
+  producer at once.
+
+Medians with p10/p90 (p99 where the sample allows) over single operations. The load
+average of the machine is recorded with each workload: on a small shared machine it is
+what moves the absolute numbers.
+"""
 
 from __future__ import annotations
 
+import gc
+import os
+import resource
 import statistics
 import time
 from typing import Any
 
+from p2pfsm.bench.procstat import cpu_s, fds, rss
 from p2pfsm.bench.transfer import Progress, _Fetcher, _node_pair, _Peer
+from p2pfsm.demo.blocks import demo_block, demo_key
+from p2pfsm.errors import ConfigError, TransportError
 
-__all__ = ["format_sweep", "sweep"]
+__all__ = ["format_workloads", "quantiles", "run"]
 
-SIZES = (4096, 16384, 65536, 262144, 1 << 20, 2 << 20)
-_TOTAL = 16 << 20
+_BLOCK = 64 * 1024
+_LOOKUP_HELD, _LOOKUP_ABSENT = 192, 64
+_CONCURRENT, _PER_REQUEST = 8, 32
+_EDGE = 100  # fetches at each end of the soak
+_ABSENT_BASE = 10**9  # demo block numbers the peer never holds
 
 
-def _memcpy_s(nbytes: int, repeat: int) -> float:
-    import numpy as np
+def quantiles(samples: list[float], scale: float = 1e3) -> dict[str, float]:
+    """Median, p10, p90 and p99 (inclusive method) of ``samples``, times ``scale``."""
+    ordered = sorted(samples)
+    if len(ordered) < 2:
+        value = ordered[0] * scale if ordered else float("nan")
+        return {"median": value, "p10": value, "p90": value, "p99": value,
+                "n": float(len(ordered))}
+    cuts = statistics.quantiles(ordered, n=100, method="inclusive")
+    return {"median": statistics.median(ordered) * scale, "p10": cuts[9] * scale,
+            "p90": cuts[89] * scale, "p99": cuts[98] * scale, "n": float(len(ordered))}
 
-    src = np.ones(nbytes, dtype=np.uint8)
-    dst = np.empty_like(src)
+
+def load_average() -> float:
+    """The 1-minute load average."""
+    return os.getloadavg()[0]
+
+
+def _own_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _lookup(peer: _Peer, rounds: int) -> dict[str, Any]:
+    """Lookup of 256 keys (192 held), then a fetch of the hits."""
+    blocks = _LOOKUP_HELD + _LOOKUP_ABSENT
+    node, peer_id = _node_pair(peer, (blocks, _BLOCK))
+    wanted = [demo_key(i) for i in range(_LOOKUP_HELD)]
+    wanted += [demo_key(_ABSENT_BASE + i) for i in range(_LOOKUP_ABSENT)]
+    ready, total = [], []
+    try:
+        for r in range(rounds + 2):  # two warm-up rounds
+            rid = f"bench-lookup-{r}"
+            node.region.zero_()
+            t0 = time.perf_counter()
+            ask = node.lookup(peer_id, rid, wanted)
+            node.run_until(ask.done, 30.0)
+            t1 = time.perf_counter()
+            answer = ask.result() if ask.done() else None
+            if answer is None or not answer.answered:
+                raise TransportError(f"bench lookup {r}: no answer")
+            hits = [i for i, hit in enumerate(answer.hits) if hit]
+            if hits != list(range(_LOOKUP_HELD)):
+                raise TransportError(f"bench lookup {r}: {len(hits)} hits, expected the "
+                                     f"{_LOOKUP_HELD} held keys")
+            load = node.fetch(peer_id, rid, [wanted[i] for i in hits], hits)
+            node.run_until(load.done, 30.0)
+            t2 = time.perf_counter()
+            node.finish(peer_id, rid)
+            if not load.done() or not load.result().success:
+                raise TransportError(f"bench lookup {r}: the fetch of the hits failed")
+            _verify(node, hits)
+            if r >= 2:
+                ready.append(t1 - t0)
+                total.append(t2 - t0)
+    finally:
+        node.close()
+    return {"keys": blocks, "hits": _LOOKUP_HELD, "block_len": _BLOCK,
+            "lookup_ms": quantiles(ready), "total_ms": quantiles(total)}
+
+
+def _verify(node: Any, indexes: list[int]) -> None:
+    bl = node.config.block_len
+    for i in indexes:
+        if bytes(node.region[i].numpy()) != demo_block(i, bl):
+            raise TransportError(f"bench fetch delivered a wrong block {i}")
+
+
+def _concurrent(peer: _Peer, rounds: int, width: int = _CONCURRENT) -> dict[str, Any]:
+    """``width`` fetches in flight at once on one session, against one fetch of them all."""
+    blocks = width * _PER_REQUEST
+    node, peer_id = _node_pair(peer, (blocks, _BLOCK))
+    parts = [_Fetcher(node, peer_id, _PER_REQUEST, f"c{i}", first=i * _PER_REQUEST)
+             for i in range(width)]
+    whole = _Fetcher(node, peer_id, blocks, "whole")
+    each: list[float] = []
+    aggregate: list[float] = []
+    single: list[float] = []
+    try:
+        for r in range(rounds + 2):
+            node.region.zero_()
+            t0 = time.perf_counter()
+            futs = [part.start() for part in parts]
+            done_at: dict[int, float] = {}
+            deadline = time.monotonic() + 30.0
+            while len(done_at) < width and time.monotonic() < deadline:
+                node.step(0.01)
+                now = time.perf_counter()
+                for i, fut in enumerate(futs):
+                    if i not in done_at and fut.done():
+                        done_at[i] = now
+            for part, fut in zip(parts, futs, strict=True):
+                part.check(fut)
+            whole.verify()
+            whole.clear()
+            one = whole.once()
+            whole.verify()
+            if r >= 2:
+                each.extend(t - t0 for t in done_at.values())
+                aggregate.append(max(done_at.values()) - t0)
+                single.append(one)
+    finally:
+        node.close()
+    nbytes = blocks * _BLOCK
+    return {"requests": width, "blocks_each": _PER_REQUEST, "block_len": _BLOCK,
+            "request_ms": quantiles(each), "all_done_ms": quantiles(aggregate),
+            "single_ms": quantiles(single),
+            "aggregate_gbps": nbytes / statistics.median(aggregate) / 1e9,
+            "single_gbps": nbytes / statistics.median(single) / 1e9}
+
+
+def _soak(peer: _Peer, count: int) -> dict[str, Any]:
+    """``count`` small fetches back to back; drift, descriptors and memory on both sides."""
+    node, peer_id = _node_pair(peer, (16, 4096))
+    fetcher = _Fetcher(node, peer_id, 1, "soak")
+    me = os.getpid()
     times = []
-    for _ in range(repeat):
+    try:
+        for _ in range(20):
+            fetcher.once()
+        before = {"fds": fds(me), "rss": rss(me), "peer_fds": fds(peer.pid),
+                  "peer_rss": rss(peer.pid)}
+        for _ in range(count):
+            fetcher.clear()
+            times.append(fetcher.once())
+            fetcher.verify()
+        after = {"fds": fds(me), "rss": rss(me), "peer_fds": fds(peer.pid),
+                 "peer_rss": rss(peer.pid)}
+    finally:
+        node.close()
+    edge = min(_EDGE, max(1, count // 2))
+    first, last = quantiles(times[:edge]), quantiles(times[-edge:])
+    return {"count": count, "edge": edge, "first_ms": first, "last_ms": last,
+            "drift": last["median"] / first["median"], "all_ms": quantiles(times),
+            "before": before, "after": after}
+
+
+def _cpu(peer: _Peer, fetches: int) -> dict[str, Any]:
+    """CPU seconds per GB moved on each side over ``fetches`` fetches of 256 x 64 KiB."""
+    node, peer_id = _node_pair(peer, (256, _BLOCK))
+    fetcher = _Fetcher(node, peer_id, 256, "cpu")
+    verify_cpu = 0.0
+    try:
+        for _ in range(3):
+            fetcher.once()
+        ours0, theirs0, wall0 = _own_cpu(), cpu_s(peer.pid), time.perf_counter()
+        for _ in range(fetches):
+            fetcher.once()
+            v0 = _own_cpu()
+            fetcher.verify()
+            fetcher.clear()
+            verify_cpu += _own_cpu() - v0
+        wall = time.perf_counter() - wall0
+        ours, theirs = _own_cpu() - ours0 - verify_cpu, cpu_s(peer.pid) - theirs0
+    finally:
+        node.close()
+    gb = fetches * 256 * _BLOCK / 1e9
+    return {"fetches": fetches, "gb": gb, "wall_s": wall, "gbps": gb / wall,
+            "consumer_cpu_s_per_gb": ours / gb, "producer_cpu_s_per_gb": theirs / gb,
+            "consumer_core_share": ours / wall, "producer_core_share": theirs / wall}
+
+
+def _region(peer: _Peer, mib: int) -> dict[str, Any]:
+    """A ``mib`` MiB region on each side: construction, connect -> ready, freed after."""
+    from p2pfsm.demo.host import available_memory, check_region
+    from p2pfsm.executor.node import Node, NodeConfig
+
+    blocks = mib * 1024 * 1024 // _BLOCK
+    have = available_memory()
+    try:  # both processes hold one, plus headroom for everything else
+        check_region(blocks * 2 + 4096, _BLOCK, what="--region-mib")
+    except ConfigError as exc:
+        return {"mib": mib, "skipped": str(exc), "available": have}
+    me = os.getpid()
+    rss0 = rss(me)
+    (_, peer_id, peer_setup) = peer.ask("region", blocks, _BLOCK)
+    try:
         t0 = time.perf_counter()
-        np.copyto(dst, src)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        node = Node(NodeConfig("tcp://127.0.0.1:0", blocks, _BLOCK))
+        setup = time.perf_counter() - t0
+        try:
+            rss_held = rss(me)
+            t1 = time.perf_counter()
+            session = node.connect(peer_id)
+            node.run_until(lambda: session.ready or not session.alive, 60.0)
+            ready = time.perf_counter() - t1
+            if not session.ready:
+                raise TransportError(f"bench region: no handshake: {node.deaths.get(peer_id)}")
+        finally:
+            node.close()
+        del node
+        gc.collect()
+        rss_freed = rss(me)
+    finally:
+        peer.ask("drop")
+    return {"mib": mib, "blocks": blocks, "block_len": _BLOCK, "available": have,
+            "consumer_setup_s": setup, "producer_setup_s": peer_setup,
+            "connect_ready_ms": ready * 1e3, "rss_before_mib": rss0 / 2**20,
+            "rss_held_mib": rss_held / 2**20, "rss_freed_mib": rss_freed / 2**20}
 
 
-def sweep(sizes: tuple[int, ...] = SIZES, repeat: int = 15,
-          progress: Progress | None = None) -> list[dict[str, Any]]:
-    """For each block size: blocks = 16 MiB / size (8..256); medians in GB/s."""
+def run(rounds: int = 30, soak: int = 1000, cpu_fetches: int = 60, region_mib: int = 1024,
+        consumers: int = 16, fanout_fetches: int = 10,
+        progress: Progress | None = None) -> dict[str, Any]:
+    """Every workload of the module docstring; a dict of their results.
+
+    Args:
+        rounds: measured rounds of ``lookup`` and ``concurrent``.
+        soak: fetches of the soak (at least 2).
+        cpu_fetches: 256 x 64 KiB fetches of the CPU-per-GB run.
+        region_mib: region size of the handshake workload (MiB, each side).
+        consumers: consumer processes of the fan-out (0: skip it).
+        fanout_fetches: fetches per consumer in the fan-out.
+        progress: called with a line of progress now and then.
+    """
+    from p2pfsm.bench import fanout
+
+    if rounds < 1 or soak < 2 or cpu_fetches < 1 or region_mib < 1 or consumers < 0 \
+            or fanout_fetches < 1:
+        raise ConfigError(f"bench workloads: need rounds >= 1, soak >= 2, cpu fetches, "
+                          f"region MiB and fan-out fetches >= 1, consumers >= 0; got "
+                          f"{rounds}, {soak}, {cpu_fetches}, {region_mib}, {consumers}, "
+                          f"{fanout_fetches}")
     say = progress or (lambda _line: None)
-    rows = []
+    t0 = time.monotonic()
+    out: dict[str, Any] = {}
+    say("workloads bench: starting the peer process")
     peer = _Peer()
     try:
-        for size in sizes:
-            blocks = max(8, min(256, _TOTAL // size))
-            say(f"  sweep: {blocks} x {size // 1024} KiB")
-            node, peer_id = _node_pair(peer, (blocks, size))
-            try:
-                fetcher = _Fetcher(node, peer_id, blocks, f"sweep{size}")
-                for _ in range(3):
-                    fetcher.once()
-                fetcher.verify()
-                fetched, raw = [], []
-                for _ in range(repeat):
-                    raw.extend(peer.ask("raw_write", node.local_id, 1,
-                                        pump=node.data.progress)[1])
-                    fetched.append(fetcher.once())
-            finally:
-                node.close()
-            nbytes = blocks * size
-            rows.append({"block_len": size, "blocks": blocks, "bytes": nbytes,
-                         "fetch_gbps": nbytes / statistics.median(fetched) / 1e9,
-                         "raw_gbps": nbytes / statistics.median(raw) / 1e9,
-                         "memcpy_gbps": nbytes / _memcpy_s(nbytes, repeat) / 1e9})
+        steps: list[tuple[str, str, Any]] = [
+            ("lookup", f"lookup of {_LOOKUP_HELD + _LOOKUP_ABSENT} keys + fetch of the hits, "
+                       f"{rounds} rounds", lambda: _lookup(peer, rounds)),
+            ("concurrent", f"{_CONCURRENT} concurrent fetches on one session, {rounds} rounds",
+             lambda: _concurrent(peer, rounds)),
+            ("soak", f"{soak} fetches back to back", lambda: _soak(peer, soak)),
+            ("cpu", f"CPU per GB over {cpu_fetches} fetches of 256 x 64 KiB",
+             lambda: _cpu(peer, cpu_fetches)),
+            ("region", f"{region_mib} MiB region handshake", lambda: _region(peer, region_mib)),
+        ]
+        if consumers:
+            steps.append(("fanout", f"{consumers} consumers x {fanout_fetches} fetches from "
+                                    "one producer",
+                          lambda: fanout.run(peer, consumers, fanout_fetches, say)))
+        for key, what, measure in steps:
+            say(f"  {key}: {what}")
+            load0 = load_average()
+            result = measure()
+            result["load"] = (load0 + load_average()) / 2
+            out[key] = result
     finally:
         peer.stop()
-    return rows
+    out["wall_s"] = time.monotonic() - t0
+    return out
 
 
-def format_sweep(rows: list[dict[str, Any]]) -> str:
-    lines = ["GB/s vs block size (medians; raw WRITE with the target spinning):",
-             f"{'block':>8} {'blocks':>7} {'fetch':>8} {'raw WRITE':>10} {'memcpy':>8} "
-             f"{'fetch/raw':>10}"]
-    for r in rows:
-        lines.append(f"{r['block_len'] // 1024:>5} KiB {r['blocks']:>7} {r['fetch_gbps']:>8.2f} "
-                     f"{r['raw_gbps']:>10.2f} {r['memcpy_gbps']:>8.2f} "
-                     f"{r['fetch_gbps'] / r['raw_gbps']:>10.2f}")
+def _q(stats: dict[str, float], p99: bool = False) -> str:
+    tail = f", p99 {stats['p99']:.2f}" if p99 else ""
+    return f"{stats['median']:.2f} ms (p10 {stats['p10']:.2f}, p90 {stats['p90']:.2f}{tail})"
+
+
+def format_workloads(r: dict[str, Any]) -> str:
+    """The result of :func:`run` as lines of text."""
+    lines = ["workloads (two processes; medians, every fetch byte-verified; load = 1-min "
+             "load average during the workload):"]
+    if "lookup" in r:
+        w = r["lookup"]
+        lines += [f"lookup {w['keys']} keys ({w['hits']} hits) + fetch of the hits "
+                  f"[load {w['load']:.1f}]:",
+                  f"  lookup -> ready to fetch {_q(w['lookup_ms'])}",
+                  f"  lookup + fetch           {_q(w['total_ms'])}"]
+    if "concurrent" in r:
+        w = r["concurrent"]
+        lines += [f"{w['requests']} concurrent fetches of {w['blocks_each']} x 64 KiB on one "
+                  f"session [load {w['load']:.1f}]:",
+                  f"  per request  {_q(w['request_ms'], True)}",
+                  f"  all done     {_q(w['all_done_ms'])}: {w['aggregate_gbps']:.2f} GB/s",
+                  f"  one fetch of all {w['requests'] * w['blocks_each']} blocks "
+                  f"{_q(w['single_ms'])}: {w['single_gbps']:.2f} GB/s"]
+    if "soak" in r:
+        w = r["soak"]
+        b, a = w["before"], w["after"]
+        lines += [f"{w['count']} fetches of 1 x 4 KiB back to back [load {w['load']:.1f}]:",
+                  f"  first {w['edge']} {_q(w['first_ms'])}; last {w['edge']} "
+                  f"{_q(w['last_ms'])}; last/first {w['drift']:.2f}x",
+                  f"  fds {b['fds']} -> {a['fds']} (peer {b['peer_fds']} -> {a['peer_fds']}); "
+                  f"RSS {b['rss'] / 2**20:.1f} -> {a['rss'] / 2**20:.1f} MiB (peer "
+                  f"{b['peer_rss'] / 2**20:.1f} -> {a['peer_rss'] / 2**20:.1f})"]
+    if "cpu" in r:
+        w = r["cpu"]
+        lines += [f"CPU per GB moved, {w['fetches']} x 256 x 64 KiB ({w['gb']:.2f} GB at "
+                  f"{w['gbps']:.2f} GB/s) [load {w['load']:.1f}]:",
+                  f"  consumer {w['consumer_cpu_s_per_gb']:.2f} CPU s/GB "
+                  f"({w['consumer_core_share'] * 100:.0f} % of a core), producer "
+                  f"{w['producer_cpu_s_per_gb']:.2f} CPU s/GB "
+                  f"({w['producer_core_share'] * 100:.0f} % of a core)"]
+    if "region" in r:
+        w = r["region"]
+        if "skipped" in w:
+            lines.append(f"{w['mib']} MiB region handshake: skipped: {w['skipped']}")
+        else:
+            lines += [f"{w['mib']} MiB region on each side ({w['blocks']} x 64 KiB) "
+                      f"[load {w['load']:.1f}]:",
+                      f"  node construction (allocate + register): consumer "
+                      f"{w['consumer_setup_s'] * 1e3:.0f} ms, producer "
+                      f"{w['producer_setup_s'] * 1e3:.0f} ms; connect -> ready "
+                      f"{w['connect_ready_ms']:.1f} ms",
+                      f"  consumer RSS {w['rss_before_mib']:.0f} -> {w['rss_held_mib']:.0f} "
+                      f"-> {w['rss_freed_mib']:.0f} MiB after it is freed"]
+    if "fanout" in r:
+        from p2pfsm.bench import fanout
+
+        lines.append(fanout.format_fanout(r["fanout"]))
+    lines.append(f"({r.get('wall_s', 0.0):.0f} s in all)")
     return "\n".join(lines)
