@@ -11,6 +11,7 @@ closed pipe (``p2pfsm check --json | head -1``) ends the command quietly, exit 1
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import logging
@@ -79,7 +80,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(line, file=sys.stderr, flush=True)
 
-    if args.suite != "fsm" and args.rounds < 2:
+    if set(args.suite) - {"fsm"} and args.rounds < 2:
         raise ConfigError(f"--rounds: expected at least 2, got {args.rounds}")
     from p2pfsm.bench import report
 
@@ -109,8 +110,41 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         text += ["vLLM 0.33.0, the adapter and p2pfsm (separate processes, fresh servers, "
                  "interleaved):",
                  matrix.format_matrix(got)]
-    suites = () if args.connect is not None or (args.vs_vllm and args.suite == "all") else (
-        report.SUITES if args.suite == "all" else (args.suite,))
+    everything = "all" in args.suite
+    chosen = tuple(dict.fromkeys(s for name in args.suite
+                                 for s in (report.SUITES if name == "all" else (name,))))
+    suites = () if args.connect is not None or (args.vs_vllm and everything) else chosen
+    if args.vs_vllm and everything:
+        suites = ("transfer",)
+    with contextlib.ExitStack() as stack:
+        _run_suites(args, suites, stack, progress, results, text)
+    if args.plot is not None:
+        from p2pfsm.bench import plot
+
+        for path in plot.write_all(results, args.plot):
+            progress(f"wrote {path}")
+    print(json.dumps(results) if args.json else "\n".join(text).strip("\n"))
+    return 0
+
+
+def _run_suites(args: argparse.Namespace, suites: tuple[str, ...], stack: contextlib.ExitStack,
+                progress: Callable[[str], None], results: dict[str, Any],
+                text: list[str]) -> None:
+    """Run ``suites`` in order, adding to ``results`` and ``text``; transfer and workloads
+    share one peer process when both run."""
+    shared: list[Any] = []
+
+    def peer() -> Any:
+        if "transfer" not in suites or "workloads" not in suites:
+            return None
+        if not shared:
+            from p2pfsm.bench.transfer import _Peer
+
+            progress("starting the bench peer process (shared by transfer and workloads)")
+            shared.append(_Peer())
+            stack.callback(shared[0].stop)
+        return shared[0]
+
     if "fsm" in suites:
         from p2pfsm.bench import fsm as bench_fsm
 
@@ -119,13 +153,14 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         results["fsm"] = [r.__dict__ for r in rows]
         text += ["control event through the machines (consumer session, medians):",
                  bench_fsm.format_rows(rows)]
-    if "transfer" in suites or (args.vs_vllm and args.suite == "all"):
+    if "transfer" in suites:
         from p2pfsm.bench import transfer as bench_transfer
         from p2pfsm.demo.host import require_data_plane
 
         require_data_plane()
         transfer = bench_transfer.run(rounds=args.rounds, number=args.per_round,
-                                      idle_seconds=args.idle_seconds, progress=progress)
+                                      idle_seconds=args.idle_seconds, progress=progress,
+                                      peer=peer())
         results["transfer"] = transfer
         text += ["", "fetches through two nodes vs the raw operations beneath "
                  "(same run, same two processes):", bench_transfer.format_table(transfer)]
@@ -142,7 +177,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         results["workloads"] = got_w = workloads.run(
             rounds=args.rounds, soak=args.soak, cpu_fetches=args.cpu_fetches,
             region_mib=args.region_mib, consumers=args.consumers,
-            fanout_fetches=args.fanout_fetches, progress=progress)
+            fanout_fetches=args.fanout_fetches, progress=progress, peer=peer())
         text += ["", workloads.format_workloads(got_w)]
     if "peers" in suites:
         from p2pfsm.bench import peers
@@ -150,13 +185,6 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         results["peers"] = got_peers = peers.run(count=args.peers, window_s=args.idle_seconds,
                                                  progress=progress)
         text += ["", peers.format_peers(got_peers)]
-    if args.plot is not None:
-        from p2pfsm.bench import plot
-
-        for path in plot.write_all(results, args.plot):
-            progress(f"wrote {path}")
-    print(json.dumps(results) if args.json else "\n".join(text).strip("\n"))
-    return 0
 
 
 def _cmd_sim_demo(args: argparse.Namespace) -> int:
@@ -501,12 +529,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("bench", help="measure and print ratios against raw operations")
     p.add_argument("--suite", choices=("fsm", "transfer", "sweep", "workloads", "peers", "all"),
-                   default="all",
+                   default=["all"], nargs="+",
                    help="fsm: control events through the machines vs open rounds; transfer: "
                         "fetches between two processes vs raw NIXL and ZeroMQ; sweep: GB/s "
                         "vs block size; workloads: lookup + fetch, concurrent requests, "
                         "fan-out, soak, CPU per GB, large-region handshake; peers: idle "
-                        "peers on one serve; all: fsm and transfer")
+                        "peers on one serve; all: fsm and transfer; several may be given")
     p.add_argument("--peers", type=_positive(int), default=128,
                    help="peers: how many idle clients")
     p.add_argument("--connect", metavar="tcp://HOST:PORT", default=None,

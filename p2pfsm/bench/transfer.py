@@ -271,6 +271,7 @@ class _Fetcher:
         self.node, self.peer_id, self.tag, self.n = node, peer_id, tag, 0
         self.keys = [demo_key(i) for i in range(first, first + count)]
         self.dest = list(range(first, first + count))
+        self._want: Any = None
 
     def start(self) -> JobFuture[LoadResult]:
         """Send one fetch; its future."""
@@ -297,10 +298,19 @@ class _Fetcher:
         self.node.region[self.dest[0]:self.dest[-1] + 1].zero_()
 
     def verify(self) -> None:
-        bl = self.node.config.block_len
-        for i in self.dest:
-            if bytes(self.node.region[i].numpy()) != demo_block(i, bl):
-                raise TransportError(f"bench fetch delivered a wrong block {i}")
+        """Raise unless our destination blocks hold exactly the demo blocks fetched (the
+        expected bytes are computed once, then compared as one array)."""
+        import numpy as np
+
+        if self._want is None:
+            bl = self.node.config.block_len
+            self._want = np.frombuffer(b"".join(demo_block(i, bl) for i in self.dest),
+                                       dtype=np.uint8).reshape(len(self.dest), bl)
+        got = self.node.region[self.dest[0]:self.dest[-1] + 1].numpy()
+        if not np.array_equal(got, self._want):
+            wrong = next(i for i, (a, b) in enumerate(zip(got, self._want, strict=True))
+                         if not np.array_equal(a, b))
+            raise TransportError(f"bench fetch delivered a wrong block {self.dest[wrong]}")
 
 
 def _large(peer: _Peer, rounds: int, say: Progress) -> dict[str, Any]:
@@ -409,7 +419,7 @@ def _small(peer: _Peer, rounds: int, number: int, idle_seconds: float,
 
 
 def run(rounds: int = 30, number: int = 50, idle_seconds: float = 10.0,
-        progress: Progress | None = None) -> dict[str, Any]:
+        progress: Progress | None = None, peer: _Peer | None = None) -> dict[str, Any]:
     """Measure (a), (b) and (c) of the module docstring; return them as a dict.
 
     Args:
@@ -417,14 +427,17 @@ def run(rounds: int = 30, number: int = 50, idle_seconds: float = 10.0,
         number: raw round trips and small fetches per round of (b).
         idle_seconds: the idle window of (c).
         progress: called with a line of progress now and then (e.g. to print on stderr).
+        peer: a peer process to use (left running); by default one of its own.
     """
     if rounds < 2 or number < 1 or not idle_seconds > 0:
         raise ConfigError(f"bench: need rounds >= 2, number >= 1 and idle_seconds > 0; got "
                           f"{rounds}, {number}, {idle_seconds}")
     say = progress or (lambda _line: None)
     t0 = time.monotonic()
-    say("transfer bench: starting the peer process")
-    peer = _Peer()
+    own = peer is None
+    if peer is None:
+        say("transfer bench: starting the peer process")
+        peer = _Peer()
     try:
         say(f"(a) {_LARGE[0]} x {_LARGE[1] // 1024} KiB fetch vs raw NIXL WRITE, "
             f"{rounds} rounds")
@@ -433,7 +446,8 @@ def run(rounds: int = 30, number: int = 50, idle_seconds: float = 10.0,
             f"{rounds} rounds of {number}")
         small, idle = _small(peer, rounds, number, idle_seconds, say)
     finally:
-        peer.stop()
+        if own:
+            peer.stop()
     return {"fetch_large": large, "fetch_small": small, "idle_cpu": idle,
             "rounds": rounds, "number": number, "wall_s": time.monotonic() - t0}
 

@@ -1,12 +1,13 @@
 """``p2pfsm bench --suite workloads``: what users do, between the transfer bench's two
-processes (this one the consumer node, a spawned peer the producer; every fetch
+processes (this one the consumer node, a spawned peer the producer, 256 x 64 KiB
+blocks; the first four share one node pair; every fetch
 byte-verified against the demo block model, its destination zeroed before it).
 
 * ``lookup``: a symmetric lookup of 256 keys (192 held by the peer, 64 not), then a
   fetch of the hits: time to the lookup's answer (ready to fetch) and in total;
 * ``concurrent``: 8 fetches of 32 x 64 KiB in flight at once on one session: each one's
   latency and the aggregate GB/s, against one 256-block fetch of the same bytes;
-* ``soak``: ``soak`` 1 x 4 KiB fetches back to back: the first 100 against the last 100
+* ``soak``: ``soak`` 1 x 64 KiB fetches back to back: the first 100 against the last 100
   (drift), descriptors and resident memory of both processes before and after;
 * ``cpu``: CPU seconds per GB moved, each side, over a run of 256 x 64 KiB fetches;
 * ``region``: a node with a ``region_mib`` MiB region on each side (checked against the
@@ -27,12 +28,16 @@ import os
 import resource
 import statistics
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from p2pfsm.bench.procstat import cpu_s, fds, rss
 from p2pfsm.bench.transfer import Progress, _Fetcher, _node_pair, _Peer
-from p2pfsm.demo.blocks import demo_block, demo_key
+from p2pfsm.demo.blocks import demo_key
 from p2pfsm.errors import ConfigError, TransportError
+
+if TYPE_CHECKING:
+    from p2pfsm.executor.node import Node
 
 __all__ = ["format_workloads", "quantiles", "run"]
 
@@ -65,86 +70,73 @@ def _own_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _lookup(peer: _Peer, rounds: int) -> dict[str, Any]:
+def _lookup(node: Node, peer_id: str, rounds: int) -> dict[str, Any]:
     """Lookup of 256 keys (192 held), then a fetch of the hits."""
     blocks = _LOOKUP_HELD + _LOOKUP_ABSENT
-    node, peer_id = _node_pair(peer, (blocks, _BLOCK))
     wanted = [demo_key(i) for i in range(_LOOKUP_HELD)]
     wanted += [demo_key(_ABSENT_BASE + i) for i in range(_LOOKUP_ABSENT)]
+    check = _Fetcher(node, peer_id, _LOOKUP_HELD, "lookup-check")  # verifies, never fetches
     ready, total = [], []
-    try:
-        for r in range(rounds + 2):  # two warm-up rounds
-            rid = f"bench-lookup-{r}"
-            node.region.zero_()
-            t0 = time.perf_counter()
-            ask = node.lookup(peer_id, rid, wanted)
-            node.run_until(ask.done, 30.0)
-            t1 = time.perf_counter()
-            answer = ask.result() if ask.done() else None
-            if answer is None or not answer.answered:
-                raise TransportError(f"bench lookup {r}: no answer")
-            hits = [i for i, hit in enumerate(answer.hits) if hit]
-            if hits != list(range(_LOOKUP_HELD)):
-                raise TransportError(f"bench lookup {r}: {len(hits)} hits, expected the "
-                                     f"{_LOOKUP_HELD} held keys")
-            load = node.fetch(peer_id, rid, [wanted[i] for i in hits], hits)
-            node.run_until(load.done, 30.0)
-            t2 = time.perf_counter()
-            node.finish(peer_id, rid)
-            if not load.done() or not load.result().success:
-                raise TransportError(f"bench lookup {r}: the fetch of the hits failed")
-            _verify(node, hits)
-            if r >= 2:
-                ready.append(t1 - t0)
-                total.append(t2 - t0)
-    finally:
-        node.close()
+    for r in range(rounds + 2):  # two warm-up rounds
+        rid = f"bench-lookup-{r}"
+        node.region.zero_()
+        t0 = time.perf_counter()
+        ask = node.lookup(peer_id, rid, wanted)
+        node.run_until(ask.done, 30.0)
+        t1 = time.perf_counter()
+        answer = ask.result() if ask.done() else None
+        if answer is None or not answer.answered:
+            raise TransportError(f"bench lookup {r}: no answer")
+        hits = [i for i, hit in enumerate(answer.hits) if hit]
+        if hits != list(range(_LOOKUP_HELD)):
+            raise TransportError(f"bench lookup {r}: {len(hits)} hits, expected the "
+                                 f"{_LOOKUP_HELD} held keys")
+        load = node.fetch(peer_id, rid, [wanted[i] for i in hits], hits)
+        node.run_until(load.done, 30.0)
+        t2 = time.perf_counter()
+        node.finish(peer_id, rid)
+        if not load.done() or not load.result().success:
+            raise TransportError(f"bench lookup {r}: the fetch of the hits failed")
+        check.verify()
+        if r >= 2:
+            ready.append(t1 - t0)
+            total.append(t2 - t0)
     return {"keys": blocks, "hits": _LOOKUP_HELD, "block_len": _BLOCK,
             "lookup_ms": quantiles(ready), "total_ms": quantiles(total)}
 
 
-def _verify(node: Any, indexes: list[int]) -> None:
-    bl = node.config.block_len
-    for i in indexes:
-        if bytes(node.region[i].numpy()) != demo_block(i, bl):
-            raise TransportError(f"bench fetch delivered a wrong block {i}")
-
-
-def _concurrent(peer: _Peer, rounds: int, width: int = _CONCURRENT) -> dict[str, Any]:
+def _concurrent(node: Node, peer_id: str, rounds: int,
+                width: int = _CONCURRENT) -> dict[str, Any]:
     """``width`` fetches in flight at once on one session, against one fetch of them all."""
     blocks = width * _PER_REQUEST
-    node, peer_id = _node_pair(peer, (blocks, _BLOCK))
     parts = [_Fetcher(node, peer_id, _PER_REQUEST, f"c{i}", first=i * _PER_REQUEST)
              for i in range(width)]
     whole = _Fetcher(node, peer_id, blocks, "whole")
     each: list[float] = []
     aggregate: list[float] = []
     single: list[float] = []
-    try:
-        for r in range(rounds + 2):
-            node.region.zero_()
-            t0 = time.perf_counter()
-            futs = [part.start() for part in parts]
-            done_at: dict[int, float] = {}
-            deadline = time.monotonic() + 30.0
-            while len(done_at) < width and time.monotonic() < deadline:
-                node.step(0.01)
-                now = time.perf_counter()
-                for i, fut in enumerate(futs):
-                    if i not in done_at and fut.done():
-                        done_at[i] = now
-            for part, fut in zip(parts, futs, strict=True):
-                part.check(fut)
-            whole.verify()
-            whole.clear()
-            one = whole.once()
-            whole.verify()
-            if r >= 2:
-                each.extend(t - t0 for t in done_at.values())
-                aggregate.append(max(done_at.values()) - t0)
-                single.append(one)
-    finally:
-        node.close()
+    for r in range(rounds + 2):
+        node.region.zero_()
+        t0 = time.perf_counter()
+        futs = [part.start() for part in parts]
+        done_at: dict[int, float] = {}
+        deadline = time.monotonic() + 30.0
+        while len(done_at) < width and time.monotonic() < deadline:
+            node.step(0.01)
+            now = time.perf_counter()
+            for i, fut in enumerate(futs):
+                if i not in done_at and fut.done():
+                    done_at[i] = now
+        for part, fut in zip(parts, futs, strict=True):
+            part.check(fut)
+        whole.verify()
+        whole.clear()
+        one = whole.once()
+        whole.verify()
+        if r >= 2:
+            each.extend(t - t0 for t in done_at.values())
+            aggregate.append(max(done_at.values()) - t0)
+            single.append(one)
     nbytes = blocks * _BLOCK
     return {"requests": width, "blocks_each": _PER_REQUEST, "block_len": _BLOCK,
             "request_ms": quantiles(each), "all_done_ms": quantiles(aggregate),
@@ -153,51 +145,44 @@ def _concurrent(peer: _Peer, rounds: int, width: int = _CONCURRENT) -> dict[str,
             "single_gbps": nbytes / statistics.median(single) / 1e9}
 
 
-def _soak(peer: _Peer, count: int) -> dict[str, Any]:
-    """``count`` small fetches back to back; drift, descriptors and memory on both sides."""
-    node, peer_id = _node_pair(peer, (16, 4096))
+def _soak(node: Node, peer_id: str, peer_pid: int, count: int) -> dict[str, Any]:
+    """``count`` one-block fetches back to back; drift, descriptors and memory on both
+    sides."""
     fetcher = _Fetcher(node, peer_id, 1, "soak")
     me = os.getpid()
     times = []
-    try:
-        for _ in range(20):
-            fetcher.once()
-        before = {"fds": fds(me), "rss": rss(me), "peer_fds": fds(peer.pid),
-                  "peer_rss": rss(peer.pid)}
-        for _ in range(count):
-            fetcher.clear()
-            times.append(fetcher.once())
-            fetcher.verify()
-        after = {"fds": fds(me), "rss": rss(me), "peer_fds": fds(peer.pid),
-                 "peer_rss": rss(peer.pid)}
-    finally:
-        node.close()
+    for _ in range(20):
+        fetcher.once()
+    before = {"fds": fds(me), "rss": rss(me), "peer_fds": fds(peer_pid),
+              "peer_rss": rss(peer_pid)}
+    for _ in range(count):
+        fetcher.clear()
+        times.append(fetcher.once())
+        fetcher.verify()
+    after = {"fds": fds(me), "rss": rss(me), "peer_fds": fds(peer_pid),
+             "peer_rss": rss(peer_pid)}
     edge = min(_EDGE, max(1, count // 2))
     first, last = quantiles(times[:edge]), quantiles(times[-edge:])
-    return {"count": count, "edge": edge, "first_ms": first, "last_ms": last,
-            "drift": last["median"] / first["median"], "all_ms": quantiles(times),
-            "before": before, "after": after}
+    return {"count": count, "edge": edge, "block_len": node.config.block_len,
+            "first_ms": first, "last_ms": last, "drift": last["median"] / first["median"],
+            "all_ms": quantiles(times), "before": before, "after": after}
 
 
-def _cpu(peer: _Peer, fetches: int) -> dict[str, Any]:
+def _cpu(node: Node, peer_id: str, peer_pid: int, fetches: int) -> dict[str, Any]:
     """CPU seconds per GB moved on each side over ``fetches`` fetches of 256 x 64 KiB."""
-    node, peer_id = _node_pair(peer, (256, _BLOCK))
     fetcher = _Fetcher(node, peer_id, 256, "cpu")
     verify_cpu = 0.0
-    try:
-        for _ in range(3):
-            fetcher.once()
-        ours0, theirs0, wall0 = _own_cpu(), cpu_s(peer.pid), time.perf_counter()
-        for _ in range(fetches):
-            fetcher.once()
-            v0 = _own_cpu()
-            fetcher.verify()
-            fetcher.clear()
-            verify_cpu += _own_cpu() - v0
-        wall = time.perf_counter() - wall0
-        ours, theirs = _own_cpu() - ours0 - verify_cpu, cpu_s(peer.pid) - theirs0
-    finally:
-        node.close()
+    for _ in range(3):
+        fetcher.once()
+    ours0, theirs0, wall0 = _own_cpu(), cpu_s(peer_pid), time.perf_counter()
+    for _ in range(fetches):
+        fetcher.once()
+        v0 = _own_cpu()
+        fetcher.verify()
+        fetcher.clear()
+        verify_cpu += _own_cpu() - v0
+    wall = time.perf_counter() - wall0
+    ours, theirs = _own_cpu() - ours0 - verify_cpu, cpu_s(peer_pid) - theirs0
     gb = fetches * 256 * _BLOCK / 1e9
     return {"fetches": fetches, "gb": gb, "wall_s": wall, "gbps": gb / wall,
             "consumer_cpu_s_per_gb": ours / gb, "producer_cpu_s_per_gb": theirs / gb,
@@ -243,9 +228,19 @@ def _region(peer: _Peer, mib: int) -> dict[str, Any]:
             "rss_held_mib": rss_held / 2**20, "rss_freed_mib": rss_freed / 2**20}
 
 
+def _measure(steps: list[tuple[str, str, Callable[[], dict[str, Any]]]],
+             out: dict[str, Any], say: Progress) -> None:
+    for key, what, measure in steps:
+        say(f"  {key}: {what}")
+        load0 = load_average()
+        result = measure()
+        result["load"] = (load0 + load_average()) / 2
+        out[key] = result
+
+
 def run(rounds: int = 30, soak: int = 1000, cpu_fetches: int = 60, region_mib: int = 1024,
-        consumers: int = 16, fanout_fetches: int = 10,
-        progress: Progress | None = None) -> dict[str, Any]:
+        consumers: int = 16, fanout_fetches: int = 10, progress: Progress | None = None,
+        peer: _Peer | None = None) -> dict[str, Any]:
     """Every workload of the module docstring; a dict of their results.
 
     Args:
@@ -256,6 +251,7 @@ def run(rounds: int = 30, soak: int = 1000, cpu_fetches: int = 60, region_mib: i
         consumers: consumer processes of the fan-out (0: skip it).
         fanout_fetches: fetches per consumer in the fan-out.
         progress: called with a line of progress now and then.
+        peer: a peer process to use (left running); by default one of its own.
     """
     from p2pfsm.bench import fanout
 
@@ -268,31 +264,37 @@ def run(rounds: int = 30, soak: int = 1000, cpu_fetches: int = 60, region_mib: i
     say = progress or (lambda _line: None)
     t0 = time.monotonic()
     out: dict[str, Any] = {}
-    say("workloads bench: starting the peer process")
-    peer = _Peer()
+    own = peer is None
+    if peer is None:
+        say("workloads bench: starting the peer process")
+        peer = _Peer()
     try:
-        steps: list[tuple[str, str, Any]] = [
-            ("lookup", f"lookup of {_LOOKUP_HELD + _LOOKUP_ABSENT} keys + fetch of the hits, "
-                       f"{rounds} rounds", lambda: _lookup(peer, rounds)),
-            ("concurrent", f"{_CONCURRENT} concurrent fetches on one session, {rounds} rounds",
-             lambda: _concurrent(peer, rounds)),
-            ("soak", f"{soak} fetches back to back", lambda: _soak(peer, soak)),
-            ("cpu", f"CPU per GB over {cpu_fetches} fetches of 256 x 64 KiB",
-             lambda: _cpu(peer, cpu_fetches)),
-            ("region", f"{region_mib} MiB region handshake", lambda: _region(peer, region_mib)),
-        ]
+        # One node pair (256 x 64 KiB, the peer holding all 256) for the first four.
+        node, peer_id = _node_pair(peer, (256, _BLOCK))
+        try:
+            steps: list[tuple[str, str, Callable[[], dict[str, Any]]]] = [
+                ("lookup", f"lookup of {_LOOKUP_HELD + _LOOKUP_ABSENT} keys + fetch of the "
+                           f"hits, {rounds} rounds", lambda: _lookup(node, peer_id, rounds)),
+                ("concurrent", f"{_CONCURRENT} concurrent fetches on one session, {rounds} "
+                               "rounds", lambda: _concurrent(node, peer_id, rounds)),
+                ("soak", f"{soak} fetches of 1 x 64 KiB back to back",
+                 lambda: _soak(node, peer_id, peer.pid, soak)),
+                ("cpu", f"CPU per GB over {cpu_fetches} fetches of 256 x 64 KiB",
+                 lambda: _cpu(node, peer_id, peer.pid, cpu_fetches)),
+            ]
+            _measure(steps, out, say)
+        finally:
+            node.close()
+        steps = [("region", f"{region_mib} MiB region handshake",
+                  lambda: _region(peer, region_mib))]
         if consumers:
             steps.append(("fanout", f"{consumers} consumers x {fanout_fetches} fetches from "
                                     "one producer",
                           lambda: fanout.run(peer, consumers, fanout_fetches, say)))
-        for key, what, measure in steps:
-            say(f"  {key}: {what}")
-            load0 = load_average()
-            result = measure()
-            result["load"] = (load0 + load_average()) / 2
-            out[key] = result
+        _measure(steps, out, say)
     finally:
-        peer.stop()
+        if own:
+            peer.stop()
     out["wall_s"] = time.monotonic() - t0
     return out
 
@@ -323,7 +325,8 @@ def format_workloads(r: dict[str, Any]) -> str:
     if "soak" in r:
         w = r["soak"]
         b, a = w["before"], w["after"]
-        lines += [f"{w['count']} fetches of 1 x 4 KiB back to back [load {w['load']:.1f}]:",
+        lines += [f"{w['count']} fetches of 1 x {w['block_len'] // 1024} KiB back to back "
+                  f"[load {w['load']:.1f}]:",
                   f"  first {w['edge']} {_q(w['first_ms'])}; last {w['edge']} "
                   f"{_q(w['last_ms'])}; last/first {w['drift']:.2f}x",
                   f"  fds {b['fds']} -> {a['fds']} (peer {b['peer_fds']} -> {a['peer_fds']}); "

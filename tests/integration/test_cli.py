@@ -144,9 +144,11 @@ def runs(server: str) -> dict[str, Ran]:
                     f"{SERVED_BLOCKS + 1}", "--load-timeout", "2", "--abort-ack-timeout", "1"],
         "mismatch": ["fetch", "--connect", server, "--block-len", "8192"],
         "demo": ["demo", "--json"],
-        "bench": ["bench", "--suite", "all", "--json", "--number", "20", "--rounds", "2",
-                  "--per-round", "3", "--idle-seconds", "0.5",
-                  "--open-rounds", "0", "100", "10000"],
+        # Tiny sizes: structure only. The workloads share the transfer suite's peer.
+        "bench": ["bench", "--suite", "all", "workloads", "--json", "--number", "20",
+                  "--rounds", "2", "--per-round", "3", "--idle-seconds", "0.5",
+                  "--open-rounds", "0", "100", "10000", "--soak", "4", "--cpu-fetches", "1",
+                  "--region-mib", "4", "--consumers", "2", "--fanout-fetches", "1"],
     }
     started = {name: start(*args) for name, args in commands.items()}
     deadline = time.monotonic() + RUN_TIMEOUT
@@ -236,6 +238,27 @@ def test_bench_smoke_reports_every_measurement(runs: dict[str, Ran]) -> None:
     idle = transfer["idle_cpu"]
     assert idle["seconds"] == 0.5 and idle["peer_percent"] >= 0 and idle["local_percent"] >= 0
     assert "(a)" in ran.err and "(b)" in ran.err  # progress went to stderr
+
+
+def test_bench_workloads_report_each_workload(runs: dict[str, Ran]) -> None:
+    """Structure only (every fetch in them was verified, or the command failed)."""
+    ran = runs["bench"]
+    assert ran.code == 0, ran.describe()
+    w = one_json_line(ran)["workloads"]
+    assert isinstance(w, dict)
+    for key, stats in (("lookup", "lookup_ms"), ("lookup", "total_ms"),
+                       ("concurrent", "request_ms"), ("soak", "first_ms"),
+                       ("fanout", "latency_ms")):
+        q = w[key][stats]
+        assert 0 < q["p10"] <= q["median"] <= q["p90"] <= q["p99"], (key, q)
+    assert w["lookup"]["hits"] == 192 and w["concurrent"]["requests"] == 8
+    assert len(w["concurrent"]["request_ms"]) and w["concurrent"]["request_ms"]["n"] == 16
+    assert w["soak"]["count"] == 4 and w["soak"]["before"]["fds"] > 0
+    assert w["cpu"]["consumer_cpu_s_per_gb"] >= 0 and w["cpu"]["producer_cpu_s_per_gb"] > 0
+    region = w["region"]
+    assert region["mib"] == 4 and region["blocks"] == 64 and region["connect_ready_ms"] > 0
+    fan = w["fanout"]
+    assert fan["consumers"] == 2 and len(fan["times_ms"]) == 2 and fan["aggregate_gbps"] > 0
 
 
 @pytest.mark.parametrize(

@@ -109,3 +109,61 @@ def test_transfer_table_shows_both_raws_and_the_floor_ratio() -> None:
     assert "raw WRITE, target spinning [ms]" in text and "raw REQ-REP round trip [us]" in text
     assert " 1.50x  <= 1.5x of the last raw (0.75x of the first)" in text
     assert " 2.00x  <= 1.5x of the last raw (1.67x of the first)" in text
+
+
+def _q(median: float) -> dict[str, float]:
+    return {"median": median, "p10": median / 2, "p90": median * 2, "p99": median * 3,
+            "n": 4.0}
+
+
+def test_workloads_text_names_every_workload_and_the_load() -> None:
+    from p2pfsm.bench.workloads import format_workloads
+
+    text = format_workloads({
+        "lookup": {"keys": 256, "hits": 192, "lookup_ms": _q(1.0), "total_ms": _q(4.0),
+                   "load": 2.0},
+        "concurrent": {"requests": 8, "blocks_each": 32, "request_ms": _q(3.0),
+                       "all_done_ms": _q(4.0), "single_ms": _q(2.0), "aggregate_gbps": 4.0,
+                       "single_gbps": 8.0, "load": 2.5},
+        "soak": {"count": 1000, "edge": 100, "block_len": 65536, "first_ms": _q(1.0),
+                 "last_ms": _q(1.1), "drift": 1.1, "load": 3.0,
+                 "before": {"fds": 40, "rss": 2**20, "peer_fds": 38, "peer_rss": 2**21},
+                 "after": {"fds": 40, "rss": 2**20, "peer_fds": 38, "peer_rss": 2**21}},
+        "cpu": {"fetches": 60, "gb": 1.0, "gbps": 2.0, "consumer_cpu_s_per_gb": 0.5,
+                "producer_cpu_s_per_gb": 0.25, "consumer_core_share": 1.0,
+                "producer_core_share": 0.5, "load": 1.0},
+        "region": {"mib": 1024, "skipped": "not enough memory", "load": 1.0},
+        "fanout": {"consumers": 16, "skipped": "no memory"},
+        "wall_s": 60.0})
+    assert "lookup 256 keys (192 hits)" in text and "[load 2.0]" in text
+    assert "last/first 1.10x" in text and "fds 40 -> 40 (peer 38 -> 38)" in text
+    assert "all done     4.00 ms (p10 2.00, p90 8.00): 4.00 GB/s" in text
+    assert "p99 9.00" in text  # per request: the tail is shown
+    assert "consumer 0.50 CPU s/GB (100 % of a core), producer 0.25 CPU s/GB" in text
+    assert "1024 MiB region handshake: skipped: not enough memory" in text
+    assert "fan-out of 16 consumers: skipped: no memory" in text
+
+
+def test_quantiles_take_p99_and_survive_one_sample() -> None:
+    from p2pfsm.bench.workloads import quantiles
+
+    q = quantiles([i / 1000 for i in range(1, 101)])
+    assert q["median"] == pytest.approx(50.5) and q["p99"] == pytest.approx(99.01)
+    assert quantiles([0.002])["p99"] == 2.0
+
+
+def test_several_suites_and_workload_options_parse() -> None:
+    args = build_parser().parse_args(["bench", "--suite", "all", "workloads", "--consumers",
+                                      "0", "--region-mib", "8", "--soak", "5"])
+    assert args.suite == ["all", "workloads"] and (args.consumers, args.region_mib,
+                                                     args.soak) == (0, 8, 5)
+    assert build_parser().parse_args(["bench"]).suite == ["all"]
+
+
+def test_workloads_refuse_bad_sizes_before_starting_anything() -> None:
+    from p2pfsm.bench import workloads
+
+    with pytest.raises(ConfigError, match="soak >= 2"):
+        workloads.run(soak=1)
+    with pytest.raises(ConfigError, match="consumers >= 0"):
+        workloads.run(consumers=-1)
