@@ -1,6 +1,6 @@
 """PNG figures of a ``p2pfsm bench`` result (``--plot DIR``; needs matplotlib, the ``plot``
-extra): latency CDFs of the vLLM/p2pfsm matrix, GB/s vs block size, per-event cost vs
-open rounds. Only what the result holds is drawn."""
+extra): latency CDFs of the vLLM/p2pfsm matrix and of the fan-out workload, GB/s vs
+block size, per-event cost vs open rounds. Only what the result holds is drawn."""
 
 from __future__ import annotations
 
@@ -55,6 +55,17 @@ def write_all(results: dict[str, Any], directory: str) -> list[Path]:
                title="throughput vs block size")
         ax.legend()
         paths.append(out / "gbps-vs-block-size.png")
+        fig.savefig(paths[-1], dpi=100, bbox_inches="tight")
+        plt.close(fig)
+    fan = results.get("workloads", {}).get("fanout", {})
+    if fan.get("times_ms"):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        xs = fan["times_ms"]
+        ax.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))])
+        ax.set(xscale="log", xlabel="fetch latency [ms]", ylabel="fraction of fetches",
+               title=f"{fan['consumers']} consumers fetching 256 x 64 KiB from one producer")
+        ax.xaxis.set_minor_formatter(plt.NullFormatter())
+        paths.append(out / "latency-cdf-fanout.png")
         fig.savefig(paths[-1], dpi=100, bbox_inches="tight")
         plt.close(fig)
     if results.get("fsm"):
