@@ -286,20 +286,42 @@ def _ratio(label: str, slow: float | None, fast: float | None, indent: str = "  
     return [] if not slow or not fast else [f"{indent}{label} = {slow / fast:.2f}x"]
 
 
-def _adapter_ratios(cells: dict[str, Any], shape: str) -> list[str]:
-    """vLLM's sessions / the adapter with everything else equal (>= 1: not slower)."""
-    def med(server: str, client: str) -> float | None:
-        return _median(cells, shape, server, client)
+def _paired(cells: dict[str, Any], shape: str, stock: tuple[str, str],
+            adapter: tuple[str, str]) -> str:
+    """Fetch by fetch, the adapter's cell against vLLM's: ``k/n`` fetches where the
+    adapter was faster and the median difference; only where both cells ran side by
+    side (a vLLM-driver client) and lost no fetch, so the i-th samples were neighbours."""
+    if stock[1] == "p2pfsm" or adapter[1] == "p2pfsm":
+        return ""
+    a = cells.get(f"{shape} {stock[0]}/{stock[1]}", {})
+    b = cells.get(f"{shape} {adapter[0]}/{adapter[1]}", {})
+    x, y = a.get("times_ms") or [], b.get("times_ms") or []
+    if not x or len(x) != len(y) or a.get("failures") or b.get("failures"):
+        return ""
+    diffs = [q - p for p, q in zip(x, y, strict=True)]
+    faster = sum(1 for d in diffs if d < 0)
+    return (f"; paired: adapter faster in {faster}/{len(diffs)}, median adapter - vLLM "
+            f"{statistics.median(diffs):+.2f} ms")
 
+
+def _adapter_ratios(cells: dict[str, Any], shape: str) -> list[str]:
+    """vLLM's sessions / the adapter with everything else equal (>= 1: not slower), and
+    where the cells ran side by side, the fetch-by-fetch comparison."""
     lines: list[str] = []
+
+    def add(label: str, stock: tuple[str, str], adapter: tuple[str, str]) -> None:
+        got = _ratio(label, _median(cells, shape, *stock), _median(cells, shape, *adapter),
+                     "    ")
+        lines.extend(line + _paired(cells, shape, stock, adapter) for line in got)
+
     for other in KINDS:
-        lines += _ratio(f"client role, {LABELS[other]} server: vLLM client / adapter client",
-                        med(other, "vllm"), med(other, "adapter"), "    ")
+        add(f"client role, {LABELS[other]} server: vLLM client / adapter client",
+            (other, "vllm"), (other, "adapter"))
     for other in KINDS:
-        lines += _ratio(f"server role, {LABELS[other]} client: vLLM server / adapter server",
-                        med("vllm", other), med("adapter", other), "    ")
-    lines += _ratio("both ends: vLLM<->vLLM / adapter<->adapter", med("vllm", "vllm"),
-                    med("adapter", "adapter"), "    ")
+        add(f"server role, {LABELS[other]} client: vLLM server / adapter server",
+            ("vllm", other), ("adapter", other))
+    add("both ends: vLLM<->vLLM / adapter<->adapter", ("vllm", "vllm"),
+        ("adapter", "adapter"))
     if lines:
         lines.insert(0, "  the adapter vs vLLM's sessions, all else equal "
                         "(>= 1.00x: the adapter is not slower):")
@@ -336,6 +358,6 @@ def format_matrix(result: dict[str, Any]) -> str:
         lines += _ratio("vLLM client: vLLM server / p2pfsm server", vv,
                         _median(cells, shape, "p2pfsm", "vllm"))
         lines += _adapter_ratios(cells, shape)
-    lines.append(f"({result['passes']} passes x {result['repeat']} fetches per cell, a fresh "
-                 f"server per cell and pass; {result['wall_s']:.0f} s)")
+    lines.append(f"({result['passes']} passes x {result['repeat']} fetches per cell, fresh "
+                 f"servers each pass; {result['wall_s']:.0f} s)")
     return "\n".join(lines).strip("\n")
