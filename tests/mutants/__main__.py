@@ -2,6 +2,12 @@
 
     PYTHONPATH=. .venv/bin/python -m tests.mutants [--suites stateful,scenarios,replay]
         [--profile ci|long] [NAME ...]
+    PYTHONPATH=. .venv/bin/python -m tests.mutants --seeds 10 [NAME ...]
+
+With ``--seeds N`` only the stateful test runs, once per hypothesis seed 0..N-1 (the
+control too): the table gives each mutant's catch rate over the seeds, the median
+examples and seconds to the first failure of the runs that caught it, and which named
+checks fired.
 
 For each mutant: the stateful test alone (examples and seconds to the first failure,
 in-process, no shrinking), then the scenario suite and the conformance replay (pytest in
@@ -12,7 +18,9 @@ needs java and TLC). The real code is run first as the control: it must pass.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
+from collections import Counter
 from pathlib import Path
 
 _TESTS = str(Path(__file__).resolve().parents[1])
@@ -22,7 +30,7 @@ if _TESTS not in sys.path:
 from stateful.machine import TwoSessions  # noqa: E402
 
 from mutants.catalogue import MUTANTS  # noqa: E402
-from mutants.runner import Outcome, stateful, suite  # noqa: E402
+from mutants.runner import Outcome, check_of, stateful, suite  # noqa: E402
 
 
 def _cell(o: Outcome) -> str:
@@ -32,17 +40,45 @@ def _cell(o: Outcome) -> str:
     return f"yes ({ex}{o.seconds:.1f} s)"
 
 
+def rates(names: list[str], seeds: int, profile: str, control: bool = True) -> int:
+    """The catch rate of the stateful test alone over hypothesis seeds 0..seeds-1."""
+    passed = [not stateful(None, TwoSessions, profile, s).caught
+              for s in range(seeds if control else 0)]
+    if control:
+        print(f"control (real code): passed {sum(passed)}/{seeds} seeds", flush=True)
+    print("| mutant | race | caught by stateful alone | median examples | median seconds "
+          "| named check that fired (seeds) |")
+    print("|---|---|---|---|---|---|")
+    missed = 0
+    for name in names:
+        runs = [stateful(name, TwoSessions, profile, s) for s in range(seeds)]
+        hits = [o for o in runs if o.caught]
+        missed += len(runs) - len(hits)
+        checks = Counter(check_of(o) for o in hits)
+        ex = statistics.median(o.examples or 0 for o in hits) if hits else "-"
+        sec = f"{statistics.median(o.seconds for o in hits):.1f}" if hits else "-"
+        print(f"| `{name}` | {MUTANTS[name].race} | {len(hits)}/{seeds} | {ex} | {sec} | "
+              + ", ".join(f"{c} ({n})" for c, n in checks.most_common()) + " |", flush=True)
+    return 1 if missed or not all(passed) else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tests.mutants", description=__doc__)
     ap.add_argument("names", nargs="*", help="mutants (default: all)")
     ap.add_argument("--suites", default="stateful,scenarios,replay")
     ap.add_argument("--profile", default="ci", help="hypothesis profile of the stateful run")
+    ap.add_argument("--seeds", type=int, default=0,
+                    help="catch rates of the stateful test over seeds 0..N-1 (only it runs)")
+    ap.add_argument("--no-control", action="store_true",
+                    help="with --seeds: skip the control runs of the real code")
     args = ap.parse_args(argv)
     names = args.names or list(MUTANTS)
     suites = args.suites.split(",")
     bad = [n for n in names if n not in MUTANTS]
     if bad:
         ap.error(f"unknown mutants {bad}; known: {', '.join(MUTANTS)}")
+    if args.seeds > 0:
+        return rates(names, args.seeds, args.profile, not args.no_control)
     if "stateful" in suites:
         control = stateful(None, TwoSessions, args.profile)
         print(f"control (real code), stateful: {'FAILED' if control.caught else 'passed'} "

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from hypothesis import Phase, settings
+from hypothesis import Phase, seed, settings
 from hypothesis.errors import InvalidArgument
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
@@ -47,8 +47,9 @@ def ci_settings(profile: str = "ci") -> settings:
 
 
 def stateful(mutant: str | None, machine: type[RuleBasedStateMachine],
-             profile: str = "ci") -> Outcome:
-    """Run the stateful machine under ``mutant`` (None: the real code)."""
+             profile: str = "ci", seed_: int | None = None) -> Outcome:
+    """Run the stateful machine under ``mutant`` (None: the real code); ``seed_`` fixes
+    hypothesis' seed (None: the profile's, derandomized in CI)."""
     counter = [0]
 
     class Counting(machine):  # type: ignore[misc,valid-type]
@@ -57,6 +58,8 @@ def stateful(mutant: str | None, machine: type[RuleBasedStateMachine],
             super().__init__()
 
     Counting.__name__ = machine.__name__
+    if seed_ is not None:
+        Counting = seed(seed_)(Counting)
     start = time.perf_counter()
     try:
         if mutant is None:
@@ -65,10 +68,47 @@ def stateful(mutant: str | None, machine: type[RuleBasedStateMachine],
             with installed(mutant):
                 run_state_machine_as_test(Counting, settings=ci_settings(profile))
     except Exception as exc:  # the failure the suite reports
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        return Outcome(True, counter[0], time.perf_counter() - start,
-                       f"{type(exc).__name__}: {first}"[:160])
+        found = first_failure(exc)
+        first = str(found).strip().splitlines()[0] if str(found).strip() else ""
+        # Only a failed check is a catch; anything else (a hypothesis error) is a bug here.
+        return Outcome(isinstance(found, AssertionError), counter[0],
+                       time.perf_counter() - start, f"{type(found).__name__}: {first}"[:160])
     return Outcome(False, counter[0], time.perf_counter() - start, "passed")
+
+
+CHECKS = (
+    ("sent for job", "TerminalFrameInv (ghost job)"),
+    ("rejected a conformant peer", "NoProtocolErrorInv"),
+    ("may still land", "NoFreeWhileWriteInv (release)"),
+    ("landed in block", "NoFreeWhileWriteInv (landing)"),
+    ("written while free", "canary"),
+    ("unpinned while write", "NoUnpinWhileReadInv"),
+    ("wrong bytes", "right bytes"),
+    ("second result", "one result per job"),
+    ("unowned blocks", "WriteTargetInv"),
+    ("AssertionError: (", "RoundIsolationInv or, once quiet, a job without result"),
+    ("quiescence", "quiescence (teardown)"),
+)
+"""Which named check a failure's first line comes from (first match wins)."""
+
+
+def check_of(o: Outcome) -> str:
+    """The named check that caught the mutant, from the first line of the failure."""
+    if o.detail.startswith("AssertionError: ('"):
+        return "exactly one result once quiet (teardown)"
+    if o.detail.startswith("AssertionError: ("):
+        return "RoundIsolationInv"
+    return next((name for key, name in CHECKS if key in o.detail), o.detail[:60])
+
+
+def first_failure(exc: BaseException) -> BaseException:
+    """The check that failed first: a violation inside a step, not the teardown's
+    complaint about the state that step left (raised while handling it)."""
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    while exc.__context__ is not None and isinstance(exc.__context__, AssertionError):
+        exc = exc.__context__
+    return exc
 
 
 def suite(mutant: str, name: str, timeout: float = 900.0) -> Outcome:

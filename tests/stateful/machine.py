@@ -47,6 +47,10 @@ GARBAGE = st.one_of(
     ]),
 )
 ROUND_MACHINES = ("client_round", "server_round")
+CONTENDED = ("writing", "replied", "replied", "two rounds")
+"""States an example may start in, after the handshake (each a load of two blocks):
+its writes in flight; its transfer_done on the wire; a second round of the same request
+with its own write in flight."""
 
 
 def _blocks(node: str, picks: list[int]) -> list[int]:
@@ -71,15 +75,17 @@ class TwoSessions(RuleBasedStateMachine):
                 swarm=st.frozensets(st.sampled_from(FAMILIES)),
                 requests=st.integers(1, len(REQUEST_IDS)),
                 late_cancel=st.sampled_from((True, True, False)),
-                retries=st.sampled_from((0, 2, 5)))
+                retries=st.sampled_from((0, 2, 5)),
+                contended=st.lists(st.sampled_from(CONTENDED), min_size=1, max_size=2))
     def setup(self, faults: int, fatal: bool, handshake_first: bool, swarm: frozenset[str],
-              requests: int, late_cancel: bool, retries: int) -> None:
+              requests: int, late_cancel: bool, retries: int,
+              contended: list[str]) -> None:
         self.tracer = Tracer()
         self.swarm = swarm
         self.rids = REQUEST_IDS[:requests]
         self.stats: Counter[str] = Counter()
         note(f"swarm: {sorted(swarm)}, requests {self.rids}, late cancel {late_cancel}, "
-             f"retries {retries}")
+             f"retries {retries}, contended {contended}")
         # Each node stores 0..5 (a) or 6..11 (b); both can serve and load.
         self.world = CheckedWorld(0, block_len=8, num_blocks=48,
                                   check_destinations=self.CHECK_DESTINATIONS,
@@ -94,6 +100,30 @@ class TwoSessions(RuleBasedStateMachine):
         self.world.start()
         if handshake_first:
             self.world.stabilize()
+            for i, stage in enumerate(contended):
+                self._contend("ab"[i % 2], self.rids[i % len(self.rids)], i, stage)
+
+    def _contend(self, node: str, rid: str, i: int, stage: str) -> None:
+        """Start in a contended state (:data:`CONTENDED`): ``node`` loads two of its
+        peer's blocks, the peer has supplied them and its writes are in flight."""
+        peer = self.world.other(node)
+        held = list(HELD[peer])
+        self._load_with_writes_in_flight(node, rid, held[2 * i: 2 * i + 2])
+        if stage == "two rounds":
+            self._load_with_writes_in_flight(node, rid, held[4 + i: 5 + i])
+        elif stage == "replied":
+            for key in sorted(k for k in self.world.writes if k[0] == peer):
+                self.world.land(*key)
+                self.world.complete(*key)
+
+    def _load_with_writes_in_flight(self, node: str, rid: str, blocks: list[int]) -> None:
+        peer = self.world.other(node)
+        self.world.supply(peer, rid, blocks)
+        self.world.fetch(node, rid, blocks)
+        while self.world.channels[(node, peer)]:
+            self.world.deliver(node)
+        while self.world.registrations:
+            self.world.register(sorted(self.world.registrations)[0])
 
     def _rid(self, data: st.DataObject) -> str:
         return data.draw(st.sampled_from(self.rids), label="rid")
@@ -156,19 +186,20 @@ class TwoSessions(RuleBasedStateMachine):
         self.world.fetch(node, load.kv_request_id, load.key_ids)
 
     def _replied_requests(self, node: str) -> list[str]:
-        """Requests of ``node`` with a load that ended while a reply of the same request
-        (transfer_done, abort_ack: a duplicate, or one that raced the abort) is still on
-        its way to ``node``: the window in which a reused round number is taken for the
-        old one (vLLM P4)."""
+        """Requests of ``node`` with a load that ended while a frame of the same request
+        that asks for or is a reply is still on the wire (an abort_fetch that crossed the
+        transfer_done, the abort_ack it will get, a duplicate reply): the window in which
+        a reused round number is taken for the old one (vLLM P4)."""
         host = self.world.hosts[node]
         ended = {host.loads[j].kv_request_id for j in host.load_results}
         replies = set()
-        for frame in self.world.channels[(self.world.other(node), node)]:
+        for frame in [*self.world.channels[(self.world.other(node), node)],
+                      *self.world.channels[(node, self.world.other(node))]]:
             try:
                 msg = decode(frame)
             except Exception:  # injected garbage
                 continue
-            if isinstance(msg, TransferDone | AbortAck):
+            if isinstance(msg, TransferDone | AbortAck | AbortFetch):
                 replies.add(msg.kv_request_id)
         return sorted(ended & replies)
 
@@ -191,10 +222,15 @@ class TwoSessions(RuleBasedStateMachine):
         for _ in range(count):
             if not chan:
                 break
-            frame = chan[0]
-            before = len(self.tracer.records)
-            self.world.deliver(src)
-            self._check_isolation(frame, self.tracer.records[before:])
+            self._deliver_one(src)
+
+    def _deliver_one(self, src: str) -> bytes:
+        """Deliver ``src``'s next frame, checking that it touched only its own round."""
+        frame = self.world.channels[(src, self.world.other(src))][0]
+        before = len(self.tracer.records)
+        self.world.deliver(src)
+        self._check_isolation(frame, self.tracer.records[before:])
+        return frame
 
     @precondition(lambda self: any(self.world.registrations))
     @rule(data=st.data())
@@ -314,6 +350,113 @@ class TwoSessions(RuleBasedStateMachine):
           timers=st.sampled_from((1, 2, 3)))
     def abort_while_writing_once_more(self, data: st.DataObject, how: str, timers: int) -> None:
         self.abort_while_writing(data, how, timers)
+
+    def _load_timer(self, node: str, key: tuple[str, int]) -> Any:
+        """``node``'s load deadline of round ``key`` if it may fire now, else None."""
+        return next((t for _, _, t in self._firable(node) if t == ("load", *key)), None)
+
+    def _deadlines_while_writing(self) -> list[tuple[str, int, str, tuple[str, int]]]:
+        """Writes in flight into a load whose load deadline may fire now:
+        (producer, xfer, consumer, round)."""
+        found = []
+        for (src, xfer), w in sorted(self.world.writes.items()):
+            consumer = self.world.other(src)
+            for job in sorted({j for j in w.owner_jobs if j is not None}):
+                key = self.world.load_round[consumer].get(job)
+                if key is not None and self._load_timer(consumer, key) is not None:
+                    found.append((src, xfer, consumer, key))
+        return found
+
+    @precondition(lambda self: bool(self._deadlines_while_writing()))
+    @rule(data=st.data(), then=st.sampled_from(("nothing", "abort_ack deadline",
+                                                "abort arrives", "abort arrives")))
+    def load_deadline_while_writing(self, data: st.DataObject, then: str) -> None:
+        """A load's deadline passes while the producer's write into it is in flight; then
+        the abort_ack deadline passes too (the abort is re-sent) or the abort reaches the
+        producer (which must cancel and wait for the cancel before it answers)."""
+        _, _, consumer, key = data.draw(st.sampled_from(self._deadlines_while_writing()))
+        self._count_race()
+        self.world.fire_timer(consumer, ("load", *key))
+        if then == "abort_ack deadline":
+            timer = ("abort_ack", *key)
+            if any(t == timer for _, _, t in self._firable(consumer)):
+                self.world.fire_timer(consumer, timer)
+        elif then == "abort arrives":
+            self._deliver_until(consumer, AbortFetch, key)
+
+    def _deliver_until(self, src: str, kind: type, key: tuple[str, int]) -> None:
+        """Deliver ``src``'s frames in order up to the first ``kind`` frame of ``key``."""
+        chan = self.world.channels[(src, self.world.other(src))]
+        while chan:
+            msg = decode(self._deliver_one(src))
+            if isinstance(msg, kind) and (msg.kv_request_id, msg.round_seq) == key:
+                return
+
+    def _deadlines_while_replying(self) -> list[tuple[str, tuple[str, int]]]:
+        """A transfer_done on its way to a consumer whose load deadline of that round may
+        fire now: (consumer, round)."""
+        found = []
+        for (_src, dst), chan in sorted(self.world.channels.items()):
+            for frame in chan:
+                msg = decode(frame)
+                if isinstance(msg, TransferDone):
+                    key = (msg.kv_request_id, msg.round_seq)
+                    if self._load_timer(dst, key) is not None:
+                        found.append((dst, key))
+        return found
+
+    @precondition(lambda self: bool(self._deadlines_while_replying()))
+    @rule(data=st.data(), then=st.sampled_from(("nothing", "reply arrives", "reload", "reload")),
+          picks=PICKS)
+    def load_deadline_while_reply_on_wire(self, data: st.DataObject, then: str,
+                                          picks: list[int]) -> None:
+        """A load's deadline passes while its transfer_done is on the wire, so the abort
+        crosses the reply; then the reply arrives, and maybe the host loads the request
+        again at once, while the abort and its abort_ack are still to come."""
+        consumer, key = data.draw(st.sampled_from(self._deadlines_while_replying()))
+        self._count_race()
+        self.world.fire_timer(consumer, ("load", *key))
+        if then != "nothing":
+            self._deliver_until(self.world.other(consumer), TransferDone, key)
+        if then == "reload":
+            self.stats["new rounds while a reply of the request is in flight"] += 1
+            self.world.fetch(consumer, key[0], _blocks(self.world.other(consumer), picks))
+
+    @precondition(lambda self: bool(self._deadlines_while_replying()))
+    @rule(data=st.data(), then=st.sampled_from(("reply arrives", "reload")), picks=PICKS)
+    def load_deadline_while_reply_on_wire_again(self, data: st.DataObject, then: str,
+                                                picks: list[int]) -> None:
+        self.load_deadline_while_reply_on_wire(data, then, picks)  # twice the weight
+
+    def _newer_rounds_writing(self) -> list[tuple[str, tuple[str, int]]]:
+        """Rounds with a write in flight while an older round of the same request is open
+        at the consumer: (consumer, newer round)."""
+        found = set()
+        for (src, _xfer), w in self.world.writes.items():
+            consumer = self.world.other(src)
+            rounds = self.world.load_round[consumer]
+            done = self.world.hosts[consumer].load_results
+            for job in {j for j in w.owner_jobs if j is not None and j not in done}:
+                key = rounds.get(job)
+                if key is not None and any(r[0] == key[0] and r[1] < key[1] and j not in done
+                                           for j, r in rounds.items()):
+                    found.add((consumer, key))
+        return sorted(found)
+
+    @precondition(lambda self: bool(self._newer_rounds_writing()))
+    @rule(data=st.data())
+    def newer_round_answered_first(self, data: st.DataObject) -> None:
+        """Two rounds of one request are open and the newer one's writes land and
+        complete first: its transfer_done reaches the consumer before the older's."""
+        consumer, key = data.draw(st.sampled_from(self._newer_rounds_writing()))
+        producer = self.world.other(consumer)
+        rounds = self.world.load_round[consumer]
+        for wkey, w in sorted(self.world.writes.items()):
+            if wkey[0] == producer and any(rounds.get(j) == key for j in w.owner_jobs):
+                if not w.cancelled or self.world.cancelled_writes_land:
+                    self.world.land(*wkey)
+                self.world.complete(*wkey)
+        self._deliver_until(producer, TransferDone, key)
 
     # -------------------------------------------------------------- faults
     def _fault(self) -> bool:

@@ -10,6 +10,11 @@ while a write reads it, a second result, wrong bytes), every step checks:
   its ghost job. The ghosts never reach the sessions.
 * **no protocol error between conformant peers** unless the network lost or duplicated
   a frame (``NoProtocolErrorInv``); garbage a test injects is not counted.
+* **no destination is released while a write into it may still land** (TLA+
+  ``NoFreeWhileWriteInv``, checked when the LoadResult arrives rather than when a late
+  write lands): until a write has completed it may land (again), cancelled or not
+  (NIXL), so a load reported released while one of its writes is in flight is a
+  violation, whether or not this run lets it land.
 * **canary**: a released destination block is filled with a canary; it must still hold
   it when the host gives the block to a new load (nothing landed while it was free).
 """
@@ -131,6 +136,8 @@ class CheckedWorld(SimWorld):
 
     # ------------------------------------------------------------ canary
     def _on_load_result(self, host: SimHost, res: LoadResult) -> None:
+        if res.released and self.check_destinations:
+            self._check_no_write_may_land(host, res.job_id)
         owned = [d for d, j in host.owner.items() if j == res.job_id]
         super()._on_load_result(host, res)
         if not res.success and res.released and self.retries > 0:
@@ -142,6 +149,17 @@ class CheckedWorld(SimWorld):
                 host.region[d * host.block_len:(d + 1) * host.block_len] = bytes(
                     [CANARY]) * host.block_len
                 self.canaried[host.name].add(d)
+
+    def _check_no_write_may_land(self, host: SimHost, job: int) -> None:
+        src = self.other(host.name)
+        for (node, xfer), w in sorted(self.writes.items()):
+            if node != src:
+                continue
+            into = [r for r, j in zip(w.remote_indexes, w.owner_jobs, strict=True) if j == job]
+            if into:
+                raise SafetyViolation(
+                    f"{host.name}: job {job} released blocks {into} while write {src}#{xfer} "
+                    f"into them may still land{' (cancelled)' if w.cancelled else ''}")
 
     def check_canaries(self, node: str, blocks: list[int]) -> None:
         host = self.hosts[node]
