@@ -3,8 +3,9 @@
 The environment events are the rules; the sessions decide what they mean. Besides host
 calls, delivery, writes landing and completing, timers and faults, rules aim at the
 windows where vLLM's races live: an abort or a timer while a write is in flight, a
-second round of a request while the first is open, a cancelled write that still lands
-before its cancel completes. Each example first draws a *swarm* (a random subset of the
+load deadline while its transfer_done is on the wire and a reload right after, a second
+round of a request answered before the first, a cancelled write that still lands before
+its cancel completes; and examples start in such contended states (:data:`CONTENDED`). Each example first draws a *swarm* (a random subset of the
 optional rule families, the number of request ids, whether cancelled writes land) so
 that rare interleavings are not drowned by the other rules, and reports *targets*
 (``hypothesis.target``) that steer generation towards more of those windows.
@@ -49,8 +50,8 @@ GARBAGE = st.one_of(
 ROUND_MACHINES = ("client_round", "server_round")
 CONTENDED = ("writing", "replied", "replied", "two rounds")
 """States an example may start in, after the handshake (each a load of two blocks):
-its writes in flight; its transfer_done on the wire; a second round of the same request
-with its own write in flight."""
+its writes in flight; its transfer_done on the wire (twice the weight: P4's window opens
+from there); a second round of the same request with its own write in flight."""
 
 
 def _blocks(node: str, picks: list[int]) -> list[int]:
@@ -368,15 +369,20 @@ class TwoSessions(RuleBasedStateMachine):
         return found
 
     @precondition(lambda self: bool(self._deadlines_while_writing()))
-    @rule(data=st.data(), then=st.sampled_from(("nothing", "abort_ack deadline",
-                                                "abort arrives", "abort arrives")))
-    def load_deadline_while_writing(self, data: st.DataObject, then: str) -> None:
-        """A load's deadline passes while the producer's write into it is in flight; then
-        the abort_ack deadline passes too (the abort is re-sent) or the abort reaches the
-        producer (which must cancel and wait for the cancel before it answers)."""
+    @rule(data=st.data(), how=st.sampled_from(("deadline", "deadline", "host finishes")),
+          then=st.sampled_from(("nothing", "abort_ack deadline", "abort arrives",
+                                "abort arrives")))
+    def give_up_while_writing(self, data: st.DataObject, how: str, then: str) -> None:
+        """A consumer gives up on a load while the producer's write into it is in flight:
+        its deadline passes or its host finishes the request; then the abort_ack deadline
+        passes too (the abort is re-sent) or the abort reaches the producer (which must
+        cancel and wait for the cancel before it answers)."""
         _, _, consumer, key = data.draw(st.sampled_from(self._deadlines_while_writing()))
         self._count_race()
-        self.world.fire_timer(consumer, ("load", *key))
+        if how == "host finishes":
+            self.world.finish(consumer, key[0])
+        else:
+            self.world.fire_timer(consumer, ("load", *key))
         if then == "abort_ack deadline":
             timer = ("abort_ack", *key)
             if any(t == timer for _, _, t in self._firable(consumer)):

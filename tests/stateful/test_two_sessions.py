@@ -4,7 +4,8 @@ faults, and checks the protocol's properties after every step (tests/stateful/ma
 Checked on every step (the world raises SafetyViolation inside the step), over FIFO
 channels that may lose frames or be cut:
 * each job gets at most one result; successful loads carry the right bytes;
-* no write lands in a destination after its job was reported released, and a released
+* no load is reported released while a write into its destination is in flight; no
+  write lands in a destination after its job was reported released, and a released
   block still holds its canary when it is given to a new load;
 * no pinned source is released while a write reads it; no write before registration;
 * rounds are isolated: a frame about (kv_request_id, round) fires only that round's
