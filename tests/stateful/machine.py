@@ -5,7 +5,8 @@ calls, delivery, writes landing and completing, timers and faults, rules aim at 
 windows where vLLM's races live: an abort or a timer while a write is in flight, a
 load deadline while its transfer_done is on the wire and a reload right after, a second
 round of a request answered before the first, a cancelled write that still lands before
-its cancel completes; and examples start in such contended states (:data:`CONTENDED`). Each example first draws a *swarm* (a random subset of the
+its cancel completes; and examples start in such contended states (:data:`CONTENDED`).
+Each example first draws a *swarm* (a random subset of the
 optional rule families, the number of request ids, whether cancelled writes land) so
 that rare interleavings are not drowned by the other rules, and reports *targets*
 (``hypothesis.target``) that steer generation towards more of those windows.
