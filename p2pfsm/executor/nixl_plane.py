@@ -21,11 +21,12 @@ progress is periodic and driven by the executor's event loop, which already wake
 the control plane: it calls ``progress()`` (about 1 us when idle) every time it wakes and
 never waits longer than :attr:`DataPlane.progress_interval_ms`, which is
 
-* 0 (progress on every turn, the loop does not sleep) for the first ``prompt_s`` (20 ms)
-  after a WRITE of ours is posted and after :meth:`~DataPlane.expect_inbound` is asked
-  for promptness (a client does when it sends a fetch): a WRITE's completion is an
-  endpoint flush that needs both ends to progress, so while one can be landing each
-  millisecond of sleep on either side is added to it;
+* 0 (progress on every turn, the loop does not sleep) for the first ``prompt_s`` after a
+  WRITE of ours is posted and after :meth:`~DataPlane.expect_inbound` is asked for
+  promptness (a client does when it sends a fetch). The default is 0 (no such window):
+  measured here (docs/performance.md), a loop blocked in epoll on the control plane for
+  up to 1 ms, waking for every frame, fetched faster and with a third of the CPU of one
+  that spins, on a box with more runnable threads than cores;
 * ``busy_progress_ms`` (1 ms) while our own WRITEs are in flight after that, for
   ``warmup_s`` after each :meth:`~DataPlane.add_peer`, and while
   :meth:`~DataPlane.expect_inbound` says a peer may be writing into us;
@@ -192,7 +193,7 @@ class DataPlane:
         busy_progress_ms: int = 1,
         idle_progress_ms: int = 50,
         warmup_s: float = 1.0,
-        prompt_s: float = 0.02,
+        prompt_s: float = 0.0,
         max_peer_blocks: int = 1 << 20,
         ucx_params: Mapping[str, str] | None = None,
     ) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import secrets
 import threading
 import time
@@ -445,7 +446,9 @@ class Node(Driven, Executor):
             # progress often while loads are open, and only then.
             self.data.expect_inbound(_INBOUND_GRACE_S)
         wait = max(0.0, min(max_wait, self.next_deadline() - time.monotonic()))
-        events = self.control.poll(int(wait * 1000))
+        # Round up: truncating made every sub-ms remainder a poll(0), so the 1 ms busy
+        # pace (always a hair under 1 ms away by now) was a spin.
+        events = self.control.poll(math.ceil(wait * 1000))
         for event in events:
             if isinstance(event, FrameIn):
                 self._on_frame(event.peer_id, event.frame)
