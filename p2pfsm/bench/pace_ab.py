@@ -7,7 +7,8 @@ same pace on both ends and times ``SMALL`` 1 x 4 KiB and ``LARGE`` 256 x 64 KiB 
 (bytes verified at the end). Variants: ``old`` (the loop spins whenever the data plane
 is at its busy pace: what a truncated 1 ms wait did), ``spin`` (spins for 20 ms after a
 fetch is sent or a WRITE posted, then blocks up to 1 ms) and ``block`` (always blocks in
-epoll on the control plane for up to 1 ms, the default). Prints medians, p10/p90, CPU
+epoll on the control plane for up to 1 ms, the default) and ``wspin`` (``block``
+on the consumer, ``spin`` on the producer). Prints medians, p10/p90, CPU
 per fetch of each side and the load average.
 """
 
@@ -25,8 +26,10 @@ from typing import Any
 from p2pfsm.bench.transfer import _Fetcher, _stats
 from p2pfsm.executor.node import Node, NodeConfig
 
-VARIANTS = {"old": (0.02, 0), "spin": (0.02, 1), "block": (0.0, 1)}
-"""name -> (prompt_s, busy_progress_ms); a busy pace of 0 ms is a spin."""
+VARIANTS = {"old": (0.02, 0.02, 0), "spin": (0.02, 0.02, 1), "block": (0.0, 0.0, 1),
+            "wspin": (0.0, 0.02, 1)}
+"""name -> (consumer prompt_s, producer prompt_s, busy_progress_ms); a busy pace of 0 ms
+is a spin."""
 _SHAPES = {"small": (16, 4 * 1024), "large": (256, 64 * 1024)}
 
 
@@ -35,8 +38,9 @@ def _cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def _set_pace(node: Node, variant: str) -> None:
-    prompt_s, busy_ms = VARIANTS[variant]
+def _set_pace(node: Node, variant: str, producer: bool = False) -> None:
+    consumer_s, producer_s, busy_ms = VARIANTS[variant]
+    prompt_s = producer_s if producer else consumer_s
     data: Any = node.data  # private knobs, set between fetches only
     data._prompt_s, data._busy_ms, data._prompt_until = prompt_s, busy_ms, 0.0
 
@@ -53,7 +57,7 @@ def _producer(conn: Connection, shape: tuple[int, int]) -> None:
                 cmd = conn.recv()
                 if cmd[0] == "stop":
                     return
-                _set_pace(server.node, cmd[1])
+                _set_pace(server.node, cmd[1], producer=True)
                 conn.send(_cpu())
     finally:
         server.node.close()
