@@ -62,6 +62,8 @@ COUNTERS: Final[dict[str, str]] = {
     "idle_closes": "Inbound sessions closed after idle_timeout_s without traffic.",
     "deaths": "Sessions that died.",
     "restarts": "Sessions ended because their peer came back as a new incarnation.",
+    "reconnects": "Sessions ended because their peer, having lost its side, connected again.",
+    "stale_answers": "Disconnects a dead session sent to a peer that still held it live.",
     "handshakes": "Sessions that became ready.",
     "handshakes_rejected": "Handshakes refused for a mismatched configuration.",
     "results_dropped": "Results for which the host held nothing (should stay 0).",

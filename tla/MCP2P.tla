@@ -58,7 +58,12 @@ GateScenarios == <<
                   !.fks = K12, !.sks = {{"k1"}, {"k2"}}],
     \* 10. a peer restarts mid-transfer: its connect, of a new incarnation, ends the
     \*     other's session (every job one result) and no old frame reaches the new one
-    [Quiet EXCEPT !.loads = 1, !.stores = 1, !.faults = {"restart"}]
+    [Quiet EXCEPT !.loads = 1, !.stores = 1, !.faults = {"restart"}],
+    \* 11. a one-sided loss mid-transfer: one side's transport reports the connection lost,
+    \*     the other's does not; the dead session answers its peer's frames (the load's
+    \*     abort, re-sent) with a disconnect, rate-limited
+    [Quiet EXCEPT !.loads = 1, !.stores = 1, !.faults = {"halfcut"},
+                  !.timers = {"load", "abort_ack"}]
 >>
 
 \* ------------------------------------------------------------------ large
@@ -74,7 +79,8 @@ LiveScenarios == <<
                   !.timers = AllTimers],
     [Quiet EXCEPT !.loads = 1, !.stores = 1, !.lookups = 1, !.fin = Fin(1, 0),
                   !.faults = {"cut", "drop"}, !.timers = AllTimers, !.fks = K12,
-                  !.lks = K12, !.sks = K12]
+                  !.lks = K12, !.sks = K12],
+    [Quiet EXCEPT !.loads = 1, !.stores = 1, !.faults = {"halfcut"}, !.timers = AllTimers]
 >>
 
 \* ------------------------------------------------------------------ must fail
@@ -91,5 +97,8 @@ MustFailP4 == <<[Quiet EXCEPT !.loads = 2, !.fin = Fin(1, 0), !.timers = {"load"
 MustFailP5 == <<[Quiet EXCEPT !.loads = 1, !.stores = 1, !.timers = {"load", "abort_ack"}]>>
 \* P10: no deadline on a wait: a load whose producer never supplies, with neither the
 \* consumer's load timer nor the producer's demand timer.
+\* One-sided loss: one side's session dies of a transport loss the other never sees.
+MustFailOneSided == <<[Quiet EXCEPT !.loads = 1, !.stores = 1, !.faults = {"halfcut"},
+                                    !.timers = {"load", "abort_ack"}]>>
 MustFailP10 == <<[Quiet EXCEPT !.loads = 1, !.timers = AllTimers \ {"load", "demand"}]>>
 =============================================================================

@@ -193,6 +193,7 @@ MachineTransitions ==
          <<"connecting", "timer_handshake", "dead">>,
          <<"connecting", "transport_lost", "dead">>,
          <<"dead", "host_close", "closed">>,
+         <<"dead", "recv_stale", "dead">>,
          <<"idle", "host_close", "closed">>,
          <<"idle", "host_start", "connecting">>,
          <<"ready", "host_close", "closed">>,

@@ -37,7 +37,8 @@
 (* the gate small while every transition is still reached.                *)
 (*                                                                         *)
 (* Bug switches (tla/mustfail/*.cfg) re-introduce vLLM bugs P1, P3, P4 and *)
-(* P5 (each cfg names the vLLM issue or PR it comes from).                 *)
+(* P5 (each cfg names the vLLM issue or PR it comes from); BugSilentLoss   *)
+(* brings back p2pfsm's own design before one-sided losses were modelled.  *)
 (***************************************************************************)
 EXTENDS Naturals, Integers, Sequences, FiniteSets, TLC, Channel
 
@@ -55,12 +56,13 @@ CONSTANTS
     BugP3,          \* host finish drops a load without a result
     BugP4,          \* round numbers restart once a request's client state is pruned
     BugP5,          \* an unanswered abort is given up and the destination freed
+    BugSilentLoss,  \* a dead session ignores its peer's frames (the design before issue 11)
     TrackFired,     \* record `fired` (off: a smaller state space)
     TrackAct        \* record `act` (liveness: fairness is checked on it)
 
 \* Fault kinds a scenario may allow.
 FaultKinds == {"cut", "drop", "dup", "close", "regfail", "hstimer", "incompat", "wfail",
-               "restart"}
+               "restart", "halfcut"}
 \* Role timers a scenario lets fire (the handshake timer is the fault "hstimer").
 TimerKinds == {"load", "abort_ack", "lookup", "store", "pending", "demand"}
 
@@ -145,6 +147,8 @@ VARIABLES
     queue,   \* [Peers -> Seq(frame)]: frames held back until the session is ready
     chan,    \* [Peers -> Seq(frame)]: chan[p] carries frames from p to Other(p)
     cut,     \* BOOLEAN: the connection has been cut
+    lost,    \* SUBSET Peers: peers whose transport reported the connection lost while
+             \* it still carries frames both ways (a one-sided loss, NetworkHalfCut)
     faults,  \* Nat: faults so far
     compat,  \* BOOLEAN: block_len, hash_seed and fingerprints agree
     cr,      \* [Peers -> [open CKeys -> client round]]: load rounds (consumer role)
@@ -168,7 +172,7 @@ VARIABLES
 
 peerVars == <<sess, reg, queue, cr, fl, xl, lr, cl, nlk, nlr, nfin, sr, sl, wr, lres,
              sres>>
-netVars == <<chan, cut, faults, compat>>
+netVars == <<chan, cut, lost, faults, compat>>
 vars == <<scn, peerVars, netVars, gone, perr, fired, act>>
 
 S == Scenarios[scn]
@@ -194,7 +198,7 @@ TypeInv ==
     /\ sess \in [Peers -> SessionStates]
     /\ reg \in [Peers -> BOOLEAN]
     /\ \A p \in Peers : queue[p] \in Seq(Frame) /\ chan[p] \in Seq(Frame)
-    /\ cut \in BOOLEAN /\ faults \in 0 .. MaxFaults /\ compat \in BOOLEAN
+    /\ cut \in BOOLEAN /\ lost \subseteq Peers /\ faults \in 0 .. MaxFaults /\ compat \in BOOLEAN
     /\ \A p \in Peers : IsMap(cr[p], CKeys, CRound) /\ IsMap(sr[p], SKeys, SRound)
     /\ fl \in [Peers -> [Reqs -> 0 .. MaxRounds]]
     /\ xl \in [Peers -> [Reqs -> SSeqs]]
@@ -241,7 +245,7 @@ Commit(p, L) ==
     /\ perr' = (perr \/ L.perr)
     /\ fired' = IF TrackFired THEN L.fired ELSE {}
     /\ act' = IF TrackAct THEN L.act ELSE <<"", "">>
-    /\ UNCHANGED <<scn, cut, compat, gone>>
+    /\ UNCHANGED <<scn, cut, lost, compat, gone>>
 
 \* A role timer of this kind may fire in this scenario.
 Timer(kind) == kind \in S.timers
@@ -488,7 +492,8 @@ SessionHostStart(p) ==
     /\ Commit(p, Send(FireS(Load(p, "SessionHostStart"), "host_start", "connecting"), Ctl("connect")))
 
 \* Session._on_close: best-effort disconnect; every outstanding job gets its result.
-\* Closing a session that is already dead ends nothing (a graceful shutdown): no fault.
+\* Closing a session that is already dead ends nothing (a graceful shutdown): no fault;
+\* its disconnect tells a peer that may still hold the session live (a one-sided loss).
 SessionHostClose(p) ==
     /\ sess[p] # "closed" /\ (sess[p] = "dead" \/ CanFault("close"))
     /\ LET L0 == Load(p, "SessionHostClose")
@@ -497,6 +502,8 @@ SessionHostClose(p) ==
        Commit(p, IF L.sess \in Live
                  THEN EndRoles([Send(FireS(L, "host_close", "closed"), Ctl("disconnect"))
                                 EXCEPT !.queue = <<>>], LostTrigger(L.sess))
+                 ELSE IF L.sess = "dead" /\ ~BugSilentLoss
+                 THEN Send(FireS(L, "host_close", "closed"), Ctl("disconnect"))
                  ELSE FireS(L, "host_close", "closed"))
 
 \* Session._on_host_fetch: a load job for `keys` into fresh destination blocks.
@@ -622,15 +629,39 @@ Incoming(p, t) ==
     /\ Peek(chan[Other(p)])[1] = t
     /\ sess[p] \in Live
 
+\* A request or response reaching a dead session: its peer may still hold the session
+\* live (a one-sided loss), so the dead one answers it (unless BugSilentLoss).
+Stale(p) ==
+    /\ chan[Other(p)] # <<>>
+    /\ sess[p] = "dead" /\ ~BugSilentLoss
+    /\ Peek(chan[Other(p)])[1] \notin Handshake
+
 NetworkDiscard(p) ==
     /\ chan[Other(p)] # <<>>
-    /\ sess[p] \notin Live
+    /\ sess[p] \notin Live /\ ~Stale(p)
     /\ Commit(p, Pop(Load(p, "NetworkDiscard")))
+
+\* Session._on_stale: a dead session answers its peer's request or response with a
+\* disconnect, rate-limited (at most one a second per session). The spec has no clock:
+\* it answers unless a disconnect of ours is still on the wire, which bounds the
+\* answers as the rate limit does (a peer re-sending its abort faster than it reads
+\* would otherwise fill the channel). A peer that waits for this session keeps
+\* sending, so an answer gets through.
+SessionRecvStale(p) ==
+    /\ Stale(p)
+    /\ LET L == FireS(Pop(Load(p, "SessionRecvStale")), "recv_stale", "dead")
+           due == ~\E i \in 1 .. Len(chan[p]) : chan[p][i][1] = "disconnect"
+       IN Commit(p, IF due THEN Send(L, Ctl("disconnect")) ELSE L)
 
 \* Past connecting, the session holds the connect of incarnation 0: one of incarnation 1
 \* is the peer restarted (is_peer_restarted), which ends the session without a
 \* disconnect (it would end the new incarnation's); the host then serves that connect
-\* with a fresh session, which the spec leaves out (one session per peer).
+\* with a fresh session, which the spec leaves out (one session per peer). On a ready
+\* session a connect of the same incarnation is the peer connecting again after it lost
+\* its side (is_peer_reconnected, the same ending); here it is a duplicated connect,
+\* and the peer, still ready, learns of the end from the dead session's answer to its
+\* next frame (SessionRecvStale). Every spec peer sends an incarnation: the duplicate
+\* connect error of a ready session is a vLLM peer's (tests/scenarios cover it).
 SessionRecvConnect(p) ==
     /\ Incoming(p, "connect")
     /\ LET L == Pop(Load(p, "SessionRecvConnect"))
@@ -638,7 +669,7 @@ SessionRecvConnect(p) ==
        IN
        Commit(p, IF L.sess = "connecting" /\ L.compat
                  THEN FireS(L, "recv_connect", "registering")
-                 ELSE IF L.sess # "connecting" /\ restarted
+                 ELSE IF L.sess # "connecting" /\ (restarted \/ L.sess = "ready")
                  THEN Die(FireS(L, "recv_connect", "dead"), L.sess)
                  ELSE Die(Send(FireS(L, "recv_connect", "dead"), Ctl("disconnect")), L.sess))
 
@@ -814,9 +845,9 @@ ServerRoundWriteFailed(p) ==
                /\ Commit(p, Settle(FireSR(Faulted(L0), w.rk, "write_failed", "draining_failed"),
                                    w.rk))
 
-\* The transport reports the cut connection.
+\* The transport reports the cut connection, or its side of a one-sided loss.
 SessionTransportLost(p) ==
-    /\ cut /\ sess[p] \in Live
+    /\ (cut \/ p \in lost) /\ sess[p] \in Live
     /\ Commit(p, Die(FireS(Load(p, "SessionTransportLost"), "transport_lost", "dead"), sess[p]))
 
 -----------------------------------------------------------------------------
@@ -896,7 +927,7 @@ NetworkCut ==
     /\ chan' = [p \in Peers |-> <<>>]
     /\ fired' = {}
     /\ act' = IF TrackAct THEN <<"NetworkCut", "">> ELSE <<"", "">>
-    /\ UNCHANGED <<scn, peerVars, compat, gone, perr>>
+    /\ UNCHANGED <<scn, peerVars, lost, compat, gone, perr>>
 
 NetworkDrop(p) ==
     /\ chan[p] # <<>> /\ CanFault("drop")
@@ -904,7 +935,7 @@ NetworkDrop(p) ==
     /\ faults' = faults + 1
     /\ fired' = {}
     /\ act' = IF TrackAct THEN <<"NetworkDrop", p>> ELSE <<"", "">>
-    /\ UNCHANGED <<scn, peerVars, cut, compat, gone, perr>>
+    /\ UNCHANGED <<scn, peerVars, cut, lost, compat, gone, perr>>
 
 NetworkDuplicate(p) ==
     /\ chan[p] # <<>> /\ Peek(chan[p])[1] \in DupTypes /\ CanFault("dup")
@@ -912,7 +943,21 @@ NetworkDuplicate(p) ==
     /\ faults' = faults + 1
     /\ fired' = {}
     /\ act' = IF TrackAct THEN <<"NetworkDuplicate", p>> ELSE <<"", "">>
-    /\ UNCHANGED <<scn, peerVars, cut, compat, gone, perr>>
+    /\ UNCHANGED <<scn, peerVars, cut, lost, compat, gone, perr>>
+
+\* A one-sided loss: p's transport decides the connection is lost (its heartbeat expired,
+\* as after a freeze that ends right at the heartbeat timeout) while the other side's
+\* does not; frames still flow both ways (p's node dials back to answer). p's session
+\* then learns of it (SessionTransportLost); the other's stays live and is told only by
+\* the disconnect p's dead session answers its frames with (SessionRecvStale).
+NetworkHalfCut(p) ==
+    /\ ~cut /\ lost = {} /\ CanFault("halfcut")
+    /\ sess[p] \in Live /\ sess[Other(p)] \in Live
+    /\ lost' = {p}
+    /\ faults' = faults + 1
+    /\ fired' = {}
+    /\ act' = IF TrackAct THEN <<"NetworkHalfCut", p>> ELSE <<"", "">>
+    /\ UNCHANGED <<scn, peerVars, chan, cut, compat, gone, perr>>
 
 \* A frame lifetime passes (Timeouts.tombstone, purged in Session.handle): a tombstone
 \* is forgotten once no frame it guards against can still arrive. The sessions assume
@@ -968,7 +1013,7 @@ NetworkRestart(p) ==
     /\ faults' = faults + 1
     /\ fired' = {}
     /\ act' = IF TrackAct THEN <<"NetworkRestart", p>> ELSE <<"", "">>
-    /\ UNCHANGED <<scn, nlk, nfin, cut, compat, perr>>
+    /\ UNCHANGED <<scn, nlk, nfin, cut, lost, compat, perr>>
 
 -----------------------------------------------------------------------------
 (* The specification *)
@@ -983,6 +1028,7 @@ Init ==
     /\ queue = [p \in Peers |-> <<>>]
     /\ chan = [p \in Peers |-> <<>>]
     /\ cut = FALSE
+    /\ lost = {}
     /\ cr = [p \in Peers |-> <<>>]
     /\ fl = [p \in Peers |-> [q \in Reqs |-> 0]]
     /\ xl = [p \in Peers |-> [q \in Reqs |-> Unbound]]
@@ -1011,13 +1057,14 @@ NextHost(p) ==
     \/ ClientRoundHostFinish(p)
 
 ReceiveActions ==
-    {"NetworkDiscard", "SessionRecvConnect", "SessionRecvConnectAck", "SessionRecvDisconnect",
+    {"NetworkDiscard", "SessionRecvStale", "SessionRecvConnect", "SessionRecvConnectAck", "SessionRecvDisconnect",
      "ServerRoundRecvFetch", "ServerRoundRecvTerminalFetch", "ServerLookupRecvLookup",
      "ServerRoundRecvAbortFetch", "ClientRoundRecvTransferDone", "ClientRoundRecvAbortAck",
      "ClientLookupRecvLookupResp"}
 
 NextReceive(p) ==
     \/ NetworkDiscard(p)
+    \/ SessionRecvStale(p)
     \/ SessionRecvConnect(p)
     \/ SessionRecvConnectAck(p)
     \/ SessionRecvDisconnect(p)
@@ -1049,6 +1096,7 @@ NextNetwork ==
     \/ NetworkCut
     \/ \E p \in Peers : NetworkDrop(p)
     \/ \E p \in Peers : NetworkDuplicate(p)
+    \/ \E p \in Peers : NetworkHalfCut(p)
     \/ \E p \in Peers : NetworkFrameLifetime(p)
     \/ \E p \in Peers : NetworkRestart(p)
 
@@ -1086,7 +1134,7 @@ ResendActions == {"ClientRoundTimerAbortAck"}
 \* tests/conformance checks them against TLC's own ENABLED on the live graph).
 EnReceive == \E p \in Peers : chan[Other(p)] # <<>>
 EnSession == \E p \in Peers : \/ sess[p] \in {"idle", "registering", "registering_acked"}
-                              \/ cut /\ sess[p] \in Live
+                              \/ (cut \/ p \in lost) /\ sess[p] \in Live
 EnWrites == \E p \in Peers : wr[p] # {}
 EnTimers ==
     \E p \in Peers :

@@ -42,7 +42,7 @@ from p2pfsm.executor.jobs import Driven, JobFuture, LookupAsk
 from p2pfsm.executor.nixl_plane import DataPlane
 from p2pfsm.executor.zmq_plane import ControlPlane, FrameIn, PeerLost, is_connect_from
 from p2pfsm.metrics import NodeMetrics
-from p2pfsm.protocol import AbortFetch, Connect, decode, encode
+from p2pfsm.protocol import AbortFetch, Connect, Disconnect, decode, encode
 from p2pfsm.session import (
     ArmTimer,
     CancelWrite,
@@ -678,6 +678,16 @@ class Node(Driven, Executor):
 
     # ------------------------------------------- Executor: carrying out outputs
     def send_frame(self, peer: str, out: SendFrame) -> None:
+        sender = self._applying
+        if (sender is not None and sender.state == "dead" and isinstance(out.message, Disconnect)
+                and peer not in self.control.peers):
+            # A dead session answers a peer that still holds it live (a one-sided loss):
+            # our connection to it is gone, so the answer dials it again.
+            if self.control.answer(peer, encode(out.message)):
+                self.metrics.count("stale_answers")
+                log.info("peer %s: told that its session is over (%s)", peer,
+                         sender.death_reason)
+            return
         if not self.control.send(peer, encode(out.message)):
             self._queue(peer, TransportLost("send failed"), self._applying)
         elif isinstance(out.message, AbortFetch):
@@ -829,7 +839,7 @@ class Node(Driven, Executor):
         self._prune_ended()
         restart = dead.restarted_by
         if restart is not None:
-            self.metrics.count("restarts")
+            self.metrics.count("restarts" if dead.reason == "peer restarted" else "reconnects")
             old = self.sessions.get(peer_id)
             self._callbacks.append(lambda: self._serve_restart(peer_id, old, restart))
 

@@ -67,6 +67,7 @@ import os
 import select
 import struct
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
@@ -232,6 +233,9 @@ _HOST_CHARS: Final = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUV
 _DIGITS_AND_DOTS: Final = frozenset("0123456789.")
 _MAX_HEARTBEAT_TTL_MS: Final = 6_553_599  # ZMTP carries the TTL in deciseconds, 16 bits.
 _DONE_GRACE_S: Final = 5.0
+_LOST_KEEP_S: Final = 60.0
+"""How long a lost peer's id is remembered: its frames (a peer that still holds its
+session live, a one-sided loss) still reach the node, whose dead session answers them."""
 """How long the DEALER of a peer whose session is over stays open (its last frames, e.g.
 a disconnect, go out meanwhile) before it is closed and its descriptors freed."""
 
@@ -386,6 +390,7 @@ class _Peer:
     ready: bool = False  # the node said its session is ready (mark_ready)
     done: bool = False  # the node said its session is over (mark_done): evicted first
     done_at: float | None = None  # when mark_done came; closed _DONE_GRACE_S later
+    server_key: bytes | None = None  # CURVE: the key it was dialled with
 
 
 class ControlPlane:
@@ -477,6 +482,7 @@ class ControlPlane:
         self._source = host if bind_ip is not None and not bind_ip.is_unspecified else None
 
         self._peers: dict[str, _Peer] = {}
+        self._lost: OrderedDict[str, tuple[float, bytes | None]] = OrderedDict()  # id -> when, key
         self._peer_by_ident: dict[bytes, str] = {}
         self._pending: list[ControlEvent] = []
         self._drops: dict[str, int] = {}
@@ -624,6 +630,26 @@ class ControlPlane:
         peer = self._peers.get(peer_id)
         if peer is not None:
             self._teardown(peer, self._dealer_linger)
+
+    def answer(self, peer_id: str, frame: bytes) -> bool:
+        """Send ``frame`` to a peer whose DEALER was lost while the peer still sends to
+        us (a dead session's answer in a one-sided loss): dialled again with the key it
+        had, the frame queued, the DEALER closed once flushed (the done grace). False,
+        sending nothing, when it cannot be dialled (limit reached, no key)."""
+        self._check_open()
+        if peer_id not in self._peers:
+            entry = self._lost.get(peer_id)
+            if entry is None or self._settled() >= self._max_peers:
+                return False
+            try:
+                peer = self._open_peer(peer_id, entry[1], dialled_back=True)
+            except TransportError:
+                return False
+            self._lost[peer_id] = entry  # still lost: its frames keep reaching the node
+            peer.done = True
+            peer.done_at = time.monotonic()
+            self._note_expiry(peer.done_at + _DONE_GRACE_S)
+        return self.send(peer_id, frame)
 
     # -- I/O ----------------------------------------------------------------------
 
@@ -776,8 +802,10 @@ class ControlPlane:
                 raise
             raise TransportError(f"cannot open DEALER to {peer_id}: {exc}") from exc
         deadline = time.monotonic() + self._connect_timeout / 1000.0
-        peer = _Peer(peer_id, dealer, monitor, deadline, dialled_back=dialled_back)
+        peer = _Peer(peer_id, dealer, monitor, deadline, dialled_back=dialled_back,
+                     server_key=server_key)
         self._peers[peer_id] = peer
+        self._lost.pop(peer_id, None)
         fd = _fd(monitor)
         self._by_fd[fd] = peer
         self._epoll.register(fd, select.EPOLLIN)
@@ -803,6 +831,22 @@ class ControlPlane:
     def _lose(self, peer: _Peer, reason: str) -> None:
         self._teardown(peer, 0)
         self._pending.append(PeerLost(peer.peer_id, reason))
+        self._lost[peer.peer_id] = (time.monotonic(), peer.server_key)
+        self._lost.move_to_end(peer.peer_id)
+        while len(self._lost) > self._max_peers:
+            self._lost.popitem(last=False)
+
+    def _lost_from(self, peer_id: str, host: str, message: zmq.Frame) -> bool:
+        """``peer_id`` was lost lately and this message comes from its host."""
+        entry = self._lost.get(peer_id)
+        if entry is None:
+            return False
+        if time.monotonic() - entry[0] >= _LOST_KEEP_S:
+            del self._lost[peer_id]
+            return False
+        source = _meta(message, "Peer-Address")
+        return self._any_host or (source is not None and _ip_of(host) == _ip_of(source)
+                                  and _ip_of(host) is not None)
 
     def _drop(self, reason: str, detail: str = "") -> None:
         self._drops[reason] = self._drops.get(reason, 0) + 1
@@ -872,11 +916,13 @@ class ControlPlane:
         peer_id = ident.decode("ascii")
         if peer_id in self._peers:
             self._peer_by_ident[ident] = peer_id
-            return peer_id
+            return self._admit(ident, frame, message)  # known now (done grace, as above)
         if peer_id == self._local_id:
             self._drop("own identity")
             return None
         if self._dial_back_check is not None and not self._dial_back_check(peer_id, frame):
+            if self._lost_from(peer_id, host, message):
+                return peer_id  # no dial-back: the node's dead session may answer()
             self._drop("not a connect", f" from unknown identity {peer_id}")
             return None
         source = _meta(message, "Peer-Address")

@@ -43,6 +43,7 @@ class SessionBase:
         self.peer: Connect | None = None
         self.death_reason: str | None = None
         self.mismatch: HandshakeMismatch | None = None
+        self.last_disconnect: float | None = None  # when we last sent one (dead: rate limit)
         self.now = 0.0
         self._out: list[Output] = []
         self._queue: list[Message] = []
@@ -71,7 +72,7 @@ class SessionBase:
         self._tokens: dict[int, ServerLookup] = {}
         self._next_token = 0
 
-    fsm_data = ("peer", "death_reason", "mismatch", "_queue")
+    fsm_data = ("peer", "death_reason", "mismatch", "last_disconnect", "_queue")
     """What the session machine's actions write (restored should one raise)."""
 
     @property

@@ -58,6 +58,8 @@ class InputDispatch(ConsumerRole, ProducerRole):
 
     def _on_frame(self, ev: FrameReceived) -> None:
         if self.fsm_state not in LIVE_STATES:
+            if self.fsm_state == "dead":
+                self._on_stale(ev)
             self.emit(FrameIgnored("", f"session is {self.fsm_state}"))
             return
         try:
@@ -75,6 +77,16 @@ class InputDispatch(ConsumerRole, ProducerRole):
                 "type", f"{msg.TYPE} not allowed: {exc}")))
         except RemoteProtocolError as exc:
             self.emit(ProtocolViolation(exc))
+
+    def _on_stale(self, ev: FrameReceived) -> None:
+        """A dead session's peer may still hold the session live (a one-sided transport
+        loss): a well-formed request or response of it is answered, rate-limited."""
+        try:
+            msg = decode(ev.frame, self.config.limits)
+        except RemoteProtocolError:
+            return
+        if not isinstance(msg, Connect | ConnectAck | Disconnect):
+            SESSION.fire(self, "recv_stale", msg)
 
     def _on_connect(self, msg: Connect) -> None:
         SESSION.fire(self, "recv_connect", msg)

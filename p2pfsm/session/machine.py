@@ -15,6 +15,9 @@ from p2pfsm.session.base import SessionBase
 from p2pfsm.session.inputs import RegistrationFinished, TransportLost
 from p2pfsm.session.outputs import SendFrame, SessionDead, StartRegistration
 
+STALE_ANSWER_INTERVAL_S = 1.0
+"""A dead session answers its peer's frames with a disconnect at most this often."""
+
 
 class SessionMachine(SessionBase):
     """The session machine's guards and actions, and the gate every frame passes."""
@@ -28,6 +31,13 @@ class SessionMachine(SessionBase):
         assert isinstance(ev, Connect)
         known = None if self.peer is None else self.peer.incarnation
         return known is not None and ev.incarnation is not None and ev.incarnation != known
+
+    def is_peer_reconnected(self, ev: object) -> bool:
+        """A connect of the incarnation we hold: the peer lost its side of the session
+        (a one-sided transport loss) and connects again (both carry one)."""
+        assert isinstance(ev, Connect)
+        known = None if self.peer is None else self.peer.incarnation
+        return known is not None and ev.incarnation == known
 
     def _mismatch(self, peer: Connect) -> HandshakeMismatch | None:
         cfg = self.config
@@ -74,6 +84,17 @@ class SessionMachine(SessionBase):
 
     def send_disconnect(self, _ev: object) -> None:
         self.send(Disconnect())
+        self.last_disconnect = self.now
+
+    def is_stale_answer_due(self, _ev: object) -> bool:
+        """No disconnect of ours in the last :data:`STALE_ANSWER_INTERVAL_S` (the rate
+        limit: one small frame a second to a peer that completed a handshake with us)."""
+        last = self.last_disconnect
+        return last is None or self.now - last >= STALE_ANSWER_INTERVAL_S
+
+    def answer_stale(self, ev: object) -> None:
+        """Tell a peer that still holds the session live that it is over."""
+        self.send_disconnect(ev)
 
     def die_mismatch(self, ev: object) -> None:
         assert isinstance(ev, Connect)
@@ -86,6 +107,11 @@ class SessionMachine(SessionBase):
     def die_peer_restarted(self, ev: object) -> None:
         assert isinstance(ev, Connect)
         self.death_reason = "peer restarted"
+        self.emit(SessionDead(self.death_reason, restarted_by=ev))
+
+    def die_peer_reconnected(self, ev: object) -> None:
+        assert isinstance(ev, Connect)
+        self.death_reason = "peer reconnected"
         self.emit(SessionDead(self.death_reason, restarted_by=ev))
 
     def die_registration_failed(self, ev: object) -> None:

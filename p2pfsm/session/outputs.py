@@ -148,8 +148,9 @@ class FrameIgnored:
 @dataclass(frozen=True, slots=True)
 class SessionDead:
     """The session failed; ``mismatch`` is set when the peer's config is incompatible,
-    ``restarted_by`` when a connect of a new incarnation of the peer ended it (the host
-    serves that connect with a fresh session)."""
+    ``restarted_by`` when a connect of the peer ended it: of a new incarnation (reason
+    "peer restarted"), or of the same one on a ready session ("peer reconnected": the
+    peer lost its side). The host serves that connect with a fresh session."""
 
     reason: str
     mismatch: HandshakeMismatch | None = None

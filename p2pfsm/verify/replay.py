@@ -27,7 +27,7 @@ from itertools import product
 
 from p2pfsm.demo.blocks import demo_key
 from p2pfsm.errors import LocalProtocolError
-from p2pfsm.protocol import decode
+from p2pfsm.protocol import Disconnect, decode
 from p2pfsm.session import (
     HostAnswerLookup,
     HostStart,
@@ -40,6 +40,7 @@ from p2pfsm.session import (
     TimerId,
     TransportLost,
 )
+from p2pfsm.session.machine import STALE_ANSWER_INTERVAL_S
 from p2pfsm.sim.world import SafetyViolation
 from p2pfsm.spec_calls import FRAME_ACTIONS, TIMER_ACTIONS, action_name
 from p2pfsm.verify.graph import StateGraph, Step
@@ -123,6 +124,13 @@ def apply(w: ReplayWorld, op: Op) -> None:
     elif kind == "answer":
         _answer(w, node, int(args[1]), frozenset(args[2]), frozenset(args[3]))  # type: ignore[call-overload]
     elif kind == "deliver":
+        receiver = w.other(node)
+        if (w.sessions[receiver].state == "dead"
+                and not any(isinstance(decode(f), Disconnect)
+                            for f in w.channels[(receiver, node)])):
+            # The spec's dead session answers unless a disconnect of its own is still on
+            # the wire (its rate limit, having no clock): the code's passes likewise.
+            w.clock[receiver] += STALE_ANSWER_INTERVAL_S
         w.deliver(node)
     elif kind == "register":
         w.register(node, bool(args[1]))
@@ -135,6 +143,8 @@ def apply(w: ReplayWorld, op: Op) -> None:
         w.feed(node, TransportLost("replayed cut"))
     elif kind == "timer":
         w.fire_timer(node, args[1])  # type: ignore[arg-type]
+    elif kind == "halfcut":
+        pass  # only the transport's view changes; the session hears of it at ("lost", p)
     elif kind == "cut":
         w.is_cut = True
         w.lose_queued_frames()
@@ -204,6 +214,8 @@ def candidates(w: ReplayWorld, action: str) -> Iterator[Op]:
             for timer in sorted(w.timers[p], key=repr):
                 if timer[0] == _TIMER_KIND[action]:
                     yield ("timer", p, timer)
+        elif action == "NetworkHalfCut":
+            yield ("halfcut", p)
         elif action == "NetworkDrop":
             if chan:
                 yield ("drop", p)

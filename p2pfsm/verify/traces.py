@@ -261,6 +261,7 @@ CONSTANTS
     BugP3 = FALSE
     BugP4 = FALSE
     BugP5 = FALSE
+    BugSilentLoss = FALSE
     TrackFired = TRUE
     TrackAct = TRUE
 INVARIANT FiredDeclared

@@ -36,6 +36,7 @@ CONSTANTS
     BugP3 = FALSE
     BugP4 = FALSE
     BugP5 = FALSE
+    BugSilentLoss = FALSE
     TrackFired = TRUE
     TrackAct = FALSE
 INVARIANTS

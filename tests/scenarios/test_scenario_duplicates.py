@@ -8,13 +8,14 @@ from __future__ import annotations
 import msgpack
 from helpers.world import World, keys, ready_world, snapshot
 
-from p2pfsm.protocol import Fetch, LookupResp, TransferDone
+from p2pfsm.protocol import Disconnect, Fetch, LookupResp, TransferDone
 from p2pfsm.session import (
     FetchArrived,
     FrameIgnored,
     LoadResult,
     LookupRequest,
     ProtocolViolation,
+    SendFrame,
     StartWrite,
 )
 
@@ -173,5 +174,7 @@ def test_frames_after_death_are_ignored() -> None:
     for node in ("a", "b"):
         before = snapshot(w.sessions[node])
         out = w.inject_msg(node, Fetch("r1", keys([8]), (3,), 0))
-        assert len(out) == 1 and isinstance(out[0], FrameIgnored)
+        # Nothing changes; the peer is told the session is over (test_scenario_one_sided).
+        assert [type(o) for o in out] == [SendFrame, FrameIgnored]
+        assert out[0] == SendFrame(Disconnect())
         assert snapshot(w.sessions[node]) == before

@@ -1,6 +1,8 @@
 """Restart detection: a connect carrying a new incarnation ends the live session as
-"peer restarted" (every job one result, no disconnect sent); the same incarnation, or
-none (a vLLM peer), is today's duplicate-connect error."""
+"peer restarted" (every job one result, no disconnect sent). The same incarnation on a
+ready session is the peer connecting again after it lost its side ("peer reconnected",
+the same ending); before ready, or without an incarnation (a vLLM peer), a second
+connect is the duplicate-connect error."""
 
 from __future__ import annotations
 
@@ -58,13 +60,35 @@ def test_a_new_incarnation_before_ready_fails_queued_work_with_its_destination_f
     assert not sent(out)
 
 
-@pytest.mark.parametrize(("first", "second"), [(None, None), (None, 5), (5, None), (5, 5)],
-                         ids=["vllm", "old-then-new", "field-dropped", "same"])
+@pytest.mark.parametrize(("first", "second"), [(None, None), (None, 5), (5, None)],
+                         ids=["vllm", "old-then-new", "field-dropped"])
 def test_without_two_different_incarnations_a_second_connect_is_a_protocol_error(
         first: int | None, second: int | None) -> None:
     d = Driver(local_config(incarnation=1))
     d.handshake(peer_connect(incarnation=first))
     out = d.recv(peer_connect(incarnation=second))
+    dead = only(of_type(out, SessionDead))
+    assert "connect after the handshake" in dead.reason and dead.restarted_by is None
+    assert [type(m) for m in sent(out)] == [Disconnect]
+
+
+def test_the_same_incarnation_on_a_ready_session_is_the_peer_reconnecting() -> None:
+    d = Driver(local_config(incarnation=1))
+    d.handshake(peer_connect(incarnation=100))
+    d(HostFetch(1, "r1", (key(1),), (4,)))
+    again = peer_connect(incarnation=100)
+    out = d.recv(again)
+    dead = only(of_type(out, SessionDead))
+    assert dead.reason == "peer reconnected" and dead.restarted_by == again
+    assert only(of_type(out, LoadResult)) == LoadResult(1, "r1", False, False)
+    assert not sent(out)  # a disconnect would end the peer's new session
+
+
+def test_the_same_incarnation_before_ready_is_a_protocol_error() -> None:
+    d = Driver(local_config(incarnation=1))
+    d(HostStart())
+    d.recv(peer_connect(incarnation=5))
+    out = d.recv(peer_connect(incarnation=5))
     dead = only(of_type(out, SessionDead))
     assert "connect after the handshake" in dead.reason and dead.restarted_by is None
     assert [type(m) for m in sent(out)] == [Disconnect]
