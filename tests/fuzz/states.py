@@ -45,7 +45,8 @@ from p2pfsm.session.client import ClientLookup, ClientRound
 from p2pfsm.session.server import LookupPin, ServerLookup, ServerRound
 from p2pfsm.session.tombstones import Tombstones
 
-_SKIP = frozenset({"now", "_out", "config", "tracer"})
+# last_disconnect: when a dead session last answered (its rate limit), not frame state.
+_SKIP = frozenset({"now", "_out", "config", "tracer", "last_disconnect"})
 _MACHINES = (ClientRound, ClientLookup, ServerRound, ServerLookup, LookupPin)
 
 
