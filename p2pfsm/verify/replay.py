@@ -80,7 +80,12 @@ class ReplayWorld(TracingWorld):
     """
 
     def __init__(self, *, compatible: bool = True) -> None:
-        configs = None if compatible else {"b": {"hash_seed": "another-seed"}}
+        # Each session carries an incarnation, as a Node's does (the spec's peers are
+        # p2pfsm nodes: a second connect on a ready session is the peer reconnecting).
+        configs: dict[str, dict[str, object]] = {"a": {"incarnation": 1},
+                                                 "b": {"incarnation": 2}}
+        if not compatible:
+            configs["b"]["hash_seed"] = "another-seed"
         super().__init__(0, held={"a": (0, 1), "b": (0, 1)}, num_blocks=8,
                          timeouts=REPLAY_TIMEOUTS, configs=configs)
         self.clock = {n: 0.0 for n in self.NODES}
