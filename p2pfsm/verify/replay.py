@@ -62,7 +62,8 @@ _TIMER_KIND = {action_name(*mt): kind for kind, mt in TIMER_ACTIONS.items()}
 _RECEIVE = frozenset(
     {action_name(*mt) for mt in FRAME_ACTIONS.values()}
     | {action_name("server_round", "recv_fetch"),
-       action_name("server_round", "recv_terminal_fetch"), "NetworkDiscard"})
+       action_name("server_round", "recv_terminal_fetch"), action_name("session", "recv_stale"),
+       "NetworkDiscard"})
 _SILENT = ENVIRONMENT_ACTIONS - {"NetworkDiscard"}
 """Environment actions no Session.handle call stands for."""
 _UNREPLAYABLE = frozenset({"NetworkRestart"})
