@@ -21,6 +21,8 @@ Counters (monotonic ints; :meth:`NodeMetrics.count`):
 - ``idle_closes``: inbound sessions closed after ``idle_timeout_s`` without traffic.
 - ``deaths``: sessions that died.
 - ``restarts``: sessions ended because their peer came back as a new incarnation.
+- ``reconnects``: sessions ended because their peer, having lost its side, connected again.
+- ``stale_answers``: disconnects a dead session sent to a peer that still held it live.
 - ``handshakes``: sessions that became ready.
 - ``handshakes_rejected``: handshakes refused (mismatched configuration).
 - ``results_dropped``: results for which the host held nothing (should stay 0).
