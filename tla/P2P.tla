@@ -1111,8 +1111,11 @@ Next ==
 \* cannot keep each other busy forever (a receive consumes a frame, a write or a timer
 \* ends or advances its instance, and re-sent aborts are bounded by the frames in
 \* flight), except re-sent aborts, which get a group of their own so that they
-\* starve no other timer.
-FairReceive == \E p \in Peers : NextReceive(p)
+\* starve no other timer, and receives: each peer's delivery is a group of its own,
+\* since a peer re-sending its abort to a session that is gone (one-sided loss) keeps
+\* the other's receives busy for ever, which one group would let starve the frame
+\* that ends it (the dead side's disconnect).
+FairReceive(p) == NextReceive(p)
 FairSession == \E p \in Peers : SessionHostStart(p) \/ SessionRegistrationDone(p)
                                 \/ SessionTransportLost(p)
 FairWrites == \E p \in Peers : ServerRoundWriteDone(p) \/ ServerRoundWriteFailed(p)
@@ -1132,7 +1135,7 @@ ResendActions == {"ClientRoundTimerAbortAck"}
 
 \* When each group is enabled, as plain state predicates (exactly ENABLED of the group;
 \* tests/conformance checks them against TLC's own ENABLED on the live graph).
-EnReceive == \E p \in Peers : chan[Other(p)] # <<>>
+EnReceive(p) == chan[Other(p)] # <<>>
 EnSession == \E p \in Peers : \/ sess[p] \in {"idle", "registering", "registering_acked"}
                               \/ (cut \/ p \in lost) /\ sess[p] \in Live
 EnWrites == \E p \in Peers : wr[p] # {}
@@ -1154,7 +1157,7 @@ EnResend == \E p \in Peers : \E k \in DOMAIN cr[p] : CanResend(p, k)
 \* of these LET-heavy actions so slowly in liveness checking that a few hundred states
 \* take minutes; it also rejects the formula behind an operator with action arguments.
 Fairness ==
-    /\ []<>(~EnReceive) \/ []<><<act'[1] \in ReceiveActions>>_vars
+    /\ \A p \in Peers : []<>(~EnReceive(p)) \/ []<><<act'[1] \in ReceiveActions /\ act'[2] = p>>_vars
     /\ []<>(~EnSession) \/ []<><<act'[1] \in SessionActions>>_vars
     /\ []<>(~EnWrites) \/ []<><<act'[1] \in WriteActions>>_vars
     /\ []<>(~EnTimers) \/ []<><<act'[1] \in TimerActions>>_vars
