@@ -718,7 +718,17 @@ def test_fingerprint_exact_p2pfsm_client_vllm_server(procs: list[PeerProcess]) -
         node.run_until(lambda: False, 0.3)
     finally:
         node.close()
-    frames = frames_of(stop_vllm_server(server))
+    summary = stop_vllm_server(server)
+    # Closing the dead session sends a best-effort disconnect (for a peer that may still
+    # hold it live, docs/reliability.md "One-sided transport loss"); vLLM opens a session
+    # for any frame of an identity it no longer knows, so that disconnect shows as a
+    # second, empty vLLM session: its connect, our disconnect, its disconnect. Nothing else.
+    real, *phantoms = summary["peers"]
+    for extra in phantoms:
+        assert [(f["dir"], f["type"]) for f in extra["frames"]] == [
+            ("out", "connect"), ("in", "disconnect"), ("out", "disconnect")], extra
+    assert len(phantoms) <= 1, phantoms
+    frames = frames_of({**summary, "peers": [real]})
     assert only(frames, "in", "connect")["config_fingerprint"] == ""
     assert "disconnect" in types(frames, "in")  # p2pfsm says so; vLLM would stay silent
     assert not [t for t in types(frames, "in") if t in ("fetch", "lookup")]
