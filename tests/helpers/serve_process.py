@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 import select
 import subprocess
 import sys
@@ -11,19 +10,20 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from p2pfsm.bench import procstat
+
 
 def fd_count(pid: int) -> int:
     """Open file descriptors of process ``pid``."""
-    return len(os.listdir(f"/proc/{pid}/fd"))
+    return procstat.fds(pid)
 
 
 def rss(pid: int) -> int:
-    """Resident memory of process ``pid`` in bytes (VmRSS)."""
-    with open(f"/proc/{pid}/status", encoding="ascii") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
+    """Resident memory of process ``pid`` in bytes (VmRSS); a live process always has it."""
+    value = procstat.rss(pid)
+    if not value:
+        raise AssertionError("no VmRSS")
+    return value
 
 
 class ServeProcess:
