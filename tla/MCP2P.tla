@@ -35,8 +35,8 @@ GateScenarios == <<
     [Quiet EXCEPT !.loads = 1, !.stores = 1, !.fin = Fin(1, 1),
                   !.faults = {"cut", "close", "drop"}, !.timers = {"load", "abort_ack"}],
     \* 4. lookups answered in parts (two pins in one round), unservable fetches
-    [Quiet EXCEPT !.loads = 1, !.stores = 2, !.lookups = 1, !.timers = {"pending", "lookup"},
-                  !.fks = K12, !.lks = K12, !.sks = K12],
+    [Quiet EXCEPT !.loads = 1, !.stores = 2, !.lookups = 1,
+                  !.timers = {"lookup_pending", "lookup"}, !.fks = K12, !.lks = K12, !.sks = K12],
     \* 5. lookups with finish on both sides: terminal fetches, closed lookup pins, pins
     \*    that expire before their fetch
     [Quiet EXCEPT !.loads = 1, !.stores = 1, !.lookups = 1, !.fin = Fin(1, 2),

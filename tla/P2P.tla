@@ -64,7 +64,7 @@ CONSTANTS
 FaultKinds == {"cut", "drop", "dup", "close", "regfail", "hstimer", "incompat", "wfail",
                "restart", "halfcut"}
 \* Role timers a scenario lets fire (the handshake timer is the fault "hstimer").
-TimerKinds == {"load", "abort_ack", "lookup", "store", "pending", "demand"}
+TimerKinds == {"load", "abort_ack", "lookup", "store", "lookup_pending", "demand"}
 
 \* ready: the behaviour starts with the handshake done (both sessions ready).
 ScenarioType ==
@@ -912,7 +912,7 @@ ServerRoundTimerDemand(p) ==
                                      IF st \in Draining THEN st ELSE "draining_failed"), k))
 
 ServerLookupTimerLookupPending(p) ==
-    \E req \in Reqs : \E i \in 1 .. Len(sl[p][req]) : Timer("pending") /\
+    \E req \in Reqs : \E i \in 1 .. Len(sl[p][req]) : Timer("lookup_pending") /\
        Commit(p, SettleLookups(Fire([Load(p, "ServerLookupTimerLookupPending") EXCEPT !.sl[req][i].pending = {}],
                                     "server_lookup", "timer_lookup_pending",
                                     "resolving", "resolving"), req))
@@ -1148,7 +1148,7 @@ EnTimers ==
                sr[p][k].st \in {"supplied", "supply_closed", "pinned", "pinned_closed"}
         \/ Timer("demand") /\ \E k \in DOMAIN sr[p] :
                sr[p][k].st \in {"serving", "finishing"} \cup Draining /\ sr[p][k].dtm
-        \/ Timer("pending") /\ \E q \in Reqs : sl[p][q] # <<>>
+        \/ Timer("lookup_pending") /\ \E q \in Reqs : sl[p][q] # <<>>
 EnResend == \E p \in Peers : \E k \in DOMAIN cr[p] : CanResend(p, k)
 
 \* WF_vars(A) = []<>~ENABLED A \/ []<><<A>>_vars, spelled out for each group with cheap

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from p2pfsm.fsm import CompiledMachine, Tracer, machine
 from p2pfsm.protocol import AbortFetch, Fetch, Lookup, LookupResp, TransferDone
+from p2pfsm.session.inputs import TimerId
 from p2pfsm.session.outputs import LoadResult, LookupResult, Output
 
 if TYPE_CHECKING:
@@ -50,8 +51,8 @@ class ClientRound:
     def fsm_tracer(self) -> Tracer | None:
         return self.s.tracer
 
-    def _timer(self, kind: str) -> tuple[str, str, int]:
-        return (kind, self.kv_request_id, self.round_seq)
+    def _timer(self, kind: str) -> TimerId:
+        return TimerId(kind, (self.kv_request_id, self.round_seq))
 
     # actions
     def send_fetch(self, _ev: object) -> None:
@@ -123,10 +124,10 @@ class ClientLookup:
         self.s.send(Lookup(self.kv_request_id, self.keys, self.round_seq))
 
     def arm_lookup_timer(self, _ev: object) -> None:
-        self.s.arm(("lookup", self.serial), self.s.config.timeouts.lookup)
+        self.s.arm(TimerId("lookup", (self.serial,)), self.s.config.timeouts.lookup)
 
     def disarm_lookup_timer(self, _ev: object) -> None:
-        self.s.disarm(("lookup", self.serial))
+        self.s.disarm(TimerId("lookup", (self.serial,)))
 
     def report_answer(self, ev: object) -> None:
         assert isinstance(ev, LookupResp)

@@ -143,32 +143,32 @@ class InputDispatch(ConsumerRole, ProducerRole):
         if self._timers.get(timer) is None or self._timers[timer] > self.now:
             return  # disarmed, re-armed or early: stale
         del self._timers[timer]
-        kind = timer[0]
+        kind, key = timer
         if kind == "handshake":
             SESSION.fire(self, "timer_handshake", ev)
         elif kind in ("load", "abort_ack"):
-            load = self._loads[str(timer[1])][int(timer[2])]
+            load = self._loads[str(key[0])][int(key[1])]
             CLIENT_ROUND.fire(load, f"timer_{kind}", ev)
         elif kind == "lookup":
-            lookup = self._lookup_by_serial[int(timer[1])]
+            lookup = self._lookup_by_serial[int(key[0])]
             CLIENT_LOOKUP.fire(lookup, "timer_lookup", ev)
             self._drop_closed_lookups(lookup.kv_request_id)
         elif kind == "demand":
-            rnd = self._round_by_serial[int(timer[1])]
+            rnd = self._round_by_serial[int(key[0])]
             SERVER_ROUND.fire(rnd, "timer_demand", ev)
             self._settle(rnd)
         elif kind == "store":
-            rnd = self._round_by_serial[int(timer[1])]
+            rnd = self._round_by_serial[int(key[0])]
             SERVER_ROUND.fire(rnd, "timer_store", ev)
         elif kind == "lookup_pending":
-            served = self._tokens[int(timer[1])]
+            served = self._tokens[int(key[0])]
             SERVER_LOOKUP.fire(served, "timer_lookup_pending", ev)
             self._settle_lookups(served.kv_request_id)
 
     def _end_roles(self, load_trigger: str) -> None:
         self._end_consumer(load_trigger)
         self._end_producer()
-        for timer in [t for t in self._timers if t[0] not in ("store", "demand")]:
+        for timer in [t for t in self._timers if t.kind not in ("store", "demand")]:
             self.disarm(timer)
 
 

@@ -8,9 +8,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
-TimerId = tuple[str | int, ...]
-"""A timer's identity, e.g. ``("load", "req-1", 0)``; armed and disarmed by outputs."""
+
+class TimerId(NamedTuple):
+    """A timer's identity: its kind (a timer input of ``models/inputs.toml``) and the
+    instance key of the machine it fires on, e.g. ``TimerId("load", ("req-1", 0))``.
+
+    Armed and disarmed by outputs; the executor only compares and hashes it.
+    """
+
+    kind: str
+    key: tuple[str | int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ from p2pfsm.errors import HandshakeMismatch, InvalidTransition
 from p2pfsm.fsm import CompiledMachine, machine
 from p2pfsm.protocol import Connect, ConnectAck, Disconnect, Message
 from p2pfsm.session.base import SessionBase
-from p2pfsm.session.inputs import RegistrationFinished, TransportLost
+from p2pfsm.session.inputs import RegistrationFinished, TimerId, TransportLost
 from p2pfsm.session.outputs import SendFrame, SessionDead, StartRegistration
 
 STALE_ANSWER_INTERVAL_S = 1.0
@@ -62,10 +62,10 @@ class SessionMachine(SessionBase):
                           cfg.incarnation))
 
     def arm_handshake_timer(self, _ev: object) -> None:
-        self.arm(("handshake",), self.config.timeouts.handshake)
+        self.arm(TimerId("handshake"), self.config.timeouts.handshake)
 
     def disarm_handshake_timer(self, _ev: object) -> None:
-        self.disarm(("handshake",))
+        self.disarm(TimerId("handshake"))
 
     def remember_peer(self, ev: object) -> None:
         assert isinstance(ev, Connect)

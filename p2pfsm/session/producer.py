@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from p2pfsm.errors import LocalProtocolError, MalformedFrame, RemoteProtocolError
 from p2pfsm.protocol import AbortAck, AbortFetch, Fetch, Lookup, TransferDone, check_block_indexes
-from p2pfsm.session.inputs import HostAnswerLookup, HostSupply, WriteFinished
+from p2pfsm.session.inputs import HostAnswerLookup, HostSupply, TimerId, WriteFinished
 from p2pfsm.session.machine import SessionMachine
 from p2pfsm.session.outputs import FetchArrived, StoreResult
 from p2pfsm.session.server import SERVER_LOOKUP, SERVER_ROUND, LookupPin, ServerLookup, ServerRound
@@ -41,8 +41,8 @@ class ProducerRole(SessionMachine):
         del self._round_by_serial[rnd.serial]
         for job in rnd.jobs:
             self._store_jobs.pop(job, None)
-        self.disarm(("store", rnd.serial))
-        self.disarm(("demand", rnd.serial))
+        self.disarm(TimerId("store", (rnd.serial,)))
+        self.disarm(TimerId("demand", (rnd.serial,)))
 
     def is_first_lookup(self, served: ServerLookup) -> bool:
         return self._served[served.kv_request_id][0] is served

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from p2pfsm.fsm import CompiledMachine, Tracer, machine
 from p2pfsm.protocol import AbortAck, Fetch, LookupResp, TransferDone
-from p2pfsm.session.inputs import HostAnswerLookup, HostSupply, WriteFinished
+from p2pfsm.session.inputs import HostAnswerLookup, HostSupply, TimerId, WriteFinished
 from p2pfsm.session.outputs import (
     CancelWrite,
     LookupClosed,
@@ -117,13 +117,13 @@ class ServerRound:
         self.s.emit(StoreResult(ev.job_id, False))
 
     def arm_store_timer(self, _ev: object) -> None:
-        self.s.arm(("store", self.serial), self.s.config.timeouts.store, keep=True)
+        self.s.arm(TimerId("store", (self.serial,)), self.s.config.timeouts.store, keep=True)
 
     def disarm_store_timer(self, _ev: object) -> None:
-        self.s.disarm(("store", self.serial))
+        self.s.disarm(TimerId("store", (self.serial,)))
 
     def arm_demand_timer(self, _ev: object) -> None:
-        self.s.arm(("demand", self.serial), self.s.config.timeouts.demand)
+        self.s.arm(TimerId("demand", (self.serial,)), self.s.config.timeouts.demand)
 
     def record_demand(self, ev: object) -> None:
         assert isinstance(ev, Fetch)
@@ -225,10 +225,10 @@ class ServerLookup:
         self.s.emit(LookupRequest(self.token, self.kv_request_id, self.round_seq, unique))
 
     def arm_pending_timer(self, _ev: object) -> None:
-        self.s.arm(("lookup_pending", self.token), self.s.config.timeouts.lookup_pending)
+        self.s.arm(TimerId("lookup_pending", (self.token,)), self.s.config.timeouts.lookup_pending)
 
     def disarm_pending_timer(self, _ev: object) -> None:
-        self.s.disarm(("lookup_pending", self.token))
+        self.s.disarm(TimerId("lookup_pending", (self.token,)))
 
     def record_answers(self, ev: object) -> None:
         assert isinstance(ev, HostAnswerLookup)

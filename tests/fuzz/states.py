@@ -40,6 +40,7 @@ from p2pfsm.session import (
     LookupRequest,
     RegistrationFinished,
     Session,
+    TimerId,
 )
 from p2pfsm.session.client import ClientLookup, ClientRound
 from p2pfsm.session.server import LookupPin, ServerLookup, ServerRound
@@ -137,7 +138,7 @@ def _busy() -> Driver:
     d(HostFetch(1, "load", (key(1), key(2)), (10, 11)))  # client round 0, loading
     d(HostFetch(2, "load2", (key(3),), (12,)))
     d(HostFetch(3, "abrt", (key(4),), (13,)))
-    d.fire(("load", "abrt", 0))  # client round aborted, waiting for abort_ack
+    d.fire(TimerId("load", ("abrt", 0)))  # client round aborted, waiting for abort_ack
     d(HostLookup("look", (key(5), key(6))))  # client lookup probing
     d.recv(Fetch("serve", (key(3), key(4)), (20, 21), 0))  # server round serving
     d(HostSupply(50, "serve", (key(3),), (3,)))  # ... with a write in flight
@@ -153,8 +154,8 @@ def _after_abort() -> Driver:
     # a request whose aborted round left a tombstone, plus an expired lookup pin
     d = ready_driver()
     d(HostFetch(3, "abrt", (key(4),), (13,)))
-    d.fire(("load", "abrt", 0))
-    d.fire(("abort_ack", "abrt", 0))
+    d.fire(TimerId("load", ("abrt", 0)))
+    d.fire(TimerId("abort_ack", ("abrt", 0)))
     token = _token(d.recv(Lookup("pinned", (key(9),), 1)))
     d(HostAnswerLookup(token, {key(9): 9}, 52))
     for timer in d.armed("store"):

@@ -38,6 +38,7 @@ from p2pfsm.session import (
     Input,
     StoreResult,
     TimerFired,
+    TimerId,
     WriteFinished,
 )
 
@@ -108,8 +109,9 @@ def host_calls(draw: st.DrawFn) -> tuple[Input, bool]:
         return HostStart(), False
     if kind == "write":
         return WriteFinished(draw(st.sampled_from((0, 1, 99, -1))), draw(st.booleans())), False
-    timer = draw(st.sampled_from((("load", "nope", 0), ("store", 999), ("lookup", 42),
-                                  ("handshake",), ("bogus",))))
+    timer = draw(st.sampled_from((TimerId("load", ("nope", 0)), TimerId("store", (999,)),
+                                  TimerId("lookup", (42,)), TimerId("handshake"),
+                                  TimerId("bogus"))))
     return TimerFired(timer), False
 
 

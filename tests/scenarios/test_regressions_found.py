@@ -18,6 +18,7 @@ from p2pfsm.session import (
     ProtocolViolation,
     StartWrite,
     StoreResult,
+    TimerId,
     WriteFinished,
 )
 
@@ -166,7 +167,7 @@ def test_a_session_dying_at_its_handshake_deadline_tells_a_peer_that_became_read
     w.deliver("b")
     w.register("a")  # a acks b
     w.deliver("a")  # b holds a's ack while still registering a
-    w.fire_timer("a", ("handshake",))
+    w.fire_timer("a", TimerId("handshake"))
     assert w.sessions["a"].state == "dead"
     w.register("b")
     assert w.sessions["b"].ready

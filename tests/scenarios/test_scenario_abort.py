@@ -13,6 +13,7 @@ from p2pfsm.session import (
     LoadResult,
     ProtocolViolation,
     StoreResult,
+    TimerId,
 )
 
 
@@ -136,7 +137,7 @@ def test_host_finish_aborts_the_load_and_keeps_the_job_until_the_ack() -> None:
 def test_transfer_done_after_the_abort_ack_is_ignored() -> None:
     d = ready_driver()
     d(HostFetch(1, "r1", (b"k" * 36,), (4,)))
-    d.fire(("load", "r1", 0))
+    d.fire(TimerId("load", ("r1", 0)))
     out = d.recv(AbortAck("r1", 0))
     assert of_type(out, LoadResult) == [LoadResult(1, "r1", False, True)]
     out = d.recv(TransferDone("r1", True, 0))

@@ -24,6 +24,7 @@ from p2pfsm.session import (
     SessionDead,
     StartWrite,
     StoreResult,
+    TimerId,
 )
 
 
@@ -203,8 +204,8 @@ def test_server_resolves_pending_keys_to_miss_at_its_deadline() -> None:
     assert req.keys == (key(1), key(2), key(3))
     out = d(HostAnswerLookup(req.token, {key(1): 5}, 70, frozenset({key(2)})))
     assert sent(out) == []  # key 2 is still pending
-    assert d.armed("lookup_pending") == [("lookup_pending", req.token)]
-    out = d.fire(("lookup_pending", req.token))
+    assert d.armed("lookup_pending") == [TimerId("lookup_pending", (req.token,))]
+    out = d.fire(TimerId("lookup_pending", (req.token,)))
     assert sent(out) == [LookupResp("r1", (key(1), key(2), key(3)), (True, False, False))]
     assert of_type(out, LookupClosed) == [LookupClosed(req.token)]
     assert not of_type(out, StoreResult)  # the hit stays pinned for the fetch

@@ -27,7 +27,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from p2pfsm.demo.blocks import demo_key
 from p2pfsm.fsm import Tracer
 from p2pfsm.protocol import AbortAck, AbortFetch, Fetch, TransferDone, decode
-from p2pfsm.session import Timeouts
+from p2pfsm.session import Timeouts, TimerId
 
 from .world import CheckedWorld
 
@@ -355,7 +355,7 @@ class TwoSessions(RuleBasedStateMachine):
 
     def _load_timer(self, node: str, key: tuple[str, int]) -> Any:
         """``node``'s load deadline of round ``key`` if it may fire now, else None."""
-        return next((t for _, _, t in self._firable(node) if t == ("load", *key)), None)
+        return next((t for _, _, t in self._firable(node) if t == TimerId("load", key)), None)
 
     def _deadlines_while_writing(self) -> list[tuple[str, int, str, tuple[str, int]]]:
         """Writes in flight into a load whose load deadline may fire now:
@@ -383,9 +383,9 @@ class TwoSessions(RuleBasedStateMachine):
         if how == "host finishes":
             self.world.finish(consumer, key[0])
         else:
-            self.world.fire_timer(consumer, ("load", *key))
+            self.world.fire_timer(consumer, TimerId("load", key))
         if then == "abort_ack deadline":
-            timer = ("abort_ack", *key)
+            timer = TimerId("abort_ack", key)
             if any(t == timer for _, _, t in self._firable(consumer)):
                 self.world.fire_timer(consumer, timer)
         elif then == "abort arrives":
@@ -422,7 +422,7 @@ class TwoSessions(RuleBasedStateMachine):
         again at once, while the abort and its abort_ack are still to come."""
         consumer, key = data.draw(st.sampled_from(self._deadlines_while_replying()))
         self._count_race()
-        self.world.fire_timer(consumer, ("load", *key))
+        self.world.fire_timer(consumer, TimerId("load", key))
         if then != "nothing":
             self._deliver_until(self.world.other(consumer), TransferDone, key)
         if then == "reload":
