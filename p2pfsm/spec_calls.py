@@ -4,8 +4,9 @@ One mapping, shared by the simulated tracer (:class:`p2pfsm.verify.traces.Tracin
 and a Node's opt-in trace log (``NodeConfig.trace``): from the session's state before a
 call, the input and the machine steps the :class:`~p2pfsm.fsm.Tracer` recorded during
 the call, :func:`call_action` names the spec action the call is, or None when the spec
-takes no step for it. Action names are derived from (machine, trigger) by
-:func:`action_name`, never mapped by hand. Pure: no I/O, and no TLC (the executor
+takes no step for it. Which (machine, trigger) an input starts is read from the input
+table (``models/inputs.toml``) and its action name derived by :func:`action_name`,
+never mapped by hand. Pure: no I/O, and no TLC (the executor
 imports it without :mod:`p2pfsm.verify`).
 """
 
@@ -13,22 +14,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from p2pfsm.fsm import TraceRecord
-from p2pfsm.protocol import Fetch, decode
+from p2pfsm.fsm import TraceRecord, input_table, machine
+from p2pfsm.protocol import decode
 from p2pfsm.session import (
     FrameReceived,
     HostAnswerLookup,
     HostClose,
-    HostFetch,
-    HostFinish,
-    HostLookup,
-    HostStart,
-    HostSupply,
     Input,
     RegistrationFinished,
     TimerFired,
     TransportLost,
-    WriteFinished,
 )
 from p2pfsm.session.core import LIVE_STATES
 
@@ -46,36 +41,15 @@ def action_name(machine: str, trigger: str) -> str:
     return pascal(machine) + pascal(trigger)
 
 
-FRAME_ACTIONS = {
-    "connect": ("session", "recv_connect"),
-    "connect_ack": ("session", "recv_connect_ack"),
-    "disconnect": ("session", "recv_disconnect"),
-    "lookup": ("server_lookup", "recv_lookup"),
-    "abort_fetch": ("server_round", "recv_abort_fetch"),
-    "transfer_done": ("client_round", "recv_transfer_done"),
-    "abort_ack": ("client_round", "recv_abort_ack"),
-    "lookup_resp": ("client_lookup", "recv_lookup_resp"),
-}
-"""Frame type -> the (machine, trigger) its receipt starts (fetch: see action_of)."""
-TIMER_ACTIONS = {
-    "handshake": ("session", "timer_handshake"),
-    "load": ("client_round", "timer_load"),
-    "abort_ack": ("client_round", "timer_abort_ack"),
-    "lookup": ("client_lookup", "timer_lookup"),
-    "store": ("server_round", "timer_store"),
-    "demand": ("server_round", "timer_demand"),
-    "lookup_pending": ("server_lookup", "timer_lookup_pending"),
-}
-"""Timer kind (``TimerId[0]``) -> the (machine, trigger) its firing starts."""
-_HOST_ACTIONS: dict[type, tuple[str, str]] = {
-    HostStart: ("session", "host_start"),
-    HostClose: ("session", "host_close"),
-    HostFetch: ("client_round", "host_fetch"),
-    HostLookup: ("client_lookup", "host_lookup"),
-    HostSupply: ("server_round", "host_supply"),
-    HostAnswerLookup: ("server_lookup", "host_answer"),
-    HostFinish: ("client_round", "host_finish"),
-}
+_TABLE = input_table()
+FRAME_ACTIONS = {name: (row.machine, row.trigger) for name, row in _TABLE.of_kind("frame").items()}
+"""Frame type -> the (machine, trigger) its receipt starts (``models/inputs.toml``)."""
+TIMER_ACTIONS = {name: (row.machine, row.trigger) for name, row in _TABLE.of_kind("timer").items()}
+"""Timer kind (``TimerId.kind``) -> the (machine, trigger) its firing starts."""
+_ROWS = {row.event: row for row in _TABLE.inputs if row.kind not in ("frame", "timer")}
+_REGISTERING = frozenset(s for t in machine("session").transitions
+                         if t.trigger in _ROWS["RegistrationFinished"].triggers for s in t.sources)
+"""Session states a registration result can still reach (else the result is ignored)."""
 
 
 def action_of(state: str, event: Input) -> str | None:
@@ -84,25 +58,18 @@ def action_of(state: str, event: Input) -> str | None:
         if state not in LIVE_STATES:
             return "NetworkDiscard"
         msg = decode(event.frame)
-        if isinstance(msg, Fetch):
-            trigger = "recv_terminal_fetch" if msg.is_terminal else "recv_fetch"
-            return action_name("server_round", trigger)
-        return action_name(*FRAME_ACTIONS[msg.TYPE])
+        row = _TABLE.of_kind("frame")[msg.TYPE]
+        return action_name(row.machine, row.trigger_for(msg))
     if isinstance(event, TimerFired):
-        return action_name(*TIMER_ACTIONS[str(event.timer[0])])
-    if isinstance(event, WriteFinished):
-        return action_name("server_round", "write_done" if event.ok else "write_failed")
-    if isinstance(event, RegistrationFinished):
-        if state not in ("registering", "registering_acked"):
-            return None  # the session ended meanwhile: the result is ignored
-        return action_name("session", "registration_done" if event.ok
-                           else "registration_failed")
-    if isinstance(event, TransportLost):
-        return action_name("session", "transport_lost") if state in LIVE_STATES else None
+        return action_name(*TIMER_ACTIONS[event.timer.kind])
+    row = _ROWS[type(event).__name__]
+    if isinstance(event, RegistrationFinished) and state not in _REGISTERING:
+        return None  # the session ended meanwhile: the result is ignored
+    if isinstance(event, TransportLost) and state not in LIVE_STATES:
+        return None
     if isinstance(event, HostClose) and state == "closed":
         return None
-    machine_trigger = _HOST_ACTIONS.get(type(event))
-    return None if machine_trigger is None else action_name(*machine_trigger)
+    return action_name(row.machine, row.trigger_for(event))
 
 
 def call_action(state: str, event: Input, records: Sequence[TraceRecord]) -> str | None:

@@ -4,21 +4,26 @@
 a :class:`MachineSpec`; :mod:`.compiled` turns it into a frozen
 ``(state, trigger) -> candidates`` table used on the hot path; :mod:`.build`
 builds the equivalent ``transitions.Machine`` (tests prove both agree on every
-edge); :mod:`.trace` records every fired transition.
+edge); :mod:`.trace` records every fired transition; :mod:`.inputs` reads the
+input table (which machine and trigger each input of a session reaches).
 """
 
 from p2pfsm.fsm.compiled import CompiledMachine, FsmObject
-from p2pfsm.fsm.registry import machine, machines
+from p2pfsm.fsm.inputs import InputSpec, InputTable
+from p2pfsm.fsm.registry import input_table, machine, machines
 from p2pfsm.fsm.spec import MachineSpec, TransitionSpec, load_spec, models_dir
 from p2pfsm.fsm.trace import Tracer, TraceRecord
 
 __all__ = [
     "CompiledMachine",
     "FsmObject",
+    "InputSpec",
+    "InputTable",
     "MachineSpec",
     "TraceRecord",
     "Tracer",
     "TransitionSpec",
+    "input_table",
     "load_spec",
     "machine",
     "machines",

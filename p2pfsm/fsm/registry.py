@@ -1,10 +1,11 @@
-"""Cached access to every machine declared in ``models/``."""
+"""Cached access to every machine declared in ``models/`` and to its input table."""
 
 from __future__ import annotations
 
 from functools import cache
 from pathlib import Path
 
+from p2pfsm.fsm.inputs import INPUTS_FILE, InputTable, load_inputs
 from p2pfsm.fsm.spec import MachineSpec, load_spec, models_dir
 
 
@@ -29,5 +30,11 @@ def machine(name: str) -> MachineSpec:
 
 def machines() -> dict[str, MachineSpec]:
     """Every machine in ``models/``, by name, sorted."""
-    names = sorted(p.stem for p in models_directory().glob("*.toml"))
+    names = sorted(p.stem for p in models_directory().glob("*.toml") if p.stem != INPUTS_FILE)
     return {n: machine(n) for n in names}
+
+
+@cache
+def input_table() -> InputTable:
+    """``models/inputs.toml``, checked against every machine, loaded once."""
+    return load_inputs(models_directory(), machines())

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, cast
 
 from p2pfsm.errors import HandshakeMismatch, LocalProtocolError
-from p2pfsm.fsm import Tracer, machine
+from p2pfsm.fsm import Tracer, input_table, machine
 from p2pfsm.protocol import Connect, ConnectAck, Disconnect, Message
 from p2pfsm.session.client import ClientLookup, ClientRound
 from p2pfsm.session.config import SessionConfig
@@ -24,8 +24,8 @@ if TYPE_CHECKING:
     from p2pfsm.session.core import Session
 
 _HANDSHAKE_TYPES = (Connect, ConnectAck, Disconnect)
-LIVE_STATES = frozenset({"connecting", "registering", "registering_acked", "awaiting_ack", "ready"})
-"""Session states in which the peer may still hear from us."""
+LIVE_STATES = input_table().live_states
+"""Session states in which the peer may still hear from us (``models/inputs.toml``)."""
 
 
 class SessionBase:

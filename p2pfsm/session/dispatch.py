@@ -1,51 +1,41 @@
-"""Input dispatch: which machine each input reaches.
+"""Input dispatch: which machine each input reaches, read from ``models/inputs.toml``.
 
-Frames are decoded and validated, then passed to the role that owns their instance;
-handshake frames, host start/close/finish, registration results, transport loss and
-timers are routed here. :data:`HANDLERS` maps each input type to its handler.
+Every input class the table names gets its handler at import: frames are decoded and
+validated, then a session frame fires its row's trigger here and any other frame goes
+to the role handler ``_on_<type>`` that finds (or creates) its instance; a timer finds
+its instance from :attr:`TimerId.key` by the row's key fields and fires the row's
+trigger; every other input goes to ``_on_<kind>_<name>``. :data:`HANDLERS` maps each
+input type to its handler. An input, key or handler the table and the code disagree
+on is a :class:`~p2pfsm.errors.ModelError` at import.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any, cast
 
 from p2pfsm.errors import (
     InvalidTransition,
     LocalProtocolError,
     MalformedFrame,
+    ModelError,
     RemoteProtocolError,
     UnknownMessageType,
 )
-from p2pfsm.fsm import CompiledMachine
-from p2pfsm.protocol import (
-    AbortAck,
-    AbortFetch,
-    Connect,
-    ConnectAck,
-    Disconnect,
-    Fetch,
-    Lookup,
-    LookupResp,
-    Message,
-    TransferDone,
-    decode,
-)
+from p2pfsm.fsm import CompiledMachine, InputSpec, input_table
+from p2pfsm.protocol import Connect, ConnectAck, Disconnect, Fetch, Message, decode
+from p2pfsm.session import inputs
 from p2pfsm.session.base import LIVE_STATES
 from p2pfsm.session.client import CLIENT_LOOKUP, CLIENT_ROUND
 from p2pfsm.session.consumer import ConsumerRole
 from p2pfsm.session.inputs import (
     FrameReceived,
-    HostAnswerLookup,
     HostClose,
-    HostFetch,
     HostFinish,
-    HostLookup,
     HostStart,
-    HostSupply,
     RegistrationFinished,
     TimerFired,
     TransportLost,
-    WriteFinished,
 )
 from p2pfsm.session.machine import SESSION
 from p2pfsm.session.outputs import FrameIgnored, ProtocolViolation
@@ -71,7 +61,8 @@ class InputDispatch(ConsumerRole, ProducerRole):
             self.emit(ProtocolViolation(exc))
             return
         try:
-            _FRAME_HANDLERS[type(msg)](self, msg)
+            row, handler = _FRAME_HANDLERS[msg.TYPE]
+            handler(self, row, msg)
         except InvalidTransition as exc:
             self.emit(ProtocolViolation(RemoteProtocolError(
                 "type", f"{msg.TYPE} not allowed: {exc}")))
@@ -86,26 +77,23 @@ class InputDispatch(ConsumerRole, ProducerRole):
         except RemoteProtocolError:
             return
         if not isinstance(msg, Connect | ConnectAck | Disconnect):
-            SESSION.fire(self, "recv_stale", msg)
+            SESSION.fire(self, _TABLE.stale, msg)
 
-    def _on_connect(self, msg: Connect) -> None:
-        SESSION.fire(self, "recv_connect", msg)
+    def _on_session_frame(self, row: InputSpec, msg: Message) -> None:
+        SESSION.fire(self, row.trigger_for(msg), msg)
 
-    def _on_connect_ack(self, msg: ConnectAck) -> None:
-        SESSION.fire(self, "recv_connect_ack", msg)
-
-    def _on_disconnect(self, msg: Disconnect) -> None:
-        SESSION.fire(self, "recv_disconnect", msg)
+    def _on_role_frame(self, row: InputSpec, msg: Message) -> None:
+        _ROLE_FRAME_HANDLERS[row.name](self, msg)
 
     # ------------------------------------------------------------ host calls
 
-    def _on_start(self, ev: HostStart) -> None:
-        self._host_fire(SESSION, self, "host_start", ev)
+    def _on_host_start(self, ev: HostStart) -> None:
+        self._host_fire(SESSION, self, _ROWS["HostStart"].trigger, ev)
 
-    def _on_close(self, ev: HostClose) -> None:
+    def _on_host_close(self, ev: HostClose) -> None:
         if self.fsm_state == "closed":
             return
-        SESSION.fire(self, "host_close", ev)
+        SESSION.fire(self, _ROWS["HostClose"].trigger, ev)
 
     def _host_fire(self, m: CompiledMachine, obj: object, trigger: str, ev: object) -> None:
         try:
@@ -117,18 +105,20 @@ class InputDispatch(ConsumerRole, ProducerRole):
         self._require_started("finish")
         self._check_request_id(ev.kv_request_id, "finish")
         rid = ev.kv_request_id
+        row = _ROWS["HostFinish"]
+        fan = dict(row.fanout)
         for rnd in list(self._loads.get(rid, {}).values()):
-            CLIENT_ROUND.fire(rnd, "host_finish", ev)
+            CLIENT_ROUND.fire(rnd, row.trigger, ev)
         for lk in list(self._lookups.get(rid, ())):
-            CLIENT_LOOKUP.fire(lk, "host_finish", ev)
+            CLIENT_LOOKUP.fire(lk, fan["client_lookup"], ev)
         self._drop_closed_lookups(rid)
         open_round = self._lookup_round.pop(rid, None)
         if open_round is not None and self.alive:
             self.send(Fetch(rid, (), (), open_round))
-        self._close_request(rid, "host_finish")
+        self._close_request(rid, fan["server_round"])
 
-    def _on_registration(self, ev: RegistrationFinished) -> None:
-        trigger = "registration_done" if ev.ok else "registration_failed"
+    def _on_result_registration(self, ev: RegistrationFinished) -> None:
+        trigger = _ROWS["RegistrationFinished"].trigger_for(ev)
         if SESSION.can_fire(self, trigger, ev):
             SESSION.fire(self, trigger, ev)
         else:
@@ -136,66 +126,85 @@ class InputDispatch(ConsumerRole, ProducerRole):
 
     def _on_transport_lost(self, ev: TransportLost) -> None:
         if self.alive:
-            SESSION.fire(self, "transport_lost", ev)
+            SESSION.fire(self, _ROWS["TransportLost"].trigger, ev)
+
+    _on_result_write = ProducerRole._on_write
 
     def _on_timer(self, ev: TimerFired) -> None:
         timer = ev.timer
         if self._timers.get(timer) is None or self._timers[timer] > self.now:
             return  # disarmed, re-armed or early: stale
         del self._timers[timer]
-        kind, key = timer
-        if kind == "handshake":
-            SESSION.fire(self, "timer_handshake", ev)
-        elif kind in ("load", "abort_ack"):
-            load = self._loads[str(key[0])][int(key[1])]
-            CLIENT_ROUND.fire(load, f"timer_{kind}", ev)
-        elif kind == "lookup":
-            lookup = self._lookup_by_serial[int(key[0])]
-            CLIENT_LOOKUP.fire(lookup, "timer_lookup", ev)
-            self._drop_closed_lookups(lookup.kv_request_id)
-        elif kind == "demand":
-            rnd = self._round_by_serial[int(key[0])]
-            SERVER_ROUND.fire(rnd, "timer_demand", ev)
-            self._settle(rnd)
-        elif kind == "store":
-            rnd = self._round_by_serial[int(key[0])]
-            SERVER_ROUND.fire(rnd, "timer_store", ev)
-        elif kind == "lookup_pending":
-            served = self._tokens[int(key[0])]
-            SERVER_LOOKUP.fire(served, "timer_lookup_pending", ev)
-            self._settle_lookups(served.kv_request_id)
+        row = _TIMERS[timer.kind]
+        instance = _FINDERS[row.machine, row.key](self, timer.key)
+        _MACHINES[row.machine].fire(instance, row.trigger, ev)  # type: ignore[arg-type]
+        after = _AFTER.get(row.machine)
+        if after is not None:
+            after(self, instance)
 
     def _end_roles(self, load_trigger: str) -> None:
         self._end_consumer(load_trigger)
         self._end_producer()
-        for timer in [t for t in self._timers if t.kind not in ("store", "demand")]:
+        for timer in [t for t in self._timers if _TIMERS[t.kind].machine != "server_round"]:
             self.disarm(timer)
 
 
-HANDLERS: dict[type, Callable[[InputDispatch, object], None]] = {
-    FrameReceived: InputDispatch._on_frame,  # type: ignore[dict-item]
-    TimerFired: InputDispatch._on_timer,  # type: ignore[dict-item]
-    RegistrationFinished: InputDispatch._on_registration,  # type: ignore[dict-item]
-    WriteFinished: InputDispatch._on_write,  # type: ignore[dict-item]
-    TransportLost: InputDispatch._on_transport_lost,  # type: ignore[dict-item]
-    HostStart: InputDispatch._on_start,  # type: ignore[dict-item]
-    HostFetch: InputDispatch._on_host_fetch,  # type: ignore[dict-item]
-    HostLookup: InputDispatch._on_host_lookup,  # type: ignore[dict-item]
-    HostSupply: InputDispatch._on_host_supply,  # type: ignore[dict-item]
-    HostAnswerLookup: InputDispatch._on_host_answer,  # type: ignore[dict-item]
-    HostFinish: InputDispatch._on_host_finish,  # type: ignore[dict-item]
-    HostClose: InputDispatch._on_close,  # type: ignore[dict-item]
+_TABLE = input_table()
+_ROWS = {row.event: row for row in _TABLE.inputs if row.kind not in ("frame", "timer")}
+_TIMERS = _TABLE.of_kind("timer")
+_MACHINES: dict[str, CompiledMachine] = {
+    m.name: m for m in (SESSION, CLIENT_ROUND, CLIENT_LOOKUP, SERVER_ROUND, SERVER_LOOKUP)}
+Finder = Callable[[InputDispatch, tuple[str | int, ...]], object]
+_FINDERS: dict[tuple[str, tuple[str, ...]], Finder] = {
+    ("session", ()): lambda s, _k: s,
+    ("client_round", ("kv_request_id", "round_seq")):
+        lambda s, k: s._loads[str(k[0])][int(k[1])],
+    ("client_lookup", ("serial",)): lambda s, k: s._lookup_by_serial[int(k[0])],
+    ("server_round", ("serial",)): lambda s, k: s._round_by_serial[int(k[0])],
+    ("server_lookup", ("token",)): lambda s, k: s._tokens[int(k[0])],
+}
+"""How a timer's key names its machine's instance (the row's key fields)."""
+_AFTER: dict[str, Callable[[InputDispatch, object], None]] = {
+    "client_lookup": lambda s, lk: s._drop_closed_lookups(lk.kv_request_id),  # type: ignore[attr-defined]
+    "server_round": lambda s, rnd: s._settle(rnd),  # type: ignore[arg-type]
+    "server_lookup": lambda s, sl: s._settle_lookups(sl.kv_request_id),  # type: ignore[attr-defined]
+}
+"""The cascade a machine's step is followed by (models/inputs.toml [cascade])."""
+
+
+def _handler(name: str) -> Callable[[InputDispatch, Any], None]:
+    handler = getattr(InputDispatch, name, None)
+    if handler is None:
+        raise ModelError(f"models/inputs.toml: no handler InputDispatch.{name}")
+    return cast(Callable[[InputDispatch, Any], None], handler)
+
+
+def _event_class(row: InputSpec) -> type:
+    cls = getattr(inputs, row.event, None)
+    if not isinstance(cls, type):
+        raise ModelError(f"models/inputs.toml: {row.kind} {row.name}: no input {row.event}")
+    return cls
+
+
+for _row in _TIMERS.values():
+    if (_row.machine, _row.key) not in _FINDERS:
+        raise ModelError(f"models/inputs.toml: timer {_row.name}: no instance of "
+                         f"{_row.machine} is found by {list(_row.key)}")
+
+Handler = Callable[[InputDispatch, object], None]
+HANDLERS: dict[type, Handler] = {
+    FrameReceived: cast(Handler, InputDispatch._on_frame),
+    TimerFired: cast(Handler, InputDispatch._on_timer),
+    **{_event_class(row): _handler(f"_on_{row.kind}_{row.name}") for row in _ROWS.values()},
 }
 """Input type -> its handler."""
 
-_FRAME_HANDLERS: dict[type, Callable[[InputDispatch, Message], None]] = {
-    Connect: InputDispatch._on_connect,  # type: ignore[dict-item]
-    ConnectAck: InputDispatch._on_connect_ack,  # type: ignore[dict-item]
-    Disconnect: InputDispatch._on_disconnect,  # type: ignore[dict-item]
-    Fetch: InputDispatch._on_fetch,  # type: ignore[dict-item]
-    Lookup: InputDispatch._on_lookup,  # type: ignore[dict-item]
-    AbortFetch: InputDispatch._on_abort_fetch,  # type: ignore[dict-item]
-    TransferDone: InputDispatch._on_transfer_done,  # type: ignore[dict-item]
-    AbortAck: InputDispatch._on_abort_ack,  # type: ignore[dict-item]
-    LookupResp: InputDispatch._on_lookup_resp,  # type: ignore[dict-item]
-}
+_ROLE_FRAME_HANDLERS: dict[str, Callable[[InputDispatch, Message], None]] = {
+    row.name: _handler(f"_on_{row.name}")
+    for row in _TABLE.of_kind("frame").values() if row.machine != "session"}
+FrameHandler = Callable[[InputDispatch, InputSpec, Message], None]
+_FRAME_HANDLERS: dict[str, tuple[InputSpec, FrameHandler]] = {
+    row.name: (row, InputDispatch._on_session_frame if row.machine == "session"
+               else InputDispatch._on_role_frame)
+    for row in _TABLE.of_kind("frame").values()}
+"""Frame type -> its row and handler."""

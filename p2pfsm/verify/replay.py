@@ -27,6 +27,7 @@ from itertools import product
 
 from p2pfsm.demo.blocks import demo_key
 from p2pfsm.errors import LocalProtocolError
+from p2pfsm.fsm import input_table
 from p2pfsm.protocol import Disconnect, decode
 from p2pfsm.session import (
     HostAnswerLookup,
@@ -57,13 +58,21 @@ REPLAY_TIMEOUTS = Timeouts(handshake=1.0, load=1.0, abort_ack=1.0, store=1.0, lo
                            lookup_pending=1.0, demand=1.0, tombstone=1e6)
 _KEY_NUMBER = {demo_key(i): i for i in range(len(SPEC_KEYS))}
 _REQ = "r1"
+_INPUTS = input_table()
 _HANDSHAKE = frozenset(t for t, (machine, _) in FRAME_ACTIONS.items() if machine == "session")
 _TIMER_KIND = {action_name(*mt): kind for kind, mt in TIMER_ACTIONS.items()}
+_HOST_OP = {action_name(r.machine, r.trigger): r.name for r in _INPUTS.of_kind("host").values()}
+"""Host-call action -> the replay op making it (the input's name in models/inputs.toml)."""
+_KEYED = frozenset({"fetch", "lookup", "supply"})
+"""Host ops that take a key set."""
+_RESULT_OP = {action_name(r.machine, t): (r.name, ok)
+              for r in (*_INPUTS.of_kind("result").values(), *_INPUTS.of_kind("transport").values())
+              for t, ok in ((r.trigger, True),
+                            *((v.trigger, v.expect) for v in r.variants if v.field == "ok"))}
+"""Data-plane and transport action -> (op, ok)."""
 _RECEIVE = frozenset(
-    {action_name(*mt) for mt in FRAME_ACTIONS.values()}
-    | {action_name("server_round", "recv_fetch"),
-       action_name("server_round", "recv_terminal_fetch"), action_name("session", "recv_stale"),
-       "NetworkDiscard"})
+    {action_name(r.machine, t) for r in _INPUTS.of_kind("frame").values() for t in r.triggers}
+    | {action_name("session", _INPUTS.stale), "NetworkDiscard"})
 _SILENT = ENVIRONMENT_ACTIONS - {"NetworkDiscard"}
 """Environment actions no Session.handle call stands for."""
 _UNREPLAYABLE = frozenset({"NetworkRestart"})
@@ -138,7 +147,7 @@ def apply(w: ReplayWorld, op: Op) -> None:
             # the wire (its rate limit, having no clock): the code's passes likewise.
             w.clock[receiver] += STALE_ANSWER_INTERVAL_S
         w.deliver(node)
-    elif kind == "register":
+    elif kind == "registration":
         w.register(node, bool(args[1]))
     elif kind == "write":
         xfer, ok = int(args[1]), bool(args[2])  # type: ignore[call-overload]
@@ -182,19 +191,11 @@ def candidates(w: ReplayWorld, action: str) -> Iterator[Op]:
     """Every concrete input that could be ``action`` now."""
     for p in w.NODES:
         chan = w.channels[(p, w.other(p))]
-        if action == "SessionHostStart":
-            yield ("start", p)
-        elif action == "SessionHostClose":
-            yield ("close", p)
-        elif action in ("ClientRoundHostFetch", "ClientLookupHostLookup",
-                        "ServerRoundHostSupply"):
-            kind = {"ClientRoundHostFetch": "fetch", "ClientLookupHostLookup": "lookup",
-                    "ServerRoundHostSupply": "supply"}[action]
+        host = _HOST_OP.get(action)
+        if host in _KEYED:
             for keys in KEY_SETS:
-                yield (kind, p, keys)
-        elif action == "ClientRoundHostFinish":
-            yield ("finish", p)
-        elif action == "ServerLookupHostAnswer":
+                yield (host, p, keys)
+        elif host == "answer":
             for (node, token), pending in sorted(w.unanswered.items()):
                 if node != p or token in w.hosts[p].lookups_closed:
                     continue
@@ -204,21 +205,24 @@ def candidates(w: ReplayWorld, action: str) -> Iterator[Op]:
                     miss = tuple(k for k, f in zip(waiting, fate, strict=True) if f == "miss")
                     if hits or miss:
                         yield ("answer", p, token, hits, miss)
+        elif host is not None:
+            yield (host, p)
         elif action in _RECEIVE:
             if chan:
                 yield ("deliver", p)
-        elif action in ("SessionRegistrationDone", "SessionRegistrationFailed"):
-            if p in w.registrations:
-                yield ("register", p, action == "SessionRegistrationDone")
-        elif action in ("ServerRoundWriteDone", "ServerRoundWriteFailed"):
-            for src, xfer in sorted(w.writes):
-                if src == p:
-                    yield ("write", p, xfer, action == "ServerRoundWriteDone")
-        elif action == "SessionTransportLost":
-            yield ("lost", p)
+        elif action in _RESULT_OP:
+            op, ok = _RESULT_OP[action]
+            if op == "registration" and p in w.registrations:
+                yield (op, p, ok)
+            elif op == "write":
+                for src, xfer in sorted(w.writes):
+                    if src == p:
+                        yield (op, p, xfer, ok)
+            elif op == "lost":
+                yield (op, p)
         elif action in _TIMER_KIND:
             for timer in sorted(w.timers[p], key=repr):
-                if timer[0] == _TIMER_KIND[action]:
+                if timer.kind == _TIMER_KIND[action]:
                     yield ("timer", p, timer)
         elif action == "NetworkHalfCut":
             yield ("halfcut", p)

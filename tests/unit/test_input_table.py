@@ -1,0 +1,86 @@
+"""``models/inputs.toml``: every trigger is reached, a bad table fails at load, and the
+session's dispatch, the spec action names and the timer names all come from it."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from p2pfsm.errors import ModelError
+from p2pfsm.fsm import input_table, machines
+from p2pfsm.fsm.inputs import parse_inputs
+from p2pfsm.fsm.registry import models_directory
+from p2pfsm.session import FrameReceived, HostFinish, TimerFired, TimerId
+from p2pfsm.session.base import LIVE_STATES
+from p2pfsm.session.dispatch import _FRAME_HANDLERS, HANDLERS
+from p2pfsm.spec_calls import TIMER_ACTIONS, action_of
+
+ROOT = Path(__file__).resolve().parents[2]
+TEXT = (models_directory() / "inputs.toml").read_text()
+
+
+def _parse(text: str) -> object:
+    return parse_inputs(tomllib.loads(text), "inputs.toml", machines())
+
+
+def test_every_trigger_is_reached_by_an_input_or_a_declared_cascade() -> None:
+    table = input_table()
+    declared = {(name, t) for name, spec in machines().items() for t in spec.triggers}
+    covered = table.reached() | set(table.cascade)
+    assert declared - covered == set(), "triggers no input row reaches and no cascade lists"
+    assert covered <= declared
+
+
+@pytest.mark.parametrize(("patch", "message"), [
+    (('machine = "client_round"\nkey = ["kv_request_id", "round_seq"]\ngate = "recv_response"\n'
+      'trigger = "recv_transfer_done"', 'machine = "client_rnd"\ntrigger = "recv_transfer_done"'),
+     "unknown machine 'client_rnd'"),
+    (('trigger = "timer_load"', 'trigger = "timer_loading"'), "has no trigger 'timer_loading'"),
+    (('gate = "recv_request"\ntrigger = "recv_abort_fetch"',
+      'gate = "recv_req"\ntrigger = "recv_abort_fetch"'), "session' has no trigger 'recv_req'"),
+    (('"awaiting_ack", "ready"]', '"awaiting_ack", "rdy"]'), "unknown session states"),
+    (('stale = "recv_stale"', 'stale = "recv_old"'), "no trigger 'recv_old'"),
+    (('name = "demand"', 'name = "store"'), "timer 'store' is declared twice"),
+    (('"server_round.settle" =', '"server_round.settled" ='), "no trigger 'settled'"),
+    (('{ when = "is_terminal", trigger', '{ if = "is_terminal", trigger'), "'when' or 'unless'"),
+    (('kind = "transport"', 'kind = "socket"'), "'kind' must be one of"),
+    (('"client_lookup.host_finish"', '"client_lookup"'), "expected 'machine.trigger'"),
+])
+def test_a_bad_table_is_a_clear_error_at_load(patch: tuple[str, str], message: str) -> None:
+    assert patch[0] in TEXT
+    with pytest.raises(ModelError, match=re.escape(message)):
+        _parse(TEXT.replace(*patch, 1))
+
+
+def test_the_dispatch_and_the_spec_names_are_read_from_the_table() -> None:
+    table = input_table()
+    assert table.live_states == LIVE_STATES
+    assert set(_FRAME_HANDLERS) == set(table.of_kind("frame"))
+    events = {row.event for row in table.inputs}
+    assert {cls.__name__ for cls in HANDLERS} == events
+    assert {n: (r.machine, r.trigger) for n, r in table.of_kind("timer").items()} == TIMER_ACTIONS
+    assert action_of("ready", HostFinish("r")) == "ClientRoundHostFinish"
+    assert action_of("dead", FrameReceived(b"")) == "NetworkDiscard"
+    assert action_of("ready", TimerFired(TimerId("lookup_pending", (1,)))) == \
+        "ServerLookupTimerLookupPending"
+
+
+def test_one_name_per_timer_in_code_models_and_spec() -> None:
+    table_timers = set(input_table().of_kind("timer"))
+    spec = (ROOT / "tla" / "P2P.tla").read_text()
+    kinds = re.search(r"^TimerKinds == \{([^}]*)\}", spec, re.M)
+    assert kinds is not None
+    # The spec's handshake timer is the fault "hstimer"; every role timer has its name.
+    assert set(re.findall(r'"(\w+)"', kinds[1])) == table_timers - {"handshake"}
+    used = set(re.findall(r'Timer\("(\w+)"\)', spec))
+    assert used == table_timers - {"handshake"}
+    armed = set()
+    for path in (ROOT / "p2pfsm" / "session").glob("*.py"):
+        text = path.read_text()
+        armed |= set(re.findall(r'TimerId\(\s*"(\w+)"', text))
+        armed |= set(re.findall(r'self\._timer\("(\w+)"\)', text))  # ClientRound's
+    assert armed == table_timers
+    assert all(f"timer_{n}" == r.trigger for n, r in input_table().of_kind("timer").items())
