@@ -8,12 +8,39 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from helpers.world import PEER_ID, Driver, keys, of_type, only, peer_connect
 
 from p2pfsm.errors import ModelError
-from p2pfsm.fsm import input_table, machines
+from p2pfsm.fsm import Tracer, input_table, machines
 from p2pfsm.fsm.inputs import parse_inputs
 from p2pfsm.fsm.registry import models_directory
-from p2pfsm.session import FrameReceived, HostFinish, TimerFired, TimerId
+from p2pfsm.protocol import (
+    AbortAck,
+    AbortFetch,
+    ConnectAck,
+    Fetch,
+    Lookup,
+    LookupResp,
+    TransferDone,
+    decode,
+    encode,
+)
+from p2pfsm.session import (
+    FrameReceived,
+    HostAnswerLookup,
+    HostFetch,
+    HostFinish,
+    HostLookup,
+    HostStart,
+    HostSupply,
+    Input,
+    LookupRequest,
+    RegistrationFinished,
+    TimerFired,
+    TimerId,
+    TransportLost,
+    WriteFinished,
+)
 from p2pfsm.session.base import LIVE_STATES
 from p2pfsm.session.dispatch import _FRAME_HANDLERS, HANDLERS
 from p2pfsm.spec_calls import TIMER_ACTIONS, action_of
@@ -84,3 +111,55 @@ def test_one_name_per_timer_in_code_models_and_spec() -> None:
         armed |= set(re.findall(r'self\._timer\("(\w+)"\)', text))  # ClientRound's
     assert armed == table_timers
     assert all(f"timer_{n}" == r.trigger for n, r in input_table().of_kind("timer").items())
+
+
+def _row_step(ev: Input) -> tuple[str, str]:
+    """The (machine, trigger) the table says ``ev`` starts."""
+    table = input_table()
+    if isinstance(ev, FrameReceived):
+        msg = decode(ev.frame)
+        row = table.of_kind("frame")[msg.TYPE]
+        return row.machine, row.trigger_for(msg)
+    if isinstance(ev, TimerFired):
+        row = table.of_kind("timer")[ev.timer.kind]
+        return row.machine, row.trigger
+    row = table.by_event(type(ev).__name__)
+    return row.machine, row.trigger_for(ev)
+
+
+def test_each_input_takes_the_step_its_row_names() -> None:
+    """The role handlers (which find or create the instance) fire what the table says."""
+    d = Driver()
+    d.s.tracer = tracer = Tracer()
+
+    def step(ev: Input) -> None:
+        tracer.records.clear()
+        if isinstance(ev, TimerFired):
+            d.now = max(d.now, d.timers.pop(ev.timer))
+        d(ev)
+        assert _row_step(ev) in {(r.machine, r.trigger) for r in tracer.records}, ev
+
+    step(HostStart())
+    step(FrameReceived(encode(peer_connect())))
+    step(RegistrationFinished(True))
+    step(FrameReceived(encode(ConnectAck(PEER_ID))))
+    step(HostFetch(1, "r1", keys([1]), (0,)))
+    step(FrameReceived(encode(TransferDone("r1", True, 0))))
+    step(HostLookup("r2", keys([2])))
+    step(FrameReceived(encode(LookupResp("r2", keys([2]), (False,)))))
+    step(FrameReceived(encode(Fetch("s1", keys([3]), (1,), 0))))
+    step(HostSupply(5, "s1", keys([3]), (2,)))
+    step(WriteFinished(0, False))
+    step(FrameReceived(encode(Fetch("s2", keys([4]), (1,), 0))))
+    step(FrameReceived(encode(AbortFetch("s2", 0))))
+    out = d(FrameReceived(encode(Lookup("s3", keys([5]), 0))))
+    token = only(of_type(out, LookupRequest)).token
+    step(HostAnswerLookup(token, {}, None, frozenset(keys([5]))))
+    step(TimerFired(only(d.armed("lookup_pending"))))
+    step(HostFetch(2, "r4", keys([6]), (3,)))
+    step(TimerFired(only(d.armed("load"))))
+    step(TimerFired(only(d.armed("abort_ack"))))
+    step(FrameReceived(encode(AbortAck("r4", 0))))
+    step(HostFetch(3, "r5", keys([7]), (4,)))
+    step(HostFinish("r5"))
+    step(TransportLost("cut"))
