@@ -85,8 +85,8 @@ def call_action(state: str, event: Input, records: Sequence[TraceRecord]) -> str
     if isinstance(event, HostAnswerLookup) and not records:
         return None  # the lookup had ended: the host's pins go back, no machine moves
     if isinstance(event, FrameReceived) and any(
-            (r.machine, r.trigger) == ("session", "recv_stale") for r in records):
-        return action_name("session", "recv_stale")  # a dead session's answer (or not)
+            (r.machine, r.trigger) == ("session", _TABLE.stale) for r in records):
+        return action_name("session", _TABLE.stale)  # a dead session's answer (or not)
     return action_of(state, event)
 
 
