@@ -16,7 +16,8 @@ import subprocess
 from pathlib import Path
 
 from p2pfsm.errors import ConfigError
-from p2pfsm.fsm.registry import models_directory
+from p2pfsm.fsm.inputs import InputTable
+from p2pfsm.fsm.registry import input_table, models_directory
 from p2pfsm.fsm.spec import MachineSpec, TransitionSpec
 
 log = logging.getLogger(__name__)
@@ -180,18 +181,21 @@ def write(specs: dict[str, MachineSpec], out: Path) -> tuple[int, list[Path]]:
 _ROLES = (("client_", "consumer role"), ("server_", "producer role"))
 
 
-def to_overview(specs: dict[str, MachineSpec]) -> str:
+def to_overview(specs: dict[str, MachineSpec], table: InputTable | None = None) -> str:
     """How the machines compose, drawn from ``models/``: the session machine gates every
     frame; the consumer's and producer's machines (named ``client_*`` and ``server_*``)
-    live inside it; an arrow from the peer names the frames (``recv_<frame>`` triggers)
-    that drive a machine, an arrow to the peer the frames it sends (``send_<frame>``
-    actions), an arrow from the host its calls (``host_<call>`` triggers), a dotted one
-    its timers (``timer_<kind>``), and an arrow to the peer the actions that send frames
-(``send_*``)."""
-    lines = ["%% overview: which inputs drive which machine (generated from models/*.toml)",
+    live inside it. The arrows into a machine are the rows of the input table
+    (``models/inputs.toml``, default :func:`~p2pfsm.fsm.input_table`): from the peer the
+    frames it receives, from the host its calls (a call reaching several machines is on
+    each arrow), from the data plane and transport their results, dotted from the timers
+    the timers it owns; an arrow to the peer names the actions that send frames
+    (``send_*``)."""
+    table = input_table() if table is None else table
+    lines = ["%% overview: which inputs drive which machine "
+             "(generated from models/inputs.toml and models/*.toml)",
              "flowchart LR",
-             "    host([host and executor])", "    peer([peer session])",
-             "    timers([timers])"]
+             "    host([host])", "    plane([data plane and transport])",
+             "    peer([peer session])", "    timers([timers])"]
     inside = {name for name in specs if not name.startswith(tuple(p for p, _ in _ROLES))}
     lines.append("    subgraph sess [one session per peer]")
     lines.extend(f"        {name}[{name}]" for name in sorted(inside))
@@ -203,19 +207,18 @@ def to_overview(specs: dict[str, MachineSpec]) -> str:
             lines.extend(f"            {name}[{name}]" for name in members)
             lines.append("        end")
     lines.append("    end")
+    arrows = {"frame": "peer --", "host": "host --", "result": "plane --",
+              "transport": "plane --", "timer": "timers -."}
     for name, spec in specs.items():
-        triggers = sorted(spec.triggers)
-        recv = [t.removeprefix("recv_") for t in triggers if t.startswith("recv_")]
-        host = [t.removeprefix("host_") for t in triggers if t.startswith("host_")]
-        timer = [t.removeprefix("timer_") for t in triggers if t.startswith("timer_")]
+        into: dict[str, list[str]] = {}
+        for row in table.inputs:
+            if row.machine == name or name in dict(row.fanout):
+                into.setdefault(arrows[row.kind], []).append(row.name)
+        for source, names in sorted(into.items()):
+            tip = ".->" if source.endswith(".") else "-->"
+            lines.append(f"    {source} \"{', '.join(sorted(set(names)))}\" {tip} {name}")
         sent = sorted({a for t in spec.transitions for a in t.actions
                        if a.startswith("send_")})
-        if recv:
-            lines.append(f"    peer -- \"{', '.join(recv)}\" --> {name}")
-        if host:
-            lines.append(f"    host -- \"{', '.join(host)}\" --> {name}")
-        if timer:
-            lines.append(f"    timers -. \"{', '.join(timer)}\" .-> {name}")
         if sent:
             lines.append(f"    {name} -- \"{', '.join(sent)}\" --> peer")
     return "\n".join(lines) + "\n"
@@ -235,10 +238,11 @@ def machines_page(specs: dict[str, MachineSpec]) -> str:
              "simulated world (`p2pfsm/diagram_flows.py`); `p2pfsm diagrams --check` (CI) "
              "fails when this page is stale. Do not edit by hand.\n",
              "## Overview\n",
-             "Which frames, host calls and timers drive which machine, and which frames "
-             "each sends. The session machine gates every frame (`recv_request`, "
-             "`recv_response`) before the machine of its request, round or lookup takes "
-             "it.\n", _fence(to_overview(specs)),
+             "Which frames, host calls, results and timers drive which machine (the rows "
+             "of `models/inputs.toml`, from which the session's dispatch is built), and "
+             "which frames each sends. The session machine gates every frame "
+             "(`recv_request`, `recv_response`) before the machine of its request, round "
+             "or lookup takes it.\n", _fence(to_overview(specs)),
              "## Flows\n",
              "Each flow is a script of host calls on `p2pfsm.sim.SimWorld`, frames "
              "delivered in order; notes are the machine steps each `Session.handle` call "

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from p2pfsm import diagram_flows, diagrams
-from p2pfsm.fsm import machines
+from p2pfsm.fsm import input_table, machines
 
 WIRE = {"handshake": {"connect", "connect_ack"}, "pd": {"fetch", "transfer_done"},
         "demand": {"fetch", "transfer_done"}, "lookup_fetch": {"lookup", "lookup_resp",
@@ -48,15 +48,17 @@ def test_each_flow_is_recorded_from_the_sessions(flow: str) -> None:
     assert diagram_flows.to_sequence(flow, diagram_flows.record(flow)) == text  # stable
 
 
-def test_the_overview_names_each_machine_and_the_frames_it_takes() -> None:
+def test_the_overview_draws_each_row_of_the_input_table() -> None:
     text = diagrams.to_overview(machines())
-    for name, spec in machines().items():
+    for name in machines():
         assert f"[{name}]" in text
-        for trigger in spec.triggers:
-            if trigger.startswith("recv_"):
-                line = next(x for x in text.splitlines() if x.endswith(f"--> {name}")
-                            and x.lstrip().startswith("peer"))
-                assert trigger.removeprefix("recv_") in line
+    source = {"frame": "peer", "host": "host", "timer": "timers", "result": "plane",
+              "transport": "plane"}
+    for row in input_table().inputs:
+        for machine in (row.machine, *dict(row.fanout)):
+            line = next(x for x in text.splitlines() if x.endswith(f" {machine}")
+                        and x.lstrip().startswith(source[row.kind] + " "))
+            assert row.name in line.split('"')[1].split(", "), (row.kind, row.name, machine)
 
 
 def test_the_page_embeds_every_diagram_in_mermaid_fences(tmp_path: Path) -> None:
