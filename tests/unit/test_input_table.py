@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import tomllib
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,7 @@ from p2pfsm.session import (
     Input,
     LookupRequest,
     RegistrationFinished,
+    Timeouts,
     TimerFired,
     TimerId,
     TransportLost,
@@ -111,6 +113,7 @@ def test_one_name_per_timer_in_code_models_and_spec() -> None:
         armed |= set(re.findall(r'self\._timer\("(\w+)"\)', text))  # ClientRound's
     assert armed == table_timers
     assert all(f"timer_{n}" == r.trigger for n, r in input_table().of_kind("timer").items())
+    assert table_timers <= {f.name for f in fields(Timeouts)}  # and its deadline's name
 
 
 def _row_step(ev: Input) -> tuple[str, str]:
