@@ -79,6 +79,7 @@ def stateful(mutant: str | None, machine: type[RuleBasedStateMachine],
 CHECKS = (
     ("sent for job", "TerminalFrameInv (ghost job)"),
     ("rejected a conformant peer", "NoProtocolErrorInv"),
+    ("reused a round", "RoundReuseInv"),
     ("may still land", "NoFreeWhileWriteInv (release)"),
     ("landed in block", "NoFreeWhileWriteInv (landing)"),
     ("written while free", "canary"),

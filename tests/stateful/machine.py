@@ -102,8 +102,14 @@ class TwoSessions(RuleBasedStateMachine):
         self.world.start()
         if handshake_first:
             self.world.stabilize()
-            for i, stage in enumerate(contended):
-                self._contend("ab"[i % 2], self.rids[i % len(self.rids)], i, stage)
+            stages = [("ab"[i % 2], self.rids[i % len(self.rids)], i, stage)
+                      for i, stage in enumerate(contended)]
+            for node, rid, i, stage in stages:
+                self._contend(node, rid, i, stage)
+            # Replies last: a later stage's fetch would deliver an earlier one's reply.
+            for node, _, _, stage in stages:
+                if stage == "replied":
+                    self._reply(self.world.other(node))
 
     def _contend(self, node: str, rid: str, i: int, stage: str) -> None:
         """Start in a contended state (:data:`CONTENDED`): ``node`` loads two of its
@@ -113,10 +119,12 @@ class TwoSessions(RuleBasedStateMachine):
         self._load_with_writes_in_flight(node, rid, held[2 * i: 2 * i + 2])
         if stage == "two rounds":
             self._load_with_writes_in_flight(node, rid, held[4 + i: 5 + i])
-        elif stage == "replied":
-            for key in sorted(k for k in self.world.writes if k[0] == peer):
-                self.world.land(*key)
-                self.world.complete(*key)
+
+    def _reply(self, producer: str) -> None:
+        """``producer``'s writes land and complete: its transfer_done is on the wire."""
+        for key in sorted(k for k in self.world.writes if k[0] == producer):
+            self.world.land(*key)
+            self.world.complete(*key)
 
     def _load_with_writes_in_flight(self, node: str, rid: str, blocks: list[int]) -> None:
         peer = self.world.other(node)

@@ -15,6 +15,10 @@ while a write reads it, a second result, wrong bytes), every step checks:
   write lands): until a write has completed it may land (again), cancelled or not
   (NIXL), so a load reported released while one of its writes is in flight is a
   violation, whether or not this run lets it land.
+* **no round number reused while its older generation is on the wire**
+  (``RoundReuseInv``, checked when the consumer sends the new round's fetch): a
+  transfer_done, abort_ack, abort_fetch or fetch of the same request and round still in
+  flight would be taken for the new round's (vLLM P4), before any of them arrives.
 * **canary**: a released destination block is filled with a canary; it must still hold
   it when the host gives the block to a new load (nothing landed while it was free).
 """
@@ -76,6 +80,9 @@ class CheckedWorld(SimWorld):
         return None
 
     def send_frame(self, peer: str, out: SendFrame) -> None:
+        msg = out.message
+        if self.check_rounds and isinstance(msg, Fetch) and msg.keys:
+            self._check_round_fresh(peer, msg)
         super().send_frame(peer, out)
         self.ghosts[(peer, self.other(peer))].append(self._ghost_of(peer, out.message))
 
@@ -95,6 +102,25 @@ class CheckedWorld(SimWorld):
                         f"{dst}: {msg.TYPE} {msg.kv_request_id}/{msg.round_seq} sent for job "
                         f"{ghost} completed job {out.job_id} (another round's load)")
         self._flush_answers()
+
+    def _check_round_fresh(self, node: str, msg: Fetch) -> None:
+        """``RoundReuseInv``: a load round is not opened under a number whose older
+        generation still has a frame on the wire (its fetch or abort, which the producer
+        will answer, or its transfer_done or abort_ack): that reply would be taken for
+        the new round's (vLLM P4). The real session's round floor keeps an aborted
+        round's number until its frames are gone."""
+        key = (msg.kv_request_id, msg.round_seq)
+        peer = self.other(node)
+        # Only this consumer's rounds: its requests to the peer, the peer's replies.
+        frames = [(f, AbortFetch | Fetch) for f in self.channels[(node, peer)]]
+        frames += [(f, TransferDone | AbortAck) for f in self.channels[(peer, node)]]
+        for frame, kinds in frames:
+            old = decode(frame)
+            if isinstance(old, kinds) and (not isinstance(old, Fetch) or old.keys) and (
+                    (old.kv_request_id, old.round_seq) == key):
+                    raise SafetyViolation(
+                        f"{node}: fetch {key[0]}/{key[1]} reused a round whose {old.TYPE} "
+                        "is still on the wire (its reply would be taken for the new round's)")
 
     def drop(self, src: str, index: int = 0) -> None:
         super().drop(src, index)
