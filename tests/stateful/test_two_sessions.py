@@ -10,6 +10,8 @@ channels that may lose frames or be cut:
 * no pinned source is released while a write reads it; no write before registration;
 * rounds are isolated: a frame about (kv_request_id, round) fires only that round's
   machines, and a transfer_done or abort_ack completes only the load it answers;
+* no load round reuses a number while an older round of that number has a frame on
+  the wire (the consumer's fetch or abort, the producer's reply);
 * two conformant peers never reject each other's frames unless a frame was lost;
 * a malformed frame changes nothing.
 Checked once the run is quiet (faults off, everything delivered, timers fired):
