@@ -1,9 +1,11 @@
-"""Shared pytest setup: hypothesis profiles (``ci`` by default; ``long`` documented in README)."""
+"""Shared pytest setup: hypothesis profiles (``ci`` by default; ``long`` documented in README)
+and the ``slow`` marker (skipped unless the run selects it, e.g. ``-m slow``)."""
 
 from __future__ import annotations
 
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
@@ -26,3 +28,13 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``slow`` run only when the marker expression names them."""
+    if "slow" in (config.option.markexpr or ""):
+        return
+    skip = pytest.mark.skip(reason="slow: run with -m slow")
+    for item in items:
+        if item.get_closest_marker("slow") is not None:
+            item.add_marker(skip)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
@@ -52,16 +51,6 @@ def campaign_report(request: pytest.FixtureRequest) -> Callable[[str], None]:
         lines.append(f"{request.node.name}: {line}")
 
     return add
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if "slow" in (config.option.markexpr or ""):
-        return
-    here = Path(__file__).parent
-    skip = pytest.mark.skip(reason="slow campaign: run with -m slow")
-    for item in items:
-        if "slow" in item.keywords and here in Path(str(item.fspath)).parents:
-            item.add_marker(skip)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter,

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from p2pfsm.fsm import machines
-from p2pfsm.verify import names, tlc
+from p2pfsm.verify import configs, names, tlc
 from p2pfsm.verify.graph import StateGraph
 from p2pfsm.verify.unreachable import BEYOND_GATE, KNOWN_UNREACHABLE, excluded
 
@@ -119,3 +119,16 @@ def test_graph_actions_map_and_fire_their_trigger(gate_graph: StateGraph) -> Non
             assert own in triggers, f"{action} never fires {own}"
         else:
             assert not triggers, f"environment action {action} fired {triggers}"
+
+
+@pytest.mark.slow
+def test_large_config_passes(spec_dir: Path, require_tlc: None) -> None:
+    """The larger workloads of ``tla/large.cfg`` hold every invariant (minutes; not in CI:
+    ``pytest -m slow tests/conformance`` or ``p2pfsm check --config large``)."""
+    cfg = configs.config(spec_dir, "large")
+    result = tlc.run(spec_dir, configs.SPEC_MODULE, cfg.path, timeout=3600.0,
+                     extra=cfg.tlc_args)
+    assert result.errors == ()
+    assert result.violated is None, f"{result.violated}: {result.counterexample}"
+    assert result.ok and result.left_on_queue == 0
+    assert result.distinct_states and result.distinct_states > 500_000

@@ -230,17 +230,6 @@ def hostile(server_box: ServerBox, request: pytest.FixtureRequest) -> Iterator[H
             request.config.stash.setdefault(_REACTIONS, {})[request.node.nodeid] = note
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Slow scenarios run only when asked for (``-m slow``)."""
-    if "slow" in (config.option.markexpr or ""):
-        return
-    here = Path(__file__).parent
-    skip = pytest.mark.skip(reason="slow hostile scenario: run with -m slow")
-    for item in items:
-        if "slow" in item.keywords and here in Path(str(item.fspath)).parents:
-            item.add_marker(skip)
-
-
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
     report = yield
