@@ -4,11 +4,12 @@ Firing a trigger is all-or-nothing. It plans: looks up the candidates for the
 object's current state and takes the first whose guards hold (and whose ``unless``
 guards do not); guards are pure predicates. No candidate means the machine declares
 no such step: :class:`InvalidTransition` is raised and nothing has changed. Then it
-commits: sets the new state and runs the actions in order, and only once every
-action has returned records the step with the tracer. Should an action raise, the
-object's state, its declared extended state (``fsm_data``: the attributes its
+commits: sets the new state and runs the actions in order. Should an action raise,
+the object's state, its declared extended state (``fsm_data``: the attributes its
 actions write) and its output list (``fsm_outputs``) are put back as they were
-before the step, and the exception propagates.
+before the step, and the exception propagates. Once every action has returned, the
+owner's ``then`` hook runs (it applies what the actions asked for, so any step that
+causes is nested in this one) and the step is recorded with the tracer.
 
 This module is the only place that assigns ``fsm_state``; a test walks the AST
 of the package to keep it that way.
@@ -44,6 +45,8 @@ class FsmObject(Protocol):
 
 Guard = Callable[[Any, Any], bool]
 Action = Callable[[Any, Any], None]
+Then = Callable[["CompiledMachine", Any, str, str], None]
+"""An owner's hook after a committed step: (machine, object, trigger, new state)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,11 +65,13 @@ class CompiledMachine:
         spec: the machine as loaded from ``models/``.
         impl: the class whose methods are named by the spec's guards and actions;
             every name must resolve, else :class:`ModelError`.
+        then: the hook :meth:`fire` calls after a committed step when it is given none.
     """
 
-    def __init__(self, spec: MachineSpec, impl: type) -> None:
+    def __init__(self, spec: MachineSpec, impl: type, then: Then | None = None) -> None:
         self.spec = spec
         self.name = spec.name
+        self.then = then
         missing = sorted(
             n for n in spec.guard_names | spec.action_names if not callable(getattr(impl, n, None))
         )
@@ -89,8 +94,17 @@ class CompiledMachine:
         """True when ``trigger`` has an enabled transition from the current state."""
         return self._select(obj, trigger, event) is not None
 
-    def fire(self, obj: FsmObject, trigger: str, event: object = None) -> str:
+    def declares(self, state: str, trigger: str) -> bool:
+        """True when the model has a transition for ``trigger`` from ``state`` (guarded or not)."""
+        return (state, trigger) in self._table
+
+    def fire(self, obj: FsmObject, trigger: str, event: object = None,
+             then: Then | None = None) -> str:
         """Take the enabled transition for ``trigger``; return the new state.
+
+        ``then(machine, obj, trigger, dest)`` (else the machine's own hook) runs once the
+        step has committed, before the tracer records it; what it raises propagates and
+        the step stays taken.
 
         Raises:
             InvalidTransition: no declared transition is enabled; ``obj`` is unchanged.
@@ -115,6 +129,9 @@ class CompiledMachine:
                 raise
         else:
             obj.fsm_state = cand.dest
+        hook = then or self.then
+        if hook is not None:
+            hook(self, obj, trigger, cand.dest)
         tracer = obj.fsm_tracer
         if tracer is not None:
             tracer.record(self.name, obj.fsm_label, trigger, source, cand.dest)
