@@ -1,27 +1,24 @@
 """The session's state and the helpers every part of it uses.
 
 :class:`SessionBase` holds everything a :class:`~p2pfsm.session.core.Session` keeps
-(the session machine's data, both roles' instance maps, timers, the step's outputs)
-and the output helpers machine actions call (emit, send, arm, disarm), the queries the
-host reads, and the checks of host-call arguments. It fires no machine itself.
+(the session machine's data, both roles' instance maps, timers, the step's outputs,
+the children's outbox) and the output helpers the session machine's actions and the
+owner's outbox application use (emit, send, arm, disarm), the queries the host reads,
+and the checks of host-call arguments. It fires no machine itself.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, cast
-
 from p2pfsm.errors import HandshakeMismatch, LocalProtocolError
 from p2pfsm.fsm import Tracer, input_table, machine
 from p2pfsm.protocol import Connect, ConnectAck, Disconnect, Message
+from p2pfsm.session.child import ChildEnv
 from p2pfsm.session.client import ClientLookup, ClientRound
 from p2pfsm.session.config import SessionConfig
 from p2pfsm.session.inputs import TimerId
 from p2pfsm.session.outputs import ArmTimer, DisarmTimer, Output, SendFrame
 from p2pfsm.session.server import ServerLookup, ServerRound
 from p2pfsm.session.tombstones import Tombstones
-
-if TYPE_CHECKING:
-    from p2pfsm.session.core import Session
 
 _HANDSHAKE_TYPES = (Connect, ConnectAck, Disconnect)
 LIVE_STATES = input_table().live_states
@@ -48,6 +45,10 @@ class SessionBase:
         self._out: list[Output] = []
         self._queue: list[Message] = []
         self._timers: dict[TimerId, float] = {}
+        # What the children's actions asked for (applied after each step) and which
+        # state-triggered steps are due (the cascade).
+        self._env = ChildEnv(config.timeouts, tracer)
+        self._unsettled: list[ServerRound | str] = []
         # consumer role
         self._loads: dict[str, dict[int, ClientRound]] = {}
         self._load_count = 0
@@ -67,18 +68,12 @@ class SessionBase:
         self._round_serial = 0
         self._store_jobs: dict[int, ServerRound] = {}
         self._writes: dict[int, ServerRound] = {}
-        self._next_xfer = 0
         self._served: dict[str, list[ServerLookup]] = {}
         self._tokens: dict[int, ServerLookup] = {}
         self._next_token = 0
 
     fsm_data = ("peer", "death_reason", "mismatch", "last_disconnect", "_queue")
     """What the session machine's actions write (restored should one raise)."""
-
-    @property
-    def _owner(self) -> Session:
-        """This object as the Session it is part of (the owner children are given)."""
-        return cast("Session", self)
 
     # ------------------------------------------------------------------ queries
 

@@ -3,35 +3,33 @@
 Each :class:`ClientRound` is one load job for (kv_request_id, round_seq) and each
 :class:`ClientLookup` one lookup frame; their machines (``models/client_round.toml``,
 ``models/client_lookup.toml``) decide every state change, and the methods below are
-the guards and actions those files name. Round numbers are chosen by
-``Session._alloc_round`` so that two rounds that could both still receive frames never
-share one (see docs/architecture.md).
+the guards and actions those files name. Actions only append to the step's outbox
+(:mod:`~p2pfsm.session.child`); the session applies it and retires an instance once its
+machine reaches a terminal state. Round numbers are chosen by ``Session._alloc_round``
+so that two rounds that could both still receive frames never share one (see
+docs/architecture.md).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from p2pfsm.fsm import CompiledMachine, Tracer, machine
 from p2pfsm.protocol import AbortFetch, Fetch, Lookup, LookupResp, TransferDone
+from p2pfsm.session.child import Arm, ChildEnv, ChildOutput, Disarm, Send
 from p2pfsm.session.inputs import TimerId
-from p2pfsm.session.outputs import LoadResult, LookupResult, Output
-
-if TYPE_CHECKING:
-    from p2pfsm.session.core import Session
+from p2pfsm.session.outputs import LoadResult, LookupResult
 
 
 class ClientRound:
     """One load job: a fetch for (kv_request_id, round_seq)."""
 
-    __slots__ = ("dest_indexes", "fsm_state", "job_id", "keys", "kv_request_id",
-                 "round_seq", "s")
+    __slots__ = ("dest_indexes", "env", "fsm_state", "job_id", "keys", "kv_request_id",
+                 "round_seq")
 
     def __init__(
-        self, s: Session, job_id: int, kv_request_id: str, round_seq: int,
+        self, env: ChildEnv, job_id: int, kv_request_id: str, round_seq: int,
         keys: tuple[bytes, ...], dest_indexes: tuple[int, ...],
     ) -> None:
-        self.s = s
+        self.env = env
         self.fsm_state = CLIENT_ROUND.spec.initial
         self.job_id = job_id
         self.kv_request_id = kv_request_id
@@ -40,8 +38,8 @@ class ClientRound:
         self.dest_indexes = dest_indexes
 
     @property
-    def fsm_outputs(self) -> list[Output]:
-        return self.s.outputs
+    def fsm_outputs(self) -> list[ChildOutput]:
+        return self.env.outbox
 
     @property
     def fsm_label(self) -> str:
@@ -49,29 +47,32 @@ class ClientRound:
 
     @property
     def fsm_tracer(self) -> Tracer | None:
-        return self.s.tracer
+        return self.env.tracer
+
+    def _emit(self, item: ChildOutput) -> None:
+        self.env.outbox.append(item)
 
     def _timer(self, kind: str) -> TimerId:
         return TimerId(kind, (self.kv_request_id, self.round_seq))
 
     # actions
     def send_fetch(self, _ev: object) -> None:
-        self.s.send(Fetch(self.kv_request_id, self.keys, self.dest_indexes, self.round_seq))
+        self._emit(Send(Fetch(self.kv_request_id, self.keys, self.dest_indexes, self.round_seq)))
 
     def arm_load_timer(self, _ev: object) -> None:
-        self.s.arm(self._timer("load"), self.s.config.timeouts.load)
+        self._emit(Arm(self._timer("load"), self.env.timeouts.load))
 
     def disarm_load_timer(self, _ev: object) -> None:
-        self.s.disarm(self._timer("load"))
+        self._emit(Disarm(self._timer("load")))
 
     def send_abort(self, _ev: object) -> None:
-        self.s.send(AbortFetch(self.kv_request_id, self.round_seq))
+        self._emit(Send(AbortFetch(self.kv_request_id, self.round_seq)))
 
     def arm_abort_ack_timer(self, _ev: object) -> None:
-        self.s.arm(self._timer("abort_ack"), self.s.config.timeouts.abort_ack)
+        self._emit(Arm(self._timer("abort_ack"), self.env.timeouts.abort_ack))
 
     def disarm_abort_ack_timer(self, _ev: object) -> None:
-        self.s.disarm(self._timer("abort_ack"))
+        self._emit(Disarm(self._timer("abort_ack")))
 
     def report_transfer_result(self, ev: object) -> None:
         assert isinstance(ev, TransferDone)
@@ -88,19 +89,19 @@ class ClientRound:
         self._report(False, released=True)
 
     def _report(self, success: bool, *, released: bool) -> None:
-        self.s.emit(LoadResult(self.job_id, self.kv_request_id, success, released))
-        self.s.forget_load(self)
+        self._emit(LoadResult(self.job_id, self.kv_request_id, success, released))
 
 
 class ClientLookup:
     """One lookup frame sent to the peer, waiting for its lookup_resp."""
 
-    __slots__ = ("fsm_state", "keys", "kv_request_id", "round_seq", "s", "serial")
+    __slots__ = ("env", "fsm_state", "keys", "kv_request_id", "round_seq", "serial")
 
     def __init__(
-        self, s: Session, serial: int, kv_request_id: str, round_seq: int, keys: tuple[bytes, ...],
+        self, env: ChildEnv, serial: int, kv_request_id: str, round_seq: int,
+        keys: tuple[bytes, ...],
     ) -> None:
-        self.s = s
+        self.env = env
         self.fsm_state = CLIENT_LOOKUP.spec.initial
         self.serial = serial
         self.kv_request_id = kv_request_id
@@ -108,8 +109,8 @@ class ClientLookup:
         self.keys = keys
 
     @property
-    def fsm_outputs(self) -> list[Output]:
-        return self.s.outputs
+    def fsm_outputs(self) -> list[ChildOutput]:
+        return self.env.outbox
 
     @property
     def fsm_label(self) -> str:
@@ -117,25 +118,28 @@ class ClientLookup:
 
     @property
     def fsm_tracer(self) -> Tracer | None:
-        return self.s.tracer
+        return self.env.tracer
+
+    def _emit(self, item: ChildOutput) -> None:
+        self.env.outbox.append(item)
 
     # actions
     def send_lookup(self, _ev: object) -> None:
-        self.s.send(Lookup(self.kv_request_id, self.keys, self.round_seq))
+        self._emit(Send(Lookup(self.kv_request_id, self.keys, self.round_seq)))
 
     def arm_lookup_timer(self, _ev: object) -> None:
-        self.s.arm(TimerId("lookup", (self.serial,)), self.s.config.timeouts.lookup)
+        self._emit(Arm(TimerId("lookup", (self.serial,)), self.env.timeouts.lookup))
 
     def disarm_lookup_timer(self, _ev: object) -> None:
-        self.s.disarm(TimerId("lookup", (self.serial,)))
+        self._emit(Disarm(TimerId("lookup", (self.serial,))))
 
     def report_answer(self, ev: object) -> None:
         assert isinstance(ev, LookupResp)
-        self.s.emit(LookupResult(self.kv_request_id, self.keys, ev.hits, answered=True))
+        self._emit(LookupResult(self.kv_request_id, self.keys, ev.hits, answered=True))
 
     def report_all_miss(self, _ev: object) -> None:
         misses = (False,) * len(self.keys)
-        self.s.emit(LookupResult(self.kv_request_id, self.keys, misses, answered=False))
+        self._emit(LookupResult(self.kv_request_id, self.keys, misses, answered=False))
 
 
 CLIENT_ROUND = CompiledMachine(machine("client_round"), ClientRound)

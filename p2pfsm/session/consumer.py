@@ -1,39 +1,47 @@
 """Consumer role: load rounds and lookups, as the session owns them.
 
-Creates and retires :class:`~p2pfsm.session.client.ClientRound` and
-:class:`~p2pfsm.session.client.ClientLookup` instances, allocates round numbers (the
+Creates :class:`~p2pfsm.session.client.ClientRound` and
+:class:`~p2pfsm.session.client.ClientLookup` instances, retires them when their machine
+reaches a terminal state (:meth:`ConsumerRole._retire`), allocates round numbers (the
 floor and the lookup -> fetch binding) and routes the host's fetch and lookup calls
 and the producer's responses (transfer_done, abort_ack, lookup_resp) to them.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from p2pfsm.errors import LocalProtocolError, RemoteProtocolError
 from p2pfsm.protocol import AbortAck, LookupResp, TransferDone
 from p2pfsm.session.client import CLIENT_LOOKUP, CLIENT_ROUND, ClientLookup, ClientRound
 from p2pfsm.session.inputs import HostFetch, HostLookup
-from p2pfsm.session.machine import SessionMachine
 from p2pfsm.session.outputs import FrameIgnored, LoadResult, LookupResult
-
-if TYPE_CHECKING:
-    pass
+from p2pfsm.session.steps import ChildSteps
 
 
-class ConsumerRole(SessionMachine):
+class ConsumerRole(ChildSteps):
     """The session's consumer side: its load rounds and lookups."""
 
-    def forget_load(self, rnd: ClientRound) -> None:
-        if rnd.fsm_state == "aborted":
-            floor = self._round_floor.get(rnd.kv_request_id) or 0
-            self._round_floor.put(rnd.kv_request_id, max(floor, rnd.round_seq + 1), self.now)
-        rounds = self._loads[rnd.kv_request_id]
-        del rounds[rnd.round_seq]
-        if not rounds:
-            del self._loads[rnd.kv_request_id]
-        self._load_count -= 1
-        self._load_jobs.discard(rnd.job_id)
+    def _retire(self, obj: object) -> None:
+        """Drop a load round or lookup whose machine reached a terminal state."""
+        if isinstance(obj, ClientRound):
+            if obj.fsm_state == "aborted":
+                # A duplicate abort_ack of this round may still arrive: move the floor.
+                floor = self._round_floor.get(obj.kv_request_id) or 0
+                self._round_floor.put(obj.kv_request_id, max(floor, obj.round_seq + 1),
+                                      self.now)
+            rounds = self._loads[obj.kv_request_id]
+            del rounds[obj.round_seq]
+            if not rounds:
+                del self._loads[obj.kv_request_id]
+            self._load_count -= 1
+            self._load_jobs.discard(obj.job_id)
+        elif isinstance(obj, ClientLookup):
+            lookups = self._lookups[obj.kv_request_id]
+            lookups.remove(obj)
+            if not lookups:
+                del self._lookups[obj.kv_request_id]
+            del self._lookup_by_serial[obj.serial]
+        else:
+            super()._retire(obj)
 
     def _client_round(self, kv_request_id: str, round_seq: int) -> ClientRound | None:
         rounds = self._loads.get(kv_request_id)
@@ -69,11 +77,11 @@ class ConsumerRole(SessionMachine):
         seq = self._lookup_round.pop(ev.kv_request_id, None)
         if seq is None:
             seq = self._alloc_round(ev.kv_request_id)
-        rnd = ClientRound(self._owner, ev.job_id, ev.kv_request_id, seq, ev.keys, ev.dest_indexes)
+        rnd = ClientRound(self._env, ev.job_id, ev.kv_request_id, seq, ev.keys, ev.dest_indexes)
         self._loads.setdefault(ev.kv_request_id, {})[seq] = rnd
         self._load_count += 1
         self._load_jobs.add(ev.job_id)
-        CLIENT_ROUND.fire(rnd, "host_fetch", ev)
+        self._step(CLIENT_ROUND, rnd, "host_fetch", ev)
 
     def _on_host_lookup(self, ev: HostLookup) -> None:
         self._require_started("lookup")
@@ -86,10 +94,10 @@ class ConsumerRole(SessionMachine):
             seq = self._alloc_round(ev.kv_request_id)
             self._lookup_round[ev.kv_request_id] = seq
         self._lookup_serial += 1
-        lk = ClientLookup(self._owner, self._lookup_serial, ev.kv_request_id, seq, ev.keys)
+        lk = ClientLookup(self._env, self._lookup_serial, ev.kv_request_id, seq, ev.keys)
         self._lookups.setdefault(ev.kv_request_id, []).append(lk)
         self._lookup_by_serial[lk.serial] = lk
-        CLIENT_LOOKUP.fire(lk, "host_lookup", ev)
+        self._step(CLIENT_LOOKUP, lk, "host_lookup", ev)
 
     def _on_transfer_done(self, msg: TransferDone) -> None:
         self._check_gate("recv_response")
@@ -98,7 +106,7 @@ class ConsumerRole(SessionMachine):
             self.emit(FrameIgnored(msg.TYPE, "no open load for this round (late or duplicate)"))
             return
         self._gate("recv_response", msg)
-        CLIENT_ROUND.fire(rnd, "recv_transfer_done", msg)
+        self._step(CLIENT_ROUND, rnd, "recv_transfer_done", msg)
 
     def _on_abort_ack(self, msg: AbortAck) -> None:
         self._check_gate("recv_response")
@@ -109,7 +117,7 @@ class ConsumerRole(SessionMachine):
         if not CLIENT_ROUND.can_fire(rnd, "recv_abort_ack", msg):
             raise RemoteProtocolError("round_seq", "abort_ack for a round we did not abort")
         self._gate("recv_response", msg)
-        CLIENT_ROUND.fire(rnd, "recv_abort_ack", msg)
+        self._step(CLIENT_ROUND, rnd, "recv_abort_ack", msg)
 
     def _on_lookup_resp(self, msg: LookupResp) -> None:
         self._check_gate("recv_response")
@@ -120,27 +128,13 @@ class ConsumerRole(SessionMachine):
             self.emit(FrameIgnored(msg.TYPE, "no open lookup with these keys"))
             return
         self._gate("recv_response", msg)
-        CLIENT_LOOKUP.fire(match, "recv_lookup_resp", msg)
-        self._drop_closed_lookups(msg.kv_request_id)
-
-    def _drop_closed_lookups(self, kv_request_id: str) -> None:
-        lookups = self._lookups.get(kv_request_id)
-        if lookups is None:
-            return
-        for lk in lookups:
-            if lk.fsm_state not in ("probing", "expired"):
-                del self._lookup_by_serial[lk.serial]
-        lookups[:] = [lk for lk in lookups if lk.fsm_state in ("probing", "expired")]
-        if not lookups:
-            del self._lookups[kv_request_id]
+        self._step(CLIENT_LOOKUP, match, "recv_lookup_resp", msg)
 
     def _end_consumer(self, load_trigger: str) -> None:
         for rounds in list(self._loads.values()):
             for rnd in list(rounds.values()):
-                CLIENT_ROUND.fire(rnd, load_trigger)
+                self._step(CLIENT_ROUND, rnd, load_trigger)
         for lookups in list(self._lookups.values()):
             for lk in list(lookups):
-                CLIENT_LOOKUP.fire(lk, "session_lost")
-        self._lookups.clear()
-        self._lookup_by_serial.clear()
+                self._step(CLIENT_LOOKUP, lk, "session_lost")
         self._lookup_round.clear()

@@ -7,13 +7,19 @@ effects and feeds back the resulting events.
 
 Every state change is a transition declared in ``models/``: the session machine
 (handshake, gating, death, close) and one machine per load round, lookup, serve
-round and served lookup. Frames are decoded and validated completely before any
+round and served lookup (the session's children). A child never calls into the
+session: its actions append to an outbox the session applies once the step has
+committed; a child whose machine reaches a terminal state is retired; the models'
+state-triggered ``settle`` transitions then run in one loop to a fixed point
+(:mod:`~p2pfsm.session.steps`). Frames are decoded and validated completely before any
 machine fires; a frame that is malformed, or that no declared transition accepts
 in the current state, is rejected with a ProtocolViolation output and changes
 nothing. Host misuse raises LocalProtocolError and changes nothing.
 
 The parts live one job per module: :mod:`~p2pfsm.session.base` (state, output helpers,
 host-call checks), :mod:`~p2pfsm.session.machine` (the session machine),
+:mod:`~p2pfsm.session.child` (what children may produce), :mod:`~p2pfsm.session.steps`
+(fire, apply, retire, cascade),
 :mod:`~p2pfsm.session.consumer` and :mod:`~p2pfsm.session.producer` (the two roles),
 :mod:`~p2pfsm.session.dispatch` (which machine each input reaches); this module
 assembles them behind one entry point.
@@ -56,6 +62,7 @@ class Session(InputDispatch):
             handler(self, event)
         except LocalProtocolError:
             self._out.clear()
+            self._env.outbox.clear()
             raise
         out, self._out = self._out, []
         return out

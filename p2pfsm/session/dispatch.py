@@ -108,10 +108,9 @@ class InputDispatch(ConsumerRole, ProducerRole):
         row = _ROWS["HostFinish"]
         fan = dict(row.fanout)
         for rnd in list(self._loads.get(rid, {}).values()):
-            CLIENT_ROUND.fire(rnd, row.trigger, ev)
+            self._step(CLIENT_ROUND, rnd, row.trigger, ev)
         for lk in list(self._lookups.get(rid, ())):
-            CLIENT_LOOKUP.fire(lk, fan["client_lookup"], ev)
-        self._drop_closed_lookups(rid)
+            self._step(CLIENT_LOOKUP, lk, fan["client_lookup"], ev)
         open_round = self._lookup_round.pop(rid, None)
         if open_round is not None and self.alive:
             self.send(Fetch(rid, (), (), open_round))
@@ -137,10 +136,7 @@ class InputDispatch(ConsumerRole, ProducerRole):
         del self._timers[timer]
         row = _TIMERS[timer.kind]
         instance = _FINDERS[row.machine, row.key](self, timer.key)
-        _MACHINES[row.machine].fire(instance, row.trigger, ev)  # type: ignore[arg-type]
-        after = _AFTER.get(row.machine)
-        if after is not None:
-            after(self, instance)
+        self._step(_MACHINES[row.machine], instance, row.trigger, ev)
 
     def _end_roles(self, load_trigger: str) -> None:
         self._end_consumer(load_trigger)
@@ -164,12 +160,6 @@ _FINDERS: dict[tuple[str, tuple[str, ...]], Finder] = {
     ("server_lookup", ("token",)): lambda s, k: s._tokens[int(k[0])],
 }
 """How a timer's key names its machine's instance (the row's key fields)."""
-_AFTER: dict[str, Callable[[InputDispatch, object], None]] = {
-    "client_lookup": lambda s, lk: s._drop_closed_lookups(lk.kv_request_id),  # type: ignore[attr-defined]
-    "server_round": lambda s, rnd: s._settle(rnd),  # type: ignore[arg-type]
-    "server_lookup": lambda s, sl: s._settle_lookups(sl.kv_request_id),  # type: ignore[attr-defined]
-}
-"""The cascade a machine's step is followed by (models/inputs.toml [cascade])."""
 
 
 def _handler(name: str) -> Callable[[InputDispatch, Any], None]:

@@ -12,6 +12,7 @@ from p2pfsm.errors import HandshakeMismatch, InvalidTransition
 from p2pfsm.fsm import CompiledMachine, machine
 from p2pfsm.protocol import Connect, ConnectAck, Disconnect, Message
 from p2pfsm.session.base import SessionBase
+from p2pfsm.session.child import EndRoles
 from p2pfsm.session.inputs import RegistrationFinished, TimerId, TransportLost
 from p2pfsm.session.outputs import SendFrame, SessionDead, StartRegistration
 
@@ -134,19 +135,23 @@ class SessionMachine(SessionBase):
     def end_work_queued(self, _ev: object) -> None:
         """The session ends before it was ready: our frames never left the queue."""
         self._queue.clear()
-        self._end_roles("session_lost_unsent")
+        self._env.outbox.append(EndRoles("session_lost_unsent"))
 
     def end_work_sent(self, _ev: object) -> None:
         """The session ends after it was ready: our frames may have reached the peer."""
         self._queue.clear()
-        self._end_roles("session_lost")
+        self._env.outbox.append(EndRoles("session_lost"))
 
     def _die(self, reason: str, mismatch: HandshakeMismatch | None = None) -> None:
         self.death_reason = reason
         self.emit(SessionDead(reason, mismatch))
 
+    def _apply_outbox(self, obj: object) -> None:
+        raise NotImplementedError  # ChildSteps
+
     def _end_roles(self, load_trigger: str) -> None:
-        """Every machine of both roles learns that the session is gone."""
+        """Every machine of both roles learns that the session is gone (the session
+        applies the EndRoles an ``end_work_*`` action, always the last, leaves)."""
         raise NotImplementedError  # InputDispatch, which sees both roles
 
     # ------------------------------------------------------------- frame gate
@@ -159,4 +164,11 @@ class SessionMachine(SessionBase):
             raise InvalidTransition(SESSION.name, self.fsm_state, trigger)
 
 
-SESSION = CompiledMachine(machine("session"), SessionMachine)
+def _session_committed(_m: CompiledMachine, s: object, _trigger: str, _dest: str) -> None:
+    """A session step committed: apply what its actions left in the outbox (EndRoles)."""
+    assert isinstance(s, SessionMachine)
+    if s._env.outbox:
+        s._apply_outbox(s)
+
+
+SESSION = CompiledMachine(machine("session"), SessionMachine, then=_session_committed)

@@ -1,67 +1,81 @@
 """Producer role: serve rounds and served lookups, as the session owns them.
 
-Creates and retires :class:`~p2pfsm.session.server.ServerRound` and
-:class:`~p2pfsm.session.server.ServerLookup` instances and routes the consumer's
-requests (fetch, lookup, abort_fetch), the host's supply and lookup answers and the
-data plane's write completions to them.
+Creates :class:`~p2pfsm.session.server.ServerRound` and
+:class:`~p2pfsm.session.server.ServerLookup` instances, retires them when their machine
+reaches a terminal state, and routes the consumer's requests (fetch, lookup,
+abort_fetch), the host's supply and lookup answers and the data plane's write
+completions to them.
+
+Both machines have a state-triggered transition, ``settle``, which the cascade
+(:meth:`~p2pfsm.session.steps.ChildSteps._cascade`) fires; the rule is
+:meth:`ProducerRole._note`: a serve round is settled after each of its steps other
+than a settle, wherever its model declares settle from the state reached; a request's
+served lookups are settled oldest first after a step leaves one of them resolving or
+answered (the next one may be answerable now).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from p2pfsm.errors import LocalProtocolError, MalformedFrame, RemoteProtocolError
+from p2pfsm.fsm import CompiledMachine
 from p2pfsm.protocol import AbortAck, AbortFetch, Fetch, Lookup, TransferDone, check_block_indexes
+from p2pfsm.session.child import PinHits
 from p2pfsm.session.inputs import HostAnswerLookup, HostSupply, TimerId, WriteFinished
-from p2pfsm.session.machine import SessionMachine
 from p2pfsm.session.outputs import FetchArrived, StoreResult
-from p2pfsm.session.server import SERVER_LOOKUP, SERVER_ROUND, LookupPin, ServerLookup, ServerRound
-
-if TYPE_CHECKING:
-    pass
+from p2pfsm.session.server import SERVER_LOOKUP, SERVER_ROUND, ServerLookup, ServerRound
+from p2pfsm.session.steps import ChildSteps
 
 
-class ProducerRole(SessionMachine):
+class ProducerRole(ChildSteps):
     """The session's producer side: its serve rounds and served lookups."""
 
-    def bind_store_job(self, job_id: int, rnd: ServerRound) -> None:
-        self._store_jobs[job_id] = rnd
+    def _retire(self, obj: object) -> None:
+        """Drop a serve round or served lookup whose machine reached a terminal state."""
+        if isinstance(obj, ServerRound):
+            rounds = self._rounds[obj.kv_request_id]
+            del rounds[obj.round_seq]
+            if not rounds:
+                del self._rounds[obj.kv_request_id]
+            del self._round_by_serial[obj.serial]
+            for job in obj.jobs:
+                self._store_jobs.pop(job, None)
+            self.disarm(TimerId("store", (obj.serial,)))
+            self.disarm(TimerId("demand", (obj.serial,)))
+        elif isinstance(obj, ServerLookup):
+            del self._tokens[obj.token]
+            queue = self._served[obj.kv_request_id]
+            queue.remove(obj)
+            if not queue:
+                del self._served[obj.kv_request_id]
+        else:
+            super()._retire(obj)
 
-    def new_write(self, rnd: ServerRound) -> int:
-        xfer = self._next_xfer
-        self._next_xfer += 1
-        self._writes[xfer] = rnd
-        return xfer
+    def _note(self, m: CompiledMachine, obj: object, trigger: str, dest: str) -> None:
+        due = self._unsettled
+        if m is SERVER_ROUND:
+            assert isinstance(obj, ServerRound)
+            if trigger != "settle" and SERVER_ROUND.declares(dest, "settle") and obj not in due:
+                due.append(obj)
+        elif m is SERVER_LOOKUP:
+            assert isinstance(obj, ServerLookup)
+            rid = obj.kv_request_id
+            if ((dest == "answered" or (dest == "resolving" and trigger != "settle"))
+                    and rid not in due):
+                due.append(rid)
 
-    def forget_round(self, rnd: ServerRound) -> None:
-        rounds = self._rounds[rnd.kv_request_id]
-        del rounds[rnd.round_seq]
-        if not rounds:
-            del self._rounds[rnd.kv_request_id]
-        del self._round_by_serial[rnd.serial]
-        for job in rnd.jobs:
-            self._store_jobs.pop(job, None)
-        self.disarm(TimerId("store", (rnd.serial,)))
-        self.disarm(TimerId("demand", (rnd.serial,)))
+    def _settle_one(self, item: object) -> None:
+        if isinstance(item, ServerRound):
+            if item.fsm_state != "done":  # (retired meanwhile)
+                self._fire(SERVER_ROUND, item, "settle")
+        else:
+            assert isinstance(item, str)
+            queue = self._served.get(item)
+            if queue:  # answer in arrival order: only the oldest open lookup may answer
+                self._fire(SERVER_LOOKUP, queue[0], "settle")
 
-    def is_first_lookup(self, served: ServerLookup) -> bool:
-        return self._served[served.kv_request_id][0] is served
-
-    def forget_lookup(self, served: ServerLookup) -> None:
-        del self._tokens[served.token]
-        queue = self._served[served.kv_request_id]
-        queue.remove(served)
-        if not queue:
-            del self._served[served.kv_request_id]
-
-    def pin_lookup_hits(self, kv_request_id: str, round_seq: int, pin: LookupPin) -> None:
-        rnd = self._round_for(kv_request_id, round_seq, "lookup")
-        SERVER_ROUND.fire(rnd, "lookup_pin", pin)
-
-    def expire_lookup_round(self, rnd: ServerRound) -> None:
-        """The lookup pins of ``rnd`` expired before its fetch: that fetch fails fast."""
-        assert rnd.round_seq is not None
-        self._expired_lookups.put(rnd.kv_request_id, rnd.round_seq, self.now)
+    def _pin_hits(self, item: PinHits) -> None:
+        rnd = self._round_for(item.kv_request_id, item.round_seq, "lookup")
+        self._fire(SERVER_ROUND, rnd, "lookup_pin", item)
 
     def _round_for(self, kv_request_id: str, round_seq: int | None,
                    origin: str = "host") -> ServerRound:
@@ -69,7 +83,7 @@ class ProducerRole(SessionMachine):
         rnd = rounds.get(round_seq)
         if rnd is None:
             self._round_serial += 1
-            rnd = ServerRound(self._owner, self._round_serial, kv_request_id, round_seq, origin)
+            rnd = ServerRound(self._env, self._round_serial, kv_request_id, round_seq, origin)
             rounds[round_seq] = rnd
             self._round_by_serial[rnd.serial] = rnd
         return rnd
@@ -78,26 +92,14 @@ class ProducerRole(SessionMachine):
         rounds = self._rounds.get(kv_request_id)
         return None if rounds is None else rounds.get(round_seq)
 
-    def _settle(self, rnd: ServerRound) -> None:
-        if rnd.fsm_state != "done":
-            SERVER_ROUND.fire(rnd, "settle")
-
-    def _settle_lookups(self, kv_request_id: str) -> None:
-        # Answer in arrival order: stop at the first lookup that must still wait.
-        while self._served.get(kv_request_id):
-            head = self._served[kv_request_id][0]
-            if SERVER_LOOKUP.fire(head, "settle") != "answered":
-                return
-
     def _close_request(self, kv_request_id: str, trigger: str) -> None:
         """The request ended (terminal fetch or host finish): close its served side."""
         self._expired_lookups.pop(kv_request_id)
         for served in list(self._served.get(kv_request_id, ())):
-            SERVER_LOOKUP.fire(served, "request_closed")
+            self._step(SERVER_LOOKUP, served, "request_closed")
         for rnd in list(self._rounds.get(kv_request_id, {}).values()):
             if SERVER_ROUND.can_fire(rnd, trigger):
-                SERVER_ROUND.fire(rnd, trigger)
-                self._settle(rnd)
+                self._step(SERVER_ROUND, rnd, trigger)
 
     def _on_fetch(self, msg: Fetch) -> None:
         self._check_gate("recv_request")
@@ -132,9 +134,9 @@ class ProducerRole(SessionMachine):
             rounds[msg.round_seq] = rnd
         rnd = self._round_for(msg.kv_request_id, msg.round_seq)
         supplied = tuple(k for k in msg.keys if k in rnd.supply)
-        SERVER_ROUND.fire(rnd, "recv_fetch", msg)
+        self._fire(SERVER_ROUND, rnd, "recv_fetch", msg)
         self.emit(FetchArrived(msg.kv_request_id, msg.round_seq, msg.keys, supplied))
-        self._settle(rnd)
+        self._cascade()  # after the host hears of the fetch
 
     def _on_lookup(self, msg: Lookup) -> None:
         self._check_gate("recv_request")
@@ -144,12 +146,11 @@ class ProducerRole(SessionMachine):
                 "round_seq", f"lookup for {msg.kv_request_id}/{msg.round_seq} after its fetch")
         self._gate("recv_request", msg)
         self._next_token += 1
-        served = ServerLookup(self._owner, self._next_token, msg.kv_request_id, msg.round_seq,
+        served = ServerLookup(self._env, self._next_token, msg.kv_request_id, msg.round_seq,
                               msg.keys)
         self._tokens[served.token] = served
         self._served.setdefault(msg.kv_request_id, []).append(served)
-        SERVER_LOOKUP.fire(served, "recv_lookup", msg)
-        self._settle_lookups(msg.kv_request_id)
+        self._step(SERVER_LOOKUP, served, "recv_lookup", msg)
 
     def _on_abort_fetch(self, msg: AbortFetch) -> None:
         self._check_gate("recv_request")
@@ -159,8 +160,7 @@ class ProducerRole(SessionMachine):
             # Nothing of that round is in flight (unknown or already ended): ack at once.
             self.send(AbortAck(msg.kv_request_id, msg.round_seq))
             return
-        SERVER_ROUND.fire(rnd, "recv_abort_fetch", msg)
-        self._settle(rnd)
+        self._step(SERVER_ROUND, rnd, "recv_abort_fetch", msg)
 
     def _on_host_supply(self, ev: HostSupply) -> None:
         self._require_started("supply")
@@ -171,8 +171,7 @@ class ProducerRole(SessionMachine):
             self.emit(StoreResult(ev.job_id, False))
             return
         rnd = self._supply_target(ev)
-        SERVER_ROUND.fire(rnd, "host_supply", ev)
-        self._settle(rnd)
+        self._step(SERVER_ROUND, rnd, "host_supply", ev)
 
     def _supply_target(self, ev: HostSupply) -> ServerRound:
         """The round PD supply (which names no round) belongs to.
@@ -216,19 +215,16 @@ class ProducerRole(SessionMachine):
         if ev.hits and rnd is not None and not SERVER_ROUND.can_fire(rnd, "lookup_pin"):
             self.emit(StoreResult(ev.job_id or 0, False))
             ev = HostAnswerLookup(ev.token, {}, None, ev.pending)
-        SERVER_LOOKUP.fire(served, "host_answer", ev)
-        self._settle_lookups(served.kv_request_id)
+        self._step(SERVER_LOOKUP, served, "host_answer", ev)
 
     def _on_write(self, ev: WriteFinished) -> None:
         rnd = self._writes.pop(ev.xfer, None)
         if rnd is None:
             raise LocalProtocolError(f"write {ev.xfer} is not in flight")
-        SERVER_ROUND.fire(rnd, "write_done" if ev.ok else "write_failed", ev)
-        self._settle(rnd)
+        self._step(SERVER_ROUND, rnd, "write_done" if ev.ok else "write_failed", ev)
 
     def _end_producer(self) -> None:
         for served in list(self._tokens.values()):
-            SERVER_LOOKUP.fire(served, "request_closed")
+            self._step(SERVER_LOOKUP, served, "request_closed")
         for srv in list(self._round_by_serial.values()):
-            SERVER_ROUND.fire(srv, "session_lost")
-            self._settle(srv)
+            self._step(SERVER_ROUND, srv, "session_lost")

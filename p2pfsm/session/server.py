@@ -2,7 +2,8 @@
 
 A :class:`ServerRound` holds one (kv_request_id, round_seq)'s supply (our pinned
 blocks, by key) and demand (the consumer's destination index, by key). Every
-match event starts one write. The round ends exactly once, from ``settle``, and
+match event starts one write. The round ends exactly once, from ``settle`` (which the
+session fires after every other step of the round, where the model declares it), and
 only when none of its writes is in flight; its jobs' StoreResults (pin releases)
 and its reply (transfer_done or abort_ack) go out then. Supply the host gives
 before any fetch names a round waits in an *unbound* round (round_seq None) that
@@ -10,53 +11,42 @@ the first fetch of the request adopts.
 
 A :class:`ServerLookup` is one received lookup frame; the host resolves its keys
 through LookupRequest / HostAnswerLookup; the answer goes out once every key is
-settled and every earlier lookup of the same request has been answered.
+settled; the session settles only the oldest open lookup of a request, so answers go
+out in arrival order.
+
+Actions of both only append to the step's outbox (:mod:`~p2pfsm.session.child`): the
+session applies it, and retires an instance when its machine reaches a terminal state.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from p2pfsm.fsm import CompiledMachine, Tracer, machine
 from p2pfsm.protocol import AbortAck, Fetch, LookupResp, TransferDone
-from p2pfsm.session.inputs import HostAnswerLookup, HostSupply, TimerId, WriteFinished
-from p2pfsm.session.outputs import (
-    CancelWrite,
-    LookupClosed,
-    LookupRequest,
-    Output,
-    StartWrite,
-    StoreResult,
+from p2pfsm.session.child import (
+    Arm,
+    ChildEnv,
+    ChildOutput,
+    Disarm,
+    ExpireLookupRound,
+    HoldJob,
+    PinHits,
+    Send,
 )
-
-if TYPE_CHECKING:
-    from p2pfsm.session.core import Session
-
-
-class LookupPin:
-    """Blocks pinned by a lookup hit, handed to the round as supply."""
-
-    __slots__ = ("job_id", "keys", "local_indexes")
-
-    def __init__(
-        self, job_id: int, keys: tuple[bytes, ...], local_indexes: tuple[int, ...]
-    ) -> None:
-        self.job_id = job_id
-        self.keys = keys
-        self.local_indexes = local_indexes
+from p2pfsm.session.inputs import HostAnswerLookup, HostSupply, TimerId, WriteFinished
+from p2pfsm.session.outputs import CancelWrite, LookupClosed, LookupRequest, StartWrite, StoreResult
 
 
 class ServerRound:
     """Producer state of one (kv_request_id, round_seq)."""
 
     __slots__ = (
-        "demand", "fsm_state", "inflight", "jobs", "kv_request_id", "landed", "origin",
-        "round_seq", "s", "serial", "supply", "total",
+        "demand", "env", "fsm_state", "inflight", "jobs", "kv_request_id", "landed", "origin",
+        "round_seq", "serial", "supply", "total",
     )
 
-    def __init__(self, s: Session, serial: int, kv_request_id: str, round_seq: int | None,
+    def __init__(self, env: ChildEnv, serial: int, kv_request_id: str, round_seq: int | None,
                  origin: str = "host") -> None:
-        self.s = s
+        self.env = env
         self.fsm_state = SERVER_ROUND.spec.initial
         self.serial = serial
         self.kv_request_id = kv_request_id
@@ -74,8 +64,8 @@ class ServerRound:
     """What this round's actions write (restored should one raise)."""
 
     @property
-    def fsm_outputs(self) -> list[Output]:
-        return self.s.outputs
+    def fsm_outputs(self) -> list[ChildOutput]:
+        return self.env.outbox
 
     @property
     def demanded(self) -> bool:
@@ -88,11 +78,14 @@ class ServerRound:
 
     @property
     def fsm_tracer(self) -> Tracer | None:
-        return self.s.tracer
+        return self.env.tracer
+
+    def _emit(self, item: ChildOutput) -> None:
+        self.env.outbox.append(item)
 
     def _add(self, job_id: int, keys: tuple[bytes, ...], local_indexes: tuple[int, ...]) -> None:
         self.jobs.add(job_id)
-        self.s.bind_store_job(job_id, self)
+        self._emit(HoldJob(job_id))
         for key, local in zip(keys, local_indexes, strict=True):
             self.supply.setdefault(key, local)
 
@@ -109,21 +102,21 @@ class ServerRound:
 
     # actions
     def add_supply(self, ev: object) -> None:
-        assert isinstance(ev, HostSupply | LookupPin)
+        assert isinstance(ev, HostSupply | PinHits)
         self._add(ev.job_id, ev.keys, ev.local_indexes)
 
     def reject_supply(self, ev: object) -> None:
         assert isinstance(ev, HostSupply)
-        self.s.emit(StoreResult(ev.job_id, False))
+        self._emit(StoreResult(ev.job_id, False))
 
     def arm_store_timer(self, _ev: object) -> None:
-        self.s.arm(TimerId("store", (self.serial,)), self.s.config.timeouts.store, keep=True)
+        self._emit(Arm(TimerId("store", (self.serial,)), self.env.timeouts.store, keep=True))
 
     def disarm_store_timer(self, _ev: object) -> None:
-        self.s.disarm(TimerId("store", (self.serial,)))
+        self._emit(Disarm(TimerId("store", (self.serial,))))
 
     def arm_demand_timer(self, _ev: object) -> None:
-        self.s.arm(TimerId("demand", (self.serial,)), self.s.config.timeouts.demand)
+        self._emit(Arm(TimerId("demand", (self.serial,)), self.env.timeouts.demand))
 
     def record_demand(self, ev: object) -> None:
         assert isinstance(ev, Fetch)
@@ -140,9 +133,9 @@ class ServerRound:
             return
         local = tuple(self.supply.pop(k) for k in matched)
         remote = tuple(self.demand.pop(k) for k in matched)
-        xfer = self.s.new_write(self)
+        xfer = next(self.env.xfers)
         self.inflight[xfer] = len(matched)
-        self.s.emit(StartWrite(xfer, local, remote))
+        self._emit(StartWrite(xfer, local, remote))
 
     def account_write(self, ev: object) -> None:
         assert isinstance(ev, WriteFinished)
@@ -152,19 +145,20 @@ class ServerRound:
 
     def cancel_writes(self, _ev: object) -> None:
         for xfer in self.inflight:
-            self.s.emit(CancelWrite(xfer))
+            self._emit(CancelWrite(xfer))
 
     def send_done_success(self, _ev: object) -> None:
-        self.s.send(TransferDone(self.kv_request_id, True, self._wire_round()))
+        self._emit(Send(TransferDone(self.kv_request_id, True, self._wire_round())))
 
     def send_done_failure(self, _ev: object) -> None:
-        self.s.send(TransferDone(self.kv_request_id, False, self._wire_round()))
+        self._emit(Send(TransferDone(self.kv_request_id, False, self._wire_round())))
 
     def send_abort_ack(self, _ev: object) -> None:
-        self.s.send(AbortAck(self.kv_request_id, self._wire_round()))
+        self._emit(Send(AbortAck(self.kv_request_id, self._wire_round())))
 
     def remember_expired(self, _ev: object) -> None:
-        self.s.expire_lookup_round(self)
+        assert self.round_seq is not None  # lookup rounds are named by their lookup
+        self._emit(ExpireLookupRound(self.kv_request_id, self.round_seq))
 
     def release_jobs(self, _ev: object) -> None:
         self._release(False)
@@ -174,8 +168,7 @@ class ServerRound:
 
     def _release(self, served: bool) -> None:
         for job in sorted(self.jobs):
-            self.s.emit(StoreResult(job, served))
-        self.s.forget_round(self)
+            self._emit(StoreResult(job, served))
 
     def _wire_round(self) -> int:
         # Only rounds named by a frame reply on the wire, and those have a round_seq.
@@ -185,13 +178,14 @@ class ServerRound:
 class ServerLookup:
     """One lookup frame received from the peer."""
 
-    __slots__ = ("fsm_state", "keys", "kv_request_id", "pending", "resolved", "round_seq", "s",
+    __slots__ = ("env", "fsm_state", "keys", "kv_request_id", "pending", "resolved", "round_seq",
                  "token")
 
     def __init__(
-        self, s: Session, token: int, kv_request_id: str, round_seq: int, keys: tuple[bytes, ...],
+        self, env: ChildEnv, token: int, kv_request_id: str, round_seq: int,
+        keys: tuple[bytes, ...],
     ) -> None:
-        self.s = s
+        self.env = env
         self.fsm_state = SERVER_LOOKUP.spec.initial
         self.token = token
         self.kv_request_id = kv_request_id
@@ -204,8 +198,8 @@ class ServerLookup:
     """What this lookup's actions write (restored should one raise)."""
 
     @property
-    def fsm_outputs(self) -> list[Output]:
-        return self.s.outputs
+    def fsm_outputs(self) -> list[ChildOutput]:
+        return self.env.outbox
 
     @property
     def fsm_label(self) -> str:
@@ -213,22 +207,26 @@ class ServerLookup:
 
     @property
     def fsm_tracer(self) -> Tracer | None:
-        return self.s.tracer
+        return self.env.tracer
+
+    def _emit(self, item: ChildOutput) -> None:
+        self.env.outbox.append(item)
 
     # guards
     def is_answerable(self, _ev: object) -> bool:
-        return not self.pending and self.s.is_first_lookup(self)
+        # The session fires settle on the oldest open lookup of the request only.
+        return not self.pending
 
     # actions
     def ask_host(self, _ev: object) -> None:
         unique = tuple(dict.fromkeys(self.keys))
-        self.s.emit(LookupRequest(self.token, self.kv_request_id, self.round_seq, unique))
+        self._emit(LookupRequest(self.token, self.kv_request_id, self.round_seq, unique))
 
     def arm_pending_timer(self, _ev: object) -> None:
-        self.s.arm(TimerId("lookup_pending", (self.token,)), self.s.config.timeouts.lookup_pending)
+        self._emit(Arm(TimerId("lookup_pending", (self.token,)), self.env.timeouts.lookup_pending))
 
     def disarm_pending_timer(self, _ev: object) -> None:
-        self.s.disarm(TimerId("lookup_pending", (self.token,)))
+        self._emit(Disarm(TimerId("lookup_pending", (self.token,))))
 
     def record_answers(self, ev: object) -> None:
         assert isinstance(ev, HostAnswerLookup)
@@ -242,8 +240,8 @@ class ServerLookup:
             self.pending.discard(key)
         if ev.hits and ev.job_id is not None:
             keys = tuple(ev.hits)
-            pin = LookupPin(ev.job_id, keys, tuple(ev.hits[k] for k in keys))
-            self.s.pin_lookup_hits(self.kv_request_id, self.round_seq, pin)
+            self._emit(PinHits(self.kv_request_id, self.round_seq, ev.job_id, keys,
+                               tuple(ev.hits[k] for k in keys)))
 
     def expire_pending(self, _ev: object) -> None:
         for key in self.pending:
@@ -252,11 +250,10 @@ class ServerLookup:
 
     def send_lookup_resp(self, _ev: object) -> None:
         hits = tuple(self.resolved[k] for k in self.keys)
-        self.s.send(LookupResp(self.kv_request_id, self.keys, hits))
+        self._emit(Send(LookupResp(self.kv_request_id, self.keys, hits)))
 
     def close_host_context(self, _ev: object) -> None:
-        self.s.emit(LookupClosed(self.token))
-        self.s.forget_lookup(self)
+        self._emit(LookupClosed(self.token))
 
 
 SERVER_ROUND = CompiledMachine(machine("server_round"), ServerRound)

@@ -42,13 +42,14 @@ from p2pfsm.session import (
     Session,
     TimerId,
 )
+from p2pfsm.session.child import ChildEnv
 from p2pfsm.session.client import ClientLookup, ClientRound
-from p2pfsm.session.server import LookupPin, ServerLookup, ServerRound
+from p2pfsm.session.server import ServerLookup, ServerRound
 from p2pfsm.session.tombstones import Tombstones
 
 # last_disconnect: when a dead session last answered (its rate limit), not frame state.
 _SKIP = frozenset({"now", "_out", "config", "tracer", "last_disconnect"})
-_MACHINES = (ClientRound, ClientLookup, ServerRound, ServerLookup, LookupPin)
+_MACHINES = (ClientRound, ClientLookup, ServerRound, ServerLookup)
 
 
 def _walk(v: object) -> object:
@@ -56,7 +57,9 @@ def _walk(v: object) -> object:
         return v
     if isinstance(v, _MACHINES):
         return (type(v).__name__, id(v),
-                tuple((n, _walk(getattr(v, n))) for n in type(v).__slots__ if n != "s"))
+                tuple((n, _walk(getattr(v, n))) for n in type(v).__slots__ if n != "env"))
+    if isinstance(v, ChildEnv):  # the outbox (empty between steps) and the next write id
+        return ("env", _walk(v.outbox), repr(v.xfers))
     if isinstance(v, Tombstones):
         return ("tombstones", v.ttl, _walk(v._entries))
     if isinstance(v, dict):

@@ -76,10 +76,11 @@ def test_a_raising_action_of_a_real_round_leaves_it_unchanged(
     are as before the fetch was fired."""
     s = Session(SessionConfig("b", b"meta-b", 0x1000, 8, 64))
     s.handle(HostStart(), 0.0)
-    rnd = ServerRound(s, 1, "r1", 0)
+    rnd = ServerRound(s._env, 1, "r1", 0)
     rnd.fsm_state = "supplied"  # as host_supply leaves it
     rnd.supply = {b"k1": 3}
     before = list(s.outputs)
+    timers = dict(s._timers)
 
     def failing_write(self: ServerRound, _ev: object) -> None:
         self.supply.pop(b"k1")
@@ -95,4 +96,4 @@ def test_a_raising_action_of_a_real_round_leaves_it_unchanged(
         SERVER_ROUND.fire(rnd, "recv_fetch", Fetch("r1", (b"k1",), (5,), 0))
     assert rnd.fsm_state == "supplied"
     assert rnd.supply == {b"k1": 3} and rnd.demand == {} and rnd.total == 0
-    assert s.outputs == before
+    assert s.outputs == before and s._env.outbox == [] and s._timers == timers

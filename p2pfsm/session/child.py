@@ -1,0 +1,93 @@
+"""What a child machine (a round or lookup the session owns) may produce.
+
+A child's actions never call into the session. They append to the step's outbox: the
+executor-facing outputs of :mod:`~p2pfsm.session.outputs` (results, writes, host
+requests) and the requests below, which only the owner can carry out (a frame goes out
+now or waits in the send queue, a timer's deadline is the owner's clock plus a delay).
+The owner applies the outbox in order once the child's step has returned, so a step
+that raises leaves nothing half-applied (the dispatcher truncates the outbox).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from itertools import count
+
+from p2pfsm.fsm import Tracer
+from p2pfsm.protocol import Message
+from p2pfsm.session.config import Timeouts
+from p2pfsm.session.inputs import TimerId
+from p2pfsm.session.outputs import Output
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Send a frame to the peer (at once when ready, else after the handshake, in order)."""
+
+    message: Message
+
+
+@dataclass(frozen=True, slots=True)
+class Arm:
+    """Arm ``timer`` ``delay`` seconds from now; ``keep``: leave an armed one as it is."""
+
+    timer: TimerId
+    delay: float
+    keep: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Disarm:
+    """Disarm ``timer`` if it is armed."""
+
+    timer: TimerId
+
+
+@dataclass(frozen=True, slots=True)
+class HoldJob:
+    """This serve round now holds the pins of store job ``job_id`` (until it ends)."""
+
+    job_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class PinHits:
+    """Lookup hits pinned by ``job_id``: supply of (kv_request_id, round_seq)."""
+
+    kv_request_id: str
+    round_seq: int
+    job_id: int
+    keys: tuple[bytes, ...]
+    local_indexes: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ExpireLookupRound:
+    """The lookup pins of (kv_request_id, round_seq) expired: its fetch fails fast."""
+
+    kv_request_id: str
+    round_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class EndRoles:
+    """The session ended: every open child receives ``load_trigger`` (loads) or its
+    session-loss trigger."""
+
+    load_trigger: str
+
+
+ChildOutput = Output | Send | Arm | Disarm | HoldJob | PinHits | ExpireLookupRound | EndRoles
+"""One item of a step's outbox."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChildEnv:
+    """What the session gives each child: the outbox, the deadlines, the tracer and
+    the session-wide write ids (an id a raising step took is skipped, never reused)."""
+
+    timeouts: Timeouts
+    tracer: Tracer | None
+    outbox: list[ChildOutput] = field(default_factory=list)
+    xfers: Iterator[int] = field(default_factory=count)
