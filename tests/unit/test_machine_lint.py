@@ -11,12 +11,19 @@ core.py), whose object is also the owner of every other instance, the attributes
 actions write (``Session.fsm_data``) may be written only by its actions and the helpers
 they call. A write is an assignment, an augmented assignment, a
 subscript store or delete, or a call of a mutating method (``.pop()``, ``.clear()``...).
+
+Children (every bound class but the session's) never reach their owner at all: no
+``self.s`` (or any attribute holding the session), and their modules import nothing of
+the session's assembly (base, machine, roles, dispatch, steps, core), not even for
+typing. What they produce goes to the step's outbox (session/child.py).
 """
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
+
+import pytest
 
 from p2pfsm.fsm import machine
 from p2pfsm.session.core import Session
@@ -59,7 +66,7 @@ def _machine_classes(trees: dict[Path, ast.Module]) -> dict[str, frozenset[str]]
                 if (isinstance(stmt, ast.Assign) and any(
                         isinstance(t, ast.Name) and t.id == "__slots__" for t in stmt.targets)):
                     names = ast.literal_eval(stmt.value)
-                    attrs[cls.name] = frozenset(names) - {"s"}
+                    attrs[cls.name] = frozenset(names)
     return attrs
 
 
@@ -125,6 +132,49 @@ def offenders() -> list[str]:
                   and method not in SESSION_WRITERS):
                 found.append(f"{rel}:{line} Session.{method} writes session data .{attr}")
     return found
+
+
+OWNER_MODULES = frozenset({"base", "machine", "consumer", "producer", "dispatch", "steps", "core"})
+"""Modules of ``p2pfsm.session`` that make up the session (the owner of every child)."""
+
+
+def child_offenders() -> list[str]:
+    """Where a child class reaches its owner (``self.s``, an import of the session)."""
+    trees = _trees()
+    children = set(_machine_classes(trees)) - SESSION_CLASSES
+    found: list[str] = []
+    for path, tree in trees.items():
+        rel = str(path.relative_to(PACKAGE))
+        classes = [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name in children]
+        if not classes:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module is not None:
+                parts = node.module.split(".")
+                if parts[:2] == ["p2pfsm", "session"] and len(parts) > 2 \
+                        and parts[2] in OWNER_MODULES:
+                    found.append(f"{rel}:{node.lineno} imports {node.module}")
+        for cls in classes:
+            for node in ast.walk(cls):
+                if isinstance(node, ast.Attribute) and _is_self(node.value) and node.attr == "s":
+                    found.append(f"{rel}:{node.lineno} {cls.name} reaches the session (self.s)")
+    return found
+
+
+def test_children_never_reach_the_session() -> None:
+    assert child_offenders() == []
+
+
+def test_the_child_lint_sees_self_s(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "session").mkdir()
+    (tmp_path / "session" / "kid.py").write_text(
+        "from p2pfsm.session.core import Session\n"
+        "class Kid:\n    __slots__ = ('s',)\n"
+        "    def act(self, _ev):\n        self.s.send(1)\n"
+        "K = CompiledMachine(machine('kid'), Kid)\n")
+    monkeypatch.setitem(globals(), "PACKAGE", tmp_path)
+    assert child_offenders() == ["session/kid.py:1 imports p2pfsm.session.core",
+                                 "session/kid.py:5 Kid reaches the session (self.s)"]
 
 
 def test_machine_objects_are_written_only_by_their_own_actions() -> None:
