@@ -65,7 +65,7 @@ class ProducerRole(ChildSteps):
 
     def _settle_one(self, item: object) -> None:
         if isinstance(item, ServerRound):
-            if item.fsm_state != "done":  # (retired meanwhile)
+            if SERVER_ROUND.declares(item.fsm_state, "settle"):  # else ended meanwhile
                 self._fire(SERVER_ROUND, item, "settle")
         else:
             assert isinstance(item, str)
