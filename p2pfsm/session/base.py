@@ -35,7 +35,6 @@ class SessionBase:
 
     def __init__(self, config: SessionConfig, tracer: Tracer | None = None) -> None:
         self.config = config
-        self.tracer = tracer
         self.fsm_state = machine("session").initial
         self.peer: Connect | None = None
         self.death_reason: str | None = None
@@ -74,6 +73,15 @@ class SessionBase:
 
     fsm_data = ("peer", "death_reason", "mismatch", "last_disconnect", "_queue")
     """What the session machine's actions write (restored should one raise)."""
+
+    @property
+    def tracer(self) -> Tracer | None:
+        """Records every fired transition (the session's and its children's) when set."""
+        return self._env.tracer
+
+    @tracer.setter
+    def tracer(self, tracer: Tracer | None) -> None:
+        self._env.tracer = tracer
 
     # ------------------------------------------------------------------ queries
 

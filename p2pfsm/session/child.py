@@ -82,10 +82,11 @@ ChildOutput = Output | Send | Arm | Disarm | HoldJob | PinHits | ExpireLookupRou
 """One item of a step's outbox."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ChildEnv:
-    """What the session gives each child: the outbox, the deadlines, the tracer and
-    the session-wide write ids (an id a raising step took is skipped, never reused)."""
+    """What the session gives each child: the outbox, the deadlines, the tracer (the
+    session's: setting ``Session.tracer`` sets it) and the session-wide write ids (an
+    id a raising step took is skipped, never reused)."""
 
     timeouts: Timeouts
     tracer: Tracer | None
