@@ -87,6 +87,9 @@ def call_action(state: str, event: Input, records: Sequence[TraceRecord]) -> str
     if isinstance(event, FrameReceived) and any(
             (r.machine, r.trigger) == ("session", _TABLE.stale) for r in records):
         return action_name("session", _TABLE.stale)  # a dead session's answer (or not)
+    if isinstance(event, FrameReceived) and state == "dead" and records:
+        # The peer's disconnect reaching a dead session: the frame row's own trigger.
+        return action_name(records[0].machine, records[0].trigger)
     return action_of(state, event)
 
 

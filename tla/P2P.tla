@@ -90,7 +90,10 @@ NoReq == "-"
 Live == {"connecting", "registering", "registering_acked", "awaiting_ack", "ready"}
 PreReady == {"connecting", "registering", "registering_acked", "awaiting_ack"}
 Handshake == {"connect", "connect_ack", "disconnect"}
-SessionStates == {"idle", "closed", "dead"} \cup Live
+\* Ended sessions: "dead" when the peer may still hold the session live (it answers the
+\* peer's frames, and closing it sends a disconnect), "ended" when the peer knows.
+Ended == {"dead", "ended"}
+SessionStates == {"idle", "closed"} \cup Ended \cup Live
 MsgTypes == Handshake \cup {"fetch", "lookup", "abort_fetch", "transfer_done",
                             "abort_ack", "lookup_resp"}
 \* Resting states. "new" is never observed between actions (a host call or frame
@@ -492,12 +495,13 @@ SessionHostStart(p) ==
     /\ Commit(p, Send(FireS(Load(p, "SessionHostStart"), "host_start", "connecting"), Ctl("connect")))
 
 \* Session._on_close: best-effort disconnect; every outstanding job gets its result.
-\* Closing a session that is already dead ends nothing (a graceful shutdown): no fault;
-\* its disconnect tells a peer that may still hold the session live (a one-sided loss).
+\* Closing a session that has already ended ends nothing (a graceful shutdown): no fault;
+\* a dead one's disconnect tells a peer that may still hold the session live (a one-sided
+\* loss); an ended one sends nothing (its peer disconnected, or was sent our disconnect).
 SessionHostClose(p) ==
-    /\ sess[p] # "closed" /\ (sess[p] = "dead" \/ CanFault("close"))
+    /\ sess[p] # "closed" /\ (sess[p] \in Ended \/ CanFault("close"))
     /\ LET L0 == Load(p, "SessionHostClose")
-           L == IF L0.sess = "dead" THEN L0 ELSE Faulted(L0)
+           L == IF L0.sess \in Ended THEN L0 ELSE Faulted(L0)
        IN
        Commit(p, IF L.sess \in Live
                  THEN EndRoles([Send(FireS(L, "host_close", "closed"), Ctl("disconnect"))
@@ -566,7 +570,7 @@ ServerRoundHostSupply(p) ==
              Ln == Open(L, k, Unbound)
              src == SSt(Ln, k)
          IN Commit(p,
-              IF L.sess \in {"dead", "closed"} THEN ReleaseJob(L, j)
+              IF L.sess \in Ended \cup {"closed"} THEN ReleaseJob(L, j)
               ELSE IF src \in {"new", "supplied"}
               THEN Settle(AddSupply(FireSR(Ln, k, "host_supply", "supplied"), k, keys, j), k)
               ELSE IF src = "serving"
@@ -636,9 +640,15 @@ Stale(p) ==
     /\ sess[p] = "dead" /\ ~BugSilentLoss
     /\ Peek(chan[Other(p)])[1] \notin Handshake
 
+\* A disconnect reaching a dead session: the peer ended its side too.
+DeadDisconnect(p) ==
+    /\ chan[Other(p)] # <<>>
+    /\ sess[p] = "dead" /\ ~BugSilentLoss
+    /\ Peek(chan[Other(p)])[1] = "disconnect"
+
 NetworkDiscard(p) ==
     /\ chan[Other(p)] # <<>>
-    /\ sess[p] \notin Live /\ ~Stale(p)
+    /\ sess[p] \notin Live /\ ~Stale(p) /\ ~DeadDisconnect(p)
     /\ Commit(p, Pop(Load(p, "NetworkDiscard")))
 
 \* Session._on_stale: a dead session answers its peer's request or response with a
@@ -671,7 +681,7 @@ SessionRecvConnect(p) ==
                  THEN FireS(L, "recv_connect", "registering")
                  ELSE IF L.sess # "connecting" /\ (restarted \/ L.sess = "ready")
                  THEN Die(FireS(L, "recv_connect", "dead"), L.sess)
-                 ELSE Die(Send(FireS(L, "recv_connect", "dead"), Ctl("disconnect")), L.sess))
+                 ELSE Die(Send(FireS(L, "recv_connect", "ended"), Ctl("disconnect")), L.sess))
 
 SessionRecvConnectAck(p) ==
     /\ Incoming(p, "connect_ack")
@@ -680,13 +690,15 @@ SessionRecvConnectAck(p) ==
                    [] L.sess = "awaiting_ack" -> Flush(FireS(L, "recv_connect_ack", "ready"))
                    [] L.sess \in {"registering_acked", "ready"} ->
                           FireS(L, "recv_connect_ack", L.sess)
-                   [] OTHER -> Die(Send(FireS(L, "recv_connect_ack", "dead"), Ctl("disconnect")),
+                   [] OTHER -> Die(Send(FireS(L, "recv_connect_ack", "ended"), Ctl("disconnect")),
                                    L.sess))
 
+\* The peer ended the session: it knows, so nothing more is owed to it ("ended"). A dead
+\* session (its transport lost, a one-sided loss) learns that its peer ended too.
 SessionRecvDisconnect(p) ==
-    /\ Incoming(p, "disconnect")
-    /\ Commit(p, Die(FireS(Pop(Load(p, "SessionRecvDisconnect")), "recv_disconnect", "dead"),
-                    sess[p]))
+    /\ Incoming(p, "disconnect") \/ DeadDisconnect(p)
+    /\ LET L == FireS(Pop(Load(p, "SessionRecvDisconnect")), "recv_disconnect", "ended") IN
+       Commit(p, IF sess[p] = "dead" THEN L ELSE Die(L, sess[p]))
 
 \* The session gate for requests (fetch, lookup, abort_fetch) ...
 CanRequest(L) == L.sess \in {"awaiting_ack", "ready"}
@@ -824,7 +836,7 @@ SessionRegistrationDone(p) ==
 
 SessionRegistrationFailed(p) ==
     /\ sess[p] \in {"registering", "registering_acked"} /\ CanFault("regfail")
-    /\ Commit(p, Die(Send(FireS(Faulted(Load(p, "SessionRegistrationFailed")), "registration_failed", "dead"),
+    /\ Commit(p, Die(Send(FireS(Faulted(Load(p, "SessionRegistrationFailed")), "registration_failed", "ended"),
                          Ctl("disconnect")), sess[p]))
 
 \* A write completed after landing (WriteFinished ok).
@@ -855,7 +867,7 @@ SessionTransportLost(p) ==
 
 SessionTimerHandshake(p) ==
     /\ sess[p] \in PreReady /\ CanFault("hstimer")
-    /\ Commit(p, Die(Send(FireS(Faulted(Load(p, "SessionTimerHandshake")), "timer_handshake", "dead"),
+    /\ Commit(p, Die(Send(FireS(Faulted(Load(p, "SessionTimerHandshake")), "timer_handshake", "ended"),
                          Ctl("disconnect")), sess[p]))
 
 ClientRoundTimerLoad(p) ==

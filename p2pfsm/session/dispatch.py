@@ -48,9 +48,8 @@ class InputDispatch(ConsumerRole, ProducerRole):
 
     def _on_frame(self, ev: FrameReceived) -> None:
         if self.fsm_state not in LIVE_STATES:
-            if self.fsm_state == "dead":
-                self._on_stale(ev)
-            self.emit(FrameIgnored("", f"session is {self.fsm_state}"))
+            if self.fsm_state != "dead" or not self._on_stale(ev):
+                self.emit(FrameIgnored("", f"session is {self.fsm_state}"))
             return
         try:
             msg = decode(ev.frame, self.config.limits)
@@ -69,15 +68,21 @@ class InputDispatch(ConsumerRole, ProducerRole):
         except RemoteProtocolError as exc:
             self.emit(ProtocolViolation(exc))
 
-    def _on_stale(self, ev: FrameReceived) -> None:
+    def _on_stale(self, ev: FrameReceived) -> bool:
         """A dead session's peer may still hold the session live (a one-sided transport
-        loss): a well-formed request or response of it is answered, rate-limited."""
+        loss): a well-formed request or response of it is answered, rate-limited. Its
+        disconnect says it ended its side too: True, the frame was taken."""
         try:
             msg = decode(ev.frame, self.config.limits)
         except RemoteProtocolError:
-            return
-        if not isinstance(msg, Connect | ConnectAck | Disconnect):
+            return False
+        if isinstance(msg, Disconnect):
+            row, _handler = _FRAME_HANDLERS[msg.TYPE]
+            SESSION.fire(self, row.trigger_for(msg), msg)
+            return True
+        if not isinstance(msg, Connect | ConnectAck):
             SESSION.fire(self, _TABLE.stale, msg)
+        return False
 
     def _on_session_frame(self, row: InputSpec, msg: Message) -> None:
         SESSION.fire(self, row.trigger_for(msg), msg)

@@ -167,7 +167,7 @@ class ProducerRole(ChildSteps):
         self._check_keys(ev.keys, ev.local_indexes, "supply", ev.kv_request_id)
         if ev.job_id in self._store_jobs:
             raise LocalProtocolError(f"supply: job {ev.job_id} is already pinned")
-        if self.fsm_state in ("dead", "closed"):
+        if not self.alive:  # dead, ended or closed (idle was refused above)
             self.emit(StoreResult(ev.job_id, False))
             return
         rnd = self._supply_target(ev)

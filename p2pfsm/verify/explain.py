@@ -314,7 +314,7 @@ class Step:
 # Bookkeeping of the spec, not protocol state: `fired` is told as machine steps, `act`
 # (the last action, for fairness) is the step's action.
 HIDDEN = frozenset({"fired", "act"})
-_ENDED = frozenset({"dead", "closed"})
+_ENDED = frozenset({"dead", "ended", "closed"})
 
 
 def _parse_state(state: Mapping[str, str]) -> dict[str, object]:

@@ -2,8 +2,8 @@
 
 :data:`KNOWN_UNREACHABLE`: the session code can never take them. :data:`BEYOND_GATE`:
 the code can take them, but only in behaviours larger than the gate config's bounds
-(tests/scenarios/test_scenario_draining.py and test_scenario_close.py drive each
-against the code). The
+(tests/scenarios/test_scenario_draining.py, test_scenario_close.py and
+test_scenario_one_sided.py drive each against the code). The
 conformance tests exclude both from the models <-> spec comparison, require the gate's
 spec never to take them (so a stale entry fails), and skip them in the spec -> code
 replay. Each entry is also explained next to its transition in the model file.
@@ -37,6 +37,12 @@ BEYOND_GATE: dict[str, dict[Edge, str]] = {
             "a round drains silently with a write in flight only when the consumer's "
             "abort was lost (a terminal fetch otherwise meets a round that was aborted); "
             "dying then is a second fault, and the gate allows one",
+    },
+    "session": {
+        ("dead", "recv_disconnect", "ended"):
+            "a disconnect reaches a dead session only when a one-sided loss is followed "
+            "by the peer's own close (or another death that sends one): two faults, and "
+            "the gate allows one (tests/scenarios/test_scenario_one_sided.py drives it)",
     },
 }
 

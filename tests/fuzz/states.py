@@ -41,6 +41,7 @@ from p2pfsm.session import (
     RegistrationFinished,
     Session,
     TimerId,
+    TransportLost,
 )
 from p2pfsm.session.child import ChildEnv
 from p2pfsm.session.client import ClientLookup, ClientRound
@@ -167,6 +168,13 @@ def _after_abort() -> Driver:
 
 
 def _dead() -> Driver:
+    """Its transport lost: the peer may still hold the session (it answers stale frames)."""
+    d = _busy()
+    d(TransportLost("heartbeat expired"))
+    return d
+
+
+def _ended() -> Driver:
     d = _busy()
     d.recv(Disconnect())
     return d
@@ -208,6 +216,7 @@ STATES: dict[str, Callable[[], Driver]] = {
     "ready+busy": _busy,
     "ready+tombstones": _after_abort,
     "dead": _dead,
+    "ended": _ended,
     "closed": _closed,
     "sim-midrun": _sim_midrun,
 }

@@ -89,7 +89,11 @@ def feed_frame(d: Driver, frame: bytes) -> list[Output]:
     if before[0] == "dead" and out[:1] == [SendFrame(Disconnect())]:
         out = out[1:]  # a dead session's answer to its peer (test_scenario_one_sided)
     try:
-        decode(frame, s.config.limits)
+        msg = decode(frame, s.config.limits)
+        if before[0] == "dead" and isinstance(msg, Disconnect):
+            # The peer ended its side too: dead -> ended, nothing sent.
+            assert out == [] and s.state == "ended", out
+            return out
         refused: type[Output] | None = None
     except UnknownMessageType:
         refused = FrameIgnored

@@ -168,7 +168,7 @@ def test_a_session_dying_at_its_handshake_deadline_tells_a_peer_that_became_read
     w.register("a")  # a acks b
     w.deliver("a")  # b holds a's ack while still registering a
     w.fire_timer("a", TimerId("handshake"))
-    assert w.sessions["a"].state == "dead"
+    assert w.sessions["a"].state == "ended"  # it sent b its disconnect
     w.register("b")
     assert w.sessions["b"].ready
     job = w.load("b", "r1", [1])

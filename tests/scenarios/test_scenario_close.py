@@ -90,7 +90,7 @@ def test_close_sends_disconnect_and_the_peer_reports_its_work() -> None:
     w.feed("a", HostClose())
     w.deliver("a")
     b = w.sessions["b"]
-    assert b.state == "dead"
+    assert b.state == "ended"
     assert [d.reason for d in w.hosts["b"].deaths] == ["peer disconnected"]
     assert w.result("b", job_b) == LoadResult(job_b, "r9", False, False)
     assert w.hosts["b"].store_results[store_b] == StoreResult(store_b, False)

@@ -144,7 +144,7 @@ def test_handshake_mismatch_kills_the_session(
     assert dead.mismatch.field == field
     assert not of_type(out, StartRegistration)
     assert not any(isinstance(m, ConnectAck) for m in sent(out))
-    assert d.s.state == "dead" and not d.s.alive
+    assert d.s.state == "ended" and not d.s.alive
     assert d.s.mismatch == dead.mismatch
     # Nothing more is accepted from that peer.
     assert of_type(d.recv(ConnectAck(PEER_ID)), FrameIgnored)
@@ -179,7 +179,7 @@ def test_handshake_deadline_kills_the_session() -> None:
     assert w.advance()
     assert not w.advance()
     for node in ("a", "b"):
-        assert w.sessions[node].state == "dead"
+        assert w.sessions[node].state == "ended"
         assert only(w.hosts[node].deaths).reason == "handshake timed out"
     res = w.hosts["a"].load_results[job]
     # The fetch never left the queue, so its destination is free at once.
@@ -200,7 +200,7 @@ def test_connect_ack_before_connect_kills_the_session() -> None:
     d(HostStart())
     out = d.recv(ConnectAck(PEER_ID))
     assert "connect_ack before connect" in only(of_type(out, SessionDead)).reason
-    assert d.s.state == "dead"
+    assert d.s.state == "ended"
 
 
 def test_duplicate_connect_after_ready_kills_the_session() -> None:
@@ -209,7 +209,7 @@ def test_duplicate_connect_after_ready_kills_the_session() -> None:
     assert sent(job_out)
     out = d.recv(peer_connect())
     assert "connect after the handshake" in only(of_type(out, SessionDead)).reason
-    assert d.s.state == "dead"
+    assert d.s.state == "ended"
     assert only(of_type(out, LoadResult)) == LoadResult(1, "r1", False, False)
 
 
@@ -220,10 +220,10 @@ def test_duplicate_connect_while_registering_kills_the_session() -> None:
     assert d.s.state == "registering"
     out = d.recv(peer_connect())
     assert of_type(out, SessionDead)
-    assert d.s.state == "dead"
+    assert d.s.state == "ended"
     # The registration result that comes back afterwards is ignored.
     assert of_type(d(RegistrationFinished(True)), FrameIgnored)
-    assert d.s.state == "dead"
+    assert d.s.state == "ended"
 
 
 def test_duplicate_connect_ack_is_harmless() -> None:
@@ -254,7 +254,7 @@ def test_registration_failure_kills_the_session_without_ack() -> None:
     w.deliver("a")
     w.register("b", ok=False)
     b = w.sessions["b"]
-    assert b.state == "dead"
+    assert b.state == "ended"
     assert "registration failed" in only(w.hosts["b"].deaths).reason
     assert w.types("b") == ["connect", "disconnect"]
 
@@ -296,4 +296,4 @@ def test_peer_disconnect_kills_the_session_and_reports_work() -> None:
     assert only(of_type(out, SessionDead)).reason == "peer disconnected"
     assert of_type(out, LoadResult) == [LoadResult(1, "r1", False, False)]
     assert sent(out) == []
-    assert d.s.state == "dead"
+    assert d.s.state == "ended"

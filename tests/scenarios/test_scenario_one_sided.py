@@ -54,7 +54,7 @@ def test_a_dead_producer_answers_the_consumers_next_fetch() -> None:
     job = w.load("a", "r2", [9])
     w.deliver_all("a")
     w.deliver_all("b")
-    assert w.sessions["a"].state == "dead"
+    assert w.sessions["a"].state == "ended"
     assert only([r for r in w.out("a", LoadResult) if r.job_id == job]).success is False
 
 
@@ -76,10 +76,29 @@ def test_a_dead_consumer_answers_the_producers_transfer_done() -> None:
 def test_handshake_frames_and_malformed_frames_get_no_answer() -> None:
     d = ready_driver()
     d(TransportLost("heartbeat expired"))
-    for frame in (Disconnect(), ConnectAck("peer:1")):
-        assert not sent(d.recv(frame)) and d.s.state == "dead"
-    assert not sent(d.recv_raw(b"\xc1garbage"))
+    assert not sent(d.recv(ConnectAck("peer:1"))) and d.s.state == "dead"
+    assert not sent(d.recv_raw(b"\xc1garbage")) and d.s.state == "dead"
     assert [type(m) for m in sent(d.recv(Lookup("r1", (b"k",), 0)))] == [Disconnect]
+
+
+def test_a_peer_that_ended_its_side_too_is_told_nothing_more() -> None:
+    """dead --recv_disconnect--> ended (beyond the gate: a one-sided loss, then the
+    peer's own close): no answer to its frames, no disconnect when closed."""
+    d = ready_driver()
+    d(TransportLost("heartbeat expired"))
+    assert d.recv(Disconnect()) == [] and d.s.state == "ended"
+    d.now += 10 * STALE_ANSWER_INTERVAL_S
+    assert not sent(d.recv(Lookup("r1", (b"k",), 0)))
+    assert not sent(d(HostClose())) and d.s.state == "closed"
+
+
+def test_closing_a_dead_session_tells_the_peer_and_an_ended_one_does_not() -> None:
+    lost = ready_driver()
+    lost(TransportLost("heartbeat expired"))
+    assert [type(m) for m in sent(lost(HostClose()))] == [Disconnect]
+    told = ready_driver()
+    told.recv(Disconnect())
+    assert told.s.state == "ended" and not sent(told(HostClose()))
 
 
 def test_a_closed_session_answers_nothing() -> None:
