@@ -22,6 +22,11 @@ KNOWN_UNREACHABLE: dict[str, dict[Edge, str]] = {
     },
 }
 
+_RESTART_BEFORE_READY = (
+    "a restart of the peer before the handshake completed: gate scenario 10 restarts a "
+    "peer of a ready session, and the one scenario that starts before the handshake "
+    "allows no restart (tests/scenarios/test_scenario_restart.py drives it)")
+
 BEYOND_GATE: dict[str, dict[Edge, str]] = {
     "client_round": {
         ("aborting", "session_lost_unsent", "done"):
@@ -39,6 +44,13 @@ BEYOND_GATE: dict[str, dict[Edge, str]] = {
             "dying then is a second fault, and the gate allows one",
     },
     "session": {
+        ("registering", "recv_connect", "dead"): _RESTART_BEFORE_READY,
+        ("registering_acked", "recv_connect", "dead"): _RESTART_BEFORE_READY,
+        ("awaiting_ack", "recv_connect", "dead"): _RESTART_BEFORE_READY,
+        ("ready", "recv_connect", "ended"):
+            "a second connect without an incarnation on a ready session is a vLLM 0.33.0 "
+            "peer's; every spec peer sends one, so there it is a reconnect "
+            "(tests/scenarios/test_scenario_handshake.py drives it)",
         ("dead", "recv_disconnect", "ended"):
             "a disconnect reaches a dead session only when a one-sided loss is followed "
             "by the peer's own close (or another death that sends one): two faults, and "

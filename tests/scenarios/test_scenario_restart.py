@@ -9,6 +9,7 @@ from __future__ import annotations
 import msgpack
 import pytest
 from helpers.world import (
+    PEER_ID,
     Driver,
     key,
     local_config,
@@ -18,8 +19,8 @@ from helpers.world import (
     sent,
 )
 
-from p2pfsm.protocol import Connect, Disconnect, decode, encode
-from p2pfsm.session import HostFetch, HostStart, LoadResult, SessionDead
+from p2pfsm.protocol import Connect, ConnectAck, Disconnect, decode, encode
+from p2pfsm.session import HostFetch, HostStart, LoadResult, RegistrationFinished, SessionDead
 
 
 def test_our_connect_carries_our_incarnation_and_none_leaves_it_off_the_wire() -> None:
@@ -48,16 +49,24 @@ def test_a_new_incarnation_after_ready_ends_the_session_as_restarted() -> None:
     assert not [m for m in sent(out) if isinstance(m, Disconnect)]  # would end the new one
 
 
-def test_a_new_incarnation_before_ready_fails_queued_work_with_its_destination_free() -> None:
+@pytest.mark.parametrize("state", ["registering", "registering_acked", "awaiting_ack"])
+def test_a_new_incarnation_before_ready_fails_queued_work_with_its_destination_free(
+        state: str) -> None:
+    """Beyond the gate (p2pfsm/verify/unreachable.py): <state> --recv_connect--> dead."""
     d = Driver(local_config(incarnation=1))
     d(HostStart())
     d.recv(peer_connect(incarnation=100))
-    assert d.s.state == "registering"
+    if state == "registering_acked":
+        d.recv(ConnectAck(PEER_ID))
+    elif state == "awaiting_ack":
+        d(RegistrationFinished(True))
+    assert d.s.state == state
     d(HostFetch(1, "r1", (key(1),), (4,)))  # queued: nothing reached the peer
     out = d.recv(peer_connect(incarnation=5))
     assert only(of_type(out, SessionDead)).reason == "peer restarted"
     assert only(of_type(out, LoadResult)) == LoadResult(1, "r1", False, True)
     assert not sent(out)
+    assert d.s.state == "dead"  # the new incarnation is served by a fresh session
 
 
 @pytest.mark.parametrize(("first", "second"), [(None, None), (None, 5), (5, None)],
