@@ -47,8 +47,9 @@ class ChildSteps(SessionMachine):
 
     def _step(self, m: CompiledMachine, obj: Any, trigger: str, ev: object = None) -> str:
         """One step of a child caused by an input, then the cascade; the new state."""
-        dest = self._fire(m, obj, trigger, ev)
-        self._cascade()
+        dest = m.fire(obj, trigger, ev, self._committed)
+        if self._unsettled:
+            self._cascade()
         return dest
 
     def _fire(self, m: CompiledMachine, obj: Any, trigger: str, ev: object = None) -> str:
@@ -73,11 +74,19 @@ class ChildSteps(SessionMachine):
         todo = outbox[:]
         outbox.clear()
         for item in todo:
-            apply = _APPLY.get(type(item))
-            if apply is None:
-                self._out.append(item)  # type: ignore[arg-type]  # an executor output
+            kind = type(item)
+            if kind is Send:  # the common requests first, without a table lookup
+                self.send(item.message)  # type: ignore[union-attr]
+            elif kind is Arm:
+                self.arm(item.timer, item.delay, keep=item.keep)  # type: ignore[union-attr]
+            elif kind is Disarm:
+                self.disarm(item.timer)  # type: ignore[union-attr]
             else:
-                apply(self, obj, item)
+                apply = _APPLY.get(kind)
+                if apply is None:
+                    self._out.append(item)  # type: ignore[arg-type]  # an executor output
+                else:
+                    apply(self, obj, item)
 
     def _cascade(self) -> None:
         """Fire state-triggered transitions until none is due (a fixed point)."""
