@@ -20,19 +20,26 @@ from p2pfsm.bench.matrix import _env, _readline, _stop
 from p2pfsm.bench.procstat import cpu_s as _cpu_s
 from p2pfsm.bench.procstat import fds as _fds
 from p2pfsm.bench.procstat import rss as _rss
+from p2pfsm.bench.procstat import thread_cpu_s as _thread_cpu_s
 from p2pfsm.bench.transfer import Progress
 
 __all__ = ["format_peers", "run"]
 
 
-def _window(pid: int, seconds: float, nodes: list[Any]) -> float:
-    """Server CPU in % of a core over ``seconds``, stepping ``nodes`` twice a second."""
-    c0, t0 = _cpu_s(pid), time.monotonic()
+_ZMQ_IO: str = "ZMQbg/IO"  # libzmq names its I/O threads so (ZMTP heartbeats run there)
+
+
+def _window(pid: int, seconds: float, nodes: list[Any]) -> tuple[float, float]:
+    """Server CPU in % of a core over ``seconds``, all threads and libzmq's I/O threads
+    alone, stepping ``nodes`` twice a second."""
+    c0, z0, t0 = _cpu_s(pid), _thread_cpu_s(pid, _ZMQ_IO), time.monotonic()
     while time.monotonic() - t0 < seconds:
         for node in nodes:
             node.step(0)
         time.sleep(0.5)  # the clients' own pace does not matter here: the server's does
-    return (_cpu_s(pid) - c0) / (time.monotonic() - t0) * 100
+    span = time.monotonic() - t0
+    return ((_cpu_s(pid) - c0) / span * 100,
+            (_thread_cpu_s(pid, _ZMQ_IO) - z0) / span * 100)
 
 
 def run(count: int = 128, window_s: float = 10.0,
@@ -50,7 +57,7 @@ def run(count: int = 128, window_s: float = 10.0,
         addr = line.rsplit("tcp://", 1)[1].strip()
         pid = proc.pid
         say(f"  peers: server idle with no peers for {window_s:g} s")
-        alone = _window(pid, window_s, [])
+        alone, _ = _window(pid, window_s, [])
         fds0, rss0 = _fds(pid), _rss(pid)
         handshakes = []
         for i in range(count):
@@ -64,13 +71,13 @@ def run(count: int = 128, window_s: float = 10.0,
             if i % 32 == 31:
                 say(f"  peers: {i + 1}/{count} connected")
         say(f"  peers: {count} idle peers, two windows of {window_s:g} s")
-        first = _window(pid, window_s, nodes)
-        steady = _window(pid, window_s, nodes)
+        first, _ = _window(pid, window_s, nodes)
+        steady, steady_io = _window(pid, window_s, nodes)
         fds1, rss1 = _fds(pid), _rss(pid)
         for node in nodes:
             node.close(timeout=0.5)
         nodes.clear()
-        after = _window(pid, window_s, [])
+        after, _ = _window(pid, window_s, [])
     finally:
         for node in nodes:
             node.close(timeout=0.5)
@@ -78,6 +85,7 @@ def run(count: int = 128, window_s: float = 10.0,
     return {"count": count, "connected": len(handshakes), "window_s": window_s,
             "handshake_median_ms": statistics.median(handshakes) * 1e3 if handshakes else None,
             "cpu_alone": alone, "cpu_first": first, "cpu_steady": steady, "cpu_after": after,
+            "cpu_steady_zmq_io": steady_io,
             "fds_per_peer": (fds1 - fds0) / count, "rss_per_peer_kib": (rss1 - rss0) / count / 1024}
 
 
@@ -87,6 +95,7 @@ def format_peers(r: dict[str, Any]) -> str:
         f"{r['count']} idle peers on one p2pfsm serve ({r['connected']} handshakes, median "
         f"{hs:.1f} ms)" if hs is not None else f"{r['count']} peers: no handshake",
         f"  server CPU [% of a core]: no peers {r['cpu_alone']:.2f}; first {r['window_s']:g} s "
-        f"{r['cpu_first']:.2f}; steady {r['cpu_steady']:.2f}; after they left "
+        f"{r['cpu_first']:.2f}; steady {r['cpu_steady']:.2f} (libzmq I/O thread "
+        f"{r['cpu_steady_zmq_io']:.2f}, ZMTP heartbeats); after they left "
         f"{r['cpu_after']:.2f}   (targets: < 2 total with peers, < 1 idle)",
         f"  per peer: {r['fds_per_peer']:.1f} fds, {r['rss_per_peer_kib']:.0f} KiB"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["cpu_s", "fds", "rss"]
+__all__ = ["cpu_s", "fds", "rss", "thread_cpu_s"]
 
 
 def cpu_s(pid: int) -> float:
@@ -12,6 +12,23 @@ def cpu_s(pid: int) -> float:
     with open(f"/proc/{pid}/stat", encoding="ascii") as f:
         fields = f.read().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu_s(pid: int, name_prefix: str) -> float:
+    """User + system CPU seconds so far of ``pid``'s live threads whose name starts with
+    ``name_prefix`` (e.g. ``ZMQbg/IO`` for libzmq's I/O threads)."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm", encoding="ascii", errors="replace") as f:
+                if not f.read().startswith(name_prefix):
+                    continue
+            with open(f"/proc/{pid}/task/{tid}/stat", encoding="ascii", errors="replace") as f:
+                fields = f.read().rpartition(")")[2].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def fds(pid: int) -> int:
