@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from p2pfsm.verify import configs, tlc
 from p2pfsm.verify.check import check_main
 
 CHECK = [sys.executable, "-m", "p2pfsm.cli", "check"]
@@ -57,8 +58,14 @@ def test_a_must_fail_config_exits_1_with_a_readable_counterexample(require_tlc: 
 
 
 def test_the_mustfail_group_exits_0_when_every_config_fails(
-    require_tlc: None, capsys: pytest.CaptureFixture[str],
+    spec_dir: Path, must_fail_runs: dict[str, tlc.TlcResult],
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
 ) -> None:
+    # The group's verdicts over the real TLC results of the session's must-fail runs
+    # (conftest), so each config is checked by TLC once per test session.
+    by_path = {cfg.path: must_fail_runs[cfg.name]
+               for cfg in configs.must_fail_configs(spec_dir)}
+    monkeypatch.setattr(tlc, "run", lambda _dir, _module, path, **_kw: by_path[path])
     assert check_main(["--config", "mustfail"]) == 0
     out = capsys.readouterr().out
     assert out.count("FAILS AS EXPECTED") >= 5
