@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from p2pfsm.errors import RemoteProtocolError
 from p2pfsm.fsm import TraceRecord, input_table, machine
-from p2pfsm.protocol import decode
+from p2pfsm.protocol import decode, fetch_round
 from p2pfsm.session import (
     FrameReceived,
     HostAnswerLookup,
@@ -57,7 +58,12 @@ def action_of(state: str, event: Input) -> str | None:
     if isinstance(event, FrameReceived):
         if state not in LIVE_STATES:
             return "NetworkDiscard"
-        msg = decode(event.frame)
+        try:
+            msg = decode(event.frame)
+        except RemoteProtocolError:
+            # A malformed frame: the spec has one kind, a fetch still naming its round.
+            bad = fetch_round(event.frame) is not None
+            return action_name("session", "recv_bad_fetch") if bad else None
         row = _TABLE.of_kind("frame")[msg.TYPE]
         return action_name(row.machine, row.trigger_for(msg))
     if isinstance(event, TimerFired):

@@ -24,9 +24,12 @@ Fin(a, b) == ("a" :> a @@ "b" :> b)
 \* The PR gate: small scenarios whose union reaches every transition two
 \* p2pfsm peers can take (tests/conformance/test_models_vs_spec.py).
 GateScenarios == <<
-    \* 1. handshake from idle, a load and a supply queued behind it, every fault
+    \* 1. handshake from idle, a load and a supply queued behind it, every fault; the
+    \*    load's fetch may arrive malformed (a buggy consumer) while the producer still
+    \*    awaits its ack or is ready: rejected, and answered transfer_done(false) at once
     [Quiet EXCEPT !.ready = FALSE, !.loads = 1, !.stores = 1,
-                  !.faults = {"incompat", "dup", "regfail", "hstimer", "close", "cut", "drop"}],
+                  !.faults = {"incompat", "dup", "regfail", "hstimer", "close", "cut", "drop",
+                              "corrupt"}],
     \* 2. PD loads: supply before or after the fetch, finish on both sides, timeouts, a
     \*    close while a failed round drains
     [Quiet EXCEPT !.loads = 1, !.stores = 2, !.fin = Fin(1, 2), !.faults = {"wfail", "close"},

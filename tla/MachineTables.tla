@@ -180,6 +180,7 @@ MachineTransitions ==
          <<"supply_closed", "settle", "supply_closed">>,
          <<"supply_closed", "timer_store", "done">>}
     @@ "session" :> {<<"awaiting_ack", "host_close", "closed">>,
+         <<"awaiting_ack", "recv_bad_fetch", "awaiting_ack">>,
          <<"awaiting_ack", "recv_connect", "dead">>,
          <<"awaiting_ack", "recv_connect", "ended">>,
          <<"awaiting_ack", "recv_connect_ack", "ready">>,
@@ -201,6 +202,7 @@ MachineTransitions ==
          <<"idle", "host_close", "closed">>,
          <<"idle", "host_start", "connecting">>,
          <<"ready", "host_close", "closed">>,
+         <<"ready", "recv_bad_fetch", "ready">>,
          <<"ready", "recv_connect", "dead">>,
          <<"ready", "recv_connect", "ended">>,
          <<"ready", "recv_connect_ack", "ready">>,

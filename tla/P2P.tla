@@ -62,7 +62,7 @@ CONSTANTS
 
 \* Fault kinds a scenario may allow.
 FaultKinds == {"cut", "drop", "dup", "close", "regfail", "hstimer", "incompat", "wfail",
-               "restart", "halfcut"}
+               "restart", "halfcut", "corrupt"}
 \* Role timers a scenario lets fire (the handshake timer is the fault "hstimer").
 TimerKinds == {"load", "abort_ack", "lookup", "store", "lookup_pending", "demand"}
 
@@ -94,8 +94,10 @@ Handshake == {"connect", "connect_ack", "disconnect"}
 \* peer's frames, and closing it sends a disconnect), "ended" when the peer knows.
 Ended == {"dead", "ended"}
 SessionStates == {"idle", "closed"} \cup Ended \cup Live
+\* "bad_fetch": a fetch the network (standing for a buggy consumer) made malformed while
+\* it still names its round (NetworkCorrupt): it fails validation, and names req and seq.
 MsgTypes == Handshake \cup {"fetch", "lookup", "abort_fetch", "transfer_done",
-                            "abort_ack", "lookup_resp"}
+                            "abort_ack", "lookup_resp", "bad_fetch"}
 \* Resting states. "new" is never observed between actions (a host call or frame
 \* creates an instance and fires its first trigger at once), "done", "aborted", "orphaned",
 \* "answered", "discarded", "cancelled" and "dropped" end the instance.
@@ -638,7 +640,7 @@ Incoming(p, t) ==
 Stale(p) ==
     /\ chan[Other(p)] # <<>>
     /\ sess[p] = "dead" /\ ~BugSilentLoss
-    /\ Peek(chan[Other(p)])[1] \notin Handshake
+    /\ Peek(chan[Other(p)])[1] \notin Handshake \cup {"bad_fetch"}
 
 \* A disconnect reaching a dead session: the peer ended its side too.
 DeadDisconnect(p) ==
@@ -743,6 +745,21 @@ ServerRoundRecvFetch(p) ==
             ELSE Settle(WriteMatched(FireSR(L3, k, "recv_fetch",
                                             IF src \in {"supply_closed", "pinned_closed"}
                                             THEN "finishing" ELSE "serving"), k), k))
+
+\* Session._answer_bad_fetch: a fetch rejected as malformed (a protocol violation: perr)
+\* that names its round gets transfer_done(false) for it at once, unless a round of ours
+\* already has that round's demand (its own reply comes; a second reply could fail the
+\* load while a write of that round may still land). No round is created or changed.
+SessionRecvBadFetch(p) ==
+    /\ Incoming(p, "bad_fetch")
+    /\ LET L0 == Reject(Load(p, "SessionRecvBadFetch"))
+           m == AsRec(Peek(chan[Other(p)]))
+           k == SKey(m.req, m.seq)
+           served == k \in DOMAIN L0.sr /\ L0.sr[k].dst # 0
+       IN Commit(p, IF CanRequest(L0) /\ ~served
+                    THEN Send(FireS(L0, "recv_bad_fetch", L0.sess),
+                              Msg("transfer_done", m.req, m.seq, {}, m.dst, FALSE, {}))
+                    ELSE L0)
 
 \* Session._on_fetch without keys: the consumer finished the request.
 ServerRoundRecvTerminalFetch(p) ==
@@ -957,6 +974,17 @@ NetworkDuplicate(p) ==
     /\ act' = IF TrackAct THEN <<"NetworkDuplicate", p>> ELSE <<"", "">>
     /\ UNCHANGED <<scn, peerVars, cut, lost, compat, gone, perr>>
 
+\* A fetch p sent arrives malformed but still naming its round (a buggy consumer: its
+\* lengths differ, an index lies outside the region, its keys are a string).
+NetworkCorrupt(p) ==
+    /\ chan[p] # <<>> /\ Peek(chan[p])[1] = "fetch" /\ Peek(chan[p])[4] # {}
+    /\ CanFault("corrupt")
+    /\ chan' = [chan EXCEPT ![p] = <<[Peek(@) EXCEPT ![1] = "bad_fetch"]>> \o Rest(@)]
+    /\ faults' = faults + 1
+    /\ fired' = {}
+    /\ act' = IF TrackAct THEN <<"NetworkCorrupt", p>> ELSE <<"", "">>
+    /\ UNCHANGED <<scn, peerVars, cut, lost, compat, gone, perr>>
+
 \* A one-sided loss: p's transport decides the connection is lost (its heartbeat expired,
 \* as after a freeze that ends right at the heartbeat timeout) while the other side's
 \* does not; frames still flow both ways (p's node dials back to answer). p's session
@@ -1070,7 +1098,7 @@ NextHost(p) ==
 
 ReceiveActions ==
     {"NetworkDiscard", "SessionRecvStale", "SessionRecvConnect", "SessionRecvConnectAck", "SessionRecvDisconnect",
-     "ServerRoundRecvFetch", "ServerRoundRecvTerminalFetch", "ServerLookupRecvLookup",
+     "SessionRecvBadFetch", "ServerRoundRecvFetch", "ServerRoundRecvTerminalFetch", "ServerLookupRecvLookup",
      "ServerRoundRecvAbortFetch", "ClientRoundRecvTransferDone", "ClientRoundRecvAbortAck",
      "ClientLookupRecvLookupResp"}
 
@@ -1080,6 +1108,7 @@ NextReceive(p) ==
     \/ SessionRecvConnect(p)
     \/ SessionRecvConnectAck(p)
     \/ SessionRecvDisconnect(p)
+    \/ SessionRecvBadFetch(p)
     \/ ServerRoundRecvFetch(p)
     \/ ServerRoundRecvTerminalFetch(p)
     \/ ServerLookupRecvLookup(p)
@@ -1109,6 +1138,7 @@ NextNetwork ==
     \/ \E p \in Peers : NetworkDrop(p)
     \/ \E p \in Peers : NetworkDuplicate(p)
     \/ \E p \in Peers : NetworkHalfCut(p)
+    \/ \E p \in Peers : NetworkCorrupt(p)
     \/ \E p \in Peers : NetworkFrameLifetime(p)
     \/ \E p \in Peers : NetworkRestart(p)
 
@@ -1232,8 +1262,8 @@ SendGatingInv ==
         /\ sess[p] = "ready" => queue[p] = <<>>
 
 \* Two conformant peers never make each other reject a request or a response, unless
-\* the network lost a frame.
-NoProtocolErrorInv == perr => "drop" \in S.faults
+\* the network lost a frame or made one malformed.
+NoProtocolErrorInv == perr => S.faults \cap {"drop", "corrupt"} # {}
 
 \* Every lookup gets at most one result.
 OneLookupResultInv == \A p \in Peers : nlr[p] <= nlk[p]

@@ -8,7 +8,7 @@ Nothing here touches sockets, clocks or randomness.
 from __future__ import annotations
 
 from p2pfsm.protocol import names
-from p2pfsm.protocol.codec import decode, encode
+from p2pfsm.protocol.codec import decode, encode, fetch_round
 from p2pfsm.protocol.messages import (
     AbortAck,
     AbortFetch,
@@ -23,9 +23,11 @@ from p2pfsm.protocol.messages import (
 )
 from p2pfsm.protocol.validate import (
     DEFAULT_LIMITS,
+    FetchRound,
     Limits,
     check_block_indexes,
     from_dict,
+    named_round,
     to_dict,
 )
 
@@ -37,6 +39,7 @@ __all__ = [
     "ConnectAck",
     "Disconnect",
     "Fetch",
+    "FetchRound",
     "Limits",
     "Lookup",
     "LookupResp",
@@ -45,7 +48,9 @@ __all__ = [
     "check_block_indexes",
     "decode",
     "encode",
+    "fetch_round",
     "from_dict",
+    "named_round",
     "names",
     "to_dict",
 ]

@@ -20,6 +20,9 @@ capture tests check this frame by frame).
    refused (msgpack would keep the last silently), trailing bytes are refused;
 4. the top value must be a map, which ``validate.from_dict`` then checks.
 
+``fetch_round`` reads what a rejected fetch still tells (its round), so that the
+session can answer it.
+
 Every failure is ``MalformedFrame`` (``UnknownMessageType`` for an unknown
 ``type``), with field "" when the bytes themselves are bad.
 """
@@ -32,7 +35,14 @@ import msgpack
 
 from p2pfsm.errors import MalformedFrame
 from p2pfsm.protocol.messages import Message
-from p2pfsm.protocol.validate import DEFAULT_LIMITS, Limits, from_dict, to_dict
+from p2pfsm.protocol.validate import (
+    DEFAULT_LIMITS,
+    FetchRound,
+    Limits,
+    from_dict,
+    named_round,
+    to_dict,
+)
 
 # Most entries in any map. The largest message has 8 fields; the slack leaves
 # room for fields a newer peer may add (extra fields are ignored).
@@ -82,6 +92,26 @@ def decode(frame: bytes | bytearray | memoryview, limits: Limits = DEFAULT_LIMIT
         UnknownMessageType: a well-formed map whose ``type`` is not one of ours.
         MalformedFrame: anything else; nothing is changed.
     """
+    return from_dict(_unpack_map(frame, limits), limits)
+
+
+def fetch_round(frame: bytes | bytearray | memoryview,
+                limits: Limits = DEFAULT_LIMITS) -> FetchRound | None:
+    """The round a fetch frame names, read from a frame that failed :func:`decode`.
+
+    For a map of type ``fetch`` whose ``kv_request_id`` and ``round_seq`` are valid and
+    that is not terminal (``keys`` anything but an empty array); None otherwise,
+    undecodable bytes included. The same bounded unpack as :func:`decode`; never raises.
+    """
+    try:
+        obj = _unpack_map(frame, limits)
+    except MalformedFrame:
+        return None
+    return named_round(obj, limits)
+
+
+def _unpack_map(frame: bytes | bytearray | memoryview, limits: Limits) -> dict[object, object]:
+    """Steps 1-4 of the module docstring: the frame's top-level map, unvalidated."""
     size = len(frame) if type(frame) is bytes else memoryview(frame).nbytes
     if size > limits.max_frame_bytes:
         raise MalformedFrame(
@@ -109,7 +139,7 @@ def decode(frame: bytes | bytearray | memoryview, limits: Limits = DEFAULT_LIMIT
         raise MalformedFrame("", f"undecodable msgpack: {detail}") from None
     if not isinstance(obj, dict):
         raise MalformedFrame("", f"top-level value is {type(obj).__name__}, expected a map")
-    return from_dict(obj, limits)
+    return obj
 
 
-__all__ = ["decode", "encode"]
+__all__ = ["decode", "encode", "fetch_round"]

@@ -23,7 +23,16 @@ from p2pfsm.errors import (
     UnknownMessageType,
 )
 from p2pfsm.fsm import CompiledMachine, InputSpec, input_table
-from p2pfsm.protocol import Connect, ConnectAck, Disconnect, Fetch, Message, decode
+from p2pfsm.protocol import (
+    Connect,
+    ConnectAck,
+    Disconnect,
+    Fetch,
+    FetchRound,
+    Message,
+    decode,
+    fetch_round,
+)
 from p2pfsm.session import inputs
 from p2pfsm.session.base import LIVE_STATES
 from p2pfsm.session.client import CLIENT_LOOKUP, CLIENT_ROUND
@@ -58,6 +67,7 @@ class InputDispatch(ConsumerRole, ProducerRole):
             return
         except MalformedFrame as exc:
             self.emit(ProtocolViolation(exc))
+            self._answer_bad_fetch(fetch_round(ev.frame, self.config.limits))
             return
         try:
             row, handler = _FRAME_HANDLERS[msg.TYPE]
@@ -67,6 +77,14 @@ class InputDispatch(ConsumerRole, ProducerRole):
                 "type", f"{msg.TYPE} not allowed: {exc}")))
         except RemoteProtocolError as exc:
             self.emit(ProtocolViolation(exc))
+            if isinstance(exc, MalformedFrame) and isinstance(msg, Fetch) and msg.keys:
+                self._answer_bad_fetch(FetchRound(msg.kv_request_id, msg.round_seq))
+
+    def _answer_bad_fetch(self, named: FetchRound | None) -> None:
+        """A fetch rejected as malformed that names its round gets transfer_done(false)
+        for it, when the session machine accepts that (recv_bad_fetch)."""
+        if named is not None and SESSION.can_fire(self, "recv_bad_fetch", named):
+            SESSION.fire(self, "recv_bad_fetch", named)
 
     def _on_stale(self, ev: FrameReceived) -> bool:
         """A dead session's peer may still hold the session live (a one-sided transport

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from p2pfsm.errors import HandshakeMismatch, InvalidTransition
 from p2pfsm.fsm import CompiledMachine, machine
-from p2pfsm.protocol import Connect, ConnectAck, Disconnect, Message
+from p2pfsm.protocol import Connect, ConnectAck, Disconnect, FetchRound, Message, TransferDone
 from p2pfsm.session.base import SessionBase
 from p2pfsm.session.child import EndRoles
 from p2pfsm.session.inputs import RegistrationFinished, TimerId, TransportLost
@@ -55,6 +55,17 @@ class SessionMachine(SessionBase):
         if peer.agent_metadata == cfg.agent_metadata or peer.peer_id == cfg.local_id:
             return HandshakeMismatch("agent_metadata", "ours", "ours (a peer posing as us)")
         return None
+
+    def is_round_unserved(self, ev: object) -> bool:
+        """No round of ours has the demand of that (kv_request_id, round_seq): a reply
+        to the rejected fetch is the only one the consumer gets for it."""
+        assert isinstance(ev, FetchRound)
+        rnd = self._rounds.get(ev.kv_request_id, {}).get(ev.round_seq)
+        return rnd is None or not rnd.demanded
+
+    def fail_bad_fetch(self, ev: object) -> None:
+        assert isinstance(ev, FetchRound)
+        self.send(TransferDone(ev.kv_request_id, False, ev.round_seq))
 
     def send_connect(self, _ev: object) -> None:
         cfg = self.config

@@ -24,7 +24,7 @@ from p2pfsm.spec_calls import pascal as pascal
 
 ENVIRONMENT_ACTIONS: frozenset[str] = frozenset(
     {"NetworkCut", "NetworkDrop", "NetworkDuplicate", "NetworkDiscard", "NetworkFrameLifetime",
-     "NetworkRestart", "NetworkHalfCut"}
+     "NetworkRestart", "NetworkHalfCut", "NetworkCorrupt"}
 )
 """Spec actions that start no machine step."""
 

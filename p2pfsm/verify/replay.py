@@ -25,10 +25,12 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import product
 
+import msgpack
+
 from p2pfsm.demo.blocks import demo_key
-from p2pfsm.errors import LocalProtocolError
+from p2pfsm.errors import LocalProtocolError, MalformedFrame
 from p2pfsm.fsm import input_table
-from p2pfsm.protocol import Disconnect, decode
+from p2pfsm.protocol import Disconnect, Fetch, decode, fetch_round
 from p2pfsm.session import (
     HostAnswerLookup,
     HostStart,
@@ -72,7 +74,8 @@ _RESULT_OP = {action_name(r.machine, t): (r.name, ok)
 """Data-plane and transport action -> (op, ok)."""
 _RECEIVE = frozenset(
     {action_name(r.machine, t) for r in _INPUTS.of_kind("frame").values() for t in r.triggers}
-    | {action_name("session", _INPUTS.stale), "NetworkDiscard"})
+    | {action_name("session", _INPUTS.stale), action_name("session", "recv_bad_fetch"),
+       "NetworkDiscard"})
 _SILENT = ENVIRONMENT_ACTIONS - {"NetworkDiscard"}
 """Environment actions no Session.handle call stands for."""
 _UNREPLAYABLE = frozenset({"NetworkRestart"})
@@ -169,6 +172,11 @@ def apply(w: ReplayWorld, op: Op) -> None:
         chan = w.channels[(node, w.other(node))]
         chan.append(chan[0])
         w.sent_at[(node, w.other(node))].append(w.sent_at[(node, w.other(node))][0])
+    elif kind == "corrupt":  # the spec's bad_fetch: keys and indexes of unequal length
+        chan = w.channels[(node, w.other(node))]
+        wire = msgpack.unpackb(chan[0], raw=False)
+        chan[0] = msgpack.packb({**wire, "block_indexes": [*wire["block_indexes"], 0]},
+                                use_bin_type=True)
     elif kind == "lifetime":
         w.clock[node] += 2 * REPLAY_TIMEOUTS.tombstone
     else:
@@ -234,8 +242,18 @@ def candidates(w: ReplayWorld, action: str) -> Iterator[Op]:
                 yield ("dup", p)
         elif action == "NetworkFrameLifetime":
             yield ("lifetime", p)
+        elif action == "NetworkCorrupt" and chan and _is_keyed_fetch(chan[0]):
+            yield ("corrupt", p)
     if action == "NetworkCut":
         yield ("cut",)
+
+
+def _is_keyed_fetch(frame: bytes) -> bool:
+    try:
+        msg = decode(frame)
+    except MalformedFrame:
+        return False
+    return isinstance(msg, Fetch) and not msg.is_terminal
 
 
 # ------------------------------------------------------------------ abstraction
@@ -264,7 +282,15 @@ def _spec_frame(kind: str, seq: int, keys: str) -> tuple[object, ...]:
 
 
 def _code_frame(frame: bytes) -> tuple[object, ...]:
-    msg = decode(frame)
+    named = None
+    try:
+        msg = decode(frame)
+    except MalformedFrame:
+        named = fetch_round(frame)
+        if named is None:
+            raise
+    if named is not None:
+        return ("bad_fetch", named.round_seq)
     kind = msg.TYPE
     if kind in _HANDSHAKE:
         return (kind,)

@@ -51,6 +51,10 @@ BEYOND_GATE: dict[str, dict[Edge, str]] = {
             "a second connect without an incarnation on a ready session is a vLLM 0.33.0 "
             "peer's; every spec peer sends one, so there it is a reconnect "
             "(tests/scenarios/test_scenario_handshake.py drives it)",
+        ("awaiting_ack", "recv_bad_fetch", "awaiting_ack"):
+            "a fetch reaches us before the peer's connect_ack only when that ack was lost "
+            "(it precedes the fetch on the wire), and a malformed fetch is a second fault "
+            "(tests/scenarios/test_scenario_malformed.py drives it)",
         ("dead", "recv_disconnect", "ended"):
             "a disconnect reaches a dead session only when a one-sided loss is followed "
             "by the peer's own close (or another death that sends one): two faults, and "

@@ -24,7 +24,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter,
                  else f"{c.changed_by_rejection} CHANGED THE SESSION")
     terminalreporter.write_line(
         f"fuzz: {c.frames_decoded} frames decoded, {c.session_inputs} session inputs, "
-        f"{c.crashes} crashes, {c.rejected_frames} rejected frames {unchanged}")
+        f"{c.crashes} crashes, {c.rejected_frames} rejected frames {unchanged} "
+        f"({c.answered_rejections} malformed fetches answered transfer_done(false))")
     terminalreporter.write_line(
         f"fuzz: decode rejected {c.decode_rejected}/{c.frames_decoded}; session inputs = "
         f"{c.session_frames} frames + {c.session_events} other events; "

@@ -29,6 +29,9 @@ class Counts:
     rejected_frames: int = 0
     """Frames answered with one ProtocolViolation or FrameIgnored; each was checked to
     leave the session's whole digest unchanged."""
+    answered_rejections: int = 0
+    """Of those, malformed fetches that named their round and got transfer_done(false)
+    for it (recv_bad_fetch): the reply is their only other effect."""
     rejected_host_calls: int = 0
     """Host calls that raised LocalProtocolError; each was checked to change nothing."""
     crashes: int = 0

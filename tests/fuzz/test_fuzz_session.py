@@ -29,7 +29,7 @@ from fuzz.frames import fuzz_frames
 from fuzz.states import STATES, fresh, full_snapshot, settle_clock
 from fuzz.stats import COUNTS, fuzz_settings
 from p2pfsm.errors import MalformedFrame, RemoteProtocolError, UnknownMessageType
-from p2pfsm.protocol import Disconnect, decode, encode
+from p2pfsm.protocol import Disconnect, TransferDone, decode, encode, fetch_round
 from p2pfsm.session import (
     ArmTimer,
     CancelWrite,
@@ -46,6 +46,7 @@ from p2pfsm.session import (
     ProtocolViolation,
     RegistrationFinished,
     SendFrame,
+    Session,
     SessionDead,
     StartRegistration,
     StartWrite,
@@ -84,6 +85,7 @@ def feed_frame(d: Driver, frame: bytes) -> list[Output]:
     s = d.s
     live = s.state in LIVE_STATES
     before = full_snapshot(s)
+    queued = len(s._queue)
     COUNTS.session_frames += 1
     out = feed(d, FrameReceived(frame))
     if before[0] == "dead" and out[:1] == [SendFrame(Disconnect())]:
@@ -105,7 +107,12 @@ def feed_frame(d: Driver, frame: bytes) -> list[Output]:
         assert len(out) == 1 and type(out[0]) is refused, (refused, out)
     rejections = [o for o in out if isinstance(o, ProtocolViolation | FrameIgnored)]
     if rejections:
-        assert len(out) == 1, f"a rejection came with other outputs: {out}"
+        answered = _answer_of(s, before[0], frame, out)
+        assert len(out) == 1 + answered, f"a rejection came with other outputs: {out}"
+        if (answered == 0 and s.state == "awaiting_ack" and len(s._queue) == queued + 1
+                and _answer_queued(s, frame)):
+            s._queue.pop()  # the reply waits for ready; nothing else may have changed
+            COUNTS.answered_rejections += 1
         after = full_snapshot(s)
         if after != before:
             COUNTS.changed_by_rejection += 1
@@ -114,6 +121,25 @@ def feed_frame(d: Driver, frame: bytes) -> list[Output]:
                                  f"before {before}\nafter  {after}")
         COUNTS.rejected_frames += 1
     return out
+
+
+def _answer_of(s: Session, state: str, frame: bytes, out: list[Output]) -> int:
+    """1 when a malformed fetch naming its round was answered with transfer_done(false)
+    for it (recv_bad_fetch) right after its ProtocolViolation, else 0."""
+    named = fetch_round(frame, s.config.limits)
+    if state != "ready" or named is None or len(out) != 2:
+        return 0
+    want = SendFrame(TransferDone(named.kv_request_id, False, named.round_seq))
+    if isinstance(out[0], ProtocolViolation) and out[1] == want:
+        COUNTS.answered_rejections += 1
+        return 1
+    return 0
+
+
+def _answer_queued(s: Session, frame: bytes) -> bool:
+    named = fetch_round(frame, s.config.limits)
+    return named is not None and bool(s._queue) and s._queue[-1] == TransferDone(
+        named.kv_request_id, False, named.round_seq)
 
 
 def step_event(d: Driver, choice: int) -> None:

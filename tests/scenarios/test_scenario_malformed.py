@@ -17,6 +17,7 @@ from helpers.world import (
     only,
     peer_connect,
     ready_driver,
+    ready_world,
     sent,
     snapshot,
 )
@@ -34,6 +35,7 @@ from p2pfsm.session import (
     LoadResult,
     LookupRequest,
     ProtocolViolation,
+    RegistrationFinished,
     StartWrite,
     StoreResult,
     WriteFinished,
@@ -107,15 +109,25 @@ BAD_FRAMES: dict[str, bytes] = {
          "round_seq": 0}),
     "lookup-of-a-fetched-round": pack(
         {"type": "lookup", "kv_request_id": "serve", "keys": [key(9)], "round_seq": 0}),
+    "fetch-malformed-of-a-serving-round": pack(fetch_dict(kv_request_id="serve",
+                                                          block_indexes=[1])),
+    "fetch-malformed-terminal": pack(fetch_dict(keys=[], block_indexes=[1])),
+    "fetch-keys-missing": pack(drop(fetch_dict(), "keys")),
 }
+ANSWERED = {"fetch-length-mismatch", "fetch-negative-index", "fetch-index-beyond-our-region",
+            "fetch-duplicate-keys", "fetch-key-as-str", "fetch-keys-missing"}
+"""Malformed fetches that name their round ("x", 0), which no round serves: besides the
+violation, transfer_done(false) for that round at once (recv_bad_fetch)."""
 
 
-@pytest.mark.parametrize("frame", BAD_FRAMES.values(), ids=BAD_FRAMES.keys())
-def test_bad_frame_is_one_violation_and_changes_nothing(frame: bytes) -> None:
+@pytest.mark.parametrize("name", BAD_FRAMES)
+def test_bad_frame_is_one_violation_and_changes_nothing(name: str) -> None:
     d, xfer, token = busy_driver()
     before = snapshot(d.s)
-    out = d.recv_raw(frame)
-    assert len(out) == 1 and isinstance(out[0], ProtocolViolation), out
+    out = d.recv_raw(BAD_FRAMES[name])
+    assert isinstance(out[0], ProtocolViolation), out
+    answer = [TransferDone("x", False, 0)] if name in ANSWERED else []
+    assert len(out) == 1 + len(answer) and sent(out) == answer, out
     assert snapshot(d.s) == before
     assert d.s.ready
     # All the outstanding work still completes normally.
@@ -125,6 +137,44 @@ def test_bad_frame_is_one_violation_and_changes_nothing(frame: bytes) -> None:
     assert of_type(out, StoreResult) == [] and sent(out) == []  # key 4 still demanded
     out = d(HostAnswerLookup(token, {}, None))
     assert len(sent(out)) == 1
+
+
+def test_a_malformed_fetch_before_we_acked_the_peer_gets_no_answer() -> None:
+    d = Driver()
+    d(HostStart())
+    d.recv(peer_connect())  # registering: the peer may not send requests yet
+    before = snapshot(d.s)
+    out = d.recv_raw(pack(fetch_dict(block_indexes=[1])))
+    assert len(out) == 1 and isinstance(out[0], ProtocolViolation)
+    assert snapshot(d.s) == before
+
+
+def test_a_malformed_fetch_while_awaiting_the_ack_is_answered_once_ready() -> None:
+    d = Driver()
+    d(HostStart())
+    d.recv(peer_connect())
+    d(RegistrationFinished(True))  # we acked the peer: it may send requests
+    assert d.s.state == "awaiting_ack"
+    out = d.recv_raw(pack(fetch_dict(block_indexes=[1])))
+    assert len(out) == 1 and isinstance(out[0], ProtocolViolation)
+    assert d.s.open_counts()["server_round"] == 0
+    assert sent(d.recv(ConnectAck(PEER_ID))) == [TransferDone("x", False, 0)]
+
+
+def test_the_consumer_of_a_malformed_fetch_fails_at_once() -> None:
+    """Two real sessions: a fetch of a gets corrupted on the wire (its indexes one short);
+    b rejects it and answers, so a's load fails now with its destination free."""
+    w = ready_world()
+    job = w.load("a", "r1", [1, 2])
+    chan = w.channels[("a", "b")]
+    wire = msgpack.unpackb(chan[0], raw=False)
+    chan[0] = pack({**wire, "block_indexes": wire["block_indexes"][:1]})
+    w.deliver("a")
+    assert [type(v.error).__name__ for v in w.hosts["b"].violations] == ["MalformedFrame"]
+    w.deliver("b")
+    assert w.result("a", job) == LoadResult(job, "r1", False, True)
+    assert w.sessions["a"].ready and w.sessions["b"].ready
+    assert w.hosts["a"].quiet and w.hosts["b"].quiet
 
 
 def test_malformed_connect_during_the_handshake_changes_nothing() -> None:

@@ -24,6 +24,7 @@ from p2pfsm.protocol import (
     ConnectAck,
     Disconnect,
     Fetch,
+    FetchRound,
     Limits,
     Lookup,
     LookupResp,
@@ -31,6 +32,7 @@ from p2pfsm.protocol import (
     TransferDone,
     decode,
     encode,
+    fetch_round,
     to_dict,
 )
 
@@ -416,3 +418,37 @@ def test_protocol_modules_exist() -> None:
         "validate.py",
         "codec.py",
     }
+
+
+# ---------------------------------------------------------------- a rejected fetch's round
+def _fetch_map(**over: object) -> dict[str, object]:
+    fields: dict[str, object] = {"type": "fetch", "kv_request_id": "r", "keys": [b"k1", b"k2"],
+                                 "block_indexes": [1, 2], "round_seq": 3}
+    fields.update(over)
+    return fields
+
+
+@pytest.mark.parametrize("over", [
+    {"block_indexes": [1]}, {"keys": "k1"}, {"keys": b"k1"}, {"keys": [b""]},
+    {"block_indexes": [True, 2]}, {"block_indexes": {"0": 1}}, {"keys": None},
+], ids=["lengths", "keys-str", "keys-bin", "key-empty", "index-bool", "indexes-map",
+        "keys-nil"])
+def test_a_rejected_fetch_still_names_its_round(over: dict[str, object]) -> None:
+    frame = msgpack.packb(_fetch_map(**over), use_bin_type=True)
+    with pytest.raises(MalformedFrame):
+        decode(frame)
+    assert fetch_round(frame) == FetchRound("r", 3)
+
+
+@pytest.mark.parametrize("over", [
+    {"kv_request_id": ""}, {"kv_request_id": 7}, {"round_seq": -1}, {"round_seq": True},
+    {"round_seq": "3"}, {"keys": [], "block_indexes": [1]}, {"type": "lookup"},
+], ids=["id-empty", "id-int", "round-negative", "round-bool", "round-str", "terminal",
+        "not-a-fetch"])
+def test_a_rejected_frame_without_a_readable_round_names_none(over: dict[str, object]) -> None:
+    assert fetch_round(msgpack.packb(_fetch_map(**over), use_bin_type=True)) is None
+
+
+def test_undecodable_bytes_name_no_round() -> None:
+    for frame in (b"", b"\xc1", msgpack.packb([1, 2]), msgpack.packb(_fetch_map())[:-2]):
+        assert fetch_round(frame) is None
