@@ -3,8 +3,10 @@
 The block marked ``<!-- docs-run: background -->`` (docs/api.md's producer) is started
 first, as a server process of its own on a free loopback port (``P2PFSM_BIND``); every
 other block then runs as a separate program against it (``P2PFSM_PEER``): a two-process
-embedding with host memory, asyncio, a host-owned loop, metrics. A block passes when it
-exits 0; its output is shown when it does not. The producer is stopped by its PID.
+embedding with host memory, asyncio, a host-owned loop, metrics. The client blocks are
+started together, once (each mostly waits on importing torch and NIXL), and every test
+checks its own block's exit: it passes on 0 and shows the output otherwise. Every process
+is waited for with a deadline and stopped by its PID.
 """
 
 from __future__ import annotations
@@ -104,12 +106,45 @@ def producer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         proc.wait(timeout=10)
 
 
+@dataclass(frozen=True)
+class Ran:
+    code: int | None
+    out: str
+
+
+@pytest.fixture(scope="module")
+def runs(producer: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Ran]:
+    """Every client block, started at once against the producer; its exit and output."""
+    started: dict[str, subprocess.Popen[str]] = {}
+    try:
+        for block in (b for b in blocks() if not b.background):
+            where = tmp_path_factory.mktemp("block")
+            script = where / "block.py"
+            script.write_text(block.code, encoding="utf-8")
+            started[block.name] = subprocess.Popen(
+                [sys.executable, str(script)], cwd=where, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, text=True, env=_env(P2PFSM_PEER=producer))
+        deadline = time.monotonic() + BLOCK_TIMEOUT
+        ran: dict[str, Ran] = {}
+        for name, proc in started.items():
+            try:
+                out, _ = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
+                ran[name] = Ran(proc.returncode, out)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, _ = proc.communicate(timeout=10)
+                ran[name] = Ran(None, f"still running after {BLOCK_TIMEOUT:.0f} s\n{out}")
+        return ran
+    finally:
+        for proc in started.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+
+
 @needs_data_plane
 @pytest.mark.parametrize("block", [b for b in blocks() if not b.background],
                          ids=lambda b: b.name)
-def test_doc_block_runs(block: Block, producer: str, tmp_path: Path) -> None:
-    script = tmp_path / "block.py"
-    script.write_text(block.code, encoding="utf-8")
-    ran = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
-                         text=True, timeout=BLOCK_TIMEOUT, env=_env(P2PFSM_PEER=producer))
-    assert ran.returncode == 0, f"{block.name} failed:\n{ran.stdout}\n{ran.stderr}"
+def test_doc_block_runs(block: Block, runs: dict[str, Ran]) -> None:
+    ran = runs[block.name]
+    assert ran.code == 0, f"{block.name} failed (exit {ran.code}):\n{ran.out}"
