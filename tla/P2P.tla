@@ -164,6 +164,8 @@ VARIABLES
     nlk,     \* [Peers -> Nat]: lookups the host asked for
     nlr,     \* [Peers -> Nat]: lookup results reported to the host
     nfin,    \* [Peers -> Nat]: host finish calls
+    fin,     \* [Peers -> SUBSET Reqs]: requests the host finished (it supplies them no more:
+             \* the session refuses that supply, LocalProtocolError)
     sr,      \* [Peers -> [open SKeys -> serve round]]: serve rounds (producer role)
     sl,      \* [Peers -> [Reqs -> Seq(served lookup)]]: served lookups, arrival order
     wr,      \* [Peers -> SUBSET write]: writes p started that have not completed
@@ -175,7 +177,7 @@ VARIABLES
     fired,   \* SUBSET <<machine, trigger, source, dest>>: steps of the last action
     act      \* <<action, peer>>: the last action (when TrackAct), for cheap fairness
 
-peerVars == <<sess, reg, queue, cr, fl, xl, lr, cl, nlk, nlr, nfin, sr, sl, wr, lres,
+peerVars == <<sess, reg, queue, cr, fl, xl, lr, cl, nlk, nlr, nfin, fin, sr, sl, wr, lres,
              sres>>
 netVars == <<chan, cut, lost, faults, compat>>
 vars == <<scn, peerVars, netVars, gone, perr, fired, act>>
@@ -210,6 +212,7 @@ TypeInv ==
     /\ lr \in [Peers -> [Reqs -> SSeqs]]
     /\ \A p \in Peers, q \in Reqs : cl[p][q] \in Seq(CLookup) /\ sl[p][q] \in Seq(SLookup)
     /\ nlk \in [Peers -> Nat] /\ nlr \in [Peers -> Nat] /\ nfin \in [Peers -> Nat]
+    /\ fin \in [Peers -> SUBSET Reqs]
     /\ \A p \in Peers : wr[p] \subseteq Write
     /\ \A p \in Peers : lres[p] \in Seq(LoadResult) /\ sres[p] \in Seq(StoreJob)
     /\ perr \in BOOLEAN
@@ -224,6 +227,7 @@ Load(p, name) ==
     [sess |-> sess[p], reg |-> reg[p], queue |-> queue[p], cr |-> cr[p],
      fl |-> fl[p], xl |-> xl[p],
      lr |-> lr[p], cl |-> cl[p], nlk |-> nlk[p], nlr |-> nlr[p], nfin |-> nfin[p],
+     fin |-> fin[p],
      sr |-> sr[p], sl |-> sl[p], wr |-> wr[p], lres |-> lres[p], sres |-> sres[p],
      out |-> chan[p], in |-> chan[Other(p)], cut |-> cut, compat |-> compat,
      faults |-> faults, perr |-> FALSE, fired |-> {}, act |-> <<name, p>>]
@@ -240,6 +244,7 @@ Commit(p, L) ==
     /\ nlk' = [nlk EXCEPT ![p] = L.nlk]
     /\ nlr' = [nlr EXCEPT ![p] = L.nlr]
     /\ nfin' = [nfin EXCEPT ![p] = L.nfin]
+    /\ fin' = [fin EXCEPT ![p] = L.fin]
     /\ sr' = [sr EXCEPT ![p] = L.sr]
     /\ sl' = [sl EXCEPT ![p] = L.sl]
     /\ wr' = [wr EXCEPT ![p] = L.wr]
@@ -544,7 +549,8 @@ ClientLookupHostLookup(p) ==
                                         "client_lookup", "host_lookup", "new", "probing"),
                                    Msg("lookup", req, seq, keys, 0, FALSE, {})))
 
-\* Session._on_host_supply: stored blocks, pinned until the job's StoreResult.
+\* Session._on_host_supply: stored blocks, pinned until the job's StoreResult. Never for
+\* a request the host finished (fin): the session refuses that (LocalProtocolError).
 \* Session._supply_target: among the request's rounds not supplied by lookups (in
 \* insertion order), the first whose remaining demand names one of the keys; else the
 \* unbound round; else the newest round that is not serving (it rejects the job); else
@@ -564,7 +570,7 @@ SupplyTarget(L, req, keys) ==
 
 ServerRoundHostSupply(p) ==
     /\ p \in SupplyPeers /\ sess[p] # "idle" /\ Len(sres[p]) < S.stores
-    /\ \E req \in Reqs, keys \in S.sks :
+    /\ \E req \in Reqs \ fin[p], keys \in S.sks :
          LET L0 == Load(p, "ServerRoundHostSupply")
              j == Len(L0.sres) + 1
              L == [L0 EXCEPT !.sres = Append(@, [st |-> "pinned", rnd |-> Unbound])]
@@ -616,7 +622,8 @@ ServerLookupHostAnswer(p) ==
 ClientRoundHostFinish(p) ==
     /\ sess[p] # "idle" /\ nfin[p] < S.fin[p]
     /\ \E req \in Reqs :
-         LET L0 == [Load(p, "ClientRoundHostFinish") EXCEPT !.nfin = @ + 1]
+         LET L0 == [Load(p, "ClientRoundHostFinish") EXCEPT !.nfin = @ + 1,
+                                                             !.fin = @ \cup {req}]
              L1 == Each(L0, CKeysOf(req), "finish_load", "")
              L2 == EndLookups(L1, req, "host_finish")
              open == L2.lr[req]
@@ -1015,7 +1022,7 @@ NetworkFrameLifetime(p) ==
           /\ xl' = [xl EXCEPT ![p][req] = IF xlGone THEN Unbound ELSE @]
           /\ fired' = {}
           /\ act' = IF TrackAct THEN <<"NetworkFrameLifetime", p>> ELSE <<"", "">>
-          /\ UNCHANGED <<scn, sess, reg, queue, cr, lr, cl, nlk, nlr, nfin, sr, sl, wr,
+          /\ UNCHANGED <<scn, sess, reg, queue, cr, lr, cl, nlk, nlr, nfin, fin, sr, sl, wr,
                          lres, sres, netVars, gone, perr>>
 
 \* A peer's process is killed and started again on the same address before its peer
@@ -1038,6 +1045,7 @@ NetworkRestart(p) ==
     /\ lr' = [lr EXCEPT ![p] = [q \in Reqs |-> Unbound]]
     /\ cl' = [cl EXCEPT ![p] = [q \in Reqs |-> <<>>]]
     /\ nlr' = [nlr EXCEPT ![p] = nlk[p]]
+    /\ fin' = [fin EXCEPT ![p] = {}]
     /\ sr' = [sr EXCEPT ![p] = <<>>]
     /\ sl' = [sl EXCEPT ![p] = [q \in Reqs |-> <<>>]]
     /\ wr' = [wr EXCEPT ![p] = {}]
@@ -1077,6 +1085,7 @@ Init ==
     /\ nlk = [p \in Peers |-> 0]
     /\ nlr = [p \in Peers |-> 0]
     /\ nfin = [p \in Peers |-> 0]
+    /\ fin = [p \in Peers |-> {}]
     /\ sr = [p \in Peers |-> <<>>]
     /\ sl = [p \in Peers |-> [q \in Reqs |-> <<>>]]
     /\ wr = [p \in Peers |-> {}]

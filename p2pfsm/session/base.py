@@ -65,6 +65,8 @@ class SessionBase:
         # Lookup-pinned rounds whose pins expired before their fetch: that fetch fails fast.
         self._expired_lookups = Tombstones(config.timeouts.tombstone)
         self._round_serial = 0
+        # Requests the host finished: a supply for one is refused (kept a frame lifetime).
+        self._finished = Tombstones(config.timeouts.tombstone)
         self._store_jobs: dict[int, ServerRound] = {}
         self._writes: dict[int, ServerRound] = {}
         self._served: dict[str, list[ServerLookup]] = {}

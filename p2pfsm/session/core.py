@@ -55,6 +55,7 @@ class Session(InputDispatch):
         self.now = now
         self._round_floor.purge(now)
         self._expired_lookups.purge(now)
+        self._finished.purge(now)
         handler = HANDLERS.get(type(event))
         if handler is None:
             raise LocalProtocolError(f"unknown input {type(event).__name__}")

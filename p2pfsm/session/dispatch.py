@@ -128,6 +128,7 @@ class InputDispatch(ConsumerRole, ProducerRole):
         self._require_started("finish")
         self._check_request_id(ev.kv_request_id, "finish")
         rid = ev.kv_request_id
+        self._finished.put(rid, 0, self.now)  # a supply for it is refused from now on
         row = _ROWS["HostFinish"]
         fan = dict(row.fanout)
         for rnd in list(self._loads.get(rid, {}).values()):

@@ -167,11 +167,23 @@ class ProducerRole(ChildSteps):
         self._check_keys(ev.keys, ev.local_indexes, "supply", ev.kv_request_id)
         if ev.job_id in self._store_jobs:
             raise LocalProtocolError(f"supply: job {ev.job_id} is already pinned")
+        if self._finished_by_host(ev.kv_request_id):
+            raise LocalProtocolError(
+                f"supply: request {ev.kv_request_id!r} was finished by this host (HostFinish "
+                "says no more supply comes); its fetch, if any, is answered already")
         if not self.alive:  # dead, ended or closed (idle was refused above)
             self.emit(StoreResult(ev.job_id, False))
             return
         rnd = self._supply_target(ev)
         self._step(SERVER_ROUND, rnd, "host_supply", ev)
+
+    def _finished_by_host(self, kv_request_id: str) -> bool:
+        """The host finished the request (within a frame lifetime, or a round of it is
+        still in a state only its finish leads to)."""
+        if self._finished.get(kv_request_id) is not None:
+            return True
+        return any(r.fsm_state in ("supply_closed", "pinned_closed", "finishing")
+                   for r in self._rounds.get(kv_request_id, {}).values())
 
     def _supply_target(self, ev: HostSupply) -> ServerRound:
         """The round PD supply (which names no round) belongs to.

@@ -111,6 +111,8 @@ class SimHost:
     lookups_closed: set[int] = field(default_factory=set)
     violations: list[ProtocolViolation] = field(default_factory=list)
     deaths: list[SessionDead] = field(default_factory=list)
+    finished: set[str] = field(default_factory=set)
+    """Requests this host finished: it supplies them no more."""
 
     def __post_init__(self) -> None:
         self.region = bytearray(self.num_blocks * self.block_len)
@@ -291,14 +293,21 @@ class SimWorld(Executor):
             raise
         return job
 
-    def supply(self, node: str, kv_request_id: str, key_ids: Iterable[int]) -> int:
-        """Offer stored demo blocks (pinned until the job's StoreResult)."""
+    def supply(self, node: str, kv_request_id: str, key_ids: Iterable[int]) -> int | None:
+        """Offer stored demo blocks (pinned until the job's StoreResult); None for a
+        request this host finished (its session would refuse it: LocalProtocolError)."""
         host = self.hosts[node]
+        if kv_request_id in host.finished:
+            return None
         key_ids = tuple(k for k in key_ids if k in host.held)
         job = self.new_job()
         host.store_jobs[job] = key_ids
-        self.feed(node, HostSupply(job, kv_request_id, tuple(demo_key(k) for k in key_ids),
-                                   key_ids))
+        try:
+            self.feed(node, HostSupply(job, kv_request_id,
+                                       tuple(demo_key(k) for k in key_ids), key_ids))
+        except LocalProtocolError:
+            del host.store_jobs[job]
+            raise
         return job
 
     def lookup(self, node: str, kv_request_id: str, key_ids: Iterable[int]) -> None:
@@ -306,6 +315,7 @@ class SimWorld(Executor):
         self.feed(node, HostLookup(kv_request_id, tuple(demo_key(k) for k in key_ids)))
 
     def finish(self, node: str, kv_request_id: str) -> None:
+        self.hosts[node].finished.add(kv_request_id)
         self.feed(node, HostFinish(kv_request_id))
         self._flush_answers()
 

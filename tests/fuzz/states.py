@@ -95,6 +95,7 @@ def settle_clock(d: Driver) -> None:
     so a before/after comparison sees only what the input itself changed."""
     d.s._round_floor.purge(d.now)
     d.s._expired_lookups.purge(d.now)
+    d.s._finished.purge(d.now)
 
 
 # ------------------------------------------------------------------ builders

@@ -5,8 +5,20 @@ after a producer finish, and lookup answers matched to the live retry."""
 
 from __future__ import annotations
 
-from helpers.world import World, key, keys, of_type, only, ready_driver, ready_world, sent
+import pytest
+from helpers.world import (
+    World,
+    key,
+    keys,
+    of_type,
+    only,
+    ready_driver,
+    ready_world,
+    sent,
+    snapshot,
+)
 
+from p2pfsm.errors import LocalProtocolError
 from p2pfsm.protocol import AbortAck, AbortFetch, Fetch, Lookup, TransferDone
 from p2pfsm.session import (
     CancelWrite,
@@ -23,15 +35,17 @@ from p2pfsm.session import (
 )
 
 
-def test_supply_after_host_finish_of_a_serving_round_fails_at_once() -> None:
-    # models/server_round.toml: host_supply from "finishing" -> reject_supply
-    # ("Supply after finish or abort: the job fails at once").
+def test_supply_after_host_finish_of_a_serving_round_is_refused() -> None:
+    # A finished request takes no more supply (docs/reliability.md, Findings): the round
+    # keeps finishing with what it had, the late supply raises and changes nothing.
     d = ready_driver()
     d.recv(Fetch("r1", keys([1, 2]), (5, 6), 0))
     only(of_type(d(HostSupply(10, "r1", keys([1]), (1,))), StartWrite))
     d(HostFinish("r1"))
-    out = d(HostSupply(11, "r1", keys([2]), (2,)))
-    assert of_type(out, StoreResult) == [StoreResult(11, False)]
+    before = snapshot(d.s)
+    with pytest.raises(LocalProtocolError, match="finished by this host"):
+        d(HostSupply(11, "r1", keys([2]), (2,)))
+    assert snapshot(d.s) == before
     assert d.s.open_counts()["server_round"] == 1
 
 

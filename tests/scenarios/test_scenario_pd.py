@@ -3,11 +3,13 @@ one transfer_done per round, host finish with unmet demand, prefiller-first fini
 
 from __future__ import annotations
 
-from helpers.world import World, keys, ready_world
+import pytest
+from helpers.world import World, keys, ready_world, snapshot
 
-from p2pfsm.demo.blocks import demo_block
+from p2pfsm.demo.blocks import demo_block, demo_key
+from p2pfsm.errors import LocalProtocolError
 from p2pfsm.protocol import Fetch, TransferDone
-from p2pfsm.session import FetchArrived, LoadResult, StartWrite, StoreResult
+from p2pfsm.session import FetchArrived, HostSupply, LoadResult, StartWrite, StoreResult
 
 
 def transfer_dones(w: World) -> list[TransferDone]:
@@ -189,12 +191,29 @@ def test_prefiller_first_finish_partially_supplied_fails_after_the_write() -> No
     assert_idle(w)
 
 
-def test_supply_after_prefiller_finish_fails_at_once() -> None:
+@pytest.mark.parametrize("before", ["nothing", "parked-supply", "served"])
+def test_supply_for_a_request_the_host_finished_is_refused(before: str) -> None:
+    """HostSupply after HostFinish of the same request raises LocalProtocolError and
+    changes nothing, whether the finish left a parked round, none (a new round would wait
+    for a fetch that never comes, its pins held until the store deadline) or one that
+    was served and ended. Other requests are not affected."""
     w = ready_world()
-    w.supply("b", "r1", [8])
+    if before == "parked-supply":
+        w.supply("b", "r1", [8])
+    elif before == "served":
+        job = w.load("a", "r1", [8])
+        w.supply("b", "r1", [8])
+        w.stabilize()
+        assert w.result("a", job).success
     w.finish("b", "r1")
-    late = w.supply("b", "r1", [9])
-    assert w.hosts["b"].store_results[late] == StoreResult(late, False)
+    s = w.sessions["b"]
+    snap = snapshot(s)
+    with pytest.raises(LocalProtocolError, match="'r1' was finished by this host"):
+        s.handle(HostSupply(99, "r1", (demo_key(9),), (9,)), w.now)
+    assert snapshot(s) == snap
+    assert w.supply("b", "r1", [9]) is None  # the simulated host obeys the rule
+    other = w.supply("b", "r2", [9])
+    assert other is not None and other not in w.hosts["b"].store_results  # parked
 
 
 def test_unfetched_supply_is_released_at_the_store_deadline() -> None:
