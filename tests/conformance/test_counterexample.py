@@ -89,7 +89,7 @@ def test_p4_json_lists_only_changed_variables(
         # Nothing of these ever changes in P4 (no fault, no handshake, one scenario).
         assert not {"scn", "compat", "cut", "sess", "faults"} & step["changed"].keys(), step
     finish = next(s for s in steps if s["action"] == "ClientRoundHostFinish")
-    assert set(finish["changed"]) == {"cr", "chan", "nfin"}, finish["changed"]
+    assert set(finish["changed"]) == {"cr", "chan", "nfin", "fin"}, finish["changed"]
     by_step = {s.index: s for s in p4.trace}
     for step in steps[1:]:
         before, after = by_step[step["step"] - 1].state, by_step[step["step"]].state
