@@ -71,6 +71,12 @@ class ExpireLookupRound:
 
 
 @dataclass(frozen=True, slots=True)
+class BindRound:
+    """This serve round, supplied before any frame named it, now answers to its fetch's
+    round_seq: the owner files it under that number."""
+
+
+@dataclass(frozen=True, slots=True)
 class EndRoles:
     """The session ended: every open child receives ``load_trigger`` (loads) or its
     session-loss trigger."""
@@ -78,7 +84,8 @@ class EndRoles:
     load_trigger: str
 
 
-ChildOutput = Output | Send | Arm | Disarm | HoldJob | PinHits | ExpireLookupRound | EndRoles
+ChildOutput = (Output | Send | Arm | Disarm | HoldJob | PinHits | ExpireLookupRound | BindRound
+               | EndRoles)
 """One item of a step's outbox."""
 
 

@@ -29,6 +29,14 @@ from p2pfsm.session.steps import ChildSteps
 class ProducerRole(ChildSteps):
     """The session's producer side: its serve rounds and served lookups."""
 
+    def _bind_round(self, rnd: object) -> None:
+        """File an unbound round its fetch adopted (``adopt_round``) under its round_seq."""
+        assert isinstance(rnd, ServerRound)
+        rounds = self._rounds[rnd.kv_request_id]
+        if rounds.get(None) is rnd:
+            del rounds[None]
+        rounds[rnd.round_seq] = rnd
+
     def _retire(self, obj: object) -> None:
         """Drop a serve round or served lookup whose machine reached a terminal state."""
         if isinstance(obj, ServerRound):
@@ -127,12 +135,8 @@ class ProducerRole(ChildSteps):
             raise RemoteProtocolError(
                 "round_seq", f"duplicate fetch for {msg.kv_request_id}/{msg.round_seq}")
         self._gate("recv_request", msg)
-        if rnd is not None and rnd.round_seq is None:
-            rounds = self._rounds[msg.kv_request_id]
-            del rounds[None]
-            rnd.round_seq = msg.round_seq
-            rounds[msg.round_seq] = rnd
-        rnd = self._round_for(msg.kv_request_id, msg.round_seq)
+        if rnd is None:
+            rnd = self._round_for(msg.kv_request_id, msg.round_seq)
         supplied = tuple(k for k in msg.keys if k in rnd.supply)
         self._fire(SERVER_ROUND, rnd, "recv_fetch", msg)
         self.emit(FetchArrived(msg.kv_request_id, msg.round_seq, msg.keys, supplied))

@@ -24,6 +24,7 @@ from p2pfsm.fsm import CompiledMachine, Tracer, machine
 from p2pfsm.protocol import AbortAck, Fetch, LookupResp, TransferDone
 from p2pfsm.session.child import (
     Arm,
+    BindRound,
     ChildEnv,
     ChildOutput,
     Disarm,
@@ -60,7 +61,7 @@ class ServerRound:
         self.total = 0
         self.landed = 0
 
-    fsm_data = ("supply", "demand", "inflight", "jobs", "total", "landed")
+    fsm_data = ("round_seq", "supply", "demand", "inflight", "jobs", "total", "landed")
     """What this round's actions write (restored should one raise)."""
 
     @property
@@ -117,6 +118,13 @@ class ServerRound:
 
     def arm_demand_timer(self, _ev: object) -> None:
         self._emit(Arm(TimerId("demand", (self.serial,)), self.env.timeouts.demand))
+
+    def adopt_round(self, ev: object) -> None:
+        """A round supplied before any fetch named it (round_seq None) is the fetch's."""
+        assert isinstance(ev, Fetch)
+        if self.round_seq is None:
+            self.round_seq = ev.round_seq
+            self._emit(BindRound())
 
     def record_demand(self, ev: object) -> None:
         assert isinstance(ev, Fetch)

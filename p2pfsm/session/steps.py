@@ -24,6 +24,7 @@ from p2pfsm.errors import P2PFSMError
 from p2pfsm.fsm import CompiledMachine
 from p2pfsm.session.child import (
     Arm,
+    BindRound,
     Disarm,
     EndRoles,
     ExpireLookupRound,
@@ -111,6 +112,9 @@ class ChildSteps(SessionMachine):
     def _pin_hits(self, item: PinHits) -> None:
         raise TypeError("no role pins lookup hits")
 
+    def _bind_round(self, rnd: object) -> None:
+        raise TypeError("no role binds serve rounds")
+
 
 def _start_write(s: ChildSteps, rnd: Any, out: StartWrite) -> None:
     s._writes[out.xfer] = rnd
@@ -129,6 +133,7 @@ _APPLY: dict[type, Callable[[ChildSteps, Any, Any], None]] = {
     HoldJob: lambda s, rnd, item: s._store_jobs.__setitem__(item.job_id, rnd),
     PinHits: lambda s, _o, item: s._pin_hits(item),
     ExpireLookupRound: _expire,
+    BindRound: lambda s, rnd, _item: s._bind_round(rnd),
     EndRoles: lambda s, _o, item: s._end_roles(item.load_trigger),
 }
 """Outbox item type -> how the session carries it out (any other is an executor output)."""

@@ -32,12 +32,6 @@ from p2pfsm.session.core import Session
 PACKAGE = Path(__file__).resolve().parents[2] / "p2pfsm"
 MUTATORS = frozenset({"add", "append", "clear", "discard", "extend", "insert", "pop",
                       "popitem", "remove", "setdefault", "update"})
-ALLOWED: dict[tuple[str, str], str] = {
-    ("session/producer.py", "round_seq"):
-        "ProducerRole._on_fetch adopts an unbound round (round_seq None) for the fetch that "
-        "names it; issue 9 asks for this to become a declared step of server_round",
-}
-"""(file, attribute) -> why the write is still outside the machine (to be removed)."""
 SESSION_CLASSES = frozenset(c.__name__ for c in Session.__mro__
                             if c.__module__.startswith("p2pfsm.session."))
 """The classes the session is assembled from (session/base.py, machine.py, the roles,
@@ -131,8 +125,6 @@ def offenders() -> list[str]:
                         owners[sub.lineno] = (cls.name, fn.name)
         for base, attr, line in _writes(tree):
             cls, method = owners.get(line, ("", ""))
-            if (rel, attr) in ALLOWED:
-                continue
             if attr in child_attrs and not _is_self(base):
                 found.append(f"{rel}:{line} writes .{attr} of a machine object")
             elif (attr in session_data and cls in SESSION_CLASSES and _is_self(base)
@@ -193,13 +185,6 @@ def test_machine_objects_are_written_only_by_their_own_actions() -> None:
 def test_the_lint_sees_a_write_from_outside() -> None:
     tree = ast.parse("def f(rnd):\n    rnd.supply.pop(b'k')\n    rnd.landed += 1\n")
     assert sorted((a, line) for _b, a, line in _writes(tree)) == [("landed", 3), ("supply", 2)]
-
-
-def test_every_allowed_exception_is_still_needed() -> None:
-    trees = _trees()
-    for (rel, attr), why in ALLOWED.items():
-        hits = [a for _b, a, _l in _writes(trees[PACKAGE / rel]) if a == attr]
-        assert hits, f"{rel} no longer writes .{attr}: drop it from ALLOWED ({why})"
 
 
 def test_the_lint_sees_every_part_of_the_session() -> None:
