@@ -103,8 +103,8 @@ def feed_frame(d: Driver, frame: bytes) -> list[Output]:
         refused = ProtocolViolation
     if not live:
         refused = FrameIgnored
-    if refused is not None:
-        assert len(out) == 1 and type(out[0]) is refused, (refused, out)
+    if refused is not None:  # first the rejection; a bad fetch's answer may follow (below)
+        assert out and type(out[0]) is refused, (refused, out)
     rejections = [o for o in out if isinstance(o, ProtocolViolation | FrameIgnored)]
     if rejections:
         answered = _answer_of(s, before[0], frame, out)
