@@ -7,13 +7,12 @@ machines: every machine, trigger, gate and state it names must be declared there
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from p2pfsm.errors import ModelError
-from p2pfsm.fsm.spec import MachineSpec
+from p2pfsm.fsm.spec import MachineSpec, read_model_file
 
 INPUTS_FILE = "inputs"
 """The stem of the input table in ``models/`` (it is not a machine)."""
@@ -203,11 +202,4 @@ def parse_inputs(data: dict[str, object], origin: str,
 def load_inputs(directory: Path, specs: Mapping[str, MachineSpec]) -> InputTable:
     """Load ``<directory>/inputs.toml`` and check it against ``specs``."""
     path = directory / f"{INPUTS_FILE}.toml"
-    try:
-        with path.open("rb") as fh:
-            data = tomllib.load(fh)
-    except FileNotFoundError as exc:
-        raise ModelError(f"no input table {path}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ModelError(f"{path}: {exc}") from exc
-    return parse_inputs(data, path.name, specs)
+    return parse_inputs(read_model_file(path, "input table"), path.name, specs)

@@ -159,16 +159,22 @@ def _check_unreachable(spec: MachineSpec, origin: str) -> None:
         raise ModelError(f"{origin}: states unreachable from {spec.initial!r}: {sorted(missing)}")
 
 
+def read_model_file(path: Path, what: str) -> dict[str, object]:
+    """The TOML table of ``path``; a missing or malformed file is a :class:`ModelError`
+    (``what`` names it: "model file", "input table")."""
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError as exc:
+        raise ModelError(f"no {what} {path}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ModelError(f"{path}: {exc}") from exc
+
+
 def load_spec(name: str, directory: Path | None = None) -> MachineSpec:
     """Load ``<directory>/<name>.toml`` (default: :func:`models_dir`)."""
     path = (directory or models_dir()) / f"{name}.toml"
-    try:
-        with path.open("rb") as fh:
-            data = tomllib.load(fh)
-    except FileNotFoundError as exc:
-        raise ModelError(f"no model file {path}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ModelError(f"{path}: {exc}") from exc
+    data = read_model_file(path, "model file")
     spec = parse_spec(data, str(path.name))
     if spec.name != name:
         raise ModelError(f"{path}: declares name {spec.name!r}, expected {name!r}")
