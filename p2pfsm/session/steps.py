@@ -126,9 +126,6 @@ def _expire(s: ChildSteps, _rnd: object, item: ExpireLookupRound) -> None:
 
 
 _APPLY: dict[type, Callable[[ChildSteps, Any, Any], None]] = {
-    Send: lambda s, _o, item: s.send(item.message),
-    Arm: lambda s, _o, item: s.arm(item.timer, item.delay, keep=item.keep),
-    Disarm: lambda s, _o, item: s.disarm(item.timer),
     StartWrite: _start_write,
     HoldJob: lambda s, rnd, item: s._store_jobs.__setitem__(item.job_id, rnd),
     PinHits: lambda s, _o, item: s._pin_hits(item),
@@ -136,4 +133,5 @@ _APPLY: dict[type, Callable[[ChildSteps, Any, Any], None]] = {
     BindRound: lambda s, rnd, _item: s._bind_round(rnd),
     EndRoles: lambda s, _o, item: s._end_roles(item.load_trigger),
 }
-"""Outbox item type -> how the session carries it out (any other is an executor output)."""
+"""Outbox item type -> how the session carries it out, beside Send, Arm and Disarm, which
+:meth:`ChildSteps._apply_outbox` applies first (any other item is an executor output)."""
