@@ -46,8 +46,10 @@ Hardening a node turns on (the raw pattern, the default here, dials back on any 
   is refused during the ZMTP handshake, before any frame is delivered, and logged on
   ``p2pfsm.zmq``. A dial-back uses the key the peer authenticated with (ZAP User-Id).
 
-Liveness: ZMTP heartbeats (PING every ``heartbeat_ivl_ms``, drop after
-``heartbeat_timeout_ms`` of silence) make libzmq drop the TCP connection of a frozen peer;
+Liveness: ZMTP heartbeats (each DEALER PINGs every ``heartbeat_ivl_ms`` and drops its
+connection after ``heartbeat_timeout_ms`` of silence; the ROUTER only answers, and drops
+an inbound connection whose pings stop for their TTL) make libzmq drop the TCP
+connection of a frozen peer;
 a killed peer's kernel closes it at once. Either way the DEALER's monitor reports
 ``EVENT_DISCONNECTED`` and :meth:`ControlPlane.poll` turns it into one :class:`PeerLost`;
 the peer's sockets are then torn down, so a later frame from the same id starts afresh.
@@ -398,9 +400,10 @@ class ControlPlane:
 
     Args:
         bind: ``"tcp://HOST:PORT"``; port 0 picks a free port.
-        heartbeat_ivl_ms, heartbeat_timeout_ms, heartbeat_ttl_ms: ZMTP heartbeats on
-            every socket (vLLM: 2000/10000/10000). A peer silent for the timeout is
-            dropped by libzmq and reported as :class:`PeerLost`.
+        heartbeat_ivl_ms, heartbeat_timeout_ms, heartbeat_ttl_ms: ZMTP heartbeats sent
+            by every DEALER (vLLM: 2000/10000/10000, on both its sockets). A peer
+            silent for the timeout is dropped by libzmq and reported as
+            :class:`PeerLost`. The ROUTER answers pings and sends none.
         sndhwm, rcvhwm: queue bounds in messages (vLLM: 1000 each). A DEALER whose
             queue is full is treated as dead (vLLM's rule).
         dealer_linger_ms: how long a closed DEALER may keep flushing (vLLM: 500).
@@ -506,7 +509,7 @@ class ControlPlane:
                 self._router_monitor = self._ctx.socket(zmq.PAIR)
                 self._router_monitor.setsockopt(zmq.LINGER, 0)
                 self._router_monitor.connect(addr)
-            self._set_heartbeats(self._router)
+            self._set_router_liveness()
             self._router.setsockopt(zmq.RCVHWM, self._rcvhwm)
             self._router.setsockopt(zmq.MAXMSGSIZE, self._max_msg_size)
             # A restarted peer reconnects under the same identity; let the new
@@ -760,9 +763,27 @@ class ControlPlane:
         return sum(1 for p in self._peers.values() if p.ready or not p.dialled_back)
 
     def _set_heartbeats(self, sock: zmq.Socket[bytes]) -> None:
+        """A DEALER pings; it is the connecting end of its TCP connection."""
         sock.setsockopt(zmq.HEARTBEAT_IVL, self._hb_ivl)
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, self._hb_timeout)
         sock.setsockopt(zmq.HEARTBEAT_TTL, self._hb_ttl)
+
+    def _set_router_liveness(self) -> None:
+        """The ROUTER sends no PINGs of its own: each inbound connection is already
+        pinged by the DEALER at its other end (ours and vLLM's set a TTL, which libzmq
+        enforces here: silence past it drops the connection), and libzmq answers every
+        PING with a PONG whatever these options say. So each TCP connection carries one
+        ping stream instead of two, which halves the heartbeat wake-ups per idle peer.
+        A peer whose DEALER sets no heartbeats is still covered: our own DEALER to it
+        pings, and TCP keepalive (kernel timers, no wake-up of ours) drops the inbound
+        connection of a host that vanished."""
+        self._router.setsockopt(zmq.HEARTBEAT_IVL, 0)
+        if self._hb_ivl > 0:
+            self._router.setsockopt(zmq.TCP_KEEPALIVE, 1)
+            self._router.setsockopt(zmq.TCP_KEEPALIVE_IDLE,
+                                    max(1, self._hb_timeout // 1000))
+            self._router.setsockopt(zmq.TCP_KEEPALIVE_INTVL, max(1, self._hb_ivl // 1000))
+            self._router.setsockopt(zmq.TCP_KEEPALIVE_CNT, 3)
 
     def _open_peer(self, peer_id: str, server_key: bytes | None,
                    dialled_back: bool = False) -> _Peer:
