@@ -24,7 +24,7 @@ import pytest
 
 from p2pfsm.demo.blocks import demo_block
 from p2pfsm.errors import ConfigError, TransportError
-from p2pfsm.executor.nixl_plane import DataPlane
+from p2pfsm.executor.nixl_plane import IDLE_PROGRESS_MS, DataPlane
 from p2pfsm.executor.zmq_plane import ControlPlane, FrameIn
 
 from . import Child, cpu_seconds
@@ -408,7 +408,7 @@ def test_idle_pair_costs_almost_no_cpu(children: list[Child]) -> None:
                 assert data.poll() == []
 
         idle_for(0.5)  # let both warm-up windows (0.2 s) run out
-        assert data.progress_interval_ms == 50
+        assert data.progress_interval_ms == IDLE_PROGRESS_MS
         window = 2.0
         own0, peer0 = cpu_seconds(os.getpid()), cpu_seconds(child.pid)
         idle_for(window)
