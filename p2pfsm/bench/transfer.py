@@ -17,7 +17,9 @@ by round so that both sides of a ratio see the same machine load:
 (b) ``fetch_small``: one 4 KiB block fetched, against a raw ZeroMQ DEALER -> ROUTER ->
     DEALER round trip (the protocol's own pattern) and a tight blocking REQ -> REP round
     trip of a frame the size of that fetch frame, between plain pyzmq sockets in the same
-    two processes. Target: <= 1.5x the REQ/REP round trip.
+    two processes. Target: <= 1.5x the REQ/REP round trip. Also the fetch's floor: that
+    round trip plus a raw NIXL WRITE of the same one block (target spinning), since a
+    fetch is one control round trip with one WRITE inside it.
 (c) ``idle_cpu``: CPU time (user + system, all threads, ``getrusage``) of each connected
     node while it sits idle for ``idle_seconds``, once its post-handshake warm-up window
     is over. Target: < 1 % of one core.
@@ -80,9 +82,10 @@ def _idle_cpu(node: Node, seconds: float) -> tuple[float, float]:
     return settle, (_cpu_seconds() - cpu0) / (time.monotonic() - wall0)
 
 
-def _raw_writes(node: Node, peer_id: str, count: int) -> list[float]:
-    """``count`` raw WRITEs of every block of ours into the same blocks of the peer."""
-    blocks = list(range(node.config.num_blocks))
+def _raw_writes(node: Node, peer_id: str, count: int, nblocks: int | None = None) -> list[float]:
+    """``count`` raw WRITEs of our first ``nblocks`` blocks (default: every block) into
+    the same blocks of the peer."""
+    blocks = list(range(node.config.num_blocks if nblocks is None else nblocks))
     times = []
     for _ in range(count):
         t0 = time.perf_counter()
@@ -146,7 +149,7 @@ def _peer_main(conn: Connection) -> None:
                     conn.send(("drop",))
             elif cmd[0] == "raw_write":
                 assert server is not None
-                conn.send(("raw_write", _raw_writes(server.node, cmd[1], cmd[2])))
+                conn.send(("raw_write", _raw_writes(server.node, cmd[1], *cmd[2:4])))
             elif cmd[0] == "echo_setup":
                 router = ctx.socket(zmq.ROUTER)
                 port = router.bind_to_random_port("tcp://127.0.0.1")
@@ -369,7 +372,10 @@ def _small(peer: _Peer, rounds: int, number: int, idle_seconds: float,
         raw: list[float] = []
         tight: list[float] = []
         fetched: list[float] = []
+        write: list[float] = []
         for r in range(rounds + 1):
+            # The fetch's data-plane floor: the same one block written raw, target spinning.
+            one = peer.ask("raw_write", node.local_id, number, 1, pump=node.data.progress)[1]
             peer.conn.send(("rep", number))
             rtt = []
             for _ in range(number):  # blocking send and recv: the tightest round trip
@@ -394,16 +400,21 @@ def _small(peer: _Peer, rounds: int, number: int, idle_seconds: float,
             if r:  # round 0 warms the raw sockets up
                 tight.extend(rtt)
                 raw.extend(times)
+                write.extend(one)
                 fetched.extend(ours)
             if r % 5 == 4:
                 say(f"  small: {r + 1}/{rounds} rounds")
         for sock in (dealer, router, req):
             sock.close(linger=0)
         raw_s, node_s, tight_s = _stats(raw, 1e6), _stats(fetched, 1e6), _stats(tight, 1e6)
+        write_s = _stats(write, 1e6)
+        floor = tight_s["median"] + write_s["median"]
         small = {"unit": "us", "blocks": 1, "block_len": _SMALL[1], "frame_bytes": len(frame),
-                 "raw": raw_s, "raw_tight": tight_s, "node": node_s,
+                 "raw": raw_s, "raw_tight": tight_s, "raw_write": write_s, "node": node_s,
+                 "floor": floor,
                  "ratio": node_s["median"] / raw_s["median"],
                  "ratio_tight": node_s["median"] / tight_s["median"],
+                 "ratio_floor": node_s["median"] / floor,
                  "target": _TARGETS["fetch_small"]}
         say(f"  idle: measuring both nodes for {idle_seconds:g} s")
         peer.conn.send(("idle", idle_seconds))
@@ -470,9 +481,18 @@ def format_table(result: dict[str, Any]) -> str:
                          f"{stats['p10']:>9.2f} {stats['p90']:>9.2f}")
         stats = row["node"]
         floor = row["ratio_prompt"] if key == "fetch_large" else row["ratio_tight"]
+        if "raw_write" in row:
+            stats = row["raw_write"]
+            lines.append(f"{'raw WRITE of the 1 block [us]':<34} {stats['median']:>9.2f} "
+                         f"{stats['p10']:>9.2f} {stats['p90']:>9.2f}")
+            lines.append(f"{'floor: REQ-REP + that WRITE [us]':<34} {row['floor']:>9.2f}")
+        stats = row["node"]
         lines.append(f"{label + f' [{unit}]':<34} {stats['median']:>9.2f} {stats['p10']:>9.2f} "
-                     f"{stats['p90']:>9.2f}  {floor:>5.2f}x  <= {row['target']}x of the last "
-                     f"raw ({row['ratio']:.2f}x of the first)")
+                     f"{stats['p90']:>9.2f}  {floor:>5.2f}x  <= {row['target']}x of the "
+                     f"{'REQ-REP' if key == 'fetch_small' else 'last raw'} "
+                     f"({row['ratio']:.2f}x of the first"
+                     + (f", {row['ratio_floor']:.2f}x of the floor)" if "ratio_floor" in row
+                        else ")"))
     idle = result["idle_cpu"]
     lines.append(f"{'idle CPU, peer node [% of a core]':<34} {idle['peer_percent']:>9.2f}"
                  f"{'':>20}  {'':>6}  < {idle['target_percent']} %")

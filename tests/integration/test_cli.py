@@ -235,6 +235,8 @@ def test_bench_smoke_reports_every_measurement(runs: dict[str, Ran]) -> None:
         for side in ("raw", "node"):
             stats = row[side]
             assert 0 < stats["p10"] <= stats["median"] <= stats["p90"], row
+    small = transfer["fetch_small"]
+    assert small["floor"] > small["raw_tight"]["median"] and small["raw_write"]["median"] > 0
     idle = transfer["idle_cpu"]
     assert idle["seconds"] == 0.5 and idle["peer_percent"] >= 0 and idle["local_percent"] >= 0
     assert "(a)" in ran.err and "(b)" in ran.err  # progress went to stderr

@@ -100,15 +100,17 @@ def test_transfer_table_shows_both_raws_and_the_floor_ratio() -> None:
                               "node": _row(2.25), "ratio": 0.75, "ratio_prompt": 1.5,
                               "target": 1.5},
               "fetch_small": {"unit": "us", "raw": _row(60.0), "raw_tight": _row(50.0),
+                              "raw_write": _row(30.0), "floor": 80.0,
                               "node": _row(100.0), "ratio": 1.67, "ratio_tight": 2.0,
-                              "target": 1.5},
+                              "ratio_floor": 1.25, "target": 1.5},
               "idle_cpu": {"peer_percent": 0.5, "local_percent": 0.4, "target_percent": 1.0,
                            "seconds": 1.0},
               "rounds": 2, "number": 1, "wall_s": 1.0}
     text = format_table(result)
     assert "raw WRITE, target spinning [ms]" in text and "raw REQ-REP round trip [us]" in text
     assert " 1.50x  <= 1.5x of the last raw (0.75x of the first)" in text
-    assert " 2.00x  <= 1.5x of the last raw (1.67x of the first)" in text
+    assert " 2.00x  <= 1.5x of the REQ-REP (1.67x of the first, 1.25x of the floor)" in text
+    assert "raw WRITE of the 1 block [us]" in text and "floor: REQ-REP + that WRITE" in text
 
 
 def _q(median: float) -> dict[str, float]:
