@@ -573,9 +573,8 @@ class DataPlane:
         if isinstance(values, str | bytes) or not isinstance(values, Sequence):
             raise TransportError(f"{side} indexes must be a sequence of ints")
         # Fast path (the usual case: plain ints from a session): one C-level pass each.
-        if all(type(v) is int for v in values) and (
-            not values or (min(values) >= 0 and max(values) < limit)
-        ):
+        if not values or (set(map(type, values)) == {int} and min(values) >= 0
+                          and max(values) < limit):
             return list(values)
         out: list[int] = []
         for value in values:

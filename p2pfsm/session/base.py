@@ -175,16 +175,22 @@ class SessionBase:
         if len(keys) != len(indexes):
             raise LocalProtocolError(f"{what}: {len(keys)} keys but {len(indexes)} indexes")
         max_key = self.config.limits.max_key_bytes
-        for i, key in enumerate(keys):
-            if type(key) is not bytes or not key or len(key) > max_key:
-                raise LocalProtocolError(
-                    f"{what}: keys[{i}] must be non-empty bytes of at most {max_key}")
+        # One C-level pass per property in the usual case; the loop names the culprit.
+        if keys and not (set(map(type, keys)) == {bytes} and min(map(len, keys)) > 0
+                         and max(map(len, keys)) <= max_key):
+            for i, key in enumerate(keys):
+                if type(key) is not bytes or not key or len(key) > max_key:
+                    raise LocalProtocolError(
+                        f"{what}: keys[{i}] must be non-empty bytes of at most {max_key}")
         if len(set(keys)) != len(keys):
             raise LocalProtocolError(f"{what}: duplicate keys")
         if len(keys) > self.config.limits.max_list_items:
             raise LocalProtocolError(
                 f"{what}: {len(keys)} keys, more than {self.config.limits.max_list_items}")
-        for i, idx in enumerate(indexes):
-            if type(idx) is not int or not 0 <= idx < self.config.num_blocks:
-                raise LocalProtocolError(
-                    f"{what}: index[{i}]={idx!r} outside our {self.config.num_blocks} blocks")
+        blocks = self.config.num_blocks
+        if indexes and not (set(map(type, indexes)) == {int} and min(indexes) >= 0
+                            and max(indexes) < blocks):
+            for i, idx in enumerate(indexes):
+                if type(idx) is not int or not 0 <= idx < blocks:
+                    raise LocalProtocolError(
+                        f"{what}: index[{i}]={idx!r} outside our {blocks} blocks")

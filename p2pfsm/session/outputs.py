@@ -126,6 +126,8 @@ class FetchArrived:
     @property
     def missing(self) -> tuple[bytes, ...]:
         """The fetched keys with no supply yet, in fetch order."""
+        if not self.supplied:
+            return self.keys
         have = set(self.supplied)
         return tuple(k for k in self.keys if k not in have)
 

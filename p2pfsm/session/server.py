@@ -87,13 +87,16 @@ class ServerRound:
     def _add(self, job_id: int, keys: tuple[bytes, ...], local_indexes: tuple[int, ...]) -> None:
         self.jobs.add(job_id)
         self._emit(HoldJob(job_id))
+        if not self.supply:  # the usual case: one supply (keys are distinct, checked)
+            self.supply.update(zip(keys, local_indexes, strict=True))
+            return
         for key, local in zip(keys, local_indexes, strict=True):
             self.supply.setdefault(key, local)
 
     # guards
     def is_unservable(self, ev: object) -> bool:
         assert isinstance(ev, Fetch)
-        return any(k not in self.supply for k in ev.keys)
+        return not all(map(self.supply.__contains__, ev.keys))
 
     def is_complete(self, _ev: object) -> bool:
         return not self.demand and not self.inflight and self.landed == self.total
@@ -139,8 +142,8 @@ class ServerRound:
         matched = [k for k in small if k in large]
         if not matched:
             return
-        local = tuple(self.supply.pop(k) for k in matched)
-        remote = tuple(self.demand.pop(k) for k in matched)
+        local = tuple(map(self.supply.pop, matched))
+        remote = tuple(map(self.demand.pop, matched))
         xfer = next(self.env.xfers)
         self.inflight[xfer] = len(matched)
         self._emit(StartWrite(xfer, local, remote))
