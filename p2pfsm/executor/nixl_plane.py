@@ -40,6 +40,18 @@ did not remove that first-transfer dependency, hence the busy window after ``add
 and :meth:`~DataPlane.expect_inbound` (a client calls it while it waits for blocks). The
 idle tick keeps UCX keepalives and late wire-up serviced at negligible cost.
 
+Remote agents are kept loaded
+-----------------------------
+Unloading a remote agent (``remove_remote_agent``) does not end the UCX connection: the
+remote end keeps the endpoint that the wire-up made for us, so both processes keep one
+TCP connection per load until one of the two agents goes away (measured here: one more
+descriptor on each side per load and unload of a live agent, 500 after 500). So
+:meth:`DataPlane.remove_peer` keeps the agent loaded and a later
+:meth:`~DataPlane.add_peer` with byte-identical metadata reuses it (a reconnecting peer,
+or many ids naming one agent); metadata that differs for the same name loads afresh.
+At most ``keep_agents`` agents that no peer uses stay loaded (least recently used are
+unloaded first), and an agent whose transfers failed is unloaded with its peer.
+
 Failure model: NIXL raises typed exceptions with no common base class, so every NIXL call
 is guarded and turned into either :class:`~p2pfsm.errors.TransportError` (setup and API
 misuse) or a failed transfer reported once by :meth:`DataPlane.poll`.
@@ -55,6 +67,7 @@ import logging
 import operator
 import struct
 import time
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
@@ -176,6 +189,8 @@ class DataPlane:
         busy_progress_ms, idle_progress_ms, warmup_s: see the module docstring.
         max_peer_blocks: largest ``num_blocks`` a peer may announce (each remote block
             costs a prepped descriptor, so an unbounded announcement is a memory hazard).
+        keep_agents: remote agents no peer uses that stay loaded for reuse (0: unload
+            each with its peer).
         ucx_params: UCX backend parameters (default: the plugin's own, i.e. error
             handling mode ``peer``, one worker, no thread pool).
 
@@ -198,6 +213,7 @@ class DataPlane:
         warmup_s: float = 1.0,
         prompt_s: float = 0.0,
         max_peer_blocks: int = 1 << 20,
+        keep_agents: int = 64,
         ucx_params: Mapping[str, str] | None = None,
     ) -> None:
         if not isinstance(name, str) or not name:
@@ -207,6 +223,9 @@ class DataPlane:
         self._busy_ms = _positive_int("busy_progress_ms", busy_progress_ms, 60_000)
         self._idle_ms = _positive_int("idle_progress_ms", idle_progress_ms, 60_000)
         self._max_peer_blocks = _positive_int("max_peer_blocks", max_peer_blocks, _MAX_INDEX)
+        if type(keep_agents) is not int or not 0 <= keep_agents <= 1 << 16:
+            raise ConfigError(f"keep_agents must be an int in [0, 65536], got {keep_agents!r}")
+        self._keep_agents_max = keep_agents
         if not isinstance(warmup_s, int | float) or warmup_s < 0:
             raise ConfigError(f"warmup_s must be a number >= 0, got {warmup_s!r}")
         self._warmup_s = float(warmup_s)
@@ -232,6 +251,7 @@ class DataPlane:
         nixl = _import_nixl()
 
         self._peers: dict[str, _Peer] = {}
+        self._loaded: OrderedDict[str, bytes] = OrderedDict()  # loaded agents, LRU order
         self._inflight: dict[int, _Xfer] = {}
         self._done: list[tuple[int, bool]] = []
         self._ids = itertools.count(1)
@@ -346,10 +366,11 @@ class DataPlane:
         """Load a peer's NIXL metadata and prep the descriptors of its blocks.
 
         Re-adding ``peer_id`` removes its old registration first (its in-flight
-        transfers fail). Raises :class:`TransportError` when the announcement is invalid:
-        ``block_len`` differs from ours, ``num_blocks`` exceeds ``max_peer_blocks``, the
-        region would wrap past 2**64, the metadata is not NIXL's, names this agent, or
-        names an agent already registered under another peer id.
+        transfers fail). An agent kept loaded with the same metadata is reused.
+        Raises :class:`TransportError` when the announcement is invalid: ``block_len``
+        differs from ours, ``num_blocks`` exceeds ``max_peer_blocks``, the region would
+        wrap past 2**64, the metadata is not NIXL's, names this agent, or names an agent
+        already registered under another peer id.
         """
         self._check_open()
         if not isinstance(peer_id, str) or not peer_id:
@@ -378,29 +399,23 @@ class DataPlane:
 
         if peer_id in self._peers:
             self.remove_peer(peer_id)
+        fresh = self._load_agent(peer_id, agent_name, metadata)
         try:
-            loaded = self._agent.add_remote_agent(metadata)
-        except Exception as exc:
-            raise TransportError(f"add_remote_agent failed for {peer_id!r}: {exc!r}") from exc
-        loaded_name = loaded.decode("utf-8") if isinstance(loaded, bytes) else str(loaded)
-        try:
-            if loaded_name != agent_name:
-                raise TransportError(f"NIXL loaded {loaded_name!r}, expected {agent_name!r}")
             rows = _block_rows(base_addr, num_blocks, block_len, 0)
-            dlist = self._agent.prep_xfer_dlist(loaded_name, rows, "DRAM")
+            dlist = self._agent.prep_xfer_dlist(agent_name, rows, "DRAM")
         except Exception as exc:
-            self._forget_agent(loaded_name)
-            if isinstance(exc, TransportError):
-                raise
+            if fresh:
+                self._forget_agent(agent_name)
             raise TransportError(f"cannot prep descriptors of {peer_id!r}: {exc!r}") from exc
-        self._peers[peer_id] = _Peer(peer_id, loaded_name, num_blocks, dlist)
+        self._peers[peer_id] = _Peer(peer_id, agent_name, num_blocks, dlist)
         self._busy_until = time.monotonic() + self._warmup_s
 
     def remove_peer(self, peer_id: str) -> None:
         """Forget a peer: its in-flight transfers are released and reported failed by
         :meth:`poll` (a transfer NIXL cannot release yet stays in flight and is reported
-        once it can be), its descriptors are released and its metadata unloaded, which
-        also disconnects the UCX endpoints. Unknown ids are ignored."""
+        once it can be) and its descriptors are released. Its agent stays loaded for a
+        later :meth:`add_peer` (see the module docstring) unless a transfer to it
+        failed. Unknown ids are ignored."""
         self._check_open()
         peer = self._peers.pop(peer_id, None)
         if peer is None:
@@ -411,7 +426,10 @@ class DataPlane:
             self._try_retire(xfer)
         with contextlib.suppress(Exception):  # it also frees itself when collected
             peer.dlist.release()
-        self._forget_agent(peer.agent_name)
+        if peer.faulted:  # its endpoints failed: a later add loads the agent afresh
+            self._forget_agent(peer.agent_name)
+        else:
+            self._keep_agents()
         for xfer in doomed:
             if xfer.xfer_id in self._inflight:
                 self._try_retire(xfer)
@@ -540,8 +558,9 @@ class DataPlane:
         for peer in self._peers.values():
             with contextlib.suppress(Exception):
                 peer.dlist.release()
-            self._forget_agent(peer.agent_name)
         self._peers.clear()
+        for agent_name in list(self._loaded):
+            self._forget_agent(agent_name)
         self._teardown_agent()
 
     def __enter__(self) -> DataPlane:
@@ -611,7 +630,35 @@ class DataPlane:
             return False
         return True
 
+    def _load_agent(self, peer_id: str, agent_name: str, metadata: bytes) -> bool:
+        """Make ``agent_name`` loaded with exactly ``metadata``; True when it was loaded
+        now, False when an agent kept from an earlier peer is reused."""
+        kept = self._loaded.get(agent_name)
+        if kept == metadata:
+            self._loaded.move_to_end(agent_name)
+            return False
+        if kept is not None:  # the same name with other metadata: a new agent
+            self._forget_agent(agent_name)
+        try:
+            loaded = self._agent.add_remote_agent(metadata)
+        except Exception as exc:
+            raise TransportError(f"add_remote_agent failed for {peer_id!r}: {exc!r}") from exc
+        loaded_name = loaded.decode("utf-8") if isinstance(loaded, bytes) else str(loaded)
+        if loaded_name != agent_name:
+            self._forget_agent(loaded_name)
+            raise TransportError(f"NIXL loaded {loaded_name!r}, expected {agent_name!r}")
+        self._loaded[agent_name] = metadata
+        return True
+
+    def _keep_agents(self) -> None:
+        """Unload the least recently used agents that no peer uses, beyond ``keep_agents``."""
+        used = {peer.agent_name for peer in self._peers.values()}
+        unused = [name for name in self._loaded if name not in used]
+        for name in unused[: max(0, len(unused) - self._keep_agents_max)]:
+            self._forget_agent(name)
+
     def _forget_agent(self, agent_name: str) -> None:
+        self._loaded.pop(agent_name, None)
         # NIXL may already have dropped it itself after a remote disconnect.
         with contextlib.suppress(Exception):
             self._agent.remove_remote_agent(agent_name)

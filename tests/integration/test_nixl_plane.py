@@ -294,6 +294,8 @@ def test_bad_requests_raise_transport_error(pair: Pair) -> None:
         DataPlane("x", 0, BLOCK)
     with pytest.raises(ConfigError):
         DataPlane("x", 1, BLOCK, device="tpu")
+    with pytest.raises(ConfigError, match="keep_agents"):
+        DataPlane("x", 1, BLOCK, keep_agents=-1)
 
 
 def test_a_peer_announcing_more_blocks_than_allowed_is_refused(pair: Pair) -> None:
@@ -318,6 +320,23 @@ def test_remove_and_re_add_peer(pair: Pair) -> None:
         plane.add_peer("alias", md, base, 64, BLOCK)
     xfer = plane.write("target", [7], [7])
     assert _drive(plane, child, _reported(xfer), 10.0, "WRITE after re-add") == [(xfer, True)]
+
+
+def test_re_adding_a_live_agent_opens_no_connection(pair: Pair) -> None:
+    """Unloading a live agent leaves its UCX connection open on both sides (the remote
+    keeps its endpoint), so loading it again per re-add grew one descriptor each time
+    (40 here); the plane keeps the agent loaded and reuses it."""
+    plane, child, md, base = pair.plane, pair.child, pair.metadata, pair.base_addr
+    plane.add_peer("target", md, base, 64, BLOCK)
+    plane.progress()
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(40):
+        plane.remove_peer("target")
+        plane.add_peer("target", md, base, 64, BLOCK)
+        plane.progress()
+    assert len(os.listdir("/proc/self/fd")) == before
+    xfer = plane.write("target", [2], [2])
+    assert _drive(plane, child, _reported(xfer), 10.0, "WRITE after re-adds") == [(xfer, True)]
 
 
 def test_killed_peer_fails_transfers(children: list[Child]) -> None:
