@@ -399,14 +399,19 @@ class DataPlane:
 
         if peer_id in self._peers:
             self.remove_peer(peer_id)
-        fresh = self._load_agent(peer_id, agent_name, metadata)
-        try:
-            rows = _block_rows(base_addr, num_blocks, block_len, 0)
-            dlist = self._agent.prep_xfer_dlist(agent_name, rows, "DRAM")
-        except Exception as exc:
-            if fresh:
+        rows = _block_rows(base_addr, num_blocks, block_len, 0)
+        while True:
+            fresh = self._load_agent(peer_id, agent_name, metadata)
+            try:
+                dlist = self._agent.prep_xfer_dlist(agent_name, rows, "DRAM")
+                break
+            except Exception as exc:
+                # Unload it either way; a kept agent (NIXL may have dropped it) is then
+                # loaded afresh once.
                 self._forget_agent(agent_name)
-            raise TransportError(f"cannot prep descriptors of {peer_id!r}: {exc!r}") from exc
+                if fresh:
+                    raise TransportError(
+                        f"cannot prep descriptors of {peer_id!r}: {exc!r}") from exc
         self._peers[peer_id] = _Peer(peer_id, agent_name, num_blocks, dlist)
         self._busy_until = time.monotonic() + self._warmup_s
 

@@ -337,6 +337,12 @@ def test_re_adding_a_live_agent_opens_no_connection(pair: Pair) -> None:
     assert len(os.listdir("/proc/self/fd")) == before
     xfer = plane.write("target", [2], [2])
     assert _drive(plane, child, _reported(xfer), 10.0, "WRITE after re-adds") == [(xfer, True)]
+    # A kept agent that NIXL no longer holds is loaded afresh by the next add.
+    plane.remove_peer("target")
+    plane._agent.remove_remote_agent("target")
+    plane.add_peer("target", md, base, 64, BLOCK)
+    xfer = plane.write("target", [3], [3])
+    assert _drive(plane, child, _reported(xfer), 10.0, "WRITE after a reload") == [(xfer, True)]
 
 
 def test_killed_peer_fails_transfers(children: list[Child]) -> None:
