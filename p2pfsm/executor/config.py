@@ -66,7 +66,7 @@ class NodeConfig:
             it asks the peer to enforce). A frozen peer is noticed within their sum,
             12 s by default as with vLLM's 2 s + 10 s, at 5 s between PINGs instead of 2
             (each PING wakes both ends' ZeroMQ I/O threads: 128 idle peers cost 2.5x
-            fewer wake-ups).
+            fewer wake-ups). The ROUTER PINGs every 6 intervals.
         connect_timeout_ms: how long a peer connection may take to come up (TCP and ZMTP
             handshake) before its session dies with "transport lost: connect timeout".
             A refused connect does not wait: "transport lost: connection refused".

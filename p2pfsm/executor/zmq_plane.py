@@ -47,9 +47,9 @@ Hardening a node turns on (the raw pattern, the default here, dials back on any 
   ``p2pfsm.zmq``. A dial-back uses the key the peer authenticated with (ZAP User-Id).
 
 Liveness: ZMTP heartbeats (each DEALER PINGs every ``heartbeat_ivl_ms`` and drops its
-connection after ``heartbeat_timeout_ms`` of silence; the ROUTER only answers, and drops
-an inbound connection whose pings stop for their TTL) make libzmq drop the TCP
-connection of a frozen peer;
+connection after ``heartbeat_timeout_ms`` of silence; the ROUTER drops an inbound
+connection whose PINGs stop for their TTL, and PINGs itself only 6 times as rarely, for
+peers that send none) make libzmq drop the TCP connection of a frozen peer;
 a killed peer's kernel closes it at once. Either way the DEALER's monitor reports
 ``EVENT_DISCONNECTED`` and :meth:`ControlPlane.poll` turns it into one :class:`PeerLost`;
 the peer's sockets are then torn down, so a later frame from the same id starts afresh.
@@ -234,6 +234,8 @@ _MAX_PEER_ID_LEN: Final = _MAX_HOSTNAME_LEN + 1 + 5
 _HOST_CHARS: Final = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-")
 _DIGITS_AND_DOTS: Final = frozenset("0123456789.")
 _MAX_HEARTBEAT_TTL_MS: Final = 6_553_599  # ZMTP carries the TTL in deciseconds, 16 bits.
+_ROUTER_PING_FACTOR: Final = 6  # the ROUTER's own PINGs, in DEALER heartbeat intervals
+_MAX_HEARTBEAT_IVL_MS: Final = 2**31 - 1
 _DONE_GRACE_S: Final = 5.0
 _LOST_KEEP_S: Final = 60.0
 """How long a lost peer's id is remembered: its frames (a peer that still holds its
@@ -403,7 +405,8 @@ class ControlPlane:
         heartbeat_ivl_ms, heartbeat_timeout_ms, heartbeat_ttl_ms: ZMTP heartbeats sent
             by every DEALER (vLLM: 2000/10000/10000, on both its sockets). A peer
             silent for the timeout is dropped by libzmq and reported as
-            :class:`PeerLost`. The ROUTER answers pings and sends none.
+            :class:`PeerLost`. The ROUTER PINGs 6 times as rarely (see
+            ``_set_router_liveness``).
         sndhwm, rcvhwm: queue bounds in messages (vLLM: 1000 each). A DEALER whose
             queue is full is treated as dead (vLLM's rule).
         dealer_linger_ms: how long a closed DEALER may keep flushing (vLLM: 500).
@@ -769,21 +772,16 @@ class ControlPlane:
         sock.setsockopt(zmq.HEARTBEAT_TTL, self._hb_ttl)
 
     def _set_router_liveness(self) -> None:
-        """The ROUTER sends no PINGs of its own: each inbound connection is already
-        pinged by the DEALER at its other end (ours and vLLM's set a TTL, which libzmq
-        enforces here: silence past it drops the connection), and libzmq answers every
-        PING with a PONG whatever these options say. So each TCP connection carries one
-        ping stream instead of two, which halves the heartbeat wake-ups per idle peer.
-        A peer whose DEALER sets no heartbeats is still covered: our own DEALER to it
-        pings, and TCP keepalive (kernel timers, no wake-up of ours) drops the inbound
-        connection of a host that vanished."""
-        self._router.setsockopt(zmq.HEARTBEAT_IVL, 0)
-        if self._hb_ivl > 0:
-            self._router.setsockopt(zmq.TCP_KEEPALIVE, 1)
-            self._router.setsockopt(zmq.TCP_KEEPALIVE_IDLE,
-                                    max(1, self._hb_timeout // 1000))
-            self._router.setsockopt(zmq.TCP_KEEPALIVE_INTVL, max(1, self._hb_ivl // 1000))
-            self._router.setsockopt(zmq.TCP_KEEPALIVE_CNT, 3)
+        """The ROUTER PINGs only every ``_ROUTER_PING_FACTOR`` heartbeat intervals: each
+        inbound connection is already pinged by the DEALER at its other end (ours and
+        vLLM's set a TTL, which libzmq enforces here: silence past it drops the
+        connection), and libzmq answers every PING with a PONG whatever these options
+        say. The ROUTER's own rare PING covers a peer that sends none: one whose DEALER
+        sets no heartbeats, or one frozen before its first PING (no TTL armed yet)."""
+        ivl = self._hb_ivl * _ROUTER_PING_FACTOR
+        self._router.setsockopt(zmq.HEARTBEAT_IVL, min(ivl, _MAX_HEARTBEAT_IVL_MS))
+        self._router.setsockopt(zmq.HEARTBEAT_TIMEOUT, self._hb_timeout)
+        self._router.setsockopt(zmq.HEARTBEAT_TTL, self._hb_ttl)
 
     def _open_peer(self, peer_id: str, server_key: bytes | None,
                    dialled_back: bool = False) -> _Peer:

@@ -333,6 +333,7 @@ def test_dead_or_frozen_peer_is_reported_lost(
         "warm-up pong",
     )
     assert plane.is_connected(peer_id)
+    assert _established_at(int(plane.local_id.rpartition(":")[2])) == 1  # its dial-back
 
     start = time.monotonic()
     os.kill(peer.pid, sig)
@@ -350,6 +351,24 @@ def test_dead_or_frozen_peer_is_reported_lost(
     assert plane.peers == ()
     assert plane.send(peer_id, b"ping:late") is False
     assert plane.poll(0) == [PeerLost(peer_id, "not connected")]
+    # The peer's own DEALER into our ROUTER goes too, even if the peer froze before its
+    # first PING: the ROUTER's own (rare) PING gets no answer.
+    router_port = int(plane.local_id.rpartition(":")[2])
+    deadline = time.monotonic() + 10.0
+    while _established_at(router_port):
+        assert time.monotonic() < deadline, "inbound connection of the dead peer kept"
+        plane.poll(100)
+
+
+def _established_at(port: int) -> int:
+    """ESTABLISHED TCP connections on loopback whose local port is ``port``."""
+    count = 0
+    with open("/proc/net/tcp", encoding="ascii") as f:
+        for line in f.readlines()[1:]:
+            fields = line.split()
+            if fields[3] == "01" and int(fields[1].rpartition(":")[2], 16) == port:
+                count += 1
+    return count
 
 
 def test_close_is_bounded_and_idempotent(spawn_echo: Any) -> None:
