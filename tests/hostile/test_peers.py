@@ -76,7 +76,7 @@ def test_identity_naming_an_unbound_port(hostile: Hostile) -> None:
     "intermittent, not the descriptor growth (fixed: docs/reliability.md Findings): the "
     "legitimate fetch right after the flood is sometimes evicted from the server's budget of "
     "32 unfinished handshakes by the flood's tail (7 of 31 runs at load ~2), and rarely (2 "
-    "of 31) one descriptor above the baseline remains, a socket that is not TCP, unidentified"))
+    "of 31) one accepted ROUTER connection stays in CLOSE_WAIT, unread, beyond the 20 s"))
 def test_thousands_of_identities(hostile: Hostile) -> None:
     """3000 identities naming unbound ports, one connect each, 250 sockets at a time."""
     # A closed DEALER lives on (its linger) until its frame is out: more than libzmq's
