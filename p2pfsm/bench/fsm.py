@@ -4,9 +4,10 @@ One "event" is a whole load round seen by the consumer session: HostFetch (a
 client_round fires host_fetch; a fetch frame is produced) then the peer's
 transfer_done frame (decoded, validated, gated by the session machine, fired on
 the round, LoadResult out). It is timed with 0, 100 and 10 000 other rounds open
-in the same session, and compared, in the same run, with the raw operations it
-contains: decoding the transfer_done frame with msgpack alone, and one trigger
-through a ``transitions.Machine`` built from the same model.
+in the same session (the counts interleaved, one batch of each per repeat), and
+compared, in the same run, with the raw operations it contains: decoding the
+transfer_done frame with msgpack alone, and one trigger through a
+``transitions.Machine`` built from the same model.
 """
 
 from __future__ import annotations
@@ -99,17 +100,25 @@ def run(open_counts: tuple[int, ...] = (0, 100, 10_000), number: int = 2000,
         model.trigger("host_finish")  # type: ignore[attr-defined]
 
     trigger_ns = _median_ns(one_trigger, repeat, number)
-    rows = []
+    drivers = []
     for n_open in open_counts:
         s = _ready_session(num_blocks=1)
         for i in range(n_open):
             s.handle(HostFetch(10_000_000 + i, f"open-{i}", key, (0,)), 0.0)
-        one_round = _RoundDriver(s, key)
-        per_round = _median_ns(one_round, repeat, number)
+        drivers.append(_RoundDriver(s, key))
+    # Interleaved: each repeat times every open-round count once, so that all rows see
+    # the same minute of machine load (a row measured alone drifted by up to 30 %).
+    samples: list[list[float]] = [[] for _ in drivers]
+    for _ in range(repeat):
+        for driver, got in zip(drivers, samples, strict=True):
+            got.append(_median_ns(driver, 1, number))
+    rows = []
+    for n_open, driver, got in zip(open_counts, drivers, samples, strict=True):
+        per_round = statistics.median(got)
         per_event = per_round / 2
         rows.append(FsmBenchRow(n_open, per_round / 1000, per_event / 1000,
                                 per_event / decode_ns, per_event / trigger_ns))
-        if s.open_counts()["client_round"] != n_open:
+        if driver.session.open_counts()["client_round"] != n_open:
             raise RuntimeError("benchmark leaked rounds")
     return rows
 
