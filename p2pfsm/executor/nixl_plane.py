@@ -81,6 +81,7 @@ from p2pfsm.executor.memory import (
     parse_device,
     require_device,
 )
+from p2pfsm.protocol.validate import ints_within
 
 if TYPE_CHECKING:
     import numpy as np
@@ -597,8 +598,7 @@ class DataPlane:
         if isinstance(values, str | bytes) or not isinstance(values, Sequence):
             raise TransportError(f"{side} indexes must be a sequence of ints")
         # Fast path (the usual case: plain ints from a session): one C-level pass each.
-        if not values or (set(map(type, values)) == {int} and min(values) >= 0
-                          and max(values) < limit):
+        if ints_within(values, 0, limit - 1):
             return list(values)
         out: list[int] = []
         for value in values:

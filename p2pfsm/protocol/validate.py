@@ -22,7 +22,7 @@ round a fetch that failed these checks still names (so the session can answer it
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sized
+from collections.abc import Callable, Mapping, Sequence, Sized
 from dataclasses import dataclass, fields
 from typing import Final, cast
 
@@ -156,6 +156,30 @@ def _check_text(value: object, field: str, limits: Limits, *, nonempty: bool) ->
     return value
 
 
+def ints_within(values: Sequence[object], low: int, high: int) -> bool:
+    """Every value an exact int (a bool is not) in ``[low, high]``; True when empty.
+
+    The all-valid fast path of index checks: one C-level pass per property, so a caller
+    loops in Python only to name the first bad entry."""
+    if not values:
+        return True
+    if set(map(type, values)) != {int}:
+        return False
+    ints = cast("Sequence[int]", values)
+    return min(ints) >= low and max(ints) <= high
+
+
+def bytes_within(values: Sequence[object], shortest: int, longest: int) -> bool:
+    """Every value exact bytes of ``shortest..longest`` bytes; True when empty. The
+    fast path of key checks, as :func:`ints_within`."""
+    if not values:
+        return True
+    if set(map(type, values)) != {bytes}:
+        return False
+    sizes = set(map(len, cast("Sequence[bytes]", values)))  # keys share a size: a tiny set
+    return min(sizes) >= shortest and max(sizes) <= longest
+
+
 def _check_list(value: object, field: str, limits: Limits) -> list[object] | tuple[object, ...]:
     # The wire gives lists; tuples are accepted for callers that unpack with use_list=False.
     if not isinstance(value, list | tuple):
@@ -169,13 +193,8 @@ def _check_keys(obj: Mapping[str, object], limits: Limits) -> tuple[bytes, ...]:
     keys = _check_list(_get(obj, "keys"), "keys", limits)
     high = limits.max_key_bytes
     # Fast path for the all-valid case, in C loops; the slow loop names the first bad entry.
-    if not keys:
-        return ()
-    if set(map(type, keys)) == {bytes}:
-        checked = cast("list[bytes] | tuple[bytes, ...]", keys)
-        sizes = set(map(len, checked))  # keys usually share one size: one pass, tiny set
-        if min(sizes) > 0 and max(sizes) <= high:
-            return tuple(checked)
+    if bytes_within(keys, 1, high):
+        return tuple(cast("list[bytes] | tuple[bytes, ...]", keys))
     return tuple(_check_bytes(k, f"keys[{i}]", 1, high) for i, k in enumerate(keys))
 
 
@@ -190,12 +209,8 @@ def _check_block_index_list(
     indexes = _check_list(_get(obj, "block_indexes"), "block_indexes", limits)
     _check_same_length("block_indexes", indexes, keys)
     high = limits.max_block_index
-    if not indexes:
-        return ()
-    if set(map(type, indexes)) == {int}:  # exact int: a bool is not an index
-        checked = cast("list[int] | tuple[int, ...]", indexes)
-        if min(checked) >= 0 and max(checked) <= high:
-            return tuple(checked)
+    if ints_within(indexes, 0, high):
+        return tuple(cast("list[int] | tuple[int, ...]", indexes))
     return tuple(_check_int(x, f"block_indexes[{i}]", 0, high) for i, x in enumerate(indexes))
 
 
@@ -438,8 +453,10 @@ __all__ = [
     "DEFAULT_LIMITS",
     "FetchRound",
     "Limits",
+    "bytes_within",
     "check_block_indexes",
     "from_dict",
+    "ints_within",
     "named_round",
     "to_dict",
 ]

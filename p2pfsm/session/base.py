@@ -12,6 +12,7 @@ from __future__ import annotations
 from p2pfsm.errors import HandshakeMismatch, LocalProtocolError
 from p2pfsm.fsm import Tracer, input_table, machine
 from p2pfsm.protocol import Connect, ConnectAck, Disconnect, Message
+from p2pfsm.protocol.validate import bytes_within, ints_within
 from p2pfsm.session.child import ChildEnv
 from p2pfsm.session.client import ClientLookup, ClientRound
 from p2pfsm.session.config import SessionConfig
@@ -175,9 +176,7 @@ class SessionBase:
         if len(keys) != len(indexes):
             raise LocalProtocolError(f"{what}: {len(keys)} keys but {len(indexes)} indexes")
         max_key = self.config.limits.max_key_bytes
-        # One C-level pass per property in the usual case; the loop names the culprit.
-        if keys and not (set(map(type, keys)) == {bytes} and min(map(len, keys)) > 0
-                         and max(map(len, keys)) <= max_key):
+        if not bytes_within(keys, 1, max_key):  # the loop only names the culprit
             for i, key in enumerate(keys):
                 if type(key) is not bytes or not key or len(key) > max_key:
                     raise LocalProtocolError(
@@ -188,8 +187,7 @@ class SessionBase:
             raise LocalProtocolError(
                 f"{what}: {len(keys)} keys, more than {self.config.limits.max_list_items}")
         blocks = self.config.num_blocks
-        if indexes and not (set(map(type, indexes)) == {int} and min(indexes) >= 0
-                            and max(indexes) < blocks):
+        if not ints_within(indexes, 0, blocks - 1):
             for i, idx in enumerate(indexes):
                 if type(idx) is not int or not 0 <= idx < blocks:
                     raise LocalProtocolError(
