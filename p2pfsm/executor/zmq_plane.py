@@ -406,7 +406,7 @@ class ControlPlane:
             by every DEALER (vLLM: 2000/10000/10000, on both its sockets). A peer
             silent for the timeout is dropped by libzmq and reported as
             :class:`PeerLost`. The ROUTER PINGs 6 times as rarely (see
-            ``_set_router_liveness``).
+            ``_set_heartbeats``).
         sndhwm, rcvhwm: queue bounds in messages (vLLM: 1000 each). A DEALER whose
             queue is full is treated as dead (vLLM's rule).
         dealer_linger_ms: how long a closed DEALER may keep flushing (vLLM: 500).
@@ -512,7 +512,7 @@ class ControlPlane:
                 self._router_monitor = self._ctx.socket(zmq.PAIR)
                 self._router_monitor.setsockopt(zmq.LINGER, 0)
                 self._router_monitor.connect(addr)
-            self._set_router_liveness()
+            self._set_heartbeats(self._router, _ROUTER_PING_FACTOR)
             self._router.setsockopt(zmq.RCVHWM, self._rcvhwm)
             self._router.setsockopt(zmq.MAXMSGSIZE, self._max_msg_size)
             # A restarted peer reconnects under the same identity; let the new
@@ -765,23 +765,18 @@ class ControlPlane:
             return len(self._peers)
         return sum(1 for p in self._peers.values() if p.ready or not p.dialled_back)
 
-    def _set_heartbeats(self, sock: zmq.Socket[bytes]) -> None:
-        """A DEALER pings; it is the connecting end of its TCP connection."""
-        sock.setsockopt(zmq.HEARTBEAT_IVL, self._hb_ivl)
-        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, self._hb_timeout)
-        sock.setsockopt(zmq.HEARTBEAT_TTL, self._hb_ttl)
+    def _set_heartbeats(self, sock: zmq.Socket[bytes], every: int = 1) -> None:
+        """ZMTP heartbeats on ``sock``: a PING every ``every`` heartbeat intervals.
 
-    def _set_router_liveness(self) -> None:
-        """The ROUTER PINGs only every ``_ROUTER_PING_FACTOR`` heartbeat intervals: each
-        inbound connection is already pinged by the DEALER at its other end (ours and
-        vLLM's set a TTL, which libzmq enforces here: silence past it drops the
+        A DEALER pings at the interval. The ROUTER pings ``_ROUTER_PING_FACTOR`` times as
+        rarely: each inbound connection is already pinged by the DEALER at its other end
+        (ours and vLLM's set a TTL, which libzmq enforces here: silence past it drops the
         connection), and libzmq answers every PING with a PONG whatever these options
         say. The ROUTER's own rare PING covers a peer that sends none: one whose DEALER
         sets no heartbeats, or one frozen before its first PING (no TTL armed yet)."""
-        ivl = self._hb_ivl * _ROUTER_PING_FACTOR
-        self._router.setsockopt(zmq.HEARTBEAT_IVL, min(ivl, _MAX_HEARTBEAT_IVL_MS))
-        self._router.setsockopt(zmq.HEARTBEAT_TIMEOUT, self._hb_timeout)
-        self._router.setsockopt(zmq.HEARTBEAT_TTL, self._hb_ttl)
+        sock.setsockopt(zmq.HEARTBEAT_IVL, min(self._hb_ivl * every, _MAX_HEARTBEAT_IVL_MS))
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, self._hb_timeout)
+        sock.setsockopt(zmq.HEARTBEAT_TTL, self._hb_ttl)
 
     def _open_peer(self, peer_id: str, server_key: bytes | None,
                    dialled_back: bool = False) -> _Peer:
