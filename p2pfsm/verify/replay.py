@@ -282,14 +282,12 @@ def _spec_frame(kind: str, seq: int, keys: str) -> tuple[object, ...]:
 
 
 def _code_frame(frame: bytes) -> tuple[object, ...]:
-    named = None
     try:
         msg = decode(frame)
     except MalformedFrame:
         named = fetch_round(frame)
         if named is None:
             raise
-    if named is not None:
         return ("bad_fetch", named.round_seq)
     kind = msg.TYPE
     if kind in _HANDSHAKE:
