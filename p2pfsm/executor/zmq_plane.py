@@ -37,9 +37,13 @@ Hardening a node turns on (the raw pattern, the default here, dials back on any 
   DEALERs connect from our bind address when it is a specific IP, so our connections
   come from the host our identity names.
 * ``max_pending``: dial-backs whose session is not ready yet (:meth:`ControlPlane.
-  mark_ready` not called) have a budget of their own; when it is full the oldest is
-  evicted (``PeerLost(reason="evicted: too many unfinished handshakes")``). Ready peers
-  and our own dials count against ``max_peers``, so identities that never finish a
+  mark_ready` not called) have a budget of their own; when it is full one is evicted
+  (``PeerLost(reason="evicted: too many unfinished handshakes")``): a session already
+  over, else one of the host (the connection's address) holding the most pending
+  dial-backs, the newcomer's own host on a tie, preferring one whose ZMTP handshake has
+  not succeeded, oldest first. A flood from one host thus only evicts its own, and
+  inside a host a dial-back that came up outlives those that did not. Ready peers and
+  our own dials count against ``max_peers``, so identities that never finish a
   handshake cannot lock a legitimate peer out.
 * ``curve``: ZeroMQ CURVE on every socket with an allow-list of client keys enforced by
   a ZAP authenticator on our context: an unknown key or no key at all (NULL security)
@@ -374,6 +378,16 @@ def _ip_of(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     return ip
 
 
+def _origin_of(host: str, source: str | None) -> str:
+    """The host a dial-back is charged to in the pending budget: the IP its connection
+    came from (ZeroMQ's ``Peer-Address``, which a peer cannot choose), else the host
+    its id names (our own dials, or no address known)."""
+    ip = _ip_of(source) if source is not None else None
+    if ip is None:
+        ip = _ip_of(host)
+    return host.lower() if ip is None else str(ip)
+
+
 def _meta(frame: zmq.Frame, name: str) -> str | None:
     try:
         value = frame.get(name)
@@ -395,6 +409,7 @@ class _Peer:
     done: bool = False  # the node said its session is over (mark_done): evicted first
     done_at: float | None = None  # when mark_done came; closed _DONE_GRACE_S later
     server_key: bytes | None = None  # CURVE: the key it was dialled with
+    origin: str = ""  # the host it counts against in the pending budget (_origin_of)
 
 
 class ControlPlane:
@@ -426,9 +441,10 @@ class ControlPlane:
             :func:`is_connect_from`.
         dial_back_any_host: dial back whatever host the identity names. Off by
             default: only an identity whose host is the IP the connection came from.
-        max_pending: the budget of dial-backs not yet :meth:`mark_ready` (oldest
-            evicted when full); ready peers and our own dials count against
-            ``max_peers``. None: every peer counts against ``max_peers``, no eviction.
+        max_pending: the budget of dial-backs not yet :meth:`mark_ready` (when full,
+            one is evicted for a new one: see ``_make_room``); ready peers and our own
+            dials count against ``max_peers``. None: every peer counts against
+            ``max_peers``, no eviction.
         curve: CURVE keys (:func:`load_curve_keys`); None: NULL security (vLLM's).
     """
 
@@ -779,7 +795,7 @@ class ControlPlane:
         sock.setsockopt(zmq.HEARTBEAT_TTL, self._hb_ttl)
 
     def _open_peer(self, peer_id: str, server_key: bytes | None,
-                   dialled_back: bool = False) -> _Peer:
+                   dialled_back: bool = False, source: str | None = None) -> _Peer:
         dealer = self._ctx.socket(zmq.DEALER)
         monitor: zmq.Socket[bytes] | None = None
         monitoring = False
@@ -817,7 +833,8 @@ class ControlPlane:
             raise TransportError(f"cannot open DEALER to {peer_id}: {exc}") from exc
         deadline = time.monotonic() + self._connect_timeout / 1000.0
         peer = _Peer(peer_id, dealer, monitor, deadline, dialled_back=dialled_back,
-                     server_key=server_key)
+                     server_key=server_key,
+                     origin=_origin_of(peer_id.rpartition(":")[0], source))
         self._peers[peer_id] = peer
         self._lost.pop(peer_id, None)
         fd = _fd(monitor)
@@ -880,15 +897,16 @@ class ControlPlane:
             window[2] += 1
 
     def _collect(self) -> list[ControlEvent]:
+        # One list for frames and losses alike, so they come out in the order they
+        # happened: a loss inside the drain (an eviction, or a refused dial-back seen
+        # while making room) precedes any later frame from the same id.
         out = self._pending
-        self._pending = []
         self._drain_router(out)
         self._drain_router_monitor()
         self._drain_monitors()
         now = time.monotonic()
         if self._next_expiry is not None and now >= self._next_expiry:
             self._expire(now)
-        out.extend(self._pending)
         self._pending = []
         return out
 
@@ -957,19 +975,51 @@ class ControlPlane:
             self._drop("peer limit", f": {peer_id}")
             return None
         if self._max_pending is not None:
-            pending = [p for p in self._peers.values() if p.dialled_back and not p.ready]
-            if len(pending) >= self._max_pending:
-                oldest = next((p for p in pending if p.done), pending[0])
-                log.info("evicting %s: %d dial-backs without a finished handshake",
-                         oldest.peer_id, len(pending))
-                self._lose(oldest, EVICTED)
+            self._make_room(_origin_of(host, source))
         try:
-            self._open_peer(peer_id, server_key, dialled_back=True)
+            self._open_peer(peer_id, server_key, dialled_back=True, source=source)
         except TransportError:
             self._drop("dial-back failed", f": {peer_id}")
             return None
         self._peer_by_ident[ident] = peer_id
         return peer_id
+
+    def _unfinished(self) -> list[_Peer]:
+        """The dial-backs in the pending budget, oldest first."""
+        return [p for p in self._peers.values() if p.dialled_back and not p.ready]
+
+    def _make_room(self, origin: str) -> None:
+        """Free a slot of the pending budget, if it is full, for a dial-back to ``origin``.
+
+        What we know of each pending dial-back is brought up to date first (a refused
+        one is gone, a finished ZMTP handshake is seen): inside one drain of the ROUTER
+        nothing else would read the monitors, and a burst of connects whose dial-backs
+        are refused at once would otherwise push out a dial-back that is coming up.
+        Then one is evicted: a session already over, else one of the host holding the
+        most pending dial-backs (the newcomer's own host when it holds as many as any
+        other), the first whose ZMTP handshake has not succeeded, else the oldest. So
+        a host never loses a pending dial-back to a host holding as many, and one
+        whose handshake succeeded goes only when all of its host's have."""
+        assert self._max_pending is not None
+        pending = self._unfinished()
+        if len(pending) < self._max_pending:
+            return
+        self._drain_monitors()
+        pending = self._unfinished()
+        if len(pending) < self._max_pending:
+            return
+        victim = next((p for p in pending if p.done), None)
+        if victim is None:
+            load: dict[str, int] = {}
+            for p in pending:
+                load[p.origin] = load.get(p.origin, 0) + 1
+            mine = load.get(origin, 0)
+            # Oldest first (dict order); min() keeps the first of equal keys.
+            victim = min((p for p in pending if p.origin == origin or load[p.origin] > mine),
+                         key=lambda p: (-load[p.origin], p.origin != origin, p.connected))
+        log.info("evicting %s (from %s): %d dial-backs without a finished handshake",
+                 victim.peer_id, victim.origin, len(pending))
+        self._lose(victim, EVICTED)
 
     def _drain_router_monitor(self) -> None:
         """Count and log the handshakes our ROUTER refused (CURVE only). ZAP has logged a

@@ -15,7 +15,15 @@ import pytest
 import zmq
 
 from p2pfsm.errors import ConfigError, TransportError
-from p2pfsm.executor.zmq_plane import ControlPlane, FrameIn, PeerLost, parse_peer_id
+from p2pfsm.executor.zmq_plane import (
+    EVICTED,
+    ControlPlane,
+    FrameIn,
+    PeerLost,
+    is_connect_from,
+    parse_peer_id,
+)
+from p2pfsm.protocol import Connect, encode
 
 from . import Child, wait_until
 
@@ -437,3 +445,111 @@ def test_refused_connect_is_lost_at_once_and_a_silent_one_times_out() -> None:
         seen = wait_until(lambda: hasty.poll(100), lambda seen: bool(seen), 30.0,
                           "connect timeout of the silent peer")
         assert seen == [PeerLost(quiet, "connect timeout")]
+
+
+# -- the pending budget under a flood --------------------------------------------------
+
+
+def _connect(peer_id: str) -> bytes:
+    """A well-formed connect naming ``peer_id``: what a hardened plane dials back for."""
+    return encode(Connect(peer_id=peer_id, agent_metadata=b"m", base_addr=0, num_blocks=1,
+                          block_len=4096, config_fingerprint="", hash_seed="s"))
+
+
+class _Flood:
+    """Connects from 127.0.0.1 under ever new identities, each naming a TCP listener
+    that never accepts: the server's dial-back reaches TCP and never completes ZMTP,
+    so the handshake never finishes (until the connect timeout, set past the test)."""
+
+    def __init__(self, server: str) -> None:
+        self.server = server
+        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self.listeners: list[socket.socket] = []
+        self.ids: list[str] = []
+
+    def send(self, count: int) -> list[str]:
+        sent = []
+        for _ in range(count):
+            listener = socket.socket()
+            self.listeners.append(listener)
+            listener.bind(("127.0.0.1", 0))
+            listener.listen(8)
+            ident = f"127.0.0.1:{listener.getsockname()[1]}"
+            dealer = self.ctx.socket(zmq.DEALER)
+            dealer.setsockopt(zmq.IDENTITY, ident.encode())
+            dealer.setsockopt(zmq.LINGER, 1000)
+            dealer.connect(f"tcp://{self.server}")
+            dealer.send(_connect(ident))
+            sent.append(ident)
+        self.ids.extend(sent)
+        return sent
+
+    def close(self) -> None:
+        self.ctx.destroy(linger=0)
+        for listener in self.listeners:
+            listener.close()
+
+
+def _until_seen(server: ControlPlane, ids: list[str], what: str) -> list[Any]:
+    """Poll ``server`` until a frame from every one of ``ids`` came in."""
+    want = set(ids)
+    return wait_until(lambda: server.poll(50),
+                      lambda seen: want <= {e.peer_id for e in seen if isinstance(e, FrameIn)},
+                      30.0, what)
+
+
+def _handshake_survives_flood(legit_host: str, wait_for_zmtp: bool) -> None:
+    """A budget of 4 unfinished handshakes, full of the flood's; a legitimate client on
+    ``legit_host`` connects; 12 more flood connects arrive while its handshake is open
+    (3 times the budget: oldest-first eviction would push it out); then the server
+    answers, the client replies, and the server marks it ready."""
+    server = ControlPlane("tcp://127.0.0.1:0", max_pending=4, dial_back_check=is_connect_from,
+                          connect_timeout_ms=120_000)
+    client = ControlPlane(f"tcp://{legit_host}:0")
+    flood = _Flood(server.local_id)
+    try:
+        seen = _until_seen(server, flood.send(4), "the first flood")
+        legit = client.local_id
+        client.connect(server.local_id)
+        assert client.send(server.local_id, _connect(legit))
+        seen += _until_seen(server, [legit], "the legitimate connect")
+        if wait_for_zmtp:  # its dial-back came up: progress the flood's never makes
+            seen += wait_until(lambda: server.poll(50), lambda _: server.is_connected(legit),
+                               30.0, "the dial-back's ZMTP handshake")
+        seen += _until_seen(server, flood.send(12), "the flood during the handshake")
+        assert server.send(legit, b"ack-from-server"), [
+            e for e in seen if isinstance(e, PeerLost) and e.peer_id == legit]
+        got = wait_until(lambda: client.poll(50), lambda got: any(
+            isinstance(e, FrameIn) and e.frame == b"ack-from-server" for e in got),
+            30.0, "the server's answer")
+        assert not [e for e in got if isinstance(e, PeerLost)], got
+        assert client.send(server.local_id, b"ack-from-client")
+        seen += wait_until(lambda: server.poll(50), lambda s: FrameIn(legit, b"ack-from-client")
+                           in s, 30.0, "the client's reply")
+        assert server.mark_ready(legit)
+        lost = {e.peer_id: e.reason for e in seen if isinstance(e, PeerLost)}
+        assert legit not in lost, f"the legitimate handshake was evicted: {lost}"
+        # The flood evicted only its own: 16 connects, 3 slots left beside the client.
+        assert set(lost) <= set(flood.ids)
+        assert set(lost.values()) == {EVICTED}
+        assert len(lost) == 16 - 3
+        assert len([p for p in server.peers if p in flood.ids]) <= 4
+        assert server.is_connected(legit)
+    finally:
+        flood.close()
+        client.close()
+        server.close()
+
+
+def test_a_flood_from_one_host_never_evicts_a_handshake_from_another() -> None:
+    """The flood comes from 127.0.0.1, the client from 127.0.0.2: the budget is charged
+    to the host each connection came from, and a host only evicts its own or those of
+    a host holding more, so the client's handshake is never pushed out, whether or not
+    its dial-back has come up yet."""
+    _handshake_survives_flood("127.0.0.2", wait_for_zmtp=False)
+
+
+def test_a_flood_never_evicts_a_handshake_whose_dial_back_came_up() -> None:
+    """Flood and client on the same host: the client's dial-back completed its ZMTP
+    handshake, the flood's never do; the flood evicts its own first."""
+    _handshake_survives_flood("127.0.0.1", wait_for_zmtp=True)
