@@ -150,6 +150,7 @@ class Producer:
             "alive": {p: s.alive for p, s in self.node.sessions.items()},
             "gauges": dict(snap["gauges"]),
             "results_dropped": snap["counters"].get("results_dropped", 0),
+            "counters": dict(snap["counters"]),
             "rounds": {p: [(r.fsm_label, r.fsm_state, len(r.demand), len(r.supply),
                             len(r.inflight), sorted(r.jobs))
                            for r in s._round_by_serial.values()]
@@ -198,7 +199,7 @@ class Guard:
 
     def fits(self, n: int) -> bool:
         start = self.next_free + (0 if self.canaries else 1)
-        return start + n + 1 <= self.view.shape[0]
+        return bool(start + n + 1 <= self.view.shape[0])
 
     def place(self, rid: str, blocks: list[int]) -> Guarded:
         """The next destination range, a canary block on each side."""
@@ -227,14 +228,19 @@ class Guard:
                 self.view[job.lo + k].tobytes() == demo_block(b, self.block_len)
                 for k, b in enumerate(job.blocks))
 
-    def verify(self) -> dict[str, int]:
+    def verify(self) -> dict[str, Any]:
         """Writes after free (released ranges whose bytes changed) and changed canaries."""
-        after_free = sum(
-            1 for j in self.jobs if j.released_crc is not None
-            and crc(self.view, j.lo, j.lo + len(j.blocks)) != j.released_crc)
+        after_free = [
+            j.rid for j in self.jobs if j.released_crc is not None
+            and crc(self.view, j.lo, j.lo + len(j.blocks)) != j.released_crc]
         canary = bytes([CANARY]) * self.block_len
         changed = sum(1 for c in self.canaries if self.view[c].tobytes() != canary)
-        return {"writes_after_free": after_free, "canaries_changed": changed,
+        # What landed late: the job's own blocks, complete (a late WRITE of that fetch)?
+        whole = [j.rid for j in self.jobs if j.rid in after_free and all(
+            self.view[j.lo + k].tobytes() == demo_block(b, self.block_len)
+            for k, b in enumerate(j.blocks))]
+        return {"writes_after_free": len(after_free), "after_free_rids": after_free,
+                "after_free_whole": whole, "canaries_changed": changed,
                 "released": sum(j.released_crc is not None for j in self.jobs),
                 "unverified": sum(j.verified is False for j in self.jobs)}
 

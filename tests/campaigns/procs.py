@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -204,8 +205,7 @@ def child_main(conn: Connection, spec: dict[str, Any]) -> None:
                     peer = cmd[1]
                     host.fetch(cmd[1], cmd[2], list(cmd[3]), cmd[4])
                 elif cmd[0] == "report" and isinstance(host, Consumer):
-                    c = host
-                    step_for(lambda w, c=c, p=cmd[2]: c.step(p, w), cmd[1])
+                    step_for(functools.partial(host.step, str(cmd[2])), float(cmd[1]))
                     conn.send(("report", host.report()))
             if isinstance(host, Producer):
                 host.step(0.01)
