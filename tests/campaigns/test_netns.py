@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import select
 import shutil
+import struct
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -43,7 +45,7 @@ from p2pfsm.session import Timeouts
 
 from .conftest import seed, trials
 from .procs import Child, enter_netns
-from .tunlink import Counters, Faults, Link, Snapshot
+from .tunlink import Counters, Faults, Link, Snapshot, socket_in
 
 if importlib.util.find_spec("nixl") is None and importlib.util.find_spec("nixl_cu12") is None:
     pytest.skip("NIXL is not installed (.ci/install.sh installs it)", allow_module_level=True)
@@ -398,6 +400,70 @@ def test_network_faults(hosts: Hosts, campaign_report: Callable[[str], None]) ->
 @pytest.mark.slow
 def test_network_faults_long(hosts: Hosts, campaign_report: Callable[[str], None]) -> None:
     network_faults(hosts, campaign_report, rounds=max(1, trials(slow=True) // 10))
+
+
+def udp_through(h: Hosts, faults: Faults, n: int = 200, wait_s: float = 2.0
+                ) -> tuple[list[int], list[float], Counters]:
+    """Send ``n`` numbered datagrams from a to b under ``faults``: the numbers in arrival
+    order, each one's latency, and the forwarder's a->b counters for them."""
+    link = h.wire
+    tx, rx = socket_in(h.ns_a), socket_in(h.ns_b)
+    with tx, rx:
+        rx.bind((ADDR_B, 0))
+        rx.setblocking(False)
+        before = link.set(faults)
+        for i in range(n):
+            tx.sendto(struct.pack("!Id", i, time.monotonic()), rx.getsockname())
+        seqs: list[int] = []
+        lat: list[float] = []
+        deadline = time.monotonic() + wait_s
+        gone = 0  # dropped by the forwarder so far
+        while len(seqs) + gone < n and time.monotonic() < deadline:
+            if select.select([rx], [], [], 0.05)[0]:
+                while True:
+                    try:
+                        seq, sent = struct.unpack("!Id", rx.recv(64))
+                    except BlockingIOError:
+                        break
+                    seqs.append(seq)
+                    lat.append(time.monotonic() - sent)
+            else:
+                gone = link.counters().minus(before).ab.dropped
+        ab = link.set(Faults()).minus(before).ab
+    return seqs, lat, ab
+
+
+def test_emulated_link_applies_its_faults(hosts: Hosts,
+                                          campaign_report: Callable[[str], None]) -> None:
+    """The forwarder alone, with numbered UDP datagrams: each fault does what it says,
+    seen by the receiver, and the counters agree with what the receiver saw."""
+    n = 200
+    seqs, lat, ab = udp_through(hosts, Faults(), n)
+    assert seqs == list(range(n)) and ab.forwarded == n and ab.dropped == 0, (seqs, ab)
+    figures = [f"clean: {len(seqs)} in order, median {1e3 * sorted(lat)[n // 2]:.1f} ms"]
+
+    seqs, _, ab = udp_through(hosts, Faults(loss=0.2), n)
+    assert ab.read == n and len(seqs) == ab.forwarded == n - ab.lost, (seqs, ab)
+    assert 0.1 * n <= ab.lost <= 0.3 * n, ab
+    assert seqs == sorted(seqs), "loss alone reordered"
+    figures.append(f"loss 20 %: {ab.lost} lost, {len(seqs)} arrived")
+
+    seqs, lat, ab = udp_through(hosts, Faults(delay_s=0.030, jitter_s=0.005), n)
+    assert len(seqs) == n and min(lat) >= 0.025, (min(lat), ab)
+    figures.append(f"delay 30+-5 ms: latency {1e3 * min(lat):.1f}-{1e3 * max(lat):.1f} ms")
+
+    seqs, _, ab = udp_through(hosts, Faults(reorder=0.3, reorder_s=(0.005, 0.020)), n)
+    late = sum(1 for k in range(1, len(seqs)) if seqs[k] < max(seqs[:k]))
+    assert sorted(seqs) == list(range(n)) and ab.held > 0 and ab.reordered > 0, ab
+    assert late > 0, "the receiver saw everything in order"
+    figures.append(f"reorder 30 %: {ab.held} held back, {ab.reordered} reordered, the "
+                   f"receiver saw {late} late")
+
+    seqs, _, ab = udp_through(hosts, Faults(partition=True), n, wait_s=0.3)
+    assert seqs == [] and ab.cut == n, (seqs, ab)
+    figures.append(f"partition: {ab.cut} cut, {len(seqs)} arrived")
+    campaign_report(f"emulated link alone, {n} UDP datagrams a->b per fault: "
+                    + "; ".join(figures))
 
 
 def test_setns_refuses_a_missing_namespace() -> None:

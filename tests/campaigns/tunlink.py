@@ -43,6 +43,7 @@ import multiprocessing.connection
 import os
 import random
 import select
+import socket
 import struct
 import time
 from dataclasses import dataclass, field
@@ -159,6 +160,22 @@ def open_tun(netns: str, dev: str) -> int:
         os.close(there)
         os.close(home)
     return fd
+
+
+def socket_in(netns: str, kind: socket.SocketKind = socket.SOCK_DGRAM) -> socket.socket:
+    """An IPv4 socket of namespace ``netns`` (a socket belongs to the namespace it was
+    made in; the calling thread goes there for the ``socket()`` call and comes back)."""
+    home = os.open("/proc/self/ns/net", os.O_RDONLY)
+    there = os.open(f"/var/run/netns/{netns}", os.O_RDONLY)
+    try:
+        _setns(there, netns)
+        try:
+            return socket.socket(socket.AF_INET, kind)
+        finally:
+            _setns(home, "the test's own")
+    finally:
+        os.close(there)
+        os.close(home)
 
 
 class _Forwarder:
