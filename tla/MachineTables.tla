@@ -183,7 +183,7 @@ MachineTransitions ==
          <<"awaiting_ack", "recv_connect", "ended">>,
          <<"awaiting_ack", "recv_connect_ack", "ready">>,
          <<"awaiting_ack", "recv_disconnect", "ended">>,
-         <<"awaiting_ack", "recv_request", "awaiting_ack">>,
+         <<"awaiting_ack", "recv_request", "ready">>,
          <<"awaiting_ack", "timer_handshake", "ended">>,
          <<"awaiting_ack", "transport_lost", "dead">>,
          <<"connecting", "host_close", "closed">>,

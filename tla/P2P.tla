@@ -709,9 +709,15 @@ SessionRecvDisconnect(p) ==
     /\ LET L == FireS(Pop(Load(p, "SessionRecvDisconnect")), "recv_disconnect", "ended") IN
        Commit(p, IF sess[p] = "dead" THEN L ELSE Die(L, sess[p]))
 
-\* The session gate for requests (fetch, lookup, abort_fetch) ...
+\* The session gate for requests (fetch, lookup, abort_fetch) ... A peer sends requests
+\* only once ready, after its connect_ack on the same channel: a request reaching us in
+\* awaiting_ack means that ack was lost (NetworkDrop), and the request stands for it
+\* (flush, then serve). Only an accepted request fires the gate: a rejected one changes
+\* nothing.
 CanRequest(L) == L.sess \in {"awaiting_ack", "ready"}
-GateRequest(L) == FireS(L, "recv_request", L.sess)
+GateRequest(L) == IF L.sess = "awaiting_ack"
+                  THEN Flush(FireS(L, "recv_request", "ready"))
+                  ELSE FireS(L, "recv_request", L.sess)
 \* ... and for responses (transfer_done, abort_ack, lookup_resp).
 CanRespond(L) == L.sess = "ready"
 GateResponse(L) == FireS(L, "recv_response", L.sess)

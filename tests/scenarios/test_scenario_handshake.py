@@ -22,6 +22,7 @@ from helpers.world import (
 )
 
 from p2pfsm.protocol import (
+    AbortFetch,
     Connect,
     ConnectAck,
     Disconnect,
@@ -30,6 +31,7 @@ from p2pfsm.protocol import (
     TransferDone,
 )
 from p2pfsm.session import (
+    DisarmTimer,
     FetchArrived,
     FrameIgnored,
     HostFetch,
@@ -42,6 +44,7 @@ from p2pfsm.session import (
     StartRegistration,
     StartWrite,
     StoreResult,
+    TimerId,
     WriteFinished,
 )
 
@@ -259,23 +262,52 @@ def test_registration_failure_kills_the_session_without_ack() -> None:
     assert w.types("b") == ["connect", "disconnect"]
 
 
-def test_requests_are_served_before_the_peer_acks_but_replies_wait() -> None:
+def test_a_request_while_awaiting_the_ack_stands_for_the_lost_ack() -> None:
+    """The peer sends requests only once ready, after its connect_ack: a request that
+    arrives first means the ack was lost. It completes the handshake (timer disarmed, our
+    queue flushed in order before the request's own reply), and is then served."""
     d = Driver()
     d(HostStart())
     d.recv(peer_connect())
+    d(HostFetch(1, "r9", (key(9),), (5,)))  # queued: the peer has not acked us
     d(RegistrationFinished(True))
     assert d.s.state == "awaiting_ack"
     out = d.recv(Fetch("r1", (key(1),), (3,), 0))
+    assert d.s.ready
+    assert DisarmTimer(TimerId("handshake")) in out
+    assert wire_types(sent(out)) == ["fetch"]  # our queued fetch, flushed
     assert of_type(out, FetchArrived) == [FetchArrived("r1", 0, (key(1),))]
     out = d(HostSupply(10, "r1", (key(1),), (7,)))
     write = only(of_type(out, StartWrite))
     assert (write.local_indexes, write.remote_indexes) == ((7,), (3,))
     out = d(WriteFinished(write.xfer, True))
-    assert sent(out) == []  # transfer_done is queued until the peer acks us
+    assert sent(out) == [TransferDone("r1", True, 0)]  # straight out: we are ready
     assert of_type(out, StoreResult) == [StoreResult(10, True)]
-    out = d.recv(ConnectAck(PEER_ID))
+    assert d.recv(ConnectAck(PEER_ID)) == []  # the ack, if it still comes, is a duplicate
     assert d.s.ready
-    assert sent(out) == [TransferDone("r1", True, 0)]
+
+
+@pytest.mark.parametrize("frame", [Lookup("r1", (key(1),), 0), AbortFetch("r1", 0)],
+                         ids=["lookup", "abort_fetch"])
+def test_every_request_kind_stands_for_the_lost_ack(frame: Lookup | AbortFetch) -> None:
+    d = Driver()
+    d(HostStart())
+    d.recv(peer_connect())
+    d(RegistrationFinished(True))
+    d.recv(frame)
+    assert d.s.ready
+
+
+def test_a_rejected_request_while_awaiting_the_ack_completes_nothing() -> None:
+    """Only an accepted request stands for the ack: a malformed one changes nothing."""
+    d = Driver()
+    d(HostStart())
+    d.recv(peer_connect())
+    d(RegistrationFinished(True))
+    before = snapshot(d.s)
+    out = d.recv(Fetch("r1", (key(1), key(1)), (3, 4), 0))  # duplicate keys
+    assert len(out) == 1 and isinstance(out[0], ProtocolViolation)
+    assert snapshot(d.s) == before and d.s.state == "awaiting_ack"
 
 
 def test_response_frame_before_ready_is_a_violation() -> None:
