@@ -29,6 +29,7 @@ successes, no write after free, canaries intact), each proved by the forwarder's
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import select
 import shutil
@@ -115,6 +116,16 @@ class Hosts:
             out = tc(ns, "-s", "qdisc", "show", "dev", dev, check=False).stdout
             for part in out.split("(dropped ")[1:]:
                 total += int(part.split(",", 1)[0])
+        return total
+
+    def queue_drops(self) -> int:
+        """Packets the kernel dropped at the TUN devices themselves (tx: the queue to the
+        forwarder overflowed; rx: a packet the forwarder wrote was refused): faults not
+        of the forwarder's making, reported beside its counters."""
+        total = 0
+        for ns, dev in ((self.ns_a, self.dev_a), (self.ns_b, self.dev_b)):
+            stats = json.loads(ip("-s", "-j", "link", "show", "dev", dev, ns=ns).stdout)
+            total += stats[0]["stats64"]["tx"]["dropped"] + stats[0]["stats64"]["rx"]["dropped"]
         return total
 
     def clear(self) -> None:
@@ -380,7 +391,8 @@ def network_faults(hosts: Hosts, campaign_report: Callable[[str], None], rounds:
         f"totals: {got['jobs']} fetches, exactly one result: {got['exactly_one']}, writes "
         f"after free: {got['writes_after_free']} ({len(got['after_free_whole'])} of them the "
         f"fetch's whole blocks), canaries changed: {got['canaries_changed']}; consumer "
-        f"deaths: {got['deaths']}; producer WRITEs reported DONE: {served}")
+        f"deaths: {got['deaths']}; producer WRITEs reported DONE: {served}; packets dropped "
+        f"by the kernel at the TUN devices (not by the forwarder): {hosts.queue_drops()}")
     assert got["exactly_one"] == got["jobs"] == got["results"], got
     assert got["canaries_changed"] == 0, got
     assert got["unverified"] == 0 and not got["duplicates"], got
