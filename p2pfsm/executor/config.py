@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from p2pfsm.errors import ConfigError
 from p2pfsm.session import DEFAULT_HASH_SEED, Timeouts
+from p2pfsm.session.config import DEFAULT_MAX_LOOKUPS_PER_REQUEST
 
 if TYPE_CHECKING:
     from p2pfsm.executor.zmq_plane import CurveKeys
@@ -78,6 +79,8 @@ class NodeConfig:
         idle_timeout_s: a session a peer opened to us (not one we dialled) that has
             carried no frame and held no work for this long is closed, as vLLM evicts
             idle peers after 300 s; None: never.
+        max_lookups_per_request: unanswered lookups a peer may hold open for one
+            kv_request_id; one more is a protocol violation (rejected, counted).
         history: how many past deaths, violations and ended sessions the node keeps
             (oldest go first; :attr:`Node.counts` keeps the totals).
         trace: path of a trace log to write (None: no log); see
@@ -121,6 +124,7 @@ class NodeConfig:
     curve_secret_key: str | None = None
     curve_allow: tuple[str, ...] = ()
     curve_peer_key: str | None = None
+    max_lookups_per_request: int = DEFAULT_MAX_LOOKUPS_PER_REQUEST
 
     def __post_init__(self) -> None:
         if not isinstance(self.bind, str) or not self.bind.startswith("tcp://"):
@@ -166,6 +170,7 @@ class NodeConfig:
         if self.trace is not None and (not isinstance(self.trace, str) or not self.trace):
             raise ConfigError(f"trace: expected a file path, got {self.trace!r}")
         _int_in("max_pending_peers", self.max_pending_peers, 1, 65_535)
+        _int_in("max_lookups_per_request", self.max_lookups_per_request, 1, 1_000_000)
         if not isinstance(self.dial_back_any_host, bool):
             raise ConfigError(f"dial_back_any_host: expected a bool, got "
                               f"{self.dial_back_any_host!r}")

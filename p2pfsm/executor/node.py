@@ -576,6 +576,7 @@ class Node(Driven, Executor):
             expected_peer_id=peer_id,
             timeouts=cfg.timeouts,
             incarnation=self.incarnation,
+            max_lookups_per_request=cfg.max_lookups_per_request,
         ), None if self._hook is None else self._hook.tracer)
         self.sessions[peer_id] = session
         self._live.add(peer_id)

@@ -10,6 +10,9 @@ from p2pfsm.protocol import DEFAULT_LIMITS, Limits
 DEFAULT_HASH_SEED = "vllm-none-hash"
 """vLLM's default prefix-cache hash seed (a wire-visible fact)."""
 
+DEFAULT_MAX_LOOKUPS_PER_REQUEST = 32
+"""Unanswered lookups one peer may hold open per kv_request_id (SessionConfig)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Timeouts:
@@ -49,6 +52,10 @@ class SessionConfig:
         expected_peer_id: when set, the peer's connect must carry this peer_id.
         incarnation: sent in our connect (None: left out, as vLLM does); a node draws
             one at start, so that its peers recognise a restart on its first frame.
+        max_lookups_per_request: unanswered lookups the peer may have open for one
+            kv_request_id; one more is rejected as a protocol violation (changes
+            nothing; the peer's lookup deadline ends its wait). An honest consumer has
+            one per round it probes, answered in arrival order.
     """
 
     local_id: str
@@ -62,6 +69,7 @@ class SessionConfig:
     timeouts: Timeouts = field(default_factory=Timeouts)
     limits: Limits = DEFAULT_LIMITS
     incarnation: int | None = None
+    max_lookups_per_request: int = DEFAULT_MAX_LOOKUPS_PER_REQUEST
 
     def __post_init__(self) -> None:
         if not self.local_id:
@@ -77,3 +85,7 @@ class SessionConfig:
         inc = self.incarnation
         if inc is not None and (type(inc) is not int or not 0 <= inc < 2**64):
             raise ConfigError(f"incarnation: expected None or an int in [0, 2**64), got {inc!r}")
+        most = self.max_lookups_per_request
+        if type(most) is not int or not 1 <= most <= 1_000_000:
+            raise ConfigError(f"max_lookups_per_request: expected an int in [1, 1000000], "
+                              f"got {most!r}")

@@ -148,6 +148,11 @@ class ProducerRole(ChildSteps):
         if rnd is not None and rnd.demanded:
             raise RemoteProtocolError(
                 "round_seq", f"lookup for {msg.kv_request_id}/{msg.round_seq} after its fetch")
+        most = self.config.max_lookups_per_request
+        if len(self._served.get(msg.kv_request_id, ())) >= most:
+            raise RemoteProtocolError(
+                "kv_request_id", f"{most} lookups of {msg.kv_request_id} are unanswered "
+                "already (max_lookups_per_request)")
         self._gate("recv_request", msg)
         self._next_token += 1
         served = ServerLookup(self._env, self._next_token, msg.kv_request_id, msg.round_seq,

@@ -3,15 +3,19 @@ round_seq, fail-fast, the terminal empty fetch, and both lookup deadlines."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from helpers.world import (
     World,
     key,
     keys,
+    local_config,
     of_type,
     only,
     ready_driver,
     ready_world,
     sent,
+    snapshot,
 )
 
 from p2pfsm.protocol import Fetch, Lookup, LookupResp, TransferDone
@@ -21,6 +25,7 @@ from p2pfsm.session import (
     LookupClosed,
     LookupRequest,
     LookupResult,
+    ProtocolViolation,
     SessionDead,
     StartWrite,
     StoreResult,
@@ -244,3 +249,18 @@ def test_duplicate_keys_in_a_lookup_are_asked_once_and_echoed() -> None:
     assert req.keys == (key(1), key(2))
     out = d(HostAnswerLookup(req.token, {key(1): 3}, 80))
     assert sent(out) == [LookupResp("r1", (key(1), key(1), key(2)), (True, True, False))]
+
+
+def test_lookups_past_the_per_request_bound_are_refused_and_change_nothing() -> None:
+    d = ready_driver(replace(local_config(), max_lookups_per_request=2))
+    first = only(of_type(d.recv(Lookup("r1", (key(1),), 0)), LookupRequest))
+    only(of_type(d.recv(Lookup("r1", (key(2),), 1)), LookupRequest))
+    before = snapshot(d.s)
+    out = d.recv(Lookup("r1", (key(3),), 2))
+    violation = only(out)
+    assert isinstance(violation, ProtocolViolation)
+    assert "max_lookups_per_request" in str(violation.error)
+    assert snapshot(d.s) == before
+    only(of_type(d.recv(Lookup("r2", (key(4),), 0)), LookupRequest))  # others still served
+    d(HostAnswerLookup(first.token, {}, None))  # one answered: room for one more
+    only(of_type(d.recv(Lookup("r1", (key(3),), 2)), LookupRequest))

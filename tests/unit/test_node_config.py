@@ -48,6 +48,8 @@ def test_defaults_are_valid_and_fingerprint_is_vllms() -> None:
     ("advertise_host", "10.0.0.1:80"),
     ("advertise_host", 7),
     ("max_peers", 0),
+    ("max_lookups_per_request", 0),
+    ("max_lookups_per_request", True),
     ("history", 0),
     ("trace", ""),
 ])
