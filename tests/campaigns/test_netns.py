@@ -163,7 +163,10 @@ def hosts() -> Iterator[Hosts]:
             ip("addr", "add", addr, "peer", peer, "dev", dev, ns=ns)
             ip("link", "set", "dev", dev, "up", ns=ns)
             ip("link", "set", "dev", "lo", "up", ns=ns)
-        h.link = Link(h.ns_a, h.dev_a, h.ns_b, h.dev_b, seed())
+        # A backstop only (it also exits when the test's end of its pipe closes): long
+        # enough for the slow run's rounds at ~15 s each.
+        lifetime = 600.0 + 60.0 * max(1, trials(slow=True) // 10)
+        h.link = Link(h.ns_a, h.dev_a, h.ns_b, h.dev_b, seed(), lifetime)
         h.link.ready()
         yield h
     except subprocess.CalledProcessError as exc:
