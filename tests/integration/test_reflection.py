@@ -11,6 +11,7 @@ host" is one whose source the DEALER binds to 127.0.0.2.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import select
 import socket
@@ -209,6 +210,84 @@ def test_a_node_on_another_address_handshakes_and_fetches() -> None:
         assert load.result().success
         assert all(bytes(client.region[i].numpy()) == demo_block(i, BLOCK) for i in range(4))
         assert server.control.drop_counts.get("address mismatch", 0) == 0
+    finally:
+        client.close(timeout=1.0)
+        server.close(timeout=1.0)
+
+
+def test_a_flood_from_one_host_never_evicts_a_handshake_from_another(
+        zctx: Any, sockets: list[socket.socket], caplog: pytest.LogCaptureFixture) -> None:
+    """A server with a budget of 4 unfinished handshakes; a client on 127.0.0.2 connects,
+    and while its handshake and then its fetch are open, bursts of 12 connects from
+    127.0.0.1 (identities naming silent listeners) reach the server, each burst queued
+    there before the server reads any of it. The budget is charged to the host each
+    connection came from and a host evicts only its own (or a bigger host's), so the
+    client's handshake completes and its fetch verifies. With oldest-first eviction the
+    first burst pushed the client's dial-back out (its handshake died: evicted)."""
+    from p2pfsm.demo.blocks import demo_block, demo_key
+    from p2pfsm.demo.host import DemoServer
+
+    caplog.set_level(logging.INFO, logger="p2pfsm.zmq")
+    server = DemoServer(NodeConfig("tcp://127.0.0.1:0", 16, BLOCK, hash_seed=SEED,
+                                   max_pending_peers=4, connect_timeout_ms=120_000)).node
+    client = Node(NodeConfig("tcp://127.0.0.2:0", 16, BLOCK, hash_seed=SEED))
+    flood: list[str] = []
+
+    def burst() -> None:
+        """12 connects under new ids; returns once each DEALER's ZMTP handshake with
+        the server's ROUTER is done (its frame then goes out), without the server
+        having been stepped."""
+        monitors = []
+        for _ in range(12):
+            silent = listener()
+            sockets.append(silent)
+            ident = ident_of(silent)
+            d = zctx.socket(zmq.DEALER)
+            _HELD.append(d)
+            d.setsockopt(zmq.IDENTITY, ident.encode())
+            d.setsockopt(zmq.LINGER, 1000)
+            monitors.append((d, d.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)))
+            d.connect(f"tcp://{server.local_id}")  # watched from before it connects
+            d.send(connect_frame(ident))
+            flood.append(ident)
+        for d, mon in monitors:
+            try:
+                assert mon.poll(20_000), "a flood DEALER's handshake with the server"
+            finally:
+                d.disable_monitor()  # before its PAIR goes (libzmq#3575)
+                mon.close(linger=0)
+
+    def both(done: Callable[[], bool], timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        turns = 0
+        while not done():
+            assert time.monotonic() < deadline, (
+                f"no {what}; client deaths {dict(client.deaths)}, server's death of the "
+                f"client {server.deaths.get(client.local_id)}")
+            if turns % 10 == 0 and len(flood) < 120:
+                burst()  # the flood goes on
+            turns += 1
+            client.step(0.01)
+            server.step(0.01)
+
+    try:
+        session = client.connect(server.local_id)
+        deadline = time.monotonic() + 20.0
+        while client.local_id not in server.sessions:  # its connect is in, its dial-back out
+            assert time.monotonic() < deadline, "the client's connect never reached the server"
+            client.step(0.01)
+            server.step(0.01)
+        both(lambda: session.ready or not session.alive, 30.0, "handshake")
+        assert session.ready, (client.deaths, server.deaths.get(client.local_id))
+        load = client.fetch(server.local_id, "r", [demo_key(i) for i in range(4)], range(4))
+        both(load.done, 30.0, "fetch")
+        assert load.result().success, (load.result(), server.deaths.get(client.local_id))
+        assert all(bytes(client.region[i].numpy()) == demo_block(i, BLOCK) for i in range(4))
+        assert server.sessions[client.local_id].ready
+        evicted = [r.args[0] for r in caplog.records if r.msg.startswith("evicting")]
+        assert len(evicted) >= 12, f"the flood hardly filled the budget: {evicted}"
+        assert set(evicted) <= set(flood), evicted
+        assert len(server.control.peers) <= 4 + 1 + 1  # pending, the client, done grace
     finally:
         client.close(timeout=1.0)
         server.close(timeout=1.0)
