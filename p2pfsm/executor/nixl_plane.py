@@ -508,14 +508,15 @@ class DataPlane:
         return out
 
     def cancel(self, xfer_id: int) -> bool:
-        """Abandon a transfer; it will not be reported by :meth:`poll`.
+        """Abandon a transfer that has ended; one still running is left to end.
 
-        True: the transfer is over and released (already finished, released now, or
-        unknown), so NIXL will not touch either region for it again. Over CMA the copy is
-        synchronous, so nothing lands afterwards; on an RDMA NIC a cancelled WRITE may
-        still have landed partly, so the receiver should treat the target blocks as
-        undefined. False: NIXL could not release it yet; it stays in flight, and
-        :meth:`poll` reports it when it ends (or call ``cancel`` again).
+        True: the transfer is over and released (already finished, or unknown), so NIXL
+        will not touch either region for it again; it will not be reported by
+        :meth:`poll`. False: it is still running; it stays in flight and :meth:`poll`
+        reports it when it ends. A running WRITE is never released early: releasing it
+        does not stop bytes already handed to the transport (over UCX TCP they are
+        still written into the peer's memory after the release), so a receiver told
+        the write is over could free blocks that are written afterwards.
         """
         self._check_open()
         for k, (done_id, _ok) in enumerate(self._done):
@@ -525,6 +526,14 @@ class DataPlane:
         xfer = self._inflight.get(xfer_id)
         if xfer is None:
             return True
+        if xfer.outcome is None:
+            try:
+                state = self._agent.check_xfer_state(xfer.handle)
+            except Exception:
+                state = "ERR"
+            if state == "PROC":
+                return False
+            xfer.outcome = state == "DONE"
         if self._release(xfer):
             del self._inflight[xfer_id]
             return True
