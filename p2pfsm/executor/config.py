@@ -86,8 +86,9 @@ class NodeConfig:
         trace: path of a trace log to write (None: no log); see
             :class:`p2pfsm.spec_log.CallLog`.
         max_pending_peers: peers that opened a connection to us with a connect but have
-            not finished the handshake: at most this many (the oldest is dropped for a
-            newer one); ready peers count against ``max_peers`` instead.
+            not finished the handshake: at most this many (one is dropped for a newer
+            one, from the source host holding the most: see docs/api.md); ready peers
+            count against ``max_peers`` instead.
         dial_back_any_host: dial a connecting peer back at the host its id names even
             when its connection came from another address (NAT); off: only an id
             whose host is the IP the connection came from is dialled back.
