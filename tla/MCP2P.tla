@@ -66,7 +66,11 @@ GateScenarios == <<
     \*     the other's does not; the dead session answers its peer's frames (the load's
     \*     abort, re-sent) with a disconnect, rate-limited
     [Quiet EXCEPT !.loads = 1, !.stores = 1, !.faults = {"halfcut"},
-                  !.timers = {"load", "abort_ack"}]
+                  !.timers = {"load", "abort_ack"}],
+    \* 12. the consumer's connect_ack is lost (a routing-id takeover): its first request
+    \*     stands for the ack, and the producer's replies go out
+    [Quiet EXCEPT !.ready = FALSE, !.loads = 1, !.stores = 1, !.lookups = 1,
+                  !.faults = {"ackloss"}, !.timers = {"load"}]
 >>
 
 \* ------------------------------------------------------------------ large
@@ -83,7 +87,9 @@ LiveScenarios == <<
     [Quiet EXCEPT !.loads = 1, !.stores = 1, !.lookups = 1, !.fin = Fin(1, 0),
                   !.faults = {"cut", "drop"}, !.timers = AllTimers, !.fks = K12,
                   !.lks = K12, !.sks = K12],
-    [Quiet EXCEPT !.loads = 1, !.stores = 1, !.faults = {"halfcut"}, !.timers = AllTimers]
+    [Quiet EXCEPT !.loads = 1, !.stores = 1, !.faults = {"halfcut"}, !.timers = AllTimers],
+    [Quiet EXCEPT !.ready = FALSE, !.loads = 1, !.stores = 1, !.faults = {"ackloss"},
+                  !.timers = AllTimers]
 >>
 
 \* ------------------------------------------------------------------ must fail
@@ -103,5 +109,10 @@ MustFailP5 == <<[Quiet EXCEPT !.loads = 1, !.stores = 1, !.timers = {"load", "ab
 \* One-sided loss: one side's session dies of a transport loss the other never sees.
 MustFailOneSided == <<[Quiet EXCEPT !.loads = 1, !.stores = 1, !.faults = {"halfcut"},
                                     !.timers = {"load", "abort_ack"}]>>
+\* Lost ack: the consumer's connect_ack is lost and the producer waits for it (no
+\* handshake deadline here); without the implicit ack the consumer's fetch and aborts are
+\* served but every reply stays queued.
+MustFailLostAck == <<[Quiet EXCEPT !.ready = FALSE, !.loads = 1, !.stores = 1,
+                                   !.faults = {"ackloss"}, !.timers = {"load", "abort_ack"}]>>
 MustFailP10 == <<[Quiet EXCEPT !.loads = 1, !.timers = AllTimers \ {"load", "demand"}]>>
 =============================================================================

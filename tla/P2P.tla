@@ -57,12 +57,13 @@ CONSTANTS
     BugP4,          \* round numbers restart once a request's client state is pruned
     BugP5,          \* an unanswered abort is given up and the destination freed
     BugSilentLoss,  \* a dead session ignores its peer's frames (the design before issue 11)
+    BugNoImplicitAck, \* a request in awaiting_ack does not stand for the peer's lost ack
     TrackFired,     \* record `fired` (off: a smaller state space)
     TrackAct        \* record `act` (liveness: fairness is checked on it)
 
 \* Fault kinds a scenario may allow.
 FaultKinds == {"cut", "drop", "dup", "close", "regfail", "hstimer", "incompat", "wfail",
-               "restart", "halfcut", "corrupt"}
+               "restart", "halfcut", "corrupt", "ackloss"}
 \* Role timers a scenario lets fire (the handshake timer is the fault "hstimer").
 TimerKinds == {"load", "abort_ack", "lookup", "store", "lookup_pending", "demand"}
 
@@ -715,7 +716,7 @@ SessionRecvDisconnect(p) ==
 \* (flush, then serve). Only an accepted request fires the gate: a rejected one changes
 \* nothing.
 CanRequest(L) == L.sess \in {"awaiting_ack", "ready"}
-GateRequest(L) == IF L.sess = "awaiting_ack"
+GateRequest(L) == IF L.sess = "awaiting_ack" /\ ~BugNoImplicitAck
                   THEN Flush(FireS(L, "recv_request", "ready"))
                   ELSE FireS(L, "recv_request", L.sess)
 \* ... and for responses (transfer_done, abort_ack, lookup_resp).
@@ -971,8 +972,15 @@ NetworkCut ==
     /\ act' = IF TrackAct THEN <<"NetworkCut", "">> ELSE <<"", "">>
     /\ UNCHANGED <<scn, peerVars, lost, compat, gone, perr>>
 
+\* A frame p sent is lost. Fault "drop": any frame. Fault "ackloss": only a consumer's
+\* connect_ack to a peer that took its connect already, as ZeroMQ's ROUTER_HANDOVER loses
+\* what an established connection of a peer whose routing id was taken over still had
+\* in flight (docs/reliability.md).
 NetworkDrop(p) ==
-    /\ chan[p] # <<>> /\ CanFault("drop")
+    /\ chan[p] # <<>>
+    /\ \/ CanFault("drop")
+       \/ /\ CanFault("ackloss") /\ p \in LoadPeers /\ Peek(chan[p])[1] = "connect_ack"
+          /\ sess[Other(p)] \in {"registering", "awaiting_ack"}
     /\ chan' = [chan EXCEPT ![p] = Rest(@)]
     /\ faults' = faults + 1
     /\ fired' = {}

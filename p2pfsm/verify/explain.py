@@ -633,13 +633,20 @@ def _session_ended(before: Mapping[str, object], after: Mapping[str, object], pe
     return b not in _ENDED and a in _ENDED
 
 
+_REQUEST_TRIGGERS = frozenset({"recv_fetch", "recv_terminal_fetch", "recv_lookup",
+                               "recv_abort_fetch"})
+
+
 def _allowed(trigger: str | None, ended: bool) -> frozenset[str]:
     """Triggers one call may fire besides its own: settle on every round it touches,
     lookup_pin from a host answer, request_closed and host_finish from a finish,
-    session_lost when the session ends."""
+    session_lost when the session ends, and the session's gate recv_request on a request
+    (it completes the handshake when the peer's ack was lost)."""
     out = {"settle"}
     if trigger is not None:
         out.add(trigger)
+    if trigger in _REQUEST_TRIGGERS:
+        out.add("recv_request")
     if trigger == "host_answer":
         out.add("lookup_pin")
     if trigger in ("host_finish", "recv_terminal_fetch"):

@@ -262,6 +262,7 @@ CONSTANTS
     BugP4 = FALSE
     BugP5 = FALSE
     BugSilentLoss = FALSE
+    BugNoImplicitAck = FALSE
     TrackFired = TRUE
     TrackAct = TRUE
 INVARIANT FiredDeclared

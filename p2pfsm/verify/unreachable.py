@@ -24,16 +24,10 @@ KNOWN_UNREACHABLE: dict[str, dict[Edge, str]] = {
 
 _RESTART_BEFORE_READY = (
     "a restart of the peer before the handshake completed: gate scenario 10 restarts a "
-    "peer of a ready session, and the one scenario that starts before the handshake "
-    "allows no restart (tests/scenarios/test_scenario_restart.py drives it)")
+    "peer of a ready session, and the scenarios that start before the handshake (1 and 12) "
+    "allow no restart (tests/scenarios/test_scenario_restart.py drives it)")
 
 BEYOND_GATE: dict[str, dict[Edge, str]] = {
-    "client_round": {
-        ("aborting", "session_lost_unsent", "done"):
-            "a load aborted before the session is ready needs a load deadline or a host "
-            "finish during the handshake; the gate's one scenario that starts before the "
-            "handshake arms no role timer and finishes nothing (large.cfg takes it)",
-    },
     "server_round": {
         ("draining_silent", "recv_terminal_fetch", "draining_silent"):
             "a second terminal fetch while the first one's round still drains needs two "

@@ -37,6 +37,7 @@ CONSTANTS
     BugP4 = FALSE
     BugP5 = FALSE
     BugSilentLoss = FALSE
+    BugNoImplicitAck = FALSE
     TrackFired = TRUE
     TrackAct = FALSE
 INVARIANTS
