@@ -24,6 +24,7 @@ server's first log line about it) and the verdict.
 from __future__ import annotations
 
 import importlib.util
+import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -78,6 +79,7 @@ class Server(ServeProcess):
             legit_fetch(self.addr)
             legit_fetch(self.addr)
             self.base_fds = self.steady_fds()
+            self.base_links = set(open_fds(self.pid))
             self.base_rss = self.rss()
         except BaseException:
             self.stop()
@@ -94,18 +96,60 @@ class Server(ServeProcess):
         return data[:cut].decode("utf-8", "replace").splitlines()
 
 
-def legit_fetch(addr: str, blocks: range = range(4), timeout: float = LEGIT_TIMEOUT_S) -> None:
-    """A fresh p2pfsm Node: handshake, fetch ``blocks``, verify every byte."""
+def legit_fetch(addr: str, blocks: range = range(4), timeout: float = LEGIT_TIMEOUT_S,
+                host: str = "127.0.0.1") -> None:
+    """A fresh p2pfsm Node bound on ``host``: handshake, fetch ``blocks``, verify every
+    byte."""
     from p2pfsm.demo.host import run_fetch
     from p2pfsm.executor.node import Node, NodeConfig
 
-    node = Node(NodeConfig("tcp://127.0.0.1:0", num_blocks=len(blocks), block_len=BLOCK_LEN,
+    node = Node(NodeConfig(f"tcp://{host}:0", num_blocks=len(blocks), block_len=BLOCK_LEN,
                            connect_timeout_ms=2000))
     try:
         report = run_fetch(node, addr, list(blocks), "pd", timeout)
     finally:
         node.close()
     assert report.success and report.verified, f"legitimate fetch failed: {report}"
+
+
+_TCP_STATES = {"01": "ESTABLISHED", "02": "SYN_SENT", "03": "SYN_RECV", "04": "FIN_WAIT1",
+               "05": "FIN_WAIT2", "06": "TIME_WAIT", "07": "CLOSE", "08": "CLOSE_WAIT",
+               "09": "LAST_ACK", "0A": "LISTEN", "0B": "CLOSING"}
+
+
+def _tcp_address(text: str) -> str:
+    host, port = text.split(":")
+    if len(host) == 8:  # IPv4, little-endian hex
+        ip = ".".join(str(int(host[i:i + 2], 16)) for i in (6, 4, 2, 0))
+    else:
+        ip = f"[{host}]"
+    return f"{ip}:{int(port, 16)}"
+
+
+def open_fds(pid: int) -> dict[str, str]:
+    """Each descriptor of ``pid`` by its link (``socket:[INODE]``, a path, ...), TCP
+    sockets described from ``/proc/net/tcp``: local -> remote, state, bytes unread."""
+    tcp: dict[str, str] = {}
+    for table in ("tcp", "tcp6"):
+        try:
+            with open(f"/proc/{pid}/net/{table}", encoding="ascii") as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            col = row.split()
+            rx = int(col[4].split(":")[1], 16)
+            tcp[col[9]] = (f"tcp {_tcp_address(col[1])} -> {_tcp_address(col[2])} "
+                           f"{_TCP_STATES.get(col[3], col[3])} unread {rx}")
+    out: dict[str, str] = {}
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue  # closed meanwhile
+        inode = link[len("socket:["):-1] if link.startswith("socket:[") else ""
+        out[link] = f"fd {fd}: {tcp.get(inode, link)}"
+    return out
 
 
 @dataclass
@@ -202,9 +246,11 @@ class Hostile:
         try:
             wait_for(settled, SETTLE_S, "fds/RSS back to baseline")
         except AssertionError:
+            extra = [d for link, d in open_fds(srv.pid).items() if link not in srv.base_links]
             raise AssertionError(
                 f"server not back to baseline: fds {last[0]} (baseline {srv.base_fds}), "
-                f"RSS {last[1] >> 20} MiB (baseline {srv.base_rss >> 20} MiB)") from None
+                f"RSS {last[1] >> 20} MiB (baseline {srv.base_rss >> 20} MiB); "
+                f"descriptors not in the baseline: {extra}") from None
         assert srv.alive()
 
 

@@ -18,6 +18,7 @@ import pytest
 import zmq
 
 from .conftest import Hostile, legit_fetch, wait_for
+from .flood import flood_main
 from .frozen import helper_main
 from .wire import RawPeer, connect_msg, demo_key, free_port, pack
 
@@ -72,11 +73,6 @@ def test_identity_naming_an_unbound_port(hostile: Hostile) -> None:
     hostile.verify()
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "intermittent, not the descriptor growth (fixed: docs/reliability.md Findings): the "
-    "legitimate fetch right after the flood is sometimes evicted from the server's budget of "
-    "32 unfinished handshakes by the flood's tail (7 of 31 runs at load ~2), and rarely (2 "
-    "of 31) one accepted ROUTER connection stays in CLOSE_WAIT, unread, beyond the 20 s"))
 def test_thousands_of_identities(hostile: Hostile) -> None:
     """3000 identities naming unbound ports, one connect each, 250 sockets at a time."""
     # A closed DEALER lives on (its linger) until its frame is out: more than libzmq's
@@ -86,8 +82,14 @@ def test_thousands_of_identities(hostile: Hostile) -> None:
     frame_of = {}
     for batch in range(12):
         peers = []
-        for _ in range(250):
+        while len(peers) < 250:
             ident = f"127.0.0.1:{free_port()}"
+            if ident in frame_of:
+                # Each id once: a second connection under an id whose first is still
+                # open takes it over (ROUTER_HANDOVER) and libzmq stops reading the
+                # first, whose close then waits for the server's PING (tens of seconds:
+                # docs/reliability.md, Findings), past the after-check's window.
+                continue
             frame_of[ident] = pack(connect_msg(ident, plane.metadata, plane.base_addr))
             p = RawPeer(hostile.ctx, hostile.addr, identity=ident.encode(), bind=False)
             p.send_raw(frame_of[ident])
@@ -99,6 +101,48 @@ def test_thousands_of_identities(hostile: Hostile) -> None:
     legit_fetch(hostile.addr)
     hostile.react("3000 dial-backs refused and given up; no residue")
     hostile.verify()
+
+
+def test_a_flood_from_one_host_never_crowds_out_a_handshake_from_another(
+        hostile: Hostile) -> None:
+    """127.0.0.1 floods well-formed connects whose handshakes never finish (a process
+    of its own: ``flood.py``) while a client on 127.0.0.2 handshakes and fetches three
+    times, verified. The server's budget of 32 unfinished handshakes is charged to the
+    host each connection came from, and a host evicts only its own or those of a host
+    holding more. (This server keeps up with one flood process, so oldest-first eviction
+    passed here too; ``tests/integration/test_reflection.py`` holds a flood's burst at
+    the server to show that one failing.)"""
+    plane = hostile.agent()
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe()
+    sent = ctx.Value("q", 0, lock=False)
+    proc = ctx.Process(target=flood_main, name="flood", daemon=True,
+                       args=(child, hostile.addr, plane.metadata, plane.base_addr, sent))
+    proc.start()
+    child.close()
+
+    def stop() -> None:
+        if proc.is_alive():
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.join(10)
+        parent.close()
+
+    hostile.on_close(stop)
+    wait_for(lambda: sent.value >= 1000 or not proc.is_alive(), 60.0, "the flood under way")
+    before = sent.value
+    for _ in range(3):
+        assert proc.is_alive(), f"the flood process ended (exit {proc.exitcode})"
+        legit_fetch(hostile.addr, host="127.0.0.2")
+    during = sent.value - before
+    assert proc.is_alive(), f"the flood process ended (exit {proc.exitcode})"
+    parent.send("stop")
+    proc.join(30)
+    assert proc.exitcode == 0, f"the flood process failed (exit {proc.exitcode})"
+    # The flood went on throughout: many times the budget while the client was served.
+    assert during >= 3 * 64, f"only {during} flood connects during the fetches"
+    hostile.react(f"client on 127.0.0.2 served 3 times during {during} flood connects")
+    hostile.verify()
+    assert not [ln for ln in hostile.log if "127.0.0.2" in ln and "evicted" in ln], hostile.log
 
 
 @pytest.mark.xfail(strict=False, reason=(
