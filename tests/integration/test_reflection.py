@@ -333,8 +333,9 @@ def test_300_unfinished_handshakes_do_not_lock_a_legitimate_peer_out(
         sockets.extend(silent)
         for lst in silent:
             dealer(zctx, ident_of(lst), server).send(connect_frame(ident_of(lst)))
-        # The server evicts the oldest unfinished handshake for each new one past 32:
-        # wait for those, so the legitimate peer comes after the whole flood. (With
+        # The server evicts an unfinished handshake for each new one past 32 (here the
+        # oldest: one host, no dial-back up): wait for those, so the legitimate peer
+        # comes after the whole flood. (With
         # libzmq's default listen backlog of 100, some of these 600 simultaneous
         # connects stalled for tens of seconds: the ROUTER's backlog is 1024.)
         log = read_until(err, lambda t: t.count("evicting 127.0.0.1:") >= 300 - 32, 60.0,
