@@ -553,3 +553,68 @@ def test_a_flood_never_evicts_a_handshake_whose_dial_back_came_up() -> None:
     """Flood and client on the same host: the client's dial-back completed its ZMTP
     handshake, the flood's never do; the flood evicts its own first."""
     _handshake_survives_flood("127.0.0.1", wait_for_zmtp=True)
+
+
+_TCP_STATE = {"01": "ESTABLISHED", "06": "TIME_WAIT", "08": "CLOSE_WAIT", "09": "LAST_ACK"}
+
+
+def _accepted_on(port: int) -> dict[int, str]:
+    """Our TCP connections on local ``port`` (not the listener): remote port -> state."""
+    out = {}
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        with open(table, encoding="ascii") as f:
+            for row in f.read().splitlines()[1:]:
+                col = row.split()
+                if int(col[1].rsplit(":", 1)[1], 16) == port and col[3] != "0A":
+                    out[int(col[2].rsplit(":", 1)[1], 16)] = _TCP_STATE.get(col[3], col[3])
+    return out
+
+
+def test_a_connection_whose_routing_id_was_taken_over_is_closed_by_the_heartbeat() -> None:
+    """A second connection under the routing id of an open one takes the id over
+    (ROUTER_HANDOVER). libzmq keeps the first connection but, once a frame arrives on it,
+    stops reading it, so its close is not read (CLOSE_WAIT, libzmq 4.3.5): the ROUTER's
+    own PING (every 6 heartbeat intervals) ends it. Bounded here with fast heartbeats."""
+    server = ControlPlane("tcp://127.0.0.1:0", connect_timeout_ms=120_000, **FAST_HEARTBEATS)
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    silent = socket.socket()
+    deadline = time.monotonic() + 20.0
+    try:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # the id's host:port: its dial-back stays pending, never refused
+        ident = f"127.0.0.1:{silent.getsockname()[1]}".encode()
+        port = int(server.local_id.rpartition(":")[2])
+
+        def dealer() -> zmq.Socket[bytes]:
+            d = ctx.socket(zmq.DEALER)
+            d.setsockopt(zmq.IDENTITY, ident)
+            d.setsockopt(zmq.LINGER, 1000)
+            mon = d.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+            try:
+                d.connect(f"tcp://{server.local_id}")
+                while not mon.poll(50):  # the server's I/O thread answers unpolled
+                    assert time.monotonic() < deadline, "no DEALER handshake"
+            finally:
+                d.disable_monitor()  # before its PAIR goes (libzmq#3575)
+                mon.close(linger=0)
+            return d
+
+        first = dealer()
+        (first_port,) = _accepted_on(port)
+        second = dealer()
+        second.send(b"second")  # takes the id over
+        wait_until(lambda: server.poll(50), lambda seen: FrameIn(ident.decode(), b"second")
+                   in seen, 20.0, "the second connection's frame")
+        first.send(b"first, after the takeover")
+        first.close()  # its frame goes out (linger), then its FIN
+        states = []
+        end = time.monotonic() + 10.0
+        while (state := _accepted_on(port).get(first_port)) is not None:
+            states.append(state)
+            assert time.monotonic() < end, f"the first connection is still open: {states[-5:]}"
+            server.poll(50)
+        second.close()
+    finally:
+        ctx.destroy(linger=0)
+        silent.close()
+        server.close()
