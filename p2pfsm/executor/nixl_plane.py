@@ -493,10 +493,7 @@ class DataPlane:
         self._done = []
         for xfer in list(self._inflight.values()):
             if xfer.outcome is None:
-                try:
-                    state = self._agent.check_xfer_state(xfer.handle)
-                except Exception:
-                    state = "ERR"
+                state = self._state(xfer)
                 if state == "PROC":
                     continue
                 self._settle(xfer, state)
@@ -527,10 +524,7 @@ class DataPlane:
         if xfer is None:
             return True
         if xfer.outcome is None:
-            try:
-                state = self._agent.check_xfer_state(xfer.handle)
-            except Exception:
-                state = "ERR"
+            state = self._state(xfer)
             if state == "PROC":
                 return False
             xfer.outcome = state == "DONE"
@@ -621,6 +615,14 @@ class DataPlane:
                 raise TransportError(f"{side} index {index} out of range [0, {limit})")
             out.append(index)
         return out
+
+    def _state(self, xfer: _Xfer) -> str:
+        """NIXL's state of a running transfer: "PROC", "DONE" or "ERR" (also when asking
+        fails)."""
+        try:
+            return str(self._agent.check_xfer_state(xfer.handle))
+        except Exception:
+            return "ERR"
 
     def _settle(self, xfer: _Xfer, state: str) -> None:
         """Record a terminal state and report the transfer if its handle releases."""
