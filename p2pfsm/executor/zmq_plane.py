@@ -45,6 +45,14 @@ Hardening a node turns on (the raw pattern, the default here, dials back on any 
   inside a host a dial-back that came up outlives those that did not. Ready peers and
   our own dials count against ``max_peers``, so identities that never finish a
   handshake cannot lock a legitimate peer out.
+* ``max_new_peers_per_s``: each source host (the connection's address, as for
+  ``max_pending``) may have at most that many new identities admitted a second, with a
+  burst of as many (:class:`NewPeerRate`). Past it the frame of a new identity is dropped
+  at the door like one past ``max_peers`` (no dial-back, nothing kept for the identity),
+  counted as ``"new identity rate"`` and logged at warning (one line per 10 s). Only
+  an identity about to be dialled back is charged: frames of known peers, our own
+  dials and a lately lost peer coming back never are, nor is a frame dropped for
+  another reason. Per host, so a flood from one host never stops another's newcomers.
 * ``curve``: ZeroMQ CURVE on every socket with an allow-list of client keys enforced by
   a ZAP authenticator on our context: an unknown key or no key at all (NULL security)
   is refused during the ZMTP handshake, before any frame is delivered, and logged on
@@ -90,6 +98,7 @@ __all__ = [
     "ControlPlane",
     "CurveKeys",
     "FrameIn",
+    "NewPeerRate",
     "PeerLost",
     "is_connect_from",
     "load_curve_keys",
@@ -126,6 +135,77 @@ ControlEvent: TypeAlias = FrameIn | PeerLost
 
 EVICTED: Final = "evicted: too many unfinished handshakes"
 """:class:`PeerLost` reason of a dial-back pushed out of the ``max_pending`` budget."""
+
+RATE_LIMITED: Final = "new identity rate"
+""":attr:`ControlPlane.drop_counts` reason of a new identity refused by the
+``max_new_peers_per_s`` rate limit."""
+
+_TOKEN_SLACK: Final = 1e-9
+"""A bucket this close below a whole token holds one (float rounding of the refill)."""
+_RATE_HOSTS_MAX: Final = 4096
+"""Source hosts a :class:`NewPeerRate` keeps a bucket for at once (each a few dozen bytes)."""
+
+
+class NewPeerRate:
+    """How many new identities each source host may have admitted: a token bucket per
+    host, refilled at ``rate`` a second and holding at most ``rate`` (a burst of
+    ``rate`` at once, then ``rate`` a second).
+
+    Time is an input: every call passes ``now`` (seconds of a monotonic clock), so the
+    buckets are refilled lazily when asked, never by a timer. A host's bucket is full
+    again one second after its last use; such buckets are forgotten (a fresh one is the
+    same), so the table holds only the hosts seen in the last second, and at most
+    ``max_hosts`` of them (past that the least recently used goes, and that host starts
+    afresh: more lenient, never stricter).
+    """
+
+    __slots__ = ("_hosts", "_max_hosts", "rate")
+
+    def __init__(self, rate: int, max_hosts: int = _RATE_HOSTS_MAX) -> None:
+        self.rate = _check_int("max_new_peers_per_s", rate, 1)
+        self._max_hosts = _check_int("max_hosts", max_hosts, 1)
+        # host -> [tokens, when they were counted], least recently used first
+        self._hosts: OrderedDict[str, list[float]] = OrderedDict()
+
+    def tokens(self, host: str, now: float) -> float:
+        """What ``host`` may still open at ``now`` (``rate`` for a host not seen lately)."""
+        entry = self._hosts.get(host)
+        if entry is None:
+            return float(self.rate)
+        return min(float(self.rate), entry[0] + max(0.0, now - entry[1]) * self.rate)
+
+    def take(self, host: str, now: float) -> bool:
+        """Charge one new identity to ``host``: True when its bucket held one (taken),
+        False when it is empty (nothing changes but the refill up to ``now``)."""
+        tokens = self.tokens(host, now)
+        # A whole token up to rounding: 0.2 s at 5 a second after 10.0 s is 0.99999...
+        taken = tokens >= 1.0 - _TOKEN_SLACK
+        if taken:
+            tokens = max(0.0, tokens - 1.0)
+        hosts = self._hosts
+        entry = hosts.get(host)
+        if entry is None:
+            hosts[host] = [tokens, now]
+        else:
+            entry[0], entry[1] = tokens, max(now, entry[1])
+            hosts.move_to_end(host)
+        # Forget the hosts whose bucket is full again (unused for a second).
+        while hosts:
+            oldest = next(iter(hosts.values()))
+            if now - oldest[1] < 1.0 and len(hosts) <= self._max_hosts:
+                break
+            hosts.popitem(last=False)
+        return taken
+
+    def refund(self, host: str) -> None:
+        """Give back the identity last charged to ``host`` (it was not admitted after all)."""
+        entry = self._hosts.get(host)
+        if entry is not None:
+            entry[0] = min(float(self.rate), entry[0] + 1.0)
+
+    def __len__(self) -> int:
+        """How many hosts have a bucket that is not full."""
+        return len(self._hosts)
 
 
 def is_connect_from(peer_id: str, frame: bytes) -> bool:
@@ -446,6 +526,9 @@ class ControlPlane:
             dials count against ``max_peers``. None: every peer counts against
             ``max_peers``, no eviction.
         curve: CURVE keys (:func:`load_curve_keys`); None: NULL security (vLLM's).
+        max_new_peers_per_s: new identities admitted per source host and second (a
+            burst of as many at once); past it their frames are dropped. None: no limit.
+        rate_clock: the clock of that limit (seconds, monotonic); tests pass their own.
     """
 
     def __init__(
@@ -468,6 +551,8 @@ class ControlPlane:
         dial_back_any_host: bool = False,
         max_pending: int | None = None,
         curve: CurveKeys | None = None,
+        max_new_peers_per_s: int | None = None,
+        rate_clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not isinstance(bind, str) or not bind.startswith("tcp://"):
             raise ConfigError(f"bind must be 'tcp://HOST:PORT', got {bind!r}")
@@ -493,6 +578,11 @@ class ControlPlane:
         self._immediate = bool(immediate)
         self._max_pending = None if max_pending is None else _check_int(
             "max_pending", max_pending, 1)
+        self._rate = None if max_new_peers_per_s is None else NewPeerRate(max_new_peers_per_s)
+        if not callable(rate_clock):
+            raise ConfigError(f"rate_clock must be callable, got {rate_clock!r}")
+        self._rate_clock = rate_clock
+        self._rate_log = [-math.inf, 0]  # when the last line was logged, drops since
         if curve is not None and not isinstance(curve, CurveKeys):
             raise ConfigError(f"curve must be CurveKeys, got {curve!r}")
         self._curve = curve
@@ -581,6 +671,11 @@ class ControlPlane:
     def drop_counts(self) -> dict[str, int]:
         """How many inbound messages were dropped, by reason (a copy)."""
         return dict(self._drops)
+
+    @property
+    def rate_limited(self) -> int:
+        """How many frames of new identities ``max_new_peers_per_s`` dropped so far."""
+        return self._drops.get(RATE_LIMITED, 0)
 
     def is_connected(self, peer_id: str) -> bool:
         """True once the DEALER to ``peer_id`` completed its ZMTP handshake."""
@@ -974,15 +1069,44 @@ class ControlPlane:
         if self._settled() >= self._max_peers:
             self._drop("peer limit", f": {peer_id}")
             return None
+        origin = _origin_of(host, source)
+        rate = self._rate
+        if rate is not None and not self._remembered(peer_id):
+            now = self._rate_clock()
+            if not rate.take(origin, now):
+                self._refuse_rate(peer_id, origin, now)
+                return None
+        else:
+            rate = None  # nothing charged: nothing to give back
         if self._max_pending is not None:
-            self._make_room(_origin_of(host, source))
+            self._make_room(origin)
         try:
             self._open_peer(peer_id, server_key, dialled_back=True, source=source)
         except TransportError:
+            if rate is not None:
+                rate.refund(origin)
             self._drop("dial-back failed", f": {peer_id}")
             return None
         self._peer_by_ident[ident] = peer_id
         return peer_id
+
+    def _remembered(self, peer_id: str) -> bool:
+        """``peer_id`` was a peer of ours lost lately (a peer coming back, not a new one)."""
+        entry = self._lost.get(peer_id)
+        return entry is not None and time.monotonic() - entry[0] < _LOST_KEEP_S
+
+    def _refuse_rate(self, peer_id: str, origin: str, now: float) -> None:
+        """Drop a new identity past ``max_new_peers_per_s``: counted, and logged at
+        warning at most once per ``_DROP_LOG_WINDOW_S`` with how many since the last line."""
+        self._drop(RATE_LIMITED, f": {peer_id} from {origin}")
+        window = self._rate_log
+        window[1] += 1
+        if now - window[0] >= _DROP_LOG_WINDOW_S:
+            assert self._rate is not None
+            log.warning("new identities past %d a second from one host: %d dropped since "
+                        "the last such line, the latest %s from %s", self._rate.rate,
+                        window[1], peer_id, origin)
+            window[:] = [now, 0]
 
     def _unfinished(self) -> list[_Peer]:
         """The dial-backs in the pending budget, oldest first."""
