@@ -25,6 +25,8 @@ Counters (monotonic ints; :meth:`NodeMetrics.count`):
 - ``stale_answers``: disconnects a dead session sent to a peer that still held it live.
 - ``handshakes``: sessions that became ready.
 - ``handshakes_rejected``: handshakes refused (mismatched configuration).
+- ``identities_rate_limited``: frames of new peer identities dropped at the door,
+  past ``max_new_peers_per_s`` from their host.
 - ``results_dropped``: results for which the host held nothing (should stay 0).
 
 Gauges (floats; :meth:`NodeMetrics.set_gauge`):
@@ -68,6 +70,8 @@ COUNTERS: Final[dict[str, str]] = {
     "stale_answers": "Disconnects a dead session sent to a peer that still held it live.",
     "handshakes": "Sessions that became ready.",
     "handshakes_rejected": "Handshakes refused for a mismatched configuration.",
+    "identities_rate_limited": "Frames of new peer identities dropped past "
+                               "max_new_peers_per_s from their host.",
     "results_dropped": "Results for which the host held nothing (should stay 0).",
 }
 

@@ -89,6 +89,12 @@ class NodeConfig:
             not finished the handshake: at most this many (one is dropped for a newer
             one, from the source host holding the most: see docs/api.md); ready peers
             count against ``max_peers`` instead.
+        max_new_peers_per_s: new peer identities admitted per source host (the address
+            a connection comes from) and second, with a burst of as many at once; past
+            it a new identity's frames are dropped at the door and counted
+            (``identities_rate_limited``). Known peers, our own dials and a peer lost
+            lately coming back are never charged; a flood from one host never holds
+            another host's newcomers out.
         dial_back_any_host: dial a connecting peer back at the host its id names even
             when its connection came from another address (NAT); off: only an id
             whose host is the IP the connection came from is dialled back.
@@ -121,6 +127,7 @@ class NodeConfig:
     idle_timeout_s: float | None = 300.0
     trace: str | None = None
     max_pending_peers: int = 32
+    max_new_peers_per_s: int = 500
     dial_back_any_host: bool = False
     curve_secret_key: str | None = None
     curve_allow: tuple[str, ...] = ()
@@ -171,6 +178,7 @@ class NodeConfig:
         if self.trace is not None and (not isinstance(self.trace, str) or not self.trace):
             raise ConfigError(f"trace: expected a file path, got {self.trace!r}")
         _int_in("max_pending_peers", self.max_pending_peers, 1, 65_535)
+        _int_in("max_new_peers_per_s", self.max_new_peers_per_s, 1, 1_000_000)
         _int_in("max_lookups_per_request", self.max_lookups_per_request, 1, 1_000_000)
         if not isinstance(self.dial_back_any_host, bool):
             raise ConfigError(f"dial_back_any_host: expected a bool, got "

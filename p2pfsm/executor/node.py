@@ -168,6 +168,7 @@ class Node(Driven, Executor):
                                     dial_back_check=is_connect_from,
                                     dial_back_any_host=config.dial_back_any_host,
                                     max_pending=config.max_pending_peers,
+                                    max_new_peers_per_s=config.max_new_peers_per_s,
                                     curve=config.curve_keys())
         try:
             name = f"p2pfsm-{uuid.uuid4()}"
@@ -184,6 +185,7 @@ class Node(Driven, Executor):
         self.deaths: OrderedDict[str, SessionDead] = OrderedDict()
         self.violations: deque[tuple[str, ProtocolViolation]] = deque(maxlen=config.history)
         self._ended: OrderedDict[str, None] = OrderedDict()  # peers whose session ended
+        self._rate_limited = 0  # control.rate_limited already in metrics
         # Each event is bound to the session it belongs to when it is queued (a frame to
         # the session current when it arrived, a write's or timer's result to the session
         # that started it), so a session that replaces another never sees the old one's.
@@ -918,6 +920,10 @@ class Node(Driven, Executor):
         return f"session to {peer_id} died: {dead.reason if dead else 'unknown'}"
 
     def _update_gauges(self) -> None:
+        limited = self.control.rate_limited
+        if limited != self._rate_limited:
+            self.metrics.count("identities_rate_limited", limited - self._rate_limited)
+            self._rate_limited = limited
         self.metrics.set_gauge("peers", len(self._live))
         self.metrics.set_gauge("open_loads", len(self._loads))
         self.metrics.set_gauge("open_stores", len(self._stores))

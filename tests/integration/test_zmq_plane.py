@@ -3,6 +3,8 @@ dead and frozen peers, bounded close."""
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 import os
 import select
 import signal
@@ -618,3 +620,127 @@ def test_a_connection_whose_routing_id_was_taken_over_is_closed_by_the_heartbeat
         ctx.destroy(linger=0)
         silent.close()
         server.close()
+
+
+# -- the new-identity rate limit ---------------------------------------------------------
+
+
+def test_new_identities_past_the_rate_are_dropped_while_known_peers_are_served(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A server admitting 5 new identities a second per source host, on a clock the test
+    drives (the sockets are real, the waits are polls under deadlines). A burst of 8 new
+    identities from 127.0.0.1 gets 5 in; 3 are dropped at the door (no dial-back),
+    counted and logged once, while a peer already known keeps exchanging frames, our own
+    dial to a new peer works, a lost peer coming back is dialled again, and a newcomer
+    from 127.0.0.2 is admitted: none of them is charged. A fifth of a second later one
+    more identity from 127.0.0.1 is admitted, and the one after it dropped again."""
+    caplog.set_level(logging.WARNING, logger="p2pfsm.zmq")
+    now = [0.0]
+    server = ControlPlane("tcp://127.0.0.1:0", dial_back_check=is_connect_from,
+                          connect_timeout_ms=120_000, max_new_peers_per_s=5,
+                          rate_clock=lambda: now[0])
+    legit = ControlPlane("tcp://127.0.0.1:0")
+    other = ControlPlane("tcp://127.0.0.1:0")
+    far = ControlPlane("tcp://127.0.0.2:0")
+    flood = _Flood(server.local_id)
+    refused = f"127.0.0.1:{_closed_port()}"
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+
+    def frames_from(ids: list[str], seen: list[Any]) -> set[str]:
+        return {e.peer_id for e in seen if isinstance(e, FrameIn) and e.peer_id in ids}
+
+    def exchange(what: bytes) -> None:
+        """legit -> server -> legit, both ways on connections the server knows."""
+        assert legit.send(server.local_id, what)
+        wait_until(lambda: server.poll(50), lambda s: FrameIn(legit.local_id, what) in s,
+                   30.0, f"{what!r} at the server")
+        assert server.send(legit.local_id, b"re:" + what)
+        wait_until(lambda: legit.poll(50), lambda s: FrameIn(server.local_id, b"re:" + what)
+                   in s, 30.0, f"the server's answer to {what!r}")
+
+    try:
+        # A peer known before the burst (it took one token at t=0).
+        legit.connect(server.local_id)
+        exchange(_connect(legit.local_id))
+        # A peer whose dial-back is refused: lost, and remembered (one more token).
+        lost = ctx.socket(zmq.DEALER)
+        lost.setsockopt(zmq.IDENTITY, refused.encode())
+        lost.setsockopt(zmq.LINGER, 0)
+        lost.connect(f"tcp://{server.local_id}")
+        lost.send(_connect(refused))
+        wait_until(lambda: server.poll(50), lambda s: PeerLost(refused, "connection refused")
+                   in s, 30.0, "the refused dial-back")
+        assert server.rate_limited == 0
+
+        now[0] = 10.0  # the bucket is full again: 5
+        burst = flood.send(8)
+        seen = wait_until(lambda: server.poll(50), lambda s: len(frames_from(burst, s)) == 5
+                          and server.rate_limited == 3, 30.0, "5 of the burst in, 3 dropped")
+        exchange(b"ping:during")
+        admitted = frames_from(burst, seen)
+        assert set(server.peers) == {legit.local_id, *admitted}  # no dial-back to the 3
+        assert server.drop_counts == {"new identity rate": 3}
+
+        # With 127.0.0.1's bucket empty: our own dial to a new peer, ...
+        server.connect(other.local_id)
+        assert server.send(other.local_id, b"from-server")
+        wait_until(lambda: other.poll(50), lambda s: FrameIn(server.local_id, b"from-server")
+                   in s, 30.0, "our own dial's frame")
+        # ... the lost peer coming back (dialled again, refused again), ...
+        lost.send(_connect(refused))
+        wait_until(lambda: server.poll(50), lambda s: PeerLost(refused, "connection refused")
+                   in s, 30.0, "the lost peer's second dial-back")
+        # ... and a newcomer from another host are all let in, uncharged.
+        far.connect(server.local_id)
+        assert far.send(server.local_id, _connect(far.local_id))
+        wait_until(lambda: server.poll(50), lambda s: FrameIn(far.local_id, _connect(
+            far.local_id)) in s, 30.0, "the connect from 127.0.0.2")
+        assert far.local_id in server.peers
+        exchange(b"ping:after")
+        assert server.rate_limited == 3
+
+        now[0] = 10.2  # one token back
+        late = flood.send(2)
+        seen = wait_until(lambda: server.poll(50), lambda s: len(frames_from(late, s)) == 1
+                          and server.rate_limited == 4, 30.0, "1 of 2 in after the refill")
+        assert len(frames_from(late, seen)) == 1
+        lines = [r.getMessage() for r in caplog.records if "new identities past" in r.message]
+        assert len(lines) == 1 and "5 a second" in lines[0], lines  # one line per 10 s
+    finally:
+        ctx.destroy(linger=0)
+        flood.close()
+        for plane in (far, other, legit, server):
+            plane.close()
+
+
+def test_the_rate_limit_is_checked_at_construction() -> None:
+    for bad in (0, -5, True, 2.5, "5"):
+        with pytest.raises(ConfigError, match="max_new_peers_per_s"):
+            ControlPlane("tcp://127.0.0.1:0", max_new_peers_per_s=bad)
+    with pytest.raises(ConfigError, match="rate_clock"):
+        ControlPlane("tcp://127.0.0.1:0", max_new_peers_per_s=5, rate_clock=1.0)  # type: ignore[arg-type]
+
+
+def test_a_node_counts_rate_limited_identities_in_its_metrics() -> None:
+    """The node's limit comes from NodeConfig.max_new_peers_per_s, and what the door
+    dropped is the node's ``identities_rate_limited`` counter (exported to Prometheus
+    with every counter)."""
+    if importlib.util.find_spec("nixl") is None and importlib.util.find_spec("nixl_cu12") is None:
+        pytest.skip("NIXL is not installed (.ci/install.sh installs it)")
+    pytest.importorskip("torch")
+    from p2pfsm.executor.node import Node, NodeConfig
+
+    node = Node(NodeConfig("tcp://127.0.0.1:0", 16, 4096, max_new_peers_per_s=1))
+    flood = _Flood(node.local_id)
+    try:
+        flood.send(6)  # 1 a second with a burst of 1: all 6 within a second, 5 dropped
+        deadline = time.monotonic() + 30.0
+        while node.control.rate_limited < 1:
+            assert time.monotonic() < deadline, node.control.drop_counts
+            node.step(0.05)
+        node.step(0.0)
+        assert node.metrics.snapshot()["counters"]["identities_rate_limited"] == (
+            node.control.rate_limited)
+    finally:
+        flood.close()
+        node.close(timeout=1.0)

@@ -20,6 +20,7 @@ def make(**kw: Any) -> NodeConfig:
 def test_defaults_are_valid_and_fingerprint_is_vllms() -> None:
     cfg = make(model_config={"model": "m", "dtype": "bf16"})
     assert cfg.device is None and cfg.memory is None and cfg.max_peers == 128
+    assert cfg.max_new_peers_per_s == 500
     assert cfg.config_fingerprint == fingerprint({"dtype": "bf16", "model": "m"})
     assert len(cfg.config_fingerprint) == 16
     assert make(fingerprint="abc").config_fingerprint == "abc"
@@ -50,6 +51,11 @@ def test_defaults_are_valid_and_fingerprint_is_vllms() -> None:
     ("max_peers", 0),
     ("max_lookups_per_request", 0),
     ("max_lookups_per_request", True),
+    ("max_new_peers_per_s", 0),
+    ("max_new_peers_per_s", True),
+    ("max_new_peers_per_s", 10.0),
+    ("max_new_peers_per_s", None),
+    ("max_new_peers_per_s", 1_000_001),
     ("history", 0),
     ("trace", ""),
 ])
