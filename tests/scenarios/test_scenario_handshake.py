@@ -262,6 +262,16 @@ def test_registration_failure_kills_the_session_without_ack() -> None:
     assert w.types("b") == ["connect", "disconnect"]
 
 
+def awaiting_ack_driver() -> Driver:
+    """A session that acked its peer and still awaits the peer's ack."""
+    d = Driver()
+    d(HostStart())
+    d.recv(peer_connect())
+    d(RegistrationFinished(True))
+    assert d.s.state == "awaiting_ack"
+    return d
+
+
 def test_a_request_while_awaiting_the_ack_stands_for_the_lost_ack() -> None:
     """The peer sends requests only once ready, after its connect_ack: a request that
     arrives first means the ack was lost. It completes the handshake (timer disarmed, our
@@ -290,20 +300,14 @@ def test_a_request_while_awaiting_the_ack_stands_for_the_lost_ack() -> None:
 @pytest.mark.parametrize("frame", [Lookup("r1", (key(1),), 0), AbortFetch("r1", 0)],
                          ids=["lookup", "abort_fetch"])
 def test_every_request_kind_stands_for_the_lost_ack(frame: Lookup | AbortFetch) -> None:
-    d = Driver()
-    d(HostStart())
-    d.recv(peer_connect())
-    d(RegistrationFinished(True))
+    d = awaiting_ack_driver()
     d.recv(frame)
     assert d.s.ready
 
 
 def test_a_rejected_request_while_awaiting_the_ack_completes_nothing() -> None:
     """Only an accepted request stands for the ack: a malformed one changes nothing."""
-    d = Driver()
-    d(HostStart())
-    d.recv(peer_connect())
-    d(RegistrationFinished(True))
+    d = awaiting_ack_driver()
     before = snapshot(d.s)
     out = d.recv(Fetch("r1", (key(1), key(1)), (3, 4), 0))  # duplicate keys
     assert len(out) == 1 and isinstance(out[0], ProtocolViolation)
@@ -311,10 +315,7 @@ def test_a_rejected_request_while_awaiting_the_ack_completes_nothing() -> None:
 
 
 def test_response_frame_before_ready_is_a_violation() -> None:
-    d = Driver()
-    d(HostStart())
-    d.recv(peer_connect())
-    d(RegistrationFinished(True))
+    d = awaiting_ack_driver()
     before = snapshot(d.s)
     out = d.recv(TransferDone("r1", True, 0))
     assert len(out) == 1 and isinstance(out[0], ProtocolViolation)
