@@ -652,6 +652,11 @@ def _run(argv: list[str]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    # UCX logs (an ERROR line when a peer's listener is gone, any line at a raised
+    # UCX_LOG_LEVEL) go to stdout by default, which --json output must own alone; unless
+    # the user chose a log file, send them to stderr. Read when NIXL first loads UCX, and
+    # inherited by the processes a command spawns.
+    os.environ.setdefault("UCX_LOG_FILE", "stderr")
     try:
         try:
             code = _run(argv)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import select
 import socket
 import subprocess
@@ -44,9 +45,9 @@ class Ran:
                 f"stdout: {self.out}\nstderr: {self.err}")
 
 
-def start(*args: str) -> subprocess.Popen[str]:
+def start(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen([*CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, env=None if env is None else {**os.environ, **env})
 
 
 def finish(proc: subprocess.Popen[str], timeout: float) -> Ran:
@@ -150,7 +151,10 @@ def runs(server: str) -> dict[str, Ran]:
                   "--open-rounds", "0", "100", "10000", "--soak", "4", "--cpu-fetches", "1",
                   "--region-mib", "4", "--consumers", "2", "--fanout-fetches", "1"],
     }
-    started = {name: start(*args) for name, args in commands.items()}
+    # UCX logs to stdout unless told otherwise; the demo raises its level so that UCX
+    # surely logs, and its --json stdout must still be the one JSON line.
+    envs = {"demo": {"UCX_LOG_LEVEL": "info"}}
+    started = {name: start(*args, env=envs.get(name)) for name, args in commands.items()}
     deadline = time.monotonic() + RUN_TIMEOUT
     try:
         return {name: finish(proc, max(1.0, deadline - time.monotonic()))
@@ -214,6 +218,7 @@ def test_fetch_from_a_mismatched_peer_fails_with_one_line(runs: dict[str, Ran]) 
 def test_demo_json(runs: dict[str, Ran]) -> None:
     ran = runs["demo"]
     assert ran.code == 0, ran.describe()
+    assert "UCX  INFO" in ran.err, ran.describe()  # UCX's own lines: on stderr
     summary = one_json_line(ran)
     assert summary["ok"] is True, ran.describe()
     pd, sym, abort = summary["pd"], summary["sym"], summary["abort"]
