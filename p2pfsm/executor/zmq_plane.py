@@ -890,7 +890,9 @@ class ControlPlane:
         sock.setsockopt(zmq.HEARTBEAT_TTL, self._hb_ttl)
 
     def _open_peer(self, peer_id: str, server_key: bytes | None,
-                   dialled_back: bool = False, source: str | None = None) -> _Peer:
+                   dialled_back: bool = False, origin: str | None = None) -> _Peer:
+        """A DEALER to ``peer_id``; ``origin``: the host it is charged to in the pending
+        budget (:func:`_origin_of`; None: the host its id names, as for our own dials)."""
         dealer = self._ctx.socket(zmq.DEALER)
         monitor: zmq.Socket[bytes] | None = None
         monitoring = False
@@ -915,8 +917,8 @@ class ControlPlane:
             monitor = self._ctx.socket(zmq.PAIR)
             monitor.setsockopt(zmq.LINGER, 0)
             monitor.connect(addr)
-            source = "" if self._source is None else f"{self._source}:0;"
-            dealer.connect(f"tcp://{source}{peer_id}")
+            bind_from = "" if self._source is None else f"{self._source}:0;"
+            dealer.connect(f"tcp://{bind_from}{peer_id}")
         except (zmq.ZMQError, TransportError) as exc:
             if monitoring:
                 dealer.disable_monitor()
@@ -929,7 +931,8 @@ class ControlPlane:
         deadline = time.monotonic() + self._connect_timeout / 1000.0
         peer = _Peer(peer_id, dealer, monitor, deadline, dialled_back=dialled_back,
                      server_key=server_key,
-                     origin=_origin_of(peer_id.rpartition(":")[0], source))
+                     origin=origin if origin is not None
+                     else _origin_of(peer_id.rpartition(":")[0], None))
         self._peers[peer_id] = peer
         self._lost.pop(peer_id, None)
         fd = _fd(monitor)
@@ -1081,7 +1084,7 @@ class ControlPlane:
         if self._max_pending is not None:
             self._make_room(origin)
         try:
-            self._open_peer(peer_id, server_key, dialled_back=True, source=source)
+            self._open_peer(peer_id, server_key, dialled_back=True, origin=origin)
         except TransportError:
             if rate is not None:
                 rate.refund(origin)

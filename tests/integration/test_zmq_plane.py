@@ -460,11 +460,13 @@ def _connect(peer_id: str) -> bytes:
 
 class _Flood:
     """Connects from 127.0.0.1 under ever new identities, each naming a TCP listener
-    that never accepts: the server's dial-back reaches TCP and never completes ZMTP,
-    so the handshake never finishes (until the connect timeout, set past the test)."""
+    on ``named`` that never accepts: the server's dial-back reaches TCP and never
+    completes ZMTP, so the handshake never finishes (until the connect timeout, set past
+    the test)."""
 
-    def __init__(self, server: str) -> None:
+    def __init__(self, server: str, named: str = "127.0.0.1") -> None:
         self.server = server
+        self.named = named
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self.listeners: list[socket.socket] = []
         self.ids: list[str] = []
@@ -474,9 +476,9 @@ class _Flood:
         for _ in range(count):
             listener = socket.socket()
             self.listeners.append(listener)
-            listener.bind(("127.0.0.1", 0))
+            listener.bind((self.named, 0))
             listener.listen(8)
-            ident = f"127.0.0.1:{listener.getsockname()[1]}"
+            ident = f"{self.named}:{listener.getsockname()[1]}"
             dealer = self.ctx.socket(zmq.DEALER)
             dealer.setsockopt(zmq.IDENTITY, ident.encode())
             dealer.setsockopt(zmq.LINGER, 1000)
@@ -500,15 +502,18 @@ def _until_seen(server: ControlPlane, ids: list[str], what: str) -> list[Any]:
                       30.0, what)
 
 
-def _handshake_survives_flood(legit_host: str, wait_for_zmtp: bool) -> None:
+def _handshake_survives_flood(legit_host: str, wait_for_zmtp: bool,
+                              flood_names: str = "127.0.0.1") -> None:
     """A budget of 4 unfinished handshakes, full of the flood's; a legitimate client on
     ``legit_host`` connects; 12 more flood connects arrive while its handshake is open
     (3 times the budget: oldest-first eviction would push it out); then the server
-    answers, the client replies, and the server marks it ready."""
+    answers, the client replies, and the server marks it ready. ``flood_names``: the
+    host the flood's ids name (another than 127.0.0.1: the server dials back any host)."""
     server = ControlPlane("tcp://127.0.0.1:0", max_pending=4, dial_back_check=is_connect_from,
-                          connect_timeout_ms=120_000)
+                          connect_timeout_ms=120_000,
+                          dial_back_any_host=flood_names != "127.0.0.1")
     client = ControlPlane(f"tcp://{legit_host}:0")
-    flood = _Flood(server.local_id)
+    flood = _Flood(server.local_id, flood_names)
     try:
         seen = _until_seen(server, flood.send(4), "the first flood")
         legit = client.local_id
@@ -549,6 +554,18 @@ def test_a_flood_from_one_host_never_evicts_a_handshake_from_another() -> None:
     a host holding more, so the client's handshake is never pushed out, whether or not
     its dial-back has come up yet."""
     _handshake_survives_flood("127.0.0.2", wait_for_zmtp=False)
+
+
+def test_a_flood_is_charged_to_the_host_it_comes_from_not_the_one_its_ids_name(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """With dial_back_any_host, the flood (from 127.0.0.1) names hosts on 127.0.0.2, the
+    client's host: the budget still charges each dial-back to the address its connection
+    came from (the eviction log names it), so the flood cannot pose as the client's host
+    and evict it."""
+    with caplog.at_level(logging.INFO, logger="p2pfsm.zmq"):
+        _handshake_survives_flood("127.0.0.2", wait_for_zmtp=False, flood_names="127.0.0.2")
+    evictions = [r.getMessage() for r in caplog.records if r.getMessage().startswith("evicting")]
+    assert evictions and all("(from 127.0.0.1)" in m for m in evictions), evictions
 
 
 def test_a_flood_never_evicts_a_handshake_whose_dial_back_came_up() -> None:
