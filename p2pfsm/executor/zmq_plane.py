@@ -967,11 +967,7 @@ class ControlPlane:
 
     def _lost_from(self, peer_id: str, host: str, message: zmq.Frame) -> bool:
         """``peer_id`` was lost lately and this message comes from its host."""
-        entry = self._lost.get(peer_id)
-        if entry is None:
-            return False
-        if time.monotonic() - entry[0] >= _LOST_KEEP_S:
-            del self._lost[peer_id]
+        if not self._remembered(peer_id):
             return False
         source = _meta(message, "Peer-Address")
         return self._any_host or (source is not None and _ip_of(host) == _ip_of(source)
@@ -1094,9 +1090,15 @@ class ControlPlane:
         return peer_id
 
     def _remembered(self, peer_id: str) -> bool:
-        """``peer_id`` was a peer of ours lost lately (a peer coming back, not a new one)."""
+        """``peer_id`` was a peer of ours lost lately (a peer coming back, not a new one);
+        one lost longer ago than ``_LOST_KEEP_S`` is forgotten here."""
         entry = self._lost.get(peer_id)
-        return entry is not None and time.monotonic() - entry[0] < _LOST_KEEP_S
+        if entry is None:
+            return False
+        if time.monotonic() - entry[0] >= _LOST_KEEP_S:
+            del self._lost[peer_id]
+            return False
+        return True
 
     def _refuse_rate(self, peer_id: str, origin: str, now: float) -> None:
         """Drop a new identity past ``max_new_peers_per_s``: counted, and logged at
