@@ -39,7 +39,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Union
 
-from p2pfsm.fsm import MachineSpec, machines
+from p2pfsm.fsm import MachineSpec, input_table, machines
 from p2pfsm.verify import tlc
 from p2pfsm.verify.names import ENVIRONMENT_ACTIONS, action_map
 
@@ -633,20 +633,21 @@ def _session_ended(before: Mapping[str, object], after: Mapping[str, object], pe
     return b not in _ENDED and a in _ENDED
 
 
-_REQUEST_TRIGGERS = frozenset({"recv_fetch", "recv_terminal_fetch", "recv_lookup",
-                               "recv_abort_fetch"})
+_GATES: dict[str, str] = {t: i.gate for i in input_table().inputs if i.gate
+                          for t in i.triggers}
+"""Trigger of a frame -> the session gate it passes first (models/inputs.toml)."""
 
 
 def _allowed(trigger: str | None, ended: bool) -> frozenset[str]:
     """Triggers one call may fire besides its own: settle on every round it touches,
     lookup_pin from a host answer, request_closed and host_finish from a finish,
-    session_lost when the session ends, and the session's gate recv_request on a request
-    (it completes the handshake when the peer's ack was lost)."""
+    session_lost when the session ends, and the session's gate of a frame (a request's
+    recv_request completes the handshake when the peer's ack was lost)."""
     out = {"settle"}
     if trigger is not None:
         out.add(trigger)
-    if trigger in _REQUEST_TRIGGERS:
-        out.add("recv_request")
+        if trigger in _GATES:
+            out.add(_GATES[trigger])
     if trigger == "host_answer":
         out.add("lookup_pin")
     if trigger in ("host_finish", "recv_terminal_fetch"):
