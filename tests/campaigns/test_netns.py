@@ -296,11 +296,7 @@ class Pair:
 def cut(link: Link, seconds: float) -> Callable[[], None]:
     """A partition of ``seconds``, then the heal (the clean link)."""
     def run() -> None:
-        link.set(Faults(partition=True))
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:  # the outage itself: its length is the experiment
-            time.sleep(min(0.05, max(0.0, end - time.monotonic())))
-        link.set(Faults())
+        link.partition(seconds)
 
     return run
 

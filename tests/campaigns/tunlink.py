@@ -254,10 +254,17 @@ def forwarder_main(conn: Connection, ends: tuple[str, str, str, str], seed: int,
     fw = _Forwarder(fd_a, fd_b, seed)
     ctl = conn.fileno()
     end = time.monotonic() + lifetime_s
+    heal_at: float | None = None  # a timed partition ends then ("partition" command)
     try:
         conn.send(("ready", os.getpid()))
         while (now := time.monotonic()) < end:
+            if heal_at is not None and now >= heal_at:
+                heal_at = None
+                fw.set_faults(Faults())
+                conn.send(("healed", fw.snapshot()))
             nxt = fw.release(now)
+            if heal_at is not None:
+                nxt = heal_at if nxt is None else min(nxt, heal_at)
             wait = _POLL_S if nxt is None else min(_POLL_S, max(0.0, nxt - now))
             ready, _, _ = select.select([fd_a, fd_b, ctl], [], [], wait)
             now = time.monotonic()
@@ -271,6 +278,11 @@ def forwarder_main(conn: Connection, ends: tuple[str, str, str, str], seed: int,
                 if cmd[0] == "faults":
                     conn.send(("counters", fw.snapshot()))
                     fw.set_faults(Faults(**cmd[1]))
+                    heal_at = None
+                elif cmd[0] == "partition":
+                    conn.send(("counters", fw.snapshot()))
+                    fw.set_faults(Faults(partition=True))
+                    heal_at = time.monotonic() + cmd[1]
                 elif cmd[0] == "counters":
                     conn.send(("counters", fw.snapshot()))
     except (EOFError, BrokenPipeError):
@@ -310,6 +322,16 @@ class Link:
         self.conn.send(("faults", dataclasses.asdict(faults)))
         self.faults = faults
         return Snapshot.of(self._reply("counters", 10.0))
+
+    def partition(self, seconds: float) -> Snapshot:
+        """Cut the link for ``seconds``, timed by the forwarder's own loop, and return
+        once it reports the heal (the clean link); the counters at the heal."""
+        self.conn.send(("partition", seconds))
+        self.faults = Faults(partition=True)
+        self._reply("counters", 10.0)
+        healed = Snapshot.of(self._reply("healed", seconds + 10.0))
+        self.faults = Faults()
+        return healed
 
     def counters(self) -> Snapshot:
         self.conn.send(("counters",))
