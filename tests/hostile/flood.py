@@ -27,6 +27,8 @@ import zmq
 from .wire import RawPeer, connect_msg, free_port, pack
 
 OPEN_AT_ONCE = 250
+UNDER_WAY = 1000
+"""After this many connects the flood tells the test, once, on its pipe ("under way")."""
 
 
 def flood_main(conn: Connection, server: str, metadata: bytes, base_addr: int,
@@ -57,6 +59,8 @@ def flood_main(conn: Connection, server: str, metadata: bytes, base_addr: int,
             open_peers.append(peer)
             count += 1
             sent.value = count
+            if count == UNDER_WAY:
+                conn.send("under way")
             while len(open_peers) > OPEN_AT_ONCE:
                 open_peers.popleft().close()
             while len(silent) > OPEN_AT_ONCE // 2:
