@@ -22,7 +22,42 @@ The must-fail mutants (tests/mutants) must each make this test fail in the CI pr
 
 from __future__ import annotations
 
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from .machine import HostileNetwork, TwoSessions
 
 TestTwoSessions = TwoSessions.TestCase
 TestHostileNetwork = HostileNetwork.TestCase
+
+
+
+def _contended_machine() -> TwoSessions:
+    """The machine after its setup rule: handshake done, a load with writes in flight.
+    (Called inside a hypothesis test: the rule records notes.)"""
+    machine = TwoSessions()
+    machine.setup(faults=0, fatal=False, handshake_first=True, swarm=frozenset(), requests=1,
+                  late_cancel=False, retries=0, contended=["writing"])
+    return machine
+
+
+@settings(max_examples=1, database=None)
+@given(st.none())
+def test_the_quiet_checks_pass_once_every_job_has_its_result(_: None) -> None:
+    machine = _contended_machine()
+    machine.teardown()  # stabilizes the world, then checks it
+    assert machine.world.hosts["a"].loads  # the contended load was there to be checked
+    for host in machine.world.hosts.values():
+        assert host.quiet, host.name
+
+
+@settings(max_examples=1, database=None)
+@given(st.none())
+def test_the_quiet_checks_see_a_job_left_without_its_result(_: None) -> None:
+    """The teardown's check has teeth: a lookup the host sent that never got its result
+    (injected here) fails the run."""
+    machine = _contended_machine()
+    machine.world.hosts["a"].lookups_sent += 1
+    with pytest.raises(AssertionError):
+        machine.teardown()
