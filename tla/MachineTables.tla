@@ -136,6 +136,7 @@ MachineTransitions ==
          <<"finishing", "write_failed", "draining_failed">>,
          <<"new", "host_supply", "supplied">>,
          <<"new", "lookup_pin", "pinned">>,
+         <<"new", "recv_fetch", "done">>,
          <<"new", "recv_fetch", "serving">>,
          <<"new", "session_lost", "draining_silent">>,
          <<"pinned", "host_finish", "pinned_closed">>,

@@ -725,7 +725,8 @@ GateResponse(L) == FireS(L, "recv_response", L.sess)
 
 \* Session._on_fetch with keys: demand for (req, seq). An unbound round with supply
 \* is adopted by the request's first fetch (and moves to the end of the insertion
-\* order). A fetch for a lookup round whose pins expired fails at once (vLLM P7).
+\* order). A fetch for a lookup round whose pins expired fails at once (vLLM P7), and so
+\* does one naming a new round of a request the host finished (its host is not asked).
 ServerRoundRecvFetch(p) ==
     /\ Incoming(p, "fetch")
     /\ Peek(chan[Other(p)])[4] # {}
@@ -745,6 +746,8 @@ ServerRoundRecvFetch(p) ==
                  ELSE Open(L1, k, m.seq)
            R == L2.sr[k]
            unservable == src \in {"pinned", "pinned_closed"} /\ ~(m.keys \subseteq SupplyKeys(R))
+           \* A new round of a request the host finished: no supply can come (is_host_finished).
+           closed == src = "new" /\ m.req \in L0.fin
            L3 == [L2 EXCEPT !.sr[k].dst = m.dst, !.sr[k].demand = m.keys, !.sr[k].dtm = TRUE]
        IN Commit(p,
             IF ~CanRequest(L0) THEN Reject(Load(p, "ServerRoundRecvFetch"))
@@ -753,7 +756,7 @@ ServerRoundRecvFetch(p) ==
                       Msg("transfer_done", m.req, m.seq, {}, m.dst, FALSE, {}))
             ELSE IF src \notin {"new", "supplied", "supply_closed", "pinned", "pinned_closed"}
             THEN Reject(Load(p, "ServerRoundRecvFetch"))
-            ELSE IF unservable
+            ELSE IF unservable \/ closed
             THEN EndRound(Send(FireSR(L3, k, "recv_fetch", "done"),
                                Msg("transfer_done", m.req, m.seq, {}, m.dst, FALSE, {})), k)
             ELSE Settle(WriteMatched(FireSR(L3, k, "recv_fetch",

@@ -116,6 +116,10 @@ class FetchArrived:
     ``supplied`` are the keys the round already holds supply for (an earlier
     :class:`~p2pfsm.session.inputs.HostSupply` or lookup pins); supply is wanted only for
     :attr:`missing`. A round answered from a lookup takes no further supply.
+
+    Never emitted for a request the host has finished (within the tombstone lifetime):
+    no supply may follow a finish, and the fetch is answered without the host (a new
+    round of it fails at once with transfer_done(false)).
     """
 
     kv_request_id: str

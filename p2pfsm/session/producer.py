@@ -91,7 +91,8 @@ class ProducerRole(ChildSteps):
         rnd = rounds.get(round_seq)
         if rnd is None:
             self._round_serial += 1
-            rnd = ServerRound(self._env, self._round_serial, kv_request_id, round_seq, origin)
+            rnd = ServerRound(self._env, self._round_serial, kv_request_id, round_seq, origin,
+                              self._finished_by_host(kv_request_id))
             rounds[round_seq] = rnd
             self._round_by_serial[rnd.serial] = rnd
         return rnd
@@ -138,8 +139,10 @@ class ProducerRole(ChildSteps):
         if rnd is None:
             rnd = self._round_for(msg.kv_request_id, msg.round_seq)
         supplied = tuple(k for k in msg.keys if k in rnd.supply)
+        may_supply = not self._finished_by_host(msg.kv_request_id)
         self._fire(SERVER_ROUND, rnd, "recv_fetch", msg)
-        self.emit(FetchArrived(msg.kv_request_id, msg.round_seq, msg.keys, supplied))
+        if may_supply:  # a host that finished the request is never asked to supply it
+            self.emit(FetchArrived(msg.kv_request_id, msg.round_seq, msg.keys, supplied))
         self._cascade()  # after the host hears of the fetch
 
     def _on_lookup(self, msg: Lookup) -> None:

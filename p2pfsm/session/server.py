@@ -41,12 +41,12 @@ class ServerRound:
     """Producer state of one (kv_request_id, round_seq)."""
 
     __slots__ = (
-        "demand", "env", "fsm_state", "inflight", "jobs", "kv_request_id", "landed", "origin",
-        "round_seq", "serial", "supply", "total",
+        "demand", "env", "fsm_state", "host_finished", "inflight", "jobs", "kv_request_id",
+        "landed", "origin", "round_seq", "serial", "supply", "total",
     )
 
     def __init__(self, env: ChildEnv, serial: int, kv_request_id: str, round_seq: int | None,
-                 origin: str = "host") -> None:
+                 origin: str = "host", host_finished: bool = False) -> None:
         self.env = env
         self.fsm_state = SERVER_ROUND.spec.initial
         self.serial = serial
@@ -54,6 +54,9 @@ class ServerRound:
         self.round_seq = round_seq
         self.origin = origin
         """Which supply feeds the round, fixed at creation: "host" or "lookup"."""
+        self.host_finished = host_finished
+        """The host had finished the request when this round was created: no host supply
+        will ever come for it (fixed at creation, like ``origin``)."""
         self.supply: dict[bytes, int] = {}
         self.demand: dict[bytes, int] = {}
         self.inflight: dict[int, int] = {}
@@ -97,6 +100,9 @@ class ServerRound:
     def is_unservable(self, ev: object) -> bool:
         assert isinstance(ev, Fetch)
         return not all(map(self.supply.__contains__, ev.keys))
+
+    def is_host_finished(self, _ev: object) -> bool:
+        return self.host_finished
 
     def is_complete(self, _ev: object) -> bool:
         return not self.demand and not self.inflight and self.landed == self.total

@@ -115,6 +115,26 @@ def test_fetch_of_keys_the_server_lacks(hostile: Hostile) -> None:
     hostile.verify()
 
 
+def test_a_second_round_after_a_round_the_server_could_not_serve(hostile: Hostile) -> None:
+    """Round 0 of a request names a key the server lacks, round 1 of the same request one
+    it holds (a consumer continuing its request, as lookup rounds do). Each round gets
+    exactly one transfer_done and the server lives on (it used to exit: its host was
+    asked to supply round 1 of a request it had finished)."""
+    peer, plane = hostile.ready()
+    peer.send(fetch_msg("two-rounds", [demo_key(10_000)], [0], 0))
+    first = peer.expect("transfer_done", 15.0, pump=plane.progress)
+    assert (first["round_seq"], first["success"]) == (0, False), first
+    peer.send(fetch_msg("two-rounds", [demo_key(5)], [1], 1))
+    second = peer.expect("transfer_done", 15.0, pump=plane.progress)
+    assert second["round_seq"] == 1, second
+    assert hostile.server.alive(), "the server died on the second round"
+    assert [m["round_seq"] for m in peer.seen if m.get("type") == "transfer_done"] == [0, 1]
+    peer.fetch_ok(plane, "honest", range(3))
+    hostile.react(f"one transfer_done per round (round 1 success={second['success']}); "
+                  "server alive")
+    hostile.verify()
+
+
 def test_max_keys_of_unknown_blocks(hostile: Hostile) -> None:
     """65536 keys (the most a frame may carry), none held: one transfer_done(false)."""
     peer, plane = hostile.ready()

@@ -4,7 +4,7 @@ one transfer_done per round, host finish with unmet demand, prefiller-first fini
 from __future__ import annotations
 
 import pytest
-from helpers.world import World, keys, ready_world, snapshot
+from helpers.world import World, keys, of_type, ready_world, snapshot
 
 from p2pfsm.demo.blocks import demo_block, demo_key
 from p2pfsm.errors import LocalProtocolError
@@ -234,3 +234,37 @@ def test_store_deadline_is_disarmed_by_the_fetch() -> None:
     w.stabilize()
     assert w.hosts["b"].store_results[store].success
     assert w.result("a", job).success
+
+
+def test_a_new_round_of_a_request_the_host_finished_fails_at_once_unasked() -> None:
+    """The consumer continues a request after its producer's host finished it (round 0
+    named a key the host lacks, so the host finished the request): round 1's fetch gets
+    transfer_done(false) at once, no write starts and the host is never told of it
+    (asked, it could only break the rule that no supply follows a finish)."""
+    w = ready_world()
+    w.inject_msg("b", Fetch("r1", keys([40]), (0,), 0))
+    assert [a.round_seq for a in w.out("b", FetchArrived)] == [0]
+    w.finish("b", "r1")
+    assert transfer_dones(w) == [TransferDone("r1", False, 0)]
+    outs = w.inject_msg("b", Fetch("r1", keys([8]), (1,), 1))
+    assert of_type(outs, FetchArrived) == [] and of_type(outs, StartWrite) == []
+    assert transfer_dones(w) == [TransferDone("r1", False, 0), TransferDone("r1", False, 1)]
+    assert w.counts("b")["server_round"] == 0
+
+
+def test_a_consumer_continuing_after_the_producer_finished_gets_one_failure_per_round() -> None:
+    """The same through the consumer's own session: each load gets exactly one result."""
+    w = ready_world()
+    first = w.load("a", "r1", [8])
+    w.deliver("a")
+    w.finish("b", "r1")
+    w.deliver_all("b")
+    assert w.result("a", first) == LoadResult(first, "r1", False, True)
+    asked = len(w.out("b", FetchArrived))
+    second = w.load("a", "r1", [9])
+    w.deliver("a")
+    assert len(w.out("b", FetchArrived)) == asked
+    w.deliver_all("b")
+    assert w.result("a", second) == LoadResult(second, "r1", False, True)
+    assert [d.success for d in transfer_dones(w)] == [False, False]
+    assert_idle(w)
