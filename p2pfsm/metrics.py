@@ -28,6 +28,8 @@ Counters (monotonic ints; :meth:`NodeMetrics.count`):
 - ``identities_rate_limited``: frames of new peer identities dropped at the door,
   past ``max_new_peers_per_s`` from their host.
 - ``results_dropped``: results for which the host held nothing (should stay 0).
+- ``host_errors``: exceptions raised by the host's callbacks (``on_fetch``, ``on_lookup``,
+  ``on_result``); each is logged, what it was about fails, and the node serves on.
 
 Gauges (floats; :meth:`NodeMetrics.set_gauge`):
 
@@ -73,6 +75,8 @@ COUNTERS: Final[dict[str, str]] = {
     "identities_rate_limited": "Frames of new peer identities dropped past "
                                "max_new_peers_per_s from their host.",
     "results_dropped": "Results for which the host held nothing (should stay 0).",
+    "host_errors": "Exceptions raised by the host's callbacks (each logged; what it was "
+                   "about fails, the node serves on).",
 }
 
 #: Gauge name -> what it measures.

@@ -89,8 +89,8 @@ _INBOUND_GRACE_S = 0.05
 _DRIVEN_RECENTLY_S = 1.0
 """A thread that stepped the node this recently counts as its driver."""
 
-_VIOLATION_LOG_BURST = 5
-_VIOLATION_LOG_WINDOW_S = 10.0
+_LOG_BURST = 5
+_LOG_WINDOW_S = 10.0
 """At most this many violation log lines per peer per window; the rest are counted."""
 
 LookupAnswer = tuple[Mapping[bytes, int], Iterable[bytes]]
@@ -126,10 +126,24 @@ class _Load:
 
 
 @dataclass(slots=True)
-class _ViolationLog:
+class _LogWindow:
+    """At most ``_LOG_BURST`` lines per ``_LOG_WINDOW_S`` of one kind of event."""
+
     window_start: float = 0.0
     logged: int = 0
     suppressed: int = 0
+
+    def admit(self, now: float) -> tuple[bool, int]:
+        """(log this one?, lines suppressed in the window that just closed)."""
+        closed = 0
+        if now - self.window_start >= _LOG_WINDOW_S:
+            closed = self.suppressed
+            self.window_start, self.logged, self.suppressed = now, 0, 0
+        if self.logged < _LOG_BURST:
+            self.logged += 1
+            return True, closed
+        self.suppressed += 1
+        return False, closed
 
 
 def _is_connect(frame: bytes) -> bool:
@@ -206,7 +220,8 @@ class Node(Driven, Executor):
         self._asking: int | None = None  # the token on_lookup is being asked about
         self._served: dict[int, _ServedLookup] = {}  # our token -> lookup with pending keys
         self._served_tokens: dict[tuple[str, int], int] = {}  # (peer, session token) -> ours
-        self._violation_logs: dict[str, _ViolationLog] = {}
+        self._violation_logs: dict[str, _LogWindow] = {}
+        self._host_error_log = _LogWindow()
         self._session_violations: dict[str, int] = {}  # rejected frames of the live session
         self._live: set[str] = set()  # peers whose session is alive (O(1) gauges per turn)
         self._heard: dict[str, float] = {}  # inbound sessions: when their last frame came
@@ -775,7 +790,17 @@ class Node(Driven, Executor):
     def _call_on_fetch(self, on_fetch: Callable[[str, FetchArrived], None], peer_id: str,
                        arrived: FetchArrived) -> None:
         if peer_id in self.sessions and self.sessions[peer_id].alive:
-            on_fetch(peer_id, arrived)
+            try:
+                on_fetch(peer_id, arrived)
+            except Exception as exc:
+                # The request fails: finishing it fails the round (transfer_done(false)
+                # once its writes have landed) and any later round of it at once.
+                rid = arrived.kv_request_id
+                self._host_failed("on_fetch", peer_id, f"request {rid}", exc)
+                session = self.sessions.get(peer_id)
+                if session is not None and session.alive:
+                    with contextlib.suppress(LocalProtocolError):  # finished already
+                        self.finish(peer_id, rid)
 
     def _on_load_result(self, peer_id: str, res: LoadResult) -> None:
         load = self._loads.pop(res.job_id, None)
@@ -800,7 +825,14 @@ class Node(Driven, Executor):
             fut.set_result(value)
         on_result = self.on_result
         if on_result is not None:
-            self._callbacks.append(lambda: on_result(peer_id, value))
+            self._callbacks.append(lambda: self._call_on_result(on_result, peer_id, value))
+
+    def _call_on_result(self, on_result: Callable[[str, Any], None], peer_id: str,
+                        value: LoadResult | StoreResult | LookupResult) -> None:
+        try:
+            on_result(peer_id, value)
+        except Exception as exc:  # the result is in its future already
+            self._host_failed("on_result", peer_id, f"{type(value).__name__}", exc)
 
     def _on_ready(self, peer_id: str, session: Session) -> None:
         self.control.mark_ready(peer_id)  # out of the pending budget (or refused: full)
@@ -882,18 +914,24 @@ class Node(Driven, Executor):
                         peer_id, count, budget)
             self.metrics.count("violation_closes")
             self._callbacks.append(lambda: self._close_for_violations(peer_id, session))
-        rate = self._violation_logs.setdefault(peer_id, _ViolationLog())
-        now = time.monotonic()
-        if now - rate.window_start >= _VIOLATION_LOG_WINDOW_S:
-            if rate.suppressed:
-                log.warning("peer %s: %d more rejected frames not logged", peer_id,
-                            rate.suppressed)
-            rate.window_start, rate.logged, rate.suppressed = now, 0, 0
-        if rate.logged < _VIOLATION_LOG_BURST:
-            rate.logged += 1
+        rate = self._violation_logs.setdefault(peer_id, _LogWindow())
+        admit, suppressed = rate.admit(time.monotonic())
+        if suppressed:
+            log.warning("peer %s: %d more rejected frames not logged", peer_id, suppressed)
+        if admit:
             log.warning("peer %s: frame rejected: %s", peer_id, violation.error)
-        else:
-            rate.suppressed += 1
+
+    def _host_failed(self, callback: str, peer_id: str, what: str, exc: Exception) -> None:
+        """A host callback raised: counted and logged (with its traceback, rate-limited);
+        the caller fails only what the callback was about, and the node serves on."""
+        self.metrics.count("host_errors")
+        admit, suppressed = self._host_error_log.admit(time.monotonic())
+        if suppressed:
+            log.error("%d more host callback errors not logged", suppressed)
+        if admit:
+            log.error("host callback %s raised on the %s from %s (%s: %s); it fails, the "
+                      "node serves on", callback, what, peer_id, type(exc).__name__, exc,
+                      exc_info=exc)
 
     def _evict_idle(self, now: float) -> None:
         """Close inbound sessions idle for ``idle_timeout_s`` (checked about once a second)."""
@@ -943,11 +981,14 @@ class Node(Driven, Executor):
             self._asking = token
             try:
                 answer_hits, answer_pending = self.on_lookup(peer_id, ask)
+                hits = dict(answer_hits)
+                pending = frozenset(answer_pending)
+                self._check_local_indexes("on_lookup", hits.values())
+            except Exception as exc:  # answered all MISS: nothing was pinned for it
+                self._host_failed("on_lookup", peer_id, f"lookup of {req.kv_request_id}", exc)
+                hits, pending = {}, frozenset()
             finally:
                 self._asking = None
-            hits = dict(answer_hits)
-            pending = frozenset(answer_pending)
-            self._check_local_indexes("on_lookup", hits.values())
         job = None
         if hits:
             job = self.new_job_id()

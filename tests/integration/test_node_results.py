@@ -220,3 +220,77 @@ def test_lookup_pins_are_released_through_the_handle_given_to_on_lookup() -> Non
     finally:
         for n in nodes:
             n.close(timeout=2.0)
+
+
+# ------------------------------------------------------------ host callbacks that raise
+class RaisingHost:
+    """A producer host with bugs: its callbacks raise for requests named ``bad-*``, and
+    ``on_result`` raises on every result (after noting it); ``stop`` asks the loop to end."""
+
+    def __init__(self) -> None:
+        self.index = {demo_key(i): i for i in range(HELD)}
+        self.node: Node | None = None
+        self.results: list[StoreResult] = []
+
+    def on_fetch(self, peer: str, fetch: FetchArrived) -> None:
+        if fetch.kv_request_id.startswith("bad"):
+            raise RuntimeError(f"host bug on the fetch of {fetch.kv_request_id}")
+        if fetch.kv_request_id == "stop":
+            raise SystemExit("the host ends its loop")
+        assert self.node is not None
+        mine = list(fetch.missing)
+        self.node.supply(peer, fetch.kv_request_id, mine, [self.index[k] for k in mine])
+
+    def on_lookup(self, _peer: str, ask: LookupAsk) -> LookupAnswer:
+        if ask.kv_request_id.startswith("bad"):
+            raise ValueError(f"host bug on the lookup of {ask.kv_request_id}")
+        return {k: self.index[k] for k in ask.keys if k in self.index}, ()
+
+    def on_result(self, _peer: str, result: Any) -> None:
+        self.results.append(result)
+        raise RuntimeError("host bug on a result")
+
+
+def test_host_callbacks_that_raise_fail_their_request_and_the_node_serves_on() -> None:
+    """Each raising callback is counted and logged, fails only what it was about (the
+    fetch: transfer_done(false); the lookup: every key a miss), and the producer's loop
+    goes on: the next fetch on the same session is served and verified. A BaseException
+    that is not an Exception (SystemExit) is the host asking the loop to end: it leaves."""
+    host = RaisingHost()
+    producer = Node(config(), on_lookup=host.on_lookup, on_fetch=host.on_fetch,
+                    on_result=host.on_result)
+    host.node = producer
+    consumer = Node(config())
+    nodes = (producer, consumer)
+
+    def both(done: Callable[[], bool], what: str) -> None:
+        deadline = time.monotonic() + 30
+        while not done():
+            assert time.monotonic() < deadline, f"no {what}"
+            for n in nodes:
+                n.step(0.005)
+
+    try:
+        fill_demo_region(producer, HELD)
+        session = consumer.connect(producer.local_id)
+        both(lambda: session.ready, "handshake")
+        peer = producer.local_id
+        bad_load = consumer.fetch(peer, "bad-fetch", keys(range(0, 4)), range(4))
+        both(bad_load.done, "the failed fetch's result")
+        assert not bad_load.result().success
+        bad_probe = consumer.lookup(peer, "bad-lookup", keys(range(4, 8)))
+        both(bad_probe.done, "the failed lookup's answer")
+        assert bad_probe.result().answered and bad_probe.result().hits == (False,) * 4
+        good = consumer.fetch(peer, "good", keys(range(8, 12)), range(4, 8))
+        both(good.done, "the next fetch")
+        assert good.result().success and session.ready
+        verify(consumer, range(8, 12), range(4, 8))
+        both(lambda: len(host.results) == 1, "the supply's StoreResult")
+        assert host.results[0].success
+        assert producer.metrics.snapshot()["counters"]["host_errors"] == 3
+        consumer.fetch(peer, "stop", keys(range(0, 1)), range(8, 9))
+        with pytest.raises(SystemExit, match="ends its loop"):
+            both(lambda: False, "the host's SystemExit")
+    finally:
+        for n in nodes:
+            n.close(timeout=2.0)
