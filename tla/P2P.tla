@@ -166,7 +166,8 @@ VARIABLES
     nlr,     \* [Peers -> Nat]: lookup results reported to the host
     nfin,    \* [Peers -> Nat]: host finish calls
     fin,     \* [Peers -> SUBSET Reqs]: requests the host finished (it supplies them no more:
-             \* the session refuses that supply, LocalProtocolError)
+             \* the session refuses that supply, LocalProtocolError), each forgotten
+             \* after a frame lifetime (Session._finished, NetworkFrameLifetime)
     sr,      \* [Peers -> [open SKeys -> serve round]]: serve rounds (producer role)
     sl,      \* [Peers -> [Reqs -> Seq(served lookup)]]: served lookups, arrival order
     wr,      \* [Peers -> SUBSET write]: writes p started that have not completed
@@ -551,7 +552,8 @@ ClientLookupHostLookup(p) ==
                                    Msg("lookup", req, seq, keys, 0, FALSE, {})))
 
 \* Session._on_host_supply: stored blocks, pinned until the job's StoreResult. Never for
-\* a request the host finished (fin): the session refuses that (LocalProtocolError).
+\* a request the host finished (HostFinished): the session refuses that
+\* (LocalProtocolError).
 \* Session._supply_target: among the request's rounds not supplied by lookups (in
 \* insertion order), the first whose remaining demand names one of the keys; else the
 \* unbound round; else the newest round that is not serving (it rejects the job); else
@@ -569,23 +571,31 @@ SupplyTarget(L, req, keys) ==
          [] serving # {} -> Last(serving)
          [] OTHER -> <<req, Unbound>>
 
+\* Session._finished_by_host: the host finished req (remembered for a frame lifetime), or a
+\* round of it is in a state only its finish leads to.
+HostFinished(L, req) ==
+    \/ req \in L.fin
+    \/ \E k \in DOMAIN L.sr : k[1] = req /\ L.sr[k].st \in {"supply_closed", "pinned_closed",
+                                                           "finishing"}
+
 ServerRoundHostSupply(p) ==
     /\ p \in SupplyPeers /\ sess[p] # "idle" /\ Len(sres[p]) < S.stores
-    /\ \E req \in Reqs \ fin[p], keys \in S.sks :
+    /\ \E req \in Reqs, keys \in S.sks :
          LET L0 == Load(p, "ServerRoundHostSupply")
              j == Len(L0.sres) + 1
              L == [L0 EXCEPT !.sres = Append(@, [st |-> "pinned", rnd |-> Unbound])]
              k == SupplyTarget(L, req, keys)
              Ln == Open(L, k, Unbound)
              src == SSt(Ln, k)
-         IN Commit(p,
-              IF L.sess \in Ended \cup {"closed"} THEN ReleaseJob(L, j)
-              ELSE IF src \in {"new", "supplied"}
-              THEN Settle(AddSupply(FireSR(Ln, k, "host_supply", "supplied"), k, keys, j), k)
-              ELSE IF src = "serving"
-              THEN Settle(WriteMatched(AddSupply(FireSR(Ln, k, "host_supply", "serving"),
-                                                 k, keys, j), k), k)
-              ELSE Settle(ReleaseJob(FireSR(Ln, k, "host_supply", src), j), k))
+         IN /\ ~HostFinished(L0, req)
+            /\ Commit(p,
+                 IF L.sess \in Ended \cup {"closed"} THEN ReleaseJob(L, j)
+                 ELSE IF src \in {"new", "supplied"}
+                 THEN Settle(AddSupply(FireSR(Ln, k, "host_supply", "supplied"), k, keys, j), k)
+                 ELSE IF src = "serving"
+                 THEN Settle(WriteMatched(AddSupply(FireSR(Ln, k, "host_supply", "serving"),
+                                                    k, keys, j), k), k)
+                 ELSE Settle(ReleaseJob(FireSR(Ln, k, "host_supply", src), j), k))
 
 \* Session._on_host_answer: the host resolves some pending keys of a served lookup as
 \* hits or misses; hits are pinned (a new store job) as supply of the lookup's round.
@@ -747,7 +757,7 @@ ServerRoundRecvFetch(p) ==
            R == L2.sr[k]
            unservable == src \in {"pinned", "pinned_closed"} /\ ~(m.keys \subseteq SupplyKeys(R))
            \* A new round of a request the host finished: no supply can come (is_host_finished).
-           closed == src = "new" /\ m.req \in L0.fin
+           closed == src = "new" /\ HostFinished(L0, m.req)
            L3 == [L2 EXCEPT !.sr[k].dst = m.dst, !.sr[k].demand = m.keys, !.sr[k].dtm = TRUE]
        IN Commit(p,
             IF ~CanRequest(L0) THEN Reject(Load(p, "ServerRoundRecvFetch"))
@@ -1034,12 +1044,16 @@ NetworkFrameLifetime(p) ==
            floorGone == fl[p][req] > 0
                         /\ ~InFlight({"abort_fetch", "abort_ack"}, 0 .. fl[p][req] - 1)
            xlGone == xl[p][req] # Unbound /\ ~InFlight({"fetch"}, {xl[p][req]})
-       IN /\ floorGone \/ xlGone
+           \* Session._finished forgets the host's finish after the same lifetime, timed
+           \* from the finish, whatever is in flight by then.
+           finGone == req \in fin[p]
+       IN /\ floorGone \/ xlGone \/ finGone
           /\ fl' = [fl EXCEPT ![p][req] = IF floorGone THEN 0 ELSE @]
           /\ xl' = [xl EXCEPT ![p][req] = IF xlGone THEN Unbound ELSE @]
+          /\ fin' = [fin EXCEPT ![p] = IF finGone THEN @ \ {req} ELSE @]
           /\ fired' = {}
           /\ act' = IF TrackAct THEN <<"NetworkFrameLifetime", p>> ELSE <<"", "">>
-          /\ UNCHANGED <<scn, sess, reg, queue, cr, lr, cl, nlk, nlr, nfin, fin, sr, sl, wr,
+          /\ UNCHANGED <<scn, sess, reg, queue, cr, lr, cl, nlk, nlr, nfin, sr, sl, wr,
                          lres, sres, netVars, gone, perr>>
 
 \* A peer's process is killed and started again on the same address before its peer
