@@ -28,6 +28,8 @@ Counters (monotonic ints; :meth:`NodeMetrics.count`):
 - ``identities_rate_limited``: frames of new peer identities dropped at the door,
   past ``max_new_peers_per_s`` from their host.
 - ``results_dropped``: results for which the host held nothing (should stay 0).
+- ``foreign_frames``: frames under a live session's peer id that came on another
+  connection than the session's and not as a connect (dropped; the session closed).
 - ``host_errors``: exceptions raised by the host's callbacks (``on_fetch``, ``on_lookup``,
   ``on_result``); each is logged, what it was about fails, and the node serves on.
 
@@ -75,6 +77,8 @@ COUNTERS: Final[dict[str, str]] = {
     "identities_rate_limited": "Frames of new peer identities dropped past "
                                "max_new_peers_per_s from their host.",
     "results_dropped": "Results for which the host held nothing (should stay 0).",
+    "foreign_frames": "Frames under a live session's peer id from another connection than "
+                      "its own, not a connect (dropped; the session closed).",
     "host_errors": "Exceptions raised by the host's callbacks (each logged; what it was "
                    "about fails, the node serves on).",
 }

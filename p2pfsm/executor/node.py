@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from p2pfsm.errors import ConfigError, LocalProtocolError, RemoteProtocolError, TransportError
+from p2pfsm.executor.bindings import Bindings
 from p2pfsm.executor.config import NodeConfig, fingerprint
 from p2pfsm.executor.core import Executor, TimerTable
 from p2pfsm.executor.jobs import Driven, JobFuture, LookupAsk
@@ -222,6 +223,8 @@ class Node(Driven, Executor):
         self._served_tokens: dict[tuple[str, int], int] = {}  # (peer, session token) -> ours
         self._violation_logs: dict[str, _LogWindow] = {}
         self._host_error_log = _LogWindow()
+        self._foreign_log = _LogWindow()
+        self._bindings = Bindings()
         self._session_violations: dict[str, int] = {}  # rejected frames of the live session
         self._live: set[str] = set()  # peers whose session is alive (O(1) gauges per turn)
         self._heard: dict[str, float] = {}  # inbound sessions: when their last frame came
@@ -263,6 +266,7 @@ class Node(Driven, Executor):
         if session is not None and session.alive:
             return session
         self.control.connect(peer_id)
+        self._bindings.forget(peer_id)  # a new session: bound by the peer's first frame
         session = self._new_session(peer_id)
         self._heard.pop(peer_id, None)  # ours: never evicted for idleness
         return session
@@ -468,9 +472,10 @@ class Node(Driven, Executor):
         events = self.control.poll(math.ceil(wait * 1000))
         for event in events:
             if isinstance(event, FrameIn):
-                self._on_frame(event.peer_id, event.frame)
+                self._on_frame(event.peer_id, event.frame, event.conn)
             elif isinstance(event, PeerLost):
                 self._queue(event.peer_id, TransportLost(event.reason))
+
         self.data.progress()
         self._collect_writes()
         now = time.monotonic()
@@ -604,8 +609,14 @@ class Node(Driven, Executor):
         self._feed(peer_id, HostStart(), session=session)
         return session
 
-    def _on_frame(self, peer_id: str, frame: bytes) -> None:
+    def _on_frame(self, peer_id: str, frame: bytes, conn: int = -1) -> None:
         session = self.sessions.get(peer_id)
+        if (session is not None and session.alive and not self._bindings.admits(peer_id, conn)
+                and not _is_connect(frame)):
+            # Not the session's connection (p2pfsm.executor.bindings): only a connect,
+            # which the session judges as its peer's restart or reconnect, gets through.
+            self._foreign_frame(peer_id, session)
+            return
         if session is None or (not session.alive and not session.has_pending_work):
             # A new peer (or a restarted one) opens with its connect. Anything else is a
             # straggler of a session that is over (e.g. the disconnect that follows a
@@ -617,9 +628,26 @@ class Node(Driven, Executor):
                 return
             self._new_session(peer_id)
             self._heard[peer_id] = 0.0  # opened by the peer: subject to idle eviction
+        self._bindings.bind(peer_id, conn)
         if peer_id in self._heard:
             self._heard[peer_id] = time.monotonic()
         self._queue(peer_id, FrameReceived(frame))
+
+    def _foreign_frame(self, peer_id: str, session: Session) -> None:
+        """A frame under ``peer_id`` from another connection than its live session's (one
+        that took the id over: libzmq no longer reads the session's own). Dropped; the
+        session is closed (its disconnect tells the real peer, over our own connection
+        to it, to start over)."""
+        self.metrics.count("foreign_frames")
+        admit, suppressed = self._foreign_log.admit(time.monotonic())
+        if suppressed:
+            log.warning("%d more frames from other connections not logged", suppressed)
+        if admit:
+            log.warning("peer %s: a frame came on another connection than its session's "
+                        "(its id taken over) and not as a connect: dropped, the session "
+                        "closed", peer_id)
+        if session.state != "closed":
+            self._queue(peer_id, HostClose(), session)
 
     def _queue(self, peer_id: str, event: Input, session: Session | None = None) -> None:
         """Queue ``event`` for ``session`` (default: the peer's session now)."""
@@ -900,6 +928,7 @@ class Node(Driven, Executor):
             if not session.has_pending_work:
                 del self._ended[peer_id]
                 del self.sessions[peer_id]
+                self._bindings.forget(peer_id)
                 excess -= 1
 
     def _on_violation(self, peer_id: str, violation: ProtocolViolation) -> None:

@@ -83,7 +83,7 @@ import struct
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final, TypeAlias
 
 import zmq
@@ -110,10 +110,12 @@ log = logging.getLogger("p2pfsm.zmq")
 
 @dataclass(frozen=True, slots=True)
 class FrameIn:
-    """One control frame received from ``peer_id`` (its routing id, i.e. its local_id)."""
+    """One control frame received from ``peer_id`` (its routing id, i.e. its local_id) on
+    connection ``conn`` (the descriptor libzmq read it from; -1 when unknown)."""
 
     peer_id: str
     frame: bytes
+    conn: int = field(default=-1, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -438,6 +440,14 @@ def _fd(sock: zmq.Socket[bytes]) -> int:
     return fd
 
 
+def _conn_of(message: zmq.Frame) -> int:
+    """The descriptor of the connection ``message`` came on (-1 when libzmq cannot say)."""
+    try:
+        return int(message.get(zmq.SRCFD))
+    except (zmq.ZMQError, TypeError, ValueError):
+        return -1
+
+
 def _check_int(name: str, value: object, low: int, high: int | None = None) -> int:
     if type(value) is not int or value < low or (high is not None and value > high):
         bound = f"[{low}, {high}]" if high is not None else f">= {low}"
@@ -621,8 +631,11 @@ class ControlPlane:
             self._set_heartbeats(self._router, _ROUTER_PING_FACTOR)
             self._router.setsockopt(zmq.RCVHWM, self._rcvhwm)
             self._router.setsockopt(zmq.MAXMSGSIZE, self._max_msg_size)
-            # A restarted peer reconnects under the same identity; let the new
-            # connection take the identity over instead of being refused.
+            # A restarted peer may present its id while its old connection still looks
+            # open (a host gone silent: no FIN): the new connection takes the id over.
+            # Any connection can present any id, so every frame says which connection
+            # it came on (FrameIn.conn) and the node binds each session to its own: a
+            # frame on another connection reaches it only as a fresh connect.
             self._router.setsockopt(zmq.ROUTER_HANDOVER, 1)
             # A burst of connects (hundreds of peers at once, or a flood) must not
             # overflow libzmq's default listen backlog of 100, which stalls even a
@@ -1022,7 +1035,7 @@ class ControlPlane:
             ident, frame = parts[0].bytes, parts[1].bytes
             peer_id = self._admit(ident, frame, parts[1])
             if peer_id is not None:
-                out.append(FrameIn(peer_id, frame))
+                out.append(FrameIn(peer_id, frame, _conn_of(parts[1])))
 
     def _admit(self, ident: bytes, frame: bytes, message: zmq.Frame) -> str | None:
         """The peer id for a routing id, dialling back unknown ones; None = drop."""

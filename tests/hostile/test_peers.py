@@ -21,7 +21,7 @@ import zmq
 from .conftest import ROUTER_SETTLE_S, Hostile, legit_fetch, wait_for
 from .flood import flood_main
 from .frozen import helper_main
-from .wire import RawPeer, connect_msg, demo_key, free_port, pack
+from .wire import RawPeer, connect_msg, demo_key, fetch_msg, free_port, pack
 
 BAD_IDENTITIES = {
     "no_colon": b"garbage",
@@ -136,21 +136,32 @@ def test_a_flood_from_one_host_never_crowds_out_a_handshake_from_another(
 
 
 def test_identity_takeover_of_a_live_peer(hostile: Hostile) -> None:
-    """A second connection under a live peer's routing id takes the id over
-    (ROUTER_HANDOVER, so that restarted peers can come back) and sends garbage. The
-    garbage is rejected and the session survives; the victim's old connection no longer
-    carries its frames, so the victim redials (same id) and fetches on its session."""
+    """A second connection presents a live peer's routing id (ROUTER_HANDOVER gives it
+    the id) and sends a fetch naming block 40 of the victim's memory, then garbage. None
+    of it reaches the victim's session (a session is bound to its connection): nothing
+    lands in the victim's memory and the victim hears no reply to it; the session is
+    closed, and its disconnect reaches the victim over the server's own connection to it.
+    The victim redials, handshakes again and fetches, every byte checked. On a server
+    without the binding the fetch was served as the victim's: block 40 overwritten."""
     victim, plane = hostile.ready()
+    sentinel = 0xA5
+    plane.region[40].fill_(sentinel)
     thief = hostile.peer(identity=victim.peer_id.encode(), bind=False)
-    for _ in range(20):
+    thief.send(fetch_msg("stolen", [demo_key(7)], [40]))
+    for _ in range(5):
         thief.send_raw(b"\xc1garbage")
-    thief.dealer.setsockopt(zmq.LINGER, 1000)
+    victim.expect("disconnect", 15.0, pump=plane.progress)
+    assert "stolen" not in [m.get("kv_request_id") for m in victim.seen], victim.seen
+    assert bool((plane.region[40] == sentinel).all()), "the thief's fetch wrote block 40"
     thief.close()
     hostile.closers.remove(thief.close)
     victim.redial()
+    victim.handshake(plane.metadata, plane.base_addr)
     victim.fetch_ok(plane, "after-takeover", range(3), timeout=15.0)
-    hostile.react("garbage rejected, session kept; the victim's connect_ack, lost in the "
-                  "handover, is implied by its fetch after the redial")
+    assert bool((plane.region[40] == sentinel).all()), "block 40 written after all"
+    assert any("another connection" in line for line in hostile.server.new_log())
+    hostile.react("the thief's fetch and garbage never reached the session (nothing written); "
+                  "session closed, the victim told; it reconnects and fetches")
     # The victim's first connection, displaced while open, is closed by the ROUTER's
     # heartbeat only (libzmq stops reading it): wait for that bound.
     hostile.verify(settle_s=ROUTER_SETTLE_S)

@@ -57,12 +57,12 @@ class RecordingNode(Node):
         self.opened[peer_id] += 1
         return super()._new_session(peer_id)
 
-    def _on_frame(self, peer_id: str, frame: bytes) -> None:
+    def _on_frame(self, peer_id: str, frame: bytes, conn: int = -1) -> None:
         try:
             self.received[peer_id].append(decode(frame).TYPE)
         except Exception:  # a bad frame is the session's business, not the record's
             self.received[peer_id].append("?")
-        super()._on_frame(peer_id, frame)
+        super()._on_frame(peer_id, frame, conn)
 
     def apply(self, peer: str, out: Output) -> None:
         if isinstance(out, LoadResult | StoreResult):
