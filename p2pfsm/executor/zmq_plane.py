@@ -79,6 +79,7 @@ import logging
 import math
 import os
 import select
+import socket
 import struct
 import time
 from collections import OrderedDict
@@ -329,6 +330,7 @@ session live, a one-sided loss) still reach the node, whose dead session answers
 """How long the DEALER of a peer whose session is over stays open (its last frames, e.g.
 a disconnect, go out meanwhile) before it is closed and its descriptors freed."""
 
+_EV_CONNECTED: Final = int(zmq.EVENT_CONNECTED)
 _EV_HANDSHAKE_OK: Final = int(zmq.EVENT_HANDSHAKE_SUCCEEDED)
 _EV_HANDSHAKE_FAILED: Final = frozenset(
     {
@@ -345,7 +347,8 @@ _EV_CONNECT_RETRIED: Final = int(zmq.EVENT_CONNECT_RETRIED)
 # CONNECT_RETRIED (or a handshake failure) before the handshake ends the peer, and
 # CLOSED/DISCONNECTED end it once it has connected, so none of them piles up.
 _MONITOR_MASK: Final = (
-    _EV_HANDSHAKE_OK
+    _EV_CONNECTED
+    | _EV_HANDSHAKE_OK
     | _EV_DISCONNECTED
     | _EV_CLOSED
     | _EV_CONNECT_RETRIED
@@ -438,6 +441,24 @@ def _fd(sock: zmq.Socket[bytes]) -> int:
     fd = sock.getsockopt(zmq.FD)
     assert isinstance(fd, int)
     return fd
+
+
+def _connected_to_itself(fd: int) -> bool:
+    """The TCP socket ``fd`` is connected to itself. A connect to a port nobody listens on
+    may be given that very port as its source (the port is in the ephemeral range: TCP's
+    simultaneous open then connects the socket to itself), and a DEALER happily completes
+    the ZMTP handshake with itself: a dial-back to such an id would hold a connection
+    that nothing ever answers. Any error (``fd`` gone meanwhile) answers False."""
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError:
+        return False
+    try:
+        return bool(sock.getsockname() == sock.getpeername())
+    except OSError:
+        return False
+    finally:
+        sock.detach()  # libzmq's descriptor: never closed here
 
 
 def _conn_of(message: zmq.Frame) -> int:
@@ -1212,8 +1233,11 @@ class ControlPlane:
                     break
                 if not parts or len(parts[0]) != _MONITOR_HEADER.size:
                     continue
-                event, _value = _MONITOR_HEADER.unpack(parts[0])
-                if event == _EV_HANDSHAKE_OK:
+                event, value = _MONITOR_HEADER.unpack(parts[0])
+                if event == _EV_CONNECTED:
+                    if _connected_to_itself(value):
+                        self._lose(peer, "connection refused")
+                elif event == _EV_HANDSHAKE_OK:
                     peer.connected = True
                     peer.deadline = None
                 elif event in _EV_HANDSHAKE_FAILED:
