@@ -261,7 +261,8 @@ def test_bench_workloads_report_each_workload(runs: dict[str, Ran]) -> None:
     assert w["lookup"]["hits"] == 192 and w["concurrent"]["requests"] == 8
     assert len(w["concurrent"]["request_ms"]) and w["concurrent"]["request_ms"]["n"] == 16
     assert w["soak"]["count"] == 4 and w["soak"]["before"]["fds"] > 0
-    assert w["cpu"]["consumer_cpu_s_per_gb"] >= 0 and w["cpu"]["producer_cpu_s_per_gb"] > 0
+    # CPU time is counted in clock ticks (10 ms): a quick run may use less than one.
+    assert w["cpu"]["consumer_cpu_s_per_gb"] >= 0 and w["cpu"]["producer_cpu_s_per_gb"] >= 0
     region = w["region"]
     assert region["mib"] == 4 and region["blocks"] == 64 and region["connect_ready_ms"] > 0
     fan = w["fanout"]

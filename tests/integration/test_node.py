@@ -270,16 +270,16 @@ def test_abort_after_load_timeout(server: Peer, nodes: Callable[..., RecordingNo
 
 
 def test_host_finish_on_either_side(server: Peer, nodes: Callable[..., RecordingNode]) -> None:
-    node = connected(nodes(timeouts=Timeouts(load=5.0, abort_ack=2.0)), server)
+    # The load deadline (120 s) is far past every wait below: what ends a load here is
+    # the finish under test, never its deadline.
+    node = connected(nodes(timeouts=Timeouts(load=120.0, abort_ack=2.0)), server)
     server.ask(node, "withhold", [20], reply="withholding")
     try:
         # Our host finishes while its load waits: abort, abort_ack, released failure.
         mine = node.fetch(server.id, "finish-c", keys_of([20]), [0])
         assert server.wait(node, "fetch", "finish-c")[3:] == (0, 1)
-        start = time.monotonic()
         node.finish(server.id, "finish-c")
-        drive(node, mine.done, 4.0, "result after our finish")
-        assert time.monotonic() - start < 4.0
+        drive(node, mine.done, 60.0, "result after our finish")
         result = mine.result()
         assert not result.success and result.released, result
         assert "abort_ack" in node.received[server.id]
@@ -289,7 +289,7 @@ def test_host_finish_on_either_side(server: Peer, nodes: Callable[..., Recording
         theirs = node.fetch(server.id, "finish-s", keys_of([20, 21]), [1, 2])
         assert server.wait(node, "fetch", "finish-s")[3:] == (1, 1)
         server.ask(node, "finish", node.local_id, "finish-s", reply="finished")
-        drive(node, theirs.done, 4.0, "result after the server's finish")
+        drive(node, theirs.done, 60.0, "result after the server's finish")
         result = theirs.result()
         assert not result.success and result.released, result
         assert node.received[server.id].count("transfer_done") == 1
@@ -377,10 +377,12 @@ def test_connect_timeout_is_validated(bad: object) -> None:
 
 def test_peer_killed_with_work_outstanding_then_restarted(
         children: list[Child], nodes: Callable[..., RecordingNode]) -> None:
-    peer_cfg = config(timeouts=Timeouts(load=5.0, abort_ack=2.0), **FAST_HEARTBEATS)
+    # The load deadline (120 s) is far past every wait below: the loads here end by the
+    # peer's death or freeze (its transport lost), never by their deadline.
+    slow_loads = Timeouts(load=120.0, abort_ack=2.0)
+    peer_cfg = config(timeouts=slow_loads, **FAST_HEARTBEATS)
     victim = start_peer(children, "victim", peer_cfg)
-    node = connected(nodes(timeouts=Timeouts(load=5.0, abort_ack=2.0), **FAST_HEARTBEATS),
-                     victim)
+    node = connected(nodes(timeouts=slow_loads, **FAST_HEARTBEATS), victim)
     victim.ask(node, "withhold", [40], reply="withholding")
 
     # Outstanding when the victim dies: our supply (never fetched), a load it parked,
@@ -395,7 +397,7 @@ def test_peer_killed_with_work_outstanding_then_restarted(
     os.kill(victim.pid, signal.SIGKILL)
     victim.child.proc.join(10.0)
     everything = [store, parked, *burst]
-    drive(node, lambda: all(f.done() for f in everything), 10.0, "a result for every job")
+    drive(node, lambda: all(f.done() for f in everything), 60.0, "a result for every job")
 
     assert not store.result().success
     lost = parked.result()
@@ -410,8 +412,7 @@ def test_peer_killed_with_work_outstanding_then_restarted(
 
     # A new server on the same port: connect again and fetch.
     restarted = start_peer(children, "restarted", config(
-        bind=f"tcp://{victim.id}", timeouts=Timeouts(load=5.0, abort_ack=2.0),
-        **FAST_HEARTBEATS))
+        bind=f"tcp://{victim.id}", timeouts=slow_loads, **FAST_HEARTBEATS))
     assert restarted.id == victim.id
     node.region.zero_()
     connected(node, restarted)
@@ -423,10 +424,8 @@ def test_peer_killed_with_work_outstanding_then_restarted(
 
     # Frozen, not killed: heartbeats end the session well before the load deadline.
     os.kill(restarted.pid, signal.SIGSTOP)
-    start = time.monotonic()
     frozen = node.fetch(restarted.id, "frozen", keys_of([5]), [5])
-    drive(node, frozen.done, 4.0, "failure of the load from the frozen peer")
-    assert time.monotonic() - start < 4.0
+    drive(node, frozen.done, 60.0, "failure of the load from the frozen peer")
     assert not frozen.result().success
     assert node.deaths[restarted.id].reason.startswith("transport lost")
     assert isinstance(frozen.result(), LoadResult)
