@@ -153,6 +153,10 @@ class AsyncNode:
         self.node.finish(peer_id, kv_request_id)
         self._wake()
 
+    def decline(self, peer_id: str, kv_request_id: str, round_seq: int) -> None:
+        self.node.decline(peer_id, kv_request_id, round_seq)
+        self._wake()
+
     def resolve_lookup(self, peer_id: str, token: int, hits: Mapping[bytes, int] | None = None,
                        pending: Iterable[bytes] = ()) -> JobFuture[StoreResult] | None:
         result = self.node.resolve_lookup(peer_id, token, hits, pending)

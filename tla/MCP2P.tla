@@ -34,9 +34,9 @@ GateScenarios == <<
     \*    close while a failed round drains
     [Quiet EXCEPT !.loads = 1, !.stores = 2, !.fin = Fin(1, 2), !.faults = {"wfail", "close"},
                   !.timers = {"load", "abort_ack", "store", "demand"}],
-    \* 3. PD loads under loss, cut and close
+    \* 3. PD loads under loss, cut and close; a finish forgotten after its lifetime
     [Quiet EXCEPT !.loads = 1, !.stores = 1, !.fin = Fin(1, 1),
-                  !.faults = {"cut", "close", "drop"}, !.timers = {"load", "abort_ack"}],
+                  !.faults = {"cut", "close", "drop", "finlife"}, !.timers = {"load", "abort_ack"}],
     \* 4. lookups answered in parts (two pins in one round), unservable fetches
     [Quiet EXCEPT !.loads = 1, !.stores = 2, !.lookups = 1,
                   !.timers = {"lookup_pending", "lookup"}, !.fks = K12, !.lks = K12, !.sks = K12],

@@ -63,7 +63,10 @@ CONSTANTS
 
 \* Fault kinds a scenario may allow.
 FaultKinds == {"cut", "drop", "dup", "close", "regfail", "hstimer", "incompat", "wfail",
-               "restart", "halfcut", "corrupt", "ackloss"}
+               "restart", "halfcut", "corrupt", "ackloss", "finlife"}
+\* "finlife" is no fault and is not counted against MaxFaults: where a scenario lists it,
+\* the host's finish of a request may be forgotten after a frame lifetime
+\* (NetworkFrameLifetime), as Session._finished forgets it.
 \* Role timers a scenario lets fire (the handshake timer is the fault "hstimer").
 TimerKinds == {"load", "abort_ack", "lookup", "store", "lookup_pending", "demand"}
 
@@ -597,6 +600,19 @@ ServerRoundHostSupply(p) ==
                                                     k, keys, j), k), k)
                  ELSE Settle(ReleaseJob(FireSR(Ln, k, "host_supply", src), j), k))
 
+\* Session._on_host_decline: the host will not supply the rest of a fetched round. It
+\* fails once no write of it can land (transfer_done(false)); a draining round keeps the
+\* reply it owes. The scenario's finish budget (S.fin) bounds finishes and declines.
+ServerRoundHostDecline(p) ==
+    /\ p \in SupplyPeers /\ sess[p] # "idle" /\ nfin[p] < S.fin[p]
+    /\ \E k \in DOMAIN sr[p] :
+       /\ k[2] # Unbound
+       /\ sr[p][k].st \in {"serving", "finishing"} \cup Draining
+       /\ LET L == [Load(p, "ServerRoundHostDecline") EXCEPT !.nfin = @ + 1]
+              st == L.sr[k].st
+          IN Commit(p, Settle(FireSR(L, k, "host_decline",
+                                     IF st \in Draining THEN st ELSE "draining_failed"), k))
+
 \* Session._on_host_answer: the host resolves some pending keys of a served lookup as
 \* hits or misses; hits are pinned (a new store job) as supply of the lookup's round.
 ServerLookupHostAnswer(p) ==
@@ -1046,7 +1062,7 @@ NetworkFrameLifetime(p) ==
            xlGone == xl[p][req] # Unbound /\ ~InFlight({"fetch"}, {xl[p][req]})
            \* Session._finished forgets the host's finish after the same lifetime, timed
            \* from the finish, whatever is in flight by then.
-           finGone == req \in fin[p]
+           finGone == req \in fin[p] /\ "finlife" \in S.faults
        IN /\ floorGone \/ xlGone \/ finGone
           /\ fl' = [fl EXCEPT ![p][req] = IF floorGone THEN 0 ELSE @]
           /\ xl' = [xl EXCEPT ![p][req] = IF xlGone THEN Unbound ELSE @]
@@ -1134,6 +1150,7 @@ NextHost(p) ==
     \/ ClientLookupHostLookup(p)
     \/ ServerRoundHostSupply(p)
     \/ ServerLookupHostAnswer(p)
+    \/ ServerRoundHostDecline(p)
     \/ ClientRoundHostFinish(p)
 
 ReceiveActions ==

@@ -215,9 +215,10 @@ class DemoServer:
         if keys:
             self.node.supply(peer_id, fetch.kv_request_id, keys, [self.held[k] for k in keys])
         if len(keys) < len(wanted):
-            # Blocks we do not hold: no supply will ever come, so let the round fail now
-            # (transfer_done(false) once our writes have landed) instead of at its deadline.
-            self.node.finish(peer_id, fetch.kv_request_id)
+            # Blocks we do not hold: no supply will ever come, so let this round fail now
+            # (transfer_done(false) once our writes have landed) instead of at its
+            # deadline. Only the round: the peer may go on with the request.
+            self.node.decline(peer_id, fetch.kv_request_id, fetch.round_seq)
 
     def _on_lookup(self, peer_id: str, req: LookupAsk) -> LookupAnswer:
         return {k: self.held[k] for k in req.keys if k in self.held}, ()

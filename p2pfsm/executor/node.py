@@ -52,6 +52,7 @@ from p2pfsm.session import (
     FrameReceived,
     HostAnswerLookup,
     HostClose,
+    HostDecline,
     HostFetch,
     HostFinish,
     HostLookup,
@@ -346,6 +347,13 @@ class Node(Driven, Executor):
         """The host is done with the request (both roles): a load in flight is aborted
         (its result still comes), a demand that cannot be met is answered."""
         self._host(peer_id, HostFinish(kv_request_id))
+
+    def decline(self, peer_id: str, kv_request_id: str, round_seq: int) -> None:
+        """Round ``round_seq`` of the request (a fetch ``on_fetch`` heard of) will get no
+        more supply: it fails (transfer_done(false) once its writes have landed), and the
+        request goes on: a later round of it is served as usual. A round that ended
+        meanwhile takes nothing; one no fetch has named yet raises LocalProtocolError."""
+        self._host(peer_id, HostDecline(kv_request_id, round_seq))
 
     def resolve_lookup(self, peer_id: str, token: int, hits: Mapping[bytes, int] | None = None,
                        pending: Iterable[bytes] = ()) -> JobFuture[StoreResult] | None:

@@ -117,11 +117,21 @@ class HostFinish:
 
 
 @dataclass(frozen=True, slots=True)
+class HostDecline:
+    """The host will not supply the rest of round ``round_seq`` of ``kv_request_id`` (a
+    fetch named blocks it does not hold): that round fails, the request goes on."""
+
+    kv_request_id: str
+    round_seq: int
+
+
+@dataclass(frozen=True, slots=True)
 class HostClose:
     """Close the session; every outstanding job gets its result."""
 
 
 Input = (
     FrameReceived | TimerFired | RegistrationFinished | WriteFinished | TransportLost
-    | HostStart | HostFetch | HostLookup | HostSupply | HostAnswerLookup | HostFinish | HostClose
+    | HostStart | HostFetch | HostLookup | HostSupply | HostAnswerLookup | HostFinish | HostDecline
+    | HostClose
 )

@@ -20,7 +20,13 @@ from p2pfsm.errors import LocalProtocolError, MalformedFrame, RemoteProtocolErro
 from p2pfsm.fsm import CompiledMachine
 from p2pfsm.protocol import AbortAck, AbortFetch, Fetch, Lookup, TransferDone, check_block_indexes
 from p2pfsm.session.child import PinHits
-from p2pfsm.session.inputs import HostAnswerLookup, HostSupply, TimerId, WriteFinished
+from p2pfsm.session.inputs import (
+    HostAnswerLookup,
+    HostDecline,
+    HostSupply,
+    TimerId,
+    WriteFinished,
+)
 from p2pfsm.session.outputs import FetchArrived, StoreResult
 from p2pfsm.session.server import SERVER_LOOKUP, SERVER_ROUND, ServerLookup, ServerRound
 from p2pfsm.session.steps import ChildSteps
@@ -188,6 +194,20 @@ class ProducerRole(ChildSteps):
             return
         rnd = self._supply_target(ev)
         self._step(SERVER_ROUND, rnd, "host_supply", ev)
+
+    def _on_host_decline(self, ev: HostDecline) -> None:
+        self._require_started("decline")
+        self._check_request_id(ev.kv_request_id, "decline")
+        if type(ev.round_seq) is not int or ev.round_seq < 0:
+            raise LocalProtocolError(f"decline: round_seq {ev.round_seq!r} is not a round")
+        rnd = self._server_round(ev.kv_request_id, ev.round_seq)
+        if rnd is None:
+            return  # the round ended meanwhile: its one reply is sent already
+        if not SERVER_ROUND.can_fire(rnd, "host_decline"):
+            raise LocalProtocolError(
+                f"decline: no fetch of {ev.kv_request_id}/{ev.round_seq} has arrived yet "
+                f"(its round is {rnd.fsm_state})")
+        self._step(SERVER_ROUND, rnd, "host_decline", ev)
 
     def _finished_by_host(self, kv_request_id: str) -> bool:
         """The host finished the request (within a frame lifetime, or a round of it is

@@ -37,6 +37,7 @@ from p2pfsm.session import (
     FrameReceived,
     HostAnswerLookup,
     HostClose,
+    HostDecline,
     HostFetch,
     HostFinish,
     HostLookup,
@@ -317,6 +318,11 @@ class SimWorld(Executor):
     def finish(self, node: str, kv_request_id: str) -> None:
         self.hosts[node].finished.add(kv_request_id)
         self.feed(node, HostFinish(kv_request_id))
+        self._flush_answers()
+
+    def decline(self, node: str, kv_request_id: str, round_seq: int) -> None:
+        """The host will not supply the rest of that fetched round (HostDecline)."""
+        self.feed(node, HostDecline(kv_request_id, round_seq))
         self._flush_answers()
 
     def close(self, node: str) -> None:

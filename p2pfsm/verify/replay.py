@@ -67,6 +67,8 @@ _HOST_OP = {action_name(r.machine, r.trigger): r.name for r in _INPUTS.of_kind("
 """Host-call action -> the replay op making it (the input's name in models/inputs.toml)."""
 _KEYED = frozenset({"fetch", "lookup", "supply"})
 """Host ops that take a key set."""
+_DECLINE_ROUNDS = 3
+"""Round numbers a replayed decline may name (the configs' MaxRounds is at most 3)."""
 _RESULT_OP = {action_name(r.machine, t): (r.name, ok)
               for r in (*_INPUTS.of_kind("result").values(), *_INPUTS.of_kind("transport").values())
               for t, ok in ((r.trigger, True),
@@ -139,6 +141,8 @@ def apply(w: ReplayWorld, op: Op) -> None:
         w.supply(node, _REQ, args[1])  # type: ignore[arg-type]
     elif kind == "finish":
         w.finish(node, _REQ)
+    elif kind == "decline":
+        w.decline(node, _REQ, int(args[1]))  # type: ignore[call-overload]
     elif kind == "answer":
         _answer(w, node, int(args[1]), frozenset(args[2]), frozenset(args[3]))  # type: ignore[call-overload]
     elif kind == "deliver":
@@ -213,6 +217,9 @@ def candidates(w: ReplayWorld, action: str) -> Iterator[Op]:
                     miss = tuple(k for k, f in zip(waiting, fate, strict=True) if f == "miss")
                     if hits or miss:
                         yield ("answer", p, token, hits, miss)
+        elif host == "decline":
+            for seq in range(_DECLINE_ROUNDS):  # a round that cannot take it raises
+                yield (host, p, seq)
         elif host is not None:
             yield (host, p)
         elif action in _RECEIVE:

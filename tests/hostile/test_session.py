@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from .conftest import Hostile, legit_fetch
-from .wire import demo_key, fetch_msg
+from .wire import demo_block, demo_key, fetch_msg
 
 K0 = demo_key(0)
 RID = "evil"
@@ -118,20 +118,21 @@ def test_fetch_of_keys_the_server_lacks(hostile: Hostile) -> None:
 def test_a_second_round_after_a_round_the_server_could_not_serve(hostile: Hostile) -> None:
     """Round 0 of a request names a key the server lacks, round 1 of the same request one
     it holds (a consumer continuing its request, as lookup rounds do). Each round gets
-    exactly one transfer_done and the server lives on (it used to exit: its host was
-    asked to supply round 1 of a request it had finished)."""
+    exactly one transfer_done: round 0 fails (the demo host declines that round only),
+    round 1 is served, its block checked; the server lives on (it used to exit: its host
+    finished the request on round 0 and was then asked to supply round 1)."""
     peer, plane = hostile.ready()
     peer.send(fetch_msg("two-rounds", [demo_key(10_000)], [0], 0))
     first = peer.expect("transfer_done", 15.0, pump=plane.progress)
     assert (first["round_seq"], first["success"]) == (0, False), first
     peer.send(fetch_msg("two-rounds", [demo_key(5)], [1], 1))
     second = peer.expect("transfer_done", 15.0, pump=plane.progress)
-    assert second["round_seq"] == 1, second
+    assert (second["round_seq"], second["success"]) == (1, True), second
+    assert bytes(plane.region[1].numpy()) == demo_block(5)
     assert hostile.server.alive(), "the server died on the second round"
     assert [m["round_seq"] for m in peer.seen if m.get("type") == "transfer_done"] == [0, 1]
     peer.fetch_ok(plane, "honest", range(3))
-    hostile.react(f"one transfer_done per round (round 1 success={second['success']}); "
-                  "server alive")
+    hostile.react("one transfer_done per round: round 0 failed, round 1 served; server alive")
     hostile.verify()
 
 

@@ -9,7 +9,14 @@ from helpers.world import World, keys, of_type, ready_world, snapshot
 from p2pfsm.demo.blocks import demo_block, demo_key
 from p2pfsm.errors import LocalProtocolError
 from p2pfsm.protocol import Fetch, TransferDone
-from p2pfsm.session import FetchArrived, HostSupply, LoadResult, StartWrite, StoreResult
+from p2pfsm.session import (
+    FetchArrived,
+    HostDecline,
+    HostSupply,
+    LoadResult,
+    StartWrite,
+    StoreResult,
+)
 
 
 def transfer_dones(w: World) -> list[TransferDone]:
@@ -268,3 +275,40 @@ def test_a_consumer_continuing_after_the_producer_finished_gets_one_failure_per_
     assert w.result("a", second) == LoadResult(second, "r1", False, True)
     assert [d.success for d in transfer_dones(w)] == [False, False]
     assert_idle(w)
+
+
+def test_a_declined_round_fails_once_its_write_landed_and_the_request_goes_on() -> None:
+    """HostDecline fails one fetched round (its other keys will never be supplied): the
+    write already started lands first, then transfer_done(false); the pins are released.
+    The next round of the same request is served as usual (a finish would fail it)."""
+    w = ready_world()
+    first = w.load("a", "r1", [8, 9])
+    w.deliver("a")
+    store = w.supply("b", "r1", [8])
+    assert len(w.xfers("b")) == 1
+    w.decline("b", "r1", 0)
+    assert transfer_dones(w) == []  # a write is in flight: no reply before it ends
+    w.finish_writes("b")
+    assert transfer_dones(w) == [TransferDone("r1", False, 0)]
+    assert w.hosts["b"].store_results[store] == StoreResult(store, False)
+    w.deliver_all("b")
+    assert not w.result("a", first).success
+    second = w.load("a", "r1", [9])
+    w.deliver("a")
+    assert len(w.out("b", FetchArrived)) == 2  # the host is asked again
+    w.supply("b", "r1", [9])
+    w.finish_writes("b")
+    w.deliver_all("b")
+    assert w.result("a", second).success
+    assert [d.success for d in transfer_dones(w)] == [False, True]
+    assert_idle(w)
+
+
+def test_decline_of_a_round_no_fetch_named_is_refused_and_of_an_ended_one_is_nothing() -> None:
+    w = ready_world()
+    before = snapshot(w.sessions["b"])
+    with pytest.raises(LocalProtocolError, match="decline"):
+        w.feed("b", HostDecline("r1", -1))
+    assert snapshot(w.sessions["b"]) == before
+    w.decline("b", "r9", 0)  # no such round: ended (or never was), nothing to fail
+    assert snapshot(w.sessions["b"]) == before and transfer_dones(w) == []
