@@ -64,6 +64,19 @@ libzmq's buffers (its I/O thread's arena), as the Python frame, and decoded; gli
 keeps freed arena pages, so each copy can stay resident as a high-water mark."""
 
 
+ZMTP_BUFFERS_PER_CONNECTION = 2 * 8192
+"""What libzmq allocates for one connection's engine by its defaults: a decoder buffer of
+``ZMQ_IN_BATCH_SIZE`` and an encoder buffer of ``ZMQ_OUT_BATCH_SIZE`` (8 KiB each)."""
+
+
+def connections_allowance(connections: int) -> int:
+    """The RSS allowance of a scenario that makes the server take ``connections`` TCP
+    connections (inbound or its dial-backs) whose number depends on scheduling (a flood
+    going on while other work proceeds): libzmq's configured buffers for each, as a
+    high-water mark the allocator may keep, plus the ordinary tolerance."""
+    return RSS_TOLERANCE + connections * ZMTP_BUFFERS_PER_CONNECTION
+
+
 def queued_allowance(volume: int) -> int:
     """The RSS allowance of a scenario that makes the server hold up to ``volume`` bytes
     of frames at once (in and out): how much is queued before the peer is dropped, and so

@@ -18,7 +18,14 @@ from typing import Any
 import pytest
 import zmq
 
-from .conftest import ROUTER_SETTLE_S, Hostile, legit_fetch, queued_allowance, wait_for
+from .conftest import (
+    ROUTER_SETTLE_S,
+    Hostile,
+    connections_allowance,
+    legit_fetch,
+    queued_allowance,
+    wait_for,
+)
 from .flood import flood_main
 from .frozen import helper_main
 from .wire import RawPeer, connect_msg, demo_key, fetch_msg, free_port, pack
@@ -131,7 +138,10 @@ def test_a_flood_from_one_host_never_crowds_out_a_handshake_from_another(
     # The flood went on throughout: many times the budget while the client was served.
     assert during >= 3 * 64, f"only {during} flood connects during the fetches"
     hostile.react(f"client on 127.0.0.2 served 3 times during {during} flood connects")
-    hostile.verify()
+    # How many connects the flood makes depends on how long the fetches take (load); each
+    # is an inbound connection and a dial-back at the server (seen quiet: 4494 connects;
+    # under load 12 503, RSS +231 MiB, all back to the baseline's descriptors).
+    hostile.verify(rss_allowance=connections_allowance(2 * sent.value))
     assert not [ln for ln in hostile.log if "127.0.0.2" in ln and "evicted" in ln], hostile.log
 
 
