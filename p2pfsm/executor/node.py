@@ -135,17 +135,20 @@ class _LogWindow:
     logged: int = 0
     suppressed: int = 0
 
-    def admit(self, now: float) -> tuple[bool, int]:
-        """(log this one?, lines suppressed in the window that just closed)."""
-        closed = 0
+    def emit(self, write: Callable[..., None], kind: str, msg: str, *args: object,
+             **kwargs: Any) -> None:
+        """``write(msg, *args)`` unless past the burst; first, when a window closes, how
+        many lines of ``kind`` it left out."""
+        now = time.monotonic()
         if now - self.window_start >= _LOG_WINDOW_S:
-            closed = self.suppressed
+            if self.suppressed:
+                write("%d more %s not logged", self.suppressed, kind)
             self.window_start, self.logged, self.suppressed = now, 0, 0
         if self.logged < _LOG_BURST:
             self.logged += 1
-            return True, closed
-        self.suppressed += 1
-        return False, closed
+            write(msg, *args, **kwargs)
+        else:
+            self.suppressed += 1
 
 
 def _is_connect(frame: bytes) -> bool:
@@ -647,13 +650,10 @@ class Node(Driven, Executor):
         session is closed (its disconnect tells the real peer, over our own connection
         to it, to start over)."""
         self.metrics.count("foreign_frames")
-        admit, suppressed = self._foreign_log.admit(time.monotonic())
-        if suppressed:
-            log.warning("%d more frames from other connections not logged", suppressed)
-        if admit:
-            log.warning("peer %s: a frame came on another connection than its session's "
-                        "(its id taken over) and not as a connect: dropped, the session "
-                        "closed", peer_id)
+        self._foreign_log.emit(
+            log.warning, "frames from other connections", "peer %s: a frame came on another "
+            "connection than its session's (its id taken over) and not as a connect: "
+            "dropped, the session closed", peer_id)
         if session.state != "closed":
             self._queue(peer_id, HostClose(), session)
 
@@ -952,23 +952,17 @@ class Node(Driven, Executor):
             self.metrics.count("violation_closes")
             self._callbacks.append(lambda: self._close_for_violations(peer_id, session))
         rate = self._violation_logs.setdefault(peer_id, _LogWindow())
-        admit, suppressed = rate.admit(time.monotonic())
-        if suppressed:
-            log.warning("peer %s: %d more rejected frames not logged", peer_id, suppressed)
-        if admit:
-            log.warning("peer %s: frame rejected: %s", peer_id, violation.error)
+        rate.emit(log.warning, f"rejected frames of peer {peer_id}",
+                  "peer %s: frame rejected: %s", peer_id, violation.error)
 
     def _host_failed(self, callback: str, peer_id: str, what: str, exc: Exception) -> None:
         """A host callback raised: counted and logged (with its traceback, rate-limited);
         the caller fails only what the callback was about, and the node serves on."""
         self.metrics.count("host_errors")
-        admit, suppressed = self._host_error_log.admit(time.monotonic())
-        if suppressed:
-            log.error("%d more host callback errors not logged", suppressed)
-        if admit:
-            log.error("host callback %s raised on the %s from %s (%s: %s); it fails, the "
-                      "node serves on", callback, what, peer_id, type(exc).__name__, exc,
-                      exc_info=exc)
+        self._host_error_log.emit(
+            log.error, "host callback errors", "host callback %s raised on the %s from %s "
+            "(%s: %s); it fails, the node serves on", callback, what, peer_id,
+            type(exc).__name__, exc, exc_info=exc)
 
     def _evict_idle(self, now: float) -> None:
         """Close inbound sessions idle for ``idle_timeout_s`` (checked about once a second)."""
