@@ -93,7 +93,8 @@ _DRIVEN_RECENTLY_S = 1.0
 
 _LOG_BURST = 5
 _LOG_WINDOW_S = 10.0
-"""At most this many violation log lines per peer per window; the rest are counted."""
+"""At most _LOG_BURST lines of one kind (a peer's rejected frames, frames from other
+connections, host callback errors) per window; the rest are counted."""
 
 LookupAnswer = tuple[Mapping[bytes, int], Iterable[bytes]]
 """What ``on_lookup`` returns: hit key -> local block index, and still-pending keys."""
@@ -486,7 +487,6 @@ class Node(Driven, Executor):
                 self._on_frame(event.peer_id, event.frame, event.conn)
             elif isinstance(event, PeerLost):
                 self._queue(event.peer_id, TransportLost(event.reason))
-
         self.data.progress()
         self._collect_writes()
         now = time.monotonic()
@@ -868,7 +868,7 @@ class Node(Driven, Executor):
         try:
             on_result(peer_id, value)
         except Exception as exc:  # the result is in its future already
-            self._host_failed("on_result", peer_id, f"{type(value).__name__}", exc)
+            self._host_failed("on_result", peer_id, type(value).__name__, exc)
 
     def _on_ready(self, peer_id: str, session: Session) -> None:
         self.control.mark_ready(peer_id)  # out of the pending budget (or refused: full)
