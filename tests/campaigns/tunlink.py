@@ -219,6 +219,9 @@ class _Forwarder:
             if f.loss and self.rng.random() < f.loss:
                 c.lost += 1
                 continue
+            # Timed from this packet's own read, not from the turn's start: a packet read
+            # late in a long batch (a busy machine) would otherwise be held too briefly.
+            now = time.monotonic()
             due = now + f.delay_s
             if f.jitter_s:
                 due += self.rng.uniform(-f.jitter_s, f.jitter_s)
