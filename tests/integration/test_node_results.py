@@ -62,6 +62,16 @@ def verify(node: Node, blocks: range, dest: range) -> None:
         assert bytes(node.region[d].numpy()) == demo_block(b, BLOCK), f"block {b} -> {d}"
 
 
+def drive_all(nodes: tuple[Node, ...], done: Callable[[], bool], what: str) -> None:
+    """Step every node of this process in turn until ``done()``; fail naming ``what``
+    after 30 s (a bound no load reaches: the waits are for sub-second events)."""
+    deadline = time.monotonic() + 30
+    while not done():
+        assert time.monotonic() < deadline, f"no {what}"
+        for n in nodes:
+            n.step(0.005)
+
+
 def keys(blocks: range) -> list[bytes]:
     return [demo_key(i) for i in blocks]
 
@@ -193,11 +203,7 @@ def test_lookup_pins_are_released_through_the_handle_given_to_on_lookup() -> Non
     nodes = (producer, consumer)
 
     def both(done: Callable[[], bool], what: str) -> None:
-        deadline = time.monotonic() + 30
-        while not done():
-            assert time.monotonic() < deadline, f"no {what}"
-            for n in nodes:
-                n.step(0.005)
+        drive_all(nodes, done, what)
 
     try:
         fill_demo_region(producer, HELD)
@@ -264,11 +270,7 @@ def test_host_callbacks_that_raise_fail_their_request_and_the_node_serves_on() -
     nodes = (producer, consumer)
 
     def both(done: Callable[[], bool], what: str) -> None:
-        deadline = time.monotonic() + 30
-        while not done():
-            assert time.monotonic() < deadline, f"no {what}"
-            for n in nodes:
-                n.step(0.005)
+        drive_all(nodes, done, what)
 
     try:
         fill_demo_region(producer, HELD)
