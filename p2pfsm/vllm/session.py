@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 import msgspec
@@ -107,6 +108,19 @@ class _Served:
         self.pending: set[bytes] = set(req.keys)
 
 
+class _ServerRoleView:
+    """The one piece of vLLM's server role its tier manager reads from outside:
+    ``shutdown()`` drains ``session._server._inflight``, the transport ids of the writes
+    still reading our blocks, before it closes the data transport."""
+
+    def __init__(self, by_tid: dict[int, int]) -> None:
+        self._inflight: Mapping[int, int] = MappingProxyType(by_tid)
+
+    @property
+    def has_inflight_transfers(self) -> bool:
+        return bool(self._inflight)
+
+
 class P2PSession(Executor):
     """One peer's session, both roles, with vLLM 0.33.0's constructor and surface."""
 
@@ -130,6 +144,7 @@ class P2PSession(Executor):
         self._registration: Future[None] | None = None
         self._writes: dict[int, int] = {}  # session xfer -> transport transfer id
         self._by_tid: dict[int, int] = {}  # transport transfer id -> session xfer
+        self._server = _ServerRoleView(self._by_tid)
         self._posted = False  # a write was posted during the current _feed
         self._events: list[Input] = []
         self._loads: list[VllmLoadResult] = []
@@ -286,7 +301,19 @@ class P2PSession(Executor):
         return SessionPollResult(loads, stores, fetch_ids)
 
     def close(self) -> SessionCloseResult:
-        """End the session: every open job's result, and what the manager must release."""
+        """End the session: every open job's result, and what the manager must release.
+
+        As vLLM's: a request with a load in flight or a probe not yet answered is listed
+        in ``failed_req_ids`` (the manager falls back to local compute for it), and the
+        work of a session that never connected fails, its store pins included."""
+        unanswered = [kv for kv, probes in self._probes.items() if None in probes.values()]
+        held, self._held = self._held, []
+        for event in held:  # calls made on a session that never connected
+            if isinstance(event, HostFetch):
+                self.load_result(self.peer_id, LoadResult(event.job_id, event.kv_request_id,
+                                                          False, True))
+            elif isinstance(event, HostSupply):
+                self._stores.append(VllmStoreResult(event.job_id, False))
         if self._registration is not None:
             self._registration.cancel()
             self._registration = None
@@ -305,9 +332,7 @@ class P2PSession(Executor):
         loads, self._loads = self._loads, []
         stores, self._stores = self._stores, []
         failed_jobs = [r.job_id for r in loads]
-        failed_reqs = list(dict.fromkeys(
-            [r.kv_request_id for r in loads]
-            + [kv for kv, probes in self._probes.items() if None in probes.values()]))
+        failed_reqs = list(dict.fromkeys([r.kv_request_id for r in loads] + unanswered))
         failed_stores = [r.job_id for r in stores]
         serves = [s.ctx for s in self._served.values() if s.asked] + self._finished_ctxs
         self._served.clear()

@@ -121,6 +121,31 @@ def test_package_imports_without_vllm() -> None:
         p2pfsm.vllm.install()
 
 
+# ---------------------------------------------- what the manager reads off a session
+
+
+def test_session_surface() -> None:
+    """``session_surface.py`` with vLLM's sessions and with the adapter's: a session that
+    never connected and a ready one with a lookup and a load in flight, each closed, as
+    vLLM's manager sees them (close() results, ``ready`` / ``connected`` / ``alive``, the
+    ``_server._inflight`` its ``shutdown()`` drains). The two must read the same."""
+    script = Path(__file__).with_name("session_surface.py")
+    seen = {}
+    for kind in ("vllm", "p2pfsm"):
+        done = subprocess.run([str(VLLM_PYTHON), str(script), kind], capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+        seen[kind] = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["p2pfsm"] == seen["vllm"]
+    never, live = seen["vllm"]["never_connected"], seen["vllm"]["lookup_in_flight"]
+    # The pins of a store given to a session that never connected are released...
+    assert never["failed_stores"] == [7] and never["failed_jobs"] == [8]
+    # ...and a request whose probe or load can no longer be answered falls back.
+    assert never["failed_req_ids"] == live["failed_req_ids"] == ["r-load", "r-probe"]
+    assert live["ready"] and live["peer_asked"] == 1 and live["probe_again"] is None
+    assert live["failed_jobs"] == [9] and never["inflight"] == live["inflight"] == []
+
+
 # ------------------------------------------------- one long-lived world per module
 #
 # Five processes, started together so their vLLM imports overlap: a stock vLLM server

@@ -1,0 +1,124 @@
+"""What vLLM 0.33.0's tier manager reads off a session, for vLLM's sessions and p2pfsm's.
+
+Run by ``test_vllm_adapter.py::test_session_surface`` with ``.venv-vllm``'s Python: every
+case runs once per session class (argv: ``vllm`` or ``p2pfsm``) on vLLM's real
+``ZmqTransport`` and ``NixlTransport``, and prints one JSON line of what the manager would
+see. The peer, where a case has one, is always vLLM's own session on a transport of its
+own in this process, driven by the same loop.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+from vllm.v1.kv_offload.base import LookupResult, ReqContext
+from vllm.v1.kv_offload.tiering.base import ParentManager
+from vllm.v1.kv_offload.tiering.p2p.session import P2PSession as Stock
+
+from p2pfsm.vllm.peer import bind_transport, make_data, make_region
+from p2pfsm.vllm.session import P2PSession as Adapter
+
+BLOCK_LEN, BLOCKS, SEED = 4096, 8, "surface-seed"
+BOUND_S = 30.0  # every wait below ends on its event; this only bounds a broken run
+
+
+class Holding(ParentManager):  # type: ignore[misc]
+    """A tier manager that has not decided yet: every key it is asked about is pending."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    def on_new_request(self, req_context: ReqContext) -> None:
+        self.asked.append(req_context.req_id)
+
+    def lookup(self, key: bytes, req_context: ReqContext) -> LookupResult:
+        return LookupResult.HIT_PENDING
+
+    def create_store_job(self, keys: Any, req_context: ReqContext) -> Any:
+        raise AssertionError("nothing is a hit here")
+
+    def on_request_finished(self, req_context: ReqContext) -> None:
+        pass
+
+
+def close_result(session: Any) -> dict[str, Any]:
+    closed = session.close()
+    return {"failed_jobs": sorted(closed.failed_jobs),
+            "failed_req_ids": sorted(closed.failed_req_ids),
+            "failed_stores": sorted(closed.failed_stores),
+            "failed_serves": len(closed.failed_serves)}
+
+
+def never_connected(cls: type) -> dict[str, Any]:
+    """A session the manager built with ``conn=None`` and gave work, then closed."""
+    data = make_data(make_region(BLOCKS, BLOCK_LEN), None)
+    try:
+        s = cls("127.0.0.1:9", "127.0.0.1:8", data, BLOCK_LEN, SEED, None)
+        s.add_stored_blocks("r-store", [b"k0", b"k1"], [0, 1], 7)
+        s.request_blocks(8, "r-load", [b"k2"], [2])
+        probe = s.register_lookup("r-probe", b"k3")
+        s.flush_pending_lookups()
+        seen = {"probe": probe, "alive": s.alive, "connected": s.connected, "ready": s.ready,
+                "inflight": list(s._server._inflight)}  # the manager's shutdown() reads it
+        return {**seen, **close_result(s)}
+    finally:
+        data.close()
+
+
+def lookup_in_flight(cls: type) -> dict[str, Any]:
+    """A ready session with a lookup the peer is still answering, and a load, at close()."""
+    ours, our_id = bind_transport()
+    theirs, their_id = bind_transport()
+    our_data = make_data(make_region(BLOCKS, BLOCK_LEN), None)
+    their_data = make_data(make_region(BLOCKS, BLOCK_LEN), None)
+    parent = Holding()
+    peers: dict[str, Any] = {}
+    try:
+        s = cls(their_id, our_id, our_data, BLOCK_LEN, SEED, ours.connect(their_id))
+
+        def step() -> None:
+            ours.poll()
+            for conn in theirs.poll():
+                peers[conn.peer_id] = Stock(conn.peer_id, their_id, their_data, BLOCK_LEN,
+                                            SEED, conn)
+            for peer in peers.values():
+                peer.poll()
+                peer.serve_external_requests(parent)
+            s.poll()
+
+        end = time.monotonic() + BOUND_S
+        while not s.ready and time.monotonic() < end:
+            step()
+        ready = s.ready
+        probe = s.register_lookup("r-probe", b"k3")
+        s.flush_pending_lookups()
+        while not parent.asked and time.monotonic() < end:
+            step()
+        s.request_blocks(9, "r-load", [b"k4"], [4])
+        step()
+        seen = {"ready": ready, "peer_asked": len(parent.asked), "probe": probe,
+                "probe_again": s.register_lookup("r-probe", b"k3"),
+                "inflight": list(s._server._inflight)}
+        return {**seen, **close_result(s)}
+    finally:
+        for peer in peers.values():
+            peer.close()
+        ours.close()
+        theirs.close()
+        our_data.close()
+        their_data.close()
+
+
+CASES = {"never_connected": never_connected, "lookup_in_flight": lookup_in_flight}
+
+
+def main() -> None:
+    cls = {"vllm": Stock, "p2pfsm": Adapter}[sys.argv[1]]
+    print(json.dumps({name: case(cls) for name, case in CASES.items()}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
