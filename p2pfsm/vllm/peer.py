@@ -142,8 +142,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def bind_transport() -> tuple[ZmqTransport, str]:
-    """A ZmqTransport on a free loopback port; local_id is that exact "host:port"."""
+def bind_transport(port: int = 0) -> tuple[ZmqTransport, str]:
+    """A ZmqTransport on loopback ``port`` (0: a free one); local_id is that exact
+    "host:port"."""
+    if port:
+        return ZmqTransport(f"{HOST}:{port}", HOST, port), f"{HOST}:{port}"
     for _ in range(20):
         port = free_port()
         local_id = f"{HOST}:{port}"
@@ -349,7 +352,7 @@ class Server:
         self.region = make_region(args.blocks, args.block_len)
         self.store = DemoStore(self.region, args.blocks, set(parse_blocks(args.hold_back)),
                                args.late_after)
-        self.transport, self.local_id = bind_transport()
+        self.transport, self.local_id = bind_transport(args.port)
         self.data = make_data(self.region, self.config)
         self.parent = StandInParent(self.store, self)
         self.sessions: dict[str, tuple[P2PSession, RecordingConnection, Trace]] = {}
@@ -812,6 +815,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="run p2pfsm's sessions (p2pfsm.vllm.install()) instead of vLLM's")
     s = sub.choices["server"]
     s.add_argument("--blocks", type=int, default=16, help="demo blocks 0..N-1 held")
+    s.add_argument("--port", type=int, default=0,
+                   help="the loopback port to listen on (0: a free one); a restarted "
+                        "server comes back under the same peer id")
     s.add_argument("--hold-back", default="", help="blocks stored only --late-after s later")
     s.add_argument("--late-after", type=float, default=1.0)
     s.add_argument("--finish-after", type=float, default=None,

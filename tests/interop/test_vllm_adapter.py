@@ -83,19 +83,15 @@ from vllm.v1.kv_offload.tiering.p2p.session import P2PSession as later
 assert later is Adapter  # what a manager imported afterwards builds with
 pv.uninstall(); pv.uninstall()
 assert pkg.P2PSession is stock and not pv.installed()
-# A manager module imported before install() bound the name at its import: the switch
-# rebinds it there too. (The real manager needs vLLM's full dependencies, which this venv
-# lacks, so a module under its name that bound the name the same way stands in.)
-import sys, types
+# vLLM's tier manager, imported before install(), bound the name at its import: the
+# switch rebinds it there too.
 from p2pfsm.vllm.switch import MANAGER_MODULE
-early = sys.modules[MANAGER_MODULE] = types.ModuleType(MANAGER_MODULE)
-exec("from vllm.v1.kv_offload.tiering.p2p.session import P2PSession", early.__dict__)
+early = importlib.import_module(MANAGER_MODULE)
 assert early.P2PSession is stock
 pv.install()
 assert early.P2PSession is Adapter and pv.installed()
 pv.uninstall()
 assert early.P2PSession is stock and pkg.P2PSession is stock
-del sys.modules[MANAGER_MODULE]
 os.environ.pop(autoinstall.ENV_VAR, None)
 autoinstall.register()
 assert pkg.P2PSession is stock
@@ -144,6 +140,34 @@ def test_session_surface() -> None:
     assert never["failed_req_ids"] == live["failed_req_ids"] == ["r-load", "r-probe"]
     assert live["ready"] and live["peer_asked"] == 1 and live["probe_again"] is None
     assert live["failed_jobs"] == [9] and never["inflight"] == live["inflight"] == []
+
+
+def test_real_tier_manager() -> None:
+    """vLLM 0.33.0's own ``P2PSecondaryTierManager`` (``manager_drive.py``) with vLLM's
+    sessions and with the adapter's, against stock vLLM peers in both roles: PD and
+    symmetric loads (pending keys included), a load whose peer is killed (reaped, the
+    request falls back), a reconnect to the restarted peer, a store fetched by a peer,
+    and ``shutdown()`` with sessions open. Each job gets exactly one result; the two
+    read the same."""
+    script = Path(__file__).with_name("manager_drive.py")
+    seen = {}
+    for kind in ("vllm", "p2pfsm"):
+        done = subprocess.run([str(VLLM_PYTHON), str(script), kind], capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr[-5000:]
+        seen[kind] = json.loads(done.stdout.strip().splitlines()[-1])
+        seen[kind].pop("sessions")
+    assert seen["p2pfsm"] == seen["vllm"]
+    got = seen["vllm"]
+    assert got["pd"] == {"lookups": ["HIT"] * 8, "results": [True], "verified": True}
+    assert got["sym"] == {"lookups": ["HIT"] * 6 + ["MISS"], "results": [True],
+                          "verified": True}
+    assert got["kill"] == {"results": [False], "reaped": True, "lookup_after": "MISS"}
+    assert got["reconnect"] == {"results": [True], "verified": True}
+    assert got["produce"] == {"results": [True], "client_verified": True,
+                              "client_success": True}
+    assert got["shutdown"] == {"sessions": True}
+    assert got["jobs_once"] == {str(j): 1 for j in range(1, 6)}
 
 
 # ------------------------------------------------- one long-lived world per module

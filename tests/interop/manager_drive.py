@@ -1,0 +1,281 @@
+"""vLLM 0.33.0's own ``P2PSecondaryTierManager``, driven as an engine drives it.
+
+Run by ``test_vllm_adapter.py::test_real_tier_manager`` with ``.venv-vllm``'s Python;
+argv: ``vllm`` (vLLM's sessions) or ``p2pfsm`` (``p2pfsm.vllm.install()`` first). One
+manager on a primary region of demo-block size, each step one ``get_finished_jobs()``
+(the manager's poll), ``serve_external_requests()`` and ``on_schedule_end()``, as the
+engine calls them. Its peers are stock vLLM processes (``python -m p2pfsm.vllm.peer``)
+this script starts and stops by PID. Flows, in order:
+
+* ``pd``: a decoder request (``remote_prefiller``): every key a HIT, one load, verified;
+* ``sym``: a symmetric request (``remote_kv_source``) whose keys 4 and 5 the peer stores
+  1 s late and one of which it never has: RETRY until answered, then a load of the hits;
+* ``kill``: a load whose peer is SIGKILLed while it waits for held-back blocks: the job
+  fails once, the session is reaped, the request falls back (``lookup`` is MISS);
+* ``reconnect``: the peer restarted on the same port: a new request loads from it;
+* ``produce``: a prefiller request (``remote_decoder``): a store submitted before any
+  peer asked, fetched by a stock vLLM client: one store result, the client verifies;
+* ``shutdown()``, with the sessions to both servers open.
+
+Prints one JSON line: each flow's job results, lookups and checks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from vllm.v1.kv_offload.base import LookupResult, OffloadingSpec, ReqContext, ScheduleEndContext
+from vllm.v1.kv_offload.config import (
+    OffloadingCacheConfig,
+    OffloadingConfig,
+    OffloadingGroupConfig,
+    OffloadingModelConfig,
+    OffloadingParallelConfig,
+)
+from vllm.v1.kv_offload.file_mapper import FileMapper
+from vllm.v1.kv_offload.tiering.base import ParentManager, TransferJob
+from vllm.v1.kv_offload.tiering.p2p import manager as manager_module
+
+import p2pfsm.vllm as pv
+from p2pfsm.demo.blocks import demo_block, demo_key
+from p2pfsm.vllm.peer import HOST, MARK, free_port, wait_for_frames
+from p2pfsm.vllm.session import P2PSession as Adapter
+
+BLOCK_LEN, BLOCKS, MISSING = 4096, 32, 9999
+BOUND_S = 60.0  # every wait below ends on its event; this only bounds a broken run
+CONFIG = OffloadingConfig(
+    groups=(OffloadingGroupConfig(tokens_per_block=16, layer_names=("layers.0",),
+                                  group_id=0),),
+    worker_kv_bytes_per_block=BLOCK_LEN, enable_kv_cache_events=False, extra_config={},
+    engine_id="p2pfsm-manager-drive",
+    model=OffloadingModelConfig(name="p2pfsm/demo", dtype="float16"),
+    cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=1),
+    parallel=OffloadingParallelConfig(rank=0, world_size=1, tp_size=1, pp_size=1, pcp_size=1,
+                                      dcp_size=1, data_parallel_index=0, data_parallel_size=1,
+                                      data_parallel_rank_local=None,
+                                      is_parallelism_agnostic=True))
+
+
+class Spec(OffloadingSpec):  # type: ignore[misc]
+    """The offloading spec the manager reads its layout from (nothing else is used)."""
+
+    def get_manager(self) -> Any:
+        raise NotImplementedError
+
+    def get_worker(self, kv_caches: Any) -> Any:
+        raise NotImplementedError
+
+
+class Parent(ParentManager):  # type: ignore[misc]
+    """The tiering manager above this tier: it holds nothing a peer may look up."""
+
+    def on_new_request(self, req_context: ReqContext) -> Any:
+        return None
+
+    def lookup(self, key: bytes, req_context: ReqContext) -> LookupResult:
+        return LookupResult.MISS
+
+    def create_store_job(self, keys: Any, req_context: ReqContext) -> Any:
+        raise AssertionError("no lookup is a hit here")
+
+    def on_request_finished(self, req_context: ReqContext) -> None:
+        pass
+
+
+class Peer:
+    """A stock vLLM process (``p2pfsm.vllm.peer``) this script started; stopped by PID."""
+
+    def __init__(self, role: str, *args: str) -> None:
+        config = json.dumps(FileMapper.from_offloading_spec(
+            root_dir="", offloading_spec=Spec(CONFIG), blocks_per_file=1,
+            parallel_agnostic=True).get_run_config())
+        argv = [sys.executable, "-m", "p2pfsm.vllm.peer", role, "--block-len", str(BLOCK_LEN),
+                "--config-json", config, *args]
+        # A file, so the peer never blocks on its output; closed by stop().
+        self.out = tempfile.TemporaryFile("w+")  # noqa: SIM115
+        self.proc = subprocess.Popen(argv, stdout=self.out, stderr=subprocess.DEVNULL,
+                                     stdin=subprocess.DEVNULL,
+                                     env=dict(os.environ, PYTHONUNBUFFERED="1"))
+
+    def record(self, kind: str) -> dict[str, Any]:
+        """The first marked line of ``kind``, waiting for it while the peer runs."""
+        end = time.monotonic() + BOUND_S
+        while True:
+            exited = self.proc.poll() is not None
+            self.out.seek(0)
+            for line in self.out.read().splitlines():
+                if line.startswith(MARK):
+                    rec: dict[str, Any] = json.loads(line[len(MARK):])
+                    if rec.get("kind") == kind:
+                        return rec
+            assert not exited, f"peer exited ({self.proc.returncode}) before a {kind!r} line"
+            assert time.monotonic() < end, f"no {kind!r} line within {BOUND_S} s"
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=0.05)  # returns at once if it ends
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(30)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self.out.close()
+
+
+class Engine:
+    """The manager and the engine's loop around it."""
+
+    def __init__(self) -> None:
+        self.region = np.zeros((BLOCKS, BLOCK_LEN), dtype=np.uint8)
+        self.port = free_port()
+        self.manager = manager_module.P2PSecondaryTierManager(
+            Spec(CONFIG), memoryview(self.region.data), host=HOST, port=self.port)
+        self.parent = Parent()
+        self.results: dict[int, list[bool]] = {}  # job id -> every result it got
+
+    def step(self) -> None:
+        for result in self.manager.get_finished_jobs():
+            self.results.setdefault(int(result.job_id), []).append(bool(result.success))
+        self.manager.serve_external_requests(self.parent)
+        self.manager.on_schedule_end(ScheduleEndContext(new_req_ids=[], preempted_req_ids=[]))
+        wait_for_frames(self.manager._control)
+
+    def until(self, done: Callable[[], bool], what: str) -> None:
+        end = time.monotonic() + BOUND_S
+        while not done():
+            assert time.monotonic() < end, f"no {what} within {BOUND_S} s"
+            self.step()
+
+    def load(self, job: int, ctx: ReqContext, blocks: list[int], dest: list[int]) -> bool:
+        """Submit a load of demo ``blocks`` into ``dest``; wait for its result; whether
+        every byte landed."""
+        self.region[dest] = 0
+        keys = [demo_key(b) for b in blocks]
+        self.manager.submit_load(TransferJob(job_id=job, keys=keys,
+                                             chunk_ids=np.array(dest, dtype=np.int64),
+                                             is_promotion=True, req_context=ctx))
+        self.until(lambda: job in self.results, f"result of load {job}")
+        return all(self.region[d].tobytes() == demo_block(b, BLOCK_LEN)
+                   for d, b in zip(dest, blocks, strict=True))
+
+    def lookups(self, ctx: ReqContext, blocks: list[int]) -> list[str]:
+        """Each key's answer once none is RETRY (one round of lookups per step)."""
+        answers: list[str] = []
+
+        def answered() -> bool:
+            nonlocal answers
+            answers = [self.manager.lookup(demo_key(b), ctx).name for b in blocks]
+            return "RETRY" not in answers
+
+        self.until(answered, "lookup answers")
+        return answers
+
+
+def consumer(peer_id: str, kind: str, kv: str) -> ReqContext:
+    """A request that loads from ``peer_id`` (``kind``: PD or symmetric parameters)."""
+    host, port = peer_id.rsplit(":", 1)
+    return ReqContext(req_id=f"req-{kv}", kv_transfer_params={
+        kind: {"kv_request_id": kv, "remote_host": host, "remote_port": int(port)}})
+
+
+def drive(engine: Engine) -> dict[str, Any]:
+    m, out = engine.manager, {}
+    server = Peer("server", "--blocks", "16", "--hold-back", "4,5", "--late-after", "1.0")
+    victim = Peer("server", "--blocks", "16", "--hold-back", "0-3", "--late-after", "300",
+                  "--port", str(free_port()))
+    peers = [server, victim]
+    try:
+        sid, vid = server.record("ready")["peer_id"], victim.record("ready")["peer_id"]
+
+        ctx = consumer(sid, "remote_prefiller", "pd-1")
+        m.on_new_request(ctx)
+        answers = [m.lookup(demo_key(b), ctx).name for b in range(8)]
+        verified = engine.load(1, ctx, list(range(8)), list(range(8)))
+        m.on_request_finished(ctx)
+        out["pd"] = {"lookups": answers, "results": engine.results[1], "verified": verified}
+
+        ctx = consumer(sid, "remote_kv_source", "sym-1")
+        m.on_new_request(ctx)
+        blocks = [0, 1, 2, 3, 4, 5, MISSING]
+        answers = engine.lookups(ctx, blocks)
+        hits = [b for b, a in zip(blocks, answers, strict=True) if a == "HIT"]
+        verified = engine.load(2, ctx, hits, list(range(8, 8 + len(hits))))
+        m.on_request_finished(ctx)
+        out["sym"] = {"lookups": answers, "results": engine.results[2], "verified": verified}
+
+        ctx = consumer(vid, "remote_prefiller", "kill-1")
+        m.on_new_request(ctx)
+        engine.until(lambda: m._sessions[vid].ready, "a ready session with the victim")
+        keys = [demo_key(b) for b in range(4)]
+        m.submit_load(TransferJob(job_id=3, keys=keys, chunk_ids=np.arange(16, 20),
+                                  is_promotion=True, req_context=ctx))
+        engine.step()  # the fetch goes out
+        victim.kill()
+        engine.until(lambda: 3 in engine.results and vid not in m._sessions,
+                     "the failed load and the reaping")
+        out["kill"] = {"results": engine.results[3], "reaped": vid not in m._sessions,
+                       "lookup_after": m.lookup(keys[0], ctx).name}
+        m.on_request_finished(ctx)
+
+        restarted = Peer("server", "--blocks", "16", "--port", vid.rsplit(":", 1)[1])
+        peers.append(restarted)
+        assert restarted.record("ready")["peer_id"] == vid
+        ctx = consumer(vid, "remote_prefiller", "kill-2")
+        m.on_new_request(ctx)
+        verified = engine.load(4, ctx, list(range(8, 12)), list(range(20, 24)))
+        m.on_request_finished(ctx)
+        out["reconnect"] = {"results": engine.results[4], "verified": verified}
+
+        for b in range(4):  # the prefill: this engine's own blocks 0-3
+            engine.region[24 + b] = np.frombuffer(demo_block(b, BLOCK_LEN), dtype=np.uint8)
+        ctx = ReqContext(req_id="req-produce",
+                         kv_transfer_params={"remote_decoder": {"kv_request_id": "produce-1"}})
+        m.on_new_request(ctx)
+        m.submit_store(TransferJob(job_id=5, keys=[demo_key(b) for b in range(4)],
+                                   chunk_ids=np.arange(24, 28), is_promotion=False,
+                                   req_context=ctx))
+        client = Peer("client", "--connect", f"{HOST}:{engine.port}", "--keys", "0-3",
+                      "--request-id", "produce-1")
+        peers.append(client)
+        engine.until(lambda: client.proc.poll() is not None and 5 in engine.results,
+                     "the client's fetch and the store's result")
+        fetched = client.record("result")
+        m.on_request_finished(ctx)
+        out["produce"] = {"results": engine.results[5], "client_verified": fetched["verified"],
+                          "client_success": fetched["success"]}
+        # Shut down with the servers' sessions still open (``shutdown()`` reads them all).
+        out["shutdown"] = {"sessions": sorted(m._sessions) == sorted([sid, vid])}
+        m.shutdown()  # raises where the manager cannot read a session
+    finally:
+        for peer in peers:
+            peer.stop()
+    out["jobs_once"] = {str(j): len(r) for j, r in sorted(engine.results.items())}
+    return out
+
+
+def main() -> None:
+    if sys.argv[1] == "p2pfsm":
+        pv.install()
+        assert manager_module.P2PSession is Adapter
+    engine = Engine()
+    print(json.dumps({"sessions": sys.argv[1], **drive(engine)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
