@@ -13,9 +13,10 @@ this script starts and stops by PID. Flows, in order:
 * ``kill``: a load whose peer is SIGKILLed while it waits for held-back blocks: the job
   fails once, the session is reaped, the request falls back (``lookup`` is MISS);
 * ``reconnect``: the peer restarted on the same port: a new request loads from it;
+* ``native``: PD and symmetric loads from a p2pfsm node (``p2pfsm serve``);
 * ``produce``: a prefiller request (``remote_decoder``): a store submitted before any
   peer asked, fetched by a stock vLLM client: one store result, the client verifies;
-* ``shutdown()``, with the sessions to both servers open.
+* ``shutdown()``, with the sessions to the three servers open.
 
 Prints one JSON line: each flow's job results, lookups and checks.
 """
@@ -31,6 +32,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -93,14 +95,15 @@ class Parent(ParentManager):  # type: ignore[misc]
 
 
 class Peer:
-    """A stock vLLM process (``p2pfsm.vllm.peer``) this script started; stopped by PID."""
+    """A stock vLLM process (``p2pfsm.vllm.peer``) this script started, or with ``argv``
+    any other; stopped by PID."""
 
-    def __init__(self, role: str, *args: str) -> None:
+    def __init__(self, role: str, *args: str, argv: list[str] | None = None) -> None:
         config = json.dumps(FileMapper.from_offloading_spec(
             root_dir="", offloading_spec=Spec(CONFIG), blocks_per_file=1,
             parallel_agnostic=True).get_run_config())
-        argv = [sys.executable, "-m", "p2pfsm.vllm.peer", role, "--block-len", str(BLOCK_LEN),
-                "--config-json", config, *args]
+        argv = argv or [sys.executable, "-m", "p2pfsm.vllm.peer", role, "--block-len",
+                        str(BLOCK_LEN), "--config-json", config, *args]
         # A file, so the peer never blocks on its output; closed by stop().
         self.out = tempfile.TemporaryFile("w+")  # noqa: SIM115
         self.proc = subprocess.Popen(argv, stdout=self.out, stderr=subprocess.DEVNULL,
@@ -109,17 +112,25 @@ class Peer:
 
     def record(self, kind: str) -> dict[str, Any]:
         """The first marked line of ``kind``, waiting for it while the peer runs."""
+        def marked(line: str) -> dict[str, Any] | None:
+            rec = json.loads(line[len(MARK):]) if line.startswith(MARK) else None
+            return rec if rec is not None and rec.get("kind") == kind else None
+
+        return self.first(marked, repr(kind))
+
+    def first(self, parse: Callable[[str], dict[str, Any] | None],
+              what: str) -> dict[str, Any]:
+        """The first line of output ``parse`` makes something of, once there."""
         end = time.monotonic() + BOUND_S
         while True:
             exited = self.proc.poll() is not None
             self.out.seek(0)
             for line in self.out.read().splitlines():
-                if line.startswith(MARK):
-                    rec: dict[str, Any] = json.loads(line[len(MARK):])
-                    if rec.get("kind") == kind:
-                        return rec
-            assert not exited, f"peer exited ({self.proc.returncode}) before a {kind!r} line"
-            assert time.monotonic() < end, f"no {kind!r} line within {BOUND_S} s"
+                found = parse(line)
+                if found is not None:
+                    return found
+            assert not exited, f"peer exited ({self.proc.returncode}) before a {what} line"
+            assert time.monotonic() < end, f"no {what} line within {BOUND_S} s"
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=0.05)  # returns at once if it ends
 
@@ -242,6 +253,26 @@ def drive(engine: Engine) -> dict[str, Any]:
         m.on_request_finished(ctx)
         out["reconnect"] = {"results": engine.results[4], "verified": verified}
 
+        cli = str(Path(sys.executable).with_name("p2pfsm"))  # p2pfsm's own CLI
+        native = Peer("", argv=[cli, "serve", "-q", "--bind", f"tcp://{HOST}:0", "--blocks",
+                                "16", "--block-len", str(BLOCK_LEN), "--fingerprint",
+                                str(m._data.config_fingerprint)])
+        peers.append(native)
+        nid = native.first(lambda line: {"id": line.rsplit("tcp://", 1)[1]}
+                           if line.startswith("serving ") else None, "serving")["id"]
+        ctx = consumer(nid, "remote_prefiller", "native-pd")
+        m.on_new_request(ctx)
+        verified = engine.load(6, ctx, list(range(8)), list(range(8)))
+        m.on_request_finished(ctx)
+        out["native_pd"] = {"results": engine.results[6], "verified": verified}
+        ctx = consumer(nid, "remote_kv_source", "native-sym")
+        m.on_new_request(ctx)
+        answers = engine.lookups(ctx, [12, 13, MISSING])
+        verified = engine.load(7, ctx, [12, 13], [28, 29])
+        m.on_request_finished(ctx)
+        out["native_sym"] = {"lookups": answers, "results": engine.results[7],
+                             "verified": verified}
+
         for b in range(4):  # the prefill: this engine's own blocks 0-3
             engine.region[24 + b] = np.frombuffer(demo_block(b, BLOCK_LEN), dtype=np.uint8)
         ctx = ReqContext(req_id="req-produce",
@@ -260,7 +291,7 @@ def drive(engine: Engine) -> dict[str, Any]:
         out["produce"] = {"results": engine.results[5], "client_verified": fetched["verified"],
                           "client_success": fetched["success"]}
         # Shut down with the servers' sessions still open (``shutdown()`` reads them all).
-        out["shutdown"] = {"sessions": sorted(m._sessions) == sorted([sid, vid])}
+        out["shutdown"] = {"sessions": sorted(m._sessions) == sorted([sid, vid, nid])}
         m.shutdown()  # raises where the manager cannot read a session
     finally:
         for peer in peers:

@@ -144,7 +144,8 @@ def test_session_surface() -> None:
 
 def test_real_tier_manager() -> None:
     """vLLM 0.33.0's own ``P2PSecondaryTierManager`` (``manager_drive.py``) with vLLM's
-    sessions and with the adapter's, against stock vLLM peers in both roles: PD and
+    sessions and with the adapter's, against stock vLLM peers in both roles and a p2pfsm
+    node: PD and
     symmetric loads (pending keys included), a load whose peer is killed (reaped, the
     request falls back), a reconnect to the restarted peer, a store fetched by a peer,
     and ``shutdown()`` with sessions open. Each job gets exactly one result; the two
@@ -167,7 +168,10 @@ def test_real_tier_manager() -> None:
     assert got["produce"] == {"results": [True], "client_verified": True,
                               "client_success": True}
     assert got["shutdown"] == {"sessions": True}
-    assert got["jobs_once"] == {str(j): 1 for j in range(1, 6)}
+    assert got["native_pd"] == {"results": [True], "verified": True}
+    assert got["native_sym"] == {"lookups": ["HIT", "HIT", "MISS"], "results": [True],
+                                 "verified": True}
+    assert got["jobs_once"] == {str(j): 1 for j in range(1, 8)}
 
 
 # ------------------------------------------------- one long-lived world per module
