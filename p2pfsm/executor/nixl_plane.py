@@ -117,7 +117,7 @@ def _import_nixl() -> Any:
     raise TransportError(f"NIXL cannot be imported ({why}); install it with {NIXL_INSTALL_HINT}")
 
 
-def _agent_name_of(metadata: bytes) -> tuple[str, bytes]:
+def agent_name_of(metadata: bytes) -> tuple[str, bytes]:
     """Split NIXL agent metadata into (agent name, everything after the name).
 
     NIXL serialises the agent name first: ``b"nixlSerDes|Agent"``, a little-endian u64
@@ -135,6 +135,15 @@ def _agent_name_of(metadata: bytes) -> tuple[str, bytes]:
     except UnicodeDecodeError:
         raise TransportError("agent metadata names a non-UTF-8 agent") from None
     return name, metadata[end:]
+
+
+def describes_same_agent(metadata: bytes, own: bytes) -> bool:
+    """Whether ``metadata`` names the agent whose metadata is ``own``, or describes it
+    under another name (the same bytes after the name: its backends and addresses).
+    Raises :class:`TransportError` when either is not NIXL's metadata."""
+    name, tail = agent_name_of(metadata)
+    own_name, own_tail = agent_name_of(own)
+    return name == own_name or tail == own_tail
 
 
 def _positive_int(name: str, value: object, high: int) -> int:
@@ -286,7 +295,7 @@ class DataPlane:
             rows = _block_rows(self._base_addr, num_blocks, block_len, dev_id)
             self._local = self._agent.prep_xfer_dlist("", rows, mem_type)
             self._metadata = bytes(self._agent.get_agent_metadata())
-            own_name, self._metadata_tail = _agent_name_of(self._metadata)
+            own_name, self._metadata_tail = agent_name_of(self._metadata)
             if own_name != name:
                 raise TransportError(f"NIXL metadata names {own_name!r}, not {name!r}")
         except Exception as exc:
@@ -391,7 +400,7 @@ class DataPlane:
             raise TransportError(f"num_blocks {num_blocks} exceeds {self._max_peer_blocks}")
         if base_addr + num_blocks * block_len > _ADDR_LIMIT:
             raise TransportError("peer region wraps past the end of the address space")
-        agent_name, tail = _agent_name_of(metadata)
+        agent_name, tail = agent_name_of(metadata)
         if agent_name == self._name or tail == self._metadata_tail:
             raise TransportError("peer metadata describes this agent")
         for other in self._peers.values():

@@ -26,8 +26,9 @@ from vllm.v1.kv_offload.tiering.p2p.session import server as vllm_server
 from vllm.v1.kv_offload.tiering.p2p.session.client import LoadResult as VllmLoadResult
 from vllm.v1.kv_offload.tiering.p2p.session.server import StoreResult as VllmStoreResult
 
-from p2pfsm.errors import LocalProtocolError
+from p2pfsm.errors import LocalProtocolError, TransportError
 from p2pfsm.executor.core import Executor, TimerTable
+from p2pfsm.executor.nixl_plane import describes_same_agent
 from p2pfsm.protocol.validate import to_dict
 from p2pfsm.session import (
     ArmTimer,
@@ -130,15 +131,17 @@ class P2PSession(Executor):
         self._local_id = local_id
         self._transport = transport
         self._conn: Any = None
+        self._agent_metadata = bytes(transport.get_agent_metadata())
         self._session = Session(SessionConfig(
             local_id=local_id,
-            agent_metadata=bytes(transport.get_agent_metadata()),
+            agent_metadata=self._agent_metadata,
             base_addr=int(transport.base_addr),
             num_blocks=int(transport.num_blocks),
             block_len=int(local_block_len),
             hash_seed=local_hash_seed,
             config_fingerprint=str(transport.config_fingerprint),
             timeouts=timeouts_from_vllm(),
+            expected_peer_id=peer_id,  # the connect must name the peer the transport sees
         ))
         self._timers: TimerTable[TimerId] = TimerTable()
         self._registration: Future[None] | None = None
@@ -424,6 +427,12 @@ class P2PSession(Executor):
 
     def start_registration(self, peer: str, out: StartRegistration) -> None:
         c = out.connect
+        try:  # vLLM's transport would register it: our writes would land in our memory
+            if describes_same_agent(c.agent_metadata, self._agent_metadata):
+                raise TransportError("peer metadata describes this node's own NIXL agent")
+        except TransportError as exc:
+            self._events.append(RegistrationFinished(False, str(exc)))
+            return
         try:
             self._registration = self._transport.add_remote_peer_async(
                 self.peer_id, agent_metadata=c.agent_metadata, base_addr=c.base_addr,

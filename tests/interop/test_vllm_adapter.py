@@ -174,6 +174,30 @@ def test_real_tier_manager() -> None:
     assert got["jobs_once"] == {str(j): 1 for j in range(1, 8)}
 
 
+def test_adapter_refuses_what_the_node_refuses() -> None:
+    """``adapter_refusals.py``: a connect with the target's own NIXL metadata (renamed)
+    and base address makes a stock vLLM node write its own block 1 over its block 0 and
+    report the store a success; a connect naming another peer id than the transport sees
+    is accepted. The adapter refuses both at the handshake, as p2pfsm's node does."""
+    script = Path(__file__).with_name("adapter_refusals.py")
+    seen = {}
+    for kind in ("vllm", "p2pfsm"):
+        done = subprocess.run([str(VLLM_PYTHON), str(script), kind], capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr[-5000:]
+        seen[kind] = json.loads(done.stdout.strip().splitlines()[-1])
+    stock, adapter = seen["vllm"], seen["p2pfsm"]
+    # vLLM 0.33.0 as it ships (if this changes, vLLM fixed it: update docs/vllm.md).
+    assert stock["own_memory"] == {"acked": True, "stores": [True], "alive": True,
+                                   "own_block_0_changed": True, "death_reason": None}
+    assert stock["wrong_peer_id"] == {"acked": True, "alive": True, "death_reason": None}
+    assert adapter["own_memory"]["acked"] is False and not adapter["own_memory"]["alive"]
+    assert adapter["own_memory"]["own_block_0_changed"] is False
+    assert "describes this node's own NIXL agent" in adapter["own_memory"]["death_reason"]
+    assert adapter["wrong_peer_id"]["acked"] is False
+    assert adapter["wrong_peer_id"]["death_reason"].startswith("incompatible peer: peer_id")
+
+
 # ------------------------------------------------- one long-lived world per module
 #
 # Five processes, started together so their vLLM imports overlap: a stock vLLM server
