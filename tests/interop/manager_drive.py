@@ -16,6 +16,7 @@ this script starts and stops by PID. Flows, in order:
 * ``native``: PD and symmetric loads from a p2pfsm node (``p2pfsm serve``);
 * ``produce``: a prefiller request (``remote_decoder``): a store submitted before any
   peer asked, fetched by a stock vLLM client: one store result, the client verifies;
+* ``native_produce``: the same store fetched by p2pfsm's own client (``p2pfsm fetch``);
 * ``shutdown()``, with the sessions to the three servers open.
 
 Prints one JSON line: each flow's job results, lookups and checks.
@@ -290,8 +291,27 @@ def drive(engine: Engine) -> dict[str, Any]:
         m.on_request_finished(ctx)
         out["produce"] = {"results": engine.results[5], "client_verified": fetched["verified"],
                           "client_success": fetched["success"]}
-        # Shut down with the servers' sessions still open (``shutdown()`` reads them all).
-        out["shutdown"] = {"sessions": sorted(m._sessions) == sorted([sid, vid, nid])}
+        # The same store fetched by p2pfsm's own client (its request id is the CLI's).
+        ctx = ReqContext(req_id="req-native-produce", kv_transfer_params={
+            "remote_decoder": {"kv_request_id": "p2pfsm-fetch-0"}})
+        m.on_new_request(ctx)
+        m.submit_store(TransferJob(job_id=8, keys=[demo_key(b) for b in range(4)],
+                                   chunk_ids=np.arange(24, 28), is_promotion=False,
+                                   req_context=ctx))
+        fetcher = Peer("", argv=[cli, "fetch", "-q", "--connect", f"tcp://{HOST}:{engine.port}",
+                                 "--keys", "0-3", "--block-len", str(BLOCK_LEN),
+                                 "--fingerprint", str(m._data.config_fingerprint)])
+        peers.append(fetcher)
+        engine.until(lambda: fetcher.proc.poll() is not None and 8 in engine.results,
+                     "p2pfsm's fetch and the store's result")
+        report = fetcher.first(lambda line: json.loads(line) if line.startswith("{") else None,
+                               "report")
+        m.on_request_finished(ctx)
+        out["native_produce"] = {"results": engine.results[8], "rc": fetcher.proc.returncode,
+                                 "client_verified": report["verified"]}
+        # Shut down with the servers' sessions still open (``shutdown()`` reads them all;
+        # the clients' may still be there too, if their end is not seen yet).
+        out["shutdown"] = {"sessions": {sid, vid, nid} <= set(m._sessions)}
         m.shutdown()  # raises where the manager cannot read a session
     finally:
         for peer in peers:

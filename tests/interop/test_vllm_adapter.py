@@ -171,7 +171,8 @@ def test_real_tier_manager() -> None:
     assert got["native_pd"] == {"results": [True], "verified": True}
     assert got["native_sym"] == {"lookups": ["HIT", "HIT", "MISS"], "results": [True],
                                  "verified": True}
-    assert got["jobs_once"] == {str(j): 1 for j in range(1, 8)}
+    assert got["native_produce"] == {"results": [True], "rc": 0, "client_verified": True}
+    assert got["jobs_once"] == {str(j): 1 for j in range(1, 9)}
 
 
 def test_adapter_refuses_what_the_node_refuses() -> None:
