@@ -269,6 +269,8 @@ def _node_config(args: argparse.Namespace, bind: str, blocks: int, **extra: Any)
             extra["curve_peer_key"] = peer_key
     if getattr(args, "dial_back_any_host", False):
         extra["dial_back_any_host"] = True
+    if getattr(args, "answer_lookups_in_parts", False):
+        extra["answer_lookups_in_parts"] = True
     return NodeConfig(bind=bind, num_blocks=blocks, block_len=args.block_len,
                       hash_seed=args.hash_seed, fingerprint=args.fingerprint, timeouts=timeouts,
                       connect_timeout_ms=max(1, round(args.connect_timeout * 1000)),
@@ -497,6 +499,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dial-back-any-host", action="store_true",
                    help="dial a connecting peer back at the host its id names even when "
                         "its connection comes from another address (peers behind NAT)")
+    p.add_argument("--answer-lookups-in-parts", action="store_true",
+                   help="answer a lookup's keys as they resolve (one lookup_resp for the "
+                        "keys held now, one per later answer) instead of in one reply")
     _add_peer_options(p)
     p.set_defaults(func=_cmd_serve)
 

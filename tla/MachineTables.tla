@@ -70,11 +70,13 @@ MachineTerminal ==
 MachineTransitions ==
        "client_lookup" :> {<<"expired", "host_finish", "cancelled">>,
          <<"expired", "recv_lookup_resp", "discarded">>,
+         <<"expired", "recv_lookup_resp", "expired">>,
          <<"expired", "session_lost", "cancelled">>,
          <<"expired", "timer_lookup", "discarded">>,
          <<"new", "host_lookup", "probing">>,
          <<"probing", "host_finish", "cancelled">>,
          <<"probing", "recv_lookup_resp", "answered">>,
+         <<"probing", "recv_lookup_resp", "probing">>,
          <<"probing", "session_lost", "cancelled">>,
          <<"probing", "timer_lookup", "expired">>}
     @@ "client_round" :> {<<"aborting", "host_finish", "aborting">>,

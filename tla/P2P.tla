@@ -195,7 +195,7 @@ S == Scenarios[scn]
 Frame == MsgTypes \X (Reqs \cup {NoReq}) \X SSeqs \X (SUBSET STRING) \X Nat \X BOOLEAN
          \X (SUBSET STRING) \X BOOLEAN
 CRound == [st : CRStates, job : Nat]
-CLookup == [st : CLStates, seq : Seqs, keys : SUBSET STRING]
+CLookup == [st : CLStates, seq : Seqs, keys : SUBSET STRING, got : SUBSET STRING]
 SRound == [st : SRStates, seq : SSeqs, ord : Nat, supply : SUBSET (STRING \X Nat),
            demand : SUBSET STRING, dst : Nat, jobs : SUBSET Nat, lsup : BOOLEAN,
            dtm : BOOLEAN]
@@ -550,7 +550,8 @@ ClientLookupHostLookup(p) ==
             ELSE /\ seq < MaxRounds
                  /\ Commit(p, Send(Fire([L EXCEPT !.nlk = @ + 1, !.lr[req] = seq,
                                                   !.cl[req] = Append(@, [st |-> "probing",
-                                                                 seq |-> seq, keys |-> keys])],
+                                                                 seq |-> seq, keys |-> keys,
+                                                                 got |-> {}])],
                                         "client_lookup", "host_lookup", "new", "probing"),
                                    Msg("lookup", req, seq, keys, 0, FALSE, {})))
 
@@ -866,23 +867,38 @@ ClientRoundRecvAbortAck(p) ==
             ELSE IF k \notin DOMAIN L0.cr THEN L0
             ELSE Complete(GateResponse(L0), k, "recv_abort_ack", "aborted", "fail", m.dst))
 
-\* Session._on_lookup_resp: the oldest open lookup of the request with these keys.
+\* Session._on_lookup_resp: each key of the answer on its own (a producer may split and
+\* coalesce answers), to a lookup of the request still waiting for it: in the round of
+\* the oldest such lookup, the oldest probing one, else the oldest expired one. Each
+\* lookup the frame answers takes its keys; one that has every key ends ("answered",
+\* reported; "discarded" when it had expired), the others keep waiting.
 ClientLookupRecvLookupResp(p) ==
     /\ Incoming(p, "lookup_resp")
     /\ LET L0 == Pop(Load(p, "ClientLookupRecvLookupResp"))
            m == AsRec(Peek(chan[Other(p)]))
            ls == L0.cl[m.req]
-           match == {x \in 1 .. Len(ls) : ls[x].keys = m.keys}
-           probing == {x \in match : ls[x].st = "probing"}
-           \* the oldest probing lookup with these keys, else the oldest expired one
-           i == IF probing # {} THEN Min(probing) ELSE Min(match)
+           Waiting(key) == {x \in 1 .. Len(ls) : key \in ls[x].keys \ ls[x].got}
+           Target(key) ==
+               LET w == Waiting(key)
+                   same == {x \in w : ls[x].seq = ls[Min(w)].seq}
+                   probing == {x \in same : ls[x].st = "probing"}
+               IN IF probing # {} THEN Min(probing) ELSE Min(same)
+           taken == {key \in m.keys : Waiting(key) # {}}
+           touched == {Target(key) : key \in taken}
+           Part(x) == {key \in taken : Target(key) = x}
+           got == [x \in 1 .. Len(ls) |-> ls[x].got \cup (IF x \in touched THEN Part(x) ELSE {})]
+           ends == {x \in touched : got[x] = ls[x].keys}
+           kept == SelectSeq([x \in 1 .. Len(ls) |-> [ls[x] EXCEPT !.got = got[x]]],
+                             LAMBDA lk : lk.got # lk.keys)
+           steps == {<<"client_lookup", "recv_lookup_resp", ls[x].st,
+                       IF x \in ends THEN (IF ls[x].st = "probing" THEN "answered" ELSE "discarded")
+                       ELSE ls[x].st>> : x \in touched}
        IN Commit(p,
             IF ~CanRespond(L0) THEN Reject(Load(p, "ClientLookupRecvLookupResp"))
-            ELSE IF match = {} THEN L0
-            ELSE Fire([GateResponse(L0) EXCEPT !.cl[m.req] = Without(ls, i),
-                         !.nlr = @ + (IF ls[i].st = "probing" THEN 1 ELSE 0)],
-                      "client_lookup", "recv_lookup_resp", ls[i].st,
-                      IF ls[i].st = "probing" THEN "answered" ELSE "discarded"))
+            ELSE IF touched = {} THEN L0
+            ELSE [GateResponse(L0) EXCEPT !.cl[m.req] = kept,
+                    !.nlr = @ + Cardinality({x \in ends : ls[x].st = "probing"}),
+                    !.fired = @ \cup steps])
 
 -----------------------------------------------------------------------------
 (* Executor events: registration, writes, transport *)

@@ -81,6 +81,9 @@ class NodeConfig:
             idle peers after 300 s; None: never.
         max_lookups_per_request: unanswered lookups a peer may hold open for one
             kv_request_id; one more is a protocol violation (rejected, counted).
+        answer_lookups_in_parts: answer each served lookup's keys as the host resolves
+            them (one lookup_resp for what it resolves at once, one per later answer),
+            not in one lookup_resp once every key is settled (SessionConfig).
         history: how many past deaths, violations and ended sessions the node keeps
             (oldest go first; :attr:`Node.counts` keeps the totals).
         trace: path of a trace log to write (None: no log); see
@@ -133,6 +136,7 @@ class NodeConfig:
     curve_allow: tuple[str, ...] = ()
     curve_peer_key: str | None = None
     max_lookups_per_request: int = DEFAULT_MAX_LOOKUPS_PER_REQUEST
+    answer_lookups_in_parts: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.bind, str) or not self.bind.startswith("tcp://"):
@@ -180,9 +184,9 @@ class NodeConfig:
         _int_in("max_pending_peers", self.max_pending_peers, 1, 65_535)
         _int_in("max_new_peers_per_s", self.max_new_peers_per_s, 1, 1_000_000)
         _int_in("max_lookups_per_request", self.max_lookups_per_request, 1, 1_000_000)
-        if not isinstance(self.dial_back_any_host, bool):
-            raise ConfigError(f"dial_back_any_host: expected a bool, got "
-                              f"{self.dial_back_any_host!r}")
+        for name in ("dial_back_any_host", "answer_lookups_in_parts"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name}: expected a bool, got {getattr(self, name)!r}")
         self.curve_keys()  # reads and checks the key files now
 
     def curve_keys(self) -> CurveKeys | None:

@@ -610,6 +610,7 @@ class Node(Driven, Executor):
             timeouts=cfg.timeouts,
             incarnation=self.incarnation,
             max_lookups_per_request=cfg.max_lookups_per_request,
+            answer_lookups_in_parts=cfg.answer_lookups_in_parts,
         ), None if self._hook is None else self._hook.tracer)
         self.sessions[peer_id] = session
         self._live.add(peer_id)

@@ -47,7 +47,7 @@ class SessionBase:
         self._timers: dict[TimerId, float] = {}
         # What the children's actions asked for (applied after each step) and which
         # state-triggered steps are due (the cascade).
-        self._env = ChildEnv(config.timeouts, tracer)
+        self._env = ChildEnv(config.timeouts, tracer, config.answer_lookups_in_parts)
         self._unsettled: list[ServerRound | str] = []
         # consumer role
         self._loads: dict[str, dict[int, ClientRound]] = {}

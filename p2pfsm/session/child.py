@@ -92,10 +92,12 @@ ChildOutput = (Output | Send | Arm | Disarm | HoldJob | PinHits | ExpireLookupRo
 @dataclass(slots=True)
 class ChildEnv:
     """What the session gives each child: the outbox, the deadlines, the tracer (the
-    session's: setting ``Session.tracer`` sets it) and the session-wide write ids (an
-    id a raising step took is skipped, never reused)."""
+    session's: setting ``Session.tracer`` sets it), the session-wide write ids (an
+    id a raising step took is skipped, never reused) and whether served lookups are
+    answered in parts (``SessionConfig.answer_lookups_in_parts``)."""
 
     timeouts: Timeouts
     tracer: Tracer | None
+    lookup_parts: bool = False
     outbox: list[ChildOutput] = field(default_factory=list)
     xfers: Iterator[int] = field(default_factory=count)

@@ -12,8 +12,10 @@ docs/architecture.md).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from p2pfsm.fsm import CompiledMachine, Tracer, machine
-from p2pfsm.protocol import AbortFetch, Fetch, Lookup, LookupResp, TransferDone
+from p2pfsm.protocol import AbortFetch, Fetch, Lookup, TransferDone
 from p2pfsm.session.child import Arm, ChildEnv, ChildOutput, Disarm, Send
 from p2pfsm.session.inputs import TimerId
 from p2pfsm.session.outputs import LoadResult, LookupResult
@@ -92,10 +94,21 @@ class ClientRound:
         self._emit(LoadResult(self.job_id, self.kv_request_id, success, released))
 
 
-class ClientLookup:
-    """One lookup frame sent to the peer, waiting for its lookup_resp."""
+@dataclass(frozen=True, slots=True)
+class LookupPart:
+    """The (key, hit) pairs of one lookup_resp that the session matched to one lookup."""
 
-    __slots__ = ("env", "fsm_state", "keys", "kv_request_id", "round_seq", "serial")
+    pairs: tuple[tuple[bytes, bool], ...]
+
+
+class ClientLookup:
+    """One lookup frame sent to the peer, waiting for an answer to each of its keys."""
+
+    __slots__ = ("answers", "env", "fsm_state", "keys", "kv_request_id", "round_seq",
+                 "serial")
+
+    fsm_data = ("answers",)
+    """What this lookup's actions write (restored should one raise)."""
 
     def __init__(
         self, env: ChildEnv, serial: int, kv_request_id: str, round_seq: int,
@@ -107,6 +120,11 @@ class ClientLookup:
         self.kv_request_id = kv_request_id
         self.round_seq = round_seq
         self.keys = keys
+        self.answers: dict[bytes, bool] = {}
+
+    def waits_for(self, key: bytes) -> bool:
+        """The peer has not answered ``key`` of this lookup yet (and it asked for it)."""
+        return key not in self.answers and key in self.keys
 
     @property
     def fsm_outputs(self) -> list[ChildOutput]:
@@ -123,6 +141,11 @@ class ClientLookup:
     def _emit(self, item: ChildOutput) -> None:
         self.env.outbox.append(item)
 
+    # guards
+    def completes(self, ev: object) -> bool:
+        assert isinstance(ev, LookupPart)
+        return len(self.answers) + len(ev.pairs) == len(self.keys)
+
     # actions
     def send_lookup(self, _ev: object) -> None:
         self._emit(Send(Lookup(self.kv_request_id, self.keys, self.round_seq)))
@@ -133,13 +156,17 @@ class ClientLookup:
     def disarm_lookup_timer(self, _ev: object) -> None:
         self._emit(Disarm(TimerId("lookup", (self.serial,))))
 
-    def report_answer(self, ev: object) -> None:
-        assert isinstance(ev, LookupResp)
-        self._emit(LookupResult(self.kv_request_id, self.keys, ev.hits, answered=True))
+    def record_part(self, ev: object) -> None:
+        assert isinstance(ev, LookupPart)
+        self.answers.update(ev.pairs)
 
-    def report_all_miss(self, _ev: object) -> None:
-        misses = (False,) * len(self.keys)
-        self._emit(LookupResult(self.kv_request_id, self.keys, misses, answered=False))
+    def report_answer(self, _ev: object) -> None:
+        hits = tuple(self.answers[k] for k in self.keys)
+        self._emit(LookupResult(self.kv_request_id, self.keys, hits, answered=True))
+
+    def report_unanswered_miss(self, _ev: object) -> None:
+        hits = tuple(self.answers.get(k, False) for k in self.keys)
+        self._emit(LookupResult(self.kv_request_id, self.keys, hits, answered=False))
 
 
 CLIENT_ROUND = CompiledMachine(machine("client_round"), ClientRound)

@@ -56,6 +56,11 @@ class SessionConfig:
             kv_request_id; one more is rejected as a protocol violation (changes
             nothing; the peer's lookup deadline ends its wait). An honest consumer has
             one per round it probes, answered in arrival order.
+        answer_lookups_in_parts: answer a served lookup's keys as the host resolves
+            them (what it resolves at once in one lookup_resp, each later answer in
+            another) instead of in one lookup_resp once every key is settled; the
+            protocol lets a producer split its answers, and the consumer gets its hits
+            sooner. Off by default, as vLLM 0.33.0's producer sends one answer.
     """
 
     local_id: str
@@ -70,6 +75,7 @@ class SessionConfig:
     limits: Limits = DEFAULT_LIMITS
     incarnation: int | None = None
     max_lookups_per_request: int = DEFAULT_MAX_LOOKUPS_PER_REQUEST
+    answer_lookups_in_parts: bool = False
 
     def __post_init__(self) -> None:
         if not self.local_id:
@@ -89,3 +95,6 @@ class SessionConfig:
         if type(most) is not int or not 1 <= most <= 1_000_000:
             raise ConfigError(f"max_lookups_per_request: expected an int in [1, 1000000], "
                               f"got {most!r}")
+        if type(self.answer_lookups_in_parts) is not bool:
+            raise ConfigError("answer_lookups_in_parts: expected a bool, got "
+                              f"{self.answer_lookups_in_parts!r}")

@@ -11,7 +11,13 @@ from __future__ import annotations
 
 from p2pfsm.errors import LocalProtocolError, RemoteProtocolError
 from p2pfsm.protocol import AbortAck, LookupResp, TransferDone
-from p2pfsm.session.client import CLIENT_LOOKUP, CLIENT_ROUND, ClientLookup, ClientRound
+from p2pfsm.session.client import (
+    CLIENT_LOOKUP,
+    CLIENT_ROUND,
+    ClientLookup,
+    ClientRound,
+    LookupPart,
+)
 from p2pfsm.session.inputs import HostFetch, HostLookup
 from p2pfsm.session.outputs import FrameIgnored, LoadResult, LookupResult
 from p2pfsm.session.steps import ChildSteps
@@ -120,15 +126,27 @@ class ConsumerRole(ChildSteps):
         self._step(CLIENT_ROUND, rnd, "recv_abort_ack", msg)
 
     def _on_lookup_resp(self, msg: LookupResp) -> None:
+        """Match each (key, hit) pair on its own (the producer may split and coalesce
+        answers): to a lookup of the request still waiting for that key, in the round of
+        the oldest such lookup (the producer answers in arrival order, so the pair is of
+        that round: never given to a later round's lookup), the oldest probing one there,
+        else the oldest expired one (a producer may drop a lookup unanswered, and its
+        expired lookup must not swallow the answer to a retry of the same round)."""
         self._check_gate("recv_response")
-        lookups = self._lookups.get(msg.kv_request_id, [])
-        same = [lk for lk in lookups if lk.keys == msg.keys]
-        match = next((lk for lk in same if lk.fsm_state == "probing"), same[0] if same else None)
-        if match is None:
-            self.emit(FrameIgnored(msg.TYPE, "no open lookup with these keys"))
+        lookups = self._lookups.get(msg.kv_request_id, ())
+        parts: dict[ClientLookup, dict[bytes, bool]] = {}
+        for key, hit in zip(msg.keys, msg.hits, strict=True):
+            waiting = [lk for lk in lookups if lk.waits_for(key) and key not in parts.get(lk, ())]
+            if waiting:
+                same = [lk for lk in waiting if lk.round_seq == waiting[0].round_seq]
+                lk = next((x for x in same if x.fsm_state == "probing"), same[0])
+                parts.setdefault(lk, {})[key] = hit
+        if not parts:
+            self.emit(FrameIgnored(msg.TYPE, "no open lookup waits for these keys"))
             return
         self._gate("recv_response", msg)
-        self._step(CLIENT_LOOKUP, match, "recv_lookup_resp", msg)
+        for lk, pairs in parts.items():
+            self._step(CLIENT_LOOKUP, lk, "recv_lookup_resp", LookupPart(tuple(pairs.items())))
 
     def _end_consumer(self, load_trigger: str) -> None:
         for rounds in list(self._loads.values()):

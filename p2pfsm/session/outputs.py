@@ -84,7 +84,8 @@ class StoreResult:
 @dataclass(frozen=True, slots=True)
 class LookupResult:
     """The one answer to a host lookup: ``hits[i]`` for ``keys[i]``; ``answered`` is False
-    when the peer did not answer (deadline, finish or session end: all MISS)."""
+    when the peer did not answer every key (deadline, finish or session end): the keys it
+    answered keep their answer, the others are MISS."""
 
     kv_request_id: str
     keys: tuple[bytes, ...]

