@@ -70,7 +70,11 @@ GateScenarios == <<
     \* 12. the consumer's connect_ack is lost (a routing-id takeover): its first request
     \*     stands for the ack, and the producer's replies go out
     [Quiet EXCEPT !.ready = FALSE, !.loads = 1, !.stores = 1, !.lookups = 1,
-                  !.faults = {"ackloss"}, !.timers = {"load"}]
+                  !.faults = {"ackloss"}, !.timers = {"load"}],
+    \* 13. a producer that splits and coalesces its lookup answers: two lookups of a
+    \*     request, keys settled one by one, parts after a lookup's deadline
+    [Quiet EXCEPT !.lookups = 2, !.stores = 2, !.faults = {"split"},
+                  !.timers = {"lookup", "lookup_pending"}, !.lks = AnyKeys]
 >>
 
 \* ------------------------------------------------------------------ large

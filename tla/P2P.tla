@@ -63,10 +63,12 @@ CONSTANTS
 
 \* Fault kinds a scenario may allow.
 FaultKinds == {"cut", "drop", "dup", "close", "regfail", "hstimer", "incompat", "wfail",
-               "restart", "halfcut", "corrupt", "ackloss", "finlife"}
+               "restart", "halfcut", "corrupt", "ackloss", "finlife", "split"}
 \* "finlife" is no fault and is not counted against MaxFaults: where a scenario lists it,
 \* the host's finish of a request may be forgotten after a frame lifetime
 \* (NetworkFrameLifetime), as Session._finished forgets it.
+\* "split" is no fault either: where a scenario lists it, the producer may split and
+\* coalesce its lookup answers, as the protocol allows (SettleLookups).
 \* Role timers a scenario lets fire (the handshake timer is the fault "hstimer").
 TimerKinds == {"load", "abort_ack", "lookup", "store", "lookup_pending", "demand"}
 
@@ -199,7 +201,8 @@ CLookup == [st : CLStates, seq : Seqs, keys : SUBSET STRING, got : SUBSET STRING
 SRound == [st : SRStates, seq : SSeqs, ord : Nat, supply : SUBSET (STRING \X Nat),
            demand : SUBSET STRING, dst : Nat, jobs : SUBSET Nat, lsup : BOOLEAN,
            dtm : BOOLEAN]
-SLookup == [seq : Seqs, keys : SUBSET STRING, pending : SUBSET STRING, hits : SUBSET STRING]
+SLookup == [seq : Seqs, keys : SUBSET STRING, pending : SUBSET STRING, hits : SUBSET STRING,
+            sent : SUBSET STRING]
 Write == [rk : SKeys, dst : Nat, keys : SUBSET STRING, jobs : SUBSET Nat]
 LoadResult == [r : LoadResults, by : Nat]
 StoreJob == [st : StoreStates, rnd : SSeqs]
@@ -438,17 +441,39 @@ CloseRound(L, k, t) ==
     ELSE Settle(FireSR(L, k, t, IF st \in Draining THEN st ELSE "draining_silent"), k)
 
 \* Session._settle_lookups: answer in arrival order; stop at the first that must wait.
-RECURSIVE SettleLookups(_, _)
-SettleLookups(L, req) ==
+\* Each lookup_resp carries the keys no earlier part of the lookup carried ("sent").
+\* Where the scenario lists "split", a producer may also (Parts) send the oldest waiting
+\* lookup's settled keys at once (part), as answer_lookups_in_parts does, and fold an
+\* answer into the frame of the next lookup of the request (co) when that one is
+\* answerable too and their keys do not overlap (the spec's frames hold key sets; p2pfsm
+\* never coalesces, other producers may). ck / ch: the keys and hits carried so far.
+RECURSIVE SettleFrom(_, _, _, _, _, _)
+SettleFrom(L, req, part, co, ck, ch) ==
     IF L.sl[req] = <<>> THEN L
-    ELSE LET h == Head(L.sl[req])
+    ELSE LET ls == L.sl[req]
+             h == Head(ls)
+             rest == h.keys \ h.sent
          IN IF h.pending = {}
-            THEN SettleLookups(
-                   Send(Fire([L EXCEPT !.sl[req] = Tail(@)],
-                             "server_lookup", "settle", "resolving", "answered"),
-                        Msg("lookup_resp", req, Unbound, h.keys, 0, FALSE, h.hits)),
-                   req)
-            ELSE Fire(L, "server_lookup", "settle", "resolving", "resolving")
+            THEN LET L1 == Fire([L EXCEPT !.sl[req] = Tail(@)],
+                                "server_lookup", "settle", "resolving", "answered")
+                     fold == co /\ Len(ls) > 1 /\ ls[2].pending = {}
+                             /\ (ls[2].keys \ ls[2].sent) \cap (ck \cup rest) = {}
+                 IN IF fold
+                    THEN SettleFrom(L1, req, part, co, ck \cup rest, ch \cup (h.hits \cap rest))
+                    ELSE SettleFrom(Send(L1, Msg("lookup_resp", req, Unbound, ck \cup rest, 0,
+                                                 FALSE, ch \cup (h.hits \cap rest))),
+                                    req, part, co, {}, {})
+            ELSE LET now == rest \ h.pending
+                 IN IF part /\ now # {}
+                    THEN Send(Fire([L EXCEPT !.sl[req][1].sent = @ \cup now],
+                                   "server_lookup", "settle", "resolving", "resolving"),
+                              Msg("lookup_resp", req, Unbound, now, 0, FALSE, h.hits \cap now))
+                    ELSE Fire(L, "server_lookup", "settle", "resolving", "resolving")
+
+\* How a producer may answer: in one frame per lookup, or (with "split") in parts and
+\* coalesced frames, chosen at each settle.
+Parts == IF "split" \in S.faults THEN BOOLEAN \X BOOLEAN ELSE {<<FALSE, FALSE>>}
+SettleLookups(L, req, how) == SettleFrom(L, req, how[1], how[2], {}, {})
 
 -----------------------------------------------------------------------------
 (* Loops over instances, in order *)
@@ -644,7 +669,7 @@ ServerLookupHostAnswer(p) ==
                  ELSE L2
        IN /\ hits \cup miss # {}
           /\ (hits = {} \/ Len(sres[p]) < S.stores)
-          /\ Commit(p, SettleLookups(L3, req))
+          /\ \E how \in Parts : Commit(p, SettleLookups(L3, req, how))
 
 \* Session._on_host_finish: the host is done with `req`, on both roles.
 ClientRoundHostFinish(p) ==
@@ -821,14 +846,14 @@ ServerLookupRecvLookup(p) ==
            m == AsRec(Peek(chan[Other(p)]))
            k == SKey(m.req, m.seq)
            demanded == k \in DOMAIN L0.sr /\ L0.sr[k].dst # 0
-       IN Commit(p,
+       IN \E how \in Parts : Commit(p,
             IF ~CanRequest(L0) \/ (demanded /\ ~BugP1)
             THEN Reject(Load(p, "ServerLookupRecvLookup"))
             ELSE SettleLookups(
                    Fire([GateRequest(L0) EXCEPT !.sl[m.req] =
                            Append(@, [seq |-> m.seq, keys |-> m.keys, pending |-> m.keys,
-                                      hits |-> {}])],
-                        "server_lookup", "recv_lookup", "new", "resolving"), m.req))
+                                      hits |-> {}, sent |-> {}])],
+                        "server_lookup", "recv_lookup", "new", "resolving"), m.req, how))
 
 \* Session._on_abort_fetch: stop writing; ack once nothing of the round can land.
 ServerRoundRecvAbortFetch(p) ==
@@ -1001,9 +1026,10 @@ ServerRoundTimerDemand(p) ==
 
 ServerLookupTimerLookupPending(p) ==
     \E req \in Reqs : \E i \in 1 .. Len(sl[p][req]) : Timer("lookup_pending") /\
+       \E how \in Parts :
        Commit(p, SettleLookups(Fire([Load(p, "ServerLookupTimerLookupPending") EXCEPT !.sl[req][i].pending = {}],
                                     "server_lookup", "timer_lookup_pending",
-                                    "resolving", "resolving"), req))
+                                    "resolving", "resolving"), req, how))
 
 -----------------------------------------------------------------------------
 (* Network faults (SimWorld.cut, drop, duplicate) *)

@@ -11,6 +11,9 @@ timer to fire, how the host answers a lookup, ...) and keeps one whose
 records in ``fired``, and after which the abstraction of the sessions equals the
 spec's state (session states, each round's state, the frames on each channel). It
 backtracks over ambiguous choices; a path no choice follows is a spec -> code gap.
+A path is replayed with the producer answering each lookup in one frame and, if that
+fails, with ``answer_lookups_in_parts`` (where the scenario lets the spec's producer
+split its answers, "split"; a path that coalesces answers has no code counterpart).
 
 Timers: the sessions run on per-peer virtual clocks with every role timeout 1 s and
 the tombstone horizon far away, so a timer fires only when the path fires it and
@@ -94,13 +97,15 @@ class ReplayWorld(TracingWorld):
     session is told (``lost``); each peer has its own clock.
     """
 
-    def __init__(self, *, compatible: bool = True) -> None:
+    def __init__(self, *, compatible: bool = True, parts: bool = False) -> None:
         # Each session carries an incarnation, as a Node's does (the spec's peers are
         # p2pfsm nodes: a second connect on a ready session is the peer reconnecting).
         configs: dict[str, dict[str, object]] = {"a": {"incarnation": 1},
                                                  "b": {"incarnation": 2}}
         if not compatible:
             configs["b"]["hash_seed"] = "another-seed"
+        if parts:
+            configs["b"]["answer_lookups_in_parts"] = True
         super().__init__(0, held={"a": (0, 1), "b": (0, 1)}, num_blocks=8,
                          timeouts=REPLAY_TIMEOUTS, configs=configs)
         self.clock = {n: 0.0 for n in self.NODES}
@@ -401,9 +406,10 @@ class ReplayResult:
         return frozenset(s for e in self.trace for s in e.steps)
 
 
-def initial_world(state: dict[str, str]) -> ReplayWorld:
-    """A ReplayWorld in the spec's initial state (handshake done when it says ready)."""
-    w = ReplayWorld(compatible=state["compat"] == "TRUE")
+def initial_world(state: dict[str, str], *, parts: bool = False) -> ReplayWorld:
+    """A ReplayWorld in the spec's initial state (handshake done when it says ready);
+    ``parts``: the producer answers lookups in parts."""
+    w = ReplayWorld(compatible=state["compat"] == "TRUE", parts=parts)
     if _STRING.findall(state["sess"]) == ["ready", "ready"]:
         w.start()
         w.stabilize()
@@ -412,7 +418,21 @@ def initial_world(state: dict[str, str]) -> ReplayWorld:
 
 
 def replay(graph: StateGraph, path: SpecPath, *, max_tries: int = 5_000) -> ReplayResult:
-    """Make two real sessions follow ``path``; see the module docstring.
+    """Make two real sessions follow ``path``: with the producer answering in one frame,
+    else in parts (the module docstring)."""
+    first = _replay(graph, path, max_tries=max_tries, parts=False)
+    if first.ok:
+        return first
+    second = _replay(graph, path, max_tries=max_tries, parts=True)
+    if second.ok:
+        return second
+    return ReplayResult(False, (), (), f"{first.failure}; answering lookups in parts: "
+                                       f"{second.failure}")
+
+
+def _replay(graph: StateGraph, path: SpecPath, *, max_tries: int,
+            parts: bool) -> ReplayResult:
+    """One replay of ``path`` (``parts``: the producer answers lookups in parts).
 
     Worlds are rebuilt from the inputs chosen so far (sessions are cheap to re-run and
     re-running keeps the replay deterministic), so a failed choice leaves no trace.
@@ -420,7 +440,7 @@ def replay(graph: StateGraph, path: SpecPath, *, max_tries: int = 5_000) -> Repl
     init = graph.state(path.initial)
 
     def rebuild(inputs: tuple[Op, ...]) -> ReplayWorld:
-        w = initial_world(init)
+        w = initial_world(init, parts=parts)
         for op in inputs:
             apply(w, op)
         return w

@@ -2,9 +2,8 @@
 
 :data:`KNOWN_UNREACHABLE`: the session code can never take them. :data:`BEYOND_GATE`:
 the code can take them, but only in behaviours larger than the gate config's bounds
-(tests/scenarios/test_scenario_draining.py, test_scenario_close.py,
-test_scenario_one_sided.py and test_scenario_lookup_parts.py drive each against the
-code). The
+(tests/scenarios/test_scenario_draining.py, test_scenario_close.py and
+test_scenario_one_sided.py drive each against the code). The
 conformance tests exclude both from the models <-> spec comparison, require the gate's
 spec never to take them (so a stale entry fails), and skip them in the spec -> code
 replay. Each entry is also explained next to its transition in the model file.
@@ -28,17 +27,7 @@ _RESTART_BEFORE_READY = (
     "peer of a ready session, and the scenarios that start before the handshake (1 and 12) "
     "allow no restart (tests/scenarios/test_scenario_restart.py drives it)")
 
-_SPLIT_ANSWERS = (
-    "a part of a lookup's answer: the gate's producer answers each lookup in one "
-    "lookup_resp (answer_lookups_in_parts is off, as in vLLM 0.33.0), and a spec "
-    "producer that splits and coalesces is not written yet "
-    "(tests/scenarios/test_scenario_lookup_parts.py drives it)")
-
 BEYOND_GATE: dict[str, dict[Edge, str]] = {
-    "client_lookup": {
-        ("probing", "recv_lookup_resp", "probing"): _SPLIT_ANSWERS,
-        ("expired", "recv_lookup_resp", "expired"): _SPLIT_ANSWERS,
-    },
     "server_round": {
         ("draining_silent", "recv_terminal_fetch", "draining_silent"):
             "a second terminal fetch while the first one's round still drains needs two "
