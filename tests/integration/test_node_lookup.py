@@ -10,9 +10,11 @@ wait is bounded and names what it waited for; both nodes are closed after each t
 from __future__ import annotations
 
 import importlib.util
+import json
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -55,20 +57,22 @@ class PendingHost:
 class Pair:
     """A consumer node and a producer node, both stepped by :meth:`drive`."""
 
-    def __init__(self, host: PendingHost, lookup_pending: float) -> None:
+    def __init__(self, host: PendingHost, lookup_pending: float, parts: bool = False,
+                 trace: str | None = None) -> None:
         self.host = host
         self.made: list[Node] = []
-        self.producer = self._node(Timeouts(lookup_pending=lookup_pending), host.on_lookup)
+        self.producer = self._node(Timeouts(lookup_pending=lookup_pending), host.on_lookup,
+                                   answer_lookups_in_parts=parts)
         host.node = self.producer
         fill_demo_region(self.producer, HELD)
-        self.consumer = self._node(Timeouts(), None)
+        self.consumer = self._node(Timeouts(), None, trace=trace)
         self.peer = self.producer.local_id
         session = self.consumer.connect(self.peer)
         self.drive(lambda: session.ready or not session.alive, 30.0, "handshake")
         assert session.ready, self.consumer.deaths
 
-    def _node(self, timeouts: Timeouts, on_lookup: Any) -> Node:
-        node = Node(NodeConfig("tcp://127.0.0.1:0", 16, BLOCK, timeouts=timeouts),
+    def _node(self, timeouts: Timeouts, on_lookup: Any, **options: Any) -> Node:
+        node = Node(NodeConfig("tcp://127.0.0.1:0", 16, BLOCK, timeouts=timeouts, **options),
                     on_lookup=on_lookup)
         self.made.append(node)
         return node
@@ -98,8 +102,8 @@ class Pair:
 def pairs() -> Iterator[Callable[..., Pair]]:
     made: list[Pair] = []
 
-    def make(later: set[int], lookup_pending: float = 30.0) -> Pair:
-        pair = Pair(PendingHost(later), lookup_pending)
+    def make(later: set[int], lookup_pending: float = 30.0, **options: Any) -> Pair:
+        pair = Pair(PendingHost(later), lookup_pending, **options)
         made.append(pair)
         return pair
 
@@ -199,4 +203,38 @@ def test_pending_keys_never_resolved_are_misses_after_lookup_pending(
     assert late is not None and late.done() and not late.result().success
     assert producer.resolve_lookup(me, req.token) is None
     pair.consumer.finish(pair.peer, "expire-1")
+    assert not producer.violations and not pair.consumer.violations
+
+
+def test_a_producer_answering_in_parts_sends_the_found_keys_first(
+        pairs: Callable[..., Pair], tmp_path: Path) -> None:
+    """answer_lookups_in_parts: the keys the host settles at once go out in one
+    lookup_resp; the consumer's lookup takes them and keeps waiting (its trace shows the
+    part: client_lookup probing -> probing), then ends with the pending keys' part."""
+    trace = tmp_path / "consumer.jsonl"
+    pair = pairs(later={4, 5}, parts=True, trace=str(trace))
+    producer, peer, me = pair.producer, pair.peer, pair.consumer.local_id
+    lookup = pair.consumer.lookup(peer, "parts-1", keys_of([1, 4, 5, 100]))
+    req = pair.asked(1)
+    part = ["client_lookup", "recv_lookup_resp", "probing", "probing"]
+
+    def parts_taken() -> int:
+        lines = [json.loads(line) for line in trace.read_text().splitlines()]
+        return sum(1 for line in lines if part in line["steps"])
+
+    pair.drive(lambda: parts_taken() == 1, 20.0, "the first part at the consumer")
+    assert not lookup.done()
+    pins = producer.resolve_lookup(me, req.token, {demo_key(4): 4, demo_key(5): 5})
+    assert pins is not None
+    pair.drive(lookup.done, 20.0, "the lookup answer")
+    answer: LookupResult = lookup.result()
+    assert answer.answered and answer.hits == (True, True, True, False), answer
+    assert parts_taken() == 1
+
+    load = pair.consumer.fetch(peer, "parts-1", keys_of([1, 4, 5]), [0, 1, 2])
+    pair.drive(lambda: load.done() and pins.done(), 20.0, "the fetch of the hits")
+    assert load.result().success and pins.result().success
+    for dest, block in enumerate([1, 4, 5]):
+        assert bytes(pair.consumer.region[dest].numpy()) == demo_block(block, BLOCK)
+    pair.consumer.finish(peer, "parts-1")
     assert not producer.violations and not pair.consumer.violations

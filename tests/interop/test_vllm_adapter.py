@@ -517,3 +517,20 @@ def test_adapter_client_p2pfsm_server(procs: list[PeerProcess],
     assert result["landed"] == list(range(hits))
     assert only(vllm_frames(result), "in", "transfer_done")["success"] is True
     assert_server_clean(server, state)
+
+
+def test_adapter_client_takes_an_answer_in_parts(
+        procs: list[PeerProcess], p2pfsm_server: Callable[..., P2pfsmServer]) -> None:
+    """The drop-in's register_lookup answers each key once any lookup_resp carried it: a
+    producer answering in parts (the held keys at once, two found a second later) gives
+    vLLM's manager every hit, as vLLM's own session would."""
+    server = p2pfsm_server(hold_back=(4, 5), late_after=1.0, parts=True)
+    result, state = vllm_client(procs, server, "--adapter", "--keys", f"0-7,{MISSING}",
+                                "--mode", "sym")
+    assert result["ready"] and result["success"] and result["verified"], result["_tail"]
+    assert result["hits"] == 8 and result["landed"] == list(range(8))
+    frames = vllm_frames(result)
+    answers = [f["hits"] for f in frames if f["dir"] == "in" and f["type"] == "lookup_resp"]
+    assert answers == [[True] * 6 + [False], [True, True]], answers
+    assert only(frames, "in", "transfer_done")["success"] is True
+    assert_server_clean(server, state)

@@ -323,13 +323,19 @@ class P2pfsmServer:
     fetch names them; ``finish_after`` finishes each fetched request that long after its
     fetch. Lookups are answered with the stored keys; a fetch of a request that had a
     lookup is served from the lookup's pins (no second supply), as vLLM's manager does.
+    With ``parts`` the node answers lookups in parts (``answer_lookups_in_parts``) and a
+    lookup's ``hold_back`` keys are pending, found (stored and pinned) ``late_after`` s
+    later.
     """
 
     def __init__(self, *, hold_back: tuple[int, ...] = (), late_after: float = 1.0,
-                 finish_after: float | None = None) -> None:
+                 finish_after: float | None = None, parts: bool = False) -> None:
         self.node = Node(NodeConfig(bind="tcp://127.0.0.1:0", num_blocks=SERVER_BLOCKS,
-                                    block_len=BLOCK_LEN, model_config=CONFIG),
+                                    block_len=BLOCK_LEN, model_config=CONFIG,
+                                    answer_lookups_in_parts=parts),
                          on_lookup=self._on_lookup, on_fetch=self._on_fetch)
+        self.parts = parts
+        self._resolve_due: list[tuple[float, str, int, list[bytes]]] = []
         self.index = {demo_key(i): i for i in range(SERVER_BLOCKS)}
         self.late = {demo_key(i) for i in hold_back}
         self.stored = {k for k in self.index if k not in self.late}
@@ -376,10 +382,26 @@ class P2pfsmServer:
     def _on_lookup(self, peer: str, req: LookupRequest) -> LookupAnswer:
         self.lookups.append(req)
         self.looked_up.add((peer, req.kv_request_id))
-        return {k: self.index[k] for k in req.keys if k in self.stored}, frozenset()
+        hits = {k: self.index[k] for k in req.keys if k in self.stored}
+        if not self.parts:
+            return hits, frozenset()
+        later = [k for k in req.keys if k in self.late]
+        if later:
+            self._resolve_due.append((time.monotonic() + self.late_after, peer, req.token,
+                                      later))
+        return hits, frozenset(later)
 
     def _tick(self) -> None:
         now = time.monotonic()
+        found = [d for d in self._resolve_due if d[0] <= now]
+        self._resolve_due = [d for d in self._resolve_due if d[0] > now]
+        for _, peer, token, keys in found:
+            for key in keys:
+                self._write(self.index[key])
+                self.stored.add(key)
+            pins = self.node.resolve_lookup(peer, token, {k: self.index[k] for k in keys})
+            assert pins is not None
+            self.supplies.append(([self.index[k] for k in keys], pins))
         due = [d for d in self._due if d[0] <= now]
         self._due = [d for d in self._due if d[0] > now]
         for _, what, peer, kv, keys in due:
@@ -410,6 +432,7 @@ class DemoHost(P2pfsmServer):
         self.supplies = []
         self.finished = []
         self._due = []
+        self._resolve_due = []
         supply = self.node.supply
 
         def recording_supply(peer: str, kv: str, keys: Any, idxs: Any) -> Future[StoreResult]:
@@ -711,6 +734,24 @@ def test_sym_nohit_vllm_client_p2pfsm_server(procs: list[PeerProcess],
     assert terminal["nkeys"] == 0 and terminal["round_seq"] == 0
     assert "transfer_done" not in types(frames, "in")
     assert server.supplies == []
+    assert_server_clean(server, state)
+
+
+def test_sym_split_answer_vllm_client_p2pfsm_server(
+        procs: list[PeerProcess], p2pfsm_server: Callable[..., P2pfsmServer]) -> None:
+    """A p2pfsm producer answering in parts: the keys it holds (and the one it lacks) at
+    once, the two it finds a second later in another lookup_resp; vLLM 0.33.0's client
+    matches each key on its own and fetches all eight."""
+    server = p2pfsm_server(hold_back=(4, 5), late_after=1.0, parts=True)
+    result, state = vllm_client(procs, server, "--keys", f"0-7,{MISSING}", "--mode", "sym")
+    assert_vllm_ok(result)
+    assert result["hits"] == 8 and result["landed"] == list(range(8))
+    frames = vllm_frames(result)
+    answers = [f["hits"] for f in frames if f["dir"] == "in" and f["type"] == "lookup_resp"]
+    assert answers == [[True] * 6 + [False], [True, True]], answers
+    assert only(frames, "out", "fetch")["nkeys"] == 8
+    assert only(frames, "in", "transfer_done")["success"] is True
+    assert state.stores == [True]  # the late keys' pins, released once written
     assert_server_clean(server, state)
 
 

@@ -37,7 +37,7 @@ HELD = {"a": range(0, 6), "b": range(6, 12)}
 KEY_OF = {demo_key(i): i for i in range(16)}
 PICKS = st.lists(st.integers(0, 9), min_size=1, max_size=4, unique=True)
 """Offsets into a node's held blocks; 6 and above name a block nobody stores (a miss)."""
-FAMILIES = ("lookup", "finish", "timers", "races", "rounds", "faults", "malformed")
+FAMILIES = ("lookup", "finish", "timers", "races", "rounds", "faults", "malformed", "parts")
 """Optional rule families a swarm may switch off (the core rules are always on)."""
 GARBAGE = st.one_of(
     st.binary(max_size=40),
@@ -93,7 +93,7 @@ class TwoSessions(RuleBasedStateMachine):
                                   check_destinations=self.CHECK_DESTINATIONS,
                                   check_rounds=self.CHECK_DESTINATIONS,
                                   cancelled_writes_land=late_cancel, retries=retries,
-                                  held=HELD,
+                                  held=HELD, parts="parts" in swarm,
                                   timeouts=Timeouts(handshake=50, load=5, abort_ack=2, store=8,
                                                     lookup=4, lookup_pending=1, tombstone=60),
                                   tracer=self.tracer)
@@ -162,6 +162,14 @@ class TwoSessions(RuleBasedStateMachine):
         res = [r for r in self.world.hosts[node].lookup_results if r.answered and any(r.hits)][-1]
         hits = [KEY_OF[k] for k, hit in zip(res.keys, res.hits, strict=True) if hit]
         self.world.fetch(node, res.kv_request_id, hits)
+
+    @precondition(lambda self: bool(self.world.deferred))
+    @rule(data=st.data())
+    def resolve_deferred_lookup(self, data: st.DataObject) -> None:
+        """A host finds the keys it left pending ("parts": its producer has sent the
+        first part already); the rest of the answer follows in another lookup_resp."""
+        self.world.resolve_deferred(
+            data.draw(st.integers(0, len(self.world.deferred) - 1), label="deferred"))
 
     @precondition(lambda self: self.fatal_budget > 0)
     @rule(node=NODES)

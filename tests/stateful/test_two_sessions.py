@@ -61,3 +61,27 @@ def test_the_quiet_checks_see_a_job_left_without_its_result(_: None) -> None:
     machine.world.hosts["a"].lookups_sent += 1
     with pytest.raises(AssertionError):
         machine.teardown()
+
+
+@settings(max_examples=1, database=None)
+@given(st.none())
+def test_the_parts_family_reaches_split_answers(_: None) -> None:
+    """With "parts", the producer's first lookup_resp carries the key its host found at
+    once; the consumer's lookup takes it and keeps probing (client_lookup probing ->
+    probing) until the deferred keys' part ends it with every hit."""
+    machine = TwoSessions()
+    machine.setup(faults=0, fatal=False, handshake_first=True,
+                  swarm=frozenset({"lookup", "parts"}), requests=1, late_cancel=False,
+                  retries=0, contended=["writing"])
+    world = machine.world
+    world.stabilize()
+    world.lookup("a", "r1", [6, 7, 13])  # b holds 6 and 7; 13 is held nowhere
+    world.stabilize()
+    fired = {(r.machine, r.trigger, r.source, r.dest) for r in machine.tracer.records}
+    assert ("client_lookup", "recv_lookup_resp", "probing", "probing") in fired
+    assert [r.hits for r in world.hosts["a"].lookup_results] == []
+    assert len(world.deferred) == 1
+    world.resolve_deferred(0)
+    world.stabilize()
+    assert [r.hits for r in world.hosts["a"].lookup_results] == [(True, True, False)]
+    machine.teardown()

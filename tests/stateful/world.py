@@ -28,8 +28,16 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from p2pfsm.demo.blocks import demo_key
+from p2pfsm.errors import LocalProtocolError
 from p2pfsm.protocol import AbortAck, AbortFetch, Fetch, TransferDone, decode
-from p2pfsm.session import FrameReceived, LoadResult, SendFrame
+from p2pfsm.session import (
+    FrameReceived,
+    HostAnswerLookup,
+    LoadResult,
+    LookupRequest,
+    SendFrame,
+)
 from p2pfsm.sim.world import SafetyViolation, SimHost, SimWorld
 
 CANARY = 0xA5
@@ -43,13 +51,21 @@ class CheckedWorld(SimWorld):
             duplicated or reordered: the wire cannot tell generations apart then).
         retries: how many failed loads the host loads again at once, same request and
             keys (a host reusing a request id: a new round right after the old one ended).
+        parts: both producers answer lookups in parts (``answer_lookups_in_parts``) and
+            each host finds a lookup's first held key at once and the others only when
+            :meth:`resolve_deferred` says so (the keys stay pending until then, or until
+            ``lookup_pending`` makes them MISS).
         kwargs: as :class:`SimWorld`.
     """
 
     def __init__(self, seed: int = 0, *, check_rounds: bool = True, retries: int = 0,
-                 **kwargs: Any) -> None:
+                 parts: bool = False, **kwargs: Any) -> None:
         self.check_rounds = check_rounds
         self.retries = retries
+        self.parts = parts
+        self.deferred: list[tuple[str, int, dict[bytes, int]]] = []
+        if parts:
+            kwargs["configs"] = {n: {"answer_lookups_in_parts": True} for n in self.NODES}
         self._retry: list[tuple[str, str, tuple[int, ...]]] = []
         self.ghosts: dict[tuple[str, str], list[int | None]] = {("a", "b"): [], ("b", "a"): []}
         self.served: dict[str, dict[tuple[str, int], int | None]] = {"a": {}, "b": {}}
@@ -150,6 +166,39 @@ class CheckedWorld(SimWorld):
             if len(host.violations) != self.injected_violations[node]:
                 raise SafetyViolation(f"{node} rejected a conformant peer's frame: "
                                       f"{host.violations[-1].error}")
+
+    # ------------------------------------------------------------ lookups in parts
+    def _answer_lookup(self, node: str, req: LookupRequest) -> None:
+        if not self.parts:
+            super()._answer_lookup(node, req)
+            return
+        by_key = {demo_key(i): i for i in self.hosts[node].held}
+        found = [k for k in dict.fromkeys(req.keys) if k in by_key]
+        now = {k: by_key[k] for k in found[:1]}
+        later = {k: by_key[k] for k in found[1:]}
+        job = None
+        if now:
+            job = self.new_job()
+            self.hosts[node].store_jobs[job] = tuple(now.values())
+        self._pending_answers.append(
+            (node, HostAnswerLookup(req.token, now, job, frozenset(later))))
+        if later:
+            self.deferred.append((node, req.token, later))
+
+    def resolve_deferred(self, index: int) -> None:
+        """The host finds the keys it deferred for one lookup: they are pinned and
+        answered. A lookup whose keys are no longer pending (its ``lookup_pending``
+        deadline made them MISS) takes nothing: the host forgets the answer."""
+        node, token, hits = self.deferred.pop(index)
+        job = self.new_job()
+        self.hosts[node].store_jobs[job] = tuple(hits.values())
+        try:
+            self.feed(node, HostAnswerLookup(token, hits, job))
+        except LocalProtocolError as exc:
+            if "not pending" not in str(exc):
+                raise
+            del self.hosts[node].store_jobs[job]
+        self._flush_answers()
 
     # ------------------------------------------------------------ retries
     def _flush_answers(self) -> None:
