@@ -98,7 +98,9 @@ class Lookup:
 
 @dataclass(frozen=True, slots=True)
 class LookupResp:
-    """Server to client: ``hits[i]`` answers ``keys[i]``, in the lookup's order."""
+    """Server to client: ``hits[i]`` answers ``keys[i]``: a lookup's keys in its order,
+    a part of them, or the keys of several lookups of the request (a producer may split
+    and coalesce its answers)."""
 
     TYPE: ClassVar[str] = names.LOOKUP_RESP
 

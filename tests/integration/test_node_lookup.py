@@ -23,7 +23,8 @@ from p2pfsm.demo.blocks import demo_block, demo_key
 from p2pfsm.demo.host import fill_demo_region
 from p2pfsm.errors import LocalProtocolError
 from p2pfsm.executor.node import LookupAnswer, Node, NodeConfig
-from p2pfsm.session import LookupRequest, LookupResult, StoreResult, Timeouts
+from p2pfsm.protocol import LookupResp
+from p2pfsm.session import LookupRequest, LookupResult, SendFrame, StoreResult, Timeouts
 
 pytest.importorskip("torch")
 if importlib.util.find_spec("nixl") is None and importlib.util.find_spec("nixl_cu12") is None:
@@ -54,15 +55,37 @@ class PendingHost:
         return hits, frozenset(k for k in req.keys if k in self.later)
 
 
+class CoalescingNode(Node):
+    """A producer that coalesces, as the protocol allows: it holds each lookup_resp back
+    until the next one of the same request and sends the two as one frame."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.held_back: dict[str, LookupResp] = {}
+        self.coalesced = 0
+
+    def send_frame(self, peer: str, out: SendFrame) -> None:
+        msg = out.message
+        if isinstance(msg, LookupResp):
+            first = self.held_back.pop(msg.kv_request_id, None)
+            if first is None:
+                self.held_back[msg.kv_request_id] = msg
+                return
+            self.coalesced += 1
+            out = SendFrame(LookupResp(msg.kv_request_id, first.keys + msg.keys,
+                                       first.hits + msg.hits))
+        super().send_frame(peer, out)
+
+
 class Pair:
     """A consumer node and a producer node, both stepped by :meth:`drive`."""
 
     def __init__(self, host: PendingHost, lookup_pending: float, parts: bool = False,
-                 trace: str | None = None) -> None:
+                 trace: str | None = None, producer: type[Node] = Node) -> None:
         self.host = host
         self.made: list[Node] = []
         self.producer = self._node(Timeouts(lookup_pending=lookup_pending), host.on_lookup,
-                                   answer_lookups_in_parts=parts)
+                                   kind=producer, answer_lookups_in_parts=parts)
         host.node = self.producer
         fill_demo_region(self.producer, HELD)
         self.consumer = self._node(Timeouts(), None, trace=trace)
@@ -71,8 +94,9 @@ class Pair:
         self.drive(lambda: session.ready or not session.alive, 30.0, "handshake")
         assert session.ready, self.consumer.deaths
 
-    def _node(self, timeouts: Timeouts, on_lookup: Any, **options: Any) -> Node:
-        node = Node(NodeConfig("tcp://127.0.0.1:0", 16, BLOCK, timeouts=timeouts, **options),
+    def _node(self, timeouts: Timeouts, on_lookup: Any, kind: type[Node] = Node,
+              **options: Any) -> Node:
+        node = kind(NodeConfig("tcp://127.0.0.1:0", 16, BLOCK, timeouts=timeouts, **options),
                     on_lookup=on_lookup)
         self.made.append(node)
         return node
@@ -237,4 +261,28 @@ def test_a_producer_answering_in_parts_sends_the_found_keys_first(
     for dest, block in enumerate([1, 4, 5]):
         assert bytes(pair.consumer.region[dest].numpy()) == demo_block(block, BLOCK)
     pair.consumer.finish(peer, "parts-1")
+    assert not producer.violations and not pair.consumer.violations
+
+
+def test_answers_coalesced_into_one_frame_answer_each_lookup(
+        pairs: Callable[..., Pair]) -> None:
+    """Two lookups of one request answered in one lookup_resp (key 2 asked by both, so
+    it is in the frame twice): each (key, hit) pair goes to the oldest lookup still
+    waiting for that key; both end answered and their hits are fetched byte-exact."""
+    pair = pairs(later=set(), producer=CoalescingNode)
+    peer = pair.peer
+    first = pair.consumer.lookup(peer, "co-1", keys_of([1, 2]))
+    second = pair.consumer.lookup(peer, "co-1", keys_of([2, 3, 100]))
+    pair.drive(lambda: first.done() and second.done(), 20.0, "both lookup answers")
+    producer = pair.producer
+    assert isinstance(producer, CoalescingNode) and producer.coalesced == 1
+    assert first.result().answered and first.result().hits == (True, True)
+    assert second.result().answered and second.result().hits == (True, True, False)
+
+    load = pair.consumer.fetch(peer, "co-1", keys_of([1, 2, 3]), [0, 1, 2])
+    pair.drive(load.done, 20.0, "the fetch of the hits")
+    assert load.result().success, load.result()
+    for dest, block in enumerate([1, 2, 3]):
+        assert bytes(pair.consumer.region[dest].numpy()) == demo_block(block, BLOCK)
+    pair.consumer.finish(peer, "co-1")
     assert not producer.violations and not pair.consumer.violations
