@@ -28,6 +28,8 @@ from p2pfsm.errors import LocalProtocolError
 from p2pfsm.executor.config import NodeConfig
 from p2pfsm.executor.jobs import JobFuture, LookupAsk
 from p2pfsm.executor.node import LookupAnswer, Node
+from p2pfsm.executor.threadsafe import ThreadSafeNode
+from p2pfsm.metrics import NodeMetrics
 from p2pfsm.session import FetchArrived, LoadResult, LookupResult, Session, StoreResult
 
 __all__ = ["AsyncNode", "FetchHandle"]
@@ -75,8 +77,9 @@ class AsyncNode:
         *,
         on_lookup: Callable[[str, LookupAsk], LookupAnswer] | None = None,
         on_fetch: Callable[[str, FetchArrived], None] | None = None,
+        on_result: Callable[[str, LoadResult | StoreResult | LookupResult], None] | None = None,
     ) -> None:
-        self.node = Node(config, on_lookup=on_lookup, on_fetch=on_fetch)
+        self.node = Node(config, on_lookup=on_lookup, on_fetch=on_fetch, on_result=on_result)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._fd: int | None = None
@@ -86,6 +89,17 @@ class AsyncNode:
     @property
     def local_id(self) -> str:
         return self.node.local_id
+
+    @property
+    def metrics(self) -> NodeMetrics:
+        """The node's counters and gauges (``Node.metrics``)."""
+        return self.node.metrics
+
+    @property
+    def threadsafe(self) -> ThreadSafeNode:
+        """Host calls from threads other than the event loop's (``Node.threadsafe``):
+        each returns a ``concurrent.futures.Future`` at once and wakes the loop."""
+        return self.node.threadsafe
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -165,6 +179,8 @@ class AsyncNode:
 
     # ------------------------------------------------------------ internals
     def _require_loop(self) -> asyncio.AbstractEventLoop:
+        if self.node.closed:
+            raise LocalProtocolError("AsyncNode is closed")
         if self._loop is None:
             raise LocalProtocolError("AsyncNode is not started: use 'async with' or start()")
         return self._loop

@@ -26,12 +26,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import operator
 import secrets
 import threading
 import time
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +43,7 @@ from p2pfsm.executor.config import NodeConfig, fingerprint
 from p2pfsm.executor.core import Executor, TimerTable
 from p2pfsm.executor.jobs import Driven, JobFuture, LookupAsk
 from p2pfsm.executor.nixl_plane import DataPlane
+from p2pfsm.executor.threadsafe import ThreadSafeNode
 from p2pfsm.executor.zmq_plane import ControlPlane, FrameIn, PeerLost, is_connect_from
 from p2pfsm.metrics import NodeMetrics
 from p2pfsm.protocol import AbortFetch, Connect, Disconnect, decode, encode
@@ -90,6 +93,32 @@ _INBOUND_GRACE_S = 0.05
 
 _DRIVEN_RECENTLY_S = 1.0
 """A thread that stepped the node this recently counts as its driver."""
+
+_HOST_CALLS: dict[type, str] = {HostFetch: "fetch", HostLookup: "lookup", HostSupply: "supply",
+                                HostFinish: "finish", HostDecline: "decline"}
+"""The host call each host input comes from (for the wrong-thread error)."""
+
+
+def _as_int(value: Any) -> Any:
+    """A block index as a plain int: numpy and torch integers (anything with
+    ``__index__`` but bool) become ints; anything else is left for the session to refuse
+    with the index named."""
+    if type(value) is int or isinstance(value, bool):
+        return value
+    try:
+        return operator.index(value)
+    except TypeError:
+        return value
+
+
+def _copy_outcome(source: Future[None], target: Future[None]) -> None:
+    if target.done():
+        return
+    exc = source.exception()
+    if exc is not None:
+        target.set_exception(exc)
+    else:
+        target.set_result(None)
 
 _LOG_BURST = 5
 _LOG_WINDOW_S = 10.0
@@ -160,8 +189,13 @@ def _is_connect(frame: bytes) -> bool:
 
 
 class Node(Driven, Executor):
-    """One process's endpoint: bind, connect to peers, move blocks. Not thread-safe:
-    call it from the thread that drives it (``JobFuture.cancel`` excepted)."""
+    """One process's endpoint: bind, connect to peers, move blocks.
+
+    One thread drives it (``serve``, ``run_until``, ``step``, or an asyncio loop through
+    :class:`p2pfsm.aio.AsyncNode`) and makes its host calls; other threads submit theirs
+    through :attr:`threadsafe`. A direct host call from another thread while one drives
+    the node is refused with a :class:`LocalProtocolError` saying so.
+    """
 
     def __init__(
         self,
@@ -212,7 +246,8 @@ class Node(Driven, Executor):
         self._events: deque[tuple[str, Input, Session | None]] = deque()
         self._timer_owner: dict[tuple[str, TimerId], Session] = {}
         self._callbacks: deque[Callable[[], None]] = deque()
-        self._cancels: deque[Callable[[], None]] = deque()  # appended from any thread
+        # Calls from other threads (cancels, node.threadsafe), run in order by the driver.
+        self._submitted: deque[Callable[[], None]] = deque()
         self._timers: TimerTable[tuple[str, TimerId]] = TimerTable()
         self._applying: Session | None = None  # whose outputs are being carried out
         self._writes_by_nixl: dict[int, _Write] = {}
@@ -237,9 +272,12 @@ class Node(Driven, Executor):
         self._job = 0
         self._closed = False
         self._draining = False
-        self._loop_thread: int | None = None
+        self._loop_thread: int | None = None  # the thread inside step(), while it is
+        self._driver: int | None = None  # the thread inside serve / run_until / step
         self._last_step: tuple[int, float] | None = None
         self._aio_thread: int | None = None
+        self._close_request: tuple[float, Future[None]] | None = None
+        self._threadsafe: ThreadSafeNode | None = None
         self._hook = call_hook
         if call_hook is None and config.trace is not None:
             from p2pfsm.spec_log import CallLog
@@ -260,6 +298,11 @@ class Node(Driven, Executor):
         tensor, one row per block), or None for raw host memory."""
         return self.data.region
 
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` has run (here or through ``threadsafe.close()``)."""
+        return self._closed
+
     def new_job_id(self) -> int:
         self._job += 1
         return self._job
@@ -267,6 +310,7 @@ class Node(Driven, Executor):
     def connect(self, peer_id: str) -> Session:
         """Open (or return) the session to ``peer_id`` ("host:port")."""
         self._check_open()
+        self._check_thread("connect")
         session = self.sessions.get(peer_id)
         if session is not None and session.alive:
             return session
@@ -302,13 +346,15 @@ class Node(Driven, Executor):
         ``cancel()`` on the future finishes the request (aborting a round in flight); the
         future still resolves with the final LoadResult.
         """
+        self._check_thread("fetch")  # before anything changes
         keys = tuple(keys)
         job = self.new_job_id()
         fut: JobFuture[LoadResult] = JobFuture(
             self, lambda: self._finish_quietly(peer_id, kv_request_id))
         self._loads[job] = _Load(fut, time.monotonic(), len(keys) * self.config.block_len)
         try:
-            self._host(peer_id, HostFetch(job, kv_request_id, keys, tuple(dest_indexes)))
+            self._host(peer_id, HostFetch(job, kv_request_id, keys,
+                                          tuple(map(_as_int, dest_indexes))))
         except BaseException:
             del self._loads[job]
             raise
@@ -319,6 +365,7 @@ class Node(Driven, Executor):
     def lookup(self, peer_id: str, kv_request_id: str,
                keys: Iterable[bytes]) -> JobFuture[LookupResult]:
         """Ask the peer which keys it holds; one result."""
+        self._check_thread("lookup")
         fut: JobFuture[LookupResult] = JobFuture(self)
         queue = self._lookups.setdefault((peer_id, kv_request_id), deque())
         queue.append(fut)
@@ -335,12 +382,13 @@ class Node(Driven, Executor):
     def supply(self, peer_id: str, kv_request_id: str, keys: Iterable[bytes],
                local_indexes: Iterable[int]) -> JobFuture[StoreResult]:
         """Offer stored blocks to the peer; they stay pinned until the result."""
+        self._check_thread("supply")
         job = self.new_job_id()
         fut: JobFuture[StoreResult] = JobFuture(self)
         self._stores[job] = fut
         try:
             self._host(peer_id, HostSupply(job, kv_request_id, tuple(keys),
-                                           tuple(local_indexes)))
+                                           tuple(map(_as_int, local_indexes))))
         except BaseException:
             del self._stores[job]
             raise
@@ -374,7 +422,8 @@ class Node(Driven, Executor):
         pending, or an index outside our region.
         """
         self._check_open()
-        hits = dict(hits or {})
+        self._check_thread("resolve_lookup")
+        hits = {k: _as_int(v) for k, v in (hits or {}).items()}
         still = frozenset(pending)
         if type(token) is not int or not 0 < token <= self._lookup_serial:
             raise LocalProtocolError(f"resolve_lookup: no lookup {token!r} was asked")
@@ -422,17 +471,20 @@ class Node(Driven, Executor):
     def run_until(self, done: Callable[[], bool], timeout: float) -> bool:
         """Run the loop until ``done()`` or ``timeout`` seconds; returns ``done()``."""
         end = time.monotonic() + timeout
-        while not done():
-            left = end - time.monotonic()
-            if left <= 0:
-                return done()
-            self.step(left)
+        with self._driving("run_until"):
+            while not done():
+                left = end - time.monotonic()
+                if left <= 0 or self._closed:
+                    return done()
+                self.step(left)
         return True
 
     def serve(self, stop: Callable[[], bool] = lambda: False) -> None:
-        """Run the loop until ``stop()`` is true."""
-        while not stop():
-            self.step(1.0)
+        """Run the loop until ``stop()`` is true or the node is closed (by
+        ``threadsafe.close()`` from another thread, say)."""
+        with self._driving("serve"):
+            while not stop() and not self._closed:
+                self.step(1.0)
 
     def fileno(self) -> int:
         """A descriptor that turns readable when the control plane has news.
@@ -454,7 +506,7 @@ class Node(Driven, Executor):
         connect_ms = self.control.next_timeout_ms()
         if connect_ms is not None:
             deadline = min(deadline, now + connect_ms / 1000.0)
-        if self._events or self._callbacks or self._cancels:
+        if self._events or self._callbacks or self._submitted:
             deadline = now
         return deadline
 
@@ -465,12 +517,70 @@ class Node(Driven, Executor):
         me = threading.get_ident()
         if self._loop_thread == me:
             raise LocalProtocolError("step() called from inside the node's own loop")
-        self._loop_thread = me
+        with self._driving("step"):
+            self._loop_thread = me
+            try:
+                taken = self._turn(max_wait)
+            finally:
+                self._loop_thread = None
+                self._last_step = (me, time.monotonic())
+            if self._close_request is not None:
+                self._close_now()
+        return taken
+
+    @contextlib.contextmanager
+    def _driving(self, what: str) -> Iterator[None]:
+        """This thread drives the node for the block (nested calls keep the outer's)."""
+        self._check_thread(what)
+        outer = self._driver is None
+        if outer:
+            self._driver = threading.get_ident()
         try:
-            return self._turn(max_wait)
+            yield
         finally:
-            self._loop_thread = None
-            self._last_step = (me, time.monotonic())
+            if outer:
+                self._driver = None
+
+    def _close_now(self) -> None:
+        """Carry out ``threadsafe.close()`` on the driving thread, after a turn."""
+        assert self._close_request is not None
+        timeout, done = self._close_request
+        self._close_request = None
+        try:
+            self.close(timeout)
+        except BaseException as exc:
+            done.set_exception(exc)
+            raise
+        done.set_result(None)
+
+    # ------------------------------------------------- calls from other threads
+    @property
+    def threadsafe(self) -> ThreadSafeNode:
+        """Host calls from any thread: each returns a future at once and is carried
+        out by the thread that drives the node (:class:`ThreadSafeNode`)."""
+        if self._threadsafe is None:
+            self._threadsafe = ThreadSafeNode(self)
+        return self._threadsafe
+
+    def call_soon_threadsafe(self, call: Callable[[], None]) -> None:
+        """Run ``call`` on the driving thread at the start of its next turn, waking a
+        loop that waits. Calls run in the order they were submitted; one that raises
+        ends that turn's step with its error (wrap what may fail). Safe from any
+        thread; raises :class:`LocalProtocolError` once the node is closed."""
+        self._check_open()
+        self._submitted.append(call)
+        self.control.wake()
+
+    def request_close(self, timeout: float, done: Future[None]) -> None:
+        """Close the node from the driving thread after its current turn (any thread;
+        ``done`` resolves once closed). Used by ``threadsafe.close()``."""
+        self._check_open()
+        if self._close_request is None:
+            self._close_request = (timeout, done)
+        else:  # a second request: done when the first one is
+            first = self._close_request[1]
+            first.add_done_callback(lambda f: _copy_outcome(f, done))
+        self.control.wake()
 
     def _turn(self, max_wait: float) -> int:
         self._handle_all()
@@ -505,6 +615,7 @@ class Node(Driven, Executor):
         Every job still open gets its result (a :class:`TransportError` "node closed")."""
         if self._closed:
             return
+        self._check_thread("close")
         for peer in list(self.sessions):
             if self.sessions[peer].state != "closed":
                 self._queue(peer, HostClose())
@@ -565,7 +676,8 @@ class Node(Driven, Executor):
         if driver is None or (driver == me and self._loop_thread is None):
             action()
         else:
-            self._cancels.append(action)  # run by the driver on its next turn
+            self._submitted.append(action)  # run by the driver on its next turn
+            self.control.wake()
 
     def attach_event_loop(self, thread_id: int | None) -> None:
         """Mark the thread of the asyncio loop driving the node (None: detach)."""
@@ -575,6 +687,18 @@ class Node(Driven, Executor):
     def _check_open(self) -> None:
         if self._closed:
             raise LocalProtocolError("the node is closed")
+
+    def _check_thread(self, what: str) -> None:
+        """Refuse a call from another thread than the one driving the node."""
+        driver = self._driver if self._driver is not None else self._aio_thread
+        if driver is not None and driver != threading.get_ident():
+            if what in ("serve", "run_until", "step"):
+                raise LocalProtocolError(
+                    f"{what}(): another thread drives this node; one thread drives it")
+            raise LocalProtocolError(
+                f"{what}: called from another thread than the one driving this node; "
+                f"submit it from here with node.threadsafe.{what}(...), which returns a "
+                "future at once")
 
     def _check_local_indexes(self, what: str, indexes: Iterable[object]) -> None:
         outside = [i for i in indexes
@@ -593,6 +717,7 @@ class Node(Driven, Executor):
 
     def _host(self, peer_id: str, event: Input) -> None:
         self._check_open()
+        self._check_thread(_HOST_CALLS.get(type(event), "a host call"))
         self._feed(peer_id, event, session=self.session(peer_id))
         self._drain()
 
@@ -666,8 +791,8 @@ class Node(Driven, Executor):
         """Handle every queued event, and the writes that this finished at once: over
         CMA a WRITE usually completes inside ``transfer()``, and waiting for the next
         turn to notice would add a whole loop wait (up to the idle interval) to it."""
-        while self._cancels:
-            self._cancels.popleft()()
+        while self._submitted:
+            self._submitted.popleft()()
         self._drain()
         while self._writes and self._collect_writes():
             self._drain()
@@ -1013,7 +1138,7 @@ class Node(Driven, Executor):
             self._asking = token
             try:
                 answer_hits, answer_pending = self.on_lookup(peer_id, ask)
-                hits = dict(answer_hits)
+                hits = {k: _as_int(v) for k, v in answer_hits.items()}
                 pending = frozenset(answer_pending)
                 self._check_local_indexes("on_lookup", hits.values())
             except Exception as exc:  # answered all MISS: nothing was pinned for it

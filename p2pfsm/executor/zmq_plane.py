@@ -92,6 +92,7 @@ import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
 from p2pfsm.errors import ConfigError, RemoteProtocolError, TransportError
+from p2pfsm.executor.waker import Waker
 from p2pfsm.protocol import Connect, decode
 
 __all__ = [
@@ -677,6 +678,8 @@ class ControlPlane:
 
         self._epoll = select.epoll()
         self._epoll.register(_fd(self._router), select.EPOLLIN)
+        self._waker = Waker()  # wake(): any thread ends a poll() early
+        self._epoll.register(self._waker.fileno(), select.EPOLLIN)
         if self._router_monitor is not None:
             self._epoll.register(_fd(self._router_monitor), select.EPOLLIN)
         self._by_fd: dict[int, _Peer] = {}  # monitor descriptor -> its peer
@@ -834,17 +837,24 @@ class ControlPlane:
         followed by frames from the same id, which then start a fresh peer.
         """
         self._check_open()
+        woken = self._waker.clear()
         events = self._collect()
-        if events or timeout_ms == 0:
+        if events or timeout_ms == 0 or woken:
             return events
         end = None if timeout_ms < 0 else time.monotonic() + timeout_ms / 1000.0
         while True:
             wait = 0 if self._router_more else self._wait_ms(end)
             if wait != 0:
                 self._epoll.poll(-1 if wait is None else wait / 1000.0)
+            woken = self._waker.clear()
             events = self._collect()
-            if events or (end is not None and time.monotonic() >= end):
+            if events or woken or (end is not None and time.monotonic() >= end):
                 return events
+
+    def wake(self) -> None:
+        """End a :meth:`poll` that is waiting (or the next one) at once, with what it
+        has; :meth:`fileno` turns readable. Safe from any thread."""
+        self._waker.wake()
 
     def fileno(self) -> int:
         """One descriptor that becomes readable when :meth:`poll` may have news.
@@ -875,6 +885,7 @@ class ControlPlane:
                 self._epoll.unregister(_fd(self._router_monitor))
         finally:
             self._epoll.close()
+            self._waker.close()
             self._close_router()
 
     def __enter__(self) -> ControlPlane:
