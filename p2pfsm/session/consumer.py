@@ -9,6 +9,8 @@ and the producer's responses (transfer_done, abort_ack, lookup_resp) to them.
 
 from __future__ import annotations
 
+from collections import Counter
+
 from p2pfsm.errors import LocalProtocolError, RemoteProtocolError
 from p2pfsm.protocol import AbortAck, LookupResp, TransferDone
 from p2pfsm.session.client import (
@@ -72,6 +74,10 @@ class ConsumerRole(ChildSteps):
     def _on_host_fetch(self, ev: HostFetch) -> None:
         self._require_started("fetch")
         self._check_keys(ev.keys, ev.dest_indexes, "fetch", ev.kv_request_id)
+        if len(set(ev.dest_indexes)) != len(ev.dest_indexes):
+            twice = next(i for i, n in Counter(ev.dest_indexes).items() if n > 1)
+            raise LocalProtocolError(
+                f"fetch: destination index {twice} named twice (two blocks cannot land in one)")
         if ev.job_id in self._load_jobs:
             raise LocalProtocolError(f"fetch: job {ev.job_id} is already loading")
         if not self.alive:

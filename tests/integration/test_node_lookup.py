@@ -286,3 +286,30 @@ def test_answers_coalesced_into_one_frame_answer_each_lookup(
         assert bytes(pair.consumer.region[dest].numpy()) == demo_block(block, BLOCK)
     pair.consumer.finish(peer, "co-1")
     assert not producer.violations and not pair.consumer.violations
+
+
+def test_numpy_and_torch_integers_are_block_indexes(pairs: Callable[..., Pair]) -> None:
+    """Engines hold block indexes as numpy or torch integers: they are taken as ints
+    (a float or a bool is still refused, naming it)."""
+    import numpy
+    import torch
+
+    pair = pairs(later={4})
+    producer, peer, me = pair.producer, pair.peer, pair.consumer.local_id
+    lookup = pair.consumer.lookup(peer, "ints-1", keys_of([1, 4]))
+    req = pair.asked(1)
+    pins = producer.resolve_lookup(me, req.token, {demo_key(4): numpy.int64(4)})
+    assert pins is not None
+    pair.drive(lookup.done, 20.0, "the lookup answer")
+    assert lookup.result().hits == (True, True)
+    for bad in (1.0, True, torch.tensor(1.5)):
+        with pytest.raises(LocalProtocolError, match="outside our 16 blocks"):
+            pair.consumer.fetch(peer, "ints-1", keys_of([1]), [bad])
+    load = pair.consumer.fetch(peer, "ints-1", keys_of([1, 4]),
+                               [numpy.int32(0), torch.tensor(1)])
+    pair.drive(lambda: load.done() and pins.done(), 20.0, "the fetch of the hits")
+    assert load.result().success and pins.result().success
+    for dest, block in enumerate([1, 4]):
+        assert bytes(pair.consumer.region[dest].numpy()) == demo_block(block, BLOCK)
+    pair.consumer.finish(peer, "ints-1")
+    assert not producer.violations and not pair.consumer.violations

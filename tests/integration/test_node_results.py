@@ -156,6 +156,27 @@ def test_asyncio_connect_to_a_refused_address_raises_the_death_reason() -> None:
     asyncio.run(main())
 
 
+def test_asyncio_node_after_aclose_says_it_is_closed_and_shows_its_metrics() -> None:
+    heard: list[object] = []
+
+    async def main() -> AsyncNode:
+        async with AsyncNode(config(), on_result=lambda peer, r: heard.append(r)) as anode:
+            with pytest.raises(TransportError):
+                await anode.connect("127.0.0.1:1", timeout=10)
+        return anode
+
+    anode = asyncio.run(main())
+    assert anode.metrics is anode.node.metrics and anode.node.on_result is not None
+
+    async def after() -> None:
+        with pytest.raises(LocalProtocolError, match="AsyncNode is closed"):
+            await anode.connect("127.0.0.1:1", timeout=10)
+        with pytest.raises(LocalProtocolError, match="node is closed"):
+            await anode.lookup("127.0.0.1:1", "r", [b"k"])
+
+    asyncio.run(after())
+
+
 def test_an_idle_asyncio_node_wakes_at_its_idle_tick_not_continuously(
         children: list[Child]) -> None:
     _, peer = start_producer(children)

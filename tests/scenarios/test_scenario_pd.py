@@ -12,6 +12,7 @@ from p2pfsm.protocol import Fetch, TransferDone
 from p2pfsm.session import (
     FetchArrived,
     HostDecline,
+    HostFetch,
     HostSupply,
     LoadResult,
     StartWrite,
@@ -312,3 +313,14 @@ def test_decline_of_a_round_no_fetch_named_is_refused_and_of_an_ended_one_is_not
     assert snapshot(w.sessions["b"]) == before
     w.decline("b", "r9", 0)  # no such round: ended (or never was), nothing to fail
     assert snapshot(w.sessions["b"]) == before and transfer_dones(w) == []
+
+
+def test_a_fetch_naming_one_destination_twice_is_refused_locally() -> None:
+    """Two blocks cannot land in one destination: the host's fetch is refused before
+    anything is sent, naming the index, and changes nothing."""
+    w = ready_world()
+    s = w.sessions["a"]
+    before = snapshot(s)
+    with pytest.raises(LocalProtocolError, match="destination index 3 named twice"):
+        s.handle(HostFetch(77, "r1", (demo_key(8), demo_key(9)), (3, 3)), w.now)
+    assert snapshot(s) == before and w.channels[("a", "b")] == []
