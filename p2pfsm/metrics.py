@@ -9,7 +9,10 @@ Counters (monotonic ints; :meth:`NodeMetrics.count`):
 
 - ``fetches_started``: fetches the host asked for.
 - ``fetches_succeeded``: fetches that ended in a successful LoadResult.
-- ``fetches_failed``: fetches that ended in a failed LoadResult.
+- ``fetches_failed``: fetches that ended in a failed LoadResult; by its reason
+  (``FailReason``): ``fetches_failed_peer_failed`` (transfer_done(false)),
+  ``fetches_failed_timeout`` (the load deadline), ``fetches_failed_finished`` (the host
+  finished or cancelled the request) and ``fetches_failed_session_ended``.
 - ``fetch_bytes``: bytes we loaded from peers.
 - ``served_bytes``: bytes we wrote to peers.
 - ``lookups_started``: lookups the host asked for.
@@ -59,6 +62,10 @@ COUNTERS: Final[dict[str, str]] = {
     "fetches_started": "Fetches the host asked for.",
     "fetches_succeeded": "Fetches that ended in a successful LoadResult.",
     "fetches_failed": "Fetches that ended in a failed LoadResult.",
+    "fetches_failed_peer_failed": "Failed fetches the peer answered transfer_done(false).",
+    "fetches_failed_timeout": "Failed fetches whose load deadline passed (aborted).",
+    "fetches_failed_finished": "Failed fetches whose request the host finished or cancelled.",
+    "fetches_failed_session_ended": "Failed fetches whose session died or was closed.",
     "fetch_bytes": "Bytes loaded from peers.",
     "served_bytes": "Bytes written to peers.",
     "lookups_started": "Lookups the host asked for.",

@@ -235,6 +235,10 @@ class FetchReport:
     keys: int
     hits: int | None = None
     error: str | None = None
+    reason: str | None = None
+    """The failed LoadResult's reason (``FailReason``), None on success."""
+    detail: str | None = None
+    """The failed LoadResult's own words (peer, keys, cause)."""
 
 
 def run_fetch(node: Node, peer_id: str, blocks: Sequence[int], mode: str,
@@ -251,8 +255,8 @@ def run_fetch(node: Node, peer_id: str, blocks: Sequence[int], mode: str,
         dead = node.deaths.get(peer_id)
         if dead is not None and dead.mismatch is not None:
             raise ConfigError(f"{peer_id} is incompatible: {dead.mismatch}")
-        reason = dead.reason if dead is not None else "handshake timed out"
-        raise TransportError(f"cannot reach {peer_id}: {reason}")
+        why = dead.reason if dead is not None else "handshake timed out"
+        raise TransportError(f"cannot reach {peer_id}: {why}")
     if len(blocks) > node.config.num_blocks:
         raise ConfigError(f"--keys: {len(blocks)} blocks do not fit in {node.config.num_blocks}")
     keys = [demo_key(i) for i in blocks]
@@ -268,13 +272,19 @@ def run_fetch(node: Node, peer_id: str, blocks: Sequence[int], mode: str,
         chosen = list(blocks)
     dest = list(range(len(chosen)))
     success = True
+    reason: str | None = None
+    detail: str | None = None
     if chosen:
         load = node.fetch(peer_id, request_id, [demo_key(b) for b in chosen], dest)
         limit = node.config.timeouts.load + 3 * node.config.timeouts.abort_ack + 5
         node.run_until(load.done, limit)
         if not load.done():
             raise TransportError(f"no result from {peer_id} within {limit:.0f} s")
-        success = load.result().success
+        result = load.result()
+        success = result.success
+        if not success:
+            reason = None if result.reason is None else result.reason.value
+            detail = result.detail
     seconds = time.perf_counter() - t0
     if mode == "sym":
         node.finish(peer_id, request_id)
@@ -290,7 +300,7 @@ def run_fetch(node: Node, peer_id: str, blocks: Sequence[int], mode: str,
     else:
         error = why_fetch_failed(node, peer_id, f"{request_id}-why", chosen)
     return FetchReport(success, verified, len(chosen) * node.config.block_len if success else 0,
-                       seconds, len(blocks), hits, error)
+                       seconds, len(blocks), hits, error, reason, detail)
 
 
 def why_fetch_failed(node: Node, peer_id: str, request_id: str, blocks: Sequence[int]) -> str:

@@ -24,6 +24,7 @@ every ``Session.handle`` call (``NodeConfig.trace`` installs the spec trace log)
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import operator
@@ -51,6 +52,7 @@ from p2pfsm.session import (
     ArmTimer,
     CancelWrite,
     DisarmTimer,
+    FailReason,
     FetchArrived,
     FrameReceived,
     HostAnswerLookup,
@@ -448,7 +450,8 @@ class Node(Driven, Executor):
             if not hits:
                 return None
             done: JobFuture[StoreResult] = JobFuture(self)
-            done.set_result(StoreResult(self.new_job_id(), False))
+            done.set_result(StoreResult(self.new_job_id(), False, FailReason.NOT_SERVED,
+                                        f"lookup {token} has nothing pending any more"))
             return done
         job = self.new_job_id() if hits else None
         fut: JobFuture[StoreResult] = JobFuture(self)
@@ -922,6 +925,8 @@ class Node(Driven, Executor):
         self._deliver(peer, self._stores.pop(out.job_id, None), out)
 
     def lookup_result(self, peer: str, out: LookupResult) -> None:
+        if out.reason is not None:
+            out = dataclasses.replace(out, detail=self._fail_detail(peer, out))
         queue = self._lookups.get((peer, out.kv_request_id))
         fut = queue.popleft() if queue else None
         if queue is not None and not queue:
@@ -966,6 +971,8 @@ class Node(Driven, Executor):
 
     def _on_load_result(self, peer_id: str, res: LoadResult) -> None:
         load = self._loads.pop(res.job_id, None)
+        if not res.success:
+            res = dataclasses.replace(res, detail=self._fail_detail(peer_id, res))
         if load is not None:
             self.metrics.observe("fetch_seconds", time.monotonic() - load.started)
             if res.success:
@@ -973,9 +980,20 @@ class Node(Driven, Executor):
                 self.metrics.count("fetch_bytes", load.nbytes)
             else:
                 self.metrics.count("fetches_failed")
-                log.info("load job %d (%s) from %s failed; destination released: %s",
-                         res.job_id, res.kv_request_id, peer_id, res.released)
+                if res.reason is not None:
+                    self.metrics.count(f"fetches_failed_{res.reason.value}")
+                log.info("load job %d (%s) failed: %s; destination released: %s",
+                         res.job_id, res.kv_request_id, res.detail, res.released)
         self._deliver(peer_id, None if load is None else load.future, res)
+
+    def _fail_detail(self, peer_id: str, res: LoadResult | LookupResult) -> str:
+        """The session's detail, naming the peer (and why its session ended)."""
+        text = f"from {peer_id}: {res.detail or 'failed'}"
+        session = self._applying or self.sessions.get(peer_id)
+        if (res.reason is FailReason.SESSION_ENDED and session is not None
+                and session.death_reason):
+            text += f" ({session.death_reason})"
+        return text
 
     def _deliver(self, peer_id: str, fut: JobFuture[Any] | None,
                  value: LoadResult | StoreResult | LookupResult) -> None:
@@ -1151,7 +1169,7 @@ class Node(Driven, Executor):
             job = self.new_job_id()
             self._stores[job] = pins
         else:
-            pins.set_result(StoreResult(0, False))
+            pins.set_result(StoreResult(0, False, FailReason.NOT_SERVED, "nothing was pinned"))
         if pending - hits.keys():
             self._served[token] = _ServedLookup(peer_id, session, req.token,
                                                 pending - hits.keys())

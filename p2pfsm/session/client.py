@@ -17,15 +17,18 @@ from dataclasses import dataclass
 from p2pfsm.fsm import CompiledMachine, Tracer, machine
 from p2pfsm.protocol import AbortFetch, Fetch, Lookup, TransferDone
 from p2pfsm.session.child import Arm, ChildEnv, ChildOutput, Disarm, Send
-from p2pfsm.session.inputs import TimerId
-from p2pfsm.session.outputs import LoadResult, LookupResult
+from p2pfsm.session.inputs import HostFinish, TimerFired, TimerId
+from p2pfsm.session.outputs import FailReason, LoadResult, LookupResult
 
 
 class ClientRound:
     """One load job: a fetch for (kv_request_id, round_seq)."""
 
-    __slots__ = ("dest_indexes", "env", "fsm_state", "job_id", "keys", "kv_request_id",
-                 "round_seq")
+    __slots__ = ("cause", "dest_indexes", "env", "fsm_state", "job_id", "keys",
+                 "kv_request_id", "round_seq")
+
+    fsm_data = ("cause",)
+    """What this round's actions write (restored should one raise)."""
 
     def __init__(
         self, env: ChildEnv, job_id: int, kv_request_id: str, round_seq: int,
@@ -38,6 +41,7 @@ class ClientRound:
         self.round_seq = round_seq
         self.keys = keys
         self.dest_indexes = dest_indexes
+        self.cause: FailReason | None = None  # why the round was aborted, once it was
 
     @property
     def fsm_outputs(self) -> list[ChildOutput]:
@@ -67,7 +71,9 @@ class ClientRound:
     def disarm_load_timer(self, _ev: object) -> None:
         self._emit(Disarm(self._timer("load")))
 
-    def send_abort(self, _ev: object) -> None:
+    def send_abort(self, ev: object) -> None:
+        if self.cause is None:  # the first abort's trigger; re-sends keep it
+            self.cause = FailReason.FINISHED if isinstance(ev, HostFinish) else FailReason.TIMEOUT
         self._emit(Send(AbortFetch(self.kv_request_id, self.round_seq)))
 
     def arm_abort_ack_timer(self, _ev: object) -> None:
@@ -78,20 +84,33 @@ class ClientRound:
 
     def report_transfer_result(self, ev: object) -> None:
         assert isinstance(ev, TransferDone)
-        self._report(ev.success, released=True)
+        if ev.success:
+            self._emit(LoadResult(self.job_id, self.kv_request_id, True, True))
+        else:
+            self._fail(FailReason.PEER_FAILED, "the peer answered transfer_done(false) (it "
+                       "lacks a key, declined the round or its host finished the request)")
 
     def report_aborted(self, _ev: object) -> None:
-        self._report(False, released=True)
+        if self.cause is FailReason.FINISHED:
+            self._fail(self.cause, "the host finished the request while it loaded; the "
+                       "round was aborted and the peer acknowledged it")
+        else:
+            self._fail(FailReason.TIMEOUT, f"no transfer_done within the load timeout "
+                       f"({self.env.timeouts.load:g} s); the round was aborted and the peer "
+                       "acknowledged it")
 
     def report_orphaned(self, _ev: object) -> None:
-        self._report(False, released=False)
+        self._fail(FailReason.SESSION_ENDED, "the session ended while the peer could still "
+                   "write: the destination is not released", released=False)
 
     def report_unsent(self, _ev: object) -> None:
         # The fetch never left the queue (the session was never ready): no write can land.
-        self._report(False, released=True)
+        self._fail(FailReason.SESSION_ENDED, "the session ended before it was ready; the "
+                   "fetch was never sent")
 
-    def _report(self, success: bool, *, released: bool) -> None:
-        self._emit(LoadResult(self.job_id, self.kv_request_id, success, released))
+    def _fail(self, reason: FailReason, detail: str, *, released: bool = True) -> None:
+        self._emit(LoadResult(self.job_id, self.kv_request_id, False, released, reason,
+                              f"{len(self.keys)} key(s): {detail}"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,9 +183,18 @@ class ClientLookup:
         hits = tuple(self.answers[k] for k in self.keys)
         self._emit(LookupResult(self.kv_request_id, self.keys, hits, answered=True))
 
-    def report_unanswered_miss(self, _ev: object) -> None:
+    def report_unanswered_miss(self, ev: object) -> None:
         hits = tuple(self.answers.get(k, False) for k in self.keys)
-        self._emit(LookupResult(self.kv_request_id, self.keys, hits, answered=False))
+        if isinstance(ev, TimerFired):
+            reason, why = FailReason.TIMEOUT, (f"not answered within the lookup timeout "
+                                               f"({self.env.timeouts.lookup:g} s)")
+        elif isinstance(ev, HostFinish):
+            reason, why = FailReason.FINISHED, "the host finished the request first"
+        else:
+            reason, why = FailReason.SESSION_ENDED, "the session ended first"
+        left = len(self.keys) - len(self.answers)
+        self._emit(LookupResult(self.kv_request_id, self.keys, hits, False, reason,
+                                f"{left} of {len(self.keys)} key(s) {why}: taken as MISS"))
 
 
 CLIENT_ROUND = CompiledMachine(machine("client_round"), ClientRound)

@@ -21,7 +21,7 @@ from p2pfsm.session.client import (
     LookupPart,
 )
 from p2pfsm.session.inputs import HostFetch, HostLookup
-from p2pfsm.session.outputs import FrameIgnored, LoadResult, LookupResult
+from p2pfsm.session.outputs import FailReason, FrameIgnored, LoadResult, LookupResult
 from p2pfsm.session.steps import ChildSteps
 
 
@@ -81,7 +81,8 @@ class ConsumerRole(ChildSteps):
         if ev.job_id in self._load_jobs:
             raise LocalProtocolError(f"fetch: job {ev.job_id} is already loading")
         if not self.alive:
-            self.emit(LoadResult(ev.job_id, ev.kv_request_id, False, True))
+            self.emit(LoadResult(ev.job_id, ev.kv_request_id, False, True,
+                                 FailReason.SESSION_ENDED, "the session is not alive"))
             return
         if not ev.keys:
             self.emit(LoadResult(ev.job_id, ev.kv_request_id, True, True))
@@ -99,7 +100,10 @@ class ConsumerRole(ChildSteps):
         self._require_started("lookup")
         self._check_keys(ev.keys, tuple(0 for _ in ev.keys), "lookup", ev.kv_request_id)
         if not self.alive or not ev.keys:
-            self.emit(LookupResult(ev.kv_request_id, ev.keys, (False,) * len(ev.keys), False))
+            reason, why = ((FailReason.SESSION_ENDED, "the session is not alive")
+                           if not self.alive else (None, ""))
+            self.emit(LookupResult(ev.kv_request_id, ev.keys, (False,) * len(ev.keys), False,
+                                   reason, why))
             return
         seq = self._lookup_round.get(ev.kv_request_id)
         if seq is None:

@@ -7,7 +7,8 @@ results are final (each job gets exactly one LoadResult or StoreResult).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import enum
+from dataclasses import dataclass, field
 
 from p2pfsm.errors import HandshakeMismatch, RemoteProtocolError
 from p2pfsm.protocol import Connect, Message
@@ -59,26 +60,49 @@ class DisarmTimer:
     timer: TimerId
 
 
+class FailReason(enum.StrEnum):
+    """Why a job did not succeed (the ``reason`` of a failed result)."""
+
+    PEER_FAILED = "peer_failed"
+    """The peer answered transfer_done(false): it lacks a key, declined the round, or its
+    host finished the request."""
+    TIMEOUT = "timeout"
+    """Our deadline passed: a load's round was aborted (and acknowledged), a lookup's
+    unanswered keys became MISS."""
+    FINISHED = "finished"
+    """The host finished (or cancelled) the request first."""
+    SESSION_ENDED = "session_ended"
+    """The session died or was closed (``detail`` says why, where the node knows)."""
+    NOT_SERVED = "not_served"
+    """A store: the round or request ended without a fetch reading these pins."""
+
+
 @dataclass(frozen=True, slots=True)
 class LoadResult:
     """The one result of a load job.
 
     ``released`` is True when the peer can no longer write into the job's destination
     blocks (transfer_done or abort_ack arrived): only then may the host reuse them.
+    A failed result says why: ``reason`` and a human ``detail`` (neither is compared).
     """
 
     job_id: int
     kv_request_id: str
     success: bool
     released: bool
+    reason: FailReason | None = field(default=None, compare=False)
+    detail: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True, slots=True)
 class StoreResult:
-    """The one result of a store (supply or lookup pin) job; its pins may be released now."""
+    """The one result of a store (supply or lookup pin) job; its pins may be released now.
+    ``success`` says a fetch read them; otherwise ``reason`` says why not."""
 
     job_id: int
     success: bool
+    reason: FailReason | None = field(default=None, compare=False)
+    detail: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +115,9 @@ class LookupResult:
     keys: tuple[bytes, ...]
     hits: tuple[bool, ...]
     answered: bool
+    reason: FailReason | None = field(default=None, compare=False)
+    """Why not every key was answered (None when ``answered``)."""
+    detail: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True, slots=True)

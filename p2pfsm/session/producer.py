@@ -27,7 +27,7 @@ from p2pfsm.session.inputs import (
     TimerId,
     WriteFinished,
 )
-from p2pfsm.session.outputs import FetchArrived, StoreResult
+from p2pfsm.session.outputs import FailReason, FetchArrived, StoreResult
 from p2pfsm.session.server import SERVER_LOOKUP, SERVER_ROUND, ServerLookup, ServerRound
 from p2pfsm.session.steps import ChildSteps
 
@@ -190,7 +190,8 @@ class ProducerRole(ChildSteps):
                 f"supply: request {ev.kv_request_id!r} was finished by this host (HostFinish "
                 "says no more supply comes); its fetch, if any, is answered already")
         if not self.alive:  # dead, ended or closed (idle was refused above)
-            self.emit(StoreResult(ev.job_id, False))
+            self.emit(StoreResult(ev.job_id, False, FailReason.SESSION_ENDED,
+                                  "the session is not alive"))
             return
         rnd = self._supply_target(ev)
         self._step(SERVER_ROUND, rnd, "host_supply", ev)
@@ -247,7 +248,8 @@ class ProducerRole(ChildSteps):
         if served is None:
             # The lookup ended meanwhile (terminal fetch, finish, death): free the pins now.
             if ev.hits and ev.job_id is not None:
-                self.emit(StoreResult(ev.job_id, False))
+                self.emit(StoreResult(ev.job_id, False, FailReason.NOT_SERVED,
+                                      "the lookup ended before the answer"))
             return
         unknown = [k for k in (*ev.hits, *ev.pending) if k not in served.pending]
         if unknown:
@@ -257,7 +259,8 @@ class ProducerRole(ChildSteps):
                 raise LocalProtocolError(f"answer_lookup: index {idx!r} for key outside region")
         rnd = self._server_round(served.kv_request_id, served.round_seq)
         if ev.hits and rnd is not None and not SERVER_ROUND.can_fire(rnd, "lookup_pin"):
-            self.emit(StoreResult(ev.job_id or 0, False))
+            self.emit(StoreResult(ev.job_id or 0, False, FailReason.NOT_SERVED,
+                                  "the lookup's round no longer takes pins"))
             ev = HostAnswerLookup(ev.token, {}, None, ev.pending)
         self._step(SERVER_LOOKUP, served, "host_answer", ev)
 

@@ -34,7 +34,14 @@ from p2pfsm.session.child import (
     Send,
 )
 from p2pfsm.session.inputs import HostAnswerLookup, HostSupply, TimerId, WriteFinished
-from p2pfsm.session.outputs import CancelWrite, LookupClosed, LookupRequest, StartWrite, StoreResult
+from p2pfsm.session.outputs import (
+    CancelWrite,
+    FailReason,
+    LookupClosed,
+    LookupRequest,
+    StartWrite,
+    StoreResult,
+)
 
 
 class ServerRound:
@@ -117,7 +124,8 @@ class ServerRound:
 
     def reject_supply(self, ev: object) -> None:
         assert isinstance(ev, HostSupply)
-        self._emit(StoreResult(ev.job_id, False))
+        self._emit(StoreResult(ev.job_id, False, FailReason.NOT_SERVED,
+                               "the round no longer takes supply"))
 
     def arm_store_timer(self, _ev: object) -> None:
         self._emit(Arm(TimerId("store", (self.serial,)), self.env.timeouts.store, keep=True))
@@ -185,7 +193,11 @@ class ServerRound:
 
     def _release(self, served: bool) -> None:
         for job in sorted(self.jobs):
-            self._emit(StoreResult(job, served))
+            if served:
+                self._emit(StoreResult(job, True))
+            else:
+                self._emit(StoreResult(job, False, FailReason.NOT_SERVED,
+                                       "the round ended without a fetch reading these pins"))
 
     def _wire_round(self) -> int:
         # Only rounds named by a frame reply on the wire, and those have a round_seq.

@@ -207,6 +207,9 @@ def test_a_fetch_of_keys_the_peer_lacks_names_them(runs: dict[str, Ran]) -> None
     report = one_json_line(ran)
     assert report["success"] is False and report["verified"] is False, ran.describe()
     assert report["error"] == f"peer has no blocks for keys {SERVED_BLOCKS}-{SERVED_BLOCKS + 1}"
+    assert report["reason"] == "peer_failed", report
+    assert report["detail"].startswith("from 127.0.0.1:") and "transfer_done(false)" in report[
+        "detail"], report
     assert report["keys"] == 4 and report["bytes"] == 0
     assert "Traceback" not in ran.err
 

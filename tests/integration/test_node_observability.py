@@ -62,6 +62,7 @@ def test_metrics_count_real_fetches_and_time_them(children: list[Child]) -> None
         assert snap["gauges"] == {"peers": 1, "open_loads": 0, "open_stores": 0}
     c = snap["counters"]
     assert (c["fetches_started"], c["fetches_succeeded"], c["fetches_failed"]) == (4, 3, 1)
+    assert c["fetches_failed_timeout"] == 1 and c["fetches_failed_peer_failed"] == 0
     assert c["fetch_bytes"] == 3 * 4096 and c["handshakes"] == 1
     assert c["results_dropped"] == 0 and c["aborts_sent"] == 1
     assert snap["histograms"]["fetch_seconds"]["count"] == 4

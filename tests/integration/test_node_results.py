@@ -19,7 +19,7 @@ from p2pfsm.demo.host import fill_demo_region
 from p2pfsm.errors import LocalProtocolError, TransportError
 from p2pfsm.executor.jobs import LookupAsk
 from p2pfsm.executor.node import LookupAnswer, Node, NodeConfig
-from p2pfsm.session import FetchArrived, LoadResult, StoreResult, Timeouts
+from p2pfsm.session import FailReason, FetchArrived, LoadResult, StoreResult, Timeouts
 
 from . import Child
 from .node_peers import peer_main
@@ -108,7 +108,9 @@ def test_cancel_on_a_sync_fetch_finishes_the_request_and_the_result_still_comes(
         drive(node, fut.done, 15.0, "result of the cancelled fetch")
         res = fut.result()
         assert (res.success, res.released) == (False, True)  # aborted, and acknowledged
-        assert node.metrics.snapshot()["counters"]["fetches_failed"] == 1
+        assert res.reason is FailReason.FINISHED and res.detail.startswith(f"from {peer}: ")
+        counters = node.metrics.snapshot()["counters"]
+        assert counters["fetches_failed"] == counters["fetches_failed_finished"] == 1
 
 
 # ---------------------------------------------------------------------- asyncio

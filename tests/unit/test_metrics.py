@@ -26,7 +26,8 @@ def test_the_documented_names_are_the_fixed_set() -> None:
         "lookups_started", "lookups_served", "stores_started", "aborts_sent", "violations",
         "violation_closes", "idle_closes", "deaths", "restarts", "reconnects", "stale_answers",
         "handshakes", "handshakes_rejected", "identities_rate_limited", "results_dropped",
-        "foreign_frames", "host_errors",
+        "foreign_frames", "host_errors", "fetches_failed_peer_failed",
+        "fetches_failed_timeout", "fetches_failed_finished", "fetches_failed_session_ended",
     }
     assert set(GAUGES) == {"peers", "open_loads", "open_stores"}
     assert set(HISTOGRAMS) == {"fetch_seconds", "handshake_seconds"}

@@ -1,0 +1,98 @@
+"""Every failed result says why: ``reason`` (a FailReason) and a ``detail`` in words.
+
+The test plays the peer of one bare session; each case drives one way a load, a
+lookup or a store can fail and checks the reason it reports.
+"""
+
+from __future__ import annotations
+
+from helpers.world import key, of_type, only, ready_driver
+
+from p2pfsm.protocol import AbortAck, TransferDone
+from p2pfsm.session import (
+    FailReason,
+    HostClose,
+    HostFetch,
+    HostFinish,
+    HostLookup,
+    HostSupply,
+    LoadResult,
+    LookupResult,
+    StoreResult,
+    TransportLost,
+)
+
+
+def fetch(d: object, job: int = 1, rid: str = "r1") -> None:
+    d(HostFetch(job, rid, (key(1), key(2)), (0, 1)))  # type: ignore[operator]
+
+
+def test_the_peer_failing_the_round() -> None:
+    d = ready_driver()
+    fetch(d)
+    res = only(of_type(d.recv(TransferDone("r1", False, 0)), LoadResult))
+    assert (res.success, res.reason) == (False, FailReason.PEER_FAILED)
+    assert "transfer_done(false)" in res.detail and "2 key(s)" in res.detail
+
+
+def test_a_load_deadline_aborts_and_says_timeout() -> None:
+    d = ready_driver()
+    fetch(d)
+    d.fire(d.armed("load")[0])
+    res = only(of_type(d.recv(AbortAck("r1", 0)), LoadResult))
+    assert (res.success, res.released, res.reason) == (False, True, FailReason.TIMEOUT)
+    assert "load timeout" in res.detail
+
+
+def test_a_re_sent_abort_keeps_the_first_cause() -> None:
+    d = ready_driver()
+    fetch(d)
+    d(HostFinish("r1"))                 # the host finishes: abort
+    d.fire(d.armed("abort_ack")[0])     # no ack yet: the abort is re-sent
+    res = only(of_type(d.recv(AbortAck("r1", 0)), LoadResult))
+    assert res.reason is FailReason.FINISHED and "finished" in res.detail
+
+
+def test_a_session_lost_mid_load_says_so_and_keeps_the_destination() -> None:
+    d = ready_driver()
+    fetch(d)
+    res = only(of_type(d(TransportLost("connection reset")), LoadResult))
+    assert (res.released, res.reason) == (False, FailReason.SESSION_ENDED)
+    assert "not released" in res.detail
+
+
+def test_a_fetch_on_a_dead_session_says_the_session_is_not_alive() -> None:
+    d = ready_driver()
+    d(HostClose())
+    res = only(of_type(d(HostFetch(2, "r1", (key(1),), (0,))), LoadResult))
+    assert res.reason is FailReason.SESSION_ENDED and "not alive" in res.detail
+
+
+def test_success_has_no_reason() -> None:
+    d = ready_driver()
+    fetch(d)
+    res = only(of_type(d.recv(TransferDone("r1", True, 0)), LoadResult))
+    assert res.success and res.reason is None and res.detail == ""
+
+
+def test_lookup_reasons_timeout_finish_and_session_end() -> None:
+    d = ready_driver()
+    d(HostLookup("r1", (key(1), key(2))))
+    res = only(of_type(d.fire(d.armed("lookup")[0]), LookupResult))
+    assert (res.answered, res.reason) == (False, FailReason.TIMEOUT)
+    assert "2 of 2 key(s)" in res.detail and "MISS" in res.detail
+    d(HostLookup("r2", (key(1),)))
+    res = only(of_type(d(HostFinish("r2")), LookupResult))
+    assert res.reason is FailReason.FINISHED
+    d(HostLookup("r3", (key(1),)))
+    res = only(of_type(d(TransportLost("gone")), LookupResult))
+    assert res.reason is FailReason.SESSION_ENDED
+
+
+def test_a_store_no_fetch_read_says_not_served() -> None:
+    d = ready_driver()
+    d(HostSupply(6, "r9", (key(1),), (3,)))
+    out = d.fire(d.armed("store")[0])     # no fetch ever came for it
+    store = only(of_type(out, StoreResult))
+    assert (store.success, store.reason) == (False, FailReason.NOT_SERVED)
+    assert "without a fetch" in store.detail
