@@ -30,7 +30,14 @@ from p2pfsm.executor.jobs import JobFuture, LookupAsk
 from p2pfsm.executor.node import LookupAnswer, Node
 from p2pfsm.executor.threadsafe import ThreadSafeNode
 from p2pfsm.metrics import NodeMetrics
-from p2pfsm.session import FetchArrived, LoadResult, LookupResult, Session, StoreResult
+from p2pfsm.session import (
+    FetchArrived,
+    LoadResult,
+    LookupResult,
+    RoundEnded,
+    Session,
+    StoreResult,
+)
 
 __all__ = ["AsyncNode", "FetchHandle"]
 
@@ -78,8 +85,10 @@ class AsyncNode:
         on_lookup: Callable[[str, LookupAsk], LookupAnswer] | None = None,
         on_fetch: Callable[[str, FetchArrived], None] | None = None,
         on_result: Callable[[str, LoadResult | StoreResult | LookupResult], None] | None = None,
+        on_round_ended: Callable[[str, RoundEnded], None] | None = None,
     ) -> None:
-        self.node = Node(config, on_lookup=on_lookup, on_fetch=on_fetch, on_result=on_result)
+        self.node = Node(config, on_lookup=on_lookup, on_fetch=on_fetch, on_result=on_result,
+                         on_round_ended=on_round_ended)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._fd: int | None = None

@@ -30,6 +30,7 @@ from p2pfsm.session import (
     LookupResult,
     Output,
     ProtocolViolation,
+    RoundEnded,
     SendFrame,
     SessionDead,
     StartRegistration,
@@ -52,6 +53,7 @@ _HANDLERS: dict[type, str] = {
     LookupRequest: "lookup_request",
     LookupClosed: "lookup_closed",
     FetchArrived: "fetch_arrived",
+    RoundEnded: "round_ended",
     ProtocolViolation: "protocol_violation",
     FrameIgnored: "frame_ignored",
     SessionDead: "session_dead",
@@ -105,6 +107,9 @@ class Executor:
 
     def fetch_arrived(self, peer: str, out: FetchArrived) -> None:
         raise NotImplementedError
+
+    def round_ended(self, peer: str, out: RoundEnded) -> None:
+        """A round the host heard of takes no more supply (nothing to do by default)."""
 
     def protocol_violation(self, peer: str, out: ProtocolViolation) -> None:
         raise NotImplementedError

@@ -70,6 +70,7 @@ from p2pfsm.session import (
     LookupResult,
     ProtocolViolation,
     RegistrationFinished,
+    RoundEnded,
     SendFrame,
     Session,
     SessionConfig,
@@ -206,6 +207,7 @@ class Node(Driven, Executor):
         on_lookup: Callable[[str, LookupAsk], LookupAnswer] | None = None,
         on_fetch: Callable[[str, FetchArrived], None] | None = None,
         on_result: Callable[[str, LoadResult | StoreResult | LookupResult], None] | None = None,
+        on_round_ended: Callable[[str, RoundEnded], None] | None = None,
         call_hook: CallHook | None = None,
     ) -> None:
         if not isinstance(config, NodeConfig):
@@ -214,6 +216,7 @@ class Node(Driven, Executor):
         self.on_lookup = on_lookup
         self.on_fetch = on_fetch
         self.on_result = on_result
+        self.on_round_ended = on_round_ended
         self.metrics = NodeMetrics()
         self.control = ControlPlane(config.bind, heartbeat_ivl_ms=config.heartbeat_ivl_ms,
                                     heartbeat_timeout_ms=config.heartbeat_timeout_ms,
@@ -948,6 +951,11 @@ class Node(Driven, Executor):
         if on_fetch is not None:
             self._callbacks.append(lambda: self._call_on_fetch(on_fetch, peer, out))
 
+    def round_ended(self, peer: str, out: RoundEnded) -> None:
+        on_round_ended = self.on_round_ended
+        if on_round_ended is not None:
+            self._callbacks.append(lambda: self._call_on_round_ended(on_round_ended, peer, out))
+
     def session_dead(self, peer: str, out: SessionDead) -> None:
         self._on_death(peer, out)
 
@@ -968,6 +976,14 @@ class Node(Driven, Executor):
                 if session is not None and session.alive:
                     with contextlib.suppress(LocalProtocolError):  # finished already
                         self.finish(peer_id, rid)
+
+    def _call_on_round_ended(self, on_round_ended: Callable[[str, RoundEnded], None],
+                             peer_id: str, ended: RoundEnded) -> None:
+        try:
+            on_round_ended(peer_id, ended)
+        except Exception as exc:  # logged and counted; nothing else depends on it
+            self._host_failed("on_round_ended", peer_id,
+                              f"round {ended.kv_request_id}/{ended.round_seq}", exc)
 
     def _on_load_result(self, peer_id: str, res: LoadResult) -> None:
         load = self._loads.pop(res.job_id, None)

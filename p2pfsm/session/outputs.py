@@ -121,6 +121,24 @@ class LookupResult:
 
 
 @dataclass(frozen=True, slots=True)
+class RoundEnded:
+    """A round the host heard of (through FetchArrived) takes no more supply.
+
+    ``served``: the peer got every block (transfer_done(true)). Otherwise ``why``:
+    ``aborted`` (the peer's abort_fetch), ``peer_finished`` (its terminal fetch),
+    ``session_ended``, ``demand_timeout`` (our demand deadline), ``write_failed``,
+    ``declined`` (our host's decline) or ``failed`` (the host finished the request before
+    supplying all). A supply the host still prepares for it is not needed: one given now
+    is taken for a later round of the request.
+    """
+
+    kv_request_id: str
+    round_seq: int
+    served: bool
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
 class LookupRequest:
     """The peer asks which keys we hold; answer with HostAnswerLookup(token, ...)."""
 
@@ -194,5 +212,5 @@ class SessionDead:
 Output = (
     SendFrame | StartRegistration | StartWrite | CancelWrite | ArmTimer | DisarmTimer
     | LoadResult | StoreResult | LookupResult | LookupRequest | LookupClosed | FetchArrived
-    | ProtocolViolation | FrameIgnored | SessionDead
+    | RoundEnded | ProtocolViolation | FrameIgnored | SessionDead
 )

@@ -107,21 +107,22 @@ class ProducerRole(ChildSteps):
         rounds = self._rounds.get(kv_request_id)
         return None if rounds is None else rounds.get(round_seq)
 
-    def _close_request(self, kv_request_id: str, trigger: str) -> None:
-        """The request ended (terminal fetch or host finish): close its served side."""
+    def _close_request(self, kv_request_id: str, trigger: str, ev: object = None) -> None:
+        """The request ended (terminal fetch or host finish, ``ev``): close its served
+        side."""
         self._expired_lookups.pop(kv_request_id)
         for served in list(self._served.get(kv_request_id, ())):
             self._step(SERVER_LOOKUP, served, "request_closed")
         for rnd in list(self._rounds.get(kv_request_id, {}).values()):
-            if SERVER_ROUND.can_fire(rnd, trigger):
-                self._step(SERVER_ROUND, rnd, trigger)
+            if SERVER_ROUND.can_fire(rnd, trigger, ev):
+                self._step(SERVER_ROUND, rnd, trigger, ev)
 
     def _on_fetch(self, msg: Fetch) -> None:
         self._check_gate("recv_request")
         assert self.peer is not None  # the gate admits requests only after the peer's connect
         if msg.is_terminal:
             self._gate("recv_request", msg)
-            self._close_request(msg.kv_request_id, "recv_terminal_fetch")
+            self._close_request(msg.kv_request_id, "recv_terminal_fetch", msg)
             return
         check_block_indexes(msg, self.peer.num_blocks)
         if len(set(msg.keys)) != len(msg.keys):
@@ -146,8 +147,10 @@ class ProducerRole(ChildSteps):
             rnd = self._round_for(msg.kv_request_id, msg.round_seq)
         supplied = tuple(k for k in msg.keys if k in rnd.supply)
         may_supply = not self._finished_by_host(msg.kv_request_id)
-        self._fire(SERVER_ROUND, rnd, "recv_fetch", msg)
-        if may_supply:  # a host that finished the request is never asked to supply it
+        dest = self._fire(SERVER_ROUND, rnd, "recv_fetch", msg)
+        # A host is never asked to supply a request it finished, nor a round that ended
+        # at once (the fetch named keys its lookup did not pin: transfer_done(false)).
+        if may_supply and dest not in SERVER_ROUND.spec.terminal:
             self.emit(FetchArrived(msg.kv_request_id, msg.round_seq, msg.keys, supplied))
         self._cascade()  # after the host hears of the fetch
 

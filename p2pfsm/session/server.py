@@ -21,7 +21,7 @@ session applies it, and retires an instance when its machine reaches a terminal 
 from __future__ import annotations
 
 from p2pfsm.fsm import CompiledMachine, Tracer, machine
-from p2pfsm.protocol import AbortAck, Fetch, LookupResp, TransferDone
+from p2pfsm.protocol import AbortAck, AbortFetch, Fetch, LookupResp, TransferDone
 from p2pfsm.session.child import (
     Arm,
     BindRound,
@@ -33,12 +33,20 @@ from p2pfsm.session.child import (
     PinHits,
     Send,
 )
-from p2pfsm.session.inputs import HostAnswerLookup, HostSupply, TimerId, WriteFinished
+from p2pfsm.session.inputs import (
+    HostAnswerLookup,
+    HostDecline,
+    HostSupply,
+    TimerFired,
+    TimerId,
+    WriteFinished,
+)
 from p2pfsm.session.outputs import (
     CancelWrite,
     FailReason,
     LookupClosed,
     LookupRequest,
+    RoundEnded,
     StartWrite,
     StoreResult,
 )
@@ -49,7 +57,7 @@ class ServerRound:
 
     __slots__ = (
         "demand", "env", "fsm_state", "host_finished", "inflight", "jobs", "kv_request_id",
-        "landed", "origin", "round_seq", "serial", "supply", "total",
+        "landed", "origin", "round_seq", "serial", "supply", "told", "total",
     )
 
     def __init__(self, env: ChildEnv, serial: int, kv_request_id: str, round_seq: int | None,
@@ -70,8 +78,10 @@ class ServerRound:
         self.jobs: set[int] = set()
         self.total = 0
         self.landed = 0
+        self.told = False
+        """The host was told the round ended (RoundEnded): at most once."""
 
-    fsm_data = ("round_seq", "supply", "demand", "inflight", "jobs", "total", "landed")
+    fsm_data = ("round_seq", "supply", "demand", "inflight", "jobs", "total", "landed", "told")
     """What this round's actions write (restored should one raise)."""
 
     @property
@@ -180,6 +190,34 @@ class ServerRound:
 
     def send_abort_ack(self, _ev: object) -> None:
         self._emit(Send(AbortAck(self.kv_request_id, self._wire_round())))
+
+    def tell_round_served(self, _ev: object) -> None:
+        self._tell(True, "served")
+
+    def tell_round_failed(self, _ev: object) -> None:
+        self._tell(False, "failed")  # the host finished the request before supplying all
+
+    def tell_round_ended(self, ev: object) -> None:
+        if isinstance(ev, AbortFetch):
+            why = "aborted"
+        elif isinstance(ev, Fetch):
+            why = "peer_finished"  # its terminal fetch
+        elif isinstance(ev, TimerFired):
+            why = "demand_timeout"
+        elif isinstance(ev, WriteFinished):
+            why = "write_failed"
+        elif isinstance(ev, HostDecline):
+            why = "declined"
+        else:
+            why = "session_ended"
+        self._tell(False, why)
+
+    def _tell(self, served: bool, why: str) -> None:
+        """Tell the host a round it heard of (FetchArrived) ended, once."""
+        if self.told or not self.demanded or self.round_seq is None:
+            return
+        self.told = True
+        self._emit(RoundEnded(self.kv_request_id, self.round_seq, served, why))
 
     def remember_expired(self, _ev: object) -> None:
         assert self.round_seq is not None  # lookup rounds are named by their lookup

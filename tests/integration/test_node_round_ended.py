@@ -1,0 +1,52 @@
+"""A producer's host hears, through ``on_round_ended``, that a round it was asked to
+supply ended without it: two nodes in this process over real ZeroMQ and NIXL on
+127.0.0.1, stepped in turn; every wait bounded; both nodes closed."""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from collections.abc import Callable
+
+import pytest
+
+from p2pfsm.demo.blocks import demo_key
+from p2pfsm.executor.node import Node, NodeConfig
+from p2pfsm.session import FailReason, FetchArrived, RoundEnded, Timeouts
+
+pytest.importorskip("torch")
+if importlib.util.find_spec("nixl") is None and importlib.util.find_spec("nixl_cu12") is None:
+    pytest.skip("NIXL is not installed (.ci/install.sh installs it)", allow_module_level=True)
+
+BLOCK = 4096
+
+
+def drive(nodes: list[Node], done: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    end = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < end, f"no {what} within {timeout} s"
+        for node in nodes:
+            node.step(0.005)
+
+
+def test_the_producer_hears_that_an_aborted_round_ended() -> None:
+    fetched: list[FetchArrived] = []
+    ended: list[RoundEnded] = []
+    # The host hears the fetch and never supplies: the consumer's load deadline aborts it.
+    producer = Node(NodeConfig("tcp://127.0.0.1:0", 16, BLOCK),
+                    on_fetch=lambda _peer, f: fetched.append(f),
+                    on_round_ended=lambda _peer, e: ended.append(e))
+    consumer = Node(NodeConfig("tcp://127.0.0.1:0", 16, BLOCK, timeouts=Timeouts(load=0.5)))
+    nodes = [producer, consumer]
+    try:
+        session = consumer.connect(producer.local_id)
+        drive(nodes, lambda: session.ready or not session.alive, "handshake")
+        load = consumer.fetch(producer.local_id, "re-1", [demo_key(1)], [0])
+        drive(nodes, lambda: load.done() and bool(ended), "the load's end on both sides")
+        assert [f.kv_request_id for f in fetched] == ["re-1"]
+        assert ended == [RoundEnded("re-1", 0, False, "aborted")]
+        result = load.result()
+        assert result.reason is FailReason.TIMEOUT and result.released
+    finally:
+        for node in nodes:
+            node.close(timeout=2.0)
