@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import enum
 from collections.abc import Callable
 
 from helpers.world import (
@@ -56,6 +57,8 @@ _MACHINES = (ClientRound, ClientLookup, ServerRound, ServerLookup)
 def _walk(v: object) -> object:
     if v is None or type(v) in (str, bytes, int, float, bool):
         return v
+    if isinstance(v, enum.Enum):  # a round's FailReason
+        return (type(v).__name__, v.value)
     if isinstance(v, _MACHINES):
         return (type(v).__name__, id(v),
                 tuple((n, _walk(getattr(v, n))) for n in type(v).__slots__ if n != "env"))
