@@ -25,6 +25,8 @@ Counters (monotonic ints; :meth:`NodeMetrics.count`):
 - ``deaths``: sessions that died.
 - ``restarts``: sessions ended because their peer came back as a new incarnation.
 - ``reconnects``: sessions ended because their peer, having lost its side, connected again.
+- ``redials``: sessions the node opened again to a peer its host connected to, after
+  the last one died (``NodeConfig.reconnect_backoff_s``).
 - ``stale_answers``: disconnects a dead session sent to a peer that still held it live.
 - ``handshakes``: sessions that became ready.
 - ``handshakes_rejected``: handshakes refused (mismatched configuration).
@@ -78,6 +80,8 @@ COUNTERS: Final[dict[str, str]] = {
     "deaths": "Sessions that died.",
     "restarts": "Sessions ended because their peer came back as a new incarnation.",
     "reconnects": "Sessions ended because their peer, having lost its side, connected again.",
+    "redials": "Sessions the node opened again to a peer its host connected to, after the "
+               "last one died (NodeConfig.reconnect_backoff_s).",
     "stale_answers": "Disconnects a dead session sent to a peer that still held it live.",
     "handshakes": "Sessions that became ready.",
     "handshakes_rejected": "Handshakes refused for a mismatched configuration.",

@@ -84,6 +84,12 @@ class NodeConfig:
         answer_lookups_in_parts: answer each served lookup's keys as the host resolves
             them (one lookup_resp for what it resolves at once, one per later answer),
             not in one lookup_resp once every key is settled (SessionConfig).
+        reconnect_backoff_s: a session the host opened (``connect``) that dies is opened
+            again, first at once, then (while each attempt fails before it is ready)
+            after a wait that starts at the first number and doubles up to the second;
+            a fetch or lookup to the peer meanwhile opens it at once. Not for a peer
+            that restarted (its connect opens the new session), an incompatible peer, or
+            a session the node closed. None: never (the host calls ``connect`` again).
         history: how many past deaths, violations and ended sessions the node keeps
             (oldest go first; :attr:`Node.counts` keeps the totals).
         trace: path of a trace log to write (None: no log); see
@@ -137,6 +143,7 @@ class NodeConfig:
     curve_peer_key: str | None = None
     max_lookups_per_request: int = DEFAULT_MAX_LOOKUPS_PER_REQUEST
     answer_lookups_in_parts: bool = False
+    reconnect_backoff_s: tuple[float, float] | None = (0.1, 5.0)
 
     def __post_init__(self) -> None:
         if not isinstance(self.bind, str) or not self.bind.startswith("tcp://"):
@@ -184,6 +191,13 @@ class NodeConfig:
         _int_in("max_pending_peers", self.max_pending_peers, 1, 65_535)
         _int_in("max_new_peers_per_s", self.max_new_peers_per_s, 1, 1_000_000)
         _int_in("max_lookups_per_request", self.max_lookups_per_request, 1, 1_000_000)
+        backoff = self.reconnect_backoff_s
+        if backoff is not None and not (
+                isinstance(backoff, tuple) and len(backoff) == 2
+                and all(isinstance(b, int | float) and not isinstance(b, bool) for b in backoff)
+                and 0 < backoff[0] <= backoff[1] <= 3600):
+            raise ConfigError(f"reconnect_backoff_s: expected None or (first, most) seconds "
+                              f"with 0 < first <= most <= 3600, got {backoff!r}")
         for name in ("dial_back_any_host", "answer_lookups_in_parts"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name}: expected a bool, got {getattr(self, name)!r}")

@@ -282,6 +282,11 @@ class Node(Driven, Executor):
         self._last_step: tuple[int, float] | None = None
         self._aio_thread: int | None = None
         self._close_request: tuple[float, Future[None]] | None = None
+        self._dialled: set[str] = set()  # peers the host connect()ed: re-opened on death
+        self._redial_at: dict[str, float] = {}  # peer -> when to open it again
+        self._backoff: dict[str, float] = {}  # peer -> the next wait, while attempts fail
+        # Fetches and lookups for a peer waiting to be opened again, with their deadline.
+        self._parked: dict[str, list[tuple[float, HostFetch | HostLookup]]] = {}
         self._threadsafe: ThreadSafeNode | None = None
         self._hook = call_hook
         if call_hook is None and config.trace is not None:
@@ -319,6 +324,8 @@ class Node(Driven, Executor):
         session = self.sessions.get(peer_id)
         if session is not None and session.alive:
             return session
+        self._dialled.add(peer_id)
+        self._redial_at.pop(peer_id, None)
         self.control.connect(peer_id)
         self._bindings.forget(peer_id)  # a new session: bound by the peer's first frame
         session = self._new_session(peer_id)
@@ -509,6 +516,9 @@ class Node(Driven, Executor):
         earliest = self._timers.earliest()
         if earliest is not None:
             deadline = min(deadline, earliest[0])
+        if self._redial_at:
+            deadline = min(deadline, *self._redial_at.values(),
+                           *(d for waiting in self._parked.values() for d, _ in waiting))
         connect_ms = self.control.next_timeout_ms()
         if connect_ms is not None:
             deadline = min(deadline, now + connect_ms / 1000.0)
@@ -612,6 +622,8 @@ class Node(Driven, Executor):
                 self._events.append((peer, TimerFired(timer), owner))
         if self._heard and now >= self._next_idle_check:
             self._evict_idle(now)
+        if self._redial_at:
+            self._redial_due(now)
         self._handle_all()
         self._update_gauges()
         return len(events)
@@ -724,6 +736,14 @@ class Node(Driven, Executor):
     def _host(self, peer_id: str, event: Input) -> None:
         self._check_open()
         self._check_thread(_HOST_CALLS.get(type(event), "a host call"))
+        if peer_id in self._redial_at and isinstance(event, HostFetch | HostLookup):
+            # The session is dead and opens again soon: the call waits for it, up to
+            # its own deadline.
+            self.session(peer_id).check_host_call(event)  # bad arguments: refused now
+            limit = (self.config.timeouts.load if isinstance(event, HostFetch)
+                     else self.config.timeouts.lookup)
+            self._parked.setdefault(peer_id, []).append((time.monotonic() + limit, event))
+            return
         self._feed(peer_id, event, session=self.session(peer_id))
         self._drain()
 
@@ -1036,6 +1056,7 @@ class Node(Driven, Executor):
         if started is not None:
             self.metrics.observe("handshake_seconds", time.monotonic() - started)
         self.metrics.count("handshakes")
+        self._backoff.pop(peer_id, None)
         log.info("peer %s ready", peer_id)
         for fut in self._ready_waiters.pop(peer_id, ()):
             if not fut.done():
@@ -1073,6 +1094,56 @@ class Node(Driven, Executor):
             self.metrics.count("restarts" if dead.reason == "peer restarted" else "reconnects")
             old = self.sessions.get(peer_id)
             self._callbacks.append(lambda: self._serve_restart(peer_id, old, restart))
+        elif self._may_redial(peer_id, dead):
+            backoff = self.config.reconnect_backoff_s
+            assert backoff is not None
+            wait = self._backoff.get(peer_id)  # None: the session had become ready
+            self._backoff[peer_id] = backoff[0] if wait is None else min(2 * wait, backoff[1])
+            self._redial_at[peer_id] = time.monotonic() + (wait or 0.0)
+            log.info("peer %s: opening the session again in %.1f s", peer_id, wait or 0.0)
+
+    def _may_redial(self, peer_id: str, dead: SessionDead) -> bool:
+        """Open a dead session of ours again: not after our own close, a mismatch, or
+        with the node closing."""
+        return (self.config.reconnect_backoff_s is not None and peer_id in self._dialled
+                and dead.mismatch is None and dead.reason != "closed"
+                and not self._closed)
+
+    def _redial_due(self, now: float) -> None:
+        for peer_id, due in list(self._redial_at.items()):
+            if due <= now:
+                self._redial(peer_id)
+            else:
+                self._expire_parked(peer_id, now)
+
+    def _redial(self, peer_id: str) -> None:
+        del self._redial_at[peer_id]
+        parked = [ev for _, ev in self._parked.pop(peer_id, ())]
+        session = self.sessions.get(peer_id)
+        if self._closed or (session is not None and session.alive):
+            return
+        self.metrics.count("redials")
+        session = self.connect(peer_id)
+        for ev in parked:  # queued by the new session until it is ready
+            self._feed(peer_id, ev, session=session)
+
+    def _expire_parked(self, peer_id: str, now: float) -> None:
+        """Calls that waited for a session to open again past their deadline fail."""
+        waiting = self._parked.get(peer_id, [])
+        expired = [ev for d, ev in waiting if d <= now]
+        if not expired:
+            return
+        self._parked[peer_id] = [(d, ev) for d, ev in waiting if d > now]
+        why = (f"no session to the peer within the deadline: it is being opened again "
+               f"({self._death_reason(peer_id)})")
+        for ev in expired:
+            if isinstance(ev, HostFetch):
+                self._on_load_result(peer_id, LoadResult(
+                    ev.job_id, ev.kv_request_id, False, True, FailReason.SESSION_ENDED, why))
+            else:
+                self.lookup_result(peer_id, LookupResult(
+                    ev.kv_request_id, ev.keys, (False,) * len(ev.keys), False,
+                    FailReason.SESSION_ENDED, why))
 
     def _serve_restart(self, peer_id: str, old: Session | None, connect: Connect) -> None:
         """The connect that ended ``old`` (a new incarnation of the peer) opens a fresh

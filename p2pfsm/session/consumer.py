@@ -71,8 +71,15 @@ class ConsumerRole(ChildSteps):
             seq = max(seq, max(live) + 1)
         return seq
 
-    def _on_host_fetch(self, ev: HostFetch) -> None:
-        self._require_started("fetch")
+    def check_host_call(self, ev: HostFetch | HostLookup) -> None:
+        """Raise LocalProtocolError for what this session would refuse in ``ev`` (its
+        arguments), changing nothing: for a host call held back to be fed later."""
+        if isinstance(ev, HostFetch):
+            self._check_fetch(ev)
+        else:
+            self._check_keys(ev.keys, tuple(0 for _ in ev.keys), "lookup", ev.kv_request_id)
+
+    def _check_fetch(self, ev: HostFetch) -> None:
         self._check_keys(ev.keys, ev.dest_indexes, "fetch", ev.kv_request_id)
         if len(set(ev.dest_indexes)) != len(ev.dest_indexes):
             twice = next(i for i, n in Counter(ev.dest_indexes).items() if n > 1)
@@ -80,6 +87,10 @@ class ConsumerRole(ChildSteps):
                 f"fetch: destination index {twice} named twice (two blocks cannot land in one)")
         if ev.job_id in self._load_jobs:
             raise LocalProtocolError(f"fetch: job {ev.job_id} is already loading")
+
+    def _on_host_fetch(self, ev: HostFetch) -> None:
+        self._require_started("fetch")
+        self._check_fetch(ev)
         if not self.alive:
             self.emit(LoadResult(ev.job_id, ev.kv_request_id, False, True,
                                  FailReason.SESSION_ENDED, "the session is not alive"))

@@ -30,11 +30,11 @@ class ServeProcess:
     """``python -m p2pfsm.cli serve`` on a free loopback port, stderr to ``log``."""
 
     def __init__(self, log: Path, blocks: int, block_len: int, extra: Sequence[str] = (),
-                 start_timeout: float = 60.0) -> None:
+                 start_timeout: float = 60.0, port: int = 0) -> None:
         self.log_path = log
         self._log = open(log, "wb")  # noqa: SIM115 (closed in stop)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "p2pfsm.cli", "serve", "--bind", "tcp://127.0.0.1:0",
+            [sys.executable, "-m", "p2pfsm.cli", "serve", "--bind", f"tcp://127.0.0.1:{port}",
              "--blocks", str(blocks), "--block-len", str(block_len), *extra],
             stdout=subprocess.PIPE, stderr=self._log, text=True)
         self.pid = self.proc.pid
@@ -63,6 +63,11 @@ class ServeProcess:
             time.sleep(0.1)  # polling /proc, which has nothing to wait on, with a deadline
             reads.append(fd_count(self.pid))
         return reads[-1]
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash: the server says nothing to its peers."""
+        self.proc.kill()
+        self.proc.wait(10)
 
     def stop(self) -> None:
         """SIGTERM (the server closes its sessions), SIGKILL if it does not exit."""

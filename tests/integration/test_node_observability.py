@@ -70,7 +70,9 @@ def test_metrics_count_real_fetches_and_time_them(children: list[Child]) -> None
 
 
 def test_history_of_dead_peers_is_bounded_and_the_totals_kept() -> None:
-    with Node(NodeConfig("tcp://127.0.0.1:0", 8, 4096, history=2)) as node:
+    # reconnect_backoff_s=None: each refused session stays dead (no redial).
+    with Node(NodeConfig("tcp://127.0.0.1:0", 8, 4096, history=2,
+                         reconnect_backoff_s=None)) as node:
         peers = [f"127.0.0.1:{port}" for port in (1, 2, 3, 4)]  # nobody listens there
         for peer in peers:
             session = node.connect(peer)

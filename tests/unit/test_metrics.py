@@ -24,7 +24,8 @@ def test_the_documented_names_are_the_fixed_set() -> None:
     assert set(COUNTERS) == {
         "fetches_started", "fetches_succeeded", "fetches_failed", "fetch_bytes", "served_bytes",
         "lookups_started", "lookups_served", "stores_started", "aborts_sent", "violations",
-        "violation_closes", "idle_closes", "deaths", "restarts", "reconnects", "stale_answers",
+        "violation_closes", "idle_closes", "deaths", "restarts", "reconnects", "redials",
+        "stale_answers",
         "handshakes", "handshakes_rejected", "identities_rate_limited", "results_dropped",
         "foreign_frames", "host_errors", "fetches_failed_peer_failed",
         "fetches_failed_timeout", "fetches_failed_finished", "fetches_failed_session_ended",

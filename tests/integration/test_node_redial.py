@@ -1,0 +1,75 @@
+"""A producer killed and restarted on the same address, under a steady stream of
+fetches: the consumer node opens its session again by itself (with backoff), fetches
+issued meanwhile wait for it or fail with their reason, and every byte that arrives is
+checked. A ``p2pfsm serve`` process (real ZeroMQ and NIXL on 127.0.0.1), stopped by its
+PID; every wait bounded.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import socket
+from pathlib import Path
+
+import pytest
+
+from p2pfsm.demo.blocks import demo_block, demo_key
+from p2pfsm.executor.node import Node, NodeConfig
+from p2pfsm.session import FailReason, Timeouts
+from tests.helpers.serve_process import ServeProcess
+
+pytest.importorskip("torch")
+if importlib.util.find_spec("nixl") is None and importlib.util.find_spec("nixl_cu12") is None:
+    pytest.skip("NIXL is not installed (.ci/install.sh installs it)", allow_module_level=True)
+
+BLOCK = 4096
+HELD = 16
+WAIT_S = 60.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def fetch_one(node: Node, peer: str, i: int) -> tuple[bool, FailReason | None]:
+    """Fetch demo block i % HELD into block 0; check its bytes when it succeeds."""
+    block = i % HELD
+    fut = node.fetch(peer, f"req-{i}", [demo_key(block)], [0])
+    assert node.run_until(fut.done, WAIT_S), f"fetch {i} got no result"
+    result = fut.result()
+    if result.success:
+        assert bytes(node.region[0].numpy()) == demo_block(block, BLOCK), f"fetch {i}"
+    else:
+        assert result.reason is not None and result.detail, result
+    return result.success, result.reason
+
+
+def test_a_restarted_producer_is_found_again_and_no_result_is_lost(tmp_path: Path) -> None:
+    port = free_port()
+    peer = f"127.0.0.1:{port}"
+    server = ServeProcess(tmp_path / "serve-1.log", HELD, BLOCK, port=port)
+    # A short load deadline: a fetch that waits for the session is bounded by it.
+    with Node(NodeConfig("tcp://127.0.0.1:0", 4, BLOCK, timeouts=Timeouts(load=3),
+                         reconnect_backoff_s=(0.05, 0.5))) as node:
+        try:
+            session = node.connect(peer)
+            assert node.run_until(lambda: session.ready or not session.alive, WAIT_S)
+            before = [fetch_one(node, peer, i) for i in range(20)]
+            assert all(ok for ok, _ in before), before
+            server.kill()
+            during = [fetch_one(node, peer, 100 + i) for i in range(5)]
+            assert not any(ok for ok, _ in during)  # nobody there: each fails, with why
+            assert {why for _, why in during} == {FailReason.SESSION_ENDED}
+            server = ServeProcess(tmp_path / "serve-2.log", HELD, BLOCK, port=port)
+            after = [fetch_one(node, peer, 200 + i) for i in range(40)]
+        finally:
+            server.stop()
+    # The node found the new producer by itself: the stream succeeds again.
+    assert any(ok for ok, _ in after), after
+    first = next(i for i, (ok, _) in enumerate(after) if ok)
+    assert all(ok for ok, _ in after[first:]), after
+    counters = node.metrics.snapshot()["counters"]
+    assert counters["redials"] >= 1 and counters["results_dropped"] == 0
