@@ -630,7 +630,12 @@ class Node(Driven, Executor):
 
     def close(self, timeout: float = 5.0) -> None:
         """Close every session, give writes ``timeout`` to drain, release the transports.
-        Every job still open gets its result (a :class:`TransportError` "node closed")."""
+
+        Closing a session gives each of its open jobs its result, as a session's end
+        does (a failed LoadResult with ``reason`` SESSION_ENDED, ``released`` False
+        where the peer could still have written; failed StoreResults; unanswered
+        lookups). A future that still has none after that (a job no session held, a
+        ``when_ready`` wait) gets a :class:`TransportError` "node closed"."""
         if self._closed:
             return
         self._check_thread("close")
