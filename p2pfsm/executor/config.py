@@ -89,7 +89,8 @@ class NodeConfig:
             after a wait that starts at the first number and doubles up to the second;
             a fetch or lookup to the peer meanwhile opens it at once. Not for a peer
             that restarted (its connect opens the new session), an incompatible peer, or
-            a session the node closed. None: never (the host calls ``connect`` again).
+            a session the node closed. None (the default, for now): never; the host calls
+            ``connect`` again. (0.1, 5.0) is a sane setting.
         history: how many past deaths, violations and ended sessions the node keeps
             (oldest go first; :attr:`Node.counts` keeps the totals).
         trace: path of a trace log to write (None: no log); see
@@ -143,7 +144,7 @@ class NodeConfig:
     curve_peer_key: str | None = None
     max_lookups_per_request: int = DEFAULT_MAX_LOOKUPS_PER_REQUEST
     answer_lookups_in_parts: bool = False
-    reconnect_backoff_s: tuple[float, float] | None = (0.1, 5.0)
+    reconnect_backoff_s: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.bind, str) or not self.bind.startswith("tcp://"):

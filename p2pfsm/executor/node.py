@@ -158,6 +158,7 @@ class _Load:
     future: JobFuture[LoadResult]
     started: float
     nbytes: int
+    event: HostFetch  # fed again to a redialled session if its session died unsent
 
 
 @dataclass(slots=True)
@@ -287,6 +288,7 @@ class Node(Driven, Executor):
         self._backoff: dict[str, float] = {}  # peer -> the next wait, while attempts fail
         # Fetches and lookups for a peer waiting to be opened again, with their deadline.
         self._parked: dict[str, list[tuple[float, HostFetch | HostLookup]]] = {}
+        self._unsent_death: Session | None = None  # died before ready, being redialled
         self._threadsafe: ThreadSafeNode | None = None
         self._hook = call_hook
         if call_hook is None and config.trace is not None:
@@ -330,6 +332,8 @@ class Node(Driven, Executor):
         self._bindings.forget(peer_id)  # a new session: bound by the peer's first frame
         session = self._new_session(peer_id)
         self._heard.pop(peer_id, None)  # ours: never evicted for idleness
+        for _, ev in self._parked.pop(peer_id, ()):  # queued by it until it is ready
+            self._feed(peer_id, ev, session=session)
         return session
 
     def when_ready(self, peer_id: str) -> JobFuture[Session]:
@@ -363,10 +367,11 @@ class Node(Driven, Executor):
         job = self.new_job_id()
         fut: JobFuture[LoadResult] = JobFuture(
             self, lambda: self._finish_quietly(peer_id, kv_request_id))
-        self._loads[job] = _Load(fut, time.monotonic(), len(keys) * self.config.block_len)
+        event = HostFetch(job, kv_request_id, keys, tuple(map(_as_int, dest_indexes)))
+        self._loads[job] = _Load(fut, time.monotonic(), len(keys) * self.config.block_len,
+                                 event)
         try:
-            self._host(peer_id, HostFetch(job, kv_request_id, keys,
-                                          tuple(map(_as_int, dest_indexes))))
+            self._host(peer_id, event)
         except BaseException:
             del self._loads[job]
             raise
@@ -730,7 +735,15 @@ class Node(Driven, Executor):
             raise LocalProtocolError(f"{what}: index {outside[0]!r} outside our region")
 
     def _finish_quietly(self, peer_id: str, kv_request_id: str) -> None:
-        """A cancelled fetch: finish its request unless the session is already over."""
+        """A cancelled fetch: finish its request unless the session is already over (a
+        fetch still waiting for its session to open again fails at once)."""
+        waiting = self._parked.get(peer_id, [])
+        held = [ev for _, ev in waiting if ev.kv_request_id == kv_request_id]
+        if held:
+            self._parked[peer_id] = [(d, ev) for d, ev in waiting if ev not in held]
+            for ev in held:
+                self._fail_parked(peer_id, ev, FailReason.FINISHED,
+                                  "cancelled while it waited for the session to open again")
         session = self.sessions.get(peer_id)
         if self._closed or session is None or not session.alive:
             return
@@ -1011,7 +1024,15 @@ class Node(Driven, Executor):
                               f"round {ended.kv_request_id}/{ended.round_seq}", exc)
 
     def _on_load_result(self, peer_id: str, res: LoadResult) -> None:
-        load = self._loads.pop(res.job_id, None)
+        load = self._loads.get(res.job_id)
+        if (load is not None and res.reason is FailReason.SESSION_ENDED
+                and self._unsent_death is not None and self._applying is self._unsent_death
+                and peer_id in self._redial_at):
+            deadline = load.started + self.config.timeouts.load
+            if deadline > time.monotonic():  # never sent: it waits for the next session
+                self._parked.setdefault(peer_id, []).append((deadline, load.event))
+                return
+        self._loads.pop(res.job_id, None)
         if not res.success:
             res = dataclasses.replace(res, detail=self._fail_detail(peer_id, res))
         if load is not None:
@@ -1073,7 +1094,7 @@ class Node(Driven, Executor):
         while len(self.deaths) > self.config.history:
             self.deaths.popitem(last=False)
         self.metrics.count("deaths")
-        self._started_at.pop(peer_id, None)
+        never_ready = self._started_at.pop(peer_id, None) is not None
         if dead.mismatch is not None:
             self.metrics.count("handshakes_rejected")
             log.warning("peer %s rejected: handshake field %r differs (%s)", peer_id,
@@ -1106,6 +1127,9 @@ class Node(Driven, Executor):
             self._backoff[peer_id] = backoff[0] if wait is None else min(2 * wait, backoff[1])
             self._redial_at[peer_id] = time.monotonic() + (wait or 0.0)
             log.info("peer %s: opening the session again in %.1f s", peer_id, wait or 0.0)
+            if never_ready:
+                # Its fetches never left the queue: they wait for the next session.
+                self._unsent_death = self._applying
 
     def _may_redial(self, peer_id: str, dead: SessionDead) -> bool:
         """Open a dead session of ours again: not after our own close, a mismatch, or
@@ -1123,14 +1147,11 @@ class Node(Driven, Executor):
 
     def _redial(self, peer_id: str) -> None:
         del self._redial_at[peer_id]
-        parked = [ev for _, ev in self._parked.pop(peer_id, ())]
         session = self.sessions.get(peer_id)
         if self._closed or (session is not None and session.alive):
             return
         self.metrics.count("redials")
-        session = self.connect(peer_id)
-        for ev in parked:  # queued by the new session until it is ready
-            self._feed(peer_id, ev, session=session)
+        self.connect(peer_id)  # feeds the calls parked for the peer
 
     def _expire_parked(self, peer_id: str, now: float) -> None:
         """Calls that waited for a session to open again past their deadline fail."""
@@ -1142,13 +1163,16 @@ class Node(Driven, Executor):
         why = (f"no session to the peer within the deadline: it is being opened again "
                f"({self._death_reason(peer_id)})")
         for ev in expired:
-            if isinstance(ev, HostFetch):
-                self._on_load_result(peer_id, LoadResult(
-                    ev.job_id, ev.kv_request_id, False, True, FailReason.SESSION_ENDED, why))
-            else:
-                self.lookup_result(peer_id, LookupResult(
-                    ev.kv_request_id, ev.keys, (False,) * len(ev.keys), False,
-                    FailReason.SESSION_ENDED, why))
+            self._fail_parked(peer_id, ev, FailReason.SESSION_ENDED, why)
+
+    def _fail_parked(self, peer_id: str, ev: HostFetch | HostLookup, reason: FailReason,
+                     why: str) -> None:
+        if isinstance(ev, HostFetch):
+            self._on_load_result(peer_id, LoadResult(
+                ev.job_id, ev.kv_request_id, False, True, reason, why))
+        else:
+            self.lookup_result(peer_id, LookupResult(
+                ev.kv_request_id, ev.keys, (False,) * len(ev.keys), False, reason, why))
 
     def _serve_restart(self, peer_id: str, old: Session | None, connect: Connect) -> None:
         """The connect that ended ``old`` (a new incarnation of the peer) opens a fresh

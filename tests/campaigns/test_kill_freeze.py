@@ -296,10 +296,15 @@ def producer_victim_trial(consumer: Consumer, victim: Child, plan: Plan, figures
 
 
 def recover(consumer: Consumer, peer: str, trial: int) -> None:
-    if not consumer.node.sessions[peer].alive:
-        assert consumer.connect(peer, 10.0), (
-            f"trial {trial}: no reconnect to the producer after its SIGCONT: "
-            f"{consumer.node.deaths.get(peer)}")
+    # The node opens a lost session again by itself (NodeConfig.reconnect_backoff_s):
+    # wait, bounded, until one is ready (a session opened during the freeze may first
+    # time out its handshake; the next attempt follows).
+    node = consumer.node
+    if not node.sessions[peer].ready:
+        node.connect(peer)  # returns the session being opened, or opens one now
+        assert node.run_until(lambda: node.sessions[peer].ready, 30.0), (
+            f"trial {trial}: no session to the producer after its SIGCONT: "
+            f"{node.deaths.get(peer)}")
     if not consumer.guard.fits(2):
         return
     job = consumer.fetch(peer, f"t{trial}-again", [0, 1])
