@@ -455,8 +455,17 @@ def until_end(trace: dict[str, Any], clean: bool) -> dict[str, Any]:
         if clean:
             assert reason in CLEAN_END, reason
         else:
-            out.append(["death_reason", reason])
+            out.append(["death_reason", _gone(reason)])
     return {**trace, "transitions": out}
+
+
+def _gone(reason: str) -> str:
+    """A killed peer is seen by whichever transport notices first: the control
+    connection, or (with a write to it in flight) the adapter's data plane. Either
+    means the peer's process is gone (docs/vllm.md, the death_reason row)."""
+    if reason == "control connection lost" or reason.startswith("transport lost: data plane:"):
+        return "peer gone"
+    return reason
 
 
 def compare(role: str, name: str, stock: dict[str, Any], adapter: dict[str, Any],
