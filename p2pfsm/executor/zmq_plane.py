@@ -360,6 +360,22 @@ _MONITOR_MASK: Final = (
 _MONITOR_HEADER: Final = struct.Struct("=HI")  # uint16 event id, uint32 value, no padding
 # The ROUTER's own monitor (CURVE only): refused handshakes, to count and log them.
 _EV_AUTH_FAILED: Final = int(zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+
+
+def _curve_refusal(event: int, value: int) -> str:
+    """Why a peer cut our CURVE handshake, from the monitor's event and value."""
+    if event == _EV_AUTH_FAILED:
+        return "our CURVE key is not in its allow-list"
+    if value == int(zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH):
+        return "it speaks no CURVE (a NULL-security peer)"
+    if event == int(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
+        # The peer closed the connection on our hello: it could not read it, which is
+        # what a server key other than the one we hold for it (curve_peer_key) does.
+        return ("it could not read our CURVE hello: its key is not the server key we "
+                "hold for it (--peer-key / curve_peer_key)")
+    return f"CURVE handshake failed (protocol error {value:#x})"
+
+
 _ROUTER_MONITOR_MASK: Final = (
     int(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
     | int(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
@@ -1254,9 +1270,7 @@ class ControlPlane:
                 elif event in _EV_HANDSHAKE_FAILED:
                     if self._curve is not None:
                         log.warning("%s refused our connection: %s", peer.peer_id,
-                                    "our CURVE key is not in its allow-list"
-                                    if event == _EV_AUTH_FAILED
-                                    else "no CURVE handshake (a NULL-security peer?)")
+                                    _curve_refusal(event, value))
                     self._lose(peer, "handshake failed")
                 elif peer.connected and event == _EV_DISCONNECTED:
                     self._lose(peer, "disconnected")

@@ -146,6 +146,14 @@ def test_allowed_key_fetches_through_the_cli(keys: Path) -> None:
             capture_output=True, text=True, timeout=120)
         assert refused.returncode != 0, refused.stdout
         assert "our CURVE key is not in its allow-list" in refused.stderr, refused.stderr
+        # An allowed client that holds another key for the server is told exactly that.
+        wrong = subprocess.run(
+            [*CLI, "fetch", "--connect", server, "--keys", "0", "--block-len", str(BLOCK),
+             "--curve-secret", sec(keys, "client"), "--allow", pub(keys, "server"),
+             "--peer-key", pub(keys, "stranger"), "--timeout", "3", "--connect-timeout", "3"],
+            capture_output=True, text=True, timeout=120)
+        assert wrong.returncode != 0, wrong.stdout
+        assert "not the server key we hold for it" in wrong.stderr, wrong.stderr
     finally:
         serve.terminate()
         try:
