@@ -1234,6 +1234,12 @@ class ControlPlane:
             where = parts[1].decode("ascii", "replace") if len(parts) > 1 else self._local_id
             mismatch = value == int(zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
             self._drop("refused: no CURVE key" if mismatch else "refused: handshake failed")
+            if event == int(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
+                # The connection closed before its handshake ended: a reachability probe
+                # (`p2pfsm fetch` makes one), or a peer that went away. Nothing refused.
+                log.info("a connection on %s ended before its CURVE handshake did (libzmq "
+                         "error 0x%x): a port probe, or a peer that went away", where, value)
+                continue
             log.warning("refused a connection on %s: %s", where,
                         "the peer offered no CURVE key (NULL security)" if mismatch
                         else f"CURVE handshake failed (libzmq error 0x{value:x})")

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import select
+import socket
 import subprocess
 import sys
 import time
@@ -68,9 +69,12 @@ class Records(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
         self.lines: list[str] = []
+        self.warnings: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
         self.lines.append(record.getMessage())
+        if record.levelno >= logging.WARNING:
+            self.warnings.append(record.getMessage())
 
 
 @pytest.fixture
@@ -212,7 +216,8 @@ def test_unknown_and_missing_keys_never_reach_a_session(keys: Path, zmq_log: Rec
         assert ("refused a connection from 127.0.0.1: CURVE key" in text
                 and "not in the allow-list" in text), text
         assert ("the peer offered no CURVE key (NULL security)" in text
-                or "CURVE handshake failed" in text), text
+                or "CURVE handshake failed" in text
+                or "ended before its CURVE handshake did" in text), text
 
         # The allowed key gets through the same door (so the checks above could fail):
         # its connect reaches a session, which dials back with that key.
@@ -250,3 +255,20 @@ def test_null_to_null_is_unchanged_and_curve_to_null_fails(keys: Path) -> None:
         for node in (plain, curved, server):
             node.close(timeout=1.0)
     assert os.path.exists(pub(keys, "server"))
+
+
+def test_a_port_probe_is_not_logged_as_a_refusal(keys: Path, zmq_log: Records) -> None:
+    """A TCP connect that closes at once (the CLI's reachability probe) ends a CURVE
+    handshake that never began: counted, logged at INFO, never warned of as a refusal."""
+    node = Node(NodeConfig("tcp://127.0.0.1:0", 16, BLOCK, hash_seed=SEED,
+                           curve_secret_key=sec(keys, "server"),
+                           curve_allow=(pub(keys, "client"),)))
+    try:
+        host, port = node.local_id.rsplit(":", 1)
+        socket.create_connection((host, int(port)), timeout=5.0).close()
+        drive(node, lambda: "refused: handshake failed" in node.control.drop_counts, 10.0,
+              "the probe's end")
+        assert not [w for w in zmq_log.warnings if "refused a connection on" in w]
+        assert any("ended before its CURVE handshake did" in line for line in zmq_log.lines)
+    finally:
+        node.close()
