@@ -18,7 +18,6 @@ the request (a round in flight is aborted) and the final
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import threading
 import time
 from collections.abc import Callable, Generator, Iterable, Mapping
@@ -26,7 +25,7 @@ from typing import Any, TypeVar
 
 from p2pfsm.errors import LocalProtocolError
 from p2pfsm.executor.config import NodeConfig
-from p2pfsm.executor.jobs import JobFuture, LookupAsk
+from p2pfsm.executor.jobs import JobFuture, LookupAsk, copy_outcome
 from p2pfsm.executor.node import LookupAnswer, Node
 from p2pfsm.executor.threadsafe import ThreadSafeNode
 from p2pfsm.metrics import NodeMetrics
@@ -155,7 +154,8 @@ class AsyncNode:
         loop = self._require_loop()
         job = self.node.fetch(peer_id, kv_request_id, keys, dest_indexes)
         final: asyncio.Future[LoadResult] = loop.create_future()
-        job.add_done_callback(lambda f: _copy_result(f, final))
+        # Copies the node's result onto the asyncio future (the node runs on the loop).
+        job.add_done_callback(lambda f: copy_outcome(f, final))
         self._wake()
         return FetchHandle(job, final, self._wake)
 
@@ -229,16 +229,4 @@ class AsyncNode:
         self._fd = None
         self._loop = None
         self.node.attach_event_loop(None)
-
-
-def _copy_result(job: concurrent.futures.Future[LoadResult],
-                 final: asyncio.Future[LoadResult]) -> None:
-    """Copy the node's result onto the asyncio future (the node runs on the loop)."""
-    if final.done():
-        return
-    exc = job.exception()
-    if exc is not None:
-        final.set_exception(exc)
-    else:
-        final.set_result(job.result())
 

@@ -15,15 +15,31 @@ A :class:`JobFuture` is a :class:`concurrent.futures.Future` with two changes:
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from p2pfsm.errors import LocalProtocolError
 from p2pfsm.session import StoreResult
 
 T = TypeVar("T")
+
+
+def copy_outcome(source: Future[Any], target: Future[Any] | asyncio.Future[Any],
+                 value: Callable[[Any], Any] | None = None) -> None:
+    """Copy a finished future's outcome (its exception, or its result mapped by
+    ``value``) onto ``target``, unless ``target`` is done already: for chaining one
+    job's future to another, e.g. from ``add_done_callback``."""
+    if target.done():
+        return
+    exc = source.exception()
+    if exc is not None:
+        target.set_exception(exc)
+    else:
+        result = source.result()
+        target.set_result(result if value is None else value(result))
 
 
 class Driven:

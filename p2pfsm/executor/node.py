@@ -42,7 +42,7 @@ from p2pfsm.errors import ConfigError, LocalProtocolError, RemoteProtocolError, 
 from p2pfsm.executor.bindings import Bindings
 from p2pfsm.executor.config import NodeConfig, fingerprint
 from p2pfsm.executor.core import Executor, TimerTable
-from p2pfsm.executor.jobs import Driven, JobFuture, LookupAsk
+from p2pfsm.executor.jobs import Driven, JobFuture, LookupAsk, copy_outcome
 from p2pfsm.executor.nixl_plane import DataPlane
 from p2pfsm.executor.threadsafe import ThreadSafeNode
 from p2pfsm.executor.zmq_plane import ControlPlane, FrameIn, PeerLost, is_connect_from
@@ -113,15 +113,6 @@ def _as_int(value: Any) -> Any:
     except TypeError:
         return value
 
-
-def _copy_outcome(source: Future[None], target: Future[None]) -> None:
-    if target.done():
-        return
-    exc = source.exception()
-    if exc is not None:
-        target.set_exception(exc)
-    else:
-        target.set_result(None)
 
 _LOG_BURST = 5
 _LOG_WINDOW_S = 10.0
@@ -600,7 +591,7 @@ class Node(Driven, Executor):
             self._close_request = (timeout, done)
         else:  # a second request: done when the first one is
             first = self._close_request[1]
-            first.add_done_callback(lambda f: _copy_outcome(f, done))
+            first.add_done_callback(lambda f: copy_outcome(f, done))
         self.control.wake()
 
     def _turn(self, max_wait: float) -> int:

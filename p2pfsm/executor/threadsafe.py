@@ -25,8 +25,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
+from p2pfsm.executor.jobs import copy_outcome
 from p2pfsm.session import LoadResult, LookupResult, StoreResult
 
 if TYPE_CHECKING:
@@ -98,7 +99,7 @@ class ThreadSafeNode:
             self._node.connect(peer_id)
             ready = self._node.when_ready(peer_id)
             done: SubmittedFuture[None] = SubmittedFuture()
-            ready.add_done_callback(lambda f: _settle(done, f, lambda _s: None))
+            ready.add_done_callback(lambda f: copy_outcome(f, done, lambda _session: None))
             return done
         return self._job(start)
 
@@ -146,20 +147,10 @@ class ThreadSafeNode:
                 out.set_exception(exc)
                 return
             inner.append(job)
-            job.add_done_callback(lambda f: _settle(out, f, lambda v: v))
+            job.add_done_callback(lambda f: copy_outcome(f, out))
             if asked[0]:
                 job.cancel()
 
         self._node.call_soon_threadsafe(run)
         return out
 
-
-def _settle(out: Future[Any], job: Future[Any], value: Callable[[Any], Any]) -> None:
-    """Copy a finished future's outcome onto ``out`` (mapped by ``value``)."""
-    if out.done():
-        return
-    exc = job.exception()
-    if exc is not None:
-        out.set_exception(exc)
-    else:
-        out.set_result(value(job.result()))
