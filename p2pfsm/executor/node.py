@@ -323,8 +323,7 @@ class Node(Driven, Executor):
         self._bindings.forget(peer_id)  # a new session: bound by the peer's first frame
         session = self._new_session(peer_id)
         self._heard.pop(peer_id, None)  # ours: never evicted for idleness
-        for _, ev in self._parked.pop(peer_id, ()):  # queued by it until it is ready
-            self._feed(peer_id, ev, session=session)
+        self._feed_parked(peer_id, session)
         return session
 
     def when_ready(self, peer_id: str) -> JobFuture[Session]:
@@ -1138,11 +1137,22 @@ class Node(Driven, Executor):
 
     def _redial(self, peer_id: str) -> None:
         del self._redial_at[peer_id]
+        if self._closed:
+            return  # close() gave every parked call its result
         session = self.sessions.get(peer_id)
-        if self._closed or (session is not None and session.alive):
+        if session is not None and session.alive:
+            # A session opened meanwhile (the peer restarted and connected to us): the
+            # calls that waited for one go to it.
+            self._feed_parked(peer_id, session)
             return
         self.metrics.count("redials")
         self.connect(peer_id)  # feeds the calls parked for the peer
+
+    def _feed_parked(self, peer_id: str, session: Session) -> None:
+        """The calls that waited for a session to the peer, to ``session`` (which
+        queues them until it is ready)."""
+        for _, ev in self._parked.pop(peer_id, ()):
+            self._feed(peer_id, ev, session=session)
 
     def _expire_parked(self, peer_id: str, now: float) -> None:
         """Calls that waited for a session to open again past their deadline fail."""
