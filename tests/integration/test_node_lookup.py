@@ -117,6 +117,22 @@ class Pair:
         assert peer_id == self.consumer.local_id
         return req
 
+    def fetch_verified(self, rid: str, blocks: list[int], pins: list[Future[StoreResult]],
+                       dest: list[Any] | None = None) -> None:
+        """Fetch ``blocks`` under ``rid`` into ``dest`` (default: blocks 0, 1, ...); the
+        load and the release of the producer's ``pins`` succeed; every byte landed; the
+        request is finished and neither node rejected a frame."""
+        load = self.consumer.fetch(self.peer, rid, keys_of(blocks),
+                                   dest if dest is not None else range(len(blocks)))
+        self.drive(lambda: load.done() and all(p.done() for p in pins), 20.0,
+                   "the fetch of the hits and the release of their pins")
+        assert load.result().success, load.result()
+        assert [p.result().success for p in pins] == [True] * len(pins)
+        for d, block in enumerate(blocks):
+            assert bytes(self.consumer.region[d].numpy()) == demo_block(block, BLOCK)
+        self.consumer.finish(self.peer, rid)
+        assert not self.producer.violations and not self.consumer.violations
+
     def close(self) -> None:
         for node in self.made:
             node.close(timeout=2.0)
@@ -182,16 +198,7 @@ def test_pending_keys_resolved_later_are_answered_and_fetched(
     answer: LookupResult = lookup.result()
     assert answer.answered and answer.hits == (True, True, True, False, False), answer
 
-    load = pair.consumer.fetch(peer, "late-1", keys_of([1, 4, 5]), [0, 1, 2])
-    pins: list[Future[StoreResult]] = [first, second]
-    pair.drive(lambda: load.done() and all(p.done() for p in pins), 20.0,
-               "the fetch of the hits and the release of their pins")
-    assert load.result().success, load.result()
-    assert [p.result().success for p in pins] == [True, True]
-    for dest, block in enumerate([1, 4, 5]):
-        assert bytes(pair.consumer.region[dest].numpy()) == demo_block(block, BLOCK)
-    pair.consumer.finish(peer, "late-1")
-    assert not producer.violations and not pair.consumer.violations
+    pair.fetch_verified("late-1", [1, 4, 5], [first, second])
 
 
 def test_tokens_are_the_nodes_and_lookups_are_answered_in_order(
@@ -255,13 +262,7 @@ def test_a_producer_answering_in_parts_sends_the_found_keys_first(
     assert answer.answered and answer.hits == (True, True, True, False), answer
     assert parts_taken() == 1
 
-    load = pair.consumer.fetch(peer, "parts-1", keys_of([1, 4, 5]), [0, 1, 2])
-    pair.drive(lambda: load.done() and pins.done(), 20.0, "the fetch of the hits")
-    assert load.result().success and pins.result().success
-    for dest, block in enumerate([1, 4, 5]):
-        assert bytes(pair.consumer.region[dest].numpy()) == demo_block(block, BLOCK)
-    pair.consumer.finish(peer, "parts-1")
-    assert not producer.violations and not pair.consumer.violations
+    pair.fetch_verified("parts-1", [1, 4, 5], [pins])
 
 
 def test_answers_coalesced_into_one_frame_answer_each_lookup(
@@ -279,13 +280,7 @@ def test_answers_coalesced_into_one_frame_answer_each_lookup(
     assert first.result().answered and first.result().hits == (True, True)
     assert second.result().answered and second.result().hits == (True, True, False)
 
-    load = pair.consumer.fetch(peer, "co-1", keys_of([1, 2, 3]), [0, 1, 2])
-    pair.drive(load.done, 20.0, "the fetch of the hits")
-    assert load.result().success, load.result()
-    for dest, block in enumerate([1, 2, 3]):
-        assert bytes(pair.consumer.region[dest].numpy()) == demo_block(block, BLOCK)
-    pair.consumer.finish(peer, "co-1")
-    assert not producer.violations and not pair.consumer.violations
+    pair.fetch_verified("co-1", [1, 2, 3], [])
 
 
 def test_numpy_and_torch_integers_are_block_indexes(pairs: Callable[..., Pair]) -> None:
@@ -305,11 +300,4 @@ def test_numpy_and_torch_integers_are_block_indexes(pairs: Callable[..., Pair]) 
     for bad in (1.0, True, torch.tensor(1.5)):
         with pytest.raises(LocalProtocolError, match="outside our 16 blocks"):
             pair.consumer.fetch(peer, "ints-1", keys_of([1]), [bad])
-    load = pair.consumer.fetch(peer, "ints-1", keys_of([1, 4]),
-                               [numpy.int32(0), torch.tensor(1)])
-    pair.drive(lambda: load.done() and pins.done(), 20.0, "the fetch of the hits")
-    assert load.result().success and pins.result().success
-    for dest, block in enumerate([1, 4]):
-        assert bytes(pair.consumer.region[dest].numpy()) == demo_block(block, BLOCK)
-    pair.consumer.finish(peer, "ints-1")
-    assert not producer.violations and not pair.consumer.violations
+    pair.fetch_verified("ints-1", [1, 4], [pins], dest=[numpy.int32(0), torch.tensor(1)])

@@ -12,6 +12,7 @@ is bounded; the server is stopped by its PID and every thread is joined.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import select
 import threading
@@ -114,25 +115,33 @@ def drive_in_thread(target: Callable[[], None]) -> tuple[threading.Thread, list[
     return thread, raised
 
 
-def test_scheduler_threads_while_serve_drives(server: ServeProcess) -> None:
-    node = consumer()
-    peer = server.addr
+@contextlib.contextmanager
+def served_on_a_thread(node: Node) -> Iterator[None]:
+    """``node.serve()`` on a thread of its own for the block; then the node is closed
+    through ``threadsafe.close()``, which ends ``serve()``, and the thread, having raised
+    nothing, is joined."""
     driver, raised = drive_in_thread(node.serve)
     try:
-        connected(node, peer)
-        assert run_schedulers(node, peer) == []
-        assert not node.violations and node.sessions[peer].ready
+        yield
     finally:
         node.threadsafe.close().result(WAIT_S)
         driver.join(WAIT_S)
     assert not driver.is_alive() and raised == []
 
 
+def test_scheduler_threads_while_serve_drives(server: ServeProcess) -> None:
+    node = consumer()
+    peer = server.addr
+    with served_on_a_thread(node):
+        connected(node, peer)
+        assert run_schedulers(node, peer) == []
+        assert not node.violations and node.sessions[peer].ready
+
+
 def test_direct_calls_from_another_thread_are_refused(server: ServeProcess) -> None:
     node = consumer()
     peer = server.addr
-    driver, raised = drive_in_thread(node.serve)
-    try:
+    with served_on_a_thread(node):
         connected(node, peer)
         refused: list[tuple[str, Callable[[], object]]] = [
             ("threadsafe.fetch", lambda: node.fetch(peer, "x", [demo_key(1)], [0])),
@@ -157,10 +166,6 @@ def test_direct_calls_from_another_thread_are_refused(server: ServeProcess) -> N
         # A submitted call that the node refuses gives its error to its own future.
         with pytest.raises(LocalProtocolError, match="outside our 9 blocks"):
             node.threadsafe.fetch(peer, "bad", [key], [99]).result(WAIT_S)
-    finally:
-        node.threadsafe.close().result(WAIT_S)
-        driver.join(WAIT_S)
-    assert not driver.is_alive() and raised == []
     with pytest.raises(LocalProtocolError, match="closed"):
         node.threadsafe.fetch(peer, "late", [demo_key(1)], [0])
 
