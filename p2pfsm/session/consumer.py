@@ -77,7 +77,7 @@ class ConsumerRole(ChildSteps):
         if isinstance(ev, HostFetch):
             self._check_fetch(ev)
         else:
-            self._check_keys(ev.keys, tuple(0 for _ in ev.keys), "lookup", ev.kv_request_id)
+            self._check_lookup(ev)
 
     def _check_fetch(self, ev: HostFetch) -> None:
         self._check_keys(ev.keys, ev.dest_indexes, "fetch", ev.kv_request_id)
@@ -87,6 +87,9 @@ class ConsumerRole(ChildSteps):
                 f"fetch: destination index {twice} named twice (two blocks cannot land in one)")
         if ev.job_id in self._load_jobs:
             raise LocalProtocolError(f"fetch: job {ev.job_id} is already loading")
+
+    def _check_lookup(self, ev: HostLookup) -> None:
+        self._check_keys(ev.keys, tuple(0 for _ in ev.keys), "lookup", ev.kv_request_id)
 
     def _on_host_fetch(self, ev: HostFetch) -> None:
         self._require_started("fetch")
@@ -109,7 +112,7 @@ class ConsumerRole(ChildSteps):
 
     def _on_host_lookup(self, ev: HostLookup) -> None:
         self._require_started("lookup")
-        self._check_keys(ev.keys, tuple(0 for _ in ev.keys), "lookup", ev.kv_request_id)
+        self._check_lookup(ev)
         if not self.alive or not ev.keys:
             reason, why = ((FailReason.SESSION_ENDED, "the session is not alive")
                            if not self.alive else (None, ""))
