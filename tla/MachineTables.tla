@@ -140,6 +140,7 @@ MachineTransitions ==
          <<"finishing", "timer_demand", "draining_failed">>,
          <<"finishing", "write_done", "finishing">>,
          <<"finishing", "write_failed", "draining_failed">>,
+         <<"new", "host_supply", "done">>,
          <<"new", "host_supply", "supplied">>,
          <<"new", "lookup_pin", "pinned">>,
          <<"new", "recv_fetch", "done">>,

@@ -65,8 +65,9 @@ CONSTANTS
 FaultKinds == {"cut", "drop", "dup", "close", "regfail", "hstimer", "incompat", "wfail",
                "restart", "halfcut", "corrupt", "ackloss", "finlife", "split"}
 \* "finlife" is no fault and is not counted against MaxFaults: where a scenario lists it,
-\* the host's finish of a request may be forgotten after a frame lifetime
-\* (NetworkFrameLifetime), as Session._finished forgets it.
+\* the host's finish of a request, and the peer's (its terminal fetch), may be forgotten
+\* after a frame lifetime (NetworkFrameLifetime), as Session._finished and
+\* Session._peer_finished forget them.
 \* "split" is no fault either: where a scenario lists it, the producer may split and
 \* coalesce its lookup answers, as the protocol allows (SettleLookups).
 \* Role timers a scenario lets fire (the handshake timer is the fault "hstimer").
@@ -173,6 +174,10 @@ VARIABLES
     fin,     \* [Peers -> SUBSET Reqs]: requests the host finished (it supplies them no more:
              \* the session refuses that supply, LocalProtocolError), each forgotten
              \* after a frame lifetime (Session._finished, NetworkFrameLifetime)
+    pf,      \* [Peers -> SUBSET Reqs]: requests the peer finished (its terminal fetch) and
+             \* named no round of since (a fetch or lookup): a supply that would open a new
+             \* round of one is refused at once; forgotten after a frame lifetime
+             \* (Session._peer_finished, NetworkFrameLifetime)
     sr,      \* [Peers -> [open SKeys -> serve round]]: serve rounds (producer role)
     sl,      \* [Peers -> [Reqs -> Seq(served lookup)]]: served lookups, arrival order
     wr,      \* [Peers -> SUBSET write]: writes p started that have not completed
@@ -184,8 +189,8 @@ VARIABLES
     fired,   \* SUBSET <<machine, trigger, source, dest>>: steps of the last action
     act      \* <<action, peer>>: the last action (when TrackAct), for cheap fairness
 
-peerVars == <<sess, reg, queue, cr, fl, xl, lr, cl, nlk, nlr, nfin, fin, sr, sl, wr, lres,
-             sres>>
+peerVars == <<sess, reg, queue, cr, fl, xl, lr, cl, nlk, nlr, nfin, fin, pf, sr, sl, wr,
+             lres, sres>>
 netVars == <<chan, cut, lost, faults, compat>>
 vars == <<scn, peerVars, netVars, gone, perr, fired, act>>
 
@@ -221,6 +226,7 @@ TypeInv ==
     /\ \A p \in Peers, q \in Reqs : cl[p][q] \in Seq(CLookup) /\ sl[p][q] \in Seq(SLookup)
     /\ nlk \in [Peers -> Nat] /\ nlr \in [Peers -> Nat] /\ nfin \in [Peers -> Nat]
     /\ fin \in [Peers -> SUBSET Reqs]
+    /\ pf \in [Peers -> SUBSET Reqs]
     /\ \A p \in Peers : wr[p] \subseteq Write
     /\ \A p \in Peers : lres[p] \in Seq(LoadResult) /\ sres[p] \in Seq(StoreJob)
     /\ perr \in BOOLEAN
@@ -235,7 +241,7 @@ Load(p, name) ==
     [sess |-> sess[p], reg |-> reg[p], queue |-> queue[p], cr |-> cr[p],
      fl |-> fl[p], xl |-> xl[p],
      lr |-> lr[p], cl |-> cl[p], nlk |-> nlk[p], nlr |-> nlr[p], nfin |-> nfin[p],
-     fin |-> fin[p],
+     fin |-> fin[p], pf |-> pf[p],
      sr |-> sr[p], sl |-> sl[p], wr |-> wr[p], lres |-> lres[p], sres |-> sres[p],
      out |-> chan[p], in |-> chan[Other(p)], cut |-> cut, compat |-> compat,
      faults |-> faults, perr |-> FALSE, fired |-> {}, act |-> <<name, p>>]
@@ -253,6 +259,7 @@ Commit(p, L) ==
     /\ nlr' = [nlr EXCEPT ![p] = L.nlr]
     /\ nfin' = [nfin EXCEPT ![p] = L.nfin]
     /\ fin' = [fin EXCEPT ![p] = L.fin]
+    /\ pf' = [pf EXCEPT ![p] = L.pf]
     /\ sr' = [sr EXCEPT ![p] = L.sr]
     /\ sl' = [sl EXCEPT ![p] = L.sl]
     /\ wr' = [wr EXCEPT ![p] = L.wr]
@@ -582,7 +589,8 @@ ClientLookupHostLookup(p) ==
 
 \* Session._on_host_supply: stored blocks, pinned until the job's StoreResult. Never for
 \* a request the host finished (HostFinished): the session refuses that
-\* (LocalProtocolError).
+\* (LocalProtocolError). A new round opened for a request the peer finished (pf) takes
+\* no supply: the job's StoreResult at once, and the round ends.
 \* Session._supply_target: among the request's rounds not supplied by lookups (in
 \* insertion order), the first whose remaining demand names one of the keys; else the
 \* unbound round; else the newest round that is not serving (it rejects the job); else
@@ -619,6 +627,8 @@ ServerRoundHostSupply(p) ==
          IN /\ ~HostFinished(L0, req)
             /\ Commit(p,
                  IF L.sess \in Ended \cup {"closed"} THEN ReleaseJob(L, j)
+                 ELSE IF src = "new" /\ req \in L.pf
+                 THEN EndRound(ReleaseJob(FireSR(Ln, k, "host_supply", "done"), j), k)
                  ELSE IF src \in {"new", "supplied"}
                  THEN Settle(AddSupply(FireSR(Ln, k, "host_supply", "supplied"), k, keys, j), k)
                  ELSE IF src = "serving"
@@ -779,6 +789,7 @@ GateResponse(L) == FireS(L, "recv_response", L.sess)
 \* is adopted by the request's first fetch (and moves to the end of the insertion
 \* order). A fetch for a lookup round whose pins expired fails at once (vLLM P7), and so
 \* does one naming a new round of a request the host finished (its host is not asked).
+\* An accepted fetch names a round of its request again: the peer did not finish it.
 ServerRoundRecvFetch(p) ==
     /\ Incoming(p, "fetch")
     /\ Peek(chan[Other(p)])[4] # {}
@@ -790,7 +801,7 @@ ServerRoundRecvFetch(p) ==
            expired == fresh /\ L0.xl[m.req] = m.seq
            adopt == fresh /\ SSt(L0, ub) \in {"supplied", "supply_closed"}
            src == IF adopt THEN SSt(L0, ub) ELSE IF fresh THEN "new" ELSE SSt(L0, k)
-           L1 == GateRequest(L0)
+           L1 == [GateRequest(L0) EXCEPT !.pf = @ \ {m.req}]
            L2 == IF adopt
                  THEN [L1 EXCEPT !.sr = MapPut(MapDel(@, ub), k,
                                                [@[ub] EXCEPT !.seq = m.seq,
@@ -830,16 +841,18 @@ SessionRecvBadFetch(p) ==
                               Msg("transfer_done", m.req, m.seq, {}, m.dst, FALSE, {}))
                     ELSE L0)
 
-\* Session._on_fetch without keys: the consumer finished the request.
+\* Session._on_fetch without keys: the consumer finished the request (remembered in pf).
 ServerRoundRecvTerminalFetch(p) ==
     /\ Incoming(p, "fetch")
     /\ Peek(chan[Other(p)])[4] = {}
     /\ LET L0 == Pop(Load(p, "ServerRoundRecvTerminalFetch"))
            m == AsRec(Peek(chan[Other(p)]))
        IN Commit(p, IF ~CanRequest(L0) THEN Reject(Load(p, "ServerRoundRecvTerminalFetch"))
-                    ELSE CloseRequest(GateRequest(L0), m.req, "recv_terminal_fetch"))
+                    ELSE CloseRequest([GateRequest(L0) EXCEPT !.pf = @ \cup {m.req}], m.req,
+                                      "recv_terminal_fetch"))
 
-\* Session._on_lookup: ask the host about every key.
+\* Session._on_lookup: ask the host about every key (the peer names a round of the
+\* request again: it did not finish it).
 ServerLookupRecvLookup(p) ==
     /\ Incoming(p, "lookup")
     /\ LET L0 == Pop(Load(p, "ServerLookupRecvLookup"))
@@ -850,7 +863,7 @@ ServerLookupRecvLookup(p) ==
             IF ~CanRequest(L0) \/ (demanded /\ ~BugP1)
             THEN Reject(Load(p, "ServerLookupRecvLookup"))
             ELSE SettleLookups(
-                   Fire([GateRequest(L0) EXCEPT !.sl[m.req] =
+                   Fire([GateRequest(L0) EXCEPT !.pf = @ \ {m.req}, !.sl[m.req] =
                            Append(@, [seq |-> m.seq, keys |-> m.keys, pending |-> m.keys,
                                       hits |-> {}, sent |-> {}])],
                         "server_lookup", "recv_lookup", "new", "resolving"), m.req, how))
@@ -1105,10 +1118,13 @@ NetworkFrameLifetime(p) ==
            \* Session._finished forgets the host's finish after the same lifetime, timed
            \* from the finish, whatever is in flight by then.
            finGone == req \in fin[p] /\ "finlife" \in S.faults
-       IN /\ floorGone \/ xlGone \/ finGone
+           \* So does Session._peer_finished, timed from the terminal fetch.
+           pfGone == req \in pf[p] /\ "finlife" \in S.faults
+       IN /\ floorGone \/ xlGone \/ finGone \/ pfGone
           /\ fl' = [fl EXCEPT ![p][req] = IF floorGone THEN 0 ELSE @]
           /\ xl' = [xl EXCEPT ![p][req] = IF xlGone THEN Unbound ELSE @]
           /\ fin' = [fin EXCEPT ![p] = IF finGone THEN @ \ {req} ELSE @]
+          /\ pf' = [pf EXCEPT ![p] = IF pfGone THEN @ \ {req} ELSE @]
           /\ fired' = {}
           /\ act' = IF TrackAct THEN <<"NetworkFrameLifetime", p>> ELSE <<"", "">>
           /\ UNCHANGED <<scn, sess, reg, queue, cr, lr, cl, nlk, nlr, nfin, sr, sl, wr,
@@ -1135,6 +1151,7 @@ NetworkRestart(p) ==
     /\ cl' = [cl EXCEPT ![p] = [q \in Reqs |-> <<>>]]
     /\ nlr' = [nlr EXCEPT ![p] = nlk[p]]
     /\ fin' = [fin EXCEPT ![p] = {}]
+    /\ pf' = [pf EXCEPT ![p] = {}]
     /\ sr' = [sr EXCEPT ![p] = <<>>]
     /\ sl' = [sl EXCEPT ![p] = [q \in Reqs |-> <<>>]]
     /\ wr' = [wr EXCEPT ![p] = {}]
@@ -1175,6 +1192,7 @@ Init ==
     /\ nlr = [p \in Peers |-> 0]
     /\ nfin = [p \in Peers |-> 0]
     /\ fin = [p \in Peers |-> {}]
+    /\ pf = [p \in Peers |-> {}]
     /\ sr = [p \in Peers |-> <<>>]
     /\ sl = [p \in Peers |-> [q \in Reqs |-> <<>>]]
     /\ wr = [p \in Peers |-> {}]

@@ -68,6 +68,10 @@ class SessionBase:
         self._round_serial = 0
         # Requests the host finished: a supply for one is refused (kept a frame lifetime).
         self._finished = Tombstones(config.timeouts.tombstone)
+        # Requests the peer finished (its terminal fetch; its round_seq), until a fetch or
+        # lookup of one names a round again: a supply that would open a new round of one
+        # is refused at once (kept a frame lifetime).
+        self._peer_finished = Tombstones(config.timeouts.tombstone)
         self._store_jobs: dict[int, ServerRound] = {}
         self._writes: dict[int, ServerRound] = {}
         self._served: dict[str, list[ServerLookup]] = {}

@@ -56,6 +56,7 @@ class Session(InputDispatch):
         self._round_floor.purge(now)
         self._expired_lookups.purge(now)
         self._finished.purge(now)
+        self._peer_finished.purge(now)
         handler = HANDLERS.get(type(event))
         if handler is None:
             raise LocalProtocolError(f"unknown input {type(event).__name__}")

@@ -129,7 +129,8 @@ class RoundEnded:
     ``session_ended``, ``demand_timeout`` (our demand deadline), ``write_failed``,
     ``declined`` (our host's decline) or ``failed`` (the host finished the request before
     supplying all). A supply the host still prepares for it is not needed: one given now
-    is taken for a later round of the request.
+    fails at once after ``peer_finished`` (until the peer names a round of the request
+    again) or ``session_ended``, and is otherwise taken for a later round of the request.
     """
 
     kv_request_id: str

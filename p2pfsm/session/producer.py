@@ -98,7 +98,8 @@ class ProducerRole(ChildSteps):
         if rnd is None:
             self._round_serial += 1
             rnd = ServerRound(self._env, self._round_serial, kv_request_id, round_seq, origin,
-                              self._finished_by_host(kv_request_id))
+                              self._finished_by_host(kv_request_id),
+                              self._peer_finished.get(kv_request_id) is not None)
             rounds[round_seq] = rnd
             self._round_by_serial[rnd.serial] = rnd
         return rnd
@@ -122,6 +123,8 @@ class ProducerRole(ChildSteps):
         assert self.peer is not None  # the gate admits requests only after the peer's connect
         if msg.is_terminal:
             self._gate("recv_request", msg)
+            # Until the peer names a round of the request again, supply for it is refused.
+            self._peer_finished.put(msg.kv_request_id, msg.round_seq, self.now)
             self._close_request(msg.kv_request_id, "recv_terminal_fetch", msg)
             return
         check_block_indexes(msg, self.peer.num_blocks)
@@ -133,6 +136,7 @@ class ProducerRole(ChildSteps):
             # served, so fail it now rather than let the consumer wait (vLLM P7).
             self._gate("recv_request", msg)
             self._expired_lookups.pop(msg.kv_request_id)
+            self._peer_finished.pop(msg.kv_request_id)
             self.send(TransferDone(msg.kv_request_id, False, msg.round_seq))
             return
         if rnd is None:
@@ -143,6 +147,7 @@ class ProducerRole(ChildSteps):
             raise RemoteProtocolError(
                 "round_seq", f"duplicate fetch for {msg.kv_request_id}/{msg.round_seq}")
         self._gate("recv_request", msg)
+        self._peer_finished.pop(msg.kv_request_id)  # the peer goes on with the request
         if rnd is None:
             rnd = self._round_for(msg.kv_request_id, msg.round_seq)
         supplied = tuple(k for k in msg.keys if k in rnd.supply)
@@ -166,6 +171,7 @@ class ProducerRole(ChildSteps):
                 "kv_request_id", f"{most} lookups of {msg.kv_request_id} are unanswered "
                 "already (max_lookups_per_request)")
         self._gate("recv_request", msg)
+        self._peer_finished.pop(msg.kv_request_id)  # the peer goes on with the request
         self._next_token += 1
         served = ServerLookup(self._env, self._next_token, msg.kv_request_id, msg.round_seq,
                               msg.keys)
@@ -226,7 +232,8 @@ class ProducerRole(ChildSteps):
 
         The PD round whose demand names one of the keys; else the parked unbound round;
         else the latest PD round that has ended its supply (it rejects the job at once);
-        else a new unbound round that the next fetch of the request adopts.
+        else a new unbound round that the next fetch of the request adopts (or, when the
+        peer finished the request, that rejects the job at once).
         """
         rounds = [r for r in self._rounds.get(ev.kv_request_id, {}).values()
                   if r.origin == "host"]

@@ -57,11 +57,12 @@ class ServerRound:
 
     __slots__ = (
         "demand", "env", "fsm_state", "host_finished", "inflight", "jobs", "kv_request_id",
-        "landed", "origin", "round_seq", "serial", "supply", "told", "total",
+        "landed", "origin", "peer_finished", "round_seq", "serial", "supply", "told", "total",
     )
 
     def __init__(self, env: ChildEnv, serial: int, kv_request_id: str, round_seq: int | None,
-                 origin: str = "host", host_finished: bool = False) -> None:
+                 origin: str = "host", host_finished: bool = False,
+                 peer_finished: bool = False) -> None:
         self.env = env
         self.fsm_state = SERVER_ROUND.spec.initial
         self.serial = serial
@@ -72,6 +73,9 @@ class ServerRound:
         self.host_finished = host_finished
         """The host had finished the request when this round was created: no host supply
         will ever come for it (fixed at creation, like ``origin``)."""
+        self.peer_finished = peer_finished
+        """The peer had finished the request (its terminal fetch, and no fetch or lookup of
+        it since) when this round was created: no fetch will name it (fixed at creation)."""
         self.supply: dict[bytes, int] = {}
         self.demand: dict[bytes, int] = {}
         self.inflight: dict[int, int] = {}
@@ -121,6 +125,9 @@ class ServerRound:
     def is_host_finished(self, _ev: object) -> bool:
         return self.host_finished
 
+    def is_peer_finished(self, _ev: object) -> bool:
+        return self.peer_finished
+
     def is_complete(self, _ev: object) -> bool:
         return not self.demand and not self.inflight and self.landed == self.total
 
@@ -136,6 +143,12 @@ class ServerRound:
         assert isinstance(ev, HostSupply)
         self._emit(StoreResult(ev.job_id, False, FailReason.NOT_SERVED,
                                "the round no longer takes supply"))
+
+    def reject_finished_supply(self, ev: object) -> None:
+        assert isinstance(ev, HostSupply)
+        self._emit(StoreResult(ev.job_id, False, FailReason.NOT_SERVED,
+                               f"the peer finished request {self.kv_request_id!r} (its "
+                               "terminal fetch): no fetch will read this supply"))
 
     def arm_store_timer(self, _ev: object) -> None:
         self._emit(Arm(TimerId("store", (self.serial,)), self.env.timeouts.store, keep=True))

@@ -122,6 +122,10 @@ def test_a_reused_id_after_its_lookup_round_was_dropped_restarts_at_zero() -> No
     w.stabilize()
     job = w.load("a", "r1", [8])
     assert fetch_on_the_wire(w).round_seq == 0
+    # The new fetch reaches b before its supply: until a fetch or lookup names the
+    # request again, b refuses supply for a request its peer finished
+    # (test_scenario_round_ended.py).
+    w.deliver("a")
     w.supply("b", "r1", [8])
     w.stabilize()
     assert w.result("a", job).success
