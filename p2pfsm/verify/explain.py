@@ -918,16 +918,17 @@ def _wrap(text: str, indent: str, width: int) -> list[str]:
 
 
 def _pack(items: Sequence[str], indent: str, width: int) -> list[str]:
-    """Items joined by "; " into lines of at most ``width``; a long item wraps alone."""
+    """Items joined by "; " into lines of at most ``width`` (the ";" that ends a line
+    included); a long item wraps alone."""
     lines: list[str] = []
     line = ""
     for item in items:
-        if line and len(indent) + len(line) + 2 + len(item) <= width:
+        if line and len(indent) + len(line) + 2 + len(item) + 1 <= width:
             line += "; " + item
             continue
         if line:
             lines.append(indent + line + ";")
-        if len(indent) + len(item) > width:
+        if len(indent) + len(item) + 1 > width:
             lines.extend(_wrap(item, indent, width))
             line = ""
         else:
