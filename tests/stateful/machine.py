@@ -182,6 +182,37 @@ class TwoSessions(RuleBasedStateMachine):
     def finish(self, data: st.DataObject, node: str) -> None:
         self.world.finish(node, self._rid(data))
 
+    def _looking_up(self) -> list[tuple[str, str]]:
+        """(consumer, request) pairs with a lookup round no fetch has closed: the
+        consumer's finish of one sends the terminal fetch."""
+        return [(n, rid) for n in "ab" for rid in sorted(self.world.sessions[n]._lookup_round)]
+
+    def _finished_by_peer(self, producer: str, rid: str) -> bool:
+        """The peer's terminal fetch of ``rid`` reached ``producer`` and the peer named no
+        round of it since (and ``producer``'s host did not finish it)."""
+        return (self.world.sessions[producer]._peer_finished.get(rid) is not None
+                and rid not in self.world.hosts[producer].finished)
+
+    @precondition(lambda self: _on("finish")(self) and bool(self._looking_up()))
+    @rule(data=st.data(), picks=PICKS)
+    def supply_after_the_peer_finished(self, data: st.DataObject, picks: list[int]) -> None:
+        """A consumer finishes a request it looked up and did not fetch (its terminal
+        fetch), and the producer's host supplies the request once that fetch arrived: no
+        fetch will read the supply, so its job has its result (its pins released) in
+        that step, not at the store deadline."""
+        node, rid = data.draw(st.sampled_from(self._looking_up()), label="looking up")
+        seq = self.world.sessions[node]._lookup_round[rid]
+        producer = self.world.other(node)
+        self.world.finish(node, rid)
+        self._deliver_until(node, Fetch, (rid, seq))  # up to the terminal fetch
+        if not self._finished_by_peer(producer, rid):
+            return  # the fetch is still queued or was lost, or a session ended
+        self.stats["supplies after the peer finished"] += 1
+        job = self.world.supply(producer, rid, _blocks(producer, picks))
+        assert job is not None
+        result = self.world.hosts[producer].store_results.get(job)
+        assert result is not None and not result.success, (producer, rid, job, result)
+
     @precondition(lambda self: _on("rounds")(self) and any(self._open_loads(n) for n in "ab"))
     @rule(data=st.data(), picks=PICKS)
     def another_round(self, data: st.DataObject, picks: list[int]) -> None:

@@ -13,6 +13,8 @@ channels that may lose frames or be cut:
 * no load round reuses a number while an older round of that number has a frame on
   the wire (the consumer's fetch or abort, the producer's reply);
 * two conformant peers never reject each other's frames unless a frame was lost;
+* a supply for a request whose consumer finished it (its terminal fetch arrived) has its
+  result in that step, its pins released, instead of waiting for the store deadline;
 * a malformed frame changes nothing.
 Checked once the run is quiet (faults off, everything delivered, timers fired):
 * every job has exactly one result, every pin is released, no machine is left open.
