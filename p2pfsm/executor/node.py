@@ -637,6 +637,7 @@ class Node(Driven, Executor):
         for peer in list(self.sessions):
             if self.sessions[peer].state != "closed":
                 self._queue(peer, HostClose())
+        self._end_parked()
         self._drain()
         self.run_until(lambda: not self._writes, timeout)
         for write in list(self._writes.values()):
@@ -799,6 +800,8 @@ class Node(Driven, Executor):
                 return
             self._new_session(peer_id)
             self._heard[peer_id] = 0.0  # opened by the peer: subject to idle eviction
+            if peer_id in self._redial_at:
+                self._opened_by_peer(peer_id)
         self._bindings.bind(peer_id, conn)
         if peer_id in self._heard:
             self._heard[peer_id] = time.monotonic()
@@ -1141,12 +1144,24 @@ class Node(Driven, Executor):
             return  # close() gave every parked call its result
         session = self.sessions.get(peer_id)
         if session is not None and session.alive:
-            # A session opened meanwhile (the peer restarted and connected to us): the
-            # calls that waited for one go to it.
+            # A session opened meanwhile (_opened_by_peer has cancelled the redial then;
+            # a guard): the calls that waited for one go to it.
             self._feed_parked(peer_id, session)
             return
         self.metrics.count("redials")
         self.connect(peer_id)  # feeds the calls parked for the peer
+
+    def _opened_by_peer(self, peer_id: str) -> None:
+        """The peer opened a session while ours waited to be opened again (it restarted
+        and connected to us first): that session replaces the redial, at once. It is
+        ours as the host dialled the peer (never evicted for idleness, opened again when
+        it dies), and the calls that waited go to it now, not at the redial's time (up
+        to the backoff's most later, or past their own deadline)."""
+        del self._redial_at[peer_id]
+        self._heard.pop(peer_id, None)
+        log.info("peer %s connected to us while its session waited to be opened again: "
+                 "that session replaces the redial", peer_id)
+        self._feed_parked(peer_id, self.sessions[peer_id])
 
     def _feed_parked(self, peer_id: str, session: Session) -> None:
         """The calls that waited for a session to the peer, to ``session`` (which
@@ -1165,6 +1180,17 @@ class Node(Driven, Executor):
                f"({self._death_reason(peer_id)})")
         for ev in expired:
             self._fail_parked(peer_id, ev, FailReason.SESSION_ENDED, why)
+
+    def _end_parked(self) -> None:
+        """The node closes: no session opens again, and the calls that waited for one
+        fail as the jobs of a closed session do (SESSION_ENDED, saying why)."""
+        self._redial_at.clear()
+        parked, self._parked = self._parked, {}
+        for peer_id, waiting in parked.items():
+            for _, ev in waiting:
+                self._fail_parked(peer_id, ev, FailReason.SESSION_ENDED,
+                                  "the node closed while it waited for the session to open "
+                                  "again")
 
     def _fail_parked(self, peer_id: str, ev: HostFetch | HostLookup, reason: FailReason,
                      why: str) -> None:

@@ -2,18 +2,23 @@
 fetches: the consumer node opens its session again by itself (with backoff), fetches
 issued meanwhile wait for it or fail with their reason, and every byte that arrives is
 checked. A ``p2pfsm serve`` process (real ZeroMQ and NIXL on 127.0.0.1), stopped by its
-PID; every wait bounded.
+PID; every wait bounded. And a restarted producer that connects to the consumer while
+its redial waits: its session takes the redial's place, and a fetch that waited goes to
+it at once (two nodes in this process).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import socket
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from p2pfsm.demo.blocks import demo_block, demo_key
+from p2pfsm.demo.host import DemoServer
 from p2pfsm.executor.node import Node, NodeConfig
 from p2pfsm.session import FailReason, Timeouts
 from tests.helpers.serve_process import ServeProcess
@@ -73,3 +78,48 @@ def test_a_restarted_producer_is_found_again_and_no_result_is_lost(tmp_path: Pat
     assert all(ok for ok, _ in after[first:]), after
     counters = node.metrics.snapshot()["counters"]
     assert counters["redials"] >= 1 and counters["results_dropped"] == 0
+
+
+def drive(nodes: list[Node], done: Callable[[], bool], what: str, timeout: float) -> None:
+    end = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < end, f"no {what} within {timeout} s"
+        for node in nodes:
+            node.step(0.005)
+
+
+def test_a_restarted_peer_that_connects_first_takes_the_pending_redials_place() -> None:
+    """A redial is pending (its first attempt was refused, the next is a minute away)
+    when the restarted producer connects to us: its session replaces the redial at once,
+    and the fetch that waited goes to it. Two nodes in this process, stepped in turn."""
+    port = free_port()
+    peer = f"127.0.0.1:{port}"
+    # Fetches wait up to 30 s (Timeouts.load), the redial after a failed attempt 60 s:
+    # within the 20 s bound below, only the peer's own session can serve the fetch.
+    consumer = Node(NodeConfig("tcp://127.0.0.1:0", 4, BLOCK, timeouts=Timeouts(load=30),
+                               reconnect_backoff_s=(60.0, 60.0)))
+    nodes = [consumer, DemoServer(NodeConfig(f"tcp://{peer}", HELD, BLOCK)).node]
+    try:
+        session = consumer.connect(peer)
+        drive(nodes, lambda: session.ready or not session.alive, "handshake", WAIT_S)
+        assert session.ready, consumer.deaths.get(peer)
+        nodes.pop().close(timeout=2.0)  # the producer goes; nobody listens on its port
+        # The node opens the session again at once; that attempt fails, the next waits.
+        drive(nodes, lambda: (consumer.metrics.snapshot()["counters"]["redials"] == 1
+                              and consumer.sessions[peer] is not session
+                              and not consumer.sessions[peer].alive),
+              "failed redial", WAIT_S)
+        fut = consumer.fetch(peer, "meanwhile", [demo_key(3)], [0])
+        assert not fut.done()  # it waits for a session
+        nodes.append(DemoServer(NodeConfig(f"tcp://{peer}", HELD, BLOCK)).node)
+        nodes[-1].connect(consumer.local_id)  # the restarted producer dials us first
+        drive(nodes, fut.done, "result of the fetch that waited", 20.0)
+        result = fut.result()
+        assert result.success, result
+        assert bytes(consumer.region[0].numpy()) == demo_block(3, BLOCK)
+        assert consumer.sessions[peer].ready
+        counters = consumer.metrics.snapshot()["counters"]
+        assert counters["redials"] == 1 and counters["results_dropped"] == 0, counters
+    finally:
+        for node in nodes:
+            node.close(timeout=2.0)
