@@ -6,8 +6,12 @@ array (starts in ~1.5 s instead of ~5 s), the test process may pass a torch tens
 
 * :class:`Producer` serves demo blocks ``0..held-1`` at their own index. ``on_fetch``
   parks the missing keys and supplies them after a seeded random delay (the demand path:
-  rounds stay open across a fault); ``on_lookup`` pins the hits it holds. It keeps every
-  supply future and every lookup-pin future, so a test can check that each one resolved.
+  rounds stay open across a fault); ``on_round_ended`` drops the parked supply of a round
+  that ended first (docs/api.md: a supply given later is taken for a later round and
+  waits for its fetch, pinned until the store deadline: after a session to the same
+  peer died and a new one opened, nobody fetches it); ``on_lookup`` pins the hits it
+  holds. It keeps every supply future and every lookup-pin future, so a test can check
+  that each one resolved.
 * :class:`Consumer` fetches into destination ranges laid out between canary blocks and
   runs the :class:`Guard` on every result: a success is verified byte for byte, a
   ``released=True`` result checksums its destination at once; :meth:`Guard.verify`
@@ -35,7 +39,7 @@ from p2pfsm.demo.blocks import demo_block, demo_key
 from p2pfsm.errors import LocalProtocolError
 from p2pfsm.executor.jobs import JobFuture
 from p2pfsm.executor.node import LookupAnswer, LookupAsk, Node, NodeConfig
-from p2pfsm.session import FetchArrived, LoadResult, LookupResult, StoreResult
+from p2pfsm.session import FetchArrived, LoadResult, LookupResult, RoundEnded, StoreResult
 
 CANARY = 0xC5
 """Byte of the canary blocks (the demo blocks are SHAKE output: never all one byte)."""
@@ -67,6 +71,7 @@ class Park:
     due: float
     peer_id: str
     kv_request_id: str
+    round_seq: int
     keys: list[bytes]
     finish: bool  # some keys are not held: finish the request after this supply
 
@@ -85,12 +90,13 @@ class Producer:
         self.pins: list[JobFuture[StoreResult]] = []
         self.fetches_heard: list[tuple[str, str]] = []
         self.supply_refused = 0  # supplies the node refused (session already over)
+        self.supply_dropped = 0  # parked supplies of a round that ended first
         self.counted = Counted()
         bl = config.block_len
         for i in range(held):
             memory_view[i] = np.frombuffer(demo_block(i, bl), dtype=np.uint8)
         self.node = Node(config, on_fetch=self._on_fetch, on_lookup=self._on_lookup,
-                         on_result=self.counted)
+                         on_result=self.counted, on_round_ended=self._on_round_ended)
 
     def _on_fetch(self, peer_id: str, fetch: FetchArrived) -> None:
         self.fetches_heard.append((peer_id, fetch.kv_request_id))
@@ -101,9 +107,17 @@ class Producer:
             # finish would open a new round that waits for a fetch that never comes.
             delay = self.rng.uniform(0.0, self.supply_delay_s)
             self.parked.append(Park(time.monotonic() + delay, peer_id, fetch.kv_request_id,
-                                    keys, lacking))
+                                    fetch.round_seq, keys, lacking))
         elif lacking:
             self.node.finish(peer_id, fetch.kv_request_id)
+
+    def _on_round_ended(self, peer_id: str, ended: RoundEnded) -> None:
+        # Its supply is no longer wanted: given now it would open a later round of the
+        # request in whatever session the peer has (a new one, after a reconnect).
+        keep = [p for p in self.parked if (p.peer_id, p.kv_request_id, p.round_seq)
+                != (peer_id, ended.kv_request_id, ended.round_seq)]
+        self.supply_dropped += len(self.parked) - len(keep)
+        self.parked = keep
 
     def _on_lookup(self, peer_id: str, ask: LookupAsk) -> LookupAnswer:
         self.pins.append(ask.pins)
@@ -156,6 +170,7 @@ class Producer:
                            for r in s._round_by_serial.values()]
                        for p, s in self.node.sessions.items() if s._round_by_serial},
             "supply_refused": self.supply_refused,
+            "supply_dropped": self.supply_dropped,
         }
 
 
@@ -316,7 +331,9 @@ class Consumer:
                 "results_dropped":
                     self.node.metrics.snapshot()["counters"].get("results_dropped", 0),
                 "alive": {p: x.alive for p, x in self.node.sessions.items()},
+                "ready": {p: x.ready for p, x in self.node.sessions.items()},
                 "deaths": self.node.metrics.snapshot()["counters"].get("deaths", 0),
+                "redials": self.node.metrics.snapshot()["counters"].get("redials", 0),
                 **self.guard.verify()}
 
 
