@@ -86,11 +86,14 @@ class NodeConfig:
             not in one lookup_resp once every key is settled (SessionConfig).
         reconnect_backoff_s: a session the host opened (``connect``) that dies is opened
             again, first at once, then (while each attempt fails before it is ready)
-            after a wait that starts at the first number and doubles up to the second;
-            a fetch or lookup to the peer meanwhile opens it at once. Not for a peer
-            that restarted (its connect opens the new session), an incompatible peer, or
-            a session the node closed. None (the default, for now): never; the host calls
-            ``connect`` again. (0.1, 5.0) is a sane setting.
+            after a wait that starts at the first number and doubles up to the second
+            (default (0.1, 5.0)); counted in ``redials``, each attempt logged. A fetch or
+            lookup to the peer meanwhile waits for the new session up to its own
+            deadline, or fails with SESSION_ENDED saying why; a session the peer opens to
+            us meanwhile (it restarted and connected first) takes the redial's place at
+            once. Not for a peer that restarted (its connect opens the new session), an
+            incompatible peer, or a session the host or node closed. None: never; the
+            host calls ``connect`` again.
         history: how many past deaths, violations and ended sessions the node keeps
             (oldest go first; :attr:`Node.counts` keeps the totals).
         trace: path of a trace log to write (None: no log); see
@@ -144,7 +147,7 @@ class NodeConfig:
     curve_peer_key: str | None = None
     max_lookups_per_request: int = DEFAULT_MAX_LOOKUPS_PER_REQUEST
     answer_lookups_in_parts: bool = False
-    reconnect_backoff_s: tuple[float, float] | None = None
+    reconnect_backoff_s: tuple[float, float] | None = (0.1, 5.0)
 
     def __post_init__(self) -> None:
         if not isinstance(self.bind, str) or not self.bind.startswith("tcp://"):

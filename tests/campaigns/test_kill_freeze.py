@@ -115,6 +115,8 @@ class Figures:
     store_one: int = 0  # producer store jobs (supplies + pins) with exactly one result
     max_latency: float = 0.0
     survivor_sessions: int = 0  # CONT'd victims whose session survived the freeze
+    redials: int = 0  # sessions the consumer's node opened again by itself
+    supplies_dropped: int = 0  # parked supplies of a round that ended (on_round_ended)
 
     def sent(self, sig: str) -> None:
         self.signals[sig] = self.signals.get(sig, 0) + 1
@@ -130,7 +132,8 @@ class Figures:
                 f"pins, exactly one result: {self.store_one}; slowest result after the "
                 f"fault "
                 f"{self.max_latency:.2f} s; sessions that survived a freeze: "
-                f"{self.survivor_sessions}")
+                f"{self.survivor_sessions}; redials: {self.redials}; parked supplies "
+                f"dropped at their round's end: {self.supplies_dropped}")
 
 
 class Spares:
@@ -228,6 +231,7 @@ def producer_victim_trial(consumer: Consumer, victim: Child, plan: Plan, figures
     peer = victim.local_id
     assert peer is not None
     assert consumer.connect(peer, 10.0), consumer.node.deaths.get(peer)
+    first = consumer.node.sessions[peer]  # the node may replace it with a redialled one
     fault = Fault(victim, plan, figures)
     figures.trials += 1
     figures.points[plan.point] = figures.points.get(plan.point, 0) + 1
@@ -282,8 +286,7 @@ def producer_victim_trial(consumer: Consumer, victim: Child, plan: Plan, figures
     if not fault.killed:
         # The producer survived its freeze: it must have cleaned up on its own, and a new
         # fetch must work (on the old session if it survived, else on a new one).
-        session = consumer.node.sessions[peer]
-        figures.survivor_sessions += session.alive
+        figures.survivor_sessions += consumer.node.sessions[peer] is first and first.alive
         deadline = time.monotonic() + SURVIVOR_S
         while not settled(state := victim.request("state", reply="state", step=step)[1]):
             assert time.monotonic() < deadline, f"trial {trial}: producer not settled: {state}"
@@ -292,16 +295,18 @@ def producer_victim_trial(consumer: Consumer, victim: Child, plan: Plan, figures
         figures.supplies += state["supplies"]
         figures.pins += state["pins"]
         figures.store_one += state["supplies"] + state["pins"]  # all done, none twice
+        figures.supplies_dropped += state["supply_dropped"]
         recover(consumer, peer, trial)
+    figures.redials += consumer.node.metrics.snapshot()["counters"]["redials"]
 
 
 def recover(consumer: Consumer, peer: str, trial: int) -> None:
-    # The node opens a lost session again by itself (NodeConfig.reconnect_backoff_s):
-    # wait, bounded, until one is ready (a session opened during the freeze may first
-    # time out its handshake; the next attempt follows).
+    # The node opens a lost session again by itself (NodeConfig.reconnect_backoff_s, on
+    # by default; the host never calls connect again): wait, bounded, until one is
+    # ready (a session opened during the freeze may first time out its handshake; the
+    # next attempt follows).
     node = consumer.node
     if not node.sessions[peer].ready:
-        node.connect(peer)  # returns the session being opened, or opens one now
         assert node.run_until(lambda: node.sessions[peer].ready, 30.0), (
             f"trial {trial}: no session to the producer after its SIGCONT: "
             f"{node.deaths.get(peer)}")
@@ -351,6 +356,7 @@ def run_consumer_victim(kind: str, n: int, report: Callable[[str], None]) -> Fig
                 victim.stop()
         # The producer's own totals over the whole campaign.
         state = producer.state()
+        figures.supplies_dropped = state["supply_dropped"]
         assert settled(state) and not state["duplicates"], state
         assert state["results_dropped"] == 0, state
     finally:
@@ -368,6 +374,7 @@ def consumer_victim_trial(producer: Producer, victim: Child, plan: Plan, figures
     assert ok, f"trial {trial}: consumer could not connect: {why}"
     me = victim.local_id
     assert me is not None
+    first = producer.node.sessions.get(me)  # a redial of the victim's replaces it
     fault = Fault(victim, plan, figures)
     figures.trials += 1
     figures.points[plan.point] = figures.points.get(plan.point, 0) + 1
@@ -422,7 +429,7 @@ def consumer_victim_trial(producer: Producer, victim: Child, plan: Plan, figures
         return
     # The consumer survived its freeze: its own guarantees, from its own report.
     session = producer.node.sessions.get(me)
-    figures.survivor_sessions += bool(session and session.alive)
+    figures.survivor_sessions += bool(session is first and session and session.alive)
     got = None
     end = time.monotonic() + SURVIVOR_S
     while time.monotonic() < end:
@@ -433,6 +440,7 @@ def consumer_victim_trial(producer: Producer, victim: Child, plan: Plan, figures
     got = victim.request("report", SETTLE_S, peer, reply="report", timeout=10.0,
                          step=producer.step)[1]
     check_guard(got, figures, trial, plan)
+    figures.redials += got["redials"]
     victim.stop()  # a graceful close: every pin of the consumer's requests ends with it
     wait_settled(producer, trial, plan)
     count_stores(producer, supplies0, pins0, figures)

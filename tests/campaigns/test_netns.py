@@ -22,8 +22,10 @@ successes, no write after free, canaries intact), each proved by the forwarder's
 * ``throttle``: a tbf qdisc on both TUN ends (queueing delay and tail drop);
 * a ``short partition`` (< heartbeat timeout): the session survives, TCP retransmits;
 * a ``long partition`` (> heartbeat timeout), then heal: both sides drop the session
-  (``transport lost: disconnected``), the fetches in flight fail, and the consumer must
-  ``connect`` again; after that fetches work.
+  (``transport lost: disconnected``), the fetches in flight fail, and the consumer's node
+  opens the session again by itself (``NodeConfig.reconnect_backoff_s``, on by default;
+  counted in ``redials``): the test never calls ``connect`` again, it waits (bounded)
+  for the new session to be ready; after that fetches work.
 """
 
 from __future__ import annotations
@@ -60,6 +62,10 @@ TIMEOUTS = Timeouts(handshake=5.0, load=3.0, abort_ack=2.0, lookup=3.0, lookup_p
 RESULT_S = (HB_TIMEOUT_MS + HB_IVL_MS) / 1000 + TIMEOUTS.load + TIMEOUTS.abort_ack + 2.0
 ADDR_A, ADDR_B = "10.78.0.1", "10.78.0.2"
 SHORT_CUT_S, LONG_CUT_S = 0.5, 4.0
+# Bound on the consumer's own redial after the heal: an attempt made during the cut dies
+# at the connect timeout (3 s) or its handshake deadline (5 s), the next follows after at
+# most the default backoff's 5 s; then the handshake itself. Generous for a loaded box.
+REDIAL_S = 3.0 + TIMEOUTS.handshake + 5.0 + 10.0
 EXTRA_BATCHES = 4  # most extra batches of a phase whose fault (or fetch) left no trace yet
 BATCH, CUT_BATCH, SHORT_BATCH = 20, 6, 5
 
@@ -212,7 +218,7 @@ class Phase:
     def line(self) -> str:
         if self.died:
             tail = "session died on both sides" if self.producer_died else "session died"
-            tail += ", reconnected" if self.reconnected else ""
+            tail += ", opened again by the consumer's node" if self.reconnected else ""
         else:
             tail = "session survived"
         w = self.wire
@@ -268,28 +274,36 @@ class Pair:
             else:
                 phase.failed_held += 1
 
-    def consumer_alive(self) -> bool:
-        state = self.consumer.request("state", reply="state")[1]
-        return bool(state["alive"].get(self.peer, False))
+    def counts(self) -> tuple[int, int, int]:
+        """The consumer's session deaths and redials, the producer's deaths, so far."""
+        got = self.consumer.request("state", reply="state")[1]
+        producer = self.producer.request("state", reply="state")[1]
+        return int(got["deaths"]), int(got["redials"]), int(producer["counters"]["deaths"])
 
-    def producer_alive(self) -> bool:
-        state = self.producer.request("state", reply="state")[1]
-        return bool(state["alive"].get(self.consumer_id, False))
+    def settle(self, phase: Phase, before: tuple[int, int, int]) -> None:
+        """After a phase: did the session die (on both sides)? Then wait for the one the
+        consumer's node opens again by itself.
 
-    def settle(self, phase: Phase) -> None:
-        """After a phase: did the session die (on both sides)? Then connect again."""
-        phase.died = not self.consumer_alive()
-        if phase.died:
-            # Both sides run the same heartbeat timeout: the producer's verdict is due
-            # within about one heartbeat interval of the consumer's (bounded poll).
-            deadline = time.monotonic() + (HB_TIMEOUT_MS + 2 * HB_IVL_MS) / 1000
-            producer_alive = self.producer_alive()
-            while producer_alive and time.monotonic() < deadline:
-                producer_alive = self.producer_alive()
-            phase.producer_died = not producer_alive
-            ok, why = self.connect()
-            assert ok, f"{phase.name}: no new session after the fault: {why}"
-            phase.reconnected = True
+        Deaths are read from the counters, not from ``alive``: the node redials the
+        moment its session dies, so by now the session it shows may be a new one."""
+        deaths, redials, producer_deaths = before
+        phase.died = self.counts()[0] > deaths
+        if not phase.died:
+            return
+        # Both sides run the same heartbeat timeout: the producer's verdict is due within
+        # about one heartbeat interval of the consumer's, or it comes when the redial's
+        # connect reaches it after the heal (a reconnect ends the old session too).
+        deadline = time.monotonic() + REDIAL_S
+        while not phase.producer_died and time.monotonic() < deadline:
+            phase.producer_died = self.counts()[2] > producer_deaths
+        got = self.consumer.request("state", reply="state")[1]
+        while not got["ready"].get(self.peer, False) and time.monotonic() < deadline:
+            got = self.consumer.request("state", reply="state")[1]
+        assert got["ready"].get(self.peer, False), (
+            f"{phase.name}: the consumer's node opened no new session within "
+            f"{REDIAL_S:.0f} s of the phase's end: {got}")
+        assert got["redials"] > redials, f"{phase.name}: ready without a redial: {got}"
+        phase.reconnected = True
 
     def report(self) -> dict[str, Any]:
         got: dict[str, Any] = self.consumer.request("report", 0.3, self.peer, reply="report",
@@ -323,6 +337,7 @@ def network_faults(hosts: Hosts, campaign_report: Callable[[str], None], rounds:
         times: on a loaded machine a fetch over the Python forwarder can outlive the
         3 s load timeout, and that abort is the protocol working, not a fault of the
         link. A failure that kept the blocks, or a death, is never retried."""
+        counts = pair.counts()
         before = link.set(phase.faults)
         tc_before = hosts.qdisc_dropped()
         start = time.monotonic()
@@ -342,7 +357,7 @@ def network_faults(hosts: Hosts, campaign_report: Callable[[str], None], rounds:
         phase.wire, phase.wire_ab = delta.both, delta.ab
         phase.tc_dropped = hosts.qdisc_dropped() - tc_before
         hosts.clear()
-        pair.settle(phase)
+        pair.settle(phase, counts)
         phases.append(phase)
         campaign_report(phase.line())
         return phase

@@ -22,7 +22,7 @@ import pytest
 from p2pfsm.demo.blocks import demo_block, demo_key
 from p2pfsm.errors import ConfigError, TransportError
 from p2pfsm.executor.node import NodeConfig
-from p2pfsm.session import LoadResult, Timeouts
+from p2pfsm.session import FailReason, LoadResult, Timeouts
 
 from . import Child
 from .node_peers import PeerState, RecordingNode, peer_main
@@ -338,18 +338,29 @@ def test_mismatched_peers_never_transfer(server: Peer, nodes: Callable[..., Reco
     assert float(node.region.sum()) == 0
 
 
-def test_refused_address_fails_at_once_saying_so(nodes: Callable[..., RecordingNode]) -> None:
+@pytest.mark.parametrize("redial", [True, False])
+def test_refused_address_fails_at_once_saying_so(nodes: Callable[..., RecordingNode],
+                                                 redial: bool) -> None:
     # Both deadlines far past the wait's bound: only the refusal itself can end it.
-    node = nodes(timeouts=Timeouts(handshake=120.0, load=120.0), connect_timeout_ms=120_000)
+    node = nodes(timeouts=Timeouts(handshake=120.0, load=120.0), connect_timeout_ms=120_000,
+                 **({} if redial else {"reconnect_backoff_s": None}))
     peer = f"127.0.0.1:{closed_port()}"
     session = node.connect(peer)
     fut = node.fetch(peer, "nowhere-1", keys_of([0]), [0])  # queued until ready
     drive(node, lambda: not session.alive, 30.0, "failure of the refusing peer")
-    assert node.deaths[peer].reason == "transport lost: connection refused"
-    assert fut.done() and not fut.result().success
-    one_result_per_job(node)
+    assert session.death_reason == "transport lost: connection refused"
     with pytest.raises(TransportError):
         node.connect("256.0.0.1:5555")
+    if redial:
+        # The node opens the session again (NodeConfig.reconnect_backoff_s, on by
+        # default): the fetch, never sent, waits for a session up to its own deadline;
+        # closing the node ends the wait, with the reason.
+        assert not fut.done()
+        node.close(timeout=2.0)
+        assert fut.result().reason is FailReason.SESSION_ENDED, fut.result()
+        assert "closed while it waited" in (fut.result().detail or ""), fut.result()
+    assert fut.done() and not fut.result().success
+    one_result_per_job(node)
 
 
 def test_silent_address_fails_at_the_connect_timeout(

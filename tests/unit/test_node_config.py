@@ -24,6 +24,9 @@ def test_defaults_are_valid_and_fingerprint_is_vllms() -> None:
     assert cfg.config_fingerprint == fingerprint({"dtype": "bf16", "model": "m"})
     assert len(cfg.config_fingerprint) == 16
     assert make(fingerprint="abc").config_fingerprint == "abc"
+    # Peers that come back: a session the host opened is opened again by default.
+    assert cfg.reconnect_backoff_s == (0.1, 5.0)
+    assert make(reconnect_backoff_s=None).reconnect_backoff_s is None  # the off switch
 
 
 @pytest.mark.parametrize(("field", "value"), [
@@ -58,6 +61,10 @@ def test_defaults_are_valid_and_fingerprint_is_vllms() -> None:
     ("max_new_peers_per_s", 1_000_001),
     ("history", 0),
     ("trace", ""),
+    ("reconnect_backoff_s", (0.0, 5.0)),
+    ("reconnect_backoff_s", (5.0, 1.0)),
+    ("reconnect_backoff_s", [0.1, 5.0]),
+    ("reconnect_backoff_s", 0.1),
 ])
 def test_a_bad_field_is_named_at_construction(field: str, value: object) -> None:
     with pytest.raises(ConfigError, match=field):
