@@ -15,11 +15,22 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from p2pfsm.errors import ConfigError, TransportError
+from p2pfsm.executor.layout import Layout, Region
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     import torch
 
-__all__ = ["HostRegion", "MemoryDesc", "describe_memory", "parse_device", "require_device"]
+__all__ = [
+    "HostRegion",
+    "MemoryDesc",
+    "RegionsDesc",
+    "describe_memory",
+    "describe_regions",
+    "parse_device",
+    "require_device",
+]
 
 _ADDR_LIMIT: Final = 1 << 64
 
@@ -142,6 +153,96 @@ def describe_memory(
     if kind == "cpu":
         return MemoryDesc(base, size, "DRAM", 0, tensor)
     return MemoryDesc(base, size, "VRAM", int(tensor.get_device()), tensor)
+
+
+@dataclass(frozen=True, slots=True)
+class RegionsDesc:
+    """Checked host memory in several regions (a cache laid out per layer)."""
+
+    layout: Layout
+    mem_type: str  # "DRAM" or "VRAM", the same for every region
+    dev_id: int
+    tensors: tuple[torch.Tensor, ...]  # the host's tensors, kept referenced
+
+    @property
+    def device(self) -> str:
+        """``"cpu"`` or ``"cuda:N"``."""
+        return device_name(self.mem_type, self.dev_id)
+
+
+def describe_regions(
+    memories: Sequence[torch.Tensor | HostRegion], num_blocks: int, block_len: int
+) -> RegionsDesc:
+    """Check a list of regions for ``num_blocks`` blocks of ``block_len`` bytes in all.
+
+    Block ``i`` is a slice in every region. A tensor's first dimension is the block
+    dimension: it must have ``num_blocks`` rows, each row (``tensor[i]``) contiguous;
+    its slice is a row's bytes and its stride ``tensor.stride(0)`` elements (so a view
+    such as ``kv[0]`` of a ``(2, num_blocks, ...)`` tensor is a region). A
+    :class:`HostRegion` is ``num_blocks`` equal slices back to back. Every region is on
+    one device, no two slices share a byte, and the slices sum to ``block_len``.
+    Raises :class:`ConfigError` naming the region and what is wrong.
+    """
+    if isinstance(memories, str | bytes) or len(memories) == 0:
+        raise ConfigError("memory: a list of regions needs at least one tensor or HostRegion")
+    regions: list[Region] = []
+    tensors: list[torch.Tensor] = []
+    devices: set[tuple[str, int]] = set()
+    for r, memory in enumerate(memories):
+        try:
+            region, device, tensor = _one_region(memory, num_blocks)
+        except ConfigError as exc:
+            raise ConfigError(f"memory region {r}: {exc}") from None
+        regions.append(region)
+        devices.add(device)
+        if tensor is not None:
+            tensors.append(tensor)
+    if len(devices) > 1:
+        names = sorted(device_name(*d) for d in devices)
+        raise ConfigError(f"memory regions are on several devices ({', '.join(names)}); "
+                          f"one data plane registers one device")
+    layout = Layout(num_blocks, tuple(regions))
+    if layout.block_len != block_len:
+        raise ConfigError(f"memory regions give {layout.block_len} bytes per block "
+                          f"({len(regions)} slices), but block_len is {block_len}")
+    layout.check_disjoint()
+    (mem_type, dev_id), = devices
+    return RegionsDesc(layout, mem_type, dev_id, tuple(tensors))
+
+
+def _one_region(memory: object, num_blocks: int
+                ) -> tuple[Region, tuple[str, int], torch.Tensor | None]:
+    if isinstance(memory, HostRegion):
+        if memory.size % num_blocks:
+            raise ConfigError(f"HostRegion size {memory.size} is not {num_blocks} equal "
+                              f"slices")
+        slice_len = memory.size // num_blocks
+        return Region(memory.addr, slice_len, slice_len), parse_device(memory.device), None
+    torch_mod = sys.modules.get("torch")
+    if torch_mod is None or not isinstance(memory, torch_mod.Tensor):
+        raise ConfigError(f"expected a torch.Tensor or a HostRegion, got {type(memory).__name__}")
+    tensor = memory
+    if tensor.layout != torch_mod.strided:
+        raise ConfigError(f"tensor must be strided (dense), not {tensor.layout}")
+    if tensor.dim() == 0 or tensor.shape[0] != num_blocks:
+        raise ConfigError(f"a tensor's first dimension is the block dimension: expected "
+                          f"{num_blocks} rows, got shape {tuple(tensor.shape)}")
+    if tensor.numel() == 0:
+        raise ConfigError(f"tensor is empty (shape {tuple(tensor.shape)})")
+    if not tensor[0].is_contiguous():
+        raise ConfigError(f"each block's row must be contiguous (shape "
+                          f"{tuple(tensor.shape)}, strides {tensor.stride()})")
+    kind = tensor.device.type
+    if kind not in ("cpu", "cuda"):
+        raise ConfigError(f"tensor is on device {str(tensor.device)!r}; need cpu or cuda")
+    elem = tensor.element_size()
+    slice_len = tensor[0].numel() * elem
+    stride = tensor.stride(0) * elem if num_blocks > 1 else slice_len
+    base = int(tensor.data_ptr())
+    if base <= 0:
+        raise ConfigError(f"tensor has no storage address (data_ptr {base})")
+    device = ("DRAM", 0) if kind == "cpu" else ("VRAM", int(tensor.get_device()))
+    return Region(base, stride, slice_len), device, tensor
 
 
 def require_device(mem_type: str, dev_id: int) -> None:

@@ -1,5 +1,9 @@
 """NIXL data plane: one registered block region, block WRITEs into peers' regions over UCX.
 
+(A host may instead register several regions, a cache laid out per layer: block ``i``
+is then a slice in each, see :mod:`p2pfsm.executor.layout`; what follows holds per
+block-slice.)
+
 This is the data path of vLLM 0.33.0's P2P tier
 (``vllm/v1/kv_offload/tiering/p2p/data/nixl.py``): each side registers
 its whole region once (``num_blocks x block_len`` bytes, one slab: allocated by the plane,
@@ -73,10 +77,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from p2pfsm.errors import NIXL_INSTALL_HINT, ConfigError, TransportError
+from p2pfsm.executor.layout import Layout, WireLayout
 from p2pfsm.executor.memory import (
     HostRegion,
     MemoryDesc,
+    RegionsDesc,
     describe_memory,
+    describe_regions,
     device_name,
     parse_device,
     require_device,
@@ -84,8 +91,6 @@ from p2pfsm.executor.memory import (
 from p2pfsm.protocol.validate import ints_within
 
 if TYPE_CHECKING:
-    import numpy as np
-    import numpy.typing as npt
     import torch
 
 __all__ = ["DataPlane"]
@@ -152,23 +157,12 @@ def _positive_int(name: str, value: object, high: int) -> int:
     return value
 
 
-def _block_rows(base: int, count: int, block_len: int, dev: int) -> npt.NDArray[np.uint64]:
-    """One ``(addr, len, dev)`` descriptor row per block of a region."""
-    import numpy as np
-
-    rows = np.empty((count, 3), dtype=np.uint64)
-    rows[:, 0] = np.uint64(base) + np.arange(count, dtype=np.uint64) * np.uint64(block_len)
-    rows[:, 1] = block_len
-    rows[:, 2] = dev
-    return rows
-
-
 @dataclass(eq=False)
 class _Peer:
     peer_id: str
     agent_name: str
-    num_blocks: int
-    dlist: Any  # nixl_prepped_dlist_handle of the peer's blocks
+    layout: Layout
+    dlist: Any  # nixl_prepped_dlist_handle of the peer's block-slices
     faulted: bool = False
 
 
@@ -195,7 +189,11 @@ class DataPlane:
             dtype and shape) or a :class:`~p2pfsm.executor.memory.HostRegion` of that
             size. The host keeps it alive while the plane is open; :meth:`close`
             deregisters it and never frees it. ``None``: the plane allocates a zeroed
-            uint8 tensor of shape ``(num_blocks, block_len)`` itself.
+            uint8 tensor of shape ``(num_blocks, block_len)`` itself. A list (or tuple)
+            of tensors or HostRegions: a cache laid out in several regions, e.g. a
+            tensor per layer, block ``i`` being a slice of each
+            (:func:`~p2pfsm.executor.memory.describe_regions` says what each must be);
+            its slices sum to ``block_len``.
         busy_progress_ms, idle_progress_ms, warmup_s: see the module docstring.
         max_peer_blocks: largest ``num_blocks`` a peer may announce (each remote block
             costs a prepped descriptor, so an unbounded announcement is a memory hazard).
@@ -243,11 +241,14 @@ class DataPlane:
             raise ConfigError(f"prompt_s must be a number >= 0, got {prompt_s!r}")
         self._prompt_s = float(prompt_s)
         self._prompt_until = 0.0
-        given: MemoryDesc | None = None
+        given: MemoryDesc | RegionsDesc | None = None
         if memory is None:
             mem_type, dev_id = parse_device("cpu" if device is None else device)
         else:
-            given = describe_memory(memory, self._num_blocks, self._block_len)
+            if isinstance(memory, list | tuple):
+                given = describe_regions(memory, self._num_blocks, self._block_len)
+            else:
+                given = describe_memory(memory, self._num_blocks, self._block_len)
             mem_type, dev_id = given.mem_type, given.dev_id
             if device is not None and parse_device(device) != (mem_type, dev_id):
                 raise ConfigError(
@@ -268,13 +269,20 @@ class DataPlane:
         self._busy_until = 0.0
         self._closed = False
 
-        self._region: torch.Tensor | None
+        self._region: torch.Tensor | None = None
+        self._held: tuple[torch.Tensor, ...] = ()  # a layout's tensors, kept referenced
         if given is None:
             self._region = self._allocate(num_blocks, block_len, self._device)
-            self._base_addr = int(self._region.data_ptr())
+            self._layout = Layout.plain(int(self._region.data_ptr()), num_blocks, block_len)
+        elif isinstance(given, RegionsDesc):
+            if num_blocks * len(given.layout.regions) > _MAX_INDEX:
+                raise ConfigError(f"{num_blocks} blocks x {len(given.layout.regions)} "
+                                  f"regions is more descriptors than NIXL indexes")
+            self._held = given.tensors
+            self._layout = given.layout
         else:
             self._region = given.tensor
-            self._base_addr = given.base_addr
+            self._layout = Layout.plain(given.base_addr, num_blocks, block_len)
 
         config = nixl.nixl_agent_config(
             enable_prog_thread=False, enable_listen_thread=False, backends=[]
@@ -288,12 +296,12 @@ class DataPlane:
             if self._region is not None:
                 self._reg = self._agent.register_memory(self._region)
             else:
-                whole = [(self._base_addr, num_blocks * block_len, dev_id, "")]
-                self._reg = self._agent.register_memory(whole, mem_type)
+                spans = [(region.base_addr, region.extent(num_blocks), dev_id, "")
+                         for region in self._layout.regions]
+                self._reg = self._agent.register_memory(spans, mem_type)
             if self._reg is None:  # NIXL logs and returns None for what it cannot describe
                 raise TransportError("NIXL could not describe the region for registration")
-            rows = _block_rows(self._base_addr, num_blocks, block_len, dev_id)
-            self._local = self._agent.prep_xfer_dlist("", rows, mem_type)
+            self._local = self._agent.prep_xfer_dlist("", self._layout.rows(dev_id), mem_type)
             self._metadata = bytes(self._agent.get_agent_metadata())
             own_name, self._metadata_tail = agent_name_of(self._metadata)
             if own_name != name:
@@ -324,14 +332,20 @@ class DataPlane:
 
     @property
     def base_addr(self) -> int:
-        """Address of block 0 of the region, for the peer's ``add_peer``."""
-        return self._base_addr
+        """Address of block 0 of the region (of region 0), for the peer's ``add_peer``."""
+        return self._layout.base_addr
+
+    @property
+    def layout(self) -> Layout:
+        """Where each block's bytes are: the plain region, or the host's regions."""
+        return self._layout
 
     @property
     def region(self) -> torch.Tensor | None:
         """The registered tensor: the one the plane allocated (contiguous uint8, shape
         ``(num_blocks, block_len)``), the host's own tensor as given (same object, any
-        dtype and shape), or ``None`` when the host gave a raw HostRegion."""
+        dtype and shape), or ``None`` when the host gave a raw HostRegion or a list of
+        regions."""
         return self._region
 
     @property
@@ -371,15 +385,18 @@ class DataPlane:
     # -- peers --------------------------------------------------------------------
 
     def add_peer(
-        self, peer_id: str, metadata: bytes, base_addr: int, num_blocks: int, block_len: int
+        self, peer_id: str, metadata: bytes, base_addr: int, num_blocks: int, block_len: int,
+        layout: WireLayout | None = None,
     ) -> None:
         """Load a peer's NIXL metadata and prep the descriptors of its blocks.
 
-        Re-adding ``peer_id`` removes its old registration first (its in-flight
-        transfers fail). An agent kept loaded with the same metadata is reused.
-        Raises :class:`TransportError` when the announcement is invalid: ``block_len``
-        differs from ours, ``num_blocks`` exceeds ``max_peer_blocks``, the region would
-        wrap past 2**64, the metadata is not NIXL's, names this agent, or names an agent
+        ``layout`` is the peer's connect field (None: one plain region). Re-adding
+        ``peer_id`` removes its old registration first (its in-flight transfers fail).
+        An agent kept loaded with the same metadata is reused. Raises
+        :class:`TransportError` when the announcement is invalid: ``block_len``
+        differs from ours, the regions do not pair up with ours (their number, or a
+        slice length), ``num_blocks`` exceeds ``max_peer_blocks``, a region would wrap
+        past 2**64, the metadata is not NIXL's, names this agent, or names an agent
         already registered under another peer id.
         """
         self._check_open()
@@ -398,8 +415,15 @@ class DataPlane:
             raise TransportError(f"block_len {block_len} differs from ours ({self._block_len})")
         if num_blocks > self._max_peer_blocks:
             raise TransportError(f"num_blocks {num_blocks} exceeds {self._max_peer_blocks}")
-        if base_addr + num_blocks * block_len > _ADDR_LIMIT:
-            raise TransportError("peer region wraps past the end of the address space")
+        theirs = Layout.announced(base_addr, num_blocks, block_len, layout)
+        if theirs.slices != self._layout.slices:
+            raise TransportError(_unpaired(theirs, self._layout))
+        if num_blocks * len(theirs.regions) > _MAX_INDEX:
+            raise TransportError(f"{num_blocks} blocks x {len(theirs.regions)} regions is "
+                                 f"more descriptors than NIXL indexes ({_MAX_INDEX})")
+        for region in theirs.regions:
+            if region.base_addr + region.extent(num_blocks) > _ADDR_LIMIT:
+                raise TransportError("peer region wraps past the end of the address space")
         agent_name, tail = agent_name_of(metadata)
         if agent_name == self._name or tail == self._metadata_tail:
             raise TransportError("peer metadata describes this agent")
@@ -409,7 +433,7 @@ class DataPlane:
 
         if peer_id in self._peers:
             self.remove_peer(peer_id)
-        rows = _block_rows(base_addr, num_blocks, block_len, 0)
+        rows = theirs.rows(0)
         while True:
             fresh = self._load_agent(peer_id, agent_name, metadata)
             try:
@@ -422,7 +446,7 @@ class DataPlane:
                 if fresh:
                     raise TransportError(
                         f"cannot prep descriptors of {peer_id!r}: {exc!r}") from exc
-        self._peers[peer_id] = _Peer(peer_id, agent_name, num_blocks, dlist)
+        self._peers[peer_id] = _Peer(peer_id, agent_name, theirs, dlist)
         self._busy_until = time.monotonic() + self._warmup_s
 
     def remove_peer(self, peer_id: str) -> None:
@@ -467,7 +491,7 @@ class DataPlane:
         if peer is None:
             raise TransportError(f"unknown peer {peer_id!r}")
         local = self._indexes("local", local_idxs, self._num_blocks)
-        remote = self._indexes("remote", remote_idxs, peer.num_blocks)
+        remote = self._indexes("remote", remote_idxs, peer.layout.num_blocks)
         if len(local) != len(remote):
             raise TransportError(f"{len(local)} local indexes but {len(remote)} remote ones")
         if not local:
@@ -478,7 +502,8 @@ class DataPlane:
         xfer = _Xfer(next(self._ids), peer_id, None)
         try:
             xfer.handle = self._agent.make_prepped_xfer(
-                "WRITE", self._local, local, peer.dlist, remote
+                "WRITE", self._local, self._layout.descriptors(local),
+                peer.dlist, peer.layout.descriptors(remote),
             )
             state = self._agent.transfer(xfer.handle)
         except Exception:
@@ -701,3 +726,13 @@ class DataPlane:
                 agent.deregister_memory(self._reg)
             self._reg = None
         del agent
+
+
+def _unpaired(theirs: Layout, ours: Layout) -> str:
+    """Why a peer's regions cannot receive or send our blocks."""
+    def said(layout: Layout) -> str:
+        if layout.is_plain:
+            return "one plain region"
+        return f"{len(layout.regions)} regions of slices {list(layout.slices)}"
+    return (f"the peer's memory is {said(theirs)}, ours is {said(ours)}: "
+            f"a block's slices must pair up region by region")

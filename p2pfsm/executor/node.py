@@ -769,6 +769,7 @@ class Node(Driven, Executor):
             expected_peer_id=peer_id,
             timeouts=cfg.timeouts,
             incarnation=self.incarnation,
+            layout=self.data.layout.wire(),
             max_lookups_per_request=cfg.max_lookups_per_request,
             answer_lookups_in_parts=cfg.answer_lookups_in_parts,
         ), None if self._hook is None else self._hook.tracer)
@@ -945,7 +946,8 @@ class Node(Driven, Executor):
     def start_registration(self, peer: str, out: StartRegistration) -> None:
         c = out.connect
         try:
-            self.data.add_peer(peer, c.agent_metadata, c.base_addr, c.num_blocks, c.block_len)
+            self.data.add_peer(peer, c.agent_metadata, c.base_addr, c.num_blocks, c.block_len,
+                               c.layout)
             result = RegistrationFinished(True)
         except (TransportError, ConfigError) as exc:
             log.warning("peer %s: cannot register its memory: %s", peer, exc)

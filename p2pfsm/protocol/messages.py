@@ -34,6 +34,12 @@ class Connect:
         incarnation: optional, p2pfsm only: a random number the sending process drew at
             start, so that a restarted peer is recognised on its connect. None: absent
             from the wire (vLLM 0.33.0 neither sends it nor reads it).
+        layout: optional, p2pfsm only: the sender's memory as regions, one
+            ``(base_addr, stride, slice_len)`` per region; block ``i`` is the
+            ``slice_len`` bytes at ``base_addr + i * stride`` in every region, and
+            ``block_len`` is the sum of the slices. None: absent from the wire, the
+            region is the one ``base_addr``, ``num_blocks`` and ``block_len`` describe
+            (the only layout vLLM 0.33.0 knows; it ignores the field).
     """
 
     TYPE: ClassVar[str] = names.CONNECT
@@ -46,6 +52,7 @@ class Connect:
     config_fingerprint: str
     hash_seed: str
     incarnation: int | None = None
+    layout: tuple[tuple[int, int, int], ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

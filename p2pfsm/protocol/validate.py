@@ -60,6 +60,7 @@ class Limits:
         max_block_index: largest block index accepted in a fetch.
         max_num_blocks: most blocks a peer may advertise in ``connect``.
         max_round_seq: largest ``round_seq``.
+        max_layout_regions: most regions in a connect's ``layout``.
     """
 
     max_frame_bytes: int = 64 * _MIB + 64 * _KIB
@@ -70,6 +71,7 @@ class Limits:
     max_block_index: int = 2**31 - 1
     max_num_blocks: int = 2**31
     max_round_seq: int = 2**64 - 1
+    max_layout_regions: int = 4096
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -256,6 +258,9 @@ def _parse_connect(obj: Mapping[str, object], limits: Limits) -> Connect:
     raw_incarnation = obj.get("incarnation")
     incarnation = (None if raw_incarnation is None
                    else _check_int(raw_incarnation, "incarnation", 0, _U64_LIMIT - 1))
+    raw_layout = obj.get("layout")
+    layout = (None if raw_layout is None
+              else _check_layout(raw_layout, base_addr, num_blocks, block_len, limits))
     return Connect(
         peer_id=peer_id,
         agent_metadata=metadata,
@@ -265,7 +270,36 @@ def _parse_connect(obj: Mapping[str, object], limits: Limits) -> Connect:
         config_fingerprint=fingerprint,
         hash_seed=hash_seed,
         incarnation=incarnation,
+        layout=layout,
     )
+
+
+def _check_layout(value: object, base_addr: int, num_blocks: int, block_len: int,
+                  limits: Limits) -> tuple[tuple[int, int, int], ...]:
+    """Connect's optional ``layout``: 1 to ``max_layout_regions`` arrays of
+    ``[base_addr, stride, slice_len]``, each region inside 64 bits, region 0 at the
+    connect's ``base_addr`` and the slices summing to its ``block_len``."""
+    if not isinstance(value, list | tuple):
+        raise MalformedFrame("layout", f"expected array, got {_tname(value)}")
+    if not 1 <= len(value) <= limits.max_layout_regions:
+        raise MalformedFrame("layout", f"needs 1 to {limits.max_layout_regions} regions, "
+                                       f"got {len(value)}")
+    regions: list[tuple[int, int, int]] = []
+    for n, entry in enumerate(value):
+        field = f"layout[{n}]"
+        if not isinstance(entry, list | tuple) or len(entry) != 3:
+            raise MalformedFrame(field, "expected [base_addr, stride, slice_len]")
+        base = _check_int(entry[0], field, 0, _U64_LIMIT - 1)
+        stride = _check_int(entry[1], field, 1, _U64_LIMIT - 1)
+        slice_len = _check_int(entry[2], field, 1, stride)
+        if base + (num_blocks - 1) * stride + slice_len >= _U64_LIMIT:
+            raise MalformedFrame(field, "the region overflows 64 bits")
+        regions.append((base, stride, slice_len))
+    if regions[0][0] != base_addr:
+        raise MalformedFrame("layout", "region 0 does not start at base_addr")
+    if sum(r[2] for r in regions) != block_len:
+        raise MalformedFrame("layout", "the slices do not sum to block_len")
+    return tuple(regions)
 
 
 def _parse_connect_ack(obj: Mapping[str, object], limits: Limits) -> ConnectAck:

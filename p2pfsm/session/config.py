@@ -50,6 +50,11 @@ class SessionConfig:
         hash_seed: prefix-cache hash seed; the peer's must be equal.
         config_fingerprint: model-config fingerprint; the peer's must be equal (exactly).
         expected_peer_id: when set, the peer's connect must carry this peer_id.
+        layout: our memory's regions, sent in our connect's ``layout`` field (None: left
+            out, the plain region ``base_addr``, ``num_blocks`` and ``block_len``
+            describe). The peer's regions must pair up with ours (same count, same
+            slice lengths), and a peer that sends no layout only pairs with a node
+            that sends none.
         incarnation: sent in our connect (None: left out, as vLLM does); a node draws
             one at start, so that its peers recognise a restart on its first frame.
         max_lookups_per_request: unanswered lookups the peer may have open for one
@@ -74,6 +79,7 @@ class SessionConfig:
     timeouts: Timeouts = field(default_factory=Timeouts)
     limits: Limits = DEFAULT_LIMITS
     incarnation: int | None = None
+    layout: tuple[tuple[int, int, int], ...] | None = None
     max_lookups_per_request: int = DEFAULT_MAX_LOOKUPS_PER_REQUEST
     answer_lookups_in_parts: bool = False
 

@@ -20,6 +20,19 @@ STALE_ANSWER_INTERVAL_S = 1.0
 """A dead session answers its peer's frames with a disconnect at most this often."""
 
 
+def _slices(layout: tuple[tuple[int, int, int], ...] | None) -> tuple[int, ...] | None:
+    """What two peers' layouts must share: each region's slice length, in order. None
+    for a connect without a layout (vLLM's plain region), which pairs only with another
+    such connect."""
+    return None if layout is None else tuple(entry[2] for entry in layout)
+
+
+def _said(layout: tuple[tuple[int, int, int], ...] | None) -> str:
+    if layout is None:
+        return "one plain region (no layout field, as vLLM 0.33.0)"
+    return f"{len(layout)} regions of slices {[entry[2] for entry in layout]}"
+
+
 class SessionMachine(SessionBase):
     """The session machine's guards and actions, and the gate every frame passes."""
 
@@ -52,6 +65,8 @@ class SessionMachine(SessionBase):
         for name, ours, theirs in checks:
             if ours != theirs:
                 return HandshakeMismatch(name, ours, theirs)
+        if _slices(cfg.layout) != _slices(peer.layout):
+            return HandshakeMismatch("layout", _said(cfg.layout), _said(peer.layout))
         if peer.agent_metadata == cfg.agent_metadata or peer.peer_id == cfg.local_id:
             return HandshakeMismatch("agent_metadata", "ours", "ours (a peer posing as us)")
         return None
@@ -71,7 +86,7 @@ class SessionMachine(SessionBase):
         cfg = self.config
         self.send(Connect(cfg.local_id, cfg.agent_metadata, cfg.base_addr, cfg.num_blocks,
                           cfg.block_len, cfg.config_fingerprint, cfg.hash_seed,
-                          cfg.incarnation))
+                          cfg.incarnation, cfg.layout))
 
     def arm_handshake_timer(self, _ev: object) -> None:
         self.arm(TimerId("handshake"), self.config.timeouts.handshake)

@@ -92,6 +92,9 @@ def connects(draw: st.DrawFn) -> Message:
             ("agent_metadata", b"agent-local"), ("agent_metadata", b""),
             ("base_addr", 2**64 - 1 - 64 * 16), ("num_blocks", 1), ("num_blocks", 2**31),
             ("block_len", 32), ("config_fingerprint", "fp"), ("hash_seed", "other-seed"),
+            # Layouts (p2pfsm only): ours is the plain region, so each is a mismatch.
+            ("layout", ((0x9000, 16, 16),)), ("layout", ((0x9000, 32, 16),)),
+            ("layout", ((0x9000, 8, 8), (0x9008, 16, 8))),
         ]))
         over[name] = value
     return peer_connect(**over)

@@ -131,6 +131,15 @@ MISMATCHES = [
     ("peer_id", {"expected_peer_id": PEER_ID}, {"peer_id": "10.0.0.9:7001"}),
     ("agent_metadata", {}, {"agent_metadata": LOCAL_METADATA}),
     ("agent_metadata", {}, {"peer_id": LOCAL_ID}),
+    # Per-layer layouts: the regions must pair up, and a connect without a layout (as
+    # vLLM's) pairs only with another without one.
+    ("layout", {"layout": ((0x1000, 8, 8), (0x2000, 8, 8))}, {}),
+    ("layout", {}, {"layout": ((0x9000, 8, 8), (0xA000, 8, 8))}),
+    ("layout", {"layout": ((0x1000, 8, 8), (0x2000, 8, 8))},
+     {"layout": ((0x9000, 12, 12), (0xA000, 4, 4))}),
+    ("layout", {"layout": ((0x1000, 8, 8), (0x2000, 8, 8))},
+     {"layout": ((0x9000, 16, 16),)}),
+    ("layout", {"layout": ((0x1000, 32, 16),)}, {}),
 ]
 
 
@@ -159,6 +168,22 @@ def test_equal_fingerprints_and_expected_peer_id_are_accepted() -> None:
     d.handshake(peer_connect(config_fingerprint="2f401c72601e93f9"))
     assert d.s.ready
     assert not of_type(d.log, SessionDead)
+
+
+def test_regions_that_pair_up_are_accepted_whatever_their_bases_and_strides() -> None:
+    d = Driver(local_config(layout=((0x1000, 8, 8), (0x2000, 64, 8))))
+    d.handshake(peer_connect(layout=((0x9000, 24, 8), (0x9008, 24, 8))))
+    assert d.s.ready
+    assert not of_type(d.log, SessionDead)
+
+
+def test_a_layout_mismatch_names_both_layouts() -> None:
+    d = Driver(local_config(layout=((0x1000, 8, 8), (0x2000, 8, 8))))
+    d(HostStart())
+    dead = only(of_type(d.recv(peer_connect()), SessionDead))
+    assert dead.mismatch is not None
+    assert "2 regions of slices [8, 8]" in str(dead.mismatch)
+    assert "no layout field" in str(dead.mismatch)
 
 
 def test_mismatch_in_a_world_both_sides_die_with_a_disconnect_and_no_ack() -> None:

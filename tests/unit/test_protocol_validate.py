@@ -382,6 +382,49 @@ def test_num_blocks_bounds() -> None:
     rejects(wire(c, num_blocks=9), "num_blocks", Limits(max_num_blocks=8))
 
 
+# connect's optional ``layout`` (p2pfsm only): 8 blocks of 4096 bytes as two regions.
+TWO_REGIONS = [[94302290403008, 2048, 2048], [94302290503008, 4096, 2048]]
+
+
+def test_a_layout_is_read_as_region_triples_and_written_back() -> None:
+    raw = wire(names.CONNECT, layout=TWO_REGIONS)
+    msg = from_dict(raw)
+    assert isinstance(msg, Connect)
+    assert msg.layout == ((94302290403008, 2048, 2048), (94302290503008, 4096, 2048))
+    assert to_dict(msg)["layout"] == [tuple(r) for r in TWO_REGIONS]
+    assert from_dict(to_dict(msg)) == msg
+
+
+def test_a_connect_without_a_layout_has_none_and_writes_none() -> None:
+    msg = from_dict(wire(names.CONNECT))
+    assert isinstance(msg, Connect) and msg.layout is None
+    assert "layout" not in to_dict(msg)
+
+
+@pytest.mark.parametrize(("layout", "field", "words"), [
+    ("regions", "layout", "expected array"),
+    ([], "layout", "needs 1 to"),
+    ([[94302290403008, 4096]], "layout[0]", "expected [base_addr"),
+    ([[94302290403008, 4096, 4096], 7], "layout[1]", "expected [base_addr"),
+    ([[94302290403008, 4096, True]], "layout[0]", "expected int"),
+    ([[94302290403008, 0, 4096]], "layout[0]", ">= 1"),
+    ([[94302290403008, 2048, 4096]], "layout[0]", "<= 2048"),  # slices overlap
+    ([[94302290403008, 4096, 0]], "layout[0]", ">= 1"),
+    ([[94302290403008, 2048, 2048], [2**64 - 4096, 4096, 2048]], "layout[1]", "overflows"),
+    ([[94302290403009, 4096, 4096]], "layout", "base_addr"),
+    ([[94302290403008, 2048, 2048], [7, 2048, 1024]], "layout", "sum to block_len"),
+])
+def test_a_malformed_layout_is_rejected(layout: object, field: str, words: str) -> None:
+    e = rejects(wire(names.CONNECT, layout=layout), field)
+    assert words in str(e)
+
+
+def test_layout_region_count_follows_limits() -> None:
+    four = [[94302290403008 + 1024 * i, 4096, 1024] for i in range(4)]
+    assert from_dict(wire(names.CONNECT, layout=four), Limits(max_layout_regions=4))
+    rejects(wire(names.CONNECT, layout=four), "layout", Limits(max_layout_regions=3))
+
+
 def test_block_len_must_be_positive() -> None:
     rejects(wire(names.CONNECT, block_len=0), "block_len")
     rejects(wire(names.CONNECT, block_len=-4096), "block_len")
