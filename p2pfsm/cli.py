@@ -180,6 +180,13 @@ def _run_suites(args: argparse.Namespace, suites: tuple[str, ...], stack: contex
             region_mib=args.region_mib, consumers=args.consumers,
             fanout_fetches=args.fanout_fetches, progress=progress, peer=peer())
         text += ["", workloads.format_workloads(got_w)]
+    if "layouts" in suites:
+        from p2pfsm.bench import layouts
+        from p2pfsm.demo.host import require_data_plane
+
+        require_data_plane()
+        results["layouts"] = got_l = layouts.run(rounds=args.rounds, progress=progress)
+        text += ["", layouts.format_layouts(got_l)]
     if "peers" in suites:
         from p2pfsm.bench import peers
 
@@ -550,12 +557,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_check)
 
     p = command("bench", help="measure and print ratios against raw operations")
-    p.add_argument("--suite", choices=("fsm", "transfer", "sweep", "workloads", "peers", "all"),
+    p.add_argument("--suite", choices=("fsm", "transfer", "sweep", "workloads", "layouts",
+                                       "peers", "all"),
                    default=["all"], nargs="+",
                    help="fsm: control events through the machines vs open rounds; transfer: "
                         "fetches between two processes vs raw NIXL and ZeroMQ; sweep: GB/s "
                         "vs block size; workloads: lookup + fetch, concurrent requests, "
-                        "fan-out, soak, CPU per GB, large-region handshake; peers: idle "
+                        "fan-out, soak, CPU per GB, large-region handshake; layouts: a "
+                        "cache per layer (K/V apart) vs one region and vs the raw WRITE of "
+                        "its descriptors; peers: idle "
                         "peers on one serve; all: fsm and transfer; several may be given")
     p.add_argument("--peers", type=_positive(int), default=128,
                    help="peers: how many idle clients")

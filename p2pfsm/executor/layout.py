@@ -10,8 +10,12 @@ sum of the slices.
 Two peers exchange blocks only when their regions pair up: the same number of regions
 and the same slice length in each (bases and strides are each side's own). A WRITE of
 blocks ``l_k -> r_k`` then moves, for every region, the slice of ``l_k`` into the slice
-of ``r_k``: the data plane describes each block-slice as one NIXL descriptor, block-major
-(descriptor ``i * R + r`` is block ``i``'s slice in region ``r``).
+of ``r_k``: the data plane describes each block-slice as one NIXL descriptor, region-major
+(descriptor ``r * num_blocks + i`` is block ``i``'s slice in region ``r``), and lists a
+batch's descriptors region by region, so NIXL merges the slices of consecutive blocks
+that lie back to back on both sides into one transfer (measured: 256 blocks as 64
+regions of 1 KiB slices WRITE as fast as one 64 KiB-block region; block-major order,
+16,384 separate slices, was 16x slower).
 
 The plain layout, one region with ``stride == slice_len == block_len``, is the one
 ``base_addr``, ``num_blocks`` and ``block_len`` in a connect already describe, and the
@@ -97,28 +101,31 @@ class Layout:
         return tuple((r.base_addr, r.stride, r.slice_len) for r in self.regions)
 
     def rows(self, dev_id: int) -> npt.NDArray[np.uint64]:
-        """One ``(addr, len, dev)`` NIXL descriptor row per block-slice, block-major."""
+        """One ``(addr, len, dev)`` NIXL descriptor row per block-slice, region-major:
+        row ``r * num_blocks + i`` is block ``i``'s slice in region ``r``."""
         import numpy as np
 
         count, width = self.num_blocks, len(self.regions)
-        rows = np.empty((count, width, 3), dtype=np.uint64)
+        rows = np.empty((width, count, 3), dtype=np.uint64)
         blocks = np.arange(count, dtype=np.uint64)
         for r, region in enumerate(self.regions):
-            rows[:, r, 0] = np.uint64(region.base_addr) + blocks * np.uint64(region.stride)
-            rows[:, r, 1] = region.slice_len
+            rows[r, :, 0] = np.uint64(region.base_addr) + blocks * np.uint64(region.stride)
+            rows[r, :, 1] = region.slice_len
         rows[:, :, 2] = dev_id
-        return rows.reshape(count * width, 3)
+        return rows.reshape(width * count, 3)
 
     def descriptors(self, blocks: Sequence[int]) -> list[int] | npt.NDArray[np.int32]:
-        """The descriptor indexes of ``blocks``' slices (the blocks themselves when
-        there is one region)."""
+        """The descriptor indexes of ``blocks``' slices, region by region (the blocks
+        themselves when there is one region). Region-major, so that consecutive blocks
+        of a region that lie back to back stay neighbours, which NIXL merges into one
+        transfer."""
         width = len(self.regions)
         if width == 1:
             return list(blocks)
         import numpy as np
 
-        first = np.asarray(blocks, dtype=np.int64)[:, None] * width
-        return (first + np.arange(width, dtype=np.int64)).astype(np.int32).ravel()
+        starts = np.arange(width, dtype=np.int64)[:, None] * self.num_blocks
+        return (starts + np.asarray(blocks, dtype=np.int64)).astype(np.int32).ravel()
 
     def check_disjoint(self) -> None:
         """Raise :class:`ConfigError` unless no two block-slices share a byte.

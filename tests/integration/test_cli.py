@@ -146,7 +146,7 @@ def runs(server: str) -> dict[str, Ran]:
         "mismatch": ["fetch", "--connect", server, "--block-len", "8192"],
         "demo": ["demo", "--json"],
         # Tiny sizes: structure only. The workloads share the transfer suite's peer.
-        "bench": ["bench", "--suite", "all", "workloads", "--json", "--number", "20",
+        "bench": ["bench", "--suite", "all", "workloads", "layouts", "--json", "--number", "20",
                   "--rounds", "2", "--per-round", "3", "--idle-seconds", "0.5",
                   "--open-rounds", "0", "100", "10000", "--soak", "4", "--cpu-fetches", "1",
                   "--region-mib", "4", "--consumers", "2", "--fanout-fetches", "1"],
@@ -270,6 +270,19 @@ def test_bench_workloads_report_each_workload(runs: dict[str, Ran]) -> None:
     assert region["mib"] == 4 and region["blocks"] == 64 and region["connect_ready_ms"] > 0
     fan = w["fanout"]
     assert fan["consumers"] == 2 and len(fan["times_ms"]) == 2 and fan["aggregate_gbps"] > 0
+
+
+def test_bench_layouts_report_each_layout(runs: dict[str, Ran]) -> None:
+    """Structure only (every layout's fetch was checked byte for byte, or it failed)."""
+    ran = runs["bench"]
+    assert ran.code == 0, ran.describe()
+    got = one_json_line(ran)["layouts"]
+    assert isinstance(got, dict)
+    rows = got["rows"]
+    assert [(row["layers"], row["regions"]) for row in rows] == [(0, 1), (8, 16), (32, 64)]
+    for row in rows:
+        assert row["raw_ms"] > 0 and row["fetch_ms"] > 0 and row["rounds"] == 2, row
+        assert row["slice_len"] * row["regions"] == got["block_len"]
 
 
 @pytest.mark.parametrize(

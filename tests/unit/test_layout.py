@@ -67,7 +67,7 @@ def test_every_descriptor_lies_inside_its_region(layout: Layout, dev: int) -> No
     width = len(layout.regions)
     assert rows.shape == (layout.num_blocks * width, 3)
     for n, (addr, length, row_dev) in enumerate(rows.tolist()):
-        block, r = divmod(n, width)
+        r, block = divmod(n, layout.num_blocks)
         region = layout.regions[r]
         assert addr == region.base_addr + block * region.stride
         assert length == region.slice_len and row_dev == dev
@@ -81,7 +81,10 @@ def test_a_batch_of_blocks_names_exactly_their_slices(layout: Layout, data: st.D
     blocks = data.draw(st.lists(st.integers(0, layout.num_blocks - 1), max_size=8))
     width = len(layout.regions)
     names = [int(d) for d in layout.descriptors(blocks)]
-    assert names == [b * width + r for b in blocks for r in range(width)]
+    if width == 1:
+        assert names == blocks
+    else:
+        assert names == [r * layout.num_blocks + b for r in range(width) for b in blocks]
 
 
 def test_the_plain_layout_is_left_off_the_wire_and_any_other_is_not() -> None:
