@@ -162,7 +162,7 @@ VARIABLES
     lost,    \* SUBSET Peers: peers whose transport reported the connection lost while
              \* it still carries frames both ways (a one-sided loss, NetworkHalfCut)
     faults,  \* Nat: faults so far
-    compat,  \* BOOLEAN: block_len, hash_seed and fingerprints agree
+    compat,  \* BOOLEAN: block_len, hash_seed, fingerprints and layouts agree
     cr,      \* [Peers -> [open CKeys -> client round]]: load rounds (consumer role)
     fl,      \* [Peers -> [Reqs -> Nat]]: round floor, tombstone of rounds ended by an abort
     xl,      \* [Peers -> [Reqs -> SSeqs]]: tombstone of a lookup round whose pins expired
@@ -1364,7 +1364,12 @@ NoUnpinWhileReadInv ==
     \A p \in Peers : \A w \in wr[p] : \A j \in w.jobs : sres[p][j].st = "pinned"
 
 \* No write before the peer's memory is registered, or outside the blocks the peer
-\* allocated for the load the fetch came from.
+\* allocated for the load the fetch came from. Per region: a block may be a slice in each
+\* of several regions (a cache laid out per layer); the peer's regions are registered
+\* together (one StartRegistration, one RegistrationFinished), so reg[p] stands for every
+\* one of them and w.dst for the block's slice in each, and peers whose regions do not
+\* pair up are incompatible (compat), never ready. Where each slice lies in its region,
+\* byte for byte, is the data plane's: tests/unit/test_layout.py.
 WriteTargetInv ==
     \A p \in Peers : \A w \in wr[p] :
         /\ reg[p]

@@ -60,7 +60,10 @@ class NodeConfig:
             memory's own device.
         memory: the host's own memory to register instead (a contiguous torch tensor of
             exactly ``num_blocks * block_len`` bytes, or a
-            :class:`~p2pfsm.executor.memory.HostRegion`); None: the node allocates.
+            :class:`~p2pfsm.executor.memory.HostRegion`), or a list of them for a cache
+            laid out per layer (block ``i`` a row of each, rows summing to
+            ``block_len``: :func:`~p2pfsm.executor.memory.describe_regions`); None: the
+            node allocates.
         heartbeat_ivl_ms, heartbeat_timeout_ms: ZMTP liveness of each peer connection:
             our DEALER PINGs every ``heartbeat_ivl_ms`` and drops the connection when
             nothing comes back within ``heartbeat_timeout_ms`` of a PING (also the TTL

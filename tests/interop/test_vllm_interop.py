@@ -523,6 +523,30 @@ def test_pd_happy_p2pfsm_client_vllm_server(procs: list[PeerProcess]) -> None:
     assert summary["peers"][0]["reason"] == "peer disconnected"
 
 
+def test_a_per_layer_node_and_a_vllm_server_refuse_each_other(
+        procs: list[PeerProcess]) -> None:
+    """vLLM 0.33.0 knows one plain region: a node registered as two regions (K and V
+    apart) ends the session at the handshake, naming the layout, and no fetch is sent."""
+    import torch
+
+    server, peer = start_vllm_server(procs)
+    halves = [torch.zeros((8, BLOCK_LEN // 2), dtype=torch.uint8) for _ in range(2)]
+    node = Node(NodeConfig(bind="tcp://127.0.0.1:0", num_blocks=8, block_len=BLOCK_LEN,
+                           model_config=CONFIG, memory=halves))
+    try:
+        session = node.connect(peer)
+        node.run_until(lambda: not session.alive, 30.0)
+        death = node.deaths[peer]
+        assert death.mismatch is not None and death.mismatch.field == "layout", death
+        assert "no layout field" in str(death.mismatch), death
+    finally:
+        node.close()
+    summary = stop_vllm_server(server)
+    for p in summary["peers"]:
+        assert "fetch" not in types(p["frames"], "in"), p
+    assert summary["stores"] == []
+
+
 def test_pd_demand_p2pfsm_client_vllm_server(procs: list[PeerProcess]) -> None:
     server, peer = start_vllm_server(procs, "--hold-back", "4,5", "--late-after", "1.0")
     blocks = list(range(8))
