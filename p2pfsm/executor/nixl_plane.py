@@ -195,8 +195,10 @@ class DataPlane:
             (:func:`~p2pfsm.executor.memory.describe_regions` says what each must be);
             its slices sum to ``block_len``.
         busy_progress_ms, idle_progress_ms, warmup_s: see the module docstring.
-        max_peer_blocks: largest ``num_blocks`` a peer may announce (each remote block
-            costs a prepped descriptor, so an unbounded announcement is a memory hazard).
+        max_peer_blocks: most descriptors a peer's announcement may cost: its
+            ``num_blocks`` times its regions (each remote block-slice costs a prepped
+            descriptor, so an unbounded announcement is a memory hazard), or our own
+            count when that is larger (a peer as big as we are is always accepted).
         keep_agents: remote agents no peer uses that stay loaded for reuse (0: unload
             each with its peer).
         ucx_params: UCX backend parameters (default: the plugin's own, i.e. error
@@ -395,7 +397,7 @@ class DataPlane:
         An agent kept loaded with the same metadata is reused. Raises
         :class:`TransportError` when the announcement is invalid: ``block_len``
         differs from ours, the regions do not pair up with ours (their number, or a
-        slice length), ``num_blocks`` exceeds ``max_peer_blocks``, a region would wrap
+        slice length), its descriptors exceed ``max_peer_blocks``, a region would wrap
         past 2**64, the metadata is not NIXL's, names this agent, or names an agent
         already registered under another peer id.
         """
@@ -413,14 +415,17 @@ class DataPlane:
                 raise TransportError(f"{field} must be a positive int, got {value!r}")
         if block_len != self._block_len:
             raise TransportError(f"block_len {block_len} differs from ours ({self._block_len})")
-        if num_blocks > self._max_peer_blocks:
-            raise TransportError(f"num_blocks {num_blocks} exceeds {self._max_peer_blocks}")
         theirs = Layout.announced(base_addr, num_blocks, block_len, layout)
         if theirs.slices != self._layout.slices:
             raise TransportError(_unpaired(theirs, self._layout))
-        if num_blocks * len(theirs.regions) > _MAX_INDEX:
-            raise TransportError(f"{num_blocks} blocks x {len(theirs.regions)} regions is "
-                                 f"more descriptors than NIXL indexes ({_MAX_INDEX})")
+        width = len(theirs.regions)
+        limit = max(self._max_peer_blocks, self._num_blocks * width)
+        if num_blocks * width > limit:
+            regions = f" x {width} regions" if width > 1 else ""
+            raise TransportError(f"num_blocks {num_blocks}{regions} exceeds {limit}")
+        if num_blocks * width > _MAX_INDEX:
+            raise TransportError(f"{num_blocks} blocks x {width} regions is more "
+                                 f"descriptors than NIXL indexes ({_MAX_INDEX})")
         for region in theirs.regions:
             if region.base_addr + region.extent(num_blocks) > _ADDR_LIMIT:
                 raise TransportError("peer region wraps past the end of the address space")

@@ -131,3 +131,19 @@ def test_the_data_plane_refuses_regions_that_do_not_pair_up() -> None:
         assert a.peers == ()
         a.add_peer("c", c.metadata, c.base_addr, NB, 2 * SLICE, c.layout.wire())
         assert a.peers == ("c",)
+
+
+def test_a_peer_may_cost_as_many_descriptors_as_we_do_and_no_more() -> None:
+    """``max_peer_blocks`` bounds descriptors (blocks x regions), floored at our own."""
+    memory = [torch.zeros((NB, SLICE), dtype=torch.uint8) for _ in range(2)]
+    with DataPlane("bound-a", NB, 2 * SLICE, memory=memory, max_peer_blocks=10) as a, \
+            DataPlane("bound-b", NB, 2 * SLICE,
+                      memory=[torch.zeros((NB, SLICE), dtype=torch.uint8)
+                              for _ in range(2)]) as b:
+        wire = b.layout.wire()
+        assert wire is not None
+        with pytest.raises(TransportError, match=f"num_blocks {NB + 1} x 2 regions exceeds "
+                                                 f"{2 * NB}"):
+            a.add_peer("b", b.metadata, b.base_addr, NB + 1, 2 * SLICE, wire)
+        a.add_peer("b", b.metadata, b.base_addr, NB, 2 * SLICE, wire)
+        assert a.peers == ("b",)
