@@ -164,12 +164,13 @@ class _Peer:
     layout: Layout
     dlist: Any  # nixl_prepped_dlist_handle of the peer's block-slices
     faulted: bool = False
+    removed: bool = False  # forgotten; dlist released once its last transfer ends
 
 
 @dataclass(eq=False)
 class _Xfer:
     xfer_id: int
-    peer_id: str
+    peer: _Peer
     handle: Any  # nixl_xfer_handle
     outcome: bool | None = None  # set once terminal; reported when the handle is released
 
@@ -455,28 +456,29 @@ class DataPlane:
         self._busy_until = time.monotonic() + self._warmup_s
 
     def remove_peer(self, peer_id: str) -> None:
-        """Forget a peer: its in-flight transfers are released and reported failed by
-        :meth:`poll` (a transfer NIXL cannot release yet stays in flight and is reported
-        once it can be) and its descriptors are released. Its agent stays loaded for a
-        later :meth:`add_peer` (see the module docstring) unless a transfer to it
-        failed. Unknown ids are ignored."""
+        """Forget a peer: no new transfer to it, and a later :meth:`add_peer` of the id
+        starts afresh. Its transfers that have ended are released and reported by
+        :meth:`poll`; one still running is left to end, as :meth:`cancel` leaves it
+        (releasing a running WRITE does not stop the transport reading our blocks and
+        writing the peer's, so a host told it failed could reuse a source block still
+        being read), and reported when it ends. The peer's descriptors are released
+        once none of its transfers runs; its agent stays loaded for a later
+        :meth:`add_peer` (see the module docstring) unless a transfer to it failed.
+        Unknown ids are ignored."""
         self._check_open()
         peer = self._peers.pop(peer_id, None)
         if peer is None:
             return
-        doomed = [x for x in self._inflight.values() if x.peer_id == peer_id]
-        for xfer in doomed:
-            xfer.outcome = False
-            self._try_retire(xfer)
-        with contextlib.suppress(Exception):  # it also frees itself when collected
-            peer.dlist.release()
-        if peer.faulted:  # its endpoints failed: a later add loads the agent afresh
-            self._forget_agent(peer.agent_name)
-        else:
-            self._keep_agents()
-        for xfer in doomed:
-            if xfer.xfer_id in self._inflight:
+        peer.removed = True
+        for xfer in [x for x in self._inflight.values() if x.peer is peer]:
+            if xfer.outcome is None:
+                state = self._state(xfer)
+                if state == "PROC":
+                    continue
+                self._settle(xfer, state)
+            else:
                 self._try_retire(xfer)
+        self._retire_peer(peer)
 
     # -- transfers ----------------------------------------------------------------
 
@@ -504,7 +506,7 @@ class DataPlane:
         if len(set(remote)) != len(remote):
             raise TransportError("a remote block is named twice in one batch")
 
-        xfer = _Xfer(next(self._ids), peer_id, None)
+        xfer = _Xfer(next(self._ids), peer, None)
         try:
             xfer.handle = self._agent.make_prepped_xfer(
                 "WRITE", self._local, self._layout.descriptors(local),
@@ -599,11 +601,12 @@ class DataPlane:
         if self._closed:
             return
         self._closed = True
+        removed = {id(x.peer): x.peer for x in self._inflight.values() if x.peer.removed}
         for xfer in self._inflight.values():
             self._release(xfer)
         self._inflight.clear()
         self._done.clear()
-        for peer in self._peers.values():
+        for peer in [*self._peers.values(), *removed.values()]:
             with contextlib.suppress(Exception):
                 peer.dlist.release()
         self._peers.clear()
@@ -667,15 +670,27 @@ class DataPlane:
         """Record a terminal state and report the transfer if its handle releases."""
         xfer.outcome = state == "DONE"
         if not xfer.outcome:
-            peer = self._peers.get(xfer.peer_id)
-            if peer is not None:
-                peer.faulted = True
+            xfer.peer.faulted = True
         self._try_retire(xfer)
 
     def _try_retire(self, xfer: _Xfer) -> None:
         if self._release(xfer):
             del self._inflight[xfer.xfer_id]
             self._done.append((xfer.xfer_id, bool(xfer.outcome)))
+            if xfer.peer.removed:
+                self._retire_peer(xfer.peer)
+
+    def _retire_peer(self, peer: _Peer) -> None:
+        """Release a removed peer's descriptors once no transfer of it runs."""
+        if any(x.peer is peer for x in self._inflight.values()):
+            return
+        with contextlib.suppress(Exception):  # it also frees itself when collected
+            peer.dlist.release()
+        reused = any(p.agent_name == peer.agent_name for p in self._peers.values())
+        if peer.faulted and not reused:  # its endpoints failed: load it afresh later
+            self._forget_agent(peer.agent_name)
+        else:
+            self._keep_agents()
 
     @staticmethod
     def _release(xfer: _Xfer) -> bool:
@@ -708,6 +723,7 @@ class DataPlane:
     def _keep_agents(self) -> None:
         """Unload the least recently used agents that no peer uses, beyond ``keep_agents``."""
         used = {peer.agent_name for peer in self._peers.values()}
+        used.update(x.peer.agent_name for x in self._inflight.values())
         unused = [name for name in self._loaded if name not in used]
         for name in unused[: max(0, len(unused) - self._keep_agents_max)]:
             self._forget_agent(name)

@@ -1103,7 +1103,9 @@ class Node(Driven, Executor):
             if not fut.done():
                 fut.set_exception(error)
         if peer_id in self.data.peers:
-            # Writes to the peer may still be in flight; they fail on removal.
+            # A WRITE to the peer still running stays in flight until it ends (its
+            # source may still be read); its WriteFinished then reaches the dead
+            # session's draining round, which releases the pins only then.
             self.data.remove_peer(peer_id)
         if not self.control.closed:
             self.control.mark_done(peer_id)  # its connection gives up its slot

@@ -253,18 +253,28 @@ def test_cancel_leaves_a_running_write_to_end(children: list[Child]) -> None:
         (_, region) = child.request("region", reply="region")
         assert region[3 * BLOCK : 4 * BLOCK] == b"\x5a" * BLOCK
 
-        # Removing the peer fails what is still in flight to it, reported once.
+        # Removing the peer leaves a running WRITE running too: releasing it would not
+        # stop the transport reading our block 1 (a host told "failed" could reuse it
+        # while it is read) and writing the peer's block 0, which lands after the removal.
         other, md2, base2 = _start_target(children, "mute2", 8, BLOCK, progressing=False)
+        plane.region[1].fill_(0x3C)
         plane.add_peer("mute2", md2, base2, 8, BLOCK)
-        doomed = plane.write("mute2", [0], [0])
-        assert plane.cancel(doomed) is False
+        stalled = plane.write("mute2", [1], [0])
+        assert plane.cancel(stalled) is False
         plane.remove_peer("mute2")
-        assert plane.poll() == [(doomed, False)]
-        assert plane.poll() == []
-        assert plane.cancel(doomed) is True
+        assert plane.peers == ("mute",)
+        assert plane.poll() == [] and plane.in_flight == 1
+        assert plane.cancel(stalled) is False
+        with pytest.raises(TransportError, match="unknown peer"):
+            plane.write("mute2", [2], [2])
+        other.request("progress", True, reply="progress")
+        results = _drive(plane, other, _reported(stalled), 10.0, "the removed peer's WRITE")
+        assert results == [(stalled, True)]
+        assert plane.poll() == [] and plane.in_flight == 0
+        (_, region) = other.request("region", reply="region")
+        assert region[:BLOCK] == b"\x3c" * BLOCK
 
         plane.add_peer("mute2", md2, base2, 8, BLOCK)
-        other.request("progress", True, reply="progress")
         after = plane.write("mute2", [1], [1])
         results = _drive(plane, other, _reported(after), 10.0, "a WRITE once the peer progresses")
         assert results == [(after, True)]
