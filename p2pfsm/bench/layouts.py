@@ -19,14 +19,13 @@ and the per-layer fetch / the plain fetch (what the slices cost). Medians over r
 
 from __future__ import annotations
 
-import contextlib
-import multiprocessing
 import statistics
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
+from p2pfsm.bench.child import BenchChild
 from p2pfsm.errors import ConfigError, TransportError
 
 __all__ = ["format_layouts", "run"]
@@ -110,14 +109,9 @@ def _producer_main(conn: Connection) -> None:
             node.close()
 
 
-class _Producer:
+class _Producer(BenchChild):
     def __init__(self) -> None:
-        spawn = multiprocessing.get_context("spawn")
-        self.conn, child_end = spawn.Pipe()
-        self.proc = spawn.Process(target=_producer_main, args=(child_end,), daemon=True,
-                                  name="p2pfsm-bench-layouts")
-        self.proc.start()
-        child_end.close()
+        super().__init__(_producer_main, "p2pfsm-bench-layouts")
         self.ask(None)
 
     def ask(self, cmd: tuple[Any, ...] | None, pump: Callable[[], None] | None = None
@@ -138,16 +132,6 @@ class _Producer:
         if msg[0] != tag:
             raise TransportError(f"bench producer: expected {tag!r}, got {msg[0]!r}")
         return tuple(msg)
-
-    def stop(self) -> None:
-        if self.proc.is_alive():
-            with contextlib.suppress(OSError, ValueError):
-                self.conn.send(("stop",))
-            self.proc.join(10.0)
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join(10.0)
-        self.conn.close()
 
 
 def _one_layout(producer: _Producer, layers: int, rounds: int) -> dict[str, Any]:

@@ -30,8 +30,6 @@ operation and one fetch for (a), ``number`` of each for (b)).
 
 from __future__ import annotations
 
-import contextlib
-import multiprocessing
 import os
 import resource
 import statistics
@@ -40,6 +38,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
+from p2pfsm.bench.child import BenchChild
 from p2pfsm.demo.blocks import demo_block, demo_key
 from p2pfsm.errors import ConfigError, TransportError
 from p2pfsm.executor.jobs import JobFuture
@@ -192,14 +191,9 @@ def _peer_main(conn: Connection) -> None:
 # -- this process ----------------------------------------------------------------------
 
 
-class _Peer:
+class _Peer(BenchChild):
     def __init__(self) -> None:
-        spawn = multiprocessing.get_context("spawn")
-        self.conn, child_end = spawn.Pipe()
-        self.proc = spawn.Process(target=_peer_main, args=(child_end,), daemon=True,
-                                  name="p2pfsm-bench-peer")
-        self.proc.start()
-        child_end.close()
+        super().__init__(_peer_main, "p2pfsm-bench-peer")
         self.pid: int = self.expect("ready")[1]
 
     def expect(self, tag: str, node: Node | None = None,
@@ -233,16 +227,6 @@ class _Peer:
             pump: Callable[[], None] | None = None) -> tuple[Any, ...]:
         self.conn.send(cmd)
         return self.expect(str(cmd[0]), node, pump)
-
-    def stop(self) -> None:
-        if self.proc.is_alive():
-            with contextlib.suppress(OSError, ValueError):  # it may have died
-                self.conn.send(("stop",))
-            self.proc.join(10.0)
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join(10.0)
-        self.conn.close()
 
 
 def _stats(samples: list[float], scale: float) -> dict[str, float]:

@@ -471,13 +471,7 @@ class DataPlane:
             return
         peer.removed = True
         for xfer in [x for x in self._inflight.values() if x.peer is peer]:
-            if xfer.outcome is None:
-                state = self._state(xfer)
-                if state == "PROC":
-                    continue
-                self._settle(xfer, state)
-            else:
-                self._try_retire(xfer)
+            self._advance(xfer)
         self._retire_peer(peer)
 
     # -- transfers ----------------------------------------------------------------
@@ -533,13 +527,7 @@ class DataPlane:
         out = self._done
         self._done = []
         for xfer in list(self._inflight.values()):
-            if xfer.outcome is None:
-                state = self._state(xfer)
-                if state == "PROC":
-                    continue
-                self._settle(xfer, state)
-            else:
-                self._try_retire(xfer)
+            self._advance(xfer)
         out.extend(self._done)
         self._done = []
         out.sort()
@@ -665,6 +653,16 @@ class DataPlane:
             return str(self._agent.check_xfer_state(xfer.handle))
         except Exception:
             return "ERR"
+
+    def _advance(self, xfer: _Xfer) -> None:
+        """Settle a transfer that has ended, or retry releasing one that has; leave a
+        running one running."""
+        if xfer.outcome is not None:
+            self._try_retire(xfer)
+            return
+        state = self._state(xfer)
+        if state != "PROC":
+            self._settle(xfer, state)
 
     def _settle(self, xfer: _Xfer, state: str) -> None:
         """Record a terminal state and report the transfer if its handle releases."""
