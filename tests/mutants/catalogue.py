@@ -1,10 +1,13 @@
-"""The must-fail mutants: each makes a correct Session behave like one of vLLM's bugs.
+"""The must-fail mutants: vLLM's bugs at the Session boundary, and slips planted inside.
 
-A mutant wraps :meth:`Session.handle`: it sees the input before the session does and
+Most mutants wrap :meth:`Session.handle`: it sees the input before the session does and
 the outputs after, and may rewrite, add or swallow them, keeping its own notes
 (:class:`~mutants.boundary.Boundary`) and nothing of the session's insides. So a mutant
 keeps working while the session's internals are restructured, as long as the public
-inputs and outputs keep their meaning. Each must be caught by the stateful test alone
+inputs and outputs keep their meaning. The others (:data:`SLIPS`) are one-line slips
+planted in the product code's own functions while they are on (:mod:`mutants.slips`):
+the bugs a developer would write, each in a window the stateful search must reach
+(issue 24). Each must be caught by the stateful test alone
 (``tests/mutants/test_caught.py``).
 """
 
@@ -31,6 +34,7 @@ from p2pfsm.session import (
 )
 
 from .boundary import Boundary
+from .slips import Slip
 
 Inner = Callable[[Input, float], list[Output]]
 
@@ -290,11 +294,45 @@ class Entry:
     name: str
     race: str
     what: str
-    cls: type[Mutant]
+    cls: type[Mutant] | None = None
+    """A wrapper of Session.handle, or"""
+    slip: Slip | None = None
+    """one line of the product code changed."""
 
+
+SLIPS: tuple[Entry, ...] = (
+    Entry("lost_abort_released", "session loss while aborting",
+          "the consumer frees a destination when the session is lost while an abort's "
+          "write may still land (an aborting round ends as if its fetch was never sent)",
+          slip=Slip("p2pfsm.session.consumer", "ConsumerRole._end_consumer",
+                    "self._step(CLIENT_ROUND, rnd, load_trigger)",
+                    "self._step(CLIENT_ROUND, rnd, load_trigger if rnd.fsm_state == "
+                    "'loading' else 'session_lost_unsent')")),
+    Entry("round_floor_10s", "ABA on round numbers",
+          "the round floor is forgotten after 10 s instead of the frame lifetime "
+          "(Timeouts.tombstone), so a round number is reused while a frame of its aborted "
+          "round may still arrive",
+          slip=Slip("p2pfsm.session.base", "SessionBase.__init__",
+                    "self._round_floor = Tombstones(config.timeouts.tombstone)",
+                    "self._round_floor = Tombstones(10.0)")),
+    Entry("late_answer_pins_kept", "late host answer",
+          "a host's late lookup answer, for a lookup that ended meanwhile, never gets its "
+          "pins released (the test reads the answer's pending keys, not its hits)",
+          slip=Slip("p2pfsm.session.producer", "ProducerRole._on_host_answer",
+                    "if ev.hits and ev.job_id is not None:",
+                    "if ev.pending and ev.job_id is not None:")),
+    Entry("fetch_index_num_blocks", "boundary index",
+          "a fetch naming block index num_blocks (one past the consumer's region) is "
+          "accepted (< became <=)",
+          slip=Slip("p2pfsm.protocol.validate", "check_block_indexes",
+                    "if not indexes or max(indexes) < num_blocks:",
+                    "if not indexes or max(indexes) <= num_blocks:")),
+)
+"""Slips planted inside the code (issue 24's table, its session-level rows)."""
 
 MUTANTS: dict[str, Entry] = {
-    m.name: Entry(m.name, m.race, m.what, m)
-    for m in (P1Consumer, P3FinishDrops, P4RoundRestart, P5Producer, P5Consumer,
-              P5ConsumerAckTimeout, P6UnpinOnIssue, P6UnpinOnCancel)
+    **{m.name: Entry(m.name, m.race, m.what, m)
+       for m in (P1Consumer, P3FinishDrops, P4RoundRestart, P5Producer, P5Consumer,
+                 P5ConsumerAckTimeout, P6UnpinOnIssue, P6UnpinOnCancel)},
+    **{e.name: e for e in SLIPS},
 }

@@ -2,8 +2,10 @@
 
 :func:`installed` replaces ``Session.handle`` on the class, so every session any suite
 builds (SimWorld, the scenario helpers, the conformance replay) runs through the mutant;
-each session gets its own :class:`~mutants.catalogue.Mutant` instance. The switch is
-kept on the class itself, so it holds however this package was imported.
+each session gets its own :class:`~mutants.catalogue.Mutant` instance. A slip
+(:mod:`mutants.slips`) swaps one line of a product function's code instead. The switch
+(the name and how to undo it) is kept on the Session class itself, so it holds however
+this package was imported.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from typing import Any
 from p2pfsm.session import Input, Output, Session
 
 from .catalogue import MUTANTS, Mutant
+from .slips import apply
 
 ENV = "P2PFSM_MUTANT"
-_MARK = "_p2pfsm_mutant"  # (name, original handle or None) while installed
+_MARK = "_p2pfsm_mutant"  # (name, undo) while installed
 
 
 def active() -> str | None:
@@ -33,7 +36,12 @@ def install(name: str) -> None:
         raise SystemExit(f"{ENV}={name!r}: unknown mutant; known: {', '.join(MUTANTS)}")
     if active() is not None:
         raise RuntimeError(f"mutant {active()} is already installed")
-    cls = MUTANTS[name].cls
+    entry = MUTANTS[name]
+    if entry.slip is not None:
+        setattr(Session, _MARK, (name, apply(entry.slip)))
+        return
+    cls = entry.cls
+    assert cls is not None
     original = Session.__dict__.get("handle")
     inner_handle = Session.handle
     weak: weakref.WeakKeyDictionary[Session, Mutant] = weakref.WeakKeyDictionary()
@@ -54,7 +62,13 @@ def install(name: str) -> None:
     def handle(self: Session, event: Input, now: float) -> list[Output]:
         return mutant_of(self).handle(lambda ev, t: inner_handle(self, ev, t), event, now)
 
-    setattr(Session, _MARK, (name, original))
+    def undo() -> None:
+        if original is None:
+            del Session.handle
+        else:
+            Session.handle = original  # type: ignore[method-assign]
+
+    setattr(Session, _MARK, (name, undo))
     Session.handle = handle  # type: ignore[method-assign]
 
 
@@ -62,11 +76,7 @@ def uninstall() -> None:
     state: Any = Session.__dict__.get(_MARK)
     if state is None:
         return
-    original = state[1]
-    if original is None:
-        del Session.handle
-    else:
-        Session.handle = original  # type: ignore[method-assign]
+    state[1]()
     delattr(Session, _MARK)
 
 

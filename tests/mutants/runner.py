@@ -87,6 +87,7 @@ CHECKS = (
     ("wrong bytes", "right bytes"),
     ("second result", "one result per job"),
     ("unowned blocks", "WriteTargetInv"),
+    ("outside the peer's region", "WriteTargetInv (region)"),
     ("AssertionError: (", "RoundIsolationInv or, once quiet, a job without result"),
     ("quiescence", "quiescence (teardown)"),
 )
