@@ -5,7 +5,11 @@ calls, delivery, writes landing and completing, timers and faults, rules aim at 
 windows where vLLM's races live: an abort or a timer while a write is in flight, a
 load deadline while its transfer_done is on the wire and a reload right after, a second
 round of a request answered before the first, a cancelled write that still lands before
-its cancel completes; and examples start in such contended states (:data:`CONTENDED`).
+its cancel completes, the session lost while work is in flight (an abort whose write may
+still land, a draining round, a lookup whose answer the host holds back), idle time within a
+frame's lifetime while frames are on the wire, a host's lookup answer held back past the
+lookup's end, a hostile fetch naming the block one past the region; and examples start
+in such contended states (:data:`CONTENDED`).
 Each example first draws a *swarm* (a random subset of the
 optional rule families, the number of request ids, whether cancelled writes land) so
 that rare interleavings are not drowned by the other rules, and reports *targets*
@@ -27,7 +31,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from p2pfsm.demo.blocks import demo_key
 from p2pfsm.fsm import Tracer
 from p2pfsm.protocol import AbortAck, AbortFetch, Fetch, TransferDone, decode
-from p2pfsm.session import Timeouts, TimerId
+from p2pfsm.session import HostAnswerLookup, Timeouts, TimerId
 
 from .world import CheckedWorld
 
@@ -53,6 +57,14 @@ CONTENDED = ("writing", "replied", "replied", "two rounds")
 """States an example may start in, after the handshake (each a load of two blocks):
 its writes in flight; its transfer_done on the wire (twice the weight: P4's window opens
 from there); a second round of the same request with its own write in flight."""
+LOSSES = ("consumer closes", "producer closes", "cut", "consumer's link down",
+          "producer's link down")
+"""How a session is lost: a host closes it (the peer learns it from the disconnect), the
+connection is cut (both sides learn it), or one side alone sees its transport go."""
+LOSS_AFTER = 10
+"""Steps an example takes before a loss rule may end its sessions."""
+HOSTILE_RID = "rx"
+"""The request a hostile peer's out-of-region fetch names (no host loads it)."""
 
 
 def _blocks(node: str, picks: list[int]) -> list[int]:
@@ -99,6 +111,7 @@ class TwoSessions(RuleBasedStateMachine):
                                   tracer=self.tracer)
         self.fault_budget = faults
         self.fatal_budget = int(fatal)
+        self.lost = False  # a loss rule ended the sessions (one per example)
         self.world.start()
         if handshake_first:
             self.world.stabilize()
@@ -253,13 +266,16 @@ class TwoSessions(RuleBasedStateMachine):
         return sorted(ended & replies)
 
     @precondition(lambda self: any(self._replied_requests(n) for n in "ab"))
-    @rule(data=st.data(), picks=PICKS)
-    def new_round_while_replies_in_flight(self, data: st.DataObject, picks: list[int]) -> None:
+    @rule(data=st.data(), picks=PICKS, wait=st.sampled_from((0.0, 0.0, 0.5, 1.0)))
+    def new_round_while_replies_in_flight(self, data: st.DataObject, picks: list[int],
+                                          wait: float) -> None:
         """The host loads a request again while a reply to its ended round is on the
-        wire: the new round must not be mistaken for the old one."""
+        wire, maybe after time passed idly (``wait``: that share of what is left of the
+        oldest frame's lifetime): the new round must not be mistaken for the old one."""
         node = data.draw(st.sampled_from([n for n in "ab" if self._replied_requests(n)]))
         rid = data.draw(st.sampled_from(self._replied_requests(node)))
         self.stats["new rounds while a reply of the request is in flight"] += 1
+        self._idle(wait)
         self.world.fetch(node, rid, _blocks(self.world.other(node), picks))
 
     # ------------------------------------------------------------- network
@@ -419,12 +435,15 @@ class TwoSessions(RuleBasedStateMachine):
     @precondition(lambda self: bool(self._deadlines_while_writing()))
     @rule(data=st.data(), how=st.sampled_from(("deadline", "deadline", "host finishes")),
           then=st.sampled_from(("nothing", "abort_ack deadline", "abort arrives",
-                                "abort arrives")))
-    def give_up_while_writing(self, data: st.DataObject, how: str, then: str) -> None:
+                                "abort arrives", "session lost")),
+          lost=st.sampled_from(LOSSES))
+    def give_up_while_writing(self, data: st.DataObject, how: str, then: str,
+                              lost: str) -> None:
         """A consumer gives up on a load while the producer's write into it is in flight:
         its deadline passes or its host finishes the request; then the abort_ack deadline
-        passes too (the abort is re-sent) or the abort reaches the producer (which must
-        cancel and wait for the cancel before it answers)."""
+        passes too (the abort is re-sent), the abort reaches the producer (which must
+        cancel and wait for the cancel before it answers), or the session is lost
+        (``lost``) while the write may still land."""
         _, _, consumer, key = data.draw(st.sampled_from(self._deadlines_while_writing()))
         self._count_race()
         if how == "host finishes":
@@ -437,6 +456,8 @@ class TwoSessions(RuleBasedStateMachine):
                 self.world.fire_timer(consumer, timer)
         elif then == "abort arrives":
             self._deliver_until(consumer, AbortFetch, key)
+        elif then == "session lost" and self._may_lose():
+            self._lose_session(consumer, lost)
 
     def _deliver_until(self, src: str, kind: type, key: tuple[str, int]) -> None:
         """Deliver ``src``'s frames in order up to the first ``kind`` frame of ``key``."""
@@ -460,24 +481,29 @@ class TwoSessions(RuleBasedStateMachine):
         return found
 
     @precondition(lambda self: bool(self._deadlines_while_replying()))
-    @rule(data=st.data(), then=st.sampled_from(("nothing", "reply arrives", "reload", "reload")),
+    @rule(data=st.data(), then=st.sampled_from(("nothing", "reply arrives", "reload", "reload",
+                                                "idle, reload")),
           picks=PICKS)
     def load_deadline_while_reply_on_wire(self, data: st.DataObject, then: str,
                                           picks: list[int]) -> None:
         """A load's deadline passes while its transfer_done is on the wire, so the abort
         crosses the reply; then the reply arrives, and maybe the host loads the request
-        again at once, while the abort and its abort_ack are still to come."""
+        again, at once or after time passed idly (within the abort's lifetime), while
+        the abort and its abort_ack are still to come."""
         consumer, key = data.draw(st.sampled_from(self._deadlines_while_replying()))
         self._count_race()
         self.world.fire_timer(consumer, TimerId("load", key))
         if then != "nothing":
             self._deliver_until(self.world.other(consumer), TransferDone, key)
-        if then == "reload":
+        if then == "idle, reload":
+            self._idle(0.75)
+        if then.endswith("reload"):
             self.stats["new rounds while a reply of the request is in flight"] += 1
             self.world.fetch(consumer, key[0], _blocks(self.world.other(consumer), picks))
 
     @precondition(lambda self: bool(self._deadlines_while_replying()))
-    @rule(data=st.data(), then=st.sampled_from(("reply arrives", "reload")), picks=PICKS)
+    @rule(data=st.data(), then=st.sampled_from(("reply arrives", "reload", "idle, reload")),
+          picks=PICKS)
     def load_deadline_while_reply_on_wire_again(self, data: st.DataObject, then: str,
                                                 picks: list[int]) -> None:
         self.load_deadline_while_reply_on_wire(data, then, picks)  # twice the weight
@@ -511,6 +537,200 @@ class TwoSessions(RuleBasedStateMachine):
                     self.world.land(*wkey)
                 self.world.complete(*wkey)
         self._deliver_until(producer, TransferDone, key)
+
+    # ---------------------------------------- losses, idle time, held answers, bounds
+    def _lose_session(self, consumer: str, how: str) -> None:
+        """The sessions between ``consumer`` and its producer are lost, ``how`` (one of
+        :data:`LOSSES`); a producer's disconnect reaches the consumer at once."""
+        self.lost = True
+        producer = self.world.other(consumer)
+        self.stats["sessions lost with work in flight"] += 1
+        note(f"session lost: {how}")
+        if how == "cut":
+            self.world.cut()
+        elif how.endswith("closes"):
+            node = consumer if how.startswith("consumer") else producer
+            self.world.close(node)
+            while self.world.channels[(node, self.world.other(node))]:
+                self._deliver_one(node)
+        else:
+            self.world.link_down(consumer if how.startswith("consumer") else producer)
+
+    def _aborting_while_writing(self) -> list[str]:
+        """Consumers with a round aborting while a write into it may still land."""
+        found = set()
+        for (src, _xfer), w in self.world.writes.items():
+            consumer = self.world.other(src)
+            loads = self.world.sessions[consumer]._loads
+            for job in w.owner_jobs:
+                key = self.world.load_round[consumer].get(job) if job is not None else None
+                rnd = None if key is None else loads.get(key[0], {}).get(key[1])
+                if rnd is not None and rnd.fsm_state == "aborting":
+                    found.add(consumer)
+        return sorted(found)
+
+    def _work_in_flight(self) -> list[tuple[str, str]]:
+        """(window, consumer) for each window with work in flight that a session loss
+        must not corrupt: an abort whose write may still land, a producer draining a
+        cancelled write (a lookup answer held back: :meth:`lookup_answered_after_it_ended`)."""
+        found = [("abort with its write in flight", c) for c in self._aborting_while_writing()]
+        found += [("cancelled write draining", self.world.other(src))
+                  for (src, _), w in sorted(self.world.writes.items()) if w.cancelled]
+        return sorted(set(found))
+
+    def _may_lose(self) -> bool:
+        """A loss rule may end the sessions: races or faults are on or a fatal fault is
+        allowed, and the example has taken :data:`LOSS_AFTER` steps (a loss ends the
+        example's work, so the other windows get their chance first)."""
+        return (not self.lost and getattr(self, "steps", 0) >= LOSS_AFTER
+                and (_on("races")(self) or _on("faults")(self) or self.fatal_budget > 0))
+
+    @precondition(lambda self: self._may_lose() and bool(self._loads_with_deadline()))
+    @rule(data=st.data(), how=st.sampled_from(LOSSES))
+    def session_lost_while_an_abort_waits_for_its_write(self, data: st.DataObject,
+                                                        how: str) -> None:
+        """A load's fetch reaches the producer, whose host supplies it: a write into the
+        load starts. The load's deadline passes (the consumer aborts) and the session is
+        lost (``how``) before the write ends: the destination must stay unreleased."""
+        consumer, key = data.draw(st.sampled_from(self._loads_with_deadline()))
+        producer = self.world.other(consumer)
+        host = self.world.hosts[consumer]
+        job = next(j for j, r in sorted(self.world.load_round[consumer].items())
+                   if r == key and j not in host.load_results)
+        self._deliver_until(consumer, Fetch, key)
+        self.world.supply(producer, key[0], host.loads[job].key_ids)
+        if not any(job in w.owner_jobs for w in self.world.writes.values()):
+            return  # no write into it started (a key the producer lacks, a session ended)
+        if self._load_timer(consumer, key) is not None:
+            self.world.fire_timer(consumer, TimerId("load", key))
+        self._lose_session(consumer, how)
+
+    @precondition(lambda self: self._may_lose() and bool(self._work_in_flight()))
+    @rule(data=st.data(), how=st.sampled_from(LOSSES))
+    def session_lost_with_work_in_flight(self, data: st.DataObject, how: str) -> None:
+        """The session is lost in a window with work in flight (:meth:`_work_in_flight`),
+        ``how``: nothing of that work may be reported free while it can still happen.
+        (With faults on or a fatal fault allowed: a loss ends the example's work.)"""
+        window, consumer = data.draw(st.sampled_from(self._work_in_flight()), label="window")
+        note(f"window: {window}")
+        self._lose_session(consumer, how)
+
+    def _loads_with_deadline(self, newest: bool = False) -> list[tuple[str, tuple[str, int]]]:
+        """(consumer, round) of each open load whose load deadline may fire now (with
+        ``newest``, only the newest open round of its request)."""
+        found = []
+        for node in "ab":
+            rounds = self.world.load_round[node]
+            keys = {rounds[ld.job_id] for ld in self._open_loads(node) if ld.job_id in rounds}
+            found += [(node, key) for key in sorted(keys)
+                      if self._load_timer(node, key) is not None and not (
+                          newest and any(k[0] == key[0] and k[1] > key[1] for k in keys))]
+        return found
+
+    @precondition(lambda self: bool(self._loads_with_deadline(newest=True)))
+    @rule(data=st.data(), picks=PICKS)
+    def reload_while_a_resent_abort_is_on_the_wire(self, data: st.DataObject,
+                                                   picks: list[int]) -> None:
+        """A load's deadline passes and then its abort_ack deadline (the abort is sent
+        twice); the first abort reaches the producer, which ends the round's writes and
+        acknowledges it, and the round ends. The second abort (or its abort_ack) is
+        still on the wire: time passes idly up to the oldest frame's lifetime, and the
+        host loads the request again. The new round must not take the old number while
+        a frame of it may arrive (the round floor outlives every frame). The newest round
+        of its request is the one whose number a new round would take without it."""
+        consumer, key = data.draw(st.sampled_from(self._loads_with_deadline(newest=True)))
+        producer = self.world.other(consumer)
+        self._count_race()
+        self.world.fire_timer(consumer, TimerId("load", key))
+        timer = TimerId("abort_ack", key)
+        if any(t == timer for _, _, t in self._firable(consumer)):
+            self.world.fire_timer(consumer, timer)
+        self._deliver_until(consumer, AbortFetch, key)
+        jobs = {j for j, r in self.world.load_round[consumer].items() if r == key}
+        for wkey, w in sorted(self.world.writes.items()):
+            if wkey[0] == producer and jobs & set(w.owner_jobs):
+                self.world.complete(*wkey)
+        self._deliver_until(producer, AbortAck, key)
+        self.stats["new rounds while a reply of the request is in flight"] += 1
+        self._idle(1.0)
+        self.world.fetch(consumer, key[0], _blocks(producer, picks))
+
+    def _idle(self, share: float) -> None:
+        """Time passes idly: ``share`` of what is left of the oldest frame's lifetime."""
+        left = self.world.lifetime_left()
+        if share > 0 and left != float("inf"):
+            self.stats["idle time with frames on the wire"] += 1
+            self.world.idle(left * share)
+
+    @precondition(lambda self: _on("timers")(self) and any(self.world.channels.values())
+                  and self.world.lifetime_left() > 0)
+    @rule(share=st.sampled_from((0.25, 0.5, 1.0)))
+    def time_passes_idly(self, share: float) -> None:
+        """Nothing happens for a while, frames on the wire (as late as their lifetime
+        allows): a tombstone must outlive every frame it guards against."""
+        self._idle(share)
+
+    def _end_held_lookup(self, entry: tuple[str, HostAnswerLookup], how: str,
+                         lost: str) -> None:
+        """End the lookup whose answer ``entry`` its host holds, ``how``; then answer."""
+        producer, answer = entry
+        req = self.world.hosts[producer].lookup_requests[answer.token]
+        consumer = self.world.other(producer)
+        self.stats["lookups ended while their answer was held"] += 1
+        if how == "producer finishes":
+            self.world.finish(producer, req.kv_request_id)
+        elif how == "consumer finishes":
+            self.world.finish(consumer, req.kv_request_id)
+            self._deliver_until(consumer, Fetch, (req.kv_request_id, req.round_seq))
+        elif how == "lookup_pending":
+            timer = next((t for _, _, t in self._firable(producer)
+                          if t.kind == "lookup_pending"), None)
+            if timer is not None:
+                self.world.fire_timer(producer, timer)
+        elif not self.lost and self._may_lose():
+            self._lose_session(consumer, lost)
+        index = next((i for i, (_, a) in enumerate(self.world.held) if a is answer), None)
+        if index is not None:
+            self.world.answer_held(index)
+
+    def _lookup_would_reach(self) -> list[str]:
+        """Consumers whose session and peer's are ready (a lookup goes out at once)."""
+        return [n for n in "ab" if self.world.sessions[n].ready
+                and self.world.sessions[self.world.other(n)].ready]
+
+    @precondition(lambda self: not self.lost and bool(self._lookup_would_reach()))
+    @rule(data=st.data(), picks=PICKS,
+          how=st.sampled_from(("producer finishes", "consumer finishes", "lookup_pending",
+                               "session lost")),
+          lost=st.sampled_from(LOSSES))
+    def lookup_answered_after_it_ended(self, data: st.DataObject, picks: list[int], how: str,
+                                       lost: str) -> None:
+        """A consumer looks up keys; its producer's host takes the pins but holds the
+        answer back; the lookup ends (``how``: the producer's host finishes the request,
+        the consumer's finish sends its terminal fetch, the lookup_pending deadline makes
+        its keys MISS, the session is lost), then the answer comes: its pins must be
+        released (always on, whatever the swarm)."""
+        consumer = data.draw(st.sampled_from(self._lookup_would_reach()))
+        producer = self.world.other(consumer)
+        held = len(self.world.held)
+        self.world.lookup(consumer, self._rid(data), _blocks(producer, picks), hold=True)
+        while self.world.channels[(consumer, producer)] and len(self.world.held) == held:
+            self._deliver_one(consumer)
+        if len(self.world.held) > held:
+            self._end_held_lookup(self.world.held[-1], how, lost)
+
+    @precondition(_on("malformed"))
+    @rule(node=NODES, offsets=st.lists(st.integers(0, 5), min_size=1, max_size=3, unique=True),
+          position=st.integers(0, 2), beyond=st.sampled_from((0, 0, 0, 1)),
+          round_seq=st.integers(0, 2))
+    def fetch_beyond_the_region(self, node: str, offsets: list[int], position: int,
+                                beyond: int, round_seq: int) -> None:
+        """A hostile peer's fetch names a block index at the region's end (num_blocks,
+        the first index outside it) among valid ones, for keys ``node`` holds; then
+        ``node``'s host supplies them: no write may go outside the region."""
+        self.world.fetch_beyond_region(node, HOSTILE_RID, round_seq,
+                                       tuple(HELD[node].start + o for o in offsets),
+                                       position, beyond)
 
     # -------------------------------------------------------------- faults
     def _fault(self) -> bool:
@@ -592,6 +812,7 @@ class TwoSessions(RuleBasedStateMachine):
 
     @invariant()
     def watch_the_windows(self) -> None:
+        self.steps = getattr(self, "steps", -1) + 1
         rounds: Counter[tuple[str, str]] = Counter()
         for node in "ab":
             for ld in self._open_loads(node):

@@ -21,16 +21,25 @@ while a write reads it, a second result, wrong bytes), every step checks:
   flight would be taken for the new round's (vLLM P4), before any of them arrives.
 * **canary**: a released destination block is filled with a canary; it must still hold
   it when the host gives the block to a new load (nothing landed while it was free).
+
+Beyond SimWorld's own moves, a producer's host may hold a lookup's answer back
+(``lookup(..., hold=True)``: answered by :meth:`CheckedWorld.answer_held`, or once the
+run is quiet) so that it reaches a lookup that ended meanwhile, the clock may move with
+nothing happening (:meth:`CheckedWorld.idle`, never past a frame's lifetime), and a
+hostile peer's fetch may name a block one past the region
+(:meth:`CheckedWorld.fetch_beyond_region`).
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from p2pfsm.demo.blocks import demo_key
 from p2pfsm.errors import LocalProtocolError
-from p2pfsm.protocol import AbortAck, AbortFetch, Fetch, TransferDone, decode
+from p2pfsm.protocol import AbortAck, AbortFetch, Fetch, TransferDone, decode, encode
 from p2pfsm.session import (
     FrameReceived,
     HostAnswerLookup,
@@ -63,6 +72,10 @@ class CheckedWorld(SimWorld):
         self.check_rounds = check_rounds
         self.retries = retries
         self.parts = parts
+        self.held: list[tuple[str, HostAnswerLookup]] = []
+        """Lookup answers their producer's host holds back (their pins are taken)."""
+        self.hold_next: dict[str, list[bool]] = {"a": [], "b": []}
+        """Per producer, in lookup order: whether its host holds that answer back."""
         self.deferred: list[tuple[str, int, dict[bytes, int]]] = []
         if parts:
             kwargs["configs"] = {n: {"answer_lookups_in_parts": True} for n in self.NODES}
@@ -168,7 +181,20 @@ class CheckedWorld(SimWorld):
                                       f"{host.violations[-1].error}")
 
     # ------------------------------------------------------------ lookups in parts
+    def lookup(self, node: str, kv_request_id: str, key_ids: Any, hold: bool = False) -> None:
+        """As SimWorld's; with ``hold`` the peer's host holds its answer back."""
+        self.hold_next[self.other(node)].append(hold)
+        super().lookup(node, kv_request_id, key_ids)
+
     def _answer_lookup(self, node: str, req: LookupRequest) -> None:
+        first = len(self._pending_answers)
+        self._answer_now(node, req)
+        # Lookups arrive in the order they were sent (a lost one only shifts the flags).
+        if self.hold_next[node] and self.hold_next[node].pop(0):
+            self.held += self._pending_answers[first:]  # pins taken, answer later
+            del self._pending_answers[first:]
+
+    def _answer_now(self, node: str, req: LookupRequest) -> None:
         if not self.parts:
             super()._answer_lookup(node, req)
             return
@@ -192,13 +218,55 @@ class CheckedWorld(SimWorld):
         node, token, hits = self.deferred.pop(index)
         job = self.new_job()
         self.hosts[node].store_jobs[job] = tuple(hits.values())
+        self._give_answer(node, HostAnswerLookup(token, hits, job))
+
+    def answer_held(self, index: int) -> None:
+        """A host gives a lookup answer it held back: to a lookup still waiting for
+        it, or to one that ended meanwhile (finish, terminal fetch, death), whose pins
+        the session must then release at once."""
+        self._give_answer(*self.held.pop(index))
+
+    def _give_answer(self, node: str, answer: HostAnswerLookup) -> None:
         try:
-            self.feed(node, HostAnswerLookup(token, hits, job))
+            self.feed(node, answer)
         except LocalProtocolError as exc:
+            # Its keys are no longer pending (lookup_pending made them MISS): the
+            # session refuses the answer and the host releases the pins itself.
             if "not pending" not in str(exc):
                 raise
-            del self.hosts[node].store_jobs[job]
+            if answer.job_id is not None:
+                del self.hosts[node].store_jobs[answer.job_id]
         self._flush_answers()
+
+    def enabled(self) -> list[tuple[str, Callable[[], None]]]:
+        steps = super().enabled()
+        if self.held:  # the host answers once the run goes on without faults
+            steps.append(("answer held lookup", partial(self.answer_held, 0)))
+        return steps
+
+    # ------------------------------------------------------------ time and bounds
+    def lifetime_left(self) -> float:
+        """How far the clock may move before a frame on the wire outlives its lifetime
+        (``max_delay``); unbounded (inf) with nothing on the wire."""
+        oldest = min((t for times in self.sent_at.values() for t in times), default=None)
+        return float("inf") if oldest is None else oldest + self.max_delay - self.now
+
+    def idle(self, seconds: float) -> None:
+        """Time passes with nothing happening (no frame arrives, no timer fires: the
+        executor may be late), never beyond a frame's lifetime."""
+        self.now += max(0.0, min(seconds, self.lifetime_left()))
+
+    def fetch_beyond_region(self, producer: str, kv_request_id: str, round_seq: int,
+                            key_ids: tuple[int, ...], position: int, beyond: int) -> None:
+        """``producer`` receives, as if from its peer, a fetch of ``key_ids`` whose block
+        index at ``position`` is ``beyond`` the peer's region (num_blocks + ``beyond``;
+        the others are inside it); then its host supplies the request those keys."""
+        num_blocks = self.hosts[self.other(producer)].num_blocks
+        indexes = [num_blocks - 1 - i for i in range(len(key_ids))]
+        indexes[position % len(indexes)] = num_blocks + beyond
+        self.inject(producer, encode(Fetch(kv_request_id, tuple(demo_key(k) for k in key_ids),
+                                           tuple(indexes), round_seq)))
+        self.supply(producer, kv_request_id, key_ids)
 
     # ------------------------------------------------------------ retries
     def _flush_answers(self) -> None:
