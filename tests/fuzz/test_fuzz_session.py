@@ -11,7 +11,8 @@ the registration result) that move it to further states. For every frame:
 * no exception escapes ``handle`` (a crash);
 * outputs are Output instances; every frame the session sends decodes back to itself;
 * a frame ``decode`` refuses yields exactly one ProtocolViolation (FrameIgnored for
-  an unknown type, or when the session is no longer live);
+  an unknown type, or when the session is no longer live), and so does a fetch naming a
+  block at or past the peer's ``num_blocks`` (``frames.indexes`` draws that boundary);
 * every rejected frame (one ProtocolViolation or FrameIgnored) leaves the session
   unchanged: state, open counts, pending work and the full ``states.digest``;
 * a rejection is the only output of its frame.
@@ -31,7 +32,7 @@ from fuzz.frames import fuzz_frames
 from fuzz.states import STATES, fresh, full_snapshot, settle_clock
 from fuzz.stats import COUNTS, fuzz_settings
 from p2pfsm.errors import MalformedFrame, RemoteProtocolError, UnknownMessageType
-from p2pfsm.protocol import Disconnect, TransferDone, decode, encode, fetch_round
+from p2pfsm.protocol import Disconnect, Fetch, TransferDone, decode, encode, fetch_round
 from p2pfsm.session import (
     FrameIgnored,
     FrameReceived,
@@ -89,6 +90,10 @@ def feed_frame(d: Driver, frame: bytes) -> list[Output]:
         refused = FrameIgnored
     except MalformedFrame:
         refused = ProtocolViolation
+    else:
+        if (isinstance(msg, Fetch) and msg.keys and s.peer is not None
+                and max(msg.block_indexes) >= s.peer.num_blocks):
+            refused = ProtocolViolation  # a block outside the peer's region (its connect)
     if not live:
         refused = FrameIgnored
     if refused is not None:  # first the rejection; a bad fetch's answer may follow (below)
