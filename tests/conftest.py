@@ -31,10 +31,13 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``slow`` run only when the marker expression names them."""
-    if "slow" in (config.option.markexpr or ""):
-        return
-    skip = pytest.mark.skip(reason="slow: run with -m slow")
-    for item in items:
-        if item.get_closest_marker("slow") is not None:
-            item.add_marker(skip)
+    """Tests marked ``slow`` or ``tlc`` run only when the marker expression names them
+    (.ci/run runs ``-m tlc`` as a step of its own)."""
+    expr = config.option.markexpr or ""
+    for marker in ("slow", "tlc"):
+        if marker in expr:
+            continue
+        skip = pytest.mark.skip(reason=f"{marker}: run with -m {marker}")
+        for item in items:
+            if item.get_closest_marker(marker) is not None:
+                item.add_marker(skip)

@@ -121,10 +121,10 @@ def test_graph_actions_map_and_fire_their_trigger(gate_graph: StateGraph) -> Non
             assert not triggers, f"environment action {action} fired {triggers}"
 
 
-@pytest.mark.slow
+@pytest.mark.tlc
 def test_large_config_passes(spec_dir: Path, require_tlc: None) -> None:
-    """The larger workloads of ``tla/large.cfg`` hold every invariant (minutes; not in CI:
-    ``pytest -m slow tests/conformance`` or ``p2pfsm check --config large``)."""
+    """The larger workloads of ``tla/large.cfg`` hold every invariant (minutes; .ci/run:
+    ``pytest -m tlc tests/conformance``, or ``p2pfsm check --config large``)."""
     cfg = configs.config(spec_dir, "large")
     result = tlc.run(spec_dir, configs.SPEC_MODULE, cfg.path, timeout=3600.0,
                      extra=cfg.tlc_args)
