@@ -317,7 +317,7 @@ SLIPS: tuple[Entry, ...] = (
                     "self._round_floor = Tombstones(10.0)")),
     Entry("late_answer_pins_kept", "late host answer",
           "a host's late lookup answer, for a lookup that ended meanwhile, never gets its "
-          "pins released (the test reads the answer's pending keys, not its hits)",
+          "pins released (its release is guarded by the answer's pending keys, not its hits)",
           slip=Slip("p2pfsm.session.producer", "ProducerRole._on_host_answer",
                     "if ev.hits and ev.job_id is not None:",
                     "if ev.pending and ev.job_id is not None:")),
