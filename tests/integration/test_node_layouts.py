@@ -10,8 +10,6 @@ is checked: the fetched blocks hold the producer's bytes, every other block is u
 from __future__ import annotations
 
 import importlib.util
-import time
-from collections.abc import Callable
 from multiprocessing.connection import Connection
 
 import pytest
@@ -21,7 +19,7 @@ from p2pfsm.executor.nixl_plane import DataPlane
 from p2pfsm.executor.node import Node, NodeConfig
 from p2pfsm.session import FetchArrived
 
-from . import Child
+from . import Child, drive
 
 torch = pytest.importorskip("torch")
 if importlib.util.find_spec("nixl") is None and importlib.util.find_spec("nixl_cu12") is None:
@@ -64,13 +62,6 @@ def producer_main(conn: Connection) -> None:
         node.serve(stop=conn.poll)
 
 
-def drive(node: Node, done: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    end = time.monotonic() + timeout
-    while not done():
-        assert time.monotonic() < end, f"no {what} within {timeout} s"
-        node.step(0.01)
-
-
 @pytest.fixture
 def producer() -> Child:
     child = Child(producer_main, name="per-layer producer")
@@ -88,10 +79,10 @@ def test_a_fetch_moves_every_slice_of_every_layer(producer: Child) -> None:
     wanted = {3: 0, 17: 1, 5: 9, 23: 22}  # producer block -> our block
     with Node(NodeConfig("tcp://127.0.0.1:0", NB, BLOCK, memory=regions)) as node:
         session = node.connect(peer)
-        drive(node, lambda: session.ready or not session.alive, "handshake")
+        drive(node, lambda: session.ready or not session.alive, 60.0, "handshake")
         assert session.ready, node.deaths
         load = node.fetch(peer, "layers-1", [key(b) for b in wanted], list(wanted.values()))
-        drive(node, load.done, "the fetch's result")
+        drive(node, load.done, 60.0, "the fetch's result")
         result = load.result()
         assert result.success and result.released, result
         node.finish(peer, "layers-1")
@@ -106,7 +97,7 @@ def test_a_plain_node_and_a_per_layer_node_refuse_each_other(producer: Child) ->
     _, peer, _ = producer.expect("ready", 120)
     with Node(NodeConfig("tcp://127.0.0.1:0", NB, BLOCK)) as node:  # one plain region
         session = node.connect(peer)
-        drive(node, lambda: not session.alive, "the session's end")
+        drive(node, lambda: not session.alive, 60.0, "the session's end")
         death = node.deaths[peer]
         assert death.mismatch is not None and death.mismatch.field == "layout"
         assert "64 regions of slices" in str(death.mismatch)

@@ -14,8 +14,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import signal
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from multiprocessing.connection import Connection
 
 import pytest
@@ -24,7 +23,7 @@ from p2pfsm.executor.jobs import JobFuture
 from p2pfsm.executor.node import Node, NodeConfig
 from p2pfsm.session import FetchArrived, StoreResult
 
-from . import Child
+from . import Child, drive
 
 pytest.importorskip("torch")
 if importlib.util.find_spec("nixl") is None and importlib.util.find_spec("nixl_cu12") is None:
@@ -53,13 +52,6 @@ def consumer_main(conn: Connection, producer_id: str) -> None:
                     conn.send(("fetching",))
 
 
-def drive(node: Node, done: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    end = time.monotonic() + timeout
-    while not done():
-        assert time.monotonic() < end, f"no {what} within {timeout} s"
-        node.step(0.005)
-
-
 @pytest.fixture
 def producer() -> Iterator[Node]:
     # A short ZMTP heartbeat, so the frozen consumer's connection is dropped soon.
@@ -76,10 +68,10 @@ def test_a_dead_sessions_stalled_write_keeps_its_pins_until_it_ends(producer: No
     producer.on_fetch = lambda peer, f: fetches.append((peer, f))
     child = Child(consumer_main, producer.local_id, name="frozen consumer")
     try:
-        drive(producer, child.conn.poll, "the consumer's handshake")
+        drive(producer, child.conn.poll, 60.0, "the consumer's handshake")
         child.expect("ready", 1.0)
         child.send("fetch")
-        drive(producer, lambda: bool(fetches), "the consumer's fetch")
+        drive(producer, lambda: bool(fetches), 60.0, "the consumer's fetch")
         child.expect("fetching", 10.0)
         os.kill(child.pid, signal.SIGSTOP)
 
@@ -87,7 +79,7 @@ def test_a_dead_sessions_stalled_write_keeps_its_pins_until_it_ends(producer: No
         store: JobFuture[StoreResult] = producer.supply(peer, fetch.kv_request_id, [KEY], [2])
         assert producer.data.in_flight == 1, "the WRITE to a frozen new peer did not stall"
         session = producer.session(peer)
-        drive(producer, lambda: not session.alive, "the heartbeat's verdict on the consumer")
+        drive(producer, lambda: not session.alive, 60.0, "the heartbeat's verdict on the consumer")
         assert peer not in producer.data.peers  # the dead session's peer is removed ...
         for _ in range(20):
             producer.step(0)
@@ -95,7 +87,7 @@ def test_a_dead_sessions_stalled_write_keeps_its_pins_until_it_ends(producer: No
         assert not store.done()  # so the source block stays pinned
 
         os.kill(child.pid, signal.SIGCONT)
-        drive(producer, store.done, "the StoreResult once the consumer is resumed")
+        drive(producer, store.done, 60.0, "the StoreResult once the consumer is resumed")
         assert producer.data.in_flight == 0
         result = store.result()
         assert result.job_id > 0
