@@ -18,6 +18,8 @@ import pytest
 from p2pfsm.verify import configs, tlc
 from p2pfsm.verify.graph import load_dot
 
+from .verdicts import assert_passed
+
 _PROP_DEF = re.compile(r"^(\w+Prop) ==", re.MULTILINE)
 _PROPERTIES = re.compile(r"^PROPERTIES[ \t]*\n((?:[ \t]+\w+[ \t]*(?:\n|$))+)", re.MULTILINE)
 _INT = re.compile(r"\|->\s*(\d+)")
@@ -82,9 +84,7 @@ def test_live_ci_config_passes_and_exercises_every_prop(
     cfg = configs.config(spec_dir, "live_ci")
     result = tlc.run(spec_dir, configs.SPEC_MODULE, cfg.path, timeout=3600.0,
                      dump_dot=tmp_path / "live_ci.dot", extra=cfg.tlc_args)
-    assert result.errors == ()
-    assert result.violated is None, f"{result.violated}: {result.counterexample}"
-    assert result.ok and result.left_on_queue == 0
+    assert_passed(result)
     assert result.distinct_states and result.distinct_states > 30_000
     assert result.dump is not None
     graph = load_dot(result.dump)
@@ -106,6 +106,4 @@ def test_live_config_passes(spec_dir: Path, require_tlc: None) -> None:
     cfg = configs.config(spec_dir, "live")
     result = tlc.run(spec_dir, configs.SPEC_MODULE, cfg.path, timeout=7200.0,
                      extra=cfg.tlc_args)
-    assert result.errors == ()
-    assert result.violated is None, f"{result.violated}: {result.counterexample}"
-    assert result.ok and result.left_on_queue == 0
+    assert_passed(result)
