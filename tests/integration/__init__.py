@@ -111,6 +111,17 @@ def cpu_seconds(pid: int) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def drive_nodes(nodes: list[Any], done: Callable[[], bool], what: str,
+                timeout: float = 30.0) -> None:
+    """Step several nodes of this process in turn until ``done()``; fail naming
+    ``what`` after ``timeout`` s."""
+    end = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < end, f"no {what} within {timeout} s"
+        for node in nodes:
+            node.step(0.005)
+
+
 def drive(node: Any, done: Callable[[], bool], timeout: float, what: str) -> None:
     """Run a Node's loop until ``done()``; fail naming ``what`` (and the node's dropped
     frames and deaths) after ``timeout`` s."""

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import importlib.util
 import socket
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,6 +20,8 @@ from p2pfsm.demo.host import DemoServer
 from p2pfsm.executor.node import Node, NodeConfig
 from p2pfsm.session import FailReason, Timeouts
 from tests.helpers.serve_process import ServeProcess
+
+from . import drive_nodes
 
 pytest.importorskip("torch")
 if importlib.util.find_spec("nixl") is None and importlib.util.find_spec("nixl_cu12") is None:
@@ -80,14 +80,6 @@ def test_a_restarted_producer_is_found_again_and_no_result_is_lost(tmp_path: Pat
     assert counters["redials"] >= 1 and counters["results_dropped"] == 0
 
 
-def drive(nodes: list[Node], done: Callable[[], bool], what: str, timeout: float) -> None:
-    end = time.monotonic() + timeout
-    while not done():
-        assert time.monotonic() < end, f"no {what} within {timeout} s"
-        for node in nodes:
-            node.step(0.005)
-
-
 def test_a_restarted_peer_that_connects_first_takes_the_pending_redials_place() -> None:
     """A redial is pending (its first attempt was refused, the next is a minute away)
     when the restarted producer connects to us: its session replaces the redial at once,
@@ -101,11 +93,11 @@ def test_a_restarted_peer_that_connects_first_takes_the_pending_redials_place() 
     nodes = [consumer, DemoServer(NodeConfig(f"tcp://{peer}", HELD, BLOCK)).node]
     try:
         session = consumer.connect(peer)
-        drive(nodes, lambda: session.ready or not session.alive, "handshake", WAIT_S)
+        drive_nodes(nodes, lambda: session.ready or not session.alive, "handshake", WAIT_S)
         assert session.ready, consumer.deaths.get(peer)
         nodes.pop().close(timeout=2.0)  # the producer goes; nobody listens on its port
         # The node opens the session again at once; that attempt fails, the next waits.
-        drive(nodes, lambda: (consumer.metrics.snapshot()["counters"]["redials"] == 1
+        drive_nodes(nodes, lambda: (consumer.metrics.snapshot()["counters"]["redials"] == 1
                               and consumer.sessions[peer] is not session
                               and not consumer.sessions[peer].alive),
               "failed redial", WAIT_S)
@@ -113,7 +105,7 @@ def test_a_restarted_peer_that_connects_first_takes_the_pending_redials_place() 
         assert not fut.done()  # it waits for a session
         nodes.append(DemoServer(NodeConfig(f"tcp://{peer}", HELD, BLOCK)).node)
         nodes[-1].connect(consumer.local_id)  # the restarted producer dials us first
-        drive(nodes, fut.done, "result of the fetch that waited", 20.0)
+        drive_nodes(nodes, fut.done, "result of the fetch that waited", 20.0)
         result = fut.result()
         assert result.success, result
         assert bytes(consumer.region[0].numpy()) == demo_block(3, BLOCK)

@@ -6,8 +6,6 @@ wait bounded; both nodes closed."""
 from __future__ import annotations
 
 import importlib.util
-import time
-from collections.abc import Callable
 
 import pytest
 
@@ -16,19 +14,13 @@ from p2pfsm.executor.jobs import LookupAsk
 from p2pfsm.executor.node import Node, NodeConfig
 from p2pfsm.session import FailReason, FetchArrived, RoundEnded, Timeouts
 
+from . import drive_nodes
+
 pytest.importorskip("torch")
 if importlib.util.find_spec("nixl") is None and importlib.util.find_spec("nixl_cu12") is None:
     pytest.skip("NIXL is not installed (.ci/install.sh installs it)", allow_module_level=True)
 
 BLOCK = 4096
-
-
-def drive(nodes: list[Node], done: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    end = time.monotonic() + timeout
-    while not done():
-        assert time.monotonic() < end, f"no {what} within {timeout} s"
-        for node in nodes:
-            node.step(0.005)
 
 
 def test_the_producer_hears_that_an_aborted_round_ended() -> None:
@@ -42,9 +34,9 @@ def test_the_producer_hears_that_an_aborted_round_ended() -> None:
     nodes = [producer, consumer]
     try:
         session = consumer.connect(producer.local_id)
-        drive(nodes, lambda: session.ready or not session.alive, "handshake")
+        drive_nodes(nodes, lambda: session.ready or not session.alive, "handshake")
         load = consumer.fetch(producer.local_id, "re-1", [demo_key(1)], [0])
-        drive(nodes, lambda: load.done() and bool(ended), "the load's end on both sides")
+        drive_nodes(nodes, lambda: load.done() and bool(ended), "the load's end on both sides")
         assert [f.kv_request_id for f in fetched] == ["re-1"]
         assert ended == [RoundEnded("re-1", 0, False, "aborted")]
         result = load.result()
@@ -67,14 +59,14 @@ def test_a_supply_after_the_peer_finished_the_request_fails_at_once() -> None:
     nodes = [producer, consumer]
     try:
         session = consumer.connect(producer.local_id)
-        drive(nodes, lambda: session.ready or not session.alive, "handshake")
+        drive_nodes(nodes, lambda: session.ready or not session.alive, "handshake")
         probe = consumer.lookup(producer.local_id, "pf-1", [demo_key(1)])
-        drive(nodes, probe.done, "the lookup's answer")
+        drive_nodes(nodes, probe.done, "the lookup's answer")
         assert probe.result().hits == (True,)
         # The consumer finishes the request without fetching: its terminal fetch ends
         # the lookup's round on the producer, which releases the pins.
         consumer.finish(producer.local_id, "pf-1")
-        drive(nodes, asks[0].pins.done, "the terminal fetch")
+        drive_nodes(nodes, asks[0].pins.done, "the terminal fetch")
         assert asks[0].pins.result().reason is FailReason.NOT_SERVED
         late = producer.supply(consumer.local_id, "pf-1", [demo_key(1)], [1])
         assert late.done()  # refused in the call itself, not at the store deadline
@@ -84,7 +76,7 @@ def test_a_supply_after_the_peer_finished_the_request_fails_at_once() -> None:
         # Another request of the same peer is not affected: its supply waits for a fetch.
         other = producer.supply(consumer.local_id, "pf-2", [demo_key(2)], [2])
         load = consumer.fetch(producer.local_id, "pf-2", [demo_key(2)], [3])
-        drive(nodes, lambda: load.done() and other.done(), "the other request's load")
+        drive_nodes(nodes, lambda: load.done() and other.done(), "the other request's load")
         assert load.result().success and other.result().success
     finally:
         for node in nodes:
