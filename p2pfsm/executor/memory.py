@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from p2pfsm.errors import ConfigError, TransportError
 from p2pfsm.executor.layout import Layout, Region
@@ -128,31 +128,43 @@ def describe_memory(
         raise ConfigError(
             f"memory must be a torch.Tensor or a HostRegion, got {type(memory).__name__}"
         )
-    tensor = memory
-    if tensor.layout != torch_mod.strided:
-        raise ConfigError(f"memory tensor must be strided (dense), not {tensor.layout}")
-    if tensor.numel() == 0:
-        raise ConfigError(f"memory tensor is empty (shape {tuple(tensor.shape)})")
+    tensor = _dense(memory, torch_mod, "memory tensor")
     if not tensor.is_contiguous():
         raise ConfigError(
             f"memory tensor must be contiguous (shape {tuple(tensor.shape)}, "
             f"strides {tensor.stride()}); NIXL registers one flat byte range"
         )
-    kind = tensor.device.type
-    if kind not in ("cpu", "cuda"):
-        raise ConfigError(f"memory tensor is on device {str(tensor.device)!r}; need cpu or cuda")
     size = tensor.numel() * tensor.element_size()
     if size != expected:
         raise ConfigError(
             f"memory tensor holds {size} bytes ({tensor.numel()} x {tensor.element_size()}), "
             f"but {num_blocks} blocks x {block_len} bytes need exactly {expected}"
         )
+    base, mem_type, dev_id = _placed(tensor, "memory tensor")
+    return MemoryDesc(base, size, mem_type, dev_id, tensor)
+
+
+def _dense(tensor: torch.Tensor, torch_mod: Any, what: str) -> torch.Tensor:
+    """``tensor``, unless it is sparse or empty (a ConfigError naming ``what``)."""
+    if tensor.layout != torch_mod.strided:
+        raise ConfigError(f"{what} must be strided (dense), not {tensor.layout}")
+    if tensor.numel() == 0:
+        raise ConfigError(f"{what} is empty (shape {tuple(tensor.shape)})")
+    return tensor
+
+
+def _placed(tensor: torch.Tensor, what: str) -> tuple[int, str, int]:
+    """Where a tensor's storage is: (address, NIXL memory type, device id), or a
+    ConfigError naming ``what`` for a device NIXL cannot register or no address."""
+    kind = tensor.device.type
+    if kind not in ("cpu", "cuda"):
+        raise ConfigError(f"{what} is on device {str(tensor.device)!r}; need cpu or cuda")
     base = int(tensor.data_ptr())
     if base <= 0:
-        raise ConfigError(f"memory tensor has no storage address (data_ptr {base})")
+        raise ConfigError(f"{what} has no storage address (data_ptr {base})")
     if kind == "cpu":
-        return MemoryDesc(base, size, "DRAM", 0, tensor)
-    return MemoryDesc(base, size, "VRAM", int(tensor.get_device()), tensor)
+        return base, "DRAM", 0
+    return base, "VRAM", int(tensor.get_device())
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,28 +233,18 @@ def _one_region(memory: object, num_blocks: int
     torch_mod = sys.modules.get("torch")
     if torch_mod is None or not isinstance(memory, torch_mod.Tensor):
         raise ConfigError(f"expected a torch.Tensor or a HostRegion, got {type(memory).__name__}")
-    tensor = memory
-    if tensor.layout != torch_mod.strided:
-        raise ConfigError(f"tensor must be strided (dense), not {tensor.layout}")
+    tensor = _dense(memory, torch_mod, "tensor")
     if tensor.dim() == 0 or tensor.shape[0] != num_blocks:
         raise ConfigError(f"a tensor's first dimension is the block dimension: expected "
                           f"{num_blocks} rows, got shape {tuple(tensor.shape)}")
-    if tensor.numel() == 0:
-        raise ConfigError(f"tensor is empty (shape {tuple(tensor.shape)})")
     if not tensor[0].is_contiguous():
         raise ConfigError(f"each block's row must be contiguous (shape "
                           f"{tuple(tensor.shape)}, strides {tensor.stride()})")
-    kind = tensor.device.type
-    if kind not in ("cpu", "cuda"):
-        raise ConfigError(f"tensor is on device {str(tensor.device)!r}; need cpu or cuda")
     elem = tensor.element_size()
     slice_len = tensor[0].numel() * elem
     stride = tensor.stride(0) * elem if num_blocks > 1 else slice_len
-    base = int(tensor.data_ptr())
-    if base <= 0:
-        raise ConfigError(f"tensor has no storage address (data_ptr {base})")
-    device = ("DRAM", 0) if kind == "cpu" else ("VRAM", int(tensor.get_device()))
-    return Region(base, stride, slice_len), device, tensor
+    base, mem_type, dev_id = _placed(tensor, "tensor")
+    return Region(base, stride, slice_len), (mem_type, dev_id), tensor
 
 
 def require_device(mem_type: str, dev_id: int) -> None:
