@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING
 from p2pfsm.errors import ConfigError
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
 
     import numpy as np
     import numpy.typing as npt
@@ -90,6 +89,11 @@ class Layout:
         return tuple(r.slice_len for r in self.regions)
 
     @property
+    def slice_count(self) -> int:
+        """Block-slices in all: one NIXL descriptor each."""
+        return self.num_blocks * len(self.regions)
+
+    @property
     def is_plain(self) -> bool:
         """One region whose blocks follow each other with no gap."""
         return len(self.regions) == 1 and self.regions[0].stride == self.regions[0].slice_len
@@ -114,14 +118,14 @@ class Layout:
         rows[:, :, 2] = dev_id
         return rows.reshape(width * count, 3)
 
-    def descriptors(self, blocks: Sequence[int]) -> list[int] | npt.NDArray[np.int32]:
-        """The descriptor indexes of ``blocks``' slices, region by region (the blocks
-        themselves when there is one region). Region-major, so that consecutive blocks
-        of a region that lie back to back stay neighbours, which NIXL merges into one
-        transfer."""
+    def descriptors(self, blocks: list[int]) -> list[int] | npt.NDArray[np.int32]:
+        """The descriptor indexes of ``blocks``' slices, region by region (``blocks``
+        itself, not a copy, when there is one region: a write's hot path). Region-major,
+        so that consecutive blocks of a region that lie back to back stay neighbours,
+        which NIXL merges into one transfer."""
         width = len(self.regions)
         if width == 1:
-            return list(blocks)
+            return blocks
         import numpy as np
 
         starts = np.arange(width, dtype=np.int64)[:, None] * self.num_blocks

@@ -278,7 +278,7 @@ class DataPlane:
             self._region = self._allocate(num_blocks, block_len, self._device)
             self._layout = Layout.plain(int(self._region.data_ptr()), num_blocks, block_len)
         elif isinstance(given, RegionsDesc):
-            if num_blocks * len(given.layout.regions) > _MAX_INDEX:
+            if given.layout.slice_count > _MAX_INDEX:
                 raise ConfigError(f"{num_blocks} blocks x {len(given.layout.regions)} "
                                   f"regions is more descriptors than NIXL indexes")
             self._held = given.tensors
@@ -394,7 +394,8 @@ class DataPlane:
         """Load a peer's NIXL metadata and prep the descriptors of its blocks.
 
         ``layout`` is the peer's connect field (None: one plain region). Re-adding
-        ``peer_id`` removes its old registration first (its in-flight transfers fail).
+        ``peer_id`` removes its old registration first (:meth:`remove_peer`: a transfer
+        still running to it is left to end).
         An agent kept loaded with the same metadata is reused. Raises
         :class:`TransportError` when the announcement is invalid: ``block_len``
         differs from ours, the regions do not pair up with ours (their number, or a
@@ -420,11 +421,11 @@ class DataPlane:
         if theirs.slices != self._layout.slices:
             raise TransportError(_unpaired(theirs, self._layout))
         width = len(theirs.regions)
-        limit = max(self._max_peer_blocks, self._num_blocks * width)
-        if num_blocks * width > limit:
+        limit = max(self._max_peer_blocks, self._layout.slice_count)
+        if theirs.slice_count > limit:
             regions = f" x {width} regions" if width > 1 else ""
             raise TransportError(f"num_blocks {num_blocks}{regions} exceeds {limit}")
-        if num_blocks * width > _MAX_INDEX:
+        if theirs.slice_count > _MAX_INDEX:
             raise TransportError(f"{num_blocks} blocks x {width} regions is more "
                                  f"descriptors than NIXL indexes ({_MAX_INDEX})")
         for region in theirs.regions:
