@@ -65,11 +65,8 @@ Not thread-safe: use one DataPlane from one thread (the agent runs with no locki
 from __future__ import annotations
 
 import contextlib
-import importlib
 import itertools
-import logging
 import operator
-import struct
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -88,6 +85,7 @@ from p2pfsm.executor.memory import (
     parse_device,
     require_device,
 )
+from p2pfsm.executor.nixl_agent import agent_name_of, import_nixl
 from p2pfsm.protocol.validate import ints_within
 
 if TYPE_CHECKING:
@@ -100,55 +98,6 @@ IDLE_PROGRESS_MS: Final = 200
 so 5 a second keep an idle node near 0.25 % of a core (20 a second: 0.95 %)."""
 _MAX_INDEX: Final = (1 << 31) - 1  # NIXL takes descriptor indexes as int32
 _ADDR_LIMIT: Final = 1 << 64
-_MD_PREFIX: Final = b"nixlSerDes|Agent"
-_MD_LEN: Final = struct.Struct("<Q")
-
-
-def _import_nixl() -> Any:
-    """The NIXL Python API module: the ``nixl`` shim if present, else ``nixl_cu12``."""
-    failures: list[str] = []
-    for module in ("nixl._api", "nixl_cu12._api"):
-        try:
-            api = importlib.import_module(module)
-        except (ImportError, OSError) as exc:
-            package = module.partition(".")[0]
-            if not (isinstance(exc, ModuleNotFoundError) and exc.name == package):
-                failures.append(f"{module}: {exc}")  # installed but broken: say why
-            continue
-        # NIXL logs every agent start at INFO; keep the CLI's output to what we print.
-        logging.getLogger("nixl").setLevel(logging.WARNING)
-        return api
-    why = "; ".join(failures) or "No module named 'nixl_cu12'"
-    raise TransportError(f"NIXL cannot be imported ({why}); install it with {NIXL_INSTALL_HINT}")
-
-
-def agent_name_of(metadata: bytes) -> tuple[str, bytes]:
-    """Split NIXL agent metadata into (agent name, everything after the name).
-
-    NIXL serialises the agent name first: ``b"nixlSerDes|Agent"``, a little-endian u64
-    length, the name, then ``b"|"`` and the connection and memory sections.
-    """
-    start = len(_MD_PREFIX) + _MD_LEN.size
-    if not metadata.startswith(_MD_PREFIX) or len(metadata) < start:
-        raise TransportError("agent metadata is not NIXL serialised metadata")
-    (name_len,) = _MD_LEN.unpack_from(metadata, len(_MD_PREFIX))
-    end = start + name_len
-    if name_len == 0 or end >= len(metadata) or metadata[end : end + 1] != b"|":
-        raise TransportError("agent metadata has a malformed agent name")
-    try:
-        name = metadata[start:end].decode("utf-8")
-    except UnicodeDecodeError:
-        raise TransportError("agent metadata names a non-UTF-8 agent") from None
-    return name, metadata[end:]
-
-
-def describes_same_agent(metadata: bytes, own: bytes) -> bool:
-    """Whether ``metadata`` names the agent whose metadata is ``own``, or describes it
-    under another name (the same bytes after the name: its backends and addresses).
-    Raises :class:`TransportError` when either is not NIXL's metadata."""
-    name, tail = agent_name_of(metadata)
-    own_name, own_tail = agent_name_of(own)
-    return name == own_name or tail == own_tail
 
 
 def _positive_int(name: str, value: object, high: int) -> int:
@@ -262,7 +211,7 @@ class DataPlane:
         self._mem_type = mem_type
         self._device = device_name(mem_type, dev_id)
 
-        nixl = _import_nixl()
+        nixl = import_nixl()
 
         self._peers: dict[str, _Peer] = {}
         self._loaded: OrderedDict[str, bytes] = OrderedDict()  # loaded agents, LRU order

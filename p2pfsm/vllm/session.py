@@ -28,7 +28,7 @@ from vllm.v1.kv_offload.tiering.p2p.session.server import StoreResult as VllmSto
 
 from p2pfsm.errors import LocalProtocolError, TransportError
 from p2pfsm.executor.core import Executor, TimerTable
-from p2pfsm.executor.nixl_plane import describes_same_agent
+from p2pfsm.executor.nixl_agent import describes_same_agent
 from p2pfsm.protocol.validate import to_dict
 from p2pfsm.session import (
     ArmTimer,

@@ -12,9 +12,9 @@ import sys
 for name in {hidden!r}:
     sys.modules[name] = None  # makes 'import name' fail as if it were not installed
 from p2pfsm.errors import TransportError
-from p2pfsm.executor.nixl_plane import _import_nixl
+from p2pfsm.executor.nixl_agent import import_nixl
 try:
-    _import_nixl()
+    import_nixl()
 except TransportError as exc:
     print(exc)
 else:
