@@ -13,7 +13,7 @@ from p2pfsm.session import DEFAULT_HASH_SEED, Timeouts
 from p2pfsm.session.config import DEFAULT_MAX_LOOKUPS_PER_REQUEST
 
 if TYPE_CHECKING:
-    from p2pfsm.executor.zmq_plane import CurveKeys
+    from p2pfsm.executor.curve import CurveKeys
 
 MAX_BLOCKS = (1 << 31) - 1
 """Largest region in blocks: NIXL takes descriptor indexes as int32."""
@@ -229,7 +229,7 @@ class NodeConfig:
         if not allow:
             raise ConfigError("curve_allow: CURVE needs the public keys of the peers to let "
                               "in (key files or directories)")
-        from p2pfsm.executor.zmq_plane import load_curve_keys
+        from p2pfsm.executor.curve import load_curve_keys
 
         return load_curve_keys(self.curve_secret_key, allow, self.curve_peer_key)
 

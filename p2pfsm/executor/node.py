@@ -39,13 +39,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from p2pfsm.errors import ConfigError, LocalProtocolError, RemoteProtocolError, TransportError
+from p2pfsm.executor.admission import is_connect_from
 from p2pfsm.executor.bindings import Bindings
 from p2pfsm.executor.config import NodeConfig, fingerprint
 from p2pfsm.executor.core import Executor, TimerTable
 from p2pfsm.executor.jobs import Driven, JobFuture, LookupAsk, copy_outcome
 from p2pfsm.executor.nixl_plane import DataPlane
 from p2pfsm.executor.threadsafe import ThreadSafeNode
-from p2pfsm.executor.zmq_plane import ControlPlane, FrameIn, PeerLost, is_connect_from
+from p2pfsm.executor.zmq_plane import ControlPlane, FrameIn, PeerLost
 from p2pfsm.metrics import NodeMetrics
 from p2pfsm.protocol import AbortFetch, Connect, Disconnect, decode, encode
 from p2pfsm.session import (

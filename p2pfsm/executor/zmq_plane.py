@@ -27,8 +27,9 @@ What this module adds on top of the raw pattern, because vLLM's own transport do
 Hardening a node turns on (the raw pattern, the default here, dials back on any frame):
 
 * ``dial_back_check``: a frame from an identity with no DEALER is dialled back only when
-  the check accepts it (the node passes :func:`is_connect_from`: a well-formed connect
-  whose ``peer_id`` is the identity); anything else is dropped, counted as
+  the check accepts it (the node passes
+  :func:`~p2pfsm.executor.admission.is_connect_from`: a well-formed connect whose
+  ``peer_id`` is the identity); anything else is dropped, counted as
   ``"not a connect"`` and logged at debug (rate-limited). One stray frame can no longer
   make the node dial a third party.
 * the dial-back goes only to the host the connection came from (each message's
@@ -73,38 +74,45 @@ Not thread-safe: use one ControlPlane from one thread.
 
 from __future__ import annotations
 
-import ipaddress
 import itertools
 import logging
 import math
-import os
 import select
-import socket
-import struct
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Final, TypeAlias
+from typing import Final, TypeAlias
 
 import zmq
-import zmq.auth
-from zmq.auth.thread import ThreadAuthenticator
 
-from p2pfsm.errors import ConfigError, RemoteProtocolError, TransportError
+from p2pfsm.errors import ConfigError, TransportError
+from p2pfsm.executor.admission import EVICTED, NewPeerRate, check_int, eviction_victim
+from p2pfsm.executor.curve import CurveKeys, Gatekeeper, refusal_of, router_refusals
+from p2pfsm.executor.monitors import (
+    DEALER_MASK,
+    EV_CLOSED,
+    EV_CONNECT_RETRIED,
+    EV_CONNECTED,
+    EV_DISCONNECTED,
+    EV_HANDSHAKE_FAILED,
+    EV_HANDSHAKE_OK,
+    HANDSHAKE_FAILURES_MASK,
+    connected_to_itself,
+    fd_of,
+    monitor_events,
+)
+from p2pfsm.executor.peer_ids import ip_of, origin_of, parse_peer_id
 from p2pfsm.executor.waker import Waker
-from p2pfsm.protocol import Connect, decode
+from p2pfsm.logwindow import LogWindow
 
 __all__ = [
+    "EVICTED",
+    "RATE_LIMITED",
     "ControlEvent",
     "ControlPlane",
-    "CurveKeys",
     "FrameIn",
-    "NewPeerRate",
     "PeerLost",
-    "is_connect_from",
-    "load_curve_keys",
-    "parse_peer_id",
 ]
 
 log = logging.getLogger("p2pfsm.zmq")
@@ -137,250 +145,19 @@ class PeerLost:
 
 ControlEvent: TypeAlias = FrameIn | PeerLost
 
-EVICTED: Final = "evicted: too many unfinished handshakes"
-""":class:`PeerLost` reason of a dial-back pushed out of the ``max_pending`` budget."""
-
 RATE_LIMITED: Final = "new identity rate"
 """:attr:`ControlPlane.drop_counts` reason of a new identity refused by the
 ``max_new_peers_per_s`` rate limit."""
 
-_TOKEN_SLACK: Final = 1e-9
-"""A bucket this close below a whole token holds one (float rounding of the refill)."""
-_RATE_HOSTS_MAX: Final = 4096
-"""Source hosts a :class:`NewPeerRate` keeps a bucket for at once (each a few dozen bytes)."""
-
-
-class NewPeerRate:
-    """How many new identities each source host may have admitted: a token bucket per
-    host, refilled at ``rate`` a second and holding at most ``rate`` (a burst of
-    ``rate`` at once, then ``rate`` a second).
-
-    Time is an input: every call passes ``now`` (seconds of a monotonic clock), so the
-    buckets are refilled lazily when asked, never by a timer. A host's bucket is full
-    again one second after its last use; such buckets are forgotten (a fresh one is the
-    same), so the table holds only the hosts seen in the last second, and at most
-    ``max_hosts`` of them (past that the least recently used goes, and that host starts
-    afresh: more lenient, never stricter).
-    """
-
-    __slots__ = ("_hosts", "_max_hosts", "rate")
-
-    def __init__(self, rate: int, max_hosts: int = _RATE_HOSTS_MAX) -> None:
-        self.rate = _check_int("max_new_peers_per_s", rate, 1)
-        self._max_hosts = _check_int("max_hosts", max_hosts, 1)
-        # host -> [tokens, when they were counted], least recently used first
-        self._hosts: OrderedDict[str, list[float]] = OrderedDict()
-
-    def tokens(self, host: str, now: float) -> float:
-        """What ``host`` may still open at ``now`` (``rate`` for a host not seen lately)."""
-        entry = self._hosts.get(host)
-        if entry is None:
-            return float(self.rate)
-        return min(float(self.rate), entry[0] + max(0.0, now - entry[1]) * self.rate)
-
-    def take(self, host: str, now: float) -> bool:
-        """Charge one new identity to ``host``: True when its bucket held one (taken),
-        False when it is empty (nothing changes but the refill up to ``now``)."""
-        tokens = self.tokens(host, now)
-        # A whole token up to rounding: 0.2 s at 5 a second after 10.0 s is 0.99999...
-        taken = tokens >= 1.0 - _TOKEN_SLACK
-        if taken:
-            tokens = max(0.0, tokens - 1.0)
-        hosts = self._hosts
-        entry = hosts.get(host)
-        if entry is None:
-            hosts[host] = [tokens, now]
-        else:
-            entry[0], entry[1] = tokens, max(now, entry[1])
-            hosts.move_to_end(host)
-        # Forget the hosts whose bucket is full again (unused for a second).
-        while hosts:
-            oldest = next(iter(hosts.values()))
-            if now - oldest[1] < 1.0 and len(hosts) <= self._max_hosts:
-                break
-            hosts.popitem(last=False)
-        return taken
-
-    def refund(self, host: str) -> None:
-        """Give back the identity last charged to ``host`` (it was not admitted after all)."""
-        entry = self._hosts.get(host)
-        if entry is not None:
-            entry[0] = min(float(self.rate), entry[0] + 1.0)
-
-    def __len__(self) -> int:
-        """How many hosts have a bucket that is not full."""
-        return len(self._hosts)
-
-
-def is_connect_from(peer_id: str, frame: bytes) -> bool:
-    """True when ``frame`` is a well-formed connect whose ``peer_id`` is ``peer_id``: the
-    only frame a node dials an unknown identity back for."""
-    try:
-        message = decode(frame)
-    except RemoteProtocolError:
-        return False
-    return isinstance(message, Connect) and message.peer_id == peer_id
-
-
-@dataclass(frozen=True, slots=True)
-class CurveKeys:
-    """A node's CURVE keys (Z85 text, 40 bytes each).
-
-    Attributes:
-        public, secret: our keypair: the ROUTER's server key and every DEALER's client key.
-        allow: the client public keys our ROUTER accepts (checked by ZAP).
-        peer_key: the server public key for our own :meth:`ControlPlane.connect` calls
-            when none is given (None: the allow-list's key when it holds exactly one).
-            A dial-back uses the key the peer authenticated with instead.
-    """
-
-    public: bytes
-    secret: bytes
-    allow: frozenset[bytes]
-    peer_key: bytes | None = None
-
-    def server_key_for(self, peer_id: str) -> bytes:
-        if self.peer_key is not None:
-            return self.peer_key
-        if len(self.allow) == 1:
-            return next(iter(self.allow))
-        raise TransportError(
-            f"no CURVE server key for {peer_id}: the allow-list holds {len(self.allow)} keys; "
-            "set curve_peer_key (p2pfsm fetch --peer-key FILE)")
-
-
-def _public_key_file(path: str, what: str) -> bytes:
-    try:
-        public, _secret = zmq.auth.load_certificate(path)
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{what}: cannot read a CURVE key from {path!r}: {exc}") from None
-    if len(public) != 40:
-        raise ConfigError(f"{what}: {path!r} holds no 40-character Z85 public key")
-    return public
-
-
-def load_curve_keys(secret_file: str, allow: Iterable[str],
-                    peer_key: str | None = None) -> CurveKeys:
-    """Read key files in ZeroMQ's format (``zmq.auth.create_certificates``).
-
-    ``secret_file`` is our ``NAME.key_secret``; each ``allow`` entry is a public key file
-    or a directory whose ``*.key`` files are all allowed; ``peer_key`` a public key file.
-    Raises :class:`ConfigError` naming the file for anything unreadable or empty.
-    """
-    try:
-        public, secret = zmq.auth.load_certificate(secret_file)
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"curve_secret_key: cannot read {secret_file!r}: {exc}") from None
-    if secret is None or len(secret) != 40 or len(public) != 40:
-        raise ConfigError(f"curve_secret_key: {secret_file!r} is not a secret key file "
-                          "(NAME.key_secret written by p2pfsm keygen)")
-    allowed: set[bytes] = set()
-    for entry in allow:
-        if os.path.isdir(entry):
-            try:
-                found = zmq.auth.load_certificates(entry)
-            except (OSError, ValueError) as exc:
-                raise ConfigError(f"curve_allow: cannot read keys in {entry!r}: {exc}") from None
-            if not found:
-                raise ConfigError(f"curve_allow: no *.key files in {entry!r}")
-            allowed.update(k for k in found if len(k) == 40)
-        else:
-            allowed.add(_public_key_file(entry, "curve_allow"))
-    if not allowed:
-        raise ConfigError("curve_allow: a CURVE node needs at least one allowed public key")
-    server = None if peer_key is None else _public_key_file(peer_key, "curve_peer_key")
-    return CurveKeys(public, secret, frozenset(allowed), server)
-
-
-class _Gatekeeper(ThreadAuthenticator):
-    """ZAP for our context: a CURVE client is let in only with a key in the allow-list;
-    every refusal is logged with the peer's address."""
-
-    def __init__(self, context: zmq.Context[Any], allow: frozenset[bytes]) -> None:
-        super().__init__(context, log=logging.getLogger("p2pfsm.zmq.zap"))
-        self._allow = allow
-        self._address = "?"
-
-    async def handle_zap_message(self, msg: list[bytes]) -> None:
-        # One request at a time on the authenticator's thread: the address is that of
-        # the request whose key callback() is asked about next.
-        self._address = msg[3].decode("ascii", "replace") if len(msg) > 3 else "?"
-        if len(msg) > 5 and msg[5] != b"CURVE":
-            log.warning("refused a connection from %s: mechanism %s, not CURVE",
-                        self._address, msg[5].decode("ascii", "replace"))
-        await super().handle_zap_message(msg)
-
-    def callback(self, domain: str, key: bytes) -> bool:
-        if key in self._allow:
-            return True
-        log.warning("refused a connection from %s: CURVE key %s is not in the allow-list",
-                    self._address, key.decode("ascii", "replace"))
-        return False
-
-_MAX_HOSTNAME_LEN: Final = 253
-_MAX_PEER_ID_LEN: Final = _MAX_HOSTNAME_LEN + 1 + 5
-_HOST_CHARS: Final = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-")
-_DIGITS_AND_DOTS: Final = frozenset("0123456789.")
 _MAX_HEARTBEAT_TTL_MS: Final = 6_553_599  # ZMTP carries the TTL in deciseconds, 16 bits.
 _ROUTER_PING_FACTOR: Final = 6  # the ROUTER's own PINGs, in DEALER heartbeat intervals
 _MAX_HEARTBEAT_IVL_MS: Final = 2**31 - 1
 _DONE_GRACE_S: Final = 5.0
+"""How long the DEALER of a peer whose session is over stays open (its last frames, e.g.
+a disconnect, go out meanwhile) before it is closed and its descriptors freed."""
 _LOST_KEEP_S: Final = 60.0
 """How long a lost peer's id is remembered: its frames (a peer that still holds its
 session live, a one-sided loss) still reach the node, whose dead session answers them."""
-"""How long the DEALER of a peer whose session is over stays open (its last frames, e.g.
-a disconnect, go out meanwhile) before it is closed and its descriptors freed."""
-
-_EV_CONNECTED: Final = int(zmq.EVENT_CONNECTED)
-_EV_HANDSHAKE_OK: Final = int(zmq.EVENT_HANDSHAKE_SUCCEEDED)
-_EV_HANDSHAKE_FAILED: Final = frozenset(
-    {
-        int(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL),
-        int(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL),
-        int(zmq.EVENT_HANDSHAKE_FAILED_AUTH),
-    }
-)
-_EV_DISCONNECTED: Final = int(zmq.EVENT_DISCONNECTED)
-_EV_CLOSED: Final = int(zmq.EVENT_CLOSED)
-_EV_CONNECT_RETRIED: Final = int(zmq.EVENT_CONNECT_RETRIED)
-# Only what we act on. While a connection keeps failing to come up, libzmq repeats
-# CLOSED/DISCONNECTED and CONNECT_RETRIED every reconnect interval; the first
-# CONNECT_RETRIED (or a handshake failure) before the handshake ends the peer, and
-# CLOSED/DISCONNECTED end it once it has connected, so none of them piles up.
-_MONITOR_MASK: Final = (
-    _EV_CONNECTED
-    | _EV_HANDSHAKE_OK
-    | _EV_DISCONNECTED
-    | _EV_CLOSED
-    | _EV_CONNECT_RETRIED
-    | int(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
-    | int(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
-    | int(zmq.EVENT_HANDSHAKE_FAILED_AUTH)
-)
-_MONITOR_HEADER: Final = struct.Struct("=HI")  # uint16 event id, uint32 value, no padding
-# The ROUTER's own monitor (CURVE only): refused handshakes, to count and log them.
-_EV_AUTH_FAILED: Final = int(zmq.EVENT_HANDSHAKE_FAILED_AUTH)
-
-
-def _curve_refusal(event: int, value: int) -> str:
-    """Why a peer cut our CURVE handshake, from the monitor's event and value."""
-    if event == _EV_AUTH_FAILED:
-        return "our CURVE key is not in its allow-list"
-    if value == int(zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH):
-        return "it speaks no CURVE (a NULL-security peer)"
-    if event == int(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
-        # The peer closed the connection on our hello: it could not read it, which is
-        # what a server key other than the one we hold for it (curve_peer_key) does.
-        return ("it could not read our CURVE hello: its key is not the server key we "
-                "hold for it (--peer-key / curve_peer_key)")
-    return f"CURVE handshake failed (protocol error {value:#x})"
-
-
-_ROUTER_MONITOR_MASK: Final = (
-    int(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
-    | int(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
-    | int(zmq.EVENT_HANDSHAKE_FAILED_AUTH)
-)
 _LISTEN_BACKLOG: Final = 1024
 _POLLIN: Final = int(zmq.POLLIN)  # plain ints: enum arithmetic costs on every turn
 _EVENTS: Final = int(zmq.EVENTS)
@@ -394,126 +171,12 @@ _DROP_LOG_WINDOW_S: Final = 10.0
 _monitor_serial = itertools.count()
 
 
-def _host_is_valid(host: str) -> bool:
-    if host.startswith("[") and host.endswith("]"):
-        try:
-            ipaddress.IPv6Address(host[1:-1])
-        except ValueError:
-            return False
-        return True
-    if not host or len(host) > _MAX_HOSTNAME_LEN:
-        return False
-    if set(host) <= _DIGITS_AND_DOTS:
-        # Looks numeric, so it must be a well-formed IPv4 literal (no octet > 255,
-        # no leading zeros), never a "hostname" such as 1.2.3.999.
-        try:
-            ipaddress.IPv4Address(host)
-        except ValueError:
-            return False
-        return True
-    for label in host.split("."):
-        if not 1 <= len(label) <= 63 or not set(label) <= _HOST_CHARS:
-            return False
-        if label[0] == "-" or label[-1] == "-":
-            return False
-    return True
-
-
-def parse_peer_id(raw: str | bytes, *, allow_port_zero: bool = False) -> tuple[str, int]:
-    """Parse a peer id ``"host:port"`` strictly; return ``(host, port)``.
-
-    Raises :class:`TransportError` for anything else: non-ASCII or non-UTF-8 bytes, no
-    colon, a port that is not a canonical decimal in 1..65535 (0 too when
-    ``allow_port_zero``), or a host that is neither an IPv4 literal, a bracketed IPv6
-    literal nor an RFC 1123 host name. Never raises anything else, whatever ``raw`` is.
-    """
-    if isinstance(raw, bytes):
-        try:
-            text = raw.decode("ascii")
-        except UnicodeDecodeError:
-            raise TransportError(f"peer id is not ASCII: {raw[:64]!r}") from None
-    elif isinstance(raw, str):
-        if not raw.isascii():
-            raise TransportError(f"peer id is not ASCII: {raw[:64]!r}")
-        text = raw
-    else:
-        raise TransportError(f"peer id must be str or bytes, not {type(raw).__name__}")
-    if len(text) > _MAX_PEER_ID_LEN:
-        raise TransportError(f"peer id longer than {_MAX_PEER_ID_LEN} characters")
-    host, colon, port_text = text.rpartition(":")
-    if not colon:
-        raise TransportError(f"peer id has no ':port': {text!r}")
-    if not port_text.isdigit() or (len(port_text) > 1 and port_text[0] == "0"):
-        raise TransportError(f"peer id port is not a canonical decimal: {text!r}")
-    port = int(port_text)
-    if not (0 if allow_port_zero else 1) <= port <= 65535:
-        raise TransportError(f"peer id port out of range: {text!r}")
-    if not _host_is_valid(host):
-        raise TransportError(f"peer id host is not an IP literal or host name: {text!r}")
-    return host, port
-
-
-def _fd(sock: zmq.Socket[bytes]) -> int:
-    """The socket's notification descriptor (ZMQ_FD), for epoll."""
-    fd = sock.getsockopt(zmq.FD)
-    assert isinstance(fd, int)
-    return fd
-
-
-def _connected_to_itself(fd: int) -> bool:
-    """The TCP socket ``fd`` is connected to itself. A connect to a port nobody listens on
-    may be given that very port as its source (the port is in the ephemeral range: TCP's
-    simultaneous open then connects the socket to itself), and a DEALER happily completes
-    the ZMTP handshake with itself: a dial-back to such an id would hold a connection
-    that nothing ever answers. Any error (``fd`` gone meanwhile) answers False."""
-    try:
-        sock = socket.socket(fileno=fd)
-    except OSError:
-        return False
-    try:
-        return bool(sock.getsockname() == sock.getpeername())
-    except OSError:
-        return False
-    finally:
-        sock.detach()  # libzmq's descriptor: never closed here
-
-
 def _conn_of(message: zmq.Frame) -> int:
     """The descriptor of the connection ``message`` came on (-1 when libzmq cannot say)."""
     try:
         return int(message.get(zmq.SRCFD))
     except (zmq.ZMQError, TypeError, ValueError):
         return -1
-
-
-def _check_int(name: str, value: object, low: int, high: int | None = None) -> int:
-    if type(value) is not int or value < low or (high is not None and value > high):
-        bound = f"[{low}, {high}]" if high is not None else f">= {low}"
-        raise ConfigError(f"{name} must be an int {bound}, got {value!r}")
-    return value
-
-
-def _ip_of(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
-    """The address a host text names when it is an IP literal (IPv4-mapped IPv6 as
-    IPv4), else None."""
-    text = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    try:
-        ip = ipaddress.ip_address(text.partition("%")[0])
-    except ValueError:
-        return None
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        return ip.ipv4_mapped
-    return ip
-
-
-def _origin_of(host: str, source: str | None) -> str:
-    """The host a dial-back is charged to in the pending budget: the IP its connection
-    came from (ZeroMQ's ``Peer-Address``, which a peer cannot choose), else the host
-    its id names (our own dials, or no address known)."""
-    ip = _ip_of(source) if source is not None else None
-    if ip is None:
-        ip = _ip_of(host)
-    return host.lower() if ip is None else str(ip)
 
 
 def _meta(frame: zmq.Frame, name: str) -> str | None:
@@ -537,7 +200,7 @@ class _Peer:
     done: bool = False  # the node said its session is over (mark_done): evicted first
     done_at: float | None = None  # when mark_done came; closed _DONE_GRACE_S later
     server_key: bytes | None = None  # CURVE: the key it was dialled with
-    origin: str = ""  # the host it counts against in the pending budget (_origin_of)
+    origin: str = ""  # the host it counts against in the pending budget (origin_of)
 
 
 class ControlPlane:
@@ -566,7 +229,7 @@ class ControlPlane:
         dial_back_check: ``check(peer_id, frame)`` decides whether a frame from an
             identity with no DEALER is dialled back (False: dropped as "not a
             connect"); None: every frame is (vLLM's raw pattern). A node passes
-            :func:`is_connect_from`.
+            :func:`~p2pfsm.executor.admission.is_connect_from`.
         dial_back_any_host: dial back whatever host the identity names. Off by
             default: only an identity whose host is the IP the connection came from.
         max_pending: the budget of dial-backs not yet :meth:`mark_ready` (when full,
@@ -613,24 +276,24 @@ class ControlPlane:
                 parse_peer_id(f"{advertise_host}:1")
             except TransportError as exc:
                 raise ConfigError(f"bad advertise_host {advertise_host!r}: {exc}") from None
-        self._hb_ivl = _check_int("heartbeat_ivl_ms", heartbeat_ivl_ms, 0)
-        self._hb_timeout = _check_int("heartbeat_timeout_ms", heartbeat_timeout_ms, 0)
-        self._hb_ttl = _check_int("heartbeat_ttl_ms", heartbeat_ttl_ms, 0, _MAX_HEARTBEAT_TTL_MS)
-        self._sndhwm = _check_int("sndhwm", sndhwm, 0)
-        self._rcvhwm = _check_int("rcvhwm", rcvhwm, 0)
-        self._dealer_linger = _check_int("dealer_linger_ms", dealer_linger_ms, 0)
-        self._max_peers = _check_int("max_peers", max_peers, 1)
-        self._connect_timeout = _check_int("connect_timeout_ms", connect_timeout_ms, 1)
-        self._max_msg_size = _check_int("max_msg_size", max_msg_size, 1)
-        self._max_batch = _check_int("max_batch", max_batch, 1)
+        self._hb_ivl = check_int("heartbeat_ivl_ms", heartbeat_ivl_ms, 0)
+        self._hb_timeout = check_int("heartbeat_timeout_ms", heartbeat_timeout_ms, 0)
+        self._hb_ttl = check_int("heartbeat_ttl_ms", heartbeat_ttl_ms, 0, _MAX_HEARTBEAT_TTL_MS)
+        self._sndhwm = check_int("sndhwm", sndhwm, 0)
+        self._rcvhwm = check_int("rcvhwm", rcvhwm, 0)
+        self._dealer_linger = check_int("dealer_linger_ms", dealer_linger_ms, 0)
+        self._max_peers = check_int("max_peers", max_peers, 1)
+        self._connect_timeout = check_int("connect_timeout_ms", connect_timeout_ms, 1)
+        self._max_msg_size = check_int("max_msg_size", max_msg_size, 1)
+        self._max_batch = check_int("max_batch", max_batch, 1)
         self._immediate = bool(immediate)
-        self._max_pending = None if max_pending is None else _check_int(
+        self._max_pending = None if max_pending is None else check_int(
             "max_pending", max_pending, 1)
         self._rate = None if max_new_peers_per_s is None else NewPeerRate(max_new_peers_per_s)
         if not callable(rate_clock):
             raise ConfigError(f"rate_clock must be callable, got {rate_clock!r}")
         self._rate_clock = rate_clock
-        self._rate_log = [-math.inf, 0]  # when the last line was logged, drops since
+        self._rate_log = LogWindow(1, _DROP_LOG_WINDOW_S)  # rate-limited warnings
         if curve is not None and not isinstance(curve, CurveKeys):
             raise ConfigError(f"curve must be CurveKeys, got {curve!r}")
         self._curve = curve
@@ -638,7 +301,7 @@ class ControlPlane:
         self._any_host = bool(dial_back_any_host)
         # Our DEALERs connect from the bind address when it is one specific IP, so the
         # peer sees our connection come from the host our identity names.
-        bind_ip = _ip_of(host)
+        bind_ip = ip_of(host)
         self._source = host if bind_ip is not None and not bind_ip.is_unspecified else None
 
         self._peers: dict[str, _Peer] = {}
@@ -646,23 +309,23 @@ class ControlPlane:
         self._peer_by_ident: dict[bytes, str] = {}
         self._pending: list[ControlEvent] = []
         self._drops: dict[str, int] = {}
-        self._drop_log = [0.0, 0, 0]  # window start, lines logged, lines suppressed
+        self._drop_log = LogWindow(_DROP_LOG_BURST, _DROP_LOG_WINDOW_S)  # debug lines
         self._closed = False
 
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        self._auth: _Gatekeeper | None = None
+        self._auth: Gatekeeper | None = None
         self._router_monitor: zmq.Socket[bytes] | None = None
         self._router: zmq.Socket[bytes] = self._ctx.socket(zmq.ROUTER)
         try:
             if curve is not None:
                 # ZAP first: a CURVE server with no handler yet would let any key in.
-                self._auth = _Gatekeeper(self._ctx, curve.allow)
+                self._auth = Gatekeeper(self._ctx, curve.allow)
                 self._auth.start()
                 self._auth.configure_curve_callback("*", self._auth)
                 self._router.setsockopt(zmq.CURVE_SERVER, 1)
                 self._router.setsockopt(zmq.CURVE_SECRETKEY, curve.secret)
                 addr = f"inproc://p2pfsm-router-monitor-{id(self):x}-{next(_monitor_serial)}"
-                self._router.monitor(addr, _ROUTER_MONITOR_MASK)
+                self._router.monitor(addr, HANDSHAKE_FAILURES_MASK)
                 self._router_monitor = self._ctx.socket(zmq.PAIR)
                 self._router_monitor.setsockopt(zmq.LINGER, 0)
                 self._router_monitor.connect(addr)
@@ -693,11 +356,11 @@ class ControlPlane:
         self._identity = self._local_id.encode("ascii")
 
         self._epoll = select.epoll()
-        self._epoll.register(_fd(self._router), select.EPOLLIN)
+        self._epoll.register(fd_of(self._router), select.EPOLLIN)
         self._waker = Waker()  # wake(): any thread ends a poll() early
         self._epoll.register(self._waker.fileno(), select.EPOLLIN)
         if self._router_monitor is not None:
-            self._epoll.register(_fd(self._router_monitor), select.EPOLLIN)
+            self._epoll.register(fd_of(self._router_monitor), select.EPOLLIN)
         self._by_fd: dict[int, _Peer] = {}  # monitor descriptor -> its peer
         self._router_more = False  # the last drain stopped at max_batch
         self._next_expiry: float | None = None  # earliest connect deadline or done grace
@@ -896,9 +559,9 @@ class ControlPlane:
         try:
             for peer in list(self._peers.values()):
                 self._teardown(peer, self._dealer_linger)
-            self._epoll.unregister(_fd(self._router))
+            self._epoll.unregister(fd_of(self._router))
             if self._router_monitor is not None:
-                self._epoll.unregister(_fd(self._router_monitor))
+                self._epoll.unregister(fd_of(self._router_monitor))
         finally:
             self._epoll.close()
             self._waker.close()
@@ -953,7 +616,8 @@ class ControlPlane:
     def _open_peer(self, peer_id: str, server_key: bytes | None,
                    dialled_back: bool = False, origin: str | None = None) -> _Peer:
         """A DEALER to ``peer_id``; ``origin``: the host it is charged to in the pending
-        budget (:func:`_origin_of`; None: the host its id names, as for our own dials)."""
+        budget (:func:`~p2pfsm.executor.peer_ids.origin_of`; None: the host its id names, as for
+        our own dials)."""
         dealer = self._ctx.socket(zmq.DEALER)
         monitor: zmq.Socket[bytes] | None = None
         monitoring = False
@@ -973,7 +637,7 @@ class ControlPlane:
                 dealer.setsockopt(zmq.CURVE_SECRETKEY, self._curve.secret)
                 dealer.setsockopt(zmq.CURVE_SERVERKEY, server_key)
             addr = f"inproc://p2pfsm-monitor-{id(self):x}-{next(_monitor_serial)}"
-            dealer.monitor(addr, _MONITOR_MASK)
+            dealer.monitor(addr, DEALER_MASK)
             monitoring = True
             monitor = self._ctx.socket(zmq.PAIR)
             monitor.setsockopt(zmq.LINGER, 0)
@@ -993,10 +657,10 @@ class ControlPlane:
         peer = _Peer(peer_id, dealer, monitor, deadline, dialled_back=dialled_back,
                      server_key=server_key,
                      origin=origin if origin is not None
-                     else _origin_of(peer_id.rpartition(":")[0], None))
+                     else origin_of(peer_id.rpartition(":")[0], None))
         self._peers[peer_id] = peer
         self._lost.pop(peer_id, None)
-        fd = _fd(monitor)
+        fd = fd_of(monitor)
         self._by_fd[fd] = peer
         self._epoll.register(fd, select.EPOLLIN)
         self._note_expiry(deadline)
@@ -1008,7 +672,7 @@ class ControlPlane:
         # PAIR that reads it, so the DEALER never writes into a dead monitor pipe.
         self._peers.pop(peer.peer_id, None)
         self._peer_by_ident.pop(peer.peer_id.encode("ascii"), None)
-        fd = _fd(peer.monitor)
+        fd = fd_of(peer.monitor)
         if self._by_fd.get(fd) is peer:
             del self._by_fd[fd]
         self._epoll.unregister(fd)
@@ -1031,25 +695,14 @@ class ControlPlane:
         if not self._remembered(peer_id):
             return False
         source = _meta(message, "Peer-Address")
-        return self._any_host or (source is not None and _ip_of(host) == _ip_of(source)
-                                  and _ip_of(host) is not None)
+        return self._any_host or (source is not None and ip_of(host) == ip_of(source)
+                                  and ip_of(host) is not None)
 
     def _drop(self, reason: str, detail: str = "") -> None:
         self._drops[reason] = self._drops.get(reason, 0) + 1
-        if not log.isEnabledFor(logging.DEBUG):
-            return
-        now = time.monotonic()
-        window = self._drop_log
-        if now - window[0] >= _DROP_LOG_WINDOW_S:
-            if window[2]:
-                log.debug("%d more inbound messages dropped in the last %.0f s (not logged)",
-                          window[2], _DROP_LOG_WINDOW_S)
-            window[:] = [now, 0, 0]
-        if window[1] < _DROP_LOG_BURST:
-            window[1] += 1
-            log.debug("dropped an inbound message: %s%s", reason, detail)
-        else:
-            window[2] += 1
+        if log.isEnabledFor(logging.DEBUG):
+            self._drop_log.emit(log.debug, "dropped inbound messages",
+                                "dropped an inbound message: %s%s", reason, detail)
 
     def _collect(self) -> list[ControlEvent]:
         # One list for frames and losses alike, so they come out in the order they
@@ -1114,8 +767,8 @@ class ControlPlane:
             return None
         source = _meta(message, "Peer-Address")
         if not self._any_host:
-            ip = _ip_of(host)
-            if ip is None or source is None or ip != _ip_of(source):
+            ip = ip_of(host)
+            if ip is None or source is None or ip != ip_of(source):
                 self._drop("address mismatch",
                            f": identity {peer_id} came from {source or 'an unknown address'}")
                 return None
@@ -1129,7 +782,7 @@ class ControlPlane:
         if self._settled() >= self._max_peers:
             self._drop("peer limit", f": {peer_id}")
             return None
-        origin = _origin_of(host, source)
+        origin = origin_of(host, source)
         rate = self._rate
         if rate is not None and not self._remembered(peer_id):
             now = self._rate_clock()
@@ -1163,33 +816,25 @@ class ControlPlane:
 
     def _refuse_rate(self, peer_id: str, origin: str, now: float) -> None:
         """Drop a new identity past ``max_new_peers_per_s``: counted, and logged at
-        warning at most once per ``_DROP_LOG_WINDOW_S`` with how many since the last line."""
+        warning at most once per ``_DROP_LOG_WINDOW_S`` (with how many were left out)."""
         self._drop(RATE_LIMITED, f": {peer_id} from {origin}")
-        window = self._rate_log
-        window[1] += 1
-        if now - window[0] >= _DROP_LOG_WINDOW_S:
-            assert self._rate is not None
-            log.warning("new identities past %d a second from one host: %d dropped since "
-                        "the last such line, the latest %s from %s", self._rate.rate,
-                        window[1], peer_id, origin)
-            window[:] = [now, 0]
+        assert self._rate is not None
+        self._rate_log.emit(log.warning, "new identities past the rate",
+                            "new identities past %d a second from one host: dropped %s "
+                            "from %s", self._rate.rate, peer_id, origin, now=now)
 
     def _unfinished(self) -> list[_Peer]:
         """The dial-backs in the pending budget, oldest first."""
         return [p for p in self._peers.values() if p.dialled_back and not p.ready]
 
     def _make_room(self, origin: str) -> None:
-        """Free a slot of the pending budget, if it is full, for a dial-back to ``origin``.
+        """Free a slot of the pending budget, if it is full, for a dial-back to ``origin``
+        (the victim: :func:`~p2pfsm.executor.admission.eviction_victim`).
 
         What we know of each pending dial-back is brought up to date first (a refused
         one is gone, a finished ZMTP handshake is seen): inside one drain of the ROUTER
         nothing else would read the monitors, and a burst of connects whose dial-backs
-        are refused at once would otherwise push out a dial-back that is coming up.
-        Then one is evicted: a session already over, else one of the host holding the
-        most pending dial-backs (the newcomer's own host when it holds as many as any
-        other), the first whose ZMTP handshake has not succeeded, else the oldest. So
-        a host never loses a pending dial-back to a host holding as many, and one
-        whose handshake succeeded goes only when all of its host's have."""
+        are refused at once would otherwise push out a dial-back that is coming up."""
         assert self._max_pending is not None
         pending = self._unfinished()
         if len(pending) < self._max_pending:
@@ -1198,51 +843,18 @@ class ControlPlane:
         pending = self._unfinished()
         if len(pending) < self._max_pending:
             return
-        victim = next((p for p in pending if p.done), None)
-        if victim is None:
-            load: dict[str, int] = {}
-            for p in pending:
-                load[p.origin] = load.get(p.origin, 0) + 1
-            mine = load.get(origin, 0)
-            # Oldest first (dict order); min() keeps the first of equal keys.
-            victim = min((p for p in pending if p.origin == origin or load[p.origin] > mine),
-                         key=lambda p: (-load[p.origin], p.origin != origin, p.connected))
+        victim = eviction_victim(pending, origin)
         log.info("evicting %s (from %s): %d dial-backs without a finished handshake",
                  victim.peer_id, victim.origin, len(pending))
         self._lose(victim, EVICTED)
 
     def _drain_router_monitor(self) -> None:
-        """Count and log the handshakes our ROUTER refused (CURVE only). ZAP has logged a
-        refused key with its address already; libzmq does not say who offered no key at
-        all, so that line names our endpoint."""
-        monitor = self._router_monitor
-        if monitor is None:
-            return
-        for _ in range(self._max_batch):
-            if not int(monitor.getsockopt(_EVENTS)) & _POLLIN:
-                return
-            try:
-                parts = monitor.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            if not parts or len(parts[0]) != _MONITOR_HEADER.size:
-                continue
-            event, value = _MONITOR_HEADER.unpack(parts[0])
-            if event == _EV_AUTH_FAILED:
-                self._drop("refused: key not allowed")
-                continue
-            where = parts[1].decode("ascii", "replace") if len(parts) > 1 else self._local_id
-            mismatch = value == int(zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
-            self._drop("refused: no CURVE key" if mismatch else "refused: handshake failed")
-            if event == int(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
-                # The connection closed before its handshake ended: a reachability probe
-                # (`p2pfsm fetch` makes one), or a peer that went away. Nothing refused.
-                log.info("a connection on %s ended before its CURVE handshake did (libzmq "
-                         "error 0x%x): a port probe, or a peer that went away", where, value)
-                continue
-            log.warning("refused a connection on %s: %s", where,
-                        "the peer offered no CURVE key (NULL security)" if mismatch
-                        else f"CURVE handshake failed (libzmq error 0x{value:x})")
+        """Count the handshakes our ROUTER refused (CURVE only; logged by
+        :func:`~p2pfsm.executor.curve.router_refusals`)."""
+        if self._router_monitor is not None:
+            for reason in router_refusals(self._router_monitor, self._local_id,
+                                          self._max_batch):
+                self._drop(reason)
 
     def _drain_monitors(self) -> None:
         """Drain the monitors whose descriptor signalled (all of them once a sweep)."""
@@ -1257,40 +869,39 @@ class ControlPlane:
                 chosen.extend(self._look)
         self._look = []
         for peer in chosen:
-            while peer.peer_id in self._peers and self._peers[peer.peer_id] is peer:
-                if not int(peer.monitor.getsockopt(_EVENTS)) & _POLLIN:
+            if self._peers.get(peer.peer_id) is not peer:
+                continue
+            for event, value, _ in monitor_events(peer.monitor):
+                self._on_monitor_event(peer, event, value)
+                if self._peers.get(peer.peer_id) is not peer:
                     break
-                try:
-                    parts = peer.monitor.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                if not parts or len(parts[0]) != _MONITOR_HEADER.size:
-                    continue
-                event, value = _MONITOR_HEADER.unpack(parts[0])
-                if event == _EV_CONNECTED:
-                    if _connected_to_itself(value):
-                        self._lose(peer, "connection refused")
-                elif event == _EV_HANDSHAKE_OK:
-                    peer.connected = True
-                    peer.deadline = None
-                elif event in _EV_HANDSHAKE_FAILED:
-                    if self._curve is not None:
-                        log.warning("%s refused our connection: %s", peer.peer_id,
-                                    _curve_refusal(event, value))
-                    self._lose(peer, "handshake failed")
-                elif peer.connected and event == _EV_DISCONNECTED:
-                    self._lose(peer, "disconnected")
-                elif peer.connected and event == _EV_CLOSED:
-                    self._lose(peer, "closed")
-                elif not peer.connected and event == _EV_DISCONNECTED:
-                    peer.reached = True
-                elif not peer.connected and event == _EV_CONNECT_RETRIED:
-                    # libzmq failed a connect attempt and would retry. With no TCP
-                    # connection made (no DISCONNECTED before: just CLOSED), the connect
-                    # itself failed: on an address nobody listens on, at once.
-                    self._lose(peer, "connection closed before handshake" if peer.reached
-                               else "connection refused")
-                # Before the first handshake, CLOSED is the socket of a failed attempt.
+
+    def _on_monitor_event(self, peer: _Peer, event: int, value: int) -> None:
+        """What a DEALER's monitor event means for its peer."""
+        if event == EV_CONNECTED:
+            if connected_to_itself(value):
+                self._lose(peer, "connection refused")
+        elif event == EV_HANDSHAKE_OK:
+            peer.connected = True
+            peer.deadline = None
+        elif event in EV_HANDSHAKE_FAILED:
+            if self._curve is not None:
+                log.warning("%s refused our connection: %s", peer.peer_id,
+                            refusal_of(event, value))
+            self._lose(peer, "handshake failed")
+        elif peer.connected and event == EV_DISCONNECTED:
+            self._lose(peer, "disconnected")
+        elif peer.connected and event == EV_CLOSED:
+            self._lose(peer, "closed")
+        elif not peer.connected and event == EV_DISCONNECTED:
+            peer.reached = True
+        elif not peer.connected and event == EV_CONNECT_RETRIED:
+            # libzmq failed a connect attempt and would retry. With no TCP connection
+            # made (no DISCONNECTED before: just CLOSED), the connect itself failed: on
+            # an address nobody listens on, at once.
+            self._lose(peer, "connection closed before handshake" if peer.reached
+                       else "connection refused")
+        # Before the first handshake, CLOSED is the socket of a failed attempt.
 
     def _note_expiry(self, when: float) -> None:
         if self._next_expiry is None or when < self._next_expiry:

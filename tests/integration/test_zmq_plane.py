@@ -21,15 +21,9 @@ import pytest
 import zmq
 
 from p2pfsm.errors import ConfigError, TransportError
-from p2pfsm.executor.zmq_plane import (
-    EVICTED,
-    ControlEvent,
-    ControlPlane,
-    FrameIn,
-    PeerLost,
-    is_connect_from,
-    parse_peer_id,
-)
+from p2pfsm.executor.admission import EVICTED, is_connect_from
+from p2pfsm.executor.peer_ids import parse_peer_id
+from p2pfsm.executor.zmq_plane import ControlEvent, ControlPlane, FrameIn, PeerLost
 from p2pfsm.protocol import Connect, encode
 
 from . import Child, wait_until
