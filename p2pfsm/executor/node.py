@@ -45,8 +45,11 @@ from p2pfsm.executor.config import NodeConfig, fingerprint
 from p2pfsm.executor.core import Executor, TimerTable
 from p2pfsm.executor.jobs import Driven, JobFuture, LookupAsk, copy_outcome
 from p2pfsm.executor.nixl_plane import DataPlane
+from p2pfsm.executor.redial import Parked, Redials
+from p2pfsm.executor.served_lookups import ServedLookup, ServedLookups
 from p2pfsm.executor.threadsafe import ThreadSafeNode
 from p2pfsm.executor.zmq_plane import ControlPlane, FrameIn, PeerLost
+from p2pfsm.logwindow import LogWindow
 from p2pfsm.metrics import NodeMetrics
 from p2pfsm.protocol import AbortFetch, Connect, Disconnect, decode, encode
 from p2pfsm.session import (
@@ -115,23 +118,8 @@ def _as_int(value: Any) -> Any:
         return value
 
 
-_LOG_BURST = 5
-_LOG_WINDOW_S = 10.0
-"""At most _LOG_BURST lines of one kind (a peer's rejected frames, frames from other
-connections, host callback errors) per window; the rest are counted."""
-
 LookupAnswer = tuple[Mapping[bytes, int], Iterable[bytes]]
 """What ``on_lookup`` returns: hit key -> local block index, and still-pending keys."""
-
-
-@dataclass(eq=False)
-class _ServedLookup:
-    """A peer's lookup with keys the host left pending (see :meth:`Node.resolve_lookup`)."""
-
-    peer_id: str
-    session: Session
-    session_token: int
-    pending: frozenset[bytes]
 
 
 @dataclass(eq=False, slots=True)
@@ -151,30 +139,6 @@ class _Load:
     started: float
     nbytes: int
     event: HostFetch  # fed again to a redialled session if its session died unsent
-
-
-@dataclass(slots=True)
-class _LogWindow:
-    """At most ``_LOG_BURST`` lines per ``_LOG_WINDOW_S`` of one kind of event."""
-
-    window_start: float = 0.0
-    logged: int = 0
-    suppressed: int = 0
-
-    def emit(self, write: Callable[..., None], kind: str, msg: str, *args: object,
-             **kwargs: Any) -> None:
-        """``write(msg, *args)`` unless past the burst; first, when a window closes, how
-        many lines of ``kind`` it left out."""
-        now = time.monotonic()
-        if now - self.window_start >= _LOG_WINDOW_S:
-            if self.suppressed:
-                write("%d more %s not logged", self.suppressed, kind)
-            self.window_start, self.logged, self.suppressed = now, 0, 0
-        if self.logged < _LOG_BURST:
-            self.logged += 1
-            write(msg, *args, **kwargs)
-        else:
-            self.suppressed += 1
 
 
 def _is_connect(frame: bytes) -> bool:
@@ -255,13 +219,10 @@ class Node(Driven, Executor):
         self._lookups: dict[tuple[str, str], deque[JobFuture[LookupResult]]] = {}
         self._ready_waiters: dict[str, list[JobFuture[Session]]] = {}
         self._started_at: dict[str, float] = {}
-        self._lookup_serial = 0  # the last token handed to on_lookup
-        self._asking: int | None = None  # the token on_lookup is being asked about
-        self._served: dict[int, _ServedLookup] = {}  # our token -> lookup with pending keys
-        self._served_tokens: dict[tuple[str, int], int] = {}  # (peer, session token) -> ours
-        self._violation_logs: dict[str, _LogWindow] = {}
-        self._host_error_log = _LogWindow()
-        self._foreign_log = _LogWindow()
+        self._served = ServedLookups()  # on_lookup's tokens, lookups with keys pending
+        self._violation_logs: dict[str, LogWindow] = {}
+        self._host_error_log = LogWindow()
+        self._foreign_log = LogWindow()
         self._bindings = Bindings()
         self._session_violations: dict[str, int] = {}  # rejected frames of the live session
         self._live: set[str] = set()  # peers whose session is alive (O(1) gauges per turn)
@@ -275,11 +236,7 @@ class Node(Driven, Executor):
         self._last_step: tuple[int, float] | None = None
         self._aio_thread: int | None = None
         self._close_request: tuple[float, Future[None]] | None = None
-        self._dialled: set[str] = set()  # peers the host connect()ed: re-opened on death
-        self._redial_at: dict[str, float] = {}  # peer -> when to open it again
-        self._backoff: dict[str, float] = {}  # peer -> the next wait, while attempts fail
-        # Fetches and lookups for a peer waiting to be opened again, with their deadline.
-        self._parked: dict[str, list[tuple[float, HostFetch | HostLookup]]] = {}
+        self._redials = Redials(config.reconnect_backoff_s)  # sessions opened again
         self._unsent_death: Session | None = None  # died before ready, being redialled
         self._threadsafe: ThreadSafeNode | None = None
         self._hook = call_hook
@@ -318,8 +275,7 @@ class Node(Driven, Executor):
         session = self.sessions.get(peer_id)
         if session is not None and session.alive:
             return session
-        self._dialled.add(peer_id)
-        self._redial_at.pop(peer_id, None)
+        self._redials.host_dialled(peer_id)
         self.control.connect(peer_id)
         self._bindings.forget(peer_id)  # a new session: bound by the peer's first frame
         session = self._new_session(peer_id)
@@ -433,14 +389,7 @@ class Node(Driven, Executor):
         self._check_thread("resolve_lookup")
         hits = {k: _as_int(v) for k, v in (hits or {}).items()}
         still = frozenset(pending)
-        if type(token) is not int or not 0 < token <= self._lookup_serial:
-            raise LocalProtocolError(f"resolve_lookup: no lookup {token!r} was asked")
-        if token == self._asking:
-            raise LocalProtocolError(
-                f"resolve_lookup: lookup {token} is being asked; answer it from on_lookup")
-        served = self._served.get(token)
-        if served is not None and served.peer_id != peer_id:
-            raise LocalProtocolError(f"resolve_lookup: lookup {token} is not from {peer_id}")
+        served = self._served.checked(token, peer_id)
         self._check_local_indexes("resolve_lookup", hits.values())
         both = hits.keys() & still
         if both:
@@ -472,7 +421,7 @@ class Node(Driven, Executor):
             raise
         served.pending = still
         if not still:
-            self._forget_served(token)
+            self._served.forget(token)
         self._drain()
         return fut if job is not None else None
 
@@ -512,9 +461,9 @@ class Node(Driven, Executor):
         earliest = self._timers.earliest()
         if earliest is not None:
             deadline = min(deadline, earliest[0])
-        if self._redial_at:
-            deadline = min(deadline, *self._redial_at.values(),
-                           *(d for waiting in self._parked.values() for d, _ in waiting))
+        redial = self._redials.next_due()
+        if redial is not None:
+            deadline = min(deadline, redial)
         connect_ms = self.control.next_timeout_ms()
         if connect_ms is not None:
             deadline = min(deadline, now + connect_ms / 1000.0)
@@ -618,7 +567,7 @@ class Node(Driven, Executor):
                 self._events.append((peer, TimerFired(timer), owner))
         if self._heard and now >= self._next_idle_check:
             self._evict_idle(now)
-        if self._redial_at:
+        if self._redials:
             self._redial_due(now)
         self._handle_all()
         self._update_gauges()
@@ -729,13 +678,9 @@ class Node(Driven, Executor):
     def _finish_quietly(self, peer_id: str, kv_request_id: str) -> None:
         """A cancelled fetch: finish its request unless the session is already over (a
         fetch still waiting for its session to open again fails at once)."""
-        waiting = self._parked.get(peer_id, [])
-        held = [ev for _, ev in waiting if ev.kv_request_id == kv_request_id]
-        if held:
-            self._parked[peer_id] = [(d, ev) for d, ev in waiting if ev not in held]
-            for ev in held:
-                self._fail_parked(peer_id, ev, FailReason.FINISHED,
-                                  "cancelled while it waited for the session to open again")
+        for ev in self._redials.take_request(peer_id, kv_request_id):
+            self._fail_parked(peer_id, ev, FailReason.FINISHED,
+                              "cancelled while it waited for the session to open again")
         session = self.sessions.get(peer_id)
         if self._closed or session is None or not session.alive:
             return
@@ -746,13 +691,13 @@ class Node(Driven, Executor):
     def _host(self, peer_id: str, event: Input) -> None:
         self._check_open()
         self._check_thread(_HOST_CALLS.get(type(event), "a host call"))
-        if peer_id in self._redial_at and isinstance(event, HostFetch | HostLookup):
+        if self._redials.waiting(peer_id) and isinstance(event, HostFetch | HostLookup):
             # The session is dead and opens again soon: the call waits for it, up to
             # its own deadline.
             self.session(peer_id).check_host_call(event)  # bad arguments: refused now
             limit = (self.config.timeouts.load if isinstance(event, HostFetch)
                      else self.config.timeouts.lookup)
-            self._parked.setdefault(peer_id, []).append((time.monotonic() + limit, event))
+            self._redials.park(peer_id, time.monotonic() + limit, event)
             return
         self._feed(peer_id, event, session=self.session(peer_id))
         self._drain()
@@ -802,7 +747,7 @@ class Node(Driven, Executor):
                 return
             self._new_session(peer_id)
             self._heard[peer_id] = 0.0  # opened by the peer: subject to idle eviction
-            if peer_id in self._redial_at:
+            if self._redials.waiting(peer_id):
                 self._opened_by_peer(peer_id)
         self._bindings.bind(peer_id, conn)
         if peer_id in self._heard:
@@ -976,9 +921,9 @@ class Node(Driven, Executor):
         self._callbacks.append(lambda: self._answer(peer, session, out))
 
     def lookup_closed(self, peer: str, out: LookupClosed) -> None:
-        token = self._served_tokens.get((peer, out.token))
+        token = self._served.token_of(peer, out.token)
         if token is not None:
-            self._forget_served(token)
+            self._served.forget(token)
 
     def fetch_arrived(self, peer: str, out: FetchArrived) -> None:
         on_fetch = self.on_fetch
@@ -1023,10 +968,10 @@ class Node(Driven, Executor):
         load = self._loads.get(res.job_id)
         if (load is not None and res.reason is FailReason.SESSION_ENDED
                 and self._unsent_death is not None and self._applying is self._unsent_death
-                and peer_id in self._redial_at):
+                and self._redials.waiting(peer_id)):
             deadline = load.started + self.config.timeouts.load
             if deadline > time.monotonic():  # never sent: it waits for the next session
-                self._parked.setdefault(peer_id, []).append((deadline, load.event))
+                self._redials.park(peer_id, deadline, load.event)
                 return
         self._loads.pop(res.job_id, None)
         if not res.success:
@@ -1078,7 +1023,7 @@ class Node(Driven, Executor):
         if started is not None:
             self.metrics.observe("handshake_seconds", time.monotonic() - started)
         self.metrics.count("handshakes")
-        self._backoff.pop(peer_id, None)
+        self._redials.ready(peer_id)
         log.info("peer %s ready", peer_id)
         for fut in self._ready_waiters.pop(peer_id, ()):
             if not fut.done():
@@ -1118,33 +1063,25 @@ class Node(Driven, Executor):
             self.metrics.count("restarts" if dead.reason == "peer restarted" else "reconnects")
             old = self.sessions.get(peer_id)
             self._callbacks.append(lambda: self._serve_restart(peer_id, old, restart))
-        elif self._may_redial(peer_id, dead):
-            backoff = self.config.reconnect_backoff_s
-            assert backoff is not None
-            wait = self._backoff.get(peer_id)  # None: the session had become ready
-            self._backoff[peer_id] = backoff[0] if wait is None else min(2 * wait, backoff[1])
-            self._redial_at[peer_id] = time.monotonic() + (wait or 0.0)
-            log.info("peer %s: opening the session again in %.1f s", peer_id, wait or 0.0)
+        elif self._redials.may_redial(peer_id, dead, self._closed):
+            wait = self._redials.schedule(peer_id, time.monotonic())
+            log.info("peer %s: opening the session again in %.1f s", peer_id, wait)
             if never_ready:
                 # Its fetches never left the queue: they wait for the next session.
                 self._unsent_death = self._applying
 
-    def _may_redial(self, peer_id: str, dead: SessionDead) -> bool:
-        """Open a dead session of ours again: not after our own close, a mismatch, or
-        with the node closing."""
-        return (self.config.reconnect_backoff_s is not None and peer_id in self._dialled
-                and dead.mismatch is None and dead.reason != "closed"
-                and not self._closed)
-
     def _redial_due(self, now: float) -> None:
-        for peer_id, due in list(self._redial_at.items()):
-            if due <= now:
-                self._redial(peer_id)
-            else:
-                self._expire_parked(peer_id, now)
+        """Open the sessions whose redial is due; fail the calls that waited past their
+        deadline for the others."""
+        peers, expired = self._redials.due(now)
+        for peer_id in peers:
+            self._redial(peer_id)
+        for peer_id, ev in expired:
+            self._fail_parked(peer_id, ev, FailReason.SESSION_ENDED,
+                              "no session to the peer within the deadline: it is being "
+                              f"opened again ({self._death_reason(peer_id)})")
 
     def _redial(self, peer_id: str) -> None:
-        del self._redial_at[peer_id]
         if self._closed:
             return  # close() gave every parked call its result
         session = self.sessions.get(peer_id)
@@ -1162,7 +1099,7 @@ class Node(Driven, Executor):
         ours as the host dialled the peer (never evicted for idleness, opened again when
         it dies), and the calls that waited go to it now, not at the redial's time (up
         to the backoff's most later, or past their own deadline)."""
-        del self._redial_at[peer_id]
+        self._redials.cancel(peer_id)
         self._heard.pop(peer_id, None)
         log.info("peer %s connected to us while its session waited to be opened again: "
                  "that session replaces the redial", peer_id)
@@ -1171,33 +1108,18 @@ class Node(Driven, Executor):
     def _feed_parked(self, peer_id: str, session: Session) -> None:
         """The calls that waited for a session to the peer, to ``session`` (which
         queues them until it is ready)."""
-        for _, ev in self._parked.pop(peer_id, ()):
+        for ev in self._redials.take(peer_id):
             self._feed(peer_id, ev, session=session)
-
-    def _expire_parked(self, peer_id: str, now: float) -> None:
-        """Calls that waited for a session to open again past their deadline fail."""
-        waiting = self._parked.get(peer_id, [])
-        expired = [ev for d, ev in waiting if d <= now]
-        if not expired:
-            return
-        self._parked[peer_id] = [(d, ev) for d, ev in waiting if d > now]
-        why = (f"no session to the peer within the deadline: it is being opened again "
-               f"({self._death_reason(peer_id)})")
-        for ev in expired:
-            self._fail_parked(peer_id, ev, FailReason.SESSION_ENDED, why)
 
     def _end_parked(self) -> None:
         """The node closes: no session opens again, and the calls that waited for one
         fail as the jobs of a closed session do (SESSION_ENDED, saying why)."""
-        self._redial_at.clear()
-        parked, self._parked = self._parked, {}
-        for peer_id, waiting in parked.items():
-            for _, ev in waiting:
-                self._fail_parked(peer_id, ev, FailReason.SESSION_ENDED,
-                                  "the node closed while it waited for the session to open "
-                                  "again")
+        for peer_id, ev in self._redials.end():
+            self._fail_parked(peer_id, ev, FailReason.SESSION_ENDED,
+                              "the node closed while it waited for the session to open "
+                              "again")
 
-    def _fail_parked(self, peer_id: str, ev: HostFetch | HostLookup, reason: FailReason,
+    def _fail_parked(self, peer_id: str, ev: Parked, reason: FailReason,
                      why: str) -> None:
         if isinstance(ev, HostFetch):
             self._on_load_result(peer_id, LoadResult(
@@ -1243,7 +1165,7 @@ class Node(Driven, Executor):
                         peer_id, count, budget)
             self.metrics.count("violation_closes")
             self._callbacks.append(lambda: self._close_for_violations(peer_id, session))
-        rate = self._violation_logs.setdefault(peer_id, _LogWindow())
+        rate = self._violation_logs.setdefault(peer_id, LogWindow())
         rate.emit(log.warning, f"rejected frames of peer {peer_id}",
                   "peer %s: frame rejected: %s", peer_id, violation.error)
 
@@ -1293,15 +1215,14 @@ class Node(Driven, Executor):
         """Ask ``on_lookup``, showing it our token for the lookup (unique in this node,
         unlike the session's, which restarts with each session) and the future of the
         pins it returns."""
-        self._lookup_serial += 1
-        token = self._lookup_serial
+        token = self._served.new_token()
         pins: JobFuture[StoreResult] = JobFuture(self)
         hits: dict[bytes, int] = {}
         pending: frozenset[bytes] = frozenset()
         self.metrics.count("lookups_served")
         if self.on_lookup is not None:
             ask = LookupAsk(token, req.kv_request_id, req.round_seq, req.keys, pins)
-            self._asking = token
+            self._served.asking = token
             try:
                 answer_hits, answer_pending = self.on_lookup(peer_id, ask)
                 hits = {k: _as_int(v) for k, v in answer_hits.items()}
@@ -1311,7 +1232,7 @@ class Node(Driven, Executor):
                 self._host_failed("on_lookup", peer_id, f"lookup of {req.kv_request_id}", exc)
                 hits, pending = {}, frozenset()
             finally:
-                self._asking = None
+                self._served.asking = None
         job = None
         if hits:
             job = self.new_job_id()
@@ -1319,13 +1240,6 @@ class Node(Driven, Executor):
         else:
             pins.set_result(StoreResult(0, False, FailReason.NOT_SERVED, "nothing was pinned"))
         if pending - hits.keys():
-            self._served[token] = _ServedLookup(peer_id, session, req.token,
-                                                pending - hits.keys())
-            self._served_tokens[(peer_id, req.token)] = token
+            self._served.hold(token, ServedLookup(peer_id, session, req.token,
+                                                  pending - hits.keys()))
         self._feed(peer_id, HostAnswerLookup(req.token, hits, job, pending), session=session)
-
-    def _forget_served(self, token: int) -> None:
-        served = self._served.pop(token, None)
-        if served is not None:
-            self._served_tokens.pop((served.peer_id, served.session_token), None)
-

@@ -1,0 +1,122 @@
+"""Sessions opened again: which peers a node redials, when, and the calls that wait.
+
+A session the host opened with ``connect()`` that dies (not closed by us, no mismatch)
+is opened again: at once, then with doubling backoff while attempts fail
+(``NodeConfig.reconnect_backoff_s``). Fetches and lookups made meanwhile are parked
+here with their deadline and go to the next session, or fail when the deadline passes
+first. This module only keeps that book; time is an input (every call that needs it
+takes ``now``) and the node carries out what it says.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from p2pfsm.session import HostFetch, HostLookup, SessionDead
+
+__all__ = ["Parked", "Redials"]
+
+Parked = HostFetch | HostLookup
+"""A host call that waits for a session to open again."""
+
+
+class Redials:
+    """The redial book of one node.
+
+    Args:
+        backoff: ``(first, most)`` seconds between attempts; None: never redial.
+    """
+
+    __slots__ = ("_at", "_backoff", "_dialled", "_parked", "backoff")
+
+    def __init__(self, backoff: tuple[float, float] | None) -> None:
+        self.backoff = backoff
+        self._dialled: set[str] = set()  # peers the host connect()ed: re-opened on death
+        self._at: dict[str, float] = {}  # peer -> when to open it again
+        self._backoff: dict[str, float] = {}  # peer -> the next wait, while attempts fail
+        self._parked: dict[str, list[tuple[float, Parked]]] = {}  # peer -> (deadline, call)
+
+    def __bool__(self) -> bool:
+        """Some session waits to be opened again."""
+        return bool(self._at)
+
+    def waiting(self, peer_id: str) -> bool:
+        """The session to ``peer_id`` is dead and waits to be opened again."""
+        return peer_id in self._at
+
+    def host_dialled(self, peer_id: str) -> None:
+        """The host opened the session itself: it is ours to redial, none is due now."""
+        self._dialled.add(peer_id)
+        self._at.pop(peer_id, None)
+
+    def may_redial(self, peer_id: str, dead: SessionDead, closing: bool) -> bool:
+        """Open a dead session of ours again: not after our own close, a mismatch, or
+        with the node closing."""
+        return (self.backoff is not None and peer_id in self._dialled
+                and dead.mismatch is None and dead.reason != "closed" and not closing)
+
+    def schedule(self, peer_id: str, now: float) -> float:
+        """Open ``peer_id`` again after the wait returned: none after a session that had
+        become ready, then the backoff, doubling up to its most while attempts fail."""
+        assert self.backoff is not None
+        wait = self._backoff.get(peer_id)  # None: the session had become ready
+        first, most = self.backoff
+        self._backoff[peer_id] = first if wait is None else min(2 * wait, most)
+        self._at[peer_id] = now + (wait or 0.0)
+        return wait or 0.0
+
+    def ready(self, peer_id: str) -> None:
+        """The session became ready: the next death redials at once again."""
+        self._backoff.pop(peer_id, None)
+
+    def cancel(self, peer_id: str) -> None:
+        """No redial of ``peer_id`` any more (another session replaced it)."""
+        self._at.pop(peer_id, None)
+
+    def park(self, peer_id: str, deadline: float, call: Parked) -> None:
+        """``call`` waits for the next session to ``peer_id`` until ``deadline``."""
+        self._parked.setdefault(peer_id, []).append((deadline, call))
+
+    def take(self, peer_id: str) -> list[Parked]:
+        """The calls that waited for ``peer_id``, oldest first (they leave the book)."""
+        return [call for _, call in self._parked.pop(peer_id, ())]
+
+    def take_request(self, peer_id: str, kv_request_id: str) -> list[Parked]:
+        """The calls of one request that waited for ``peer_id`` (they leave the book)."""
+        return self._take_if(peer_id, lambda _, call: call.kv_request_id == kv_request_id)
+
+    def due(self, now: float) -> tuple[list[str], list[tuple[str, Parked]]]:
+        """The peers to open again now, and the calls that waited past their deadline
+        for the others (they leave the book)."""
+        peers: list[str] = []
+        expired: list[tuple[str, Parked]] = []
+        for peer_id, at in list(self._at.items()):
+            if at <= now:
+                del self._at[peer_id]
+                peers.append(peer_id)
+            else:
+                expired.extend((peer_id, call) for call in self._take_if(
+                    peer_id, lambda deadline, _: deadline <= now))
+        return peers, expired
+
+    def next_due(self) -> float | None:
+        """The earliest redial or parked deadline; None when no session waits."""
+        if not self._at:
+            return None
+        return min([*self._at.values(),
+                    *(d for waiting in self._parked.values() for d, _ in waiting)])
+
+    def end(self) -> list[tuple[str, Parked]]:
+        """The node closes: no session opens again; every parked call leaves the book."""
+        self._at.clear()
+        parked, self._parked = self._parked, {}
+        return [(peer_id, call) for peer_id, waiting in parked.items() for _, call in waiting]
+
+    def _take_if(self, peer_id: str, which: Callable[[float, Parked], bool]) -> list[Parked]:
+        waiting = self._parked.get(peer_id)
+        if not waiting:
+            return []
+        taken = [call for d, call in waiting if which(d, call)]
+        if taken:
+            self._parked[peer_id] = [(d, call) for d, call in waiting if not which(d, call)]
+        return taken
