@@ -16,6 +16,7 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
+from p2pfsm.bench.report import quantiles
 from p2pfsm.bench.transfer import Progress, _Fetcher, _Peer
 from p2pfsm.errors import TransportError
 
@@ -88,7 +89,6 @@ def _recv(conn: Connection, deadline: float) -> tuple[Any, ...]:
 
 def run(peer: _Peer, consumers: int, fetches: int, say: Progress) -> dict[str, Any]:
     """The fan-out against ``peer`` (which then serves 256 x 64 KiB demo blocks)."""
-    from p2pfsm.bench.workloads import quantiles
     from p2pfsm.demo.host import available_memory
 
     have = available_memory()

@@ -8,7 +8,7 @@ from typing import Any
 
 from p2pfsm.errors import ConfigError
 
-__all__ = ["SUITES", "format_loop", "parse_shape"]
+__all__ = ["SUITES", "format_loop", "parse_shape", "quantiles"]
 
 SUITES = ("fsm", "transfer")
 """What ``--suite all`` runs (``sweep`` is chosen by name: it takes minutes)."""
@@ -35,3 +35,15 @@ def format_loop(label: str, got: dict[str, Any]) -> str:
     cuts = statistics.quantiles(times, n=10, method="inclusive") if len(times) > 1 else times * 9
     return (f"{head}; median {statistics.median(times) * 1e3:.3f} ms "
             f"(p10 {cuts[0] * 1e3:.3f}, p90 {cuts[-1] * 1e3:.3f})")
+
+
+def quantiles(samples: list[float], scale: float = 1e3) -> dict[str, float]:
+    """Median, p10, p90 and p99 (inclusive method) of ``samples``, times ``scale``."""
+    ordered = sorted(samples)
+    if len(ordered) < 2:
+        value = ordered[0] * scale if ordered else float("nan")
+        return {"median": value, "p10": value, "p90": value, "p99": value,
+                "n": float(len(ordered))}
+    cuts = statistics.quantiles(ordered, n=100, method="inclusive")
+    return {"median": statistics.median(ordered) * scale, "p10": cuts[9] * scale,
+            "p90": cuts[89] * scale, "p99": cuts[98] * scale, "n": float(len(ordered))}

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from p2pfsm.bench.procstat import cpu_s, fds, rss
+from p2pfsm.bench.report import quantiles
 from p2pfsm.bench.transfer import Progress, _Fetcher, _node_pair, _Peer
 from p2pfsm.demo.blocks import demo_key
 from p2pfsm.errors import ConfigError, TransportError
@@ -39,25 +40,13 @@ from p2pfsm.errors import ConfigError, TransportError
 if TYPE_CHECKING:
     from p2pfsm.executor.node import Node
 
-__all__ = ["format_workloads", "quantiles", "run"]
+__all__ = ["format_workloads", "run"]
 
 _BLOCK = 64 * 1024
 _LOOKUP_HELD, _LOOKUP_ABSENT = 192, 64
 _CONCURRENT, _PER_REQUEST = 8, 32
 _EDGE = 100  # fetches at each end of the soak
 _ABSENT_BASE = 10**9  # demo block numbers the peer never holds
-
-
-def quantiles(samples: list[float], scale: float = 1e3) -> dict[str, float]:
-    """Median, p10, p90 and p99 (inclusive method) of ``samples``, times ``scale``."""
-    ordered = sorted(samples)
-    if len(ordered) < 2:
-        value = ordered[0] * scale if ordered else float("nan")
-        return {"median": value, "p10": value, "p90": value, "p99": value,
-                "n": float(len(ordered))}
-    cuts = statistics.quantiles(ordered, n=100, method="inclusive")
-    return {"median": statistics.median(ordered) * scale, "p10": cuts[9] * scale,
-            "p90": cuts[89] * scale, "p99": cuts[98] * scale, "n": float(len(ordered))}
 
 
 def load_average() -> float:

@@ -147,7 +147,7 @@ def test_workloads_text_names_every_workload_and_the_load() -> None:
 
 
 def test_quantiles_take_p99_and_survive_one_sample() -> None:
-    from p2pfsm.bench.workloads import quantiles
+    from p2pfsm.bench.report import quantiles
 
     q = quantiles([i / 1000 for i in range(1, 101)])
     assert q["median"] == pytest.approx(50.5) and q["p99"] == pytest.approx(99.01)

@@ -1,0 +1,116 @@
+"""No import circles in p2pfsm: module A importing B (at the top or inside a function)
+while B imports A. Imports under ``if TYPE_CHECKING:`` are for the type checker only
+and do not count."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Mapping
+from pathlib import Path
+
+import p2pfsm
+
+ROOT = Path(p2pfsm.__file__).parent
+
+
+def _modules() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for path in ROOT.rglob("*.py"):
+        parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        found[".".join(parts)] = path
+    return found
+
+
+def _typing_only(tree: ast.Module) -> set[int]:
+    """The nodes under ``if TYPE_CHECKING:``."""
+    hidden: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            hidden.update(id(sub) for stmt in node.body for sub in ast.walk(stmt))
+    return hidden
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the p2pfsm modules it imports at run time."""
+    modules = _modules()
+
+    def owner(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(), str(path))
+        hidden = _typing_only(tree)
+        for node in ast.walk(tree):
+            if id(node) in hidden:
+                continue
+            targets: list[str] = []
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            for target in targets:
+                if target.split(".")[0] == "p2pfsm":
+                    found = owner(target)
+                    if found is not None and found != name:
+                        graph[name].add(found)
+    return graph
+
+
+def cycles(graph: Mapping[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for start in graph:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+            if low[node] == index[node]:
+                component: list[str] = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_the_cycle_finder_finds_a_planted_circle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"d"}}
+    assert cycles(graph) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_p2pfsm_has_no_import_circle() -> None:
+    graph = import_graph()
+    assert "p2pfsm.executor.zmq_plane" in graph["p2pfsm.executor.node"]  # it reads imports
+    assert cycles(graph) == []
