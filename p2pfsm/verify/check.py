@@ -44,7 +44,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TextIO
 
-from p2pfsm.verify import coverage, explain, names, tlc
+from p2pfsm.verify import coverage, explain, names, printer, tlc
 from p2pfsm.verify.configs import SPEC_MODULE, Config, resolve, spec_dir
 
 log = logging.getLogger(__name__)
@@ -96,7 +96,7 @@ def counterexample_table(result: tlc.TlcResult, *, width: int | None = 100,
     except Exception as exc:  # never lose the verdict to the explanation
         log.warning("cannot explain the counterexample: %s", exc)
         return _raw_table(result, f"(steps not explained: {exc})")
-    return explain.render(steps, width=width or 10 ** 6, full=full, legend=legend)
+    return printer.render(steps, width=width or 10 ** 6, full=full, legend=legend)
 
 
 def _raw_table(result: tlc.TlcResult, head: str) -> str:
@@ -115,7 +115,7 @@ def counterexample_json(result: tlc.TlcResult) -> list[dict[str, object]]:
     [{machine, peer, instance, source, dest, triggers, note}], frames_sent,
     frames_delivered, frames_lost, frames_queued, changed {var: [before, after]}."""
     try:
-        return explain.as_json(explain.explain(result.trace))
+        return printer.as_json(explain.explain(result.trace))
     except Exception as exc:  # never lose the verdict to the explanation
         log.warning("cannot explain the counterexample: %s", exc)
         return [{"step": s.index, "action": s.action, "error": str(exc),

@@ -22,7 +22,6 @@ tombstones end only at ``NetworkFrameLifetime`` (the peer's clock jumps past the
 
 from __future__ import annotations
 
-import re
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -51,6 +50,7 @@ from p2pfsm.sim.world import SafetyViolation
 from p2pfsm.spec_calls import FRAME_ACTIONS, TIMER_ACTIONS, action_name
 from p2pfsm.verify.graph import StateGraph, Step
 from p2pfsm.verify.names import ENVIRONMENT_ACTIONS
+from p2pfsm.verify.tla_values import Fn, parse_value
 from p2pfsm.verify.traces import TraceEvent, TracingWorld
 
 Op = tuple[object, ...]
@@ -269,25 +269,51 @@ def _is_keyed_fetch(frame: bytes) -> bool:
 
 
 # ------------------------------------------------------------------ abstraction
-_PEERS = re.compile(r"^\[\s*a \|-> (.*), b \|-> (.*)\]$")
-_FRAME = re.compile(r'<<\s*"(\w+)",\s*"[^"]*",\s*(-?\d+),\s*\{([^}]*)\}')
-_ROUND = re.compile(r'<<\s*"[^"]*",\s*(-?\d+)\s*>>\s*:>\s*\[[^\]]*?\bst\s*\|->\s*"(\w+)"')
-_STRING = re.compile(r'"(\w+)"')
 
 Abstract = tuple[tuple[str, ...], tuple[tuple[object, ...], ...]]
 
 
-def _per_peer(text: str) -> tuple[str, str]:
-    m = _PEERS.match(" ".join(text.split()))  # TLC wraps long values
-    if m is None:
+def _per_peer(text: str) -> tuple[object, object]:
+    """The values of peers a and b in a spec variable ``[a |-> .., b |-> ..]``."""
+    value = parse_value(text)
+    if not isinstance(value, Fn) or set(value) != {"a", "b"}:
         raise ValueError(f"not a per-peer value: {text[:80]}")
-    return m[1], m[2]
+    return value["a"], value["b"]
 
 
-def _spec_frame(kind: str, seq: int, keys: str) -> tuple[object, ...]:
+def _spec_frames(channel: object) -> tuple[tuple[object, ...], ...]:
+    """A spec channel (a sequence of ``<<kind, sender, round_seq, keys, ...>>``) as
+    :func:`_code_frame` sees frames."""
+    assert isinstance(channel, tuple), channel
+    return tuple(_spec_frame(*_frame_fields(frame)) for frame in channel)
+
+
+def _frame_fields(frame: object) -> tuple[str, int, frozenset[object]]:
+    assert isinstance(frame, tuple) and len(frame) >= 4, frame
+    kind, _sender, seq, keys = frame[:4]
+    assert isinstance(kind, str) and isinstance(seq, int) and isinstance(keys, frozenset)
+    return kind, seq, keys
+
+
+def _spec_rounds(rounds: object) -> tuple[tuple[int, str], ...]:
+    """A spec round table (``<<req, seq>> :> [st |-> .., ...]``; ``<<>>`` when empty) as
+    sorted (round_seq, state) pairs."""
+    if rounds == ():
+        return ()
+    assert isinstance(rounds, Fn), rounds
+    pairs: list[tuple[int, str]] = []
+    for key, record in rounds.items():
+        assert isinstance(key, tuple) and isinstance(record, Fn), (key, record)
+        seq, state = key[1], record["st"]
+        assert isinstance(seq, int) and isinstance(state, str)
+        pairs.append((seq, state))
+    return tuple(sorted(pairs))
+
+
+def _spec_frame(kind: str, seq: int, keys: frozenset[object]) -> tuple[object, ...]:
     if kind in _HANDSHAKE:
         return (kind,)
-    key_ids = tuple(sorted(SPEC_KEYS[k] for k in _STRING.findall(keys)))
+    key_ids = tuple(sorted(SPEC_KEYS[str(k)] for k in keys))
     if kind in ("fetch", "lookup", "lookup_resp"):
         return (kind, key_ids) if kind != "fetch" else (kind, seq, key_ids)
     return (kind, seq)
@@ -315,13 +341,13 @@ def _code_frame(frame: bytes) -> tuple[object, ...]:
 
 def spec_abstract(state: dict[str, str]) -> Abstract:
     """What a replay compares in a spec state."""
-    sess = tuple(_STRING.findall(state["sess"]))
+    sess = tuple(str(s) for s in _per_peer(state["sess"]))
     parts: list[tuple[object, ...]] = []
-    for text in _per_peer(state["chan"]):
-        parts.append(tuple(_spec_frame(k, int(s), ks) for k, s, ks in _FRAME.findall(text)))
+    for channel in _per_peer(state["chan"]):
+        parts.append(_spec_frames(channel))
     for var in ("cr", "sr"):
-        for text in _per_peer(state[var]):
-            parts.append(tuple(sorted((int(s), st) for s, st in _ROUND.findall(text))))
+        for rounds in _per_peer(state[var]):
+            parts.append(_spec_rounds(rounds))
     return sess, tuple(parts)
 
 
@@ -410,7 +436,7 @@ def initial_world(state: dict[str, str], *, parts: bool = False) -> ReplayWorld:
     """A ReplayWorld in the spec's initial state (handshake done when it says ready);
     ``parts``: the producer answers lookups in parts."""
     w = ReplayWorld(compatible=state["compat"] == "TRUE", parts=parts)
-    if _STRING.findall(state["sess"]) == ["ready", "ready"]:
+    if _per_peer(state["sess"]) == ("ready", "ready"):
         w.start()
         w.stabilize()
         w.trace.clear()

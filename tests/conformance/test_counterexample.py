@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from p2pfsm.verify import check, explain, names, tlc
+from p2pfsm.verify import check, explain, names, printer, tla_values, tlc
 
 P4 = "mustfail/p4_round_restart"
 
@@ -94,7 +94,7 @@ def test_p4_json_lists_only_changed_variables(
     for step in steps[1:]:
         before, after = by_step[step["step"] - 1].state, by_step[step["step"]].state
         unchanged = {v for v in after if v not in explain.HIDDEN
-                     and explain.parse_value(before[v]) == explain.parse_value(after[v])}
+                     and tla_values.parse_value(before[v]) == tla_values.parse_value(after[v])}
         assert not unchanged & step["changed"].keys()
 
 
@@ -143,15 +143,16 @@ def _trace(*states: tuple[str, dict[str, str]]) -> list[tlc.TraceStep]:
 
 
 def test_values_parse_as_tlc_prints_them() -> None:
-    fn = explain.parse_value('(<<"r1", 0>> :> [st |-> "loading", job |-> 1] @@ '
-                             '<<"r1", -1>> :> [st |-> "supplied", job |-> 0])')
-    assert isinstance(fn, explain.Fn) and fn[("r1", -1)] == {"st": "supplied", "job": 0}
-    assert explain.parse_value("[a |-> <<>>, b |-> << >>]") == \
-        explain.parse_value("[ a |-> <<>>,\n  b |-> <<>> ]")
-    assert explain.parse_value('{"k2", "k1"}') == frozenset({"k1", "k2"})
-    assert explain.show(explain.parse_value('<<"a\\"b", TRUE, -1>>')) == '<<"a\\"b", TRUE, -1>>'
+    fn = tla_values.parse_value('(<<"r1", 0>> :> [st |-> "loading", job |-> 1] @@ '
+                                   '<<"r1", -1>> :> [st |-> "supplied", job |-> 0])')
+    assert isinstance(fn, tla_values.Fn) and fn[("r1", -1)] == {"st": "supplied", "job": 0}
+    assert tla_values.parse_value("[a |-> <<>>, b |-> << >>]") == \
+        tla_values.parse_value("[ a |-> <<>>,\n  b |-> <<>> ]")
+    assert tla_values.parse_value('{"k2", "k1"}') == frozenset({"k1", "k2"})
+    text = '<<"a\\"b", TRUE, -1>>'
+    assert tla_values.show(tla_values.parse_value(text)) == text
     with pytest.raises(ValueError):
-        explain.parse_value("[a |-> ")
+        tla_values.parse_value("[a |-> ")
 
 
 def test_a_synthetic_trace_queues_flushes_and_lists_changes_only() -> None:
@@ -182,10 +183,10 @@ def test_a_synthetic_trace_queues_flushes_and_lists_changes_only() -> None:
     assert set(finish.changed) == {"nfin"}
     assert [(c.path, c.before, c.after) for c in finish.shown] == [("nfin[b]", "0", "1")]
     assert [m.text() for m in finish.machine_steps] == []
-    text = explain.render(steps)
+    text = printer.render(steps)
     assert "queued fetch r1/0 keys=[k1] job=1 b -> a" in text
     assert "(no machine changed state)" in text
-    as_json = explain.as_json(steps)
+    as_json = printer.as_json(steps)
     assert as_json[3]["changed"] == {"nfin": ["[a |-> 0, b |-> 0]", "[a |-> 0, b |-> 1]"]}
 
 
