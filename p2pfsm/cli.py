@@ -11,7 +11,6 @@ closed pipe (``p2pfsm check --json | head -1``) ends the command quietly, exit 1
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
 import json
 import logging
@@ -25,6 +24,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from p2pfsm.argtypes import peer_of, positive
+from p2pfsm.bench.command import add_arguments as add_bench_arguments
 from p2pfsm.errors import ConfigError, P2PFSMError, TransportError
 
 EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
@@ -77,122 +78,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    def progress(line: str) -> None:
-        if not args.quiet:
-            print(line, file=sys.stderr, flush=True)
+    from p2pfsm.bench.command import run
 
-    if set(args.suite) - {"fsm"} and args.rounds < 2:
-        raise ConfigError(f"--rounds: expected at least 2, got {args.rounds}")
-    from p2pfsm.bench import report
-
-    results: dict[str, Any] = {}
-    text: list[str] = []
-    if args.connect is not None:
-        from p2pfsm.bench.client import fetch_loop
-
-        peer = _peer_of(args.connect)
-        for shape in args.shapes:
-            blocks, block_len = report.parse_shape(shape)
-            progress(f"fetching {shape} from {peer}, {args.repeat} times")
-            try:
-                got = fetch_loop(peer, blocks, block_len, args.repeat)
-            except TransportError as exc:  # e.g. the server holds another block size
-                results[f"connect {shape}"] = {"error": str(exc)}
-                text.append(f"{shape} from {peer}: not measured: {exc}")
-                continue
-            results[f"connect {shape}"] = got
-            text.append(report.format_loop(f"{shape} from {peer}", got))
-    elif args.vs_vllm:
-        from p2pfsm.bench import matrix
-
-        results["vs_vllm"] = got = matrix.run(passes=args.passes, repeat=args.repeat,
-                                              shapes=args.shapes, cells=args.cells or matrix.CELLS,
-                                              progress=progress)
-        text += ["vLLM 0.33.0, the adapter and p2pfsm (separate processes, fresh servers, "
-                 "interleaved):",
-                 matrix.format_matrix(got)]
-    everything = "all" in args.suite
-    chosen = tuple(dict.fromkeys(s for name in args.suite
-                                 for s in (report.SUITES if name == "all" else (name,))))
-    suites = () if args.connect is not None or (args.vs_vllm and everything) else chosen
-    if args.vs_vllm and everything:
-        suites = ("transfer",)
-    with contextlib.ExitStack() as stack:
-        _run_suites(args, suites, stack, progress, results, text)
-    if args.plot is not None:
-        from p2pfsm.bench import plot
-
-        for path in plot.write_all(results, args.plot):
-            progress(f"wrote {path}")
-    print(json.dumps(results) if args.json else "\n".join(text).strip("\n"))
-    return 0
-
-
-def _run_suites(args: argparse.Namespace, suites: tuple[str, ...], stack: contextlib.ExitStack,
-                progress: Callable[[str], None], results: dict[str, Any],
-                text: list[str]) -> None:
-    """Run ``suites`` in order, adding to ``results`` and ``text``; transfer and workloads
-    share one peer process when both run."""
-    shared: list[Any] = []
-
-    def peer() -> Any:
-        if "transfer" not in suites or "workloads" not in suites:
-            return None
-        if not shared:
-            from p2pfsm.bench.transfer import _Peer
-
-            progress("starting the bench peer process (shared by transfer and workloads)")
-            shared.append(_Peer())
-            stack.callback(shared[0].stop)
-        return shared[0]
-
-    if "fsm" in suites:
-        from p2pfsm.bench import fsm as bench_fsm
-
-        progress("fsm bench: one control event through the machines")
-        rows = bench_fsm.run(open_counts=tuple(args.open_rounds), number=args.number)
-        results["fsm"] = [r.__dict__ for r in rows]
-        text += ["control event through the machines (consumer session, medians):",
-                 bench_fsm.format_rows(rows)]
-    if "transfer" in suites:
-        from p2pfsm.bench import transfer as bench_transfer
-        from p2pfsm.demo.host import require_data_plane
-
-        require_data_plane()
-        transfer = bench_transfer.run(rounds=args.rounds, number=args.per_round,
-                                      idle_seconds=args.idle_seconds, progress=progress,
-                                      peer=peer())
-        results["transfer"] = transfer
-        text += ["", "fetches through two nodes vs the raw operations beneath "
-                 "(same run, same two processes):", bench_transfer.format_table(transfer)]
-    if "sweep" in suites:
-        from p2pfsm.bench import sweep
-
-        results["sweep"] = rows_ = sweep.sweep(progress=progress)
-        text += ["", sweep.format_sweep(rows_)]
-    if "workloads" in suites:
-        from p2pfsm.bench import workloads
-        from p2pfsm.demo.host import require_data_plane
-
-        require_data_plane()
-        results["workloads"] = got_w = workloads.run(
-            rounds=args.rounds, soak=args.soak, cpu_fetches=args.cpu_fetches,
-            region_mib=args.region_mib, consumers=args.consumers,
-            fanout_fetches=args.fanout_fetches, progress=progress, peer=peer())
-        text += ["", workloads.format_workloads(got_w)]
-    if "layouts" in suites:
-        from p2pfsm.bench import layouts
-        from p2pfsm.demo.host import require_data_plane
-
-        require_data_plane()
-        results["layouts"] = got_l = layouts.run(rounds=args.rounds, progress=progress)
-        text += ["", layouts.format_layouts(got_l)]
-    if "peers" in suites:
-        from p2pfsm.bench import peers
-
-        results["peers"] = got_peers = peers.run(count=args.peers, window_s=args.idle_seconds,
-                                                 progress=progress)
-        text += ["", peers.format_peers(got_peers)]
+    return run(args)
 
 
 def _cmd_sim_demo(args: argparse.Namespace) -> int:
@@ -206,18 +94,6 @@ def _cmd_sim_demo(args: argparse.Namespace) -> int:
         assert isinstance(lines, list)
         print("\n".join(str(line) for line in lines))
     return 0 if summary["ok"] else 1
-
-
-def _positive(kind: type[int] | type[float]) -> Callable[[str], Any]:
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-        return value
-    return parse
 
 
 def _fingerprint(text: str) -> str:
@@ -236,12 +112,6 @@ def _split_host_port(text: str, what: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or int(port) > 65535 or " " in host:
         raise ConfigError(f"{what}: expected HOST:PORT, got {text!r}")
     return host, int(port)
-
-
-def _peer_of(url: str) -> str:
-    if not url.startswith("tcp://") or ":" not in url[6:]:
-        raise ConfigError(f"--connect: expected tcp://HOST:PORT, got {url!r}")
-    return url[len("tcp://"):]
 
 
 def _probe(peer: str, timeout: float) -> None:
@@ -400,7 +270,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def _cmd_fetch(args: argparse.Namespace) -> int:
     from p2pfsm.demo.host import check_region, parse_keys, require_data_plane
 
-    peer = _peer_of(args.connect)
+    peer = peer_of(args.connect)
     blocks = parse_keys(args.keys)
     check_region(len(blocks), args.block_len, what="--keys")
     _probe(peer, min(PROBE_TIMEOUT, args.connect_timeout))
@@ -433,12 +303,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _add_peer_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--block-len", type=_positive(int), default=4096, help="bytes per block")
+    p.add_argument("--block-len", type=positive(int), default=4096, help="bytes per block")
     p.add_argument("--hash-seed", default="vllm-none-hash", help="prefix-cache hash seed")
     p.add_argument("--fingerprint", type=_fingerprint, default="",
                    help="model-config fingerprint: 16 hex digits, or '' (the default, as "
                         "a NodeConfig without model_config) for none")
-    p.add_argument("--connect-timeout", type=_positive(float), default=10.0, metavar="SECONDS",
+    p.add_argument("--connect-timeout", type=positive(float), default=10.0, metavar="SECONDS",
                    help="give up a peer connection not up by then (a refused one at once)")
     p.add_argument("--trace", metavar="FILE", default=None,
                    help="write each session call that is a spec action to FILE (JSON lines)")
@@ -492,7 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("demo", help="start a server process, fetch from it, verify every byte")
     p.add_argument("--blocks", type=int, default=16, help="blocks to move (1-64)")
-    p.add_argument("--block-len", type=_positive(int), default=65536, help="bytes per block")
+    p.add_argument("--block-len", type=positive(int), default=65536, help="bytes per block")
     p.add_argument("--sim", action="store_true", help="run in the simulated world instead")
     p.add_argument("--seed", type=int, default=1, help="seed of the simulated network (--sim)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -500,15 +370,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("serve", help="serve the demo block model until stopped")
     p.add_argument("--bind", required=True, help="tcp://HOST:PORT (port 0: any free port)")
-    p.add_argument("--blocks", type=_positive(int), default=256,
+    p.add_argument("--blocks", type=positive(int), default=256,
                    help="blocks held (0..N-1); blocks x (block-len + 512 B) must fit in "
                         "the memory available, and N <= 2**31")
     p.add_argument("--advertise-host", default=None, metavar="HOST",
                    help="the host peers dial back and see in our id (default: the bind "
                         "host; needed when binding 0.0.0.0)")
-    p.add_argument("--max-peers", type=_positive(int), default=None, metavar="N",
+    p.add_argument("--max-peers", type=positive(int), default=None, metavar="N",
                    help="most peer connections at once (default: the node's, 128)")
-    p.add_argument("--max-new-peers-per-s", type=_positive(int), default=None, metavar="N",
+    p.add_argument("--max-new-peers-per-s", type=positive(int), default=None, metavar="N",
                    help="new peer identities admitted per source host and second, a "
                         "burst of N at once; more are dropped (default: the node's, 500)")
     p.add_argument("--metrics", default=None, metavar="HOST:PORT",
@@ -530,9 +400,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", choices=("pd", "sym"), default="pd",
                    help="pd: fetch directly; sym: lookup, then fetch the hits")
     p.add_argument("--bind", default="tcp://127.0.0.1:0", help="our own ROUTER address")
-    p.add_argument("--load-timeout", type=_positive(float), default=30.0)
-    p.add_argument("--abort-ack-timeout", type=_positive(float), default=10.0)
-    p.add_argument("--timeout", type=_positive(float), default=30.0, help="handshake deadline")
+    p.add_argument("--load-timeout", type=positive(float), default=30.0)
+    p.add_argument("--abort-ack-timeout", type=positive(float), default=10.0)
+    p.add_argument("--timeout", type=positive(float), default=30.0, help="handshake deadline")
     p.add_argument("--peer-key", metavar="FILE", default=None,
                    help="the server's public key file (default: the --allow key, when "
                         "there is exactly one)")
@@ -557,58 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_check)
 
     p = command("bench", help="measure and print ratios against raw operations")
-    p.add_argument("--suite", choices=("fsm", "transfer", "sweep", "workloads", "layouts",
-                                       "peers", "all"),
-                   default=["all"], nargs="+",
-                   help="fsm: control events through the machines vs open rounds; transfer: "
-                        "fetches between two processes vs raw NIXL and ZeroMQ; sweep: GB/s "
-                        "vs block size; workloads: lookup + fetch, concurrent requests, "
-                        "fan-out, soak, CPU per GB, large-region handshake; layouts: a "
-                        "cache per layer (K/V apart) vs one region and vs the raw WRITE of "
-                        "its descriptors; peers: idle "
-                        "peers on one serve; all: fsm and transfer; several may be given")
-    p.add_argument("--peers", type=_positive(int), default=128,
-                   help="peers: how many idle clients")
-    p.add_argument("--connect", metavar="tcp://HOST:PORT", default=None,
-                   help="only time fetches of the demo blocks from this server (vLLM's or "
-                        "ours)")
-    p.add_argument("--shapes", nargs="+", default=["256x64KiB", "1x4KiB"],
-                   help="--connect/--vs-vllm: fetch shapes, BLOCKSxSIZE (e.g. 256x64KiB)")
-    p.add_argument("--vs-vllm", action="store_true",
-                   help="the vLLM/p2pfsm client/server matrix (needs .venv-vllm); with "
-                        "--suite all it adds the transfer raws")
-    p.add_argument("--cells", nargs="+", metavar="SERVER/CLIENT", default=None,
-                   help="--vs-vllm: the cells to run, each kind one of vllm (vLLM's sessions), "
-                        "adapter (p2pfsm's sessions in vLLM: p2pfsm.vllm), p2pfsm (a node); "
-                        "default: all nine")
-    p.add_argument("--passes", type=_positive(int), default=2,
-                   help="--vs-vllm: interleaved passes, a fresh server per cell each")
-    p.add_argument("--repeat", type=_positive(int), default=20,
-                   help="--connect/--vs-vllm: timed fetches per cell and pass")
-    p.add_argument("--open-rounds", type=int, nargs="+", default=[0, 1000, 10_000, 100_000],
-                   help="fsm: open-round counts")
-    p.add_argument("--plot", metavar="DIR", default=None,
-                   help="write PNG figures of what was measured into DIR (needs the 'plot' "
-                        "extra: matplotlib)")
-    p.add_argument("--number", type=_positive(int), default=2000,
-                   help="fsm: iterations per sample")
-    p.add_argument("--rounds", type=_positive(int), default=30,
-                   help="transfer: rounds per measurement (at least 2)")
-    p.add_argument("--per-round", type=_positive(int), default=50,
-                   help="transfer: small fetches and raw round trips per round")
-    p.add_argument("--idle-seconds", type=_positive(float), default=10.0,
-                   help="transfer: idle window of the CPU measurement")
-    p.add_argument("--soak", type=_positive(int), default=1000,
-                   help="workloads: small fetches back to back (drift, fds, RSS)")
-    p.add_argument("--cpu-fetches", type=_positive(int), default=60,
-                   help="workloads: 256 x 64 KiB fetches of the CPU-per-GB run")
-    p.add_argument("--region-mib", type=_positive(int), default=1024,
-                   help="workloads: region size of the handshake workload, MiB per side")
-    p.add_argument("--consumers", type=int, default=16,
-                   help="workloads: consumer processes of the fan-out (0: none)")
-    p.add_argument("--fanout-fetches", type=_positive(int), default=10,
-                   help="workloads: fetches per fan-out consumer")
-    p.add_argument("--json", action="store_true", help="print JSON")
+    add_bench_arguments(p)
     p.set_defaults(func=_cmd_bench)
     return parser
 

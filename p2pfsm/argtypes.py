@@ -1,0 +1,31 @@
+"""Argument types shared by the command line and its bench driver."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+from p2pfsm.errors import ConfigError
+
+__all__ = ["peer_of", "positive"]
+
+
+def positive(kind: type[int] | type[float]) -> Callable[[str], Any]:
+    """An argparse type: a number of ``kind`` above zero."""
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+        return value
+    return parse
+
+
+def peer_of(url: str) -> str:
+    """``tcp://HOST:PORT`` -> ``HOST:PORT`` (a ConfigError for anything else)."""
+    if not url.startswith("tcp://") or ":" not in url[6:]:
+        raise ConfigError(f"--connect: expected tcp://HOST:PORT, got {url!r}")
+    return url[len("tcp://"):]
