@@ -23,7 +23,8 @@ no wall clock; where order means nothing (the ``state`` directive's maps) it is 
 Directives (nodes are ``a`` and ``b``; keys are demo block numbers: ``12,13`` is
 ``[k12 k13]``; ``a`` holds blocks 0-7 and ``b`` 8-15 unless ``world`` says otherwise):
 
-    world [manual-answers] [parts=<node>] [held-<node>=<lo>-<hi>] [timeouts=<name>:<s>,...]
+    world [manual-answers] [parts=<node>] [held-<node>=<lo>-<hi>] [hash-seed-<node>=<s>]
+          [timeouts=<name>:<s>,...]
                             a fresh world (must come first if given)
     start [<node>]          HostStart on both (or one) sessions
     handshake               start both and run the handshake; prints the states only
@@ -71,6 +72,7 @@ from p2pfsm.protocol import (
     decode,
 )
 from p2pfsm.session import (
+    DEFAULT_HASH_SEED,
     ArmTimer,
     CancelWrite,
     DisarmTimer,
@@ -146,7 +148,8 @@ def _ok(ok: bool) -> str:
 def frame(m: Message) -> str:
     """One control message, compactly."""
     if isinstance(m, Connect):
-        extra = "" if m.incarnation is None else f" incarnation={m.incarnation}"
+        extra = "" if m.hash_seed == DEFAULT_HASH_SEED else f" hash_seed={m.hash_seed}"
+        extra += "" if m.incarnation is None else f" incarnation={m.incarnation}"
         return f"connect {m.peer_id} {m.num_blocks}x{m.block_len}{extra}"
     if isinstance(m, ConnectAck):
         return f"connect_ack {m.peer_id}"
@@ -248,7 +251,7 @@ def render_output(o: Output) -> str:
     if isinstance(o, ProtocolViolation):
         return f"protocol violation: {o.error}"
     if isinstance(o, FrameIgnored):
-        return f"ignored {o.message_type or '?'}: {o.reason}"
+        return f"ignored {o.message_type or 'frame'}: {o.reason}"
     assert isinstance(o, SessionDead)
     mismatch = "" if o.mismatch is None else f" (mismatch: {o.mismatch.field})"
     return f"session dead: {o.reason}{mismatch}"
@@ -370,8 +373,13 @@ def _world(d: Directive) -> Transcript:
             lo, hi = d.kwargs[f"held-{n}"].split("-")
             held[n] = range(int(lo), int(hi) + 1)
     opts["held"] = held
+    configs: dict[str, dict[str, object]] = {n: {} for n in World.NODES}
     if "parts" in d.kwargs:
-        opts["configs"] = {d.kwargs["parts"]: {"answer_lookups_in_parts": True}}
+        configs[d.kwargs["parts"]]["answer_lookups_in_parts"] = True
+    for n in World.NODES:
+        if f"hash-seed-{n}" in d.kwargs:
+            configs[n]["hash_seed"] = d.kwargs[f"hash-seed-{n}"]
+    opts["configs"] = configs
     if "timeouts" in d.kwargs:
         values = dict(kv.split(":") for kv in d.kwargs["timeouts"].split(","))
         opts["timeouts"] = Timeouts(**{k: float(v) for k, v in values.items()})
