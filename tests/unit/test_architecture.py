@@ -79,23 +79,28 @@ def _holds_state(node: ast.expr) -> bool:
 
 
 def state_literals(source: str, where: str) -> list[str]:
-    """``where:line`` of each comparison of a machine state with a spelled state name."""
+    """``where:line`` of each comparison of a machine state with a spelled state name,
+    and of each hand-written tuple, list or set holding a state name."""
     found = []
     for node in ast.walk(ast.parse(source)):
-        if not isinstance(node, ast.Compare):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            if not any(_holds_state(o) for o in operands):
+                continue
+            names = sorted({s for o in operands for s in _strings(o)} & STATE_NAMES)
+        elif isinstance(node, ast.Tuple | ast.List | ast.Set):
+            names = sorted(set(_strings(node)) & STATE_NAMES)
+        else:
             continue
-        operands = [node.left, *node.comparators]
-        if not any(_holds_state(o) for o in operands):
-            continue
-        names = sorted({s for o in operands for s in _strings(o)} & STATE_NAMES)
         if names:
             found.append(f"{where}:{node.lineno} {names}")
-    return found
+    return sorted(set(found))
 
 
 def test_session_code_names_state_sets_not_states() -> None:
-    """A comparison of a state with a state name is a protocol decision outside
-    ``models/``: declare a set in the model's ``[sets]`` and ask ``state_set(name)``."""
+    """A comparison of a state with a state name, or a hand-written group of state
+    names, is a protocol decision outside ``models/``: declare a set in the model's
+    ``[sets]`` and ask ``state_set(name)`` (or the model: ``declares``, ``terminal``)."""
     offenders = []
     for scope in STATE_LITERAL_SCOPE:
         root = PACKAGE / scope
@@ -111,6 +116,7 @@ def test_session_code_names_state_sets_not_states() -> None:
     'x = rnd.state in ("supplied", "supply_closed")',
     'ok = "dead" != session.state',
     'if dest not in ["answered"]: pass',
+    'LIVE = frozenset({"connecting", "ready"})',
 ])
 def test_a_spelled_state_fails_the_lint(line: str) -> None:
     assert state_literals(line, "m.py") != []
