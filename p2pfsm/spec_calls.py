@@ -48,9 +48,12 @@ FRAME_ACTIONS = {name: (row.machine, row.trigger) for name, row in _TABLE.of_kin
 TIMER_ACTIONS = {name: (row.machine, row.trigger) for name, row in _TABLE.of_kind("timer").items()}
 """Timer kind (``TimerId.kind``) -> the (machine, trigger) its firing starts."""
 _ROWS = {row.event: row for row in _TABLE.inputs if row.kind not in ("frame", "timer")}
-_REGISTERING = frozenset(s for t in machine("session").transitions
+_SESSION = machine("session")
+_REGISTERING = frozenset(s for t in _SESSION.transitions
                          if t.trigger in _ROWS["RegistrationFinished"].triggers for s in t.sources)
 """Session states a registration result can still reach (else the result is ignored)."""
+_STALE = frozenset(s for t in _SESSION.transitions if t.trigger == _TABLE.stale for s in t.sources)
+"""Session states that answer a frame as stale (a dead session's peer still sends)."""
 
 
 def action_of(state: str, event: Input) -> str | None:
@@ -73,7 +76,7 @@ def action_of(state: str, event: Input) -> str | None:
         return None  # the session ended meanwhile: the result is ignored
     if isinstance(event, TransportLost) and state not in LIVE_STATES:
         return None
-    if isinstance(event, HostClose) and state == "closed":
+    if isinstance(event, HostClose) and state in _SESSION.terminal:
         return None
     return action_name(row.machine, row.trigger_for(event))
 
@@ -93,7 +96,7 @@ def call_action(state: str, event: Input, records: Sequence[TraceRecord]) -> str
     if isinstance(event, FrameReceived) and any(
             (r.machine, r.trigger) == ("session", _TABLE.stale) for r in records):
         return action_name("session", _TABLE.stale)  # a dead session's answer (or not)
-    if isinstance(event, FrameReceived) and state == "dead" and records:
+    if isinstance(event, FrameReceived) and state in _STALE and records:
         # The peer's disconnect reaching a dead session: the frame row's own trigger.
         return action_name(records[0].machine, records[0].trigger)
     return action_of(state, event)

@@ -1,5 +1,6 @@
-"""Shared pytest setup: hypothesis profiles (``ci`` by default; ``long`` documented in README)
-and the ``slow`` marker (skipped unless the run selects it, e.g. ``-m slow``)."""
+"""Shared pytest setup: hypothesis profiles (``ci`` by default; ``long`` documented in README),
+the ``slow`` marker (skipped unless the run selects it, e.g. ``-m slow``) and
+``--rewrite`` (the scenario transcripts' expected blocks)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,12 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--rewrite", action="store_true", default=False,
+                     help="rewrite the expected blocks of tests/scenarios/testdata/*.txt "
+                          "with what the code now renders (as P2PFSM_REWRITE=1)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

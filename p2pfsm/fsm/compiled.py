@@ -90,6 +90,11 @@ class CompiledMachine:
             k: tuple(v) for k, v in table.items()
         }
 
+    def state_set(self, name: str) -> frozenset[str]:
+        """The model's named set of states ``name`` (its ``[sets]``); the code asks these,
+        never a state name. An undeclared set is a :class:`ModelError`."""
+        return self.spec.state_set(name)
+
     def can_fire(self, obj: FsmObject, trigger: str, event: object = None) -> bool:
         """True when ``trigger`` has an enabled transition from the current state."""
         return self._select(obj, trigger, event) is not None

@@ -73,7 +73,8 @@ class InputSpec:
 
 @dataclass(frozen=True, slots=True)
 class InputTable:
-    """The whole table: the inputs, the live session states and the cascade triggers."""
+    """The whole table: the inputs, the live session states (the session machine's set
+    ``live``) and the cascade triggers."""
 
     inputs: tuple[InputSpec, ...]
     live_states: frozenset[str]
@@ -176,10 +177,9 @@ def parse_inputs(data: dict[str, object], origin: str,
     if "session" not in specs:
         raise ModelError(f"{origin}: the machines include no 'session'")
     session = specs["session"]
-    live = frozenset(_strs(data.get("live_states"), f"{origin}: live_states"))
-    if not live <= session.states.keys():
-        raise ModelError(f"{origin}: live_states names unknown session states "
-                         f"{sorted(live - session.states.keys())}")
+    if "live_states" in data:
+        raise ModelError(f"{origin}: 'live_states' moved to the session's [sets] (live)")
+    live = session.state_set("live")
     stale = _check_trigger("session", data.get("stale"), f"{origin}: stale", specs)
     raw_inputs = data.get("input")
     if not isinstance(raw_inputs, list) or not raw_inputs:

@@ -1,7 +1,9 @@
 """Read one ``models/<name>.toml`` file into an immutable :class:`MachineSpec`.
 
 A model file holds data only: a name, a doc line, its states (name -> doc), the
-initial state, the terminal states and a flat list of transitions, each with a
+initial state, the terminal states, named sets of states (``[sets]``: the state
+groups code asks about, e.g. ``live``, so no state name is retyped in code) and a
+flat list of transitions, each with a
 trigger, its source states, a destination (absent = internal: the state stays,
 the actions run), guards that must hold, ``unless`` guards that must not, and
 actions run in order. Guards and actions are names; :func:`bind` checks them
@@ -11,7 +13,8 @@ against the class that implements them.
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from p2pfsm.errors import ModelError
@@ -44,6 +47,16 @@ class MachineSpec:
     initial: str
     terminal: frozenset[str]
     transitions: tuple[TransitionSpec, ...]
+    sets: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    """Named sets of states (``[sets]`` of the model file)."""
+
+    def state_set(self, name: str) -> frozenset[str]:
+        """The states of set ``name``; an undeclared set is a :class:`ModelError`."""
+        try:
+            return self.sets[name]
+        except KeyError:
+            raise ModelError(f"machine {self.name!r} declares no state set {name!r} "
+                             f"(its sets: {sorted(self.sets)})") from None
 
     @property
     def triggers(self) -> frozenset[str]:
@@ -82,6 +95,28 @@ def _names(raw: object, where: str) -> tuple[str, ...]:
     if isinstance(raw, list) and all(isinstance(x, str) for x in raw):
         return tuple(raw)
     raise ModelError(f"{where}: expected a name or a list of names, got {raw!r}")
+
+
+def _parse_sets(raw: object, states: Mapping[str, str],
+                origin: str) -> dict[str, frozenset[str]]:
+    """``[sets]``: set name -> a non-empty list of declared states."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ModelError(f"{origin}: 'sets' must map set names to lists of states")
+    sets: dict[str, frozenset[str]] = {}
+    for name, members in raw.items():
+        where = f"{origin}: sets.{name}"
+        if name in states:
+            raise ModelError(f"{where}: a set cannot share the name of a state")
+        if not isinstance(members, list) or not members or not all(
+                isinstance(m, str) for m in members):
+            raise ModelError(f"{where}: expected a non-empty list of state names")
+        unknown = sorted(set(members) - states.keys())
+        if unknown:
+            raise ModelError(f"{where}: unknown states {unknown}")
+        sets[name] = frozenset(members)
+    return sets
 
 
 def parse_spec(data: dict[str, object], origin: str) -> MachineSpec:
@@ -140,6 +175,7 @@ def parse_spec(data: dict[str, object], origin: str) -> MachineSpec:
         initial=initial,
         terminal=terminal,
         transitions=tuple(transitions),
+        sets=_parse_sets(data.get("sets"), states, origin),
     )
     _check_unreachable(spec, origin)
     return spec

@@ -10,7 +10,7 @@ and the checks of host-call arguments. It fires no machine itself.
 from __future__ import annotations
 
 from p2pfsm.errors import HandshakeMismatch, LocalProtocolError
-from p2pfsm.fsm import Tracer, input_table, machine
+from p2pfsm.fsm import Tracer, machine
 from p2pfsm.protocol import Connect, ConnectAck, Disconnect, Message
 from p2pfsm.protocol.validate import bytes_within, ints_within
 from p2pfsm.session.child import ChildEnv
@@ -22,8 +22,10 @@ from p2pfsm.session.server import ServerLookup, ServerRound
 from p2pfsm.session.tombstones import Tombstones
 
 _HANDSHAKE_TYPES = (Connect, ConnectAck, Disconnect)
-LIVE_STATES = input_table().live_states
-"""Session states in which the peer may still hear from us (``models/inputs.toml``)."""
+LIVE_STATES = machine("session").state_set("live")
+"""Session states in which the peer may still hear from us (models/session.toml [sets])."""
+_OPEN = machine("session").state_set("open")
+_UNSTARTED = machine("session").state_set("unstarted")
 
 
 class SessionBase:
@@ -115,7 +117,7 @@ class SessionBase:
 
     @property
     def ready(self) -> bool:
-        return self.fsm_state == "ready"
+        return self.fsm_state in _OPEN
 
     @property
     def alive(self) -> bool:
@@ -144,7 +146,7 @@ class SessionBase:
 
     def send(self, message: Message) -> None:
         """Send now when ready (or a handshake frame); else queue in order."""
-        if self.fsm_state == "ready" or isinstance(message, _HANDSHAKE_TYPES):
+        if self.fsm_state in _OPEN or isinstance(message, _HANDSHAKE_TYPES):
             self._out.append(SendFrame(message))
         else:
             self._queue.append(message)
@@ -162,7 +164,7 @@ class SessionBase:
 
     # ------------------------------------------------------- host-call checks
     def _require_started(self, what: str) -> None:
-        if self.fsm_state == "idle":
+        if self.fsm_state in _UNSTARTED:
             raise LocalProtocolError(f"{what}: the session is not started (HostStart first)")
 
     def _check_request_id(self, kv_request_id: str, what: str) -> None:

@@ -24,6 +24,10 @@ from p2pfsm.session.inputs import HostFetch, HostLookup
 from p2pfsm.session.outputs import FailReason, FrameIgnored, LoadResult, LookupResult
 from p2pfsm.session.steps import ChildSteps
 
+# Named state sets of the models (their [sets]); the code spells no state name.
+_MOVES_FLOOR = CLIENT_ROUND.state_set("moves_floor")
+_REPORTING = CLIENT_LOOKUP.state_set("reporting")
+
 
 class ConsumerRole(ChildSteps):
     """The session's consumer side: its load rounds and lookups."""
@@ -31,7 +35,7 @@ class ConsumerRole(ChildSteps):
     def _retire(self, obj: object) -> None:
         """Drop a load round or lookup whose machine reached a terminal state."""
         if isinstance(obj, ClientRound):
-            if obj.fsm_state == "aborted":
+            if obj.fsm_state in _MOVES_FLOOR:
                 # A duplicate abort_ack of this round may still arrive: move the floor.
                 floor = self._round_floor.get(obj.kv_request_id) or 0
                 self._round_floor.put(obj.kv_request_id, max(floor, obj.round_seq + 1),
@@ -163,7 +167,7 @@ class ConsumerRole(ChildSteps):
             waiting = [lk for lk in lookups if lk.waits_for(key) and key not in parts.get(lk, ())]
             if waiting:
                 same = [lk for lk in waiting if lk.round_seq == waiting[0].round_seq]
-                lk = next((x for x in same if x.fsm_state == "probing"), same[0])
+                lk = next((x for x in same if x.fsm_state in _REPORTING), same[0])
                 parts.setdefault(lk, {})[key] = hit
         if not parts:
             self.emit(FrameIgnored(msg.TYPE, "no open lookup waits for these keys"))

@@ -57,7 +57,7 @@ class InputDispatch(ConsumerRole, ProducerRole):
 
     def _on_frame(self, ev: FrameReceived) -> None:
         if self.fsm_state not in LIVE_STATES:
-            if self.fsm_state != "dead" or not self._on_stale(ev):
+            if not SESSION.declares(self.fsm_state, _TABLE.stale) or not self._on_stale(ev):
                 self.emit(FrameIgnored("", f"session is {self.fsm_state}"))
             return
         try:
@@ -114,7 +114,7 @@ class InputDispatch(ConsumerRole, ProducerRole):
         self._host_fire(SESSION, self, _ROWS["HostStart"].trigger, ev)
 
     def _on_host_close(self, ev: HostClose) -> None:
-        if self.fsm_state == "closed":
+        if self.fsm_state in SESSION.spec.terminal:  # closed: nothing more to do
             return
         SESSION.fire(self, _ROWS["HostClose"].trigger, ev)
 

@@ -31,6 +31,12 @@ from p2pfsm.session.outputs import FailReason, FetchArrived, StoreResult
 from p2pfsm.session.server import SERVER_LOOKUP, SERVER_ROUND, ServerLookup, ServerRound
 from p2pfsm.session.steps import ChildSteps
 
+# Named state sets of the models (their [sets]); the code spells no state name.
+_PARKED_SUPPLY = SERVER_ROUND.state_set("parked_supply")
+_HOST_FINISHED = SERVER_ROUND.state_set("host_finished")
+_TAKES_SUPPLY = SERVER_ROUND.state_set("takes_supply")
+_FREES_QUEUE = SERVER_LOOKUP.state_set("frees_queue")
+
 
 class ProducerRole(ChildSteps):
     """The session's producer side: its serve rounds and served lookups."""
@@ -73,7 +79,8 @@ class ProducerRole(ChildSteps):
         elif m is SERVER_LOOKUP:
             assert isinstance(obj, ServerLookup)
             rid = obj.kv_request_id
-            if ((dest == "answered" or (dest == "resolving" and trigger != "settle"))
+            if ((dest in _FREES_QUEUE
+                 or (trigger != "settle" and SERVER_LOOKUP.declares(dest, "settle")))
                     and rid not in due):
                 due.append(rid)
 
@@ -141,7 +148,7 @@ class ProducerRole(ChildSteps):
             return
         if rnd is None:
             unbound = self._server_round(msg.kv_request_id, None)
-            if unbound is not None and unbound.fsm_state in ("supplied", "supply_closed"):
+            if unbound is not None and unbound.fsm_state in _PARKED_SUPPLY:
                 rnd = unbound
         if rnd is not None and not SERVER_ROUND.can_fire(rnd, "recv_fetch", msg):
             raise RemoteProtocolError(
@@ -224,7 +231,7 @@ class ProducerRole(ChildSteps):
         still in a state only its finish leads to)."""
         if self._finished.get(kv_request_id) is not None:
             return True
-        return any(r.fsm_state in ("supply_closed", "pinned_closed", "finishing")
+        return any(r.fsm_state in _HOST_FINISHED
                    for r in self._rounds.get(kv_request_id, {}).values())
 
     def _supply_target(self, ev: HostSupply) -> ServerRound:
@@ -243,10 +250,10 @@ class ProducerRole(ChildSteps):
         unbound = self._server_round(ev.kv_request_id, None)
         if unbound is not None:
             return unbound
-        closed = [r for r in rounds if r.fsm_state != "serving"]
+        closed = [r for r in rounds if r.fsm_state not in _TAKES_SUPPLY]
         if closed:
             return closed[-1]
-        serving = [r for r in rounds if r.fsm_state == "serving"]
+        serving = [r for r in rounds if r.fsm_state in _TAKES_SUPPLY]
         return serving[-1] if serving else self._round_for(ev.kv_request_id, None)
 
     def _on_host_answer(self, ev: HostAnswerLookup) -> None:

@@ -27,7 +27,7 @@ from functools import partial
 from p2pfsm.demo.blocks import demo_block, demo_key
 from p2pfsm.errors import LocalProtocolError
 from p2pfsm.executor.core import Executor, TimerTable
-from p2pfsm.fsm import Tracer
+from p2pfsm.fsm import Tracer, machine
 from p2pfsm.protocol import encode
 from p2pfsm.session import (
     ArmTimer,
@@ -64,6 +64,9 @@ from p2pfsm.session import (
     TransportLost,
     WriteFinished,
 )
+
+_UNSTARTED = machine("session").state_set("unstarted")
+"""Session states before HostStart (models/session.toml [sets])."""
 
 
 class SafetyViolation(AssertionError):
@@ -503,7 +506,8 @@ class SimWorld(Executor):
         for n in self.NODES:
             peer = self.other(n)
             if (not self.sessions[n].alive and self.sessions[peer].alive
-                    and self.sessions[n].state != "idle" and not self.channels[(n, peer)]):
+                    and self.sessions[n].state not in _UNSTARTED
+                    and not self.channels[(n, peer)]):
                 steps.append((f"link down {peer}", partial(self.link_down, peer)))
         for (src, xfer), w in sorted(self.writes.items()):
             if not w.landed and (not w.cancelled or self.cancelled_writes_land):

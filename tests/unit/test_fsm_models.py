@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 from pathlib import Path
 
 import pytest
@@ -173,3 +174,40 @@ def test_malformed_models_are_rejected(tmp_path: Path, patch: tuple[str, str],
 def test_parse_requires_name() -> None:
     with pytest.raises(ModelError, match="name"):
         parse_spec({"states": {"a": "x"}, "initial": "a"}, "inline")
+
+
+SETS = GOOD.replace("[[transitions]]", '[sets]\nstarted = ["b"]\n\n[[transitions]]', 1)
+
+
+def test_named_state_sets_load_and_unknown_ones_are_errors(tmp_path: Path) -> None:
+    spec = load_spec("m", _write(tmp_path, SETS))
+    assert spec.state_set("started") == frozenset({"b"})
+    with pytest.raises(ModelError, match="declares no state set 'begun'"):
+        spec.state_set("begun")
+
+
+@pytest.mark.parametrize(("patch", "message"), [
+    (('started = ["b"]', 'started = ["b", "z"]'), "sets.started: unknown states ['z']"),
+    (('started = ["b"]', 'started = []'), "sets.started: expected a non-empty list"),
+    (('started = ["b"]', 'started = "b"'), "sets.started: expected a non-empty list"),
+    (('started = ["b"]', 'a = ["b"]'), "sets.a: a set cannot share the name of a state"),
+    (('[sets]\nstarted = ["b"]', '[sets.started]\nb = 1'), "expected a non-empty list"),
+])
+def test_malformed_state_sets_are_rejected(tmp_path: Path, patch: tuple[str, str],
+                                           message: str) -> None:
+    assert patch[0] in SETS
+    with pytest.raises(ModelError, match=re.escape(message)):
+        load_spec("m", _write(tmp_path, SETS.replace(*patch)))
+
+
+def test_sets_must_be_a_table(tmp_path: Path) -> None:
+    with pytest.raises(ModelError, match="'sets' must map set names"):
+        load_spec("m", _write(tmp_path, GOOD.replace('name = "m"', 'sets = 1\nname = "m"')))
+
+
+@pytest.mark.parametrize("name", sorted(BOUND))
+def test_the_bound_machine_answers_its_models_sets(name: str) -> None:
+    spec = machines()[name]
+    assert spec.sets, f"{name} declares no [sets]"
+    for set_name, states in spec.sets.items():
+        assert BOUND[name].state_set(set_name) == states <= spec.states.keys()
