@@ -49,6 +49,7 @@ from p2pfsm.executor.redial import Parked, Redials
 from p2pfsm.executor.served_lookups import ServedLookup, ServedLookups
 from p2pfsm.executor.threadsafe import ThreadSafeNode
 from p2pfsm.executor.zmq_plane import ControlPlane, FrameIn, PeerLost
+from p2pfsm.fsm import input_table, machine
 from p2pfsm.logwindow import LogWindow
 from p2pfsm.metrics import NodeMetrics
 from p2pfsm.protocol import AbortFetch, Connect, Disconnect, decode, encode
@@ -104,6 +105,13 @@ _DRIVEN_RECENTLY_S = 1.0
 _HOST_CALLS: dict[type, str] = {HostFetch: "fetch", HostLookup: "lookup", HostSupply: "supply",
                                 HostFinish: "finish", HostDecline: "decline"}
 """The host call each host input comes from (for the wrong-thread error)."""
+
+_SESSION = machine("session")
+_TERMINAL = _SESSION.terminal  # closed: nothing more to do
+_UNSTARTED = _SESSION.state_set("unstarted")
+_ANSWERS_STALE = frozenset(s for t in _SESSION.transitions if t.trigger == input_table().stale
+                           for s in t.sources)
+"""A session in these states answers a peer that still holds it live (dead)."""
 
 
 def _as_int(value: Any) -> Any:
@@ -290,7 +298,7 @@ class Node(Driven, Executor):
         fut: JobFuture[Session] = JobFuture(self)
         if session.ready:
             fut.set_result(session)
-        elif not session.alive and session.state != "idle":
+        elif not session.alive and session.state not in _UNSTARTED:
             fut.set_exception(TransportError(self._death_reason(peer_id)))
         else:
             self._ready_waiters.setdefault(peer_id, []).append(fut)
@@ -585,7 +593,7 @@ class Node(Driven, Executor):
             return
         self._check_thread("close")
         for peer in list(self.sessions):
-            if self.sessions[peer].state != "closed":
+            if self.sessions[peer].state not in _TERMINAL:
                 self._queue(peer, HostClose())
         self._end_parked()
         self._drain()
@@ -764,7 +772,7 @@ class Node(Driven, Executor):
             log.warning, "frames from other connections", "peer %s: a frame came on another "
             "connection than its session's (its id taken over) and not as a connect: "
             "dropped, the session closed", peer_id)
-        if session.state != "closed":
+        if session.state not in _TERMINAL:
             self._queue(peer_id, HostClose(), session)
 
     def _queue(self, peer_id: str, event: Input, session: Session | None = None) -> None:
@@ -843,7 +851,8 @@ class Node(Driven, Executor):
     # ------------------------------------------- Executor: carrying out outputs
     def send_frame(self, peer: str, out: SendFrame) -> None:
         sender = self._applying
-        if (sender is not None and sender.state == "dead" and isinstance(out.message, Disconnect)
+        if (sender is not None and sender.state in _ANSWERS_STALE
+                and isinstance(out.message, Disconnect)
                 and peer not in self.control.peers):
             # A dead session answers a peer that still holds it live (a one-sided loss):
             # our connection to it is gone, so the answer dials it again.
@@ -1195,7 +1204,7 @@ class Node(Driven, Executor):
                 self._queue(peer_id, HostClose(), session)
 
     def _close_for_violations(self, peer_id: str, session: Session) -> None:
-        if self.sessions.get(peer_id) is session and session.state != "closed":
+        if self.sessions.get(peer_id) is session and session.state not in _TERMINAL:
             self._feed(peer_id, HostClose(), session=session)
 
     def _death_reason(self, peer_id: str) -> str:

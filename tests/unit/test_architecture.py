@@ -60,9 +60,8 @@ STATE_HOLDERS = frozenset({"fsm_state", "state", "dest", "source"})
 """What a state is read from: ``x.fsm_state``, ``x.state``, or a name of these."""
 STATE_LITERAL_SCOPE = ("session", "executor", "vllm/session.py", "sim", "spec_calls.py")
 """Code that asks about machine states: it names a model's [sets], never a state."""
-STATE_LITERAL_PENDING = frozenset({"executor/node.py"})
-"""Files still spelling state names (issue 22: node.py is being split; its comparisons
-move to named sets with it)."""
+STATE_LITERAL_PENDING: frozenset[str] = frozenset()
+"""Files still spelling state names (none left)."""
 
 
 def _strings(node: ast.expr) -> list[str]:
