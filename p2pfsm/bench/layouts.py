@@ -96,7 +96,8 @@ def _producer_main(conn: Connection) -> None:
                 assert node is not None
                 blocks = list(range(_BLOCKS))
                 t0 = time.perf_counter()
-                xfer = node.data.write(cmd[1], blocks, blocks)
+                xfer = "raw"  # the node's own WRITEs are named (session, xfer)
+                node.data.write(xfer, cmd[1], blocks, blocks)
                 while xfer not in (done := dict(node.data.poll())):
                     if time.perf_counter() - t0 > _REPLY_TIMEOUT:
                         raise TransportError("raw WRITE: no outcome within 60 s")

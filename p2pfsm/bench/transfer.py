@@ -86,9 +86,10 @@ def _raw_writes(node: Node, peer_id: str, count: int, nblocks: int | None = None
     the same blocks of the peer."""
     blocks = list(range(node.config.num_blocks if nblocks is None else nblocks))
     times = []
-    for _ in range(count):
+    for k in range(count):
         t0 = time.perf_counter()
-        xfer = node.data.write(peer_id, blocks, blocks)
+        xfer = ("raw", k)  # the node's own WRITEs are named (session, xfer)
+        node.data.write(xfer, peer_id, blocks, blocks)
         while True:
             done = dict(node.data.poll())
             if xfer in done:

@@ -59,6 +59,9 @@ unloaded first), and an agent whose transfers failed is unloaded with its peer.
 Failure model: NIXL raises typed exceptions with no common base class, so every NIXL call
 is guarded and turned into either :class:`~p2pfsm.errors.TransportError` (setup and API
 misuse) or a failed transfer reported once by :meth:`DataPlane.poll`.
+Each WRITE is named by the caller's own id (:data:`WriteId`, given to
+:meth:`DataPlane.write`): :meth:`~DataPlane.poll` reports it and
+:meth:`~DataPlane.cancel` takes it, so a caller keeps no map from NIXL's ids to its own.
 Not thread-safe: use one DataPlane from one thread (the agent runs with no locking).
 """
 
@@ -69,9 +72,9 @@ import itertools
 import operator
 import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 from p2pfsm.errors import NIXL_INSTALL_HINT, ConfigError, TransportError
 from p2pfsm.executor.layout import Layout, WireLayout
@@ -91,7 +94,10 @@ from p2pfsm.protocol.validate import ints_within
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["DataPlane"]
+__all__ = ["DataPlane", "WriteId"]
+
+WriteId: TypeAlias = Hashable
+"""The caller's name for one WRITE (the node's: its session and the session's xfer id)."""
 
 IDLE_PROGRESS_MS: Final = 200
 """The default idle pace: each wake-up of an idle loop costs ~0.1-0.5 ms of CPU on a VM,
@@ -118,7 +124,8 @@ class _Peer:
 
 @dataclass(eq=False)
 class _Xfer:
-    xfer_id: int
+    write_id: WriteId
+    posted: int  # this plane's count of WRITEs posted: poll reports in this order
     peer: _Peer
     handle: Any  # nixl_xfer_handle
     outcome: bool | None = None  # set once terminal; reported when the handle is released
@@ -215,9 +222,9 @@ class DataPlane:
 
         self._peers: dict[str, _Peer] = {}
         self._loaded: OrderedDict[str, bytes] = OrderedDict()  # loaded agents, LRU order
-        self._inflight: dict[int, _Xfer] = {}
-        self._done: list[tuple[int, bool]] = []
-        self._ids = itertools.count(1)
+        self._inflight: dict[WriteId, _Xfer] = {}
+        self._done: dict[WriteId, _Xfer] = {}  # ended and released, not yet reported
+        self._posted = itertools.count()
         self._busy_until = 0.0
         self._closed = False
 
@@ -426,18 +433,30 @@ class DataPlane:
 
     # -- transfers ----------------------------------------------------------------
 
-    def write(self, peer_id: str, local_idxs: Sequence[int], remote_idxs: Sequence[int]) -> int:
+    def write(
+        self, write_id: WriteId, peer_id: str,
+        local_idxs: Sequence[int], remote_idxs: Sequence[int],
+    ) -> None:
         """WRITE our blocks ``local_idxs[k]`` into the peer's blocks ``remote_idxs[k]``.
 
-        One prepped NIXL transfer for the whole batch. Returns a transfer id, unique for
-        this plane's lifetime, whose outcome :meth:`poll` reports exactly once (a post
-        that fails, e.g. because the peer died, is reported there as failed too).
+        One prepped NIXL transfer for the whole batch, named by the caller's
+        ``write_id``: :meth:`poll` reports its outcome under that id exactly once (a post
+        that fails, e.g. because the peer died, is reported there as failed too) and
+        :meth:`cancel` takes it. The id is the caller's until it is reported or
+        cancelled; after that it may name a new WRITE.
 
-        Raises :class:`TransportError` for an unknown peer, an empty batch, lists of
-        different lengths, an index that is not an int or is out of range, or a remote
-        block named twice.
+        Raises :class:`TransportError` for an id that is unhashable or still names a
+        WRITE (in flight, or ended and not yet reported), an unknown peer, an empty
+        batch, lists of different lengths, an index that is not an int or is out of
+        range, or a remote block named twice; nothing is posted then.
         """
         self._check_open()
+        try:
+            taken = write_id in self._inflight or write_id in self._done
+        except TypeError:
+            raise TransportError(f"write id {write_id!r} is not hashable") from None
+        if taken:
+            raise TransportError(f"write id {write_id!r} names a WRITE not yet reported")
         peer = self._peers.get(peer_id)
         if peer is None:
             raise TransportError(f"unknown peer {peer_id!r}")
@@ -450,7 +469,7 @@ class DataPlane:
         if len(set(remote)) != len(remote):
             raise TransportError("a remote block is named twice in one batch")
 
-        xfer = _Xfer(next(self._ids), peer, None)
+        xfer = _Xfer(write_id, next(self._posted), peer, None)
         try:
             xfer.handle = self._agent.make_prepped_xfer(
                 "WRITE", self._local, self._layout.descriptors(local),
@@ -461,30 +480,30 @@ class DataPlane:
             state = "ERR"
         if xfer.handle is None:
             peer.faulted = True
-            self._done.append((xfer.xfer_id, False))
-            return xfer.xfer_id
-        self._inflight[xfer.xfer_id] = xfer
+            xfer.outcome = False
+            self._done[write_id] = xfer
+            return
+        self._inflight[write_id] = xfer
         if state != "PROC":
             self._settle(xfer, state)
         else:
             self._prompt_until = max(self._prompt_until, time.monotonic() + self._prompt_s)
-        return xfer.xfer_id
 
-    def poll(self) -> list[tuple[int, bool]]:
-        """Finished transfers as ``(transfer id, ok)``, each reported once, in id order;
-        their NIXL handles are released before they are reported."""
+    def poll(self) -> list[tuple[WriteId, bool]]:
+        """Finished transfers as ``(write id, ok)``, each reported once, in the order
+        they were posted; their NIXL handles are released before they are reported."""
         self._check_open()
-        out = self._done
-        self._done = []
         for xfer in list(self._inflight.values()):
             self._advance(xfer)
-        out.extend(self._done)
-        self._done = []
-        out.sort()
-        return out
+        if not self._done:
+            return []
+        done, self._done = self._done, {}
+        return [(x.write_id, bool(x.outcome))
+                for x in sorted(done.values(), key=operator.attrgetter("posted"))]
 
-    def cancel(self, xfer_id: int) -> bool:
-        """Abandon a transfer that has ended; one still running is left to end.
+    def cancel(self, write_id: WriteId) -> bool:
+        """Abandon the transfer ``write_id`` names if it has ended; one still running is
+        left to end.
 
         True: the transfer is over and released (already finished, or unknown), so NIXL
         will not touch either region for it again; it will not be reported by
@@ -495,11 +514,9 @@ class DataPlane:
         the write is over could free blocks that are written afterwards.
         """
         self._check_open()
-        for k, (done_id, _ok) in enumerate(self._done):
-            if done_id == xfer_id:
-                del self._done[k]
-                return True
-        xfer = self._inflight.get(xfer_id)
+        if self._done.pop(write_id, None) is not None:
+            return True
+        xfer = self._inflight.get(write_id)
         if xfer is None:
             return True
         if xfer.outcome is None:
@@ -508,7 +525,7 @@ class DataPlane:
                 return False
             xfer.outcome = state == "DONE"
         if self._release(xfer):
-            del self._inflight[xfer_id]
+            del self._inflight[write_id]
             return True
         return False
 
@@ -623,8 +640,8 @@ class DataPlane:
 
     def _try_retire(self, xfer: _Xfer) -> None:
         if self._release(xfer):
-            del self._inflight[xfer.xfer_id]
-            self._done.append((xfer.xfer_id, bool(xfer.outcome)))
+            del self._inflight[xfer.write_id]
+            self._done[xfer.write_id] = xfer
             if xfer.peer.removed:
                 self._retire_peer(xfer.peer)
 

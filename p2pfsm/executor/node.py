@@ -44,7 +44,7 @@ from p2pfsm.executor.bindings import Bindings
 from p2pfsm.executor.config import NodeConfig, fingerprint
 from p2pfsm.executor.core import Executor, TimerTable
 from p2pfsm.executor.jobs import Driven, JobFuture, LookupAsk, copy_outcome
-from p2pfsm.executor.nixl_plane import DataPlane
+from p2pfsm.executor.nixl_plane import DataPlane, WriteId
 from p2pfsm.executor.redial import Parked, Redials
 from p2pfsm.executor.served_lookups import ServedLookup, ServedLookups
 from p2pfsm.executor.threadsafe import ThreadSafeNode
@@ -132,13 +132,17 @@ LookupAnswer = tuple[Mapping[bytes, int], Iterable[bytes]]
 
 @dataclass(eq=False, slots=True)
 class _Write:
-    """One of our WRITEs: the session's id for it, NIXL's, its size and its session."""
+    """One of our WRITEs: its session, the session's id for it, and its size."""
 
     peer_id: str
     xfer: int
-    nixl_id: int
     nbytes: int
     session: Session
+
+    @property
+    def key(self) -> tuple[Session, int]:
+        """Its id in ``Node._writes`` and in the data plane: (session, xfer)."""
+        return (self.session, self.xfer)
 
 
 @dataclass(eq=False, slots=True)
@@ -220,8 +224,8 @@ class Node(Driven, Executor):
         self._submitted: deque[Callable[[], None]] = deque()
         self._timers: TimerTable[tuple[str, TimerId]] = TimerTable()
         self._applying: Session | None = None  # whose outputs are being carried out
-        self._writes_by_nixl: dict[int, _Write] = {}
-        self._writes: dict[tuple[Session, int], _Write] = {}  # by (session, its xfer id)
+        # Our WRITEs by (session, its xfer id), the id the data plane reports them by.
+        self._writes: dict[WriteId, _Write] = {}
         self._loads: dict[int, _Load] = {}
         self._stores: dict[int, JobFuture[StoreResult]] = {}
         self._lookups: dict[tuple[str, str], deque[JobFuture[LookupResult]]] = {}
@@ -792,10 +796,9 @@ class Node(Driven, Executor):
     def _collect_writes(self) -> bool:
         """Queue WriteFinished for our finished writes; True when there were any."""
         found = False
-        for nixl_id, ok in self.data.poll():
-            write = self._writes_by_nixl.get(nixl_id)
+        for write_id, ok in self.data.poll():
+            write = self._writes.pop(write_id, None)
             if write is not None:
-                self._forget_write(write)
                 if ok:
                     self.metrics.count("served_bytes", write.nbytes)
                 self._events.append((write.peer_id, WriteFinished(write.xfer, ok), write.session))
@@ -803,8 +806,7 @@ class Node(Driven, Executor):
         return found
 
     def _forget_write(self, write: _Write) -> None:
-        del self._writes_by_nixl[write.nixl_id]
-        del self._writes[(write.session, write.xfer)]
+        del self._writes[write.key]
 
     def _drain(self) -> None:
         """Handle queued events; then (unless this is a nested call from a callback)
@@ -869,22 +871,21 @@ class Node(Driven, Executor):
                      out.message.round_seq)
 
     def start_write(self, peer: str, out: StartWrite) -> None:
+        assert self._applying is not None  # outputs are applied only from _feed
+        write = _Write(peer, out.xfer, len(out.local_indexes) * self.config.block_len,
+                       self._applying)
+        key = write.key
         try:
-            nixl_id = self.data.write(peer, out.local_indexes, out.remote_indexes)
+            self.data.write(key, peer, out.local_indexes, out.remote_indexes)
         except TransportError as exc:
             log.warning("write to %s failed to start: %s", peer, exc)
             self._queue(peer, WriteFinished(out.xfer, False), self._applying)
             return
-        assert self._applying is not None  # outputs are applied only from _feed
-        write = _Write(peer, out.xfer, nixl_id, len(out.local_indexes) * self.config.block_len,
-                       self._applying)
-        self._writes_by_nixl[nixl_id] = write
-        self._writes[(self._applying, out.xfer)] = write
+        self._writes[key] = write
 
     def cancel_write(self, peer: str, out: CancelWrite) -> None:
-        write = (None if self._applying is None
-                 else self._writes.get((self._applying, out.xfer)))
-        if write is not None and self.data.cancel(write.nixl_id):
+        write = self._writes.get((self._applying, out.xfer))
+        if write is not None and self.data.cancel(write.key):
             self._forget_write(write)
             self._queue(peer, WriteFinished(out.xfer, False), write.session)
 

@@ -41,8 +41,9 @@ NO_CUDA = f"no CUDA device: torch.cuda.is_available() is False (torch {torch.__v
 
 def writer_node(conn: Connection, name: str, num_blocks: int, block_len: int) -> None:
     """A plane whose block i holds demo block i; WRITEs into peers when told and
-    reports every outcome as ("written", xfer_id, ok)."""
+    reports every outcome as ("written", write_id, ok), its WRITEs numbered from 0."""
     plane = DataPlane(name, num_blocks, block_len)
+    posted = 0
     for i in range(num_blocks):
         plane.region[i] = torch.frombuffer(bytearray(demo_block(i, block_len)), dtype=torch.uint8)
     conn.send(("ready", plane.metadata, plane.base_addr))
@@ -59,10 +60,11 @@ def writer_node(conn: Connection, name: str, num_blocks: int, block_len: int) ->
                     plane.remove_peer(cmd[1])
                     conn.send(("removed",))
                 elif cmd[0] == "write":
-                    plane.write(cmd[1], cmd[2], cmd[3])
+                    plane.write(posted, cmd[1], cmd[2], cmd[3])
+                    posted += 1
             plane.progress()
-            for xfer_id, ok in plane.poll():
-                conn.send(("written", xfer_id, ok))
+            for write_id, ok in plane.poll():
+                conn.send(("written", write_id, ok))
     finally:
         plane.close()
 
@@ -211,11 +213,13 @@ def test_host_memory_is_the_source_of_writes(children: list[Child]) -> None:
         raw[5 * BLOCK : 6 * BLOCK] = torch.frombuffer(
             bytearray(demo_block(5, BLOCK)), dtype=torch.uint8
         )
-        first = plane.write("sink", [3], [0])
+        first = "from the tensor"
+        plane.write(first, "sink", [3], [0])
         assert _drive(plane, child, _reported(first), 10.0, "WRITE from the host tensor") == [
             (first, True)
         ]
-        second = raw_plane.write("sink", [5], [NB + 1])
+        second = "from the raw region"
+        raw_plane.write(second, "sink", [5], [NB + 1])
         assert _drive(raw_plane, child, _reported(second), 10.0, "WRITE from the raw region") == [
             (second, True)
         ]
@@ -353,7 +357,8 @@ def test_cuda_memory_is_registered_as_vram_and_written_from(children: list[Child
         planes = [(from_tensor, [0, 1], [0, 1]), (from_raw, [7], [NB]), (allocated, [2], [2 * NB])]
         for plane, local, remote in planes:
             plane.add_peer("gpu-sink", md, base, 3 * NB, BLOCK)
-            xfer = plane.write("gpu-sink", local, remote)
+            xfer = plane.name
+            plane.write(xfer, "gpu-sink", local, remote)
             got = _drive(plane, child, _reported(xfer), 20.0, f"WRITE from {plane.name}")
             assert got == [(xfer, True)]
         (_, sink) = child.request("region", reply="region")

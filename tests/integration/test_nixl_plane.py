@@ -24,7 +24,7 @@ import pytest
 
 from p2pfsm.demo.blocks import demo_block
 from p2pfsm.errors import ConfigError, TransportError
-from p2pfsm.executor.nixl_plane import IDLE_PROGRESS_MS, DataPlane
+from p2pfsm.executor.nixl_plane import IDLE_PROGRESS_MS, DataPlane, WriteId
 from p2pfsm.executor.zmq_plane import ControlPlane, FrameIn
 
 from . import Child, cpu_seconds
@@ -131,14 +131,14 @@ def _connect(plane: DataPlane, child: Child, peer_id: str, md: bytes, base: int,
 def _drive(
     plane: DataPlane,
     child: Child,
-    done: Callable[[list[tuple[int, bool]]], bool],
+    done: Callable[[list[tuple[WriteId, bool]]], bool],
     timeout: float,
     what: str,
-) -> list[tuple[int, bool]]:
+) -> list[tuple[WriteId, bool]]:
     """The executor's loop in miniature: poll NIXL, progress, then wait (on the child's
     pipe, which stays quiet) for at most the plane's progress interval."""
     deadline = time.monotonic() + timeout
-    results: list[tuple[int, bool]] = []
+    results: list[tuple[WriteId, bool]] = []
     while True:
         results.extend(plane.poll())
         if done(results):
@@ -150,8 +150,8 @@ def _drive(
             raise AssertionError(f"unexpected message from {child.name}: {child.conn.recv()!r}")
 
 
-def _reported(*ids: int) -> Callable[[list[tuple[int, bool]]], bool]:
-    return lambda results: set(ids) <= {xfer_id for xfer_id, _ in results}
+def _reported(*ids: WriteId) -> Callable[[list[tuple[WriteId, bool]]], bool]:
+    return lambda results: set(ids) <= {write_id for write_id, _ in results}
 
 
 def _fill_demo(plane: DataPlane, count: int) -> None:
@@ -192,7 +192,8 @@ def pair() -> Iterator[Pair]:
 def test_sixteen_demo_blocks_land_byte_exact(pair: Pair) -> None:
     plane, child = pair.plane, pair.child
     remote = [63, 0, 17, 5, 40, 41, 2, 33, 58, 11, 27, 9, 50, 44, 21, 36]
-    xfer = plane.write("target", list(range(16)), remote)
+    xfer = "sixteen"
+    plane.write(xfer, "target", list(range(16)), remote)
     results = _drive(plane, child, _reported(xfer), 10.0, "completion of the 16-block WRITE")
     assert results == [(xfer, True)]
 
@@ -209,25 +210,52 @@ def test_sixteen_demo_blocks_land_byte_exact(pair: Pair) -> None:
 
 def test_poll_reports_each_transfer_once_and_cancel_hides_it(pair: Pair) -> None:
     plane, child = pair.plane, pair.child
-    first = plane.write("target", [0], [1])
-    second = plane.write("target", [1, 2], [2, 3])
-    assert second > first
+    first, second = 2, 1
+    plane.write(first, "target", [0], [1])
+    plane.write(second, "target", [1, 2], [2, 3])
     results = _drive(plane, child, _reported(first, second), 10.0, "both transfers")
-    assert sorted(results) == [(first, True), (second, True)]
+    assert sorted(results) == [(second, True), (first, True)]
     assert plane.poll() == []
     assert plane.in_flight == 0
 
     assert plane.cancel(first) is True  # already reported: nothing left to touch memory
     assert plane.cancel(10**9) is True  # never existed
 
-    cancelled = plane.write("target", [3], [4])
+    cancelled, later = 3, 4
+    plane.write(cancelled, "target", [3], [4])
     ended = plane.cancel(cancelled)  # True only if it had ended: then never reported
-    later = plane.write("target", [4], [5])
+    plane.write(later, "target", [4], [5])
     wanted = [(later, True)] if ended else [(cancelled, True), (later, True)]
     results = _drive(plane, child, _reported(*(x for x, _ in wanted)), 10.0,
                      "the transfers after a cancel")
     assert sorted(results) == wanted, "a cancel that said True must hide the transfer"
     assert plane.poll() == []
+
+
+def test_a_write_is_named_by_the_callers_id(pair: Pair) -> None:
+    """The caller names each WRITE; poll reports it under that name, and a name still
+    in use (in flight, or ended and not yet reported) is refused without posting."""
+    plane, child = pair.plane, pair.child
+    assert plane.region is not None
+    plane.region[20].fill_(0xA7)
+    name = (object(), 7)  # the node's shape: (session, xfer)
+    plane.write(name, "target", [0], [61])
+    with pytest.raises(TransportError, match="not yet reported"):
+        plane.write(name, "target", [20], [60])
+    with pytest.raises(TransportError, match="not hashable"):
+        plane.write(["a", "list"], "target", [20], [60])
+    results = _drive(plane, child, _reported(name), 10.0, "the named WRITE")
+    assert results == [(name, True)]
+    assert plane.poll() == [] and plane.in_flight == 0
+    (_, region) = child.request("region", reply="region")
+    assert region[61 * BLOCK : 62 * BLOCK] == demo_block(0, BLOCK)
+    assert region[60 * BLOCK : 61 * BLOCK] != b"\xa7" * BLOCK, "a refused WRITE was posted"
+
+    plane.write(name, "target", [20], [60])  # reported: the name is free again
+    results = _drive(plane, child, _reported(name), 10.0, "the name's second WRITE")
+    assert results == [(name, True)]
+    (_, region) = child.request("region", reply="region")
+    assert region[60 * BLOCK : 61 * BLOCK] == b"\xa7" * BLOCK
 
 
 def test_cancel_leaves_a_running_write_to_end(children: list[Child]) -> None:
@@ -240,11 +268,14 @@ def test_cancel_leaves_a_running_write_to_end(children: list[Child]) -> None:
         plane.region[2].fill_(0x5A)
         child, md, base = _start_target(children, "mute", 8, BLOCK, progressing=False)
         plane.add_peer("mute", md, base, 8, BLOCK)
-        running = plane.write("mute", [2], [3])
+        running = (object(), 0)  # the node names a WRITE (session, xfer)
+        plane.write(running, "mute", [2], [3])
         assert plane.in_flight == 1
         assert plane.poll() == []
         assert plane.progress_interval_ms <= 1  # prompt, then busy, while a transfer is in flight
         assert plane.cancel(running) is False
+        with pytest.raises(TransportError, match="not yet reported"):  # still the caller's
+            plane.write(running, "mute", [4], [4])
         assert plane.in_flight == 1
         child.request("progress", True, reply="progress")
         results = _drive(plane, child, _reported(running), 10.0, "the cancelled WRITE's end")
@@ -259,14 +290,15 @@ def test_cancel_leaves_a_running_write_to_end(children: list[Child]) -> None:
         other, md2, base2 = _start_target(children, "mute2", 8, BLOCK, progressing=False)
         plane.region[1].fill_(0x3C)
         plane.add_peer("mute2", md2, base2, 8, BLOCK)
-        stalled = plane.write("mute2", [1], [0])
+        stalled = (object(), 0)
+        plane.write(stalled, "mute2", [1], [0])
         assert plane.cancel(stalled) is False
         plane.remove_peer("mute2")
         assert plane.peers == ("mute",)
         assert plane.poll() == [] and plane.in_flight == 1
         assert plane.cancel(stalled) is False
         with pytest.raises(TransportError, match="unknown peer"):
-            plane.write("mute2", [2], [2])
+            plane.write("new", "mute2", [2], [2])
         other.request("progress", True, reply="progress")
         results = _drive(plane, other, _reported(stalled), 10.0, "the removed peer's WRITE")
         assert results == [(stalled, True)]
@@ -275,7 +307,8 @@ def test_cancel_leaves_a_running_write_to_end(children: list[Child]) -> None:
         assert region[:BLOCK] == b"\x3c" * BLOCK
 
         plane.add_peer("mute2", md2, base2, 8, BLOCK)
-        after = plane.write("mute2", [1], [1])
+        after = stalled  # reported: the id may name a new WRITE
+        plane.write(after, "mute2", [1], [1])
         results = _drive(plane, other, _reported(after), 10.0, "a WRITE once the peer progresses")
         assert results == [(after, True)]
         assert plane.poll() == []
@@ -284,7 +317,7 @@ def test_cancel_leaves_a_running_write_to_end(children: list[Child]) -> None:
 def test_bad_requests_raise_transport_error(pair: Pair) -> None:
     plane = pair.plane
     with pytest.raises(TransportError, match="unknown peer"):
-        plane.write("nobody", [0], [0])
+        plane.write(1, "nobody", [0], [0])
     bad_batches: list[tuple[Any, Any]] = [
         ([0], [64]),  # past the target's last block
         ([32], [0]),  # past our last block
@@ -300,7 +333,7 @@ def test_bad_requests_raise_transport_error(pair: Pair) -> None:
     ]
     for local, remote in bad_batches:
         with pytest.raises(TransportError):
-            plane.write("target", local, remote)
+            plane.write(1, "target", local, remote)
     assert plane.in_flight == 0 and plane.poll() == []
 
     md = plane.metadata
@@ -336,13 +369,14 @@ def test_remove_and_re_add_peer(pair: Pair) -> None:
     plane.remove_peer("target")
     assert plane.peers == ()
     with pytest.raises(TransportError, match="unknown peer"):
-        plane.write("target", [0], [0])
+        plane.write(1, "target", [0], [0])
     plane.remove_peer("target")  # unknown ids are ignored
     plane.add_peer("target", md, base, 64, BLOCK)
     plane.add_peer("target", md, base, 64, BLOCK)  # re-adding replaces the registration
     with pytest.raises(TransportError, match="already peer"):
         plane.add_peer("alias", md, base, 64, BLOCK)
-    xfer = plane.write("target", [7], [7])
+    xfer = "after re-add"
+    plane.write(xfer, "target", [7], [7])
     assert _drive(plane, child, _reported(xfer), 10.0, "WRITE after re-add") == [(xfer, True)]
 
 
@@ -359,7 +393,8 @@ def test_re_adding_a_live_agent_opens_no_connection(pair: Pair) -> None:
         plane.add_peer("target", md, base, 64, BLOCK)
         plane.progress()
     assert len(os.listdir("/proc/self/fd")) == before
-    xfer = plane.write("target", [2], [2])
+    xfer = "after re-adds"
+    plane.write(xfer, "target", [2], [2])
     assert _drive(plane, child, _reported(xfer), 10.0, "WRITE after re-adds") == [(xfer, True)]
     # A kept agent that NIXL no longer holds is loaded afresh by the next add.
     plane.remove_peer("target")
@@ -372,15 +407,17 @@ def test_killed_peer_fails_transfers(children: list[Child]) -> None:
     with DataPlane("initiator-k", 8, BLOCK) as plane:
         child, md, base = _start_target(children, "doomed", 8, BLOCK)
         _connect(plane, child, "doomed", md, base, 8)
-        warm = plane.write("doomed", [0], [0])
+        warm = "warm"
+        plane.write(warm, "doomed", [0], [0])
         assert _drive(plane, child, _reported(warm), 10.0, "warm-up WRITE") == [(warm, True)]
 
         os.kill(child.pid, signal.SIGKILL)
         child.proc.join(10.0)
         assert not child.proc.is_alive()
-        failed = plane.write("doomed", [1], [1])
+        failed = "failed"
+        plane.write(failed, "doomed", [1], [1])
         deadline = time.monotonic() + 5.0
-        results: list[tuple[int, bool]] = []
+        results: list[tuple[WriteId, bool]] = []
         while failed not in {x for x, _ in results}:
             assert time.monotonic() < deadline, "a WRITE to a dead peer was not reported"
             results.extend(plane.poll())
@@ -389,7 +426,7 @@ def test_killed_peer_fails_transfers(children: list[Child]) -> None:
         assert plane.is_faulted("doomed")
         plane.remove_peer("doomed")
         with pytest.raises(TransportError):
-            plane.write("doomed", [0], [0])
+            plane.write("after", "doomed", [0], [0])
 
 
 def test_write_256_blocks_of_64k(children: list[Child]) -> None:
@@ -400,12 +437,13 @@ def test_write_256_blocks_of_64k(children: list[Child]) -> None:
         _connect(plane, child, "bench", md, base, blocks)
         _fill_demo(plane, blocks)
         everything = list(range(blocks))
-        warm = plane.write("bench", everything, everything)
+        warm = "warm"
+        plane.write(warm, "bench", everything, everything)
         _drive(plane, child, _reported(warm), 10.0, "warm-up WRITE")
         times = []
-        for _ in range(20):
+        for xfer in range(20):
             start = time.perf_counter()
-            xfer = plane.write("bench", everything, everything)
+            plane.write(xfer, "bench", everything, everything)
             results = _drive(plane, child, _reported(xfer), 10.0, "256-block WRITE")
             times.append(time.perf_counter() - start)
             assert results == [(xfer, True)]
@@ -439,8 +477,9 @@ def test_idle_pair_costs_almost_no_cpu(children: list[Child]) -> None:
             for ev in control.poll(100):
                 if isinstance(ev, FrameIn) and ev.peer_id == node_id:
                     _add_from(data, node_id, ev.frame)
-        xfer = data.write(node_id, [0, 1], [2, 3])
-        seen: list[tuple[int, bool]] = []
+        xfer = "only"
+        data.write(xfer, node_id, [0, 1], [2, 3])
+        seen: list[tuple[WriteId, bool]] = []
         while xfer not in {x for x, _ in seen}:
             assert time.monotonic() < deadline, "WRITE over the ZeroMQ-brokered pair hung"
             control.poll(data.progress_interval_ms)
