@@ -32,6 +32,7 @@ from p2pfsm.session import (
     ProtocolViolation,
     RoundEnded,
     SendFrame,
+    SendToLostPeer,
     SessionDead,
     StartRegistration,
     StartWrite,
@@ -42,6 +43,7 @@ K = TypeVar("K", bound=Hashable)
 
 _HANDLERS: dict[type, str] = {
     SendFrame: "send_frame",
+    SendToLostPeer: "send_to_lost_peer",
     StartRegistration: "start_registration",
     StartWrite: "start_write",
     CancelWrite: "cancel_write",
@@ -64,8 +66,10 @@ _HANDLERS: dict[type, str] = {
 class Executor:
     """Carries out one endpoint's session outputs; ``peer`` names the session.
 
-    Subclasses implement every method below except the two with a default
-    (``frame_ignored`` and ``lookup_closed`` need no action from most executors).
+    Subclasses implement every method below except those with a default
+    (``frame_ignored``, ``lookup_closed`` and ``round_ended`` need no action from most
+    executors; ``send_to_lost_peer`` is ``send_frame`` unless the executor drops a lost
+    peer's connection).
     """
 
     def apply(self, peer: str, out: Output) -> None:
@@ -74,6 +78,11 @@ class Executor:
 
     def send_frame(self, peer: str, out: SendFrame) -> None:
         raise NotImplementedError
+
+    def send_to_lost_peer(self, peer: str, out: SendToLostPeer) -> None:
+        """A dead session's frame to a peer that may be unreachable now (default: sent as
+        any frame; an executor that drops a lost peer's connection dials it back)."""
+        self.send_frame(peer, out)
 
     def start_registration(self, peer: str, out: StartRegistration) -> None:
         raise NotImplementedError

@@ -49,10 +49,10 @@ from p2pfsm.executor.redial import Parked, Redials
 from p2pfsm.executor.served_lookups import ServedLookup, ServedLookups
 from p2pfsm.executor.threadsafe import ThreadSafeNode
 from p2pfsm.executor.zmq_plane import ControlPlane, FrameIn, PeerLost
-from p2pfsm.fsm import input_table, machine
+from p2pfsm.fsm import machine
 from p2pfsm.logwindow import LogWindow
 from p2pfsm.metrics import NodeMetrics
-from p2pfsm.protocol import AbortFetch, Connect, Disconnect, decode, encode
+from p2pfsm.protocol import AbortFetch, Connect, decode, encode
 from p2pfsm.session import (
     ArmTimer,
     CancelWrite,
@@ -77,6 +77,7 @@ from p2pfsm.session import (
     RegistrationFinished,
     RoundEnded,
     SendFrame,
+    SendToLostPeer,
     Session,
     SessionConfig,
     SessionDead,
@@ -109,9 +110,6 @@ _HOST_CALLS: dict[type, str] = {HostFetch: "fetch", HostLookup: "lookup", HostSu
 _SESSION = machine("session")
 _TERMINAL = _SESSION.terminal  # closed: nothing more to do
 _UNSTARTED = _SESSION.state_set("unstarted")
-_ANSWERS_STALE = frozenset(s for t in _SESSION.transitions if t.trigger == input_table().stale
-                           for s in t.sources)
-"""A session in these states answers a peer that still holds it live (dead)."""
 
 
 def _as_int(value: Any) -> Any:
@@ -852,23 +850,24 @@ class Node(Driven, Executor):
 
     # ------------------------------------------- Executor: carrying out outputs
     def send_frame(self, peer: str, out: SendFrame) -> None:
-        sender = self._applying
-        if (sender is not None and sender.state in _ANSWERS_STALE
-                and isinstance(out.message, Disconnect)
-                and peer not in self.control.peers):
-            # A dead session answers a peer that still holds it live (a one-sided loss):
-            # our connection to it is gone, so the answer dials it again.
-            if self.control.answer(peer, encode(out.message)):
-                self.metrics.count("stale_answers")
-                log.info("peer %s: told that its session is over (%s)", peer,
-                         sender.death_reason)
-            return
         if not self.control.send(peer, encode(out.message)):
             self._queue(peer, TransportLost("send failed"), self._applying)
         elif isinstance(out.message, AbortFetch):
             self.metrics.count("aborts_sent")
             log.info("peer %s: aborting %s round %d", peer, out.message.kv_request_id,
                      out.message.round_seq)
+
+    def send_to_lost_peer(self, peer: str, out: SendToLostPeer) -> None:
+        """A dead session tells a peer that may still hold it live that it is over: over
+        our connection to it while it lasts, else the control plane dials it back."""
+        if peer in self.control.peers:
+            self.send_frame(peer, out)
+            return
+        if self.control.answer(peer, encode(out.message)):
+            self.metrics.count("stale_answers")
+            sender = self._applying
+            log.info("peer %s: told that its session is over (%s)", peer,
+                     None if sender is None else sender.death_reason)
 
     def start_write(self, peer: str, out: StartWrite) -> None:
         assert self._applying is not None  # outputs are applied only from _feed

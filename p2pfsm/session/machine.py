@@ -14,7 +14,7 @@ from p2pfsm.protocol import Connect, ConnectAck, Disconnect, FetchRound, Message
 from p2pfsm.session.base import SessionBase
 from p2pfsm.session.child import EndRoles
 from p2pfsm.session.inputs import RegistrationFinished, TimerId, TransportLost
-from p2pfsm.session.outputs import SendFrame, SessionDead, StartRegistration
+from p2pfsm.session.outputs import SendFrame, SendToLostPeer, SessionDead, StartRegistration
 
 STALE_ANSWER_INTERVAL_S = 1.0
 """A dead session answers its peer's frames with a disconnect at most this often."""
@@ -113,6 +113,12 @@ class SessionMachine(SessionBase):
         self.send(Disconnect())
         self.last_disconnect = self.now
 
+    def send_disconnect_to_lost_peer(self, _ev: object) -> None:
+        """A dead session tells its peer that it is over: the peer may still hold the
+        session live, and our connection to it may be gone (the executor dials it back)."""
+        self.emit(SendToLostPeer(Disconnect()))
+        self.last_disconnect = self.now
+
     def is_stale_answer_due(self, _ev: object) -> bool:
         """No disconnect of ours in the last :data:`STALE_ANSWER_INTERVAL_S` (the rate
         limit: one small frame a second to a peer that completed a handshake with us)."""
@@ -121,7 +127,7 @@ class SessionMachine(SessionBase):
 
     def answer_stale(self, ev: object) -> None:
         """Tell a peer that still holds the session live that it is over."""
-        self.send_disconnect(ev)
+        self.send_disconnect_to_lost_peer(ev)
 
     def die_mismatch(self, ev: object) -> None:
         assert isinstance(ev, Connect)

@@ -23,6 +23,14 @@ class SendFrame:
 
 
 @dataclass(frozen=True, slots=True)
+class SendToLostPeer(SendFrame):
+    """Send one control message to a peer whose session with us is dead but that may
+    still hold it live (a one-sided loss): over the connection we still have to it, else
+    by dialling it back for this frame. Only a dead session asks for this; the executor
+    decides nothing about the protocol here, it only reaches the peer."""
+
+
+@dataclass(frozen=True, slots=True)
 class StartRegistration:
     """Register the peer's memory with the data plane; answer with RegistrationFinished."""
 
@@ -211,7 +219,7 @@ class SessionDead:
 
 
 Output = (
-    SendFrame | StartRegistration | StartWrite | CancelWrite | ArmTimer | DisarmTimer
-    | LoadResult | StoreResult | LookupResult | LookupRequest | LookupClosed | FetchArrived
-    | RoundEnded | ProtocolViolation | FrameIgnored | SessionDead
+    SendFrame | SendToLostPeer | StartRegistration | StartWrite | CancelWrite | ArmTimer
+    | DisarmTimer | LoadResult | StoreResult | LookupResult | LookupRequest | LookupClosed
+    | FetchArrived | RoundEnded | ProtocolViolation | FrameIgnored | SessionDead
 )

@@ -15,7 +15,7 @@ from p2pfsm.session import (
     LoadResult,
     LookupRequest,
     ProtocolViolation,
-    SendFrame,
+    SendToLostPeer,
     StartWrite,
 )
 
@@ -174,7 +174,8 @@ def test_frames_after_death_are_ignored() -> None:
     for node in ("a", "b"):
         before = snapshot(w.sessions[node])
         out = w.inject_msg(node, Fetch("r1", keys([8]), (3,), 0))
-        # Nothing changes; the peer is told the session is over (test_scenario_one_sided).
-        assert [type(o) for o in out] == [SendFrame, FrameIgnored]
-        assert out[0] == SendFrame(Disconnect())
+        # Nothing changes; the peer is told the session is over (test_scenario_one_sided),
+        # dialled back if our connection to it is gone.
+        assert [type(o) for o in out] == [SendToLostPeer, FrameIgnored]
+        assert out[0] == SendToLostPeer(Disconnect())
         assert snapshot(w.sessions[node]) == before
