@@ -68,6 +68,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="workloads: consumer processes of the fan-out (0: none)")
     p.add_argument("--fanout-fetches", type=positive(int), default=10,
                    help="workloads: fetches per fan-out consumer")
+    p.add_argument("--no-memory-check", action="store_true",
+                   help="workloads: run the region and fan-out workloads even when the "
+                        "memory available now looks too small for them (skipped otherwise)")
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -174,7 +177,8 @@ def _run_suites(args: argparse.Namespace, suites: tuple[str, ...], stack: contex
         results["workloads"] = got_w = workloads.run(
             rounds=args.rounds, soak=args.soak, cpu_fetches=args.cpu_fetches,
             region_mib=args.region_mib, consumers=args.consumers,
-            fanout_fetches=args.fanout_fetches, progress=progress, peer=peer())
+            fanout_fetches=args.fanout_fetches, progress=progress, peer=peer(),
+            memory_check=not args.no_memory_check)
         text += ["", workloads.format_workloads(got_w)]
     if "layouts" in suites:
         from p2pfsm.bench import layouts

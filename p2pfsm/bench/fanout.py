@@ -87,12 +87,15 @@ def _recv(conn: Connection, deadline: float) -> tuple[Any, ...]:
     return tuple(msg)
 
 
-def run(peer: _Peer, consumers: int, fetches: int, say: Progress) -> dict[str, Any]:
-    """The fan-out against ``peer`` (which then serves 256 x 64 KiB demo blocks)."""
+def run(peer: _Peer, consumers: int, fetches: int, say: Progress,
+        memory_check: bool = True) -> dict[str, Any]:
+    """The fan-out against ``peer`` (which then serves 256 x 64 KiB demo blocks); skipped
+    when the memory available now would not hold the consumers, unless not
+    ``memory_check``."""
     from p2pfsm.demo.host import available_memory
 
     have = available_memory()
-    if have is not None and have < consumers * _MIB_PER_CONSUMER * 2**20 * 2:
+    if memory_check and have is not None and have < consumers * _MIB_PER_CONSUMER * 2**20 * 2:
         return {"consumers": consumers, "skipped": f"{have / 2**30:.1f} GiB available, "
                 f"{consumers} consumers need about {consumers * _MIB_PER_CONSUMER * 2 / 1024:.1f}"}
     (_, peer_id) = peer.ask("node", *_SHAPE)

@@ -178,15 +178,17 @@ def _cpu(node: Node, peer_id: str, peer_pid: int, fetches: int) -> dict[str, Any
             "consumer_core_share": ours / wall, "producer_core_share": theirs / wall}
 
 
-def _region(peer: _Peer, mib: int) -> dict[str, Any]:
-    """A ``mib`` MiB region on each side: construction, connect -> ready, freed after."""
+def _region(peer: _Peer, mib: int, memory_check: bool = True) -> dict[str, Any]:
+    """A ``mib`` MiB region on each side: construction, connect -> ready, freed after
+    (skipped when the memory available now would not hold it, unless not ``memory_check``)."""
     from p2pfsm.demo.host import available_memory, check_region
     from p2pfsm.executor.node import Node, NodeConfig
 
     blocks = mib * 1024 * 1024 // _BLOCK
     have = available_memory()
     try:  # both processes hold one, plus headroom for everything else
-        check_region(blocks * 2 + 4096, _BLOCK, what="--region-mib")
+        if memory_check:
+            check_region(blocks * 2 + 4096, _BLOCK, what="--region-mib")
     except ConfigError as exc:
         return {"mib": mib, "skipped": str(exc), "available": have}
     me = os.getpid()
@@ -229,7 +231,7 @@ def _measure(steps: list[tuple[str, str, Callable[[], dict[str, Any]]]],
 
 def run(rounds: int = 30, soak: int = 1000, cpu_fetches: int = 60, region_mib: int = 1024,
         consumers: int = 16, fanout_fetches: int = 10, progress: Progress | None = None,
-        peer: _Peer | None = None) -> dict[str, Any]:
+        peer: _Peer | None = None, memory_check: bool = True) -> dict[str, Any]:
     """Every workload of the module docstring; a dict of their results.
 
     Args:
@@ -241,6 +243,9 @@ def run(rounds: int = 30, soak: int = 1000, cpu_fetches: int = 60, region_mib: i
         fanout_fetches: fetches per consumer in the fan-out.
         progress: called with a line of progress now and then.
         peer: a peer process to use (left running); by default one of its own.
+        memory_check: skip ``region`` and ``fanout`` (saying so in their result) when
+            the memory available at the time would not hold them; False runs them
+            regardless (a result that does not depend on what else the machine runs).
     """
     from p2pfsm.bench import fanout
 
@@ -275,11 +280,12 @@ def run(rounds: int = 30, soak: int = 1000, cpu_fetches: int = 60, region_mib: i
         finally:
             node.close()
         steps = [("region", f"{region_mib} MiB region handshake",
-                  lambda: _region(peer, region_mib))]
+                  lambda: _region(peer, region_mib, memory_check))]
         if consumers:
             steps.append(("fanout", f"{consumers} consumers x {fanout_fetches} fetches from "
                                     "one producer",
-                          lambda: fanout.run(peer, consumers, fanout_fetches, say)))
+                          lambda: fanout.run(peer, consumers, fanout_fetches, say,
+                                             memory_check)))
         _measure(steps, out, say)
     finally:
         if own:

@@ -30,7 +30,10 @@ pytest.importorskip("torch")
 
 CLI = [sys.executable, "-m", "p2pfsm.cli"]
 SERVED_BLOCKS = 32
-RUN_TIMEOUT = 150.0  # the concurrent batch shares two cores with everything else
+RUN_TIMEOUT = 900.0
+"""Bound on the concurrent batch (about 25 s here): far past what load makes of it (it
+shares two cores with everything else, and the bench's fan-out alone allows its
+consumers 300 s), so only a hang reaches it."""
 
 
 @dataclass
@@ -139,7 +142,7 @@ def runs(server: str) -> dict[str, Ran]:
         # Both deadlines far past RUN_TIMEOUT: a refusal that waited for either one
         # would be killed (not exit 2) and fail its test.
         "refused": ["fetch", "--connect", f"tcp://127.0.0.1:{REFUSING_PORT}",
-                    "--timeout", "600", "--connect-timeout", "600"],
+                    "--timeout", "3600", "--connect-timeout", "3600"],
         # Keys 32 and 33 are past the server's blocks: the report must name them.
         "missing": ["fetch", "--connect", server, "--keys", f"{SERVED_BLOCKS - 2}-"
                     f"{SERVED_BLOCKS + 1}", "--load-timeout", "2", "--abort-ack-timeout", "1"],
@@ -149,7 +152,11 @@ def runs(server: str) -> dict[str, Ran]:
         "bench": ["bench", "--suite", "all", "workloads", "layouts", "--json", "--number", "20",
                   "--rounds", "2", "--per-round", "3", "--idle-seconds", "0.5",
                   "--open-rounds", "0", "100", "10000", "--soak", "4", "--cpu-fetches", "1",
-                  "--region-mib", "4", "--consumers", "2", "--fanout-fetches", "1"],
+                  "--region-mib", "4", "--consumers", "2", "--fanout-fetches", "1",
+                  # Run region and fan-out whatever memory the box's other work leaves
+                  # at that moment (2 x ~400 MiB): skipping them on a busy box made
+                  # their checks fail on a missing result.
+                  "--no-memory-check"],
     }
     # UCX logs to stdout unless told otherwise; the demo raises its level so that UCX
     # surely logs, and its --json stdout must still be the one JSON line.
@@ -251,11 +258,13 @@ def test_bench_smoke_reports_every_measurement(runs: dict[str, Ran]) -> None:
 
 
 def test_bench_workloads_report_each_workload(runs: dict[str, Ran]) -> None:
-    """Structure only (every fetch in them was verified, or the command failed)."""
+    """Structure only (every fetch in them was verified, or the command failed). Every
+    workload ran: none was skipped for the memory the machine had free at the time."""
     ran = runs["bench"]
     assert ran.code == 0, ran.describe()
     w = one_json_line(ran)["workloads"]
     assert isinstance(w, dict)
+    assert not [k for k, v in w.items() if isinstance(v, dict) and "skipped" in v], w
     for key, stats in (("lookup", "lookup_ms"), ("lookup", "total_ms"),
                        ("concurrent", "request_ms"), ("soak", "first_ms"),
                        ("fanout", "latency_ms")):

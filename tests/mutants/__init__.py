@@ -3,5 +3,5 @@
 See :mod:`mutants.catalogue` for the list, :mod:`mutants.plugin` to run any pytest suite
 under one (``P2PFSM_MUTANT=NAME pytest -p mutants.plugin ...``) and ``python -m
 tests.mutants`` for the table of which suites catch which mutant (docs/verification.md,
-"Mutants").
+"Mutants"). The executor's slips are checked by ``tests/mutants/test_executor_slips.py``.
 """

@@ -8,7 +8,9 @@ inputs and outputs keep their meaning. The others (:data:`SLIPS`) are one-line s
 planted in the product code's own functions while they are on (:mod:`mutants.slips`):
 the bugs a developer would write, each in a window the stateful search must reach
 (issue 24). Each must be caught by the stateful test alone
-(``tests/mutants/test_caught.py``).
+(``tests/mutants/test_caught.py``). The executor's slips (:data:`EXECUTOR_SLIPS`, not in
+:data:`MUTANTS`: the session-level stateful test never runs the executor) must each be
+caught by the default-suite tests they name (``tests/mutants/test_executor_slips.py``).
 """
 
 from __future__ import annotations
@@ -298,6 +300,8 @@ class Entry:
     """A wrapper of Session.handle, or"""
     slip: Slip | None = None
     """one line of the product code changed."""
+    caught_by: tuple[str, ...] = ()
+    """Executor slips: the default-suite tests (pytest node ids) that must catch it."""
 
 
 SLIPS: tuple[Entry, ...] = (
@@ -329,6 +333,38 @@ SLIPS: tuple[Entry, ...] = (
                     "if not indexes or max(indexes) <= num_blocks:")),
 )
 """Slips planted inside the code (issue 24's table, its session-level rows)."""
+
+EXECUTOR_SLIPS: tuple[Entry, ...] = (
+    Entry("cancel_releases_running_write", "cancel of a running WRITE",
+          "DataPlane.cancel releases a WRITE still running (its PROC check dropped), so "
+          "the session is told the write is over while UCX may still move its bytes",
+          slip=Slip("p2pfsm.executor.nixl_plane", "DataPlane.cancel",
+                    'if state == "PROC":', "if False:"),
+          caught_by=("tests/integration/test_nixl_plane.py::"
+                     "test_cancel_leaves_a_running_write_to_end",
+                     "tests/integration/test_node_stateful.py::"
+                     "test_an_abort_leaves_a_stalled_write_running")),
+    Entry("cancelled_future_drops_result", "cancel of a fetch's future",
+          "a cancelled fetch's future really cancels (concurrent.futures' cancel), so "
+          "the node finds it done and drops its LoadResult",
+          slip=Slip("p2pfsm.executor.jobs", "JobFuture.cancel",
+                    "return False", "return Future.cancel(self)"),
+          caught_by=("tests/integration/test_node_results.py::"
+                     "test_cancel_on_a_sync_fetch_finishes_the_request_and_the_result_still_comes",
+                     "tests/integration/test_node_stateful.py::test_nodes_interleaved")),
+    Entry("dial_back_any_named_host", "hostile identity",
+          "an unknown identity is dialled back at whatever host it names (the source "
+          "address check inverted: it runs only with dial_back_any_host)",
+          slip=Slip("p2pfsm.executor.zmq_plane", "ControlPlane._admit",
+                    "if not self._any_host:", "if self._any_host:"),
+          caught_by=("tests/integration/test_reflection.py::"
+                     "test_a_connect_naming_another_host_is_not_dialled_back",
+                     "tests/integration/test_node_stateful.py::test_nodes_interleaved")),
+)
+"""Slips planted in the executor (issue 24's table, its executor rows): each caught by
+the default-suite tests it names (``tests/mutants/test_executor_slips.py``)."""
+
+EXECUTOR: dict[str, Entry] = {e.name: e for e in EXECUTOR_SLIPS}
 
 MUTANTS: dict[str, Entry] = {
     **{m.name: Entry(m.name, m.race, m.what, m)

@@ -18,7 +18,7 @@ from typing import Any
 
 from p2pfsm.session import Input, Output, Session
 
-from .catalogue import MUTANTS, Mutant
+from .catalogue import EXECUTOR, MUTANTS, Mutant
 from .slips import apply
 
 ENV = "P2PFSM_MUTANT"
@@ -32,11 +32,13 @@ def active() -> str | None:
 
 
 def install(name: str) -> None:
-    if name not in MUTANTS:
-        raise SystemExit(f"{ENV}={name!r}: unknown mutant; known: {', '.join(MUTANTS)}")
+    """Switch on mutant ``name`` (a Session wrapper or a slip, session or executor)."""
+    known = {**MUTANTS, **EXECUTOR}
+    if name not in known:
+        raise SystemExit(f"{ENV}={name!r}: unknown mutant; known: {', '.join(known)}")
     if active() is not None:
         raise RuntimeError(f"mutant {active()} is already installed")
-    entry = MUTANTS[name]
+    entry = known[name]
     if entry.slip is not None:
         setattr(Session, _MARK, (name, apply(entry.slip)))
         return

@@ -132,3 +132,34 @@ def suite(mutant: str, name: str, timeout: float = 900.0) -> Outcome:
     summary = lines[-1] if lines else proc.stderr.strip()[-160:]
     first = next((ln for ln in lines if ln.startswith("FAILED")), summary)
     return Outcome(proc.returncode == 1 and bool(failed), None, seconds, first[:200])
+
+
+@dataclass(frozen=True)
+class PytestRun:
+    """What one pytest subprocess reported."""
+
+    code: int
+    failed: tuple[str, ...]
+    """The failed tests' ``-rf`` lines: node id, then the failure's first line."""
+    summary: str
+
+
+def pytest_under(mutant: str | None, paths: list[str], timeout: float = 600.0) -> PytestRun:
+    """Run pytest ``paths`` in a subprocess with ``mutant`` switched on (None: the real
+    code) through :mod:`mutants.plugin`; every test runs (no ``-x``)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
+               COLUMNS="400")  # -rf lines keep the failure's message
+    env.pop(ENV, None)
+    if mutant is not None:
+        env[ENV] = mutant
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "mutants.plugin", "-p",
+           "no:cacheprovider", "-rf", *paths]
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=timeout, check=False)
+    except subprocess.TimeoutExpired as exc:
+        return PytestRun(-1, (), f"timed out after {timeout} s: {exc.stdout!r}"[-400:])
+    lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
+    failed = tuple(ln.removeprefix("FAILED ") for ln in lines if ln.startswith("FAILED "))
+    summary = lines[-1] if lines else proc.stderr.strip()[-400:]
+    return PytestRun(proc.returncode, failed, summary)

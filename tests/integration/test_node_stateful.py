@@ -1,0 +1,547 @@
+"""Executor-level stateful test: three real nodes in this process, stepped by one driver.
+
+A consumer node ``A`` fetches from two producer nodes (ZeroMQ and NIXL on 127.0.0.1,
+host memory); hypothesis interleaves its fetches (some held back by the producer, some
+naming a key it lacks), lookups, cancels of a fetch's future, the producers' held-back
+supplies, session kills (the connection dropped under one side's session), a producer
+closing, the consumer closing with fetches open (a new one takes its place), and
+hostile identities (a raw DEALER whose routing id never completed a valid
+connect: garbage, a connect naming another host, a connect naming another id, a
+malformed id) with bounded runs of the nodes' loops (all, or one node's only). Every
+example starts with a fetch from each producer in flight. After every step:
+
+* one result per job: each fetch, lookup and supply future resolves at most once with
+  its own job's result and is never cancelled (a ``TransportError`` "node closed" only
+  for a job no session held when its node closed); ``on_result`` hears each job once; no
+  node drops a result nobody waits for; at the end (every held-back supply given, every
+  open fetch cancelled, the nodes run until quiet, then closed) every job has its one
+  result;
+* no write after release: a destination block given back (its fetch ended with
+  ``released``) is filled with a sentinel that must stay intact until a new fetch takes
+  the block; a successful fetch's blocks hold exactly the demo blocks it named;
+* who is dialled back: no node opens a session to, or holds a connection for, an
+  identity that never completed a valid connect.
+
+Bounded: a few examples of a few dozen steps (``SETTINGS``), every wait has a deadline
+and names what it waited for, no sleeps, and every node and socket is closed at the end
+of each example. Shrinking is off: the failing sequence is printed as found.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+if importlib.util.find_spec("nixl") is None and importlib.util.find_spec("nixl_cu12") is None:
+    pytest.skip("NIXL is not installed (.ci/install.sh installs it)", allow_module_level=True)
+
+import zmq
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    consumes,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from p2pfsm.demo.blocks import demo_block, demo_key
+from p2pfsm.demo.host import fill_demo_region
+from p2pfsm.errors import LocalProtocolError
+from p2pfsm.executor.jobs import JobFuture, LookupAsk
+from p2pfsm.executor.node import LookupAnswer, Node, NodeConfig
+from p2pfsm.protocol import AbortFetch, Connect, decode, encode
+from p2pfsm.session import (
+    FetchArrived,
+    LoadResult,
+    LookupResult,
+    Session,
+    StoreResult,
+    Timeouts,
+)
+
+from . import drive_nodes
+
+BLOCK = 4096
+DEST = 16  # the consumer's blocks
+HELD = 8  # demo blocks 0..HELD-1 each producer holds, at their own index
+ABSENT = 10**6  # a demo block number no producer holds
+SEED = "stateful-hash-seed"
+SETTINGS = settings(max_examples=12, stateful_step_count=40, deadline=None, derandomize=True,
+                    database=None, phases=[Phase.explicit, Phase.generate],
+                    suppress_health_check=list(HealthCheck))
+"""Twelve examples of up to 40 steps, the same ones every run: about 22 s on a two-core
+machine at load 8 (mostly node start-up and close, and deadlines after one-sided kills)."""
+TIMEOUTS = Timeouts(load=2, abort_ack=1, store=3, lookup=2, lookup_pending=1, demand=6)
+"""Short, so a job whose peer went silent ends soon (a deadline that fires under load
+changes which path a job takes, never what is checked)."""
+QUIET_S = 60.0  # bound on waits for events that take milliseconds (load only slows them)
+
+
+def sentinel(index: int) -> bytes:
+    """What a released destination block holds until a fetch takes it again."""
+    return bytes([0xC0 | (index & 0x0F)]) * BLOCK
+
+
+class Recorded(Node):
+    """A node that records every peer it opens a session for, every result it hands
+    out (through ``on_result``) and the type of every frame it receives."""
+
+    def __init__(self, config: NodeConfig, **kw: Any) -> None:
+        super().__init__(config, on_result=self._record, **kw)
+        self.opened: list[str] = []
+        self.heard: list[LoadResult | StoreResult | LookupResult] = []
+        self.received: list[str] = []  # the type of every frame that reached the node
+
+    def _record(self, peer_id: str, value: LoadResult | StoreResult | LookupResult) -> None:
+        self.heard.append(value)
+
+    def _new_session(self, peer_id: str) -> Session:
+        self.opened.append(peer_id)
+        return super()._new_session(peer_id)
+
+    def _on_frame(self, peer_id: str, frame: bytes, conn: int = -1) -> None:
+        with contextlib.suppress(Exception):  # a bad frame is the session's business
+            self.received.append(decode(frame).TYPE)
+        super()._on_frame(peer_id, frame, conn)
+
+
+@dataclass
+class Producer:
+    """A producer node serving demo blocks; fetches of ``withhold`` ids wait in
+    ``parked`` until the test supplies them."""
+
+    node: Recorded
+    withhold: set[str] = field(default_factory=set)
+    parked: list[tuple[str, str, tuple[bytes, ...]]] = field(default_factory=list)
+    stores: list[JobFuture[StoreResult]] = field(default_factory=list)
+
+    @property
+    def id(self) -> str:
+        return self.node.local_id
+
+
+@dataclass(eq=False)
+class Fetch:
+    rid: str
+    producer: str
+    keys: tuple[bytes, ...]
+    dest: tuple[int, ...]
+    blocks: tuple[int, ...]  # demo block numbers (ABSENT+i: not held)
+    future: JobFuture[LoadResult]
+    node: Recorded  # the consumer that fetched
+    settled: bool = False
+
+
+def config(**kw: Any) -> NodeConfig:
+    return NodeConfig("tcp://127.0.0.1:0", kw.pop("blocks", DEST), BLOCK, hash_seed=SEED,
+                      timeouts=TIMEOUTS, **kw)
+
+
+def closed_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+class NodesMachine(RuleBasedStateMachine):
+    fetches = Bundle("fetches")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.nodes: list[Recorded] = []
+        self.zctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self.hostile: set[str] = set()
+        self.open: list[Fetch] = []
+        self.done: list[Fetch] = []
+        self.lookups: list[tuple[str, JobFuture[LookupResult]]] = []
+        self.free = list(range(DEST))  # destination blocks no fetch may write
+        self.quarantined: set[int] = set()  # released=False: the peer could still write
+        self.serial = 0
+        try:
+            self.consumer = self._node(config())
+            self.producers = [self._producer() for _ in range(2)]
+            self._start_consumer(self.consumer)
+        except BaseException:
+            self._close_all()
+            raise
+
+    # ------------------------------------------------------------------ setup
+    def _start_consumer(self, node: Recorded) -> None:
+        """Every block of ``node`` free (its sentinel), sessions to the live producers."""
+        self.consumer = node
+        self.free = list(range(DEST))
+        self.quarantined.clear()
+        region = node.region.numpy()
+        for b in self.free:
+            region[b] = memoryview(sentinel(b))
+        sessions = [node.connect(p.id) for p in self._live()]
+        drive_nodes([n for n in self.nodes if not n.closed],
+                    lambda: all(s.ready for s in sessions), "the handshakes", QUIET_S)
+
+    def _node(self, cfg: NodeConfig, **kw: Any) -> Recorded:
+        node = Recorded(cfg, **kw)
+        self.nodes.append(node)
+        return node
+
+    def _producer(self) -> Producer:
+        index = {demo_key(i): i for i in range(HELD)}
+        prod: Producer
+
+        def on_fetch(peer_id: str, fetch: FetchArrived) -> None:
+            keys = fetch.missing
+            if fetch.kv_request_id in prod.withhold:
+                prod.parked.append((peer_id, fetch.kv_request_id, keys))
+            elif all(k in index for k in keys):
+                self._supply(prod, peer_id, fetch.kv_request_id, keys)
+            else:
+                with contextlib.suppress(LocalProtocolError):  # the round ended meanwhile
+                    prod.node.decline(peer_id, fetch.kv_request_id, fetch.round_seq)
+
+        def on_lookup(peer_id: str, ask: LookupAsk) -> LookupAnswer:
+            return {k: index[k] for k in ask.keys if k in index}, frozenset()
+
+        node = self._node(config(), on_fetch=on_fetch, on_lookup=on_lookup)
+        prod = Producer(node)
+        fill_demo_region(node, HELD)
+        return prod
+
+    def _supply(self, prod: Producer, peer_id: str, rid: str, keys: tuple[bytes, ...]) -> None:
+        index = {demo_key(i): i for i in range(HELD)}
+        held = tuple(k for k in keys if k in index)
+        if not held:
+            return
+        # A request that ended meanwhile (aborted, finished) takes no supply: refused.
+        with contextlib.suppress(LocalProtocolError):
+            prod.stores.append(prod.node.supply(peer_id, rid, held, [index[k] for k in held]))
+
+    def _live(self) -> list[Producer]:
+        return [p for p in self.producers if not p.node.closed]
+
+    def _run(self, turns: int) -> None:
+        for _ in range(turns):
+            for node in self.nodes:
+                if not node.closed:
+                    node.step(0.002)
+
+    # ------------------------------------------------------------------ rules
+    @precondition(lambda self: len(self.free) >= 1)
+    @rule(target=fetches, which=st.integers(0, 1), first=st.integers(0, HELD - 1),
+          count=st.integers(1, 4), hold=st.booleans(), absent=st.booleans())
+    def fetch(self, which: int, first: int, count: int, hold: bool, absent: bool) -> Fetch:
+        prod = self.producers[which]
+        count = min(count, len(self.free))
+        blocks = [(first + i) % HELD for i in range(count)]
+        if absent:
+            blocks[-1] = ABSENT + self.serial
+        self.serial += 1
+        rid = f"f{self.serial}"
+        if hold:
+            prod.withhold.add(rid)
+        dest = tuple(self.free[:count])
+        del self.free[:count]
+        keys = tuple(demo_key(b) for b in blocks)
+        try:
+            fut = self.consumer.fetch(prod.id, rid, keys, dest)
+        except LocalProtocolError:  # the session is over (its producer closed)
+            self.free.extend(dest)
+            return Fetch(rid, prod.id, keys, dest, tuple(blocks), JobFuture(self.consumer),
+                         self.consumer, settled=True)
+        job = Fetch(rid, prod.id, keys, dest, tuple(blocks), fut, self.consumer)
+        self.open.append(job)
+        return job
+
+    # Each example starts with a fetch from each producer in flight, whichever rules
+    # hypothesis' swarm switches off for it: the others interleave with work.
+    @initialize(target=fetches, first=st.integers(0, HELD - 1), count=st.integers(1, 4),
+                hold=st.booleans(), absent=st.booleans())
+    def first_fetch_from_each(self, first: int, count: int, hold: bool, absent: bool) -> Fetch:
+        self.fetch(1, (first + 3) % HELD, 2, not hold, False)
+        job = self.fetch(0, first, count, hold, absent)
+        assert isinstance(job, Fetch)
+        return job
+
+    @rule(job=consumes(fetches))
+    def cancel(self, job: Fetch) -> None:
+        if job.settled:
+            return
+        assert job.future.cancel() is False, "a fetch's future said it was cancelled"
+        assert not job.future.cancelled(), "a fetch's future was cancelled"
+
+    @rule(which=st.integers(0, 1), first=st.integers(0, HELD - 1), absent=st.booleans())
+    def lookup(self, which: int, first: int, absent: bool) -> None:
+        prod = self.producers[which]
+        if prod.node.closed:
+            return  # a lookup would wait for its session to open again, up to its deadline
+        self.serial += 1
+        rid = f"l{self.serial}"
+        keys = [demo_key(first), demo_key(ABSENT if absent else (first + 1) % HELD)]
+        with contextlib.suppress(LocalProtocolError):  # the session is over
+            self.lookups.append((rid, self.consumer.lookup(prod.id, rid, keys)))
+
+    @rule(which=st.integers(0, 1))
+    def give_held_supply(self, which: int) -> None:
+        prod = self.producers[which]
+        batch, prod.parked[:] = list(prod.parked), []
+        prod.withhold.clear()
+        if prod.node.closed:
+            return
+        for peer_id, rid, keys in batch:
+            self._supply(prod, peer_id, rid, keys)
+
+    @rule(turns=st.integers(1, 30))
+    def run(self, turns: int) -> None:
+        self._run(turns)
+
+    @rule(which=st.integers(0, 2), turns=st.integers(1, 30))
+    def run_one(self, which: int, turns: int) -> None:
+        """Only one node's loop runs (the others are slow): e.g. a producer hears an
+        abort while the consumer makes no progress on the WRITE it is receiving."""
+        node = ([self.consumer] + [p.node for p in self.producers])[which]
+        for _ in range(turns):
+            if not node.closed:
+                node.step(0.002)
+
+    @rule(which=st.integers(0, 1), consumer_side=st.booleans())
+    def kill_session(self, which: int, consumer_side: bool) -> None:
+        """The connection under one side's session drops, the way a ZeroMQ heartbeat
+        timeout drops it (its DEALER torn down, a PeerLost at the next poll); the other
+        side learns of it only from the protocol (a dead session's answer, deadlines)."""
+        prod = self.producers[which]
+        if prod.node.closed:
+            return
+        node, peer = ((self.consumer, prod.id) if consumer_side
+                      else (prod.node, self.consumer.local_id))
+        dealer = node.control._peers.get(peer)
+        if dealer is not None:  # the path a heartbeat timeout takes: a PeerLost next poll
+            node.control._lose(dealer, "killed by the test")
+
+    @precondition(lambda self: bool(self.open))
+    @rule()
+    def restart_consumer(self) -> None:
+        """The consumer node closes with fetches open (each gets its one result; one no
+        session held, a TransportError "node closed") and a new one takes its place."""
+        self.consumer.close(timeout=5.0)
+        self._settle()
+        assert not self.open, f"fetches without a result after close: {self.open}"
+        self._start_consumer(self._node(config()))
+
+    @precondition(lambda self: len(self._live()) == 2)
+    @rule(which=st.integers(0, 1))
+    def close_producer(self, which: int) -> None:
+        prod = self.producers[which]
+        prod.parked.clear()
+        prod.node.close(timeout=5.0)
+
+    @rule(target_=st.integers(0, 2),
+          kind=st.sampled_from(["garbage", "other host", "other id", "bad id"]))
+    def hostile_identity(self, target_: int, kind: str) -> None:
+        node = ([self.consumer] + [p.node for p in self.producers])[target_]
+        if node.closed:
+            return
+        port = closed_port("127.0.0.1")
+        ident = {"other host": f"127.0.0.2:{port}", "bad id": f"not an id {port}"}.get(
+            kind, f"127.0.0.1:{port}")
+        names = {"other host": ident, "other id": f"127.0.0.1:{closed_port('127.0.0.1')}"}
+        frame = b"\x93garbage" if kind == "garbage" else encode(Connect(
+            peer_id=names.get(kind, ident), agent_metadata=b"x", base_addr=0, num_blocks=4,
+            block_len=BLOCK, config_fingerprint="", hash_seed=SEED))
+        self.hostile.add(ident)
+        before = sum(node.control.drop_counts.values())
+        dealer = self.zctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.IDENTITY, ident.encode())
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.connect(f"tcp://127.0.0.1:0;{node.local_id}")
+        dealer.send(frame)
+        # Dropped at the door, or (a bug) let in: either way the node has seen it.
+        drive_nodes([n for n in self.nodes if not n.closed],
+                    lambda: (sum(node.control.drop_counts.values()) > before
+                             or ident in node.opened), f"the {kind} frame handled", QUIET_S)
+
+    # ------------------------------------------------------------- invariants
+    def _settle(self) -> None:
+        """Take in the fetches that ended: check them, give their blocks back."""
+        for job in [j for j in self.open if j.future.done()]:
+            self.open.remove(job)
+            job.settled = True
+            self.done.append(job)
+            assert not job.future.cancelled(), f"{job.rid}: its future was cancelled"
+            exc = job.future.exception()
+            if exc is not None:  # only a job no session held, when its node closed
+                assert job.node.closed and "node closed" in str(exc), f"{job.rid}: {exc!r}"
+                continue
+            res = job.future.result()
+            region = None if job.node.closed else job.node.region.numpy()
+            assert isinstance(res, LoadResult) and res.kv_request_id == job.rid, (job.rid, res)
+            if res.success:
+                assert all(b < HELD for b in job.blocks), f"{job.rid}: a missing key loaded"
+                if region is not None:
+                    for b, d in zip(job.blocks, job.dest, strict=True):
+                        assert bytes(region[d]) == demo_block(b, BLOCK), \
+                            f"{job.rid}: wrong bytes in block {d}"
+            if job.node is not self.consumer:
+                continue  # its blocks went with its node
+            if res.released:
+                for d in job.dest:
+                    if region is not None:
+                        region[d] = memoryview(sentinel(d))
+                    self.free.append(d)
+            else:
+                self.quarantined.update(job.dest)
+
+    @invariant()
+    def one_result_per_job(self) -> None:
+        self._settle()
+        for node in self.nodes:
+            loads = [r.job_id for r in node.heard if isinstance(r, LoadResult)]
+            stores = [r.job_id for r in node.heard if isinstance(r, StoreResult)]
+            assert len(loads) == len(set(loads)), f"{node.local_id}: a second load result"
+            assert len(stores) == len(set(stores)), f"{node.local_id}: a second store result"
+            dropped = node.metrics.snapshot()["counters"].get("results_dropped", 0)
+            assert dropped == 0, f"{node.local_id}: {dropped} results nobody waited for"
+            lookups = [r.kv_request_id for r in node.heard if isinstance(r, LookupResult)]
+            assert len(lookups) == len(set(lookups)), f"{node.local_id}: a second lookup result"
+        for rid, fut in self.lookups:
+            assert not fut.cancelled(), f"lookup {rid} cancelled"
+            if fut.done() and fut.exception() is None:
+                assert fut.result().kv_request_id == rid
+
+    @invariant()
+    def no_write_after_release(self) -> None:
+        if self.consumer.closed:
+            return
+        region = self.consumer.region.numpy()
+        for b in self.free:
+            assert bytes(region[b]) == sentinel(b), f"block {b} written while free"
+
+    @invariant()
+    def no_dial_back_to_a_stranger(self) -> None:
+        for node in self.nodes:
+            strangers = self.hostile & (set(node.opened) | set(
+                node.control.peers if not node.closed else ()))
+            assert not strangers, f"{node.local_id} dialled back {sorted(strangers)}"
+
+    # -------------------------------------------------------------- teardown
+    def teardown(self) -> None:
+        try:
+            self._quiesce()
+        finally:
+            self._close_all()
+        self.one_result_per_job()
+        for job in self.open + self.done:
+            assert job.future.done() and not job.future.cancelled(), f"{job.rid}: no result"
+        self.no_dial_back_to_a_stranger()
+        for rid, fut in self.lookups:
+            assert fut.done(), f"lookup {rid}: no result"
+        for prod in self.producers:
+            assert all(f.done() for f in prod.stores), "a supply without its result"
+
+    def _quiesce(self) -> None:
+        """Every held-back supply given, the fetches from a closed producer (waiting for
+        its session to open again) cancelled, the nodes run until every job has its
+        result and no WRITE is in flight (the sessions' own deadlines bound this)."""
+        for which in range(len(self.producers)):
+            self.give_held_supply(which)
+        gone = {p.id for p in self.producers if p.node.closed}
+        for job in self.open:
+            if job.producer in gone:
+                assert job.future.cancel() is False
+        live = [n for n in self.nodes if not n.closed]
+        try:
+            drive_nodes(live, lambda: all(j.future.done() for j in self.open)
+                        and all(f.done() for _, f in self.lookups)
+                        and not any(n.data.in_flight for n in live), "every job's result",
+                        QUIET_S)
+        except AssertionError as exc:
+            waiting = [(j.rid, j.producer) for j in self.open if not j.future.done()]
+            states = {n.local_id: {p: s.state for p, s in n.sessions.items()} for n in live}
+            raise AssertionError(f"{exc}: open fetches {waiting}, lookups "
+                                 f"{[r for r, f in self.lookups if not f.done()]}, "
+                                 f"sessions {states}") from None
+        self.one_result_per_job()
+        self.no_write_after_release()
+
+    def _close_all(self) -> None:
+        for node in self.nodes:
+            if not node.closed:
+                node.close(timeout=5.0)
+        self.zctx.destroy(linger=0)
+
+
+def test_nodes_interleaved() -> None:
+    run_state_machine_as_test(NodesMachine, settings=SETTINGS)
+
+
+def test_an_abort_leaves_a_stalled_write_running() -> None:
+    """The machine's rules in the order that reaches the window the search rarely
+    does: the consumer aborts a fetch, the producer's supply then starts the first WRITE
+    to it (which stays running until the consumer's UCX progresses), and only the
+    producer runs, so it hears the abort while its WRITE runs. The cancel must leave the
+    WRITE running and the source pinned (no StoreResult) until the consumer progresses;
+    then the fetch ends with its one result and every check of the machine holds."""
+    state = NodesMachine()
+    try:
+        prod = state.producers[0]
+        job = state.fetch(which=0, first=1, count=2, hold=True, absent=False)
+        assert isinstance(job, Fetch)
+        drive_nodes(state.nodes, lambda: bool(prod.parked), "the held-back fetch", QUIET_S)
+        state.cancel(job)  # the abort is on its way to the producer
+        state.give_held_supply(0)
+        assert prod.node.data.in_flight == 1, "the first WRITE to the consumer did not stall"
+        (store,) = prod.stores
+        # The producer alone runs until it has read the abort (and handled it: a step
+        # handles what it read in the same turn).
+        drive_nodes([prod.node], lambda: AbortFetch.TYPE in prod.node.received, "the abort",
+                    QUIET_S)
+        assert prod.node.data.in_flight == 1, "the aborted round's running WRITE was released"
+        assert not store.done(), "the source was unpinned while its WRITE ran"
+        drive_nodes(state.nodes, lambda: job.future.done() and store.done(), "the results",
+                    QUIET_S)
+        state.one_result_per_job()
+        state.no_write_after_release()
+        assert job.future.result().reason is not None
+        state.teardown()
+    finally:
+        state._close_all()
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "found by this machine's session kills: after a one-sided loss forgotten by the "
+    "control plane (60 s), the waiting side's frames are dropped at the door and its "
+    "fetch never ends"))
+def test_a_fetch_after_a_forgotten_one_sided_loss_gets_its_result() -> None:
+    """The producer's side of the session is lost (its DEALER dropped, as by a heartbeat
+    timeout); the consumer's stays ready (the producer's ROUTER still answers its
+    heartbeats). The dead session answers the consumer's next frame, but only while the
+    control plane remembers the loss (``_LOST_KEEP_S``, 60 s, aged here): after that
+    the consumer's fetch, and every abort it re-sends when its deadline passes, is
+    dropped as "not a connect", and the fetch gets no result while the connection
+    lives. Every job must get its one result: the consumer's session should end."""
+    state = NodesMachine()
+    try:
+        prod = state.producers[1]
+        peer = state.consumer.local_id
+        control = prod.node.control
+        control._lose(control._peers[peer], "heartbeat timeout (simulated)")
+        drive_nodes(state.nodes, lambda: not prod.node.sessions[peer].alive,
+                    "the producer's session ending", QUIET_S)
+        when, key = control._lost[peer]
+        control._lost[peer] = (when - 61.0, key)  # 61 s later
+        job = state.fetch(which=1, first=3, count=1, hold=False, absent=False)
+        assert isinstance(job, Fetch)
+        # Far past the load deadline (2 s) and an abort_ack deadline (1 s) after it.
+        drive_nodes(state.nodes, job.future.done, "the fetch's result", 15.0)
+        state.teardown()
+    finally:
+        state._close_all()
