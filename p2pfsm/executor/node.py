@@ -192,6 +192,7 @@ class Node(Driven, Executor):
                                     max_peers=config.max_peers,
                                     advertise_host=config.advertise_host,
                                     dial_back_check=is_connect_from,
+                                    holds_session=self._holds_ended_session,
                                     dial_back_any_host=config.dial_back_any_host,
                                     max_pending=config.max_pending_peers,
                                     max_new_peers_per_s=config.max_new_peers_per_s,
@@ -1206,6 +1207,12 @@ class Node(Driven, Executor):
     def _close_for_violations(self, peer_id: str, session: Session) -> None:
         if self.sessions.get(peer_id) is session and session.state not in _TERMINAL:
             self._feed(peer_id, HostClose(), session=session)
+
+    def _holds_ended_session(self, peer_id: str) -> bool:
+        """We keep a session of ``peer_id`` that is over: its peer's frames still reach
+        it (a dead session answers a peer that holds it live, however long ago)."""
+        session = self.sessions.get(peer_id)
+        return session is not None and not session.alive
 
     def _death_reason(self, peer_id: str) -> str:
         dead = self.deaths.get(peer_id)

@@ -240,6 +240,10 @@ class ControlPlane:
         max_new_peers_per_s: new identities admitted per source host and second (a
             burst of as many at once); past it their frames are dropped. None: no limit.
         rate_clock: the clock of that limit (seconds, monotonic); tests pass their own.
+        holds_session: ``holds(peer_id)``: the node still holds a session of that id
+            which is over. Its peer's frames from the host the id names reach the node
+            without a dial-back (which :meth:`answer` may then make), however long ago
+            the connection was lost; None: only for ``_LOST_KEEP_S`` after the loss.
     """
 
     def __init__(
@@ -259,6 +263,7 @@ class ControlPlane:
         max_batch: int = 1000,
         advertise_host: str | None = None,
         dial_back_check: Callable[[str, bytes], bool] | None = None,
+        holds_session: Callable[[str], bool] | None = None,
         dial_back_any_host: bool = False,
         max_pending: int | None = None,
         curve: CurveKeys | None = None,
@@ -298,6 +303,7 @@ class ControlPlane:
             raise ConfigError(f"curve must be CurveKeys, got {curve!r}")
         self._curve = curve
         self._dial_back_check = dial_back_check
+        self._holds_session = holds_session
         self._any_host = bool(dial_back_any_host)
         # Our DEALERs connect from the bind address when it is one specific IP, so the
         # peer sees our connection come from the host our identity names.
@@ -467,18 +473,25 @@ class ControlPlane:
     def answer(self, peer_id: str, frame: bytes) -> bool:
         """Send ``frame`` to a peer whose DEALER was lost while the peer still sends to
         us (a dead session's answer in a one-sided loss): dialled again with the key it
-        had, the frame queued, the DEALER closed once flushed (the done grace). False,
-        sending nothing, when it cannot be dialled (limit reached, no key)."""
+        had (with CURVE, the configured server key once that is forgotten), the frame
+        queued, the DEALER closed once flushed (the done grace). False, sending nothing,
+        when it cannot be dialled (neither lost lately nor held by the node, limit
+        reached, no key)."""
         self._check_open()
         if peer_id not in self._peers:
             entry = self._lost.get(peer_id)
-            if entry is None or self._settled() >= self._max_peers:
+            held = self._holds_session is not None and self._holds_session(peer_id)
+            if (entry is None and not held) or self._settled() >= self._max_peers:
                 return False
+            key = None if entry is None else entry[1]
             try:
-                peer = self._open_peer(peer_id, entry[1], dialled_back=True)
+                if key is None and self._curve is not None:
+                    key = self._curve.server_key_for(peer_id)
+                peer = self._open_peer(peer_id, key, dialled_back=True)
             except TransportError:
                 return False
-            self._lost[peer_id] = entry  # still lost: its frames keep reaching the node
+            if entry is not None:
+                self._lost[peer_id] = entry  # still lost: its frames keep reaching the node
             peer.done = True
             peer.done_at = time.monotonic()
             self._note_expiry(peer.done_at + _DONE_GRACE_S)
@@ -691,8 +704,10 @@ class ControlPlane:
             self._lost.popitem(last=False)
 
     def _lost_from(self, peer_id: str, host: str, message: zmq.Frame) -> bool:
-        """``peer_id`` was lost lately and this message comes from its host."""
-        if not self._remembered(peer_id):
+        """``peer_id`` was lost lately, or the node still holds its session that is over,
+        and this message comes from its host."""
+        if not self._remembered(peer_id) and not (
+                self._holds_session is not None and self._holds_session(peer_id)):
             return False
         source = _meta(message, "Peer-Address")
         return self._any_host or (source is not None and ip_of(host) == ip_of(source)

@@ -516,18 +516,15 @@ def test_an_abort_leaves_a_stalled_write_running() -> None:
         state._close_all()
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "found by this machine's session kills: after a one-sided loss forgotten by the "
-    "control plane (60 s), the waiting side's frames are dropped at the door and its "
-    "fetch never ends"))
 def test_a_fetch_after_a_forgotten_one_sided_loss_gets_its_result() -> None:
     """The producer's side of the session is lost (its DEALER dropped, as by a heartbeat
     timeout); the consumer's stays ready (the producer's ROUTER still answers its
-    heartbeats). The dead session answers the consumer's next frame, but only while the
-    control plane remembers the loss (``_LOST_KEEP_S``, 60 s, aged here): after that
-    the consumer's fetch, and every abort it re-sends when its deadline passes, is
-    dropped as "not a connect", and the fetch gets no result while the connection
-    lives. Every job must get its one result: the consumer's session should end."""
+    heartbeats). Long after the control plane's own memory of the loss (``_LOST_KEEP_S``,
+    60 s, aged here), the consumer's next frame still reaches the producer's dead
+    session, as the node still holds it, and its answer (a disconnect, dialled back)
+    ends the consumer's session: the fetch gets its one result. Found by this file's
+    session kills; before the fix the frame was dropped as "not a connect" and the fetch
+    waited for as long as the connection lived."""
     state = NodesMachine()
     try:
         prod = state.producers[1]
