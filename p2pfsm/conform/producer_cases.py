@@ -321,29 +321,52 @@ def stale_round(ctx: Context) -> str:
     return "acked" if acked else "ignored"
 
 
-@case("malformed.survive", PRODUCER, "bytes that are not msgpack, a non-map, a fetch "
-      "whose keys are not a list and an unknown type change nothing: the target answers "
-      "at most transfer_done(false) and keeps serving",
-      "a malformed frame never changes state (rejected with its field and reason); an "
-      "unknown type is ignored")
-def malformed(ctx: Context) -> str:
+def _malformed(ctx: Context, frame: bytes, text: str, rid: str = "") -> str:
     t = ctx.tester()
     t.handshake()
-    t.send_raw(b"\xc1\x00\xff garbage", "<not msgpack>")
-    t.send_raw(msgpack.packb([1, 2, 3]), "<msgpack array, not a map>")
-    t.send_raw(msgpack.packb({"type": "fetch", "kv_request_id": "conform-bad",
-                              "keys": 5, "block_indexes": [0], "round_seq": 0}),
-               "<fetch with keys=5>")
-    t.send_raw(msgpack.packb({"type": "frobnicate", "x": 1}), "<unknown type>")
+    t.send_raw(frame, text)
     t.observe()
-    if t.received("disconnect"):
-        raise CaseFailure("the session stays up", t.summary())
-    bad = [d for d in _dones(t, "conform-bad") if d.success]
-    if bad:
+    if t.received("disconnect") or not t.session.ready:
+        raise CaseFailure(f"{text} changes nothing: the session stays up (a malformed "
+                          "frame is rejected with its field and reason; an unknown type "
+                          "is ignored)", t.summary())
+    if rid and any(d.success for d in _dones(t, rid)):
         raise CaseFailure("a malformed fetch is never served", t.summary())
     _pd_round(t, "conform-after-bad", _blocks(ctx), "then ")
     t.check_clean()
-    return ""
+    answered = [m.TYPE for m in t.received()[2:] if getattr(m, "kv_request_id", "") == rid]
+    return f"answered {' '.join(answered)}" if rid and answered else ""
+
+
+_MALFORMED_RULE = ("a malformed frame never changes state: it is rejected (field and "
+                   "reason) and the session goes on; an unknown type is ignored")
+
+
+@case("malformed.not-msgpack", PRODUCER, "bytes that are not msgpack change nothing: the "
+      "session stays up and serves a PD round", _MALFORMED_RULE)
+def malformed_bytes(ctx: Context) -> str:
+    return _malformed(ctx, b"\xc1\x00\xff garbage", "<bytes that are not msgpack>")
+
+
+@case("malformed.not-a-map", PRODUCER, "a msgpack array instead of a map changes "
+      "nothing: the session stays up and serves a PD round", _MALFORMED_RULE)
+def malformed_array(ctx: Context) -> str:
+    return _malformed(ctx, msgpack.packb([1, 2, 3]), "<a msgpack array, not a map>")
+
+
+@case("malformed.bad-field", PRODUCER, "a fetch whose keys are not a list is not served "
+      "(at most transfer_done(false)) and changes nothing else", _MALFORMED_RULE)
+def malformed_field(ctx: Context) -> str:
+    frame = msgpack.packb({"type": "fetch", "kv_request_id": "conform-bad", "keys": 5,
+                           "block_indexes": [0], "round_seq": 0})
+    return _malformed(ctx, frame, "<fetch with keys=5>", "conform-bad")
+
+
+@case("malformed.unknown-type", PRODUCER, "a frame of an unknown type is ignored: the "
+      "session stays up and serves a PD round", _MALFORMED_RULE)
+def malformed_type(ctx: Context) -> str:
+    return _malformed(ctx, msgpack.packb({"type": "frobnicate", "x": 1}),
+                      "<a map of unknown type 'frobnicate'>")
 
 
 @case("disconnect", PRODUCER, "after our disconnect the target serves nothing more on "

@@ -122,6 +122,8 @@ class Tester:
         self.other_ids: list[str] = []
         self._timers: dict[TimerId, float] = {}
         self._dialled = False
+        self._started = False
+        self._held: list[bytes] = []  # frames that came before our session started
         self._job = 0
 
     # -- wire ---------------------------------------------------------------------
@@ -189,9 +191,14 @@ class Tester:
         return RegistrationFinished(True)
 
     def start(self) -> None:
-        """Dial and send our connect (through the session)."""
+        """Dial and send our connect (through the session); frames that came before
+        are handed to the session after it."""
         self.dial()
+        self._started = True
         self.feed(HostStart())
+        held, self._held = self._held, []
+        for frame in held:
+            self.feed(FrameReceived(frame))
 
     def handshake(self) -> None:
         """Start and wait until our session is ready, or fail naming what came."""
@@ -229,7 +236,10 @@ class Tester:
         except MalformedFrame as exc:
             msg, text = None, f"<malformed: {exc}>"
         self.frames.append(Frame(self.now(), False, msg, text))
-        self.feed(FrameReceived(ev.frame))
+        if self._started:
+            self.feed(FrameReceived(ev.frame))
+        else:  # delivered once our session starts (a case may send before it does)
+            self._held.append(ev.frame)
 
     def wait(self, done: Callable[[], bool], timeout: float) -> bool:
         """Pump until ``done()`` or ``timeout`` s pass; whether it was done."""
