@@ -12,7 +12,7 @@ from typing import Final
 import msgpack
 
 from p2pfsm.conform.registry import Context, case
-from p2pfsm.conform.tester import NUM_BLOCKS, Tester
+from p2pfsm.conform.tester import NUM_BLOCKS, Tester, describe
 from p2pfsm.conform.verdict import CaseFailure, NotApplicable
 from p2pfsm.demo.blocks import demo_key
 from p2pfsm.protocol import AbortAck, AbortFetch, Connect, ConnectAck, Fetch, TransferDone
@@ -37,8 +37,8 @@ def _pd_round(t: Tester, rid: str, blocks: list[int], what: str = "") -> None:
     """A PD round through our session: every byte checked, one transfer_done(true)."""
     slots = [NUM_BLOCKS - 1 - i for i in range(len(blocks))]  # not the block numbers
     job = t.fetch(rid, blocks, slots)
-    result = t.load_result(job, f"{what}transfer_done(true) for fetch({rid!r}, round 0) of "
-                                "blocks the target holds (server_round: serving -> writing -> "
+    result = t.load_result(job, f"{what}transfer_done(true) for the fetch of {rid!r} (all "
+                                "blocks the target holds) (server_round: serving -> writing -> "
                                 "done, send_transfer_done)")
     if not result.success:
         raise CaseFailure(f"{what}the round served: transfer_done(success=true)",
@@ -202,6 +202,77 @@ def pd_round(ctx: Context) -> str:
     return f"{len(blocks)} blocks x {ctx.target.block_len} B byte-exact"
 
 
+@case("pd.missing-key", PRODUCER, "a fetch naming a key the target does not hold never "
+      "ends with transfer_done(true): it fails, or waits until our abort is acked",
+      "server_round: transfer_done(success) only once every key's write landed; unmet "
+      "demand ends as transfer_done(false) (host finish or decline) or by an abort")
+def pd_missing_key(ctx: Context) -> str:
+    t = ctx.tester()
+    t.handshake()
+    blocks = [*_blocks(ctx, 4), MISSING]
+    slots = list(range(len(blocks)))
+    job = t.fetch("conform-missing", blocks, slots)
+    ended = t.wait(lambda: any(r.job_id == job for r in t.loads), ctx.target.window)
+    if not ended:
+        t.finish("conform-missing")  # abort the waiting round
+    result = t.load_result(job, "transfer_done(false), or abort_ack for our abort")
+    if result.success:
+        raise CaseFailure("no transfer_done(true) for a round with a key never written",
+                          t.summary())
+    t.check_clean()
+    return "transfer_done(false)" if ended else "waited; aborted and acked"
+
+
+def _abort_beside(ctx: Context, t: Tester) -> list[int]:
+    """Request A's round (one key missing) aborted while request B's is served; B checked
+    byte-exact, A ended unserved and released. Returns the held blocks."""
+    held = _blocks(ctx, 12)
+    a_blocks = [*held[:4], MISSING]
+    b_blocks = held[4:] or held
+    a_slots = list(range(len(a_blocks)))
+    b_slots = [NUM_BLOCKS - 1 - i for i in range(len(b_blocks))]
+    a_job = t.fetch("conform-iso-a", a_blocks, a_slots)
+    b_job = t.fetch("conform-iso-b", b_blocks, b_slots)
+    t.finish("conform-iso-a")  # abort A's round while B's is served
+    b = t.load_result(b_job, "transfer_done(true) for the other request's round")
+    if not b.success:
+        raise CaseFailure("the other request's round served in full",
+                          f"{b.reason}: {b.detail}; {t.summary()}")
+    t.check_blocks(b_blocks, b_slots)
+    a = t.load_result(a_job, "abort_ack (or transfer_done(false)) for the aborted round")
+    if a.success or not a.released:
+        raise CaseFailure("the aborted round ends unserved and released", str(a))
+    return held
+
+
+@case("round.isolation", PRODUCER, "aborting one request's round leaves a concurrent "
+      "request's round intact: byte-exact, transfer_done(true)",
+      "finishing, failing or aborting one round never touches another round's supply, "
+      "pins or demand; a terminal message completes only the round that asked for it")
+def round_isolation(ctx: Context) -> str:
+    t = ctx.tester()
+    t.handshake()
+    _abort_beside(ctx, t)
+    t.observe()
+    t.check_clean()
+    return ""
+
+
+@case("round.after-abort", PRODUCER, "a request whose round was aborted is served again "
+      "in its next round (round_seq 1): byte-exact, transfer_done(true) for that round",
+      "state per (request, round): a new round of a request is served like any round; "
+      "rounds ended by an abort are not reused while their frames may arrive")
+def round_after_abort(ctx: Context) -> str:
+    t = ctx.tester()
+    t.handshake()
+    held = _abort_beside(ctx, t)
+    _pd_round(t, "conform-iso-a", held[:4], "the aborted request again: ")
+    rounds = sorted({getattr(m, "round_seq", -1) for m in t.received("transfer_done")
+                     if getattr(m, "kv_request_id", "") == "conform-iso-a"})
+    t.check_clean()
+    return f"transfer_done for rounds {rounds}"
+
+
 @case("lookup.order", PRODUCER, "a lookup of 6 held keys and one missing is answered for "
       "every key, each lookup_resp in the lookup's key order, hits exactly the held keys",
       "server_lookup: every key answered once (hit or miss), a lookup_resp lists keys of "
@@ -334,7 +405,7 @@ def _malformed(ctx: Context, frame: bytes, text: str, rid: str = "") -> str:
         raise CaseFailure("a malformed fetch is never served", t.summary())
     _pd_round(t, "conform-after-bad", _blocks(ctx), "then ")
     t.check_clean()
-    answered = [m.TYPE for m in t.received()[2:] if getattr(m, "kv_request_id", "") == rid]
+    answered = [describe(m) for m in t.received() if getattr(m, "kv_request_id", "") == rid]
     return f"answered {' '.join(answered)}" if rid and answered else ""
 
 
@@ -360,6 +431,19 @@ def malformed_field(ctx: Context) -> str:
     frame = msgpack.packb({"type": "fetch", "kv_request_id": "conform-bad", "keys": 5,
                            "block_indexes": [0], "round_seq": 0})
     return _malformed(ctx, frame, "<fetch with keys=5>", "conform-bad")
+
+
+@case("malformed.index-out-of-range", PRODUCER, "a fetch naming a block index past our "
+      "advertised region is not served, nothing is written, and the session goes on",
+      "no write targets a block index outside the peer's advertised region; a rejected "
+      "frame changes nothing")
+def malformed_index(ctx: Context) -> str:
+    blocks = _blocks(ctx, 1)
+    frame = msgpack.packb({"type": "fetch", "kv_request_id": "conform-range",
+                           "keys": [demo_key(blocks[0])], "block_indexes": [NUM_BLOCKS + 7],
+                           "round_seq": 0}, use_bin_type=True)
+    return _malformed(ctx, frame, f"<fetch into our block {NUM_BLOCKS + 7} of {NUM_BLOCKS}>",
+                      "conform-range")
 
 
 @case("malformed.unknown-type", PRODUCER, "a frame of an unknown type is ignored: the "
