@@ -60,9 +60,11 @@ def _probe(host: str, port: int, url: str, timeout: float) -> None:
 
 
 def rerun_command(args: argparse.Namespace, case_id: str) -> str:
-    """The command line that runs ``case_id`` alone against the same target."""
-    words = ["p2pfsm", "conform", "--target", args.target, "--role", args.role,
-             "--cases", case_id]
+    """The command line that runs ``case_id`` (ids, comma-separated; "" for every case of
+    the role) against the same target."""
+    words = ["p2pfsm", "conform", "--target", args.target, "--role", args.role]
+    if case_id:
+        words += ["--cases", case_id]
     for opt, default in (("block_len", 4096), ("hash_seed", "vllm-none-hash"),
                          ("fingerprint", ""), ("target_blocks", 16), ("window", 1.0),
                          ("deadline", 10.0)):
@@ -97,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
 
     results = run_cases(target, cases, progress)
     command = shlex.join(["p2pfsm", "conform", *sys.argv[2:]]) if sys.argv[1:2] == [
-        "conform"] else rerun_command(args, ",".join(c.id for c in cases))
+        "conform"] else rerun_command(args, args.cases or "")
     failed = [r for r in results if r.verdict == "fail"]
     for r in failed:
         print(report.failure_text(r, rerun_command(args, r.case)), file=sys.stderr)

@@ -31,13 +31,16 @@ DOC = ROOT / "docs" / "conformance.md"
 SECTION = "## Report: vLLM 0.33.0"
 
 
-def documented_failures() -> set[str]:
-    """The case ids docs/conformance.md's vLLM report marks ``fail``."""
+def documented_failures() -> tuple[set[str], set[str]]:
+    """The case ids docs/conformance.md's vLLM report marks ``fail`` (always) and
+    ``fail (race)`` (fails or passes, depending on timing inside vLLM)."""
     text = DOC.read_text()
     section = text[text.index(SECTION):]
     end = section.find("\n## ", len(SECTION))
     section = section if end < 0 else section[:end]
-    return set(re.findall(r"^\| `([^`]+)` \| producer \| fail \|", section, re.M))
+    always = set(re.findall(r"^\| `([^`]+)` \| producer \| fail \|", section, re.M))
+    racy = set(re.findall(r"^\| `([^`]+)` \| producer \| fail \(race\) \|", section, re.M))
+    return always, racy
 
 
 def test_conform_against_vllm(procs: list[PeerProcess], tmp_path: Path,  # noqa: F811
@@ -56,8 +59,10 @@ def test_conform_against_vllm(procs: list[PeerProcess], tmp_path: Path,  # noqa:
     assert set(verdicts.values()) <= {"pass", "fail"}, verdicts  # vLLM has a fingerprint
     failed = {case for case, v in verdicts.items() if v == "fail"}
     assert rc == (1 if failed else 0), out.err
-    assert failed == documented_failures(), (
-        f"vLLM's failures changed: now {sorted(failed)}, documented "
-        f"{sorted(documented_failures())}\n{out.err}")
+    always, racy = documented_failures()
+    assert always, "docs/conformance.md lists no vLLM failure: the parse is broken"
+    assert always <= failed <= always | racy, (
+        f"vLLM's failures changed: now {sorted(failed)}, documented {sorted(always)} "
+        f"(and maybe {sorted(racy)})\n{out.err}")
     summary = stop_vllm_server(server)
     assert summary, server.tail()
