@@ -7,6 +7,7 @@ failure prints as expected.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Final
 
 import msgpack
@@ -451,6 +452,43 @@ def malformed_index(ctx: Context) -> str:
 def malformed_type(ctx: Context) -> str:
     return _malformed(ctx, msgpack.packb({"type": "frobnicate", "x": 1}),
                       "<a map of unknown type 'frobnicate'>")
+
+
+RESTART_ATTEMPTS: Final = 3
+
+
+def _settled(t: Tester) -> Callable[[], bool]:
+    """Whether ``t``'s handshake ended: ready, or its session over."""
+    return lambda: t.session.ready or t.dead is not None
+
+
+@case("peer.restart", PRODUCER, "a consumer that dies (no disconnect) and comes back on "
+      "the same host:port with a new NIXL agent gets a fresh ready session within "
+      f"{RESTART_ATTEMPTS} connects and a byte-exact PD round",
+      "after a peer restarts, a fresh ready session exists (a connect of a new incarnation "
+      "ends the old session without a disconnect; without incarnations a second connect "
+      "is a protocol error and the next connect starts afresh); no write reaches the old "
+      "agent's memory")
+def peer_restart(ctx: Context) -> str:
+    first = ctx.tester(incarnation=1)
+    first.handshake()
+    blocks = _blocks(ctx)
+    _pd_round(first, "conform-life-1", blocks)
+    identity = first.local_id
+    first.close()  # dies: nothing more is sent
+    for attempt in range(1, RESTART_ATTEMPTS + 1):
+        again = ctx.tester(bind=identity, incarnation=1 + attempt)
+        again.start()
+        again.wait(_settled(again), ctx.target.deadline)
+        if again.session.ready:
+            break
+        again.close()
+    else:
+        raise CaseFailure(f"a ready session for the restarted peer within {RESTART_ATTEMPTS} "
+                          "connects", again.summary())
+    _pd_round(again, "conform-life-2", blocks, "after the restart: ")
+    again.check_clean()
+    return f"ready after {attempt} connect(s)"
 
 
 @case("disconnect", PRODUCER, "after our disconnect the target serves nothing more on "

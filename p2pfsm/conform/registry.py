@@ -19,9 +19,11 @@ class Context:
         self.target = target
         self.testers: list[Tester] = []
 
-    def tester(self, timeouts: Timeouts | None = None) -> Tester:
-        """A fresh tester identity (its own sockets, NIXL agent and session)."""
-        t = Tester(self.target, timeouts=timeouts)
+    def tester(self, timeouts: Timeouts | None = None, bind: str = "127.0.0.1:0",
+               incarnation: int | None = None) -> Tester:
+        """A fresh tester (its own sockets, NIXL agent and session); ``bind`` the same
+        ``host:port`` as an earlier one to come back under its identity."""
+        t = Tester(self.target, timeouts=timeouts, bind=bind, incarnation=incarnation)
         self.testers.append(t)
         return t
 

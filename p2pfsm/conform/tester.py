@@ -94,10 +94,12 @@ class Frame:
 class Tester:
     """One tester identity against ``target``: its sockets, its memory, its session."""
 
-    def __init__(self, target: Target, *, timeouts: Timeouts | None = None) -> None:
+    def __init__(self, target: Target, *, timeouts: Timeouts | None = None,
+                 bind: str = "127.0.0.1:0", incarnation: int | None = None) -> None:
         self.target = target
         self.t0 = time.monotonic()
-        self.control = ControlPlane("tcp://127.0.0.1:0", connect_timeout_ms=int(
+        self._closed = False
+        self.control = ControlPlane(f"tcp://{bind}", connect_timeout_ms=int(
             target.deadline * 1000))
         try:
             self.data = DataPlane(f"p2pfsm-conform-{uuid.uuid4()}", NUM_BLOCKS,
@@ -111,7 +113,8 @@ class Tester:
             self.local_id, self.data.metadata, self.data.base_addr, NUM_BLOCKS,
             target.block_len, hash_seed=target.hash_seed,
             config_fingerprint=target.fingerprint, expected_peer_id=target.addr,
-            timeouts=timeouts or Timeouts(handshake=t, load=t, abort_ack=t, lookup=t)))
+            timeouts=timeouts or Timeouts(handshake=t, load=t, abort_ack=t, lookup=t),
+            incarnation=incarnation))
         self.frames: list[Frame] = []
         self.violations: list[str] = []
         self.ignored: list[str] = []
@@ -345,7 +348,11 @@ class Tester:
         return all(not any(self.slot_bytes(s)) for s in slots)
 
     def close(self) -> None:
-        """Close both planes (bounded by the DEALER linger)."""
+        """Close both planes (bounded by the DEALER linger); no disconnect is sent, as
+        when a process dies. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
         try:
             self.control.close()
         finally:
