@@ -16,9 +16,9 @@ __all__ = ["add_arguments", "run"]
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``p2pfsm conform``."""
-    p.add_argument("--target", required=True, metavar="tcp://HOST:PORT",
+    p.add_argument("--target", default=None, metavar="tcp://HOST:PORT",
                    help="the implementation under test (its ROUTER; HOST:PORT is also the "
-                        "identity it must present)")
+                        "identity it must present); required unless --list")
     p.add_argument("--role", choices=("producer", "consumer"), default="producer",
                    help="the role tested; the tester takes the other (default: producer)")
     p.add_argument("--cases", default=None, metavar="ID,...",
@@ -86,10 +86,12 @@ def run(args: argparse.Namespace) -> int:
         for c in cases:
             print(f"{c.id:28} {c.role:9} {c.description}")
         return 0
-    addr, host, port = _target_addr(args.target)
-    _probe(host, port, args.target, args.deadline)
+    if args.target is None:
+        raise ConfigError("--target tcp://HOST:PORT is required")
     if not cases:
         raise ConfigError(f"no case for the {args.role} role yet")
+    addr, host, port = _target_addr(args.target)
+    _probe(host, port, args.target, args.deadline)
     target = Target(addr, args.block_len, args.hash_seed, args.fingerprint,
                     args.target_blocks, args.window, args.deadline)
 

@@ -75,6 +75,8 @@ def test_a_wrong_claim_fails_with_the_rule_and_a_rerun(
     (["--target", "127.0.0.1:1"], "--target: expected tcp://HOST:PORT"),
     (["--target", "tcp://127.0.0.1:1", "--cases", "nope"], "unknown case(s) nope"),
     (["--target", "tcp://127.0.0.1:1", "--fingerprint", "xyz"], "16 lowercase hex"),
+    ([], "--target tcp://HOST:PORT is required"),
+    (["--target", "tcp://127.0.0.1:1", "--role", "consumer"], "no case for the consumer"),
 ])
 def test_bad_arguments_exit_2_with_one_line(args: list[str], message: str,
                                             capsys: pytest.CaptureFixture[str]) -> None:
