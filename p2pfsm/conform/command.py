@@ -25,6 +25,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="only these cases (default: every case of the role); --list "
                         "shows them")
     p.add_argument("--list", action="store_true", help="list the cases and exit")
+    p.add_argument("--random", type=positive(int), default=None, metavar="STEPS",
+                   help="instead of the directed cases, a seeded random walk of STEPS "
+                        "consumer actions (producer role)")
+    p.add_argument("--seed", type=int, default=1,
+                   help="--random: the walk's seed (the same seed replays the same walk)")
     p.add_argument("--json", default=None, metavar="FILE", help="write the JSON report")
     p.add_argument("--markdown", default=None, metavar="FILE",
                    help="write the Markdown report")
@@ -99,12 +104,22 @@ def run(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(report.summary_line(r), flush=True)  # type: ignore[arg-type]
 
-    results = run_cases(target, cases, progress)
+    if args.random is not None:
+        from p2pfsm.conform.random_walk import run_random
+
+        if args.role != "producer":
+            raise ConfigError("--random: only the producer role has a walk yet")
+        results = [run_random(target, args.random, args.seed)]
+        progress(results[0])
+    else:
+        results = run_cases(target, cases, progress)
     command = shlex.join(["p2pfsm", "conform", *sys.argv[2:]]) if sys.argv[1:2] == [
         "conform"] else rerun_command(args, args.cases or "")
     failed = [r for r in results if r.verdict == "fail"]
     for r in failed:
-        print(report.failure_text(r, rerun_command(args, r.case)), file=sys.stderr)
+        again = (rerun_command(args, "") + f" --random {args.random} --seed {args.seed}"
+                 if args.random is not None else rerun_command(args, r.case))
+        print(report.failure_text(r, again), file=sys.stderr)
     if args.json:
         Path(args.json).write_text(report.as_json(args.target, command, results))
     if args.markdown:

@@ -70,6 +70,19 @@ def test_a_wrong_claim_fails_with_the_rule_and_a_rerun(
     assert serve.alive()
 
 
+def test_a_random_walk_passes_against_serve(serve: ServeProcess, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    report = tmp_path / "walk.json"
+    rc = _conform(serve.addr, "--random", "40", "--seed", "7", "--deadline", "3",
+                  "--json", str(report))
+    err = capsys.readouterr().err
+    (case,) = json.loads(report.read_text())["cases"]
+    assert (case["case"], case["verdict"]) == ("random.seed-7", "pass"), err
+    assert rc == 0
+    assert any("fetch" in line for line in case["trace"])
+    assert serve.alive()
+
+
 @pytest.mark.parametrize("args, message", [
     (["--target", "tcp://127.0.0.1:1"], "cannot reach tcp://127.0.0.1:1"),
     (["--target", "127.0.0.1:1"], "--target: expected tcp://HOST:PORT"),
