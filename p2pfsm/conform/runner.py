@@ -19,14 +19,17 @@ log = logging.getLogger("p2pfsm.conform")
 
 def cases_for(role: str, ids: Sequence[str] | None = None) -> list[Case]:
     """The cases of ``role`` (all of them, or those named, in registry order); a
-    ConfigError names an unknown id."""
+    ConfigError names an unknown id or one of another role."""
     if ids:
         unknown = [i for i in ids if i not in CASES]
         if unknown:
             raise ConfigError(f"--cases: unknown case(s) {', '.join(unknown)}; known: "
                               f"{', '.join(CASES)}")
-    chosen = [c for c in CASES.values() if not ids or c.id in ids]
-    return [c for c in chosen if c.role == role] if not ids else chosen
+        other = [i for i in ids if CASES[i].role != role]
+        if other:
+            raise ConfigError(f"--cases: {', '.join(other)} test(s) another role than "
+                              f"{role}")
+    return [c for c in CASES.values() if c.role == role and (not ids or c.id in ids)]
 
 
 def run_case(target: Target, c: Case) -> CaseResult:

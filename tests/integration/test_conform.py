@@ -90,6 +90,8 @@ def test_a_random_walk_passes_against_serve(serve: ServeProcess, tmp_path: Path,
     (["--target", "tcp://127.0.0.1:1", "--fingerprint", "xyz"], "16 lowercase hex"),
     ([], "--target tcp://HOST:PORT is required"),
     (["--target", "tcp://127.0.0.1:1", "--role", "consumer"], "no case for the consumer"),
+    (["--target", "tcp://127.0.0.1:1", "--role", "consumer", "--cases", "handshake"],
+     "handshake test(s) another role"),
 ])
 def test_bad_arguments_exit_2_with_one_line(args: list[str], message: str,
                                             capsys: pytest.CaptureFixture[str]) -> None:
