@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Callable
 from typing import Any
 
 from p2pfsm.errors import ConfigError
 
-__all__ = ["peer_of", "positive"]
+__all__ = ["fingerprint_arg", "peer_of", "positive"]
 
 
 def positive(kind: type[int] | type[float]) -> Callable[[str], Any]:
@@ -29,3 +30,11 @@ def peer_of(url: str) -> str:
     if not url.startswith("tcp://") or ":" not in url[6:]:
         raise ConfigError(f"--connect: expected tcp://HOST:PORT, got {url!r}")
     return url[len("tcp://"):]
+
+
+def fingerprint_arg(text: str) -> str:
+    """``--fingerprint``: empty (no model config) or 16 hex digits, as vLLM computes it."""
+    if text and not re.fullmatch(r"[0-9a-f]{16}", text):
+        raise argparse.ArgumentTypeError(
+            f"expected 16 lowercase hex digits (vLLM's config fingerprint) or '', got {text!r}")
+    return text

@@ -1,4 +1,4 @@
-"""The ``p2pfsm`` command line: demo, serve, fetch, keygen, diagrams, check, bench.
+"""The ``p2pfsm`` command line: demo, serve, fetch, keygen, diagrams, check, bench, conform.
 
 Every command prints one clear error line and exits 2 on bad arguments or a
 refused operation; no traceback reaches the user for expected failures. Sizes are
@@ -15,7 +15,6 @@ import importlib
 import json
 import logging
 import os
-import re
 import signal
 import socket
 import sys
@@ -24,8 +23,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from p2pfsm.argtypes import peer_of, positive
+from p2pfsm.argtypes import fingerprint_arg, peer_of, positive
 from p2pfsm.bench.command import add_arguments as add_bench_arguments
+from p2pfsm.conform.command import add_arguments as add_conform_arguments
 from p2pfsm.errors import ConfigError, P2PFSMError, TransportError
 
 EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
@@ -83,6 +83,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _cmd_conform(args: argparse.Namespace) -> int:
+    from p2pfsm.conform.command import run
+
+    return run(args)
+
+
 def _cmd_sim_demo(args: argparse.Namespace) -> int:
     from p2pfsm.sim.demo import run_demo
 
@@ -94,14 +100,6 @@ def _cmd_sim_demo(args: argparse.Namespace) -> int:
         assert isinstance(lines, list)
         print("\n".join(str(line) for line in lines))
     return 0 if summary["ok"] else 1
-
-
-def _fingerprint(text: str) -> str:
-    """``--fingerprint``: empty (no model config) or 16 hex digits, as vLLM computes it."""
-    if text and not re.fullmatch(r"[0-9a-f]{16}", text):
-        raise argparse.ArgumentTypeError(
-            f"expected 16 lowercase hex digits (vLLM's config fingerprint) or '', got {text!r}")
-    return text
 
 
 def _split_host_port(text: str, what: str) -> tuple[str, int]:
@@ -305,7 +303,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _add_peer_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-len", type=positive(int), default=4096, help="bytes per block")
     p.add_argument("--hash-seed", default="vllm-none-hash", help="prefix-cache hash seed")
-    p.add_argument("--fingerprint", type=_fingerprint, default="",
+    p.add_argument("--fingerprint", type=fingerprint_arg, default="",
                    help="model-config fingerprint: 16 hex digits, or '' (the default, as "
                         "a NodeConfig without model_config) for none")
     p.add_argument("--connect-timeout", type=positive(float), default=10.0, metavar="SECONDS",
@@ -429,6 +427,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("bench", help="measure and print ratios against raw operations")
     add_bench_arguments(p)
     p.set_defaults(func=_cmd_bench)
+
+    p = command("conform", help="run the conformance suite against any implementation")
+    add_conform_arguments(p)
+    p.set_defaults(func=_cmd_conform)
     return parser
 
 

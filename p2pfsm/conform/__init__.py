@@ -1,0 +1,19 @@
+"""``p2pfsm conform``: a conformance suite for any implementation of the protocol.
+
+A tester peer speaks the protocol over real ZeroMQ and real NIXL to the implementation
+under test, in the role opposite to the one tested, and holds every frame the target
+sends to what p2pfsm's machines allow at that point: the tester's own side is p2pfsm's
+sans-IO :class:`~p2pfsm.session.Session`, so a frame it would reject is a failure. One
+module per job: :mod:`~p2pfsm.conform.verdict` (results), :mod:`~p2pfsm.conform.target`
+(what the target is), :mod:`~p2pfsm.conform.tester` (the wire peer and its oracle),
+:mod:`~p2pfsm.conform.registry` (cases by id), :mod:`~p2pfsm.conform.producer_cases`
+(the directed cases of the producer role), :mod:`~p2pfsm.conform.runner` (runs them),
+:mod:`~p2pfsm.conform.random_walk` (a seeded random walk), :mod:`~p2pfsm.conform.report`
+(JSON and Markdown), :mod:`~p2pfsm.conform.command` (the CLI driver).
+"""
+
+from __future__ import annotations
+
+from p2pfsm.conform.verdict import CaseFailure, CaseResult, NotApplicable, Verdict
+
+__all__ = ["CaseFailure", "CaseResult", "NotApplicable", "Verdict"]

@@ -1,0 +1,130 @@
+"""``p2pfsm conform``: its options, and the driver that runs the cases and reports them."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import socket
+import sys
+from pathlib import Path
+
+from p2pfsm.argtypes import fingerprint_arg, positive
+from p2pfsm.errors import ConfigError, TransportError
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``p2pfsm conform``."""
+    p.add_argument("--target", default=None, metavar="tcp://HOST:PORT",
+                   help="the implementation under test (its ROUTER; HOST:PORT is also the "
+                        "identity it must present); required unless --list")
+    p.add_argument("--role", choices=("producer", "consumer"), default="producer",
+                   help="the role tested; the tester takes the other (default: producer)")
+    p.add_argument("--cases", default=None, metavar="ID,...",
+                   help="only these cases (default: every case of the role); --list "
+                        "shows them")
+    p.add_argument("--list", action="store_true", help="list the cases and exit")
+    p.add_argument("--random", type=positive(int), default=None, metavar="STEPS",
+                   help="instead of the directed cases, a seeded random walk of STEPS "
+                        "consumer actions (producer role)")
+    p.add_argument("--seed", type=int, default=1,
+                   help="--random: the walk's seed (the same seed replays the same walk)")
+    p.add_argument("--json", default=None, metavar="FILE", help="write the JSON report")
+    p.add_argument("--markdown", default=None, metavar="FILE",
+                   help="write the Markdown report")
+    p.add_argument("--block-len", type=positive(int), default=4096,
+                   help="the target's bytes per block")
+    p.add_argument("--hash-seed", default="vllm-none-hash", help="the target's hash seed")
+    p.add_argument("--fingerprint", type=fingerprint_arg, default="",
+                   help="the target's config fingerprint (16 hex digits, or '')")
+    p.add_argument("--target-blocks", type=positive(int), default=16, metavar="N",
+                   help="demo blocks 0..N-1 the target holds (p2pfsm.demo.blocks)")
+    p.add_argument("--window", type=positive(float), default=1.0, metavar="SECONDS",
+                   help="observation window of a 'the target sends nothing' check")
+    p.add_argument("--deadline", type=positive(float), default=10.0, metavar="SECONDS",
+                   help="how long the target has for an answer it owes")
+
+
+def _target_addr(url: str) -> tuple[str, str, int]:
+    if not url.startswith("tcp://"):
+        raise ConfigError(f"--target: expected tcp://HOST:PORT, got {url!r}")
+    addr = url[len("tcp://"):]
+    host, sep, port = addr.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"--target: expected tcp://HOST:PORT, got {url!r}")
+    return addr, host.strip("[]"), int(port)
+
+
+def _probe(host: str, port: int, url: str, timeout: float) -> None:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            pass
+    except OSError as exc:
+        raise TransportError(f"cannot reach {url}: {exc.strerror or exc}") from None
+
+
+def rerun_command(args: argparse.Namespace, case_id: str) -> str:
+    """The command line that runs ``case_id`` (ids, comma-separated; "" for every case of
+    the role) against the same target."""
+    words = ["p2pfsm", "conform", "--target", args.target, "--role", args.role]
+    if case_id:
+        words += ["--cases", case_id]
+    for opt, default in (("block_len", 4096), ("hash_seed", "vllm-none-hash"),
+                         ("fingerprint", ""), ("target_blocks", 16), ("window", 1.0),
+                         ("deadline", 10.0)):
+        value = getattr(args, opt)
+        if value != default:
+            words += [f"--{opt.replace('_', '-')}", str(value)]
+    return shlex.join(words)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run what ``args`` asks for; 0 when every applicable case passed, 1 otherwise."""
+    from p2pfsm.conform import report
+    from p2pfsm.conform.runner import cases_for, run_cases
+    from p2pfsm.conform.target import Target
+
+    ids = [i.strip() for i in args.cases.split(",") if i.strip()] if args.cases else None
+    cases = cases_for(args.role, ids)
+    if args.list:
+        for c in cases:
+            print(f"{c.id:28} {c.role:9} {c.description}")
+        return 0
+    if args.target is None:
+        raise ConfigError("--target tcp://HOST:PORT is required")
+    if not cases:
+        raise ConfigError(f"no case for the {args.role} role yet")
+    addr, host, port = _target_addr(args.target)
+    _probe(host, port, args.target, args.deadline)
+    target = Target(addr, args.block_len, args.hash_seed, args.fingerprint,
+                    args.target_blocks, args.window, args.deadline)
+
+    def progress(r: object) -> None:
+        if not args.quiet:
+            print(report.summary_line(r), flush=True)  # type: ignore[arg-type]
+
+    if args.random is not None:
+        from p2pfsm.conform.random_walk import run_random
+
+        if args.role != "producer":
+            raise ConfigError("--random: only the producer role has a walk yet")
+        results = [run_random(target, args.random, args.seed)]
+        progress(results[0])
+    else:
+        results = run_cases(target, cases, progress)
+    command = shlex.join(["p2pfsm", "conform", *sys.argv[2:]]) if sys.argv[1:2] == [
+        "conform"] else rerun_command(args, args.cases or "")
+    failed = [r for r in results if r.verdict == "fail"]
+    for r in failed:
+        again = (rerun_command(args, "") + f" --random {args.random} --seed {args.seed}"
+                 if args.random is not None else rerun_command(args, r.case))
+        print(report.failure_text(r, again), file=sys.stderr)
+    if args.json:
+        Path(args.json).write_text(report.as_json(args.target, command, results))
+    if args.markdown:
+        Path(args.markdown).write_text(report.as_markdown(args.target, command, results))
+    counts = {v: sum(r.verdict == v for r in results) for v in ("pass", "fail", "n/a")}
+    print(f"{counts['pass']} pass, {counts['fail']} fail, {counts['n/a']} not applicable "
+          f"({len(results)} cases against {args.target})")
+    return 1 if failed else 0

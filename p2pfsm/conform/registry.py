@@ -1,0 +1,60 @@
+"""The directed cases' registry: an id, the role it tests, a description and the rule."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from p2pfsm.conform.target import Target
+from p2pfsm.conform.tester import Tester
+from p2pfsm.session import Timeouts
+
+__all__ = ["CASES", "Case", "Context", "case"]
+
+
+class Context:
+    """What a case runs with: the target, and the testers it opened (closed after it)."""
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self.testers: list[Tester] = []
+
+    def tester(self, timeouts: Timeouts | None = None, bind: str = "127.0.0.1:0",
+               incarnation: int | None = None) -> Tester:
+        """A fresh tester (its own sockets, NIXL agent and session); ``bind`` the same
+        ``host:port`` as an earlier one to come back under its identity."""
+        t = Tester(self.target, timeouts=timeouts, bind=bind, incarnation=incarnation)
+        self.testers.append(t)
+        return t
+
+    def close(self) -> None:
+        for t in self.testers:
+            t.close()
+
+
+CaseRun = Callable[[Context], str]
+"""A case body: returns a note (may be empty); raises CaseFailure or NotApplicable."""
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    """One directed case."""
+
+    id: str
+    role: str
+    description: str
+    rule: str
+    run: CaseRun = field(compare=False)
+
+
+CASES: dict[str, Case] = {}
+"""Every case by id, in the order they run."""
+
+
+def case(case_id: str, role: str, description: str, rule: str) -> Callable[[CaseRun], CaseRun]:
+    """Register a case body under ``case_id``."""
+    def register(run: CaseRun) -> CaseRun:
+        assert case_id not in CASES, case_id
+        CASES[case_id] = Case(case_id, role, description, rule, run)
+        return run
+    return register

@@ -1,0 +1,383 @@
+"""The tester peer: real ZeroMQ and NIXL, with p2pfsm's own session as the oracle.
+
+A :class:`Tester` binds a :class:`~p2pfsm.executor.zmq_plane.ControlPlane` on loopback
+(a ROUTER in, a DEALER to the target, the protocol's socket pattern) and registers a
+host region with a :class:`~p2pfsm.executor.nixl_plane.DataPlane` (a real NIXL agent).
+Its side of the conversation is a consumer :class:`~p2pfsm.session.Session`: every
+frame the target sends is fed to it, and a frame the session rejects (a
+:class:`~p2pfsm.session.ProtocolViolation`: no declared transition accepts it, or it
+is malformed) is recorded as a violation of the models. Cases may also send frames
+the session would never send (:meth:`Tester.send`, :meth:`Tester.send_raw`), to see
+what the target does with them. Every wait is bounded by a deadline and pumps the
+sockets and NIXL's progress; nothing sleeps.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from p2pfsm.conform.target import Target
+from p2pfsm.conform.verdict import CaseFailure
+from p2pfsm.demo.blocks import demo_block, demo_key
+from p2pfsm.errors import MalformedFrame, TransportError
+from p2pfsm.executor.nixl_plane import DataPlane
+from p2pfsm.executor.zmq_plane import ControlPlane, FrameIn, PeerLost
+from p2pfsm.protocol import AbortAck, AbortFetch, Connect, Message, decode, encode
+from p2pfsm.session import (
+    ArmTimer,
+    DisarmTimer,
+    FrameIgnored,
+    FrameReceived,
+    HostClose,
+    HostFetch,
+    HostFinish,
+    HostLookup,
+    HostStart,
+    Input,
+    LoadResult,
+    LookupResult,
+    Output,
+    ProtocolViolation,
+    RegistrationFinished,
+    SendFrame,
+    Session,
+    SessionConfig,
+    SessionDead,
+    StartRegistration,
+    Timeouts,
+    TimerFired,
+    TimerId,
+    TransportLost,
+)
+
+__all__ = ["Frame", "Tester", "describe"]
+
+NUM_BLOCKS: Final = 64
+"""Blocks in the tester's registered region."""
+_TICK_S: Final = 0.002  # longest single wait of a pump: NIXL needs progress while written
+
+
+def describe(msg: Message) -> str:
+    """A frame in one line, in the protocol's words."""
+    kind = msg.TYPE
+    if isinstance(msg, Connect):
+        return (f"connect(peer_id={msg.peer_id!r}, block_len={msg.block_len}, "
+                f"hash_seed={msg.hash_seed!r}, fingerprint={msg.config_fingerprint!r})")
+    parts = []
+    for name in ("kv_request_id", "round_seq", "success"):
+        if hasattr(msg, name):
+            parts.append(f"{name}={getattr(msg, name)!r}")
+    keys = getattr(msg, "keys", None)
+    if keys is not None:
+        parts.append(f"{len(keys)} key(s)")
+    hits = getattr(msg, "hits", None)
+    if hits is not None:
+        parts.append("hits=" + "".join("T" if h else "F" for h in hits))
+    return f"{kind}({', '.join(parts)})"
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One frame on the wire, as the tester saw it: ``at`` seconds after the tester
+    started, ``sent`` by the tester or received, and decoded (None: malformed)."""
+
+    at: float
+    sent: bool
+    message: Message | None
+    text: str
+
+
+class Tester:
+    """One tester identity against ``target``: its sockets, its memory, its session."""
+
+    def __init__(self, target: Target, *, timeouts: Timeouts | None = None,
+                 bind: str = "127.0.0.1:0", incarnation: int | None = None) -> None:
+        self.target = target
+        self.t0 = time.monotonic()
+        self._closed = False
+        self.control = ControlPlane(f"tcp://{bind}", connect_timeout_ms=int(
+            target.deadline * 1000))
+        try:
+            self.data = DataPlane(f"p2pfsm-conform-{uuid.uuid4()}", NUM_BLOCKS,
+                                  target.block_len)
+        except BaseException:
+            self.control.close()
+            raise
+        self.local_id = self.control.local_id
+        t = target.deadline
+        self.session = Session(SessionConfig(
+            self.local_id, self.data.metadata, self.data.base_addr, NUM_BLOCKS,
+            target.block_len, hash_seed=target.hash_seed,
+            config_fingerprint=target.fingerprint, expected_peer_id=target.addr,
+            timeouts=timeouts or Timeouts(handshake=t, load=t, abort_ack=t, lookup=t),
+            incarnation=incarnation))
+        self.frames: list[Frame] = []
+        self.violations: list[str] = []
+        self.ignored: list[str] = []
+        self.loads: list[LoadResult] = []
+        self.lookups: list[LookupResult] = []
+        self.dead: SessionDead | None = None
+        self.lost: list[str] = []
+        self.other_ids: list[str] = []
+        self._timers: dict[TimerId, float] = {}
+        self._dialled = False
+        self._started = False
+        self._held: list[bytes] = []  # frames that came before our session started
+        self._excused: list[tuple[str, int]] = []  # our off-script aborts not yet acked
+        self._last_in: Message | None = None  # the frame the session is handling
+        self._job = 0
+
+    # -- wire ---------------------------------------------------------------------
+
+    def dial(self) -> None:
+        """Open our DEALER to the target (once)."""
+        if not self._dialled:
+            try:
+                self.control.connect(self.target.addr)
+            except TransportError as exc:
+                raise CaseFailure("a target to dial", f"cannot dial {self.target.addr}: "
+                                  f"{exc}") from None
+            self._dialled = True
+
+    def send_raw(self, frame: bytes, text: str) -> None:
+        """Send bytes the session knows nothing of (a deviant frame)."""
+        self.dial()
+        self.frames.append(Frame(self.now(), True, None, text))
+        self.control.send(self.target.addr, frame)
+
+    def send(self, msg: Message, *, off_script: bool = True) -> None:
+        """Send a well-formed frame (behind the session's back unless the session sent
+        it). The target's abort_ack for an abort_fetch sent so is excused once: our
+        session, which did not abort, would reject it as unsolicited."""
+        self.dial()
+        if off_script and isinstance(msg, AbortFetch):
+            self._excused.append((msg.kv_request_id, msg.round_seq))
+        self.frames.append(Frame(self.now(), True, msg, describe(msg)))
+        self.control.send(self.target.addr, encode(msg))
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    # -- the session --------------------------------------------------------------
+
+    def feed(self, event: Input) -> None:
+        """Hand one input to our session and carry out what it asks for."""
+        self.apply(self.session.handle(event, time.monotonic()))
+
+    def apply(self, outputs: Sequence[Output]) -> None:
+        for out in outputs:
+            if isinstance(out, SendFrame):
+                self.send(out.message, off_script=False)
+            elif isinstance(out, StartRegistration):
+                self.feed(self._register(out.connect))
+            elif isinstance(out, ArmTimer):
+                self._timers[out.timer] = out.deadline
+            elif isinstance(out, DisarmTimer):
+                self._timers.pop(out.timer, None)
+            elif isinstance(out, LoadResult):
+                self.loads.append(out)
+            elif isinstance(out, LookupResult):
+                self.lookups.append(out)
+            elif isinstance(out, ProtocolViolation):
+                if self._excuse():
+                    continue
+                what = describe(self._last_in) if self._last_in is not None else "a frame"
+                self.violations.append(
+                    f"{what} rejected in "
+                    f"session state {self.session.state!r}: {out.error}")
+            elif isinstance(out, FrameIgnored):
+                self.ignored.append(f"{out.message_type}: {out.reason}")
+            elif isinstance(out, SessionDead):
+                self.dead = out
+
+    def _excuse(self) -> bool:
+        """Whether the frame just rejected answers an abort we sent off-script (and
+        the session is ready, so its only fault is that our session did not ask)."""
+        last = self._last_in
+        if not isinstance(last, AbortAck) or not self.session.ready:
+            return False
+        key = (last.kv_request_id, last.round_seq)
+        if key not in self._excused:
+            return False
+        self._excused.remove(key)
+        self.ignored.append(f"abort_ack {key}: answers our off-script abort_fetch")
+        return True
+
+    def _register(self, connect: Connect) -> RegistrationFinished:
+        try:
+            self.data.add_peer(self.target.addr, connect.agent_metadata, connect.base_addr,
+                               connect.num_blocks, connect.block_len, connect.layout)
+        except TransportError as exc:
+            return RegistrationFinished(False, str(exc))
+        return RegistrationFinished(True)
+
+    def start(self) -> None:
+        """Dial and send our connect (through the session); frames that came before
+        are handed to the session after it."""
+        self.dial()
+        self._started = True
+        self.feed(HostStart())
+        held, self._held = self._held, []
+        for frame in held:
+            self.feed(FrameReceived(frame))
+
+    def handshake(self) -> None:
+        """Start and wait until our session is ready, or fail naming what came."""
+        self.start()
+        self.expect(lambda: self.session.ready, "the handshake to complete: the target's "
+                    "connect (compatible) and its connect_ack for ours (session machine: "
+                    "connecting -> registering -> awaiting_ack -> ready)")
+
+    # -- waiting ------------------------------------------------------------------
+
+    def pump(self, seconds: float) -> None:
+        """Wait at most ``seconds`` for frames; progress NIXL; fire due timers."""
+        events = self.control.poll(max(0, int(min(seconds, _TICK_S) * 1000)))
+        self.data.progress()
+        self.data.poll()
+        for ev in events:
+            if isinstance(ev, FrameIn):
+                self._on_frame(ev)
+            elif isinstance(ev, PeerLost):
+                self.lost.append(f"{ev.peer_id}: {ev.reason}")
+                if ev.peer_id == self.target.addr and self.session.alive:
+                    self.feed(TransportLost(ev.reason))
+        now = time.monotonic()
+        for timer, deadline in list(self._timers.items()):
+            if deadline <= now and self._timers.get(timer) == deadline:
+                del self._timers[timer]
+                self.feed(TimerFired(timer))
+
+    def _on_frame(self, ev: FrameIn) -> None:
+        if ev.peer_id != self.target.addr:
+            self.other_ids.append(ev.peer_id)
+        try:
+            msg: Message | None = decode(ev.frame)
+            text = describe(msg) if msg is not None else ""
+        except MalformedFrame as exc:
+            msg, text = None, f"<malformed: {exc}>"
+        self.frames.append(Frame(self.now(), False, msg, text))
+        self._last_in = msg
+        if self._started:
+            self.feed(FrameReceived(ev.frame))
+        else:  # delivered once our session starts (a case may send before it does)
+            self._held.append(ev.frame)
+        self._last_in = None
+
+    def wait(self, done: Callable[[], bool], timeout: float) -> bool:
+        """Pump until ``done()`` or ``timeout`` s pass; whether it was done."""
+        end = time.monotonic() + timeout
+        while not done():
+            left = end - time.monotonic()
+            if left <= 0:
+                return False
+            self.pump(left)
+        return True
+
+    def expect(self, done: Callable[[], bool], what: str, timeout: float | None = None) -> None:
+        """Pump until ``done()``; a :class:`CaseFailure` naming ``what`` after the deadline."""
+        if not self.wait(done, self.target.deadline if timeout is None else timeout):
+            raise CaseFailure(what, self.summary())
+
+    def observe(self, seconds: float | None = None) -> list[Frame]:
+        """Every frame received in the next ``seconds`` (the target's window)."""
+        start = len(self.frames)
+        self.wait(lambda: False, self.target.window if seconds is None else seconds)
+        return [f for f in self.frames[start:] if not f.sent]
+
+    def received(self, kind: str | None = None) -> list[Message]:
+        """Decoded frames from the target (of type ``kind``), in order."""
+        return [f.message for f in self.frames if not f.sent and f.message is not None
+                and (kind is None or kind == f.message.TYPE)]
+
+    def summary(self, last: int = 12) -> str:
+        """The last frames both ways, the session state and what the oracle said."""
+        lines = [f"{f.at:.3f}s {'->' if f.sent else '<-'} {f.text}" for f in self.frames[-last:]]
+        text = "; ".join(lines) if lines else "no frame at all"
+        text += f" [our session: {self.session.state}"
+        if self.dead is not None:
+            text += f", ended: {self.dead.reason}"
+        text += "]"
+        if self.violations:
+            text += f" [violations: {'; '.join(self.violations)}]"
+        if self.lost:
+            text += f" [connection: {'; '.join(self.lost)}]"
+        return text
+
+    def check_clean(self) -> None:
+        """Fail when any frame of the target broke the models."""
+        if self.violations:
+            raise CaseFailure("every frame of the target accepted by p2pfsm's session "
+                              "machines in the state it arrived in", self.summary())
+        if self.other_ids:
+            raise CaseFailure(f"frames only from the identity {self.target.addr!r}",
+                              f"frames from {sorted(set(self.other_ids))}")
+
+    # -- loads --------------------------------------------------------------------
+
+    def next_job(self) -> int:
+        self._job += 1
+        return self._job
+
+    def fetch(self, rid: str, blocks: Sequence[int], slots: Sequence[int]) -> int:
+        """A load through the session: demo ``blocks`` into our ``slots`` (zeroed first)."""
+        region = self.data.region
+        assert region is not None
+        for slot in slots:
+            region[slot].zero_()
+        job = self.next_job()
+        self.feed(HostFetch(job, rid, tuple(demo_key(b) for b in blocks), tuple(slots)))
+        self.data.expect_inbound(self.target.deadline, prompt=True)
+        return job
+
+    def finish(self, rid: str) -> None:
+        self.feed(HostFinish(rid))
+
+    def lookup(self, rid: str, blocks: Sequence[int]) -> None:
+        self.feed(HostLookup(rid, tuple(demo_key(b) for b in blocks)))
+
+    def close_session(self) -> None:
+        self.feed(HostClose())
+
+    def load_result(self, job: int, what: str) -> LoadResult:
+        """Wait for the load ``job``'s result."""
+        def found() -> bool:
+            return any(r.job_id == job for r in self.loads)
+        self.expect(found, what)
+        return next(r for r in self.loads if r.job_id == job)
+
+    def slot_bytes(self, slot: int) -> bytes:
+        region = self.data.region
+        assert region is not None
+        return bytes(region[slot].numpy().tobytes())
+
+    def check_blocks(self, blocks: Sequence[int], slots: Sequence[int]) -> None:
+        """Every byte of demo ``blocks`` in ``slots``, or a failure naming the first bad one."""
+        for block, slot in zip(blocks, slots, strict=True):
+            got = self.slot_bytes(slot)
+            want = demo_block(block, self.target.block_len)
+            if got != want:
+                bad = next(i for i, (a, b) in enumerate(zip(got, want, strict=True)) if a != b)
+                raise CaseFailure(
+                    f"demo block {block} byte-exact in our block {slot} once the round "
+                    "ended with transfer_done(true)",
+                    f"byte {bad} differs ({got[bad]:#04x}, want {want[bad]:#04x})"
+                    + (" (nothing landed)" if not any(got) else ""))
+
+    def zeroed(self, slots: Sequence[int]) -> bool:
+        return all(not any(self.slot_bytes(s)) for s in slots)
+
+    def close(self) -> None:
+        """Close both planes (bounded by the DEALER linger); no disconnect is sent, as
+        when a process dies. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.control.close()
+        finally:
+            self.data.close()

@@ -1,0 +1,105 @@
+"""``p2pfsm conform`` against ``p2pfsm serve`` (a subprocess): every producer-role case
+passes; a tester told the wrong configuration fails the cases it touches, naming the
+rule and a command that re-runs each alone; bad arguments exit 2 with one line."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from p2pfsm.cli import main
+from p2pfsm.conform.registry import CASES
+from p2pfsm.executor.config import fingerprint
+from tests.helpers.serve_process import ServeProcess
+
+FP = fingerprint({"model": "p2pfsm/conform-test"})
+BLOCK_LEN = 4096
+HELD = 16
+
+
+@pytest.fixture(scope="module")
+def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
+    proc = ServeProcess(tmp_path_factory.mktemp("conform") / "serve.log", HELD, BLOCK_LEN,
+                        extra=["--fingerprint", FP])
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+def _conform(addr: str, *extra: str) -> int:
+    return main(["conform", "--target", f"tcp://{addr}", "--fingerprint", FP,
+                 "--block-len", str(BLOCK_LEN), "--target-blocks", str(HELD),
+                 "--window", "0.5", *extra])
+
+
+def test_every_producer_case_passes_against_serve(serve: ServeProcess, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    report = tmp_path / "report.json"
+    table = tmp_path / "report.md"
+    rc = _conform(serve.addr, "--json", str(report), "--markdown", str(table))
+    out = capsys.readouterr()
+    doc = json.loads(report.read_text())
+    verdicts = {c["case"]: c["verdict"] for c in doc["cases"]}
+    assert set(verdicts) == {c.id for c in CASES.values() if c.role == "producer"}
+    assert verdicts == dict.fromkeys(verdicts, "pass"), out.err
+    assert rc == 0
+    assert all(c["seconds"] > 0 for c in doc["cases"])
+    md = table.read_text()
+    assert md.count("| pass |") == len(verdicts), md
+    assert serve.alive()
+
+
+def test_a_wrong_claim_fails_with_the_rule_and_a_rerun(
+        serve: ServeProcess, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The suite can fail: a tester with another hash seed never gets a session."""
+    report = tmp_path / "report.json"
+    rc = _conform(serve.addr, "--cases", "handshake,pd.round", "--hash-seed", "other",
+                  "--deadline", "2", "--json", str(report))
+    err = capsys.readouterr().err
+    assert rc == 1
+    verdicts = {c["case"]: c["verdict"] for c in json.loads(report.read_text())["cases"]}
+    assert verdicts == {"handshake": "fail", "pd.round": "fail"}
+    assert "expected: the handshake to complete" in err
+    assert "mismatch: hash_seed" in err or "hash_seed" in err
+    assert (f"re-run: p2pfsm conform --target tcp://{serve.addr} --role producer --cases "
+            "handshake") in err
+    assert serve.alive()
+
+
+def test_a_random_walk_passes_against_serve(serve: ServeProcess, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    report = tmp_path / "walk.json"
+    rc = _conform(serve.addr, "--random", "40", "--seed", "7", "--deadline", "3",
+                  "--json", str(report))
+    err = capsys.readouterr().err
+    (case,) = json.loads(report.read_text())["cases"]
+    assert (case["case"], case["verdict"]) == ("random.seed-7", "pass"), err
+    assert rc == 0
+    assert any("fetch" in line for line in case["trace"])
+    assert serve.alive()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--target", "tcp://127.0.0.1:1"], "cannot reach tcp://127.0.0.1:1"),
+    (["--target", "127.0.0.1:1"], "--target: expected tcp://HOST:PORT"),
+    (["--target", "tcp://127.0.0.1:1", "--cases", "nope"], "unknown case(s) nope"),
+    (["--target", "tcp://127.0.0.1:1", "--fingerprint", "xyz"], "16 lowercase hex"),
+    ([], "--target tcp://HOST:PORT is required"),
+    (["--target", "tcp://127.0.0.1:1", "--role", "consumer"], "no case for the consumer"),
+    (["--target", "tcp://127.0.0.1:1", "--role", "consumer", "--cases", "handshake"],
+     "handshake test(s) another role"),
+])
+def test_bad_arguments_exit_2_with_one_line(args: list[str], message: str,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    try:
+        code = main(["conform", *args])
+    except SystemExit as exc:  # argparse's own errors
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2
+    assert message in err
+    assert len(err.strip().splitlines()) == 1, err
