@@ -45,6 +45,7 @@ from p2pfsm.executor.config import NodeConfig, fingerprint
 from p2pfsm.executor.core import Executor, TimerTable
 from p2pfsm.executor.jobs import Driven, JobFuture, LookupAsk, copy_outcome
 from p2pfsm.executor.nixl_plane import DataPlane, WriteId
+from p2pfsm.executor.peer_policy import EndedSessions, IdleInbound, ViolationBudget
 from p2pfsm.executor.redial import Parked, Redials
 from p2pfsm.executor.served_lookups import ServedLookup, ServedLookups
 from p2pfsm.executor.threadsafe import ThreadSafeNode
@@ -211,7 +212,7 @@ class Node(Driven, Executor):
         self.sessions: dict[str, Session] = {}
         self.deaths: OrderedDict[str, SessionDead] = OrderedDict()
         self.violations: deque[tuple[str, ProtocolViolation]] = deque(maxlen=config.history)
-        self._ended: OrderedDict[str, None] = OrderedDict()  # peers whose session ended
+        self._ended = EndedSessions(config.history)  # peers whose session ended
         self._rate_limited = 0  # control.rate_limited already in metrics
         # Each event is bound to the session it belongs to when it is queued (a frame to
         # the session current when it arrived, a write's or timer's result to the session
@@ -231,14 +232,12 @@ class Node(Driven, Executor):
         self._ready_waiters: dict[str, list[JobFuture[Session]]] = {}
         self._started_at: dict[str, float] = {}
         self._served = ServedLookups()  # on_lookup's tokens, lookups with keys pending
-        self._violation_logs: dict[str, LogWindow] = {}
         self._host_error_log = LogWindow()
         self._foreign_log = LogWindow()
         self._bindings = Bindings()
-        self._session_violations: dict[str, int] = {}  # rejected frames of the live session
+        self._violations = ViolationBudget(config.max_violations)  # of the live session
         self._live: set[str] = set()  # peers whose session is alive (O(1) gauges per turn)
-        self._heard: dict[str, float] = {}  # inbound sessions: when their last frame came
-        self._next_idle_check = 0.0
+        self._idle = IdleInbound(config.idle_timeout_s)  # inbound sessions' last frames
         self._job = 0
         self._closed = False
         self._draining = False
@@ -290,7 +289,7 @@ class Node(Driven, Executor):
         self.control.connect(peer_id)
         self._bindings.forget(peer_id)  # a new session: bound by the peer's first frame
         session = self._new_session(peer_id)
-        self._heard.pop(peer_id, None)  # ours: never evicted for idleness
+        self._idle.ours(peer_id)  # never evicted for idleness
         self._feed_parked(peer_id, session)
         return session
 
@@ -576,7 +575,7 @@ class Node(Driven, Executor):
             owner = self._timer_owner.pop((peer, timer), None)
             if owner is not None:
                 self._events.append((peer, TimerFired(timer), owner))
-        if self._heard and now >= self._next_idle_check:
+        if self._idle.due(now):
             self._evict_idle(now)
         if self._redials:
             self._redial_due(now)
@@ -732,8 +731,8 @@ class Node(Driven, Executor):
         ), None if self._hook is None else self._hook.tracer)
         self.sessions[peer_id] = session
         self._live.add(peer_id)
-        self._session_violations.pop(peer_id, None)
-        self._ended.pop(peer_id, None)
+        self._violations.new_session(peer_id)
+        self._ended.reopened(peer_id)
         self.deaths.pop(peer_id, None)
         self._started_at[peer_id] = time.monotonic()
         self._feed(peer_id, HostStart(), session=session)
@@ -757,12 +756,11 @@ class Node(Driven, Executor):
                     self._queue(peer_id, FrameReceived(frame))
                 return
             self._new_session(peer_id)
-            self._heard[peer_id] = 0.0  # opened by the peer: subject to idle eviction
+            self._idle.opened_by_peer(peer_id)  # subject to idle eviction
             if self._redials.waiting(peer_id):
                 self._opened_by_peer(peer_id)
         self._bindings.bind(peer_id, conn)
-        if peer_id in self._heard:
-            self._heard[peer_id] = time.monotonic()
+        self._idle.heard(peer_id, time.monotonic())
         self._queue(peer_id, FrameReceived(frame))
 
     def _foreign_frame(self, peer_id: str, session: Session) -> None:
@@ -1065,8 +1063,7 @@ class Node(Driven, Executor):
             self.data.remove_peer(peer_id)
         if not self.control.closed:
             self.control.mark_done(peer_id)  # its connection gives up its slot
-        self._ended[peer_id] = None
-        self._ended.move_to_end(peer_id)
+        self._ended.ended(peer_id)
         self._prune_ended()
         restart = dead.restarted_by
         if restart is not None:
@@ -1110,7 +1107,7 @@ class Node(Driven, Executor):
         it dies), and the calls that waited go to it now, not at the redial's time (up
         to the backoff's most later, or past their own deadline)."""
         self._redials.cancel(peer_id)
-        self._heard.pop(peer_id, None)
+        self._idle.ours(peer_id)
         log.info("peer %s connected to us while its session waited to be opened again: "
                  "that session replaces the redial", peer_id)
         self._feed_parked(peer_id, self.sessions[peer_id])
@@ -1144,40 +1141,27 @@ class Node(Driven, Executor):
         if self._closed or self.control.closed or self.sessions.get(peer_id) is not old:
             return
         self._new_session(peer_id)
-        self._heard[peer_id] = time.monotonic()
+        self._idle.opened_by_peer(peer_id)
+        self._idle.heard(peer_id, time.monotonic())
         self._queue(peer_id, FrameReceived(encode(connect)))
 
     def _prune_ended(self) -> None:
         """Drop ended sessions with nothing left to do beyond ``history`` of them."""
-        excess = len(self._ended) - self.config.history
-        for peer_id in list(self._ended):
-            if excess <= 0:
-                return
-            session = self.sessions.get(peer_id)
-            if session is None or session.alive:
-                del self._ended[peer_id]
-                continue
-            if not session.has_pending_work:
-                del self._ended[peer_id]
-                del self.sessions[peer_id]
-                self._bindings.forget(peer_id)
-                excess -= 1
+        for peer_id in self._ended.to_drop(self.sessions):
+            del self.sessions[peer_id]
+            self._bindings.forget(peer_id)
 
     def _on_violation(self, peer_id: str, violation: ProtocolViolation) -> None:
         self.violations.append((peer_id, violation))
         self.metrics.count("violations")
-        count = self._session_violations.get(peer_id, 0) + 1
-        self._session_violations[peer_id] = count
-        budget = self.config.max_violations
+        count = self._violations.rejected(peer_id)
         session = self._applying
-        if budget and count == budget + 1 and session is not None:
+        if self._violations.crossed(count) and session is not None:
             log.warning("peer %s: %d rejected frames (budget %d): closing the session",
-                        peer_id, count, budget)
+                        peer_id, count, self._violations.budget)
             self.metrics.count("violation_closes")
             self._callbacks.append(lambda: self._close_for_violations(peer_id, session))
-        rate = self._violation_logs.setdefault(peer_id, LogWindow())
-        rate.emit(log.warning, f"rejected frames of peer {peer_id}",
-                  "peer %s: frame rejected: %s", peer_id, violation.error)
+        self._violations.log(peer_id, log, violation.error)
 
     def _host_failed(self, callback: str, peer_id: str, what: str, exc: Exception) -> None:
         """A host callback raised: counted and logged (with its traceback, rate-limited);
@@ -1190,19 +1174,10 @@ class Node(Driven, Executor):
 
     def _evict_idle(self, now: float) -> None:
         """Close inbound sessions idle for ``idle_timeout_s`` (checked about once a second)."""
-        limit = self.config.idle_timeout_s
-        self._next_idle_check = now + min(1.0, limit or 1.0)
-        if limit is None:
-            return
-        for peer_id, heard in list(self._heard.items()):
-            session = self.sessions.get(peer_id)
-            if session is None or not session.alive:
-                del self._heard[peer_id]
-            elif now - heard >= limit and not session.has_pending_work:
-                del self._heard[peer_id]
-                log.info("peer %s: idle for %.0f s, closing its session", peer_id, now - heard)
-                self.metrics.count("idle_closes")
-                self._queue(peer_id, HostClose(), session)
+        for peer_id, idle_s in self._idle.idle(now, self.sessions):
+            log.info("peer %s: idle for %.0f s, closing its session", peer_id, idle_s)
+            self.metrics.count("idle_closes")
+            self._queue(peer_id, HostClose(), self.sessions[peer_id])
 
     def _close_for_violations(self, peer_id: str, session: Session) -> None:
         if self.sessions.get(peer_id) is session and session.state not in _TERMINAL:
