@@ -16,13 +16,14 @@ A :class:`JobFuture` is a :class:`concurrent.futures.Future` with two changes:
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from p2pfsm.errors import LocalProtocolError
-from p2pfsm.session import StoreResult
+from p2pfsm.session import HostFetch, LoadResult, LookupResult, StoreResult
 
 T = TypeVar("T")
 
@@ -100,3 +101,62 @@ class LookupAsk:
     round_seq: int
     keys: tuple[bytes, ...]
     pins: JobFuture[StoreResult]
+
+
+@dataclass(eq=False, slots=True)
+class OpenLoad:
+    """A fetch the host waits on: its future, when it started, its bytes, and its input
+    (fed again to a redialled session if its session died before sending it)."""
+
+    future: JobFuture[LoadResult]
+    started: float
+    nbytes: int
+    event: HostFetch
+
+
+class OpenJobs:
+    """A node's jobs that still owe the host a result: loads and stores by job id,
+    lookups in the order asked per (peer, request), and waits for a session to be
+    ready. Each future leaves the book with its result (or at :meth:`fail_all`)."""
+
+    __slots__ = ("loads", "lookups", "ready_waiters", "stores")
+
+    def __init__(self) -> None:
+        self.loads: dict[int, OpenLoad] = {}
+        self.stores: dict[int, JobFuture[StoreResult]] = {}
+        self.lookups: dict[tuple[str, str], deque[JobFuture[LookupResult]]] = {}
+        self.ready_waiters: dict[str, list[JobFuture[Any]]] = {}
+
+    def add_lookup(self, peer_id: str, kv_request_id: str,
+                   fut: JobFuture[LookupResult]) -> None:
+        self.lookups.setdefault((peer_id, kv_request_id), deque()).append(fut)
+
+    def drop_last_lookup(self, peer_id: str, kv_request_id: str) -> None:
+        """Take back the lookup just added (its host call was refused)."""
+        queue = self.lookups[(peer_id, kv_request_id)]
+        queue.pop()
+        if not queue:
+            del self.lookups[(peer_id, kv_request_id)]
+
+    def take_lookup(self, peer_id: str, kv_request_id: str) -> JobFuture[LookupResult] | None:
+        """The oldest lookup of the request still waiting (lookups are answered in the
+        order they were asked), or None."""
+        queue = self.lookups.get((peer_id, kv_request_id))
+        fut = queue.popleft() if queue else None
+        if queue is not None and not queue:
+            del self.lookups[(peer_id, kv_request_id)]
+        return fut
+
+    def fail_all(self, error: BaseException) -> None:
+        """Every future still open gets ``error``; the book is empty after."""
+        pending: list[JobFuture[Any]] = [
+            *(load.future for load in self.loads.values()), *self.stores.values(),
+            *(f for queue in self.lookups.values() for f in queue),
+            *(f for waiters in self.ready_waiters.values() for f in waiters)]
+        for fut in pending:
+            if not fut.done():
+                fut.set_exception(error)
+        self.loads.clear()
+        self.stores.clear()
+        self.lookups.clear()
+        self.ready_waiters.clear()

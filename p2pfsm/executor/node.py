@@ -43,7 +43,7 @@ from p2pfsm.executor.admission import is_connect_from
 from p2pfsm.executor.bindings import Bindings
 from p2pfsm.executor.config import NodeConfig, fingerprint
 from p2pfsm.executor.core import Executor, TimerTable
-from p2pfsm.executor.jobs import Driven, JobFuture, LookupAsk, copy_outcome
+from p2pfsm.executor.jobs import Driven, JobFuture, LookupAsk, OpenJobs, OpenLoad, copy_outcome
 from p2pfsm.executor.nixl_plane import DataPlane, WriteId
 from p2pfsm.executor.peer_policy import EndedSessions, IdleInbound, ViolationBudget
 from p2pfsm.executor.redial import Parked, Redials
@@ -144,14 +144,6 @@ class _Write:
         return (self.session, self.xfer)
 
 
-@dataclass(eq=False, slots=True)
-class _Load:
-    future: JobFuture[LoadResult]
-    started: float
-    nbytes: int
-    event: HostFetch  # fed again to a redialled session if its session died unsent
-
-
 def _is_connect(frame: bytes) -> bool:
     try:
         return isinstance(decode(frame), Connect)
@@ -226,10 +218,7 @@ class Node(Driven, Executor):
         self._applying: Session | None = None  # whose outputs are being carried out
         # Our WRITEs by (session, its xfer id), the id the data plane reports them by.
         self._writes: dict[WriteId, _Write] = {}
-        self._loads: dict[int, _Load] = {}
-        self._stores: dict[int, JobFuture[StoreResult]] = {}
-        self._lookups: dict[tuple[str, str], deque[JobFuture[LookupResult]]] = {}
-        self._ready_waiters: dict[str, list[JobFuture[Session]]] = {}
+        self._jobs = OpenJobs()  # every job that still owes the host a result
         self._started_at: dict[str, float] = {}
         self._served = ServedLookups()  # on_lookup's tokens, lookups with keys pending
         self._host_error_log = LogWindow()
@@ -303,7 +292,7 @@ class Node(Driven, Executor):
         elif not session.alive and session.state not in _UNSTARTED:
             fut.set_exception(TransportError(self._death_reason(peer_id)))
         else:
-            self._ready_waiters.setdefault(peer_id, []).append(fut)
+            self._jobs.ready_waiters.setdefault(peer_id, []).append(fut)
         return fut
 
     def session(self, peer_id: str) -> Session:
@@ -325,12 +314,12 @@ class Node(Driven, Executor):
         fut: JobFuture[LoadResult] = JobFuture(
             self, lambda: self._finish_quietly(peer_id, kv_request_id))
         event = HostFetch(job, kv_request_id, keys, tuple(map(_as_int, dest_indexes)))
-        self._loads[job] = _Load(fut, time.monotonic(), len(keys) * self.config.block_len,
-                                 event)
+        loads = self._jobs.loads
+        loads[job] = OpenLoad(fut, time.monotonic(), len(keys) * self.config.block_len, event)
         try:
             self._host(peer_id, event)
         except BaseException:
-            del self._loads[job]
+            del loads[job]
             raise
         self.metrics.count("fetches_started")
         self.data.expect_inbound(_INBOUND_GRACE_S, prompt=True)
@@ -341,14 +330,11 @@ class Node(Driven, Executor):
         """Ask the peer which keys it holds; one result."""
         self._check_thread("lookup")
         fut: JobFuture[LookupResult] = JobFuture(self)
-        queue = self._lookups.setdefault((peer_id, kv_request_id), deque())
-        queue.append(fut)
+        self._jobs.add_lookup(peer_id, kv_request_id, fut)
         try:
             self._host(peer_id, HostLookup(kv_request_id, tuple(keys)))
         except BaseException:
-            queue.pop()
-            if not queue:
-                del self._lookups[(peer_id, kv_request_id)]
+            self._jobs.drop_last_lookup(peer_id, kv_request_id)
             raise
         self.metrics.count("lookups_started")
         return fut
@@ -359,12 +345,12 @@ class Node(Driven, Executor):
         self._check_thread("supply")
         job = self.new_job_id()
         fut: JobFuture[StoreResult] = JobFuture(self)
-        self._stores[job] = fut
+        self._jobs.stores[job] = fut
         try:
             self._host(peer_id, HostSupply(job, kv_request_id, tuple(keys),
                                            tuple(map(_as_int, local_indexes))))
         except BaseException:
-            del self._stores[job]
+            del self._jobs.stores[job]
             raise
         self.metrics.count("stores_started")
         return fut
@@ -421,13 +407,13 @@ class Node(Driven, Executor):
         job = self.new_job_id() if hits else None
         fut: JobFuture[StoreResult] = JobFuture(self)
         if job is not None:
-            self._stores[job] = fut
+            self._jobs.stores[job] = fut
         try:
             self._feed(peer_id, HostAnswerLookup(served.session_token, hits, job, still),
                        session=served.session)
         except BaseException:
             if job is not None:
-                del self._stores[job]
+                del self._jobs.stores[job]
             raise
         served.pending = still
         if not still:
@@ -555,7 +541,7 @@ class Node(Driven, Executor):
 
     def _turn(self, max_wait: float) -> int:
         self._handle_all()
-        if self._loads:
+        if self._jobs.loads:
             # Blocks may be arriving (a peer's first WRITE needs our UCX progress):
             # progress often while loads are open, and only then.
             self.data.expect_inbound(_INBOUND_GRACE_S)
@@ -604,17 +590,7 @@ class Node(Driven, Executor):
             self._forget_write(write)
             self._feed(write.peer_id, WriteFinished(write.xfer, False), session=write.session)
         self._drain()
-        pending: list[JobFuture[Any]] = [
-            *(load.future for load in self._loads.values()), *self._stores.values(),
-            *(f for queue in self._lookups.values() for f in queue),
-            *(f for waiters in self._ready_waiters.values() for f in waiters)]
-        for fut in pending:
-            if not fut.done():
-                fut.set_exception(TransportError("node closed"))
-        self._loads.clear()
-        self._stores.clear()
-        self._lookups.clear()
-        self._ready_waiters.clear()
+        self._jobs.fail_all(TransportError("node closed"))
         self._closed = True
         self.data.close()
         self.control.close()
@@ -912,16 +888,12 @@ class Node(Driven, Executor):
         self._on_load_result(peer, out)
 
     def store_result(self, peer: str, out: StoreResult) -> None:
-        self._deliver(peer, self._stores.pop(out.job_id, None), out)
+        self._deliver(peer, self._jobs.stores.pop(out.job_id, None), out)
 
     def lookup_result(self, peer: str, out: LookupResult) -> None:
         if out.reason is not None:
             out = dataclasses.replace(out, detail=self._fail_detail(peer, out))
-        queue = self._lookups.get((peer, out.kv_request_id))
-        fut = queue.popleft() if queue else None
-        if queue is not None and not queue:
-            del self._lookups[(peer, out.kv_request_id)]
-        self._deliver(peer, fut, out)
+        self._deliver(peer, self._jobs.take_lookup(peer, out.kv_request_id), out)
 
     def lookup_request(self, peer: str, out: LookupRequest) -> None:
         session = self._applying
@@ -973,7 +945,7 @@ class Node(Driven, Executor):
                               f"round {ended.kv_request_id}/{ended.round_seq}", exc)
 
     def _on_load_result(self, peer_id: str, res: LoadResult) -> None:
-        load = self._loads.get(res.job_id)
+        load = self._jobs.loads.get(res.job_id)
         if (load is not None and res.reason is FailReason.SESSION_ENDED
                 and self._unsent_death is not None and self._applying is self._unsent_death
                 and self._redials.waiting(peer_id)):
@@ -981,7 +953,7 @@ class Node(Driven, Executor):
             if deadline > time.monotonic():  # never sent: it waits for the next session
                 self._redials.park(peer_id, deadline, load.event)
                 return
-        self._loads.pop(res.job_id, None)
+        self._jobs.loads.pop(res.job_id, None)
         if not res.success:
             res = dataclasses.replace(res, detail=self._fail_detail(peer_id, res))
         if load is not None:
@@ -1033,7 +1005,7 @@ class Node(Driven, Executor):
         self.metrics.count("handshakes")
         self._redials.ready(peer_id)
         log.info("peer %s ready", peer_id)
-        for fut in self._ready_waiters.pop(peer_id, ()):
+        for fut in self._jobs.ready_waiters.pop(peer_id, ()):
             if not fut.done():
                 fut.set_result(session)
 
@@ -1053,7 +1025,7 @@ class Node(Driven, Executor):
         else:
             log.warning("peer %s down: %s", peer_id, dead.reason)
         error = TransportError(f"session to {peer_id} died: {dead.reason}")
-        for fut in self._ready_waiters.pop(peer_id, ()):
+        for fut in self._jobs.ready_waiters.pop(peer_id, ()):
             if not fut.done():
                 fut.set_exception(error)
         if peer_id in self.data.peers:
@@ -1199,8 +1171,8 @@ class Node(Driven, Executor):
             self.metrics.count("identities_rate_limited", limited - self._rate_limited)
             self._rate_limited = limited
         self.metrics.set_gauge("peers", len(self._live))
-        self.metrics.set_gauge("open_loads", len(self._loads))
-        self.metrics.set_gauge("open_stores", len(self._stores))
+        self.metrics.set_gauge("open_loads", len(self._jobs.loads))
+        self.metrics.set_gauge("open_stores", len(self._jobs.stores))
 
     def _answer(self, peer_id: str, session: Session, req: LookupRequest) -> None:
         """Ask ``on_lookup``, showing it our token for the lookup (unique in this node,
@@ -1227,7 +1199,7 @@ class Node(Driven, Executor):
         job = None
         if hits:
             job = self.new_job_id()
-            self._stores[job] = pins
+            self._jobs.stores[job] = pins
         else:
             pins.set_result(StoreResult(0, False, FailReason.NOT_SERVED, "nothing was pinned"))
         if pending - hits.keys():
