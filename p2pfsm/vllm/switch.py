@@ -5,8 +5,10 @@ session through its module-level name ``P2PSession``, which it imports from
 ``vllm.v1.kv_offload.tiering.p2p.session`` when it is first imported. :func:`install`
 rebinds that name in the session package (so a manager imported later picks up the
 adapter) and in the manager module if it is imported already; :func:`uninstall` puts
-vLLM's class back in both. No vLLM file changes and nothing more of vLLM is imported.
-Both are idempotent; sessions built before a switch keep the class they were built with.
+vLLM's class back in both. :func:`install` also guards vLLM's ZeroMQ transport
+(:mod:`p2pfsm.vllm.guard`) and :func:`uninstall` removes the guard. No vLLM file
+changes and nothing more of vLLM is imported. Both are idempotent; sessions built
+before a switch keep the class they were built with.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from __future__ import annotations
 import importlib
 import sys
 from typing import Any
+
+from p2pfsm.vllm import guard
 
 SESSION_PACKAGE = "vllm.v1.kv_offload.tiering.p2p.session"
 MANAGER_MODULE = "vllm.v1.kv_offload.tiering.p2p.manager"
@@ -40,6 +44,10 @@ def install() -> None:
         _original = modules[0].P2PSession
     for module in modules:
         module.P2PSession = P2PSession
+    if guard.wanted():
+        guard.install()
+    else:
+        guard.uninstall()
 
 
 def uninstall() -> None:
@@ -50,6 +58,7 @@ def uninstall() -> None:
     for module in _modules():
         module.P2PSession = _original
     _original = None
+    guard.uninstall()
 
 
 def installed() -> bool:
