@@ -9,7 +9,8 @@ vLLM's back) so that a node on the adapter refuses what p2pfsm's own node refuse
 * a frame from an identity with no connection opens one (a dial-back) only when it is a
   well-formed connect (p2pfsm's own decoder and :class:`GuardConfig` limits, so
   ``num_blocks`` above ``max_num_blocks`` is refused before any NIXL registration) whose
-  ``peer_id`` is that identity and whose host is the address the frame came from;
+  ``peer_id`` is that identity and whose host, when it is an IP literal (or
+  ``localhost``), is the address the frame came from;
   anything else is dropped and counted (:func:`drops`), no exception escapes;
 * an identity that does not parse as ``host:port`` (no colon, not ASCII, a port that is
   not a number in 1..65535) is dropped before anything uses it;
@@ -33,10 +34,10 @@ import contextlib
 import logging
 import os
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgspec
 import zmq
 
 from p2pfsm.errors import RemoteProtocolError, TransportError
@@ -118,6 +119,13 @@ _config = GuardConfig()
 _originals: dict[str, Any] = {}
 
 
+def _no_decoder(data: bytes) -> Any:
+    raise RuntimeError("no msgpack decoder before install()")
+
+
+_decode: Callable[[bytes], Any] = _no_decoder  # vLLM's (msgspec), set by install()
+
+
 def config() -> GuardConfig:
     """The bounds in force (set by the last :func:`install`)."""
     return _config
@@ -168,6 +176,21 @@ def _is_connect_from(peer_id: str, data: bytes) -> bool:
     return isinstance(message, Connect) and message.peer_id == peer_id
 
 
+def _same_host(host: str, source: str | None) -> bool:
+    """Whether a dial-back to ``host`` goes where the frame came from (``source``): an IP
+    literal must be that address, ``localhost`` a loopback one; another host name is
+    taken as it is (vLLM's identities are whatever its host setting says, and resolving
+    a name here would block the poll loop)."""
+    if _config.dial_back_any_host:
+        return True
+    ip, src = _ip_of(host), (None if source is None else _ip_of(source))
+    if ip is not None:
+        return ip == src
+    if host.lower() == "localhost":
+        return src is not None and src.is_loopback
+    return True
+
+
 def _recv_router(self: Any) -> None:
     """vLLM's ROUTER read, with the guard's checks (module docstring)."""
     state = _state(self)
@@ -200,12 +223,11 @@ def _recv_router(self: Any) -> None:
                 state.drop("not a connect", f" from {sender}")
                 continue
             source = _meta(body, "Peer-Address")
-            if not _config.dial_back_any_host and (
-                    source is None or _ip_of(host) is None or _ip_of(host) != _ip_of(source)):
+            if not _same_host(host, source):
                 state.drop("address mismatch", f": {sender} came from {source}")
                 continue
         try:
-            msg = msgspec.msgpack.decode(data)
+            msg = _decode(data)
         except Exception as exc:
             state.drop("undecodable", f" from {sender}: {exc}")
             continue
@@ -255,10 +277,13 @@ def wanted() -> bool:
 
 def install() -> None:
     """Guard every ``ZmqTransport`` from now on (idempotent; reads the environment)."""
-    global _config
+    global _config, _decode
     import importlib
 
+    import msgspec  # what vLLM's transport decodes with (vLLM depends on it)
+
     _config = GuardConfig.from_env()
+    _decode = msgspec.msgpack.decode
     if _originals:
         return
     module: Any = importlib.import_module(ZMQ_MODULE)

@@ -46,11 +46,15 @@ from p2pfsm.bench import procstat
 
 pytestmark = _marks
 
-KINDS = ("vllm", "sessions", "serve")
-"""Stock vLLM, vLLM with ``p2pfsm.vllm.install()``, and p2pfsm's own node."""
-FD_BOUND = 64
+KINDS = ("vllm", "sessions", "full", "serve")
+"""Stock vLLM, vLLM with ``p2pfsm.vllm.install()``, with ``install(transport="p2pfsm")``
+(the full install), and p2pfsm's own node."""
+FD_BOUND = 128
 """Descriptors above the pre-attack count still counted as "back": the probe's own
-dial-back (which waits out its handshake deadline) and NIXL's per-agent descriptors."""
+dial-back (which waits out its handshake deadline), and what NIXL/UCX keeps from the
+registrations a flood's sessions began before they were evicted (seen: 35 for
+``p2pfsm serve``, 45-106 for the vLLM node, its data plane being vLLM's). A leak of a
+dial-back per identity is hundreds."""
 RSS_BOUND = 96 << 20
 """Resident bytes above the pre-attack RSS still counted as "back" (as tests/hostile)."""
 ANSWER_S = 20.0
@@ -114,7 +118,7 @@ class Target:
                                       ("--connect-timeout", "2"), START_TIMEOUT)
             self.addr, self.pid, self.fingerprint = self.serve.addr, self.serve.pid, ""
         else:
-            extra = ["--adapter"] if kind == "sessions" else []
+            extra = {"vllm": [], "sessions": ["--adapter"], "full": ["--full"]}[kind]
             self.peer = PeerProcess(vllm_argv("server", "--blocks", "16", "--max-seconds",
                                               "300", *extra), f"target-{kind}")
             ready = self.peer.record("ready", START_TIMEOUT)
@@ -246,7 +250,7 @@ def _huge_num_blocks(a: Attack, agent: Any) -> bool | None:
         p.send({"type": "connect_ack", "peer_id": p.peer_id})
         with contextlib.suppress(AssertionError):  # refused after all: the checks say
             p.expect("connect_ack", 60.0)  # what it cost
-    return "connect" in seen
+    return None  # a node may take a big peer (p2pfsm serve does): what it costs counts
 
 
 SCENARIOS: dict[str, Callable[[Attack, Any], bool | None]] = {
@@ -299,6 +303,7 @@ STOCK_FAILS = {
     "fetch before connect": lambda o: bool(o.dialled_back),
     "10 MiB garbage frame": lambda o: bool(o.dialled_back),
     f"{FLOOD} never-handshaking identities": lambda o: not o.survived,
+    f"connect with num_blocks={HUGE_BLOCKS}": lambda o: o.rss_delta_mib * (1 << 20) > RSS_BOUND,
 }
 
 
