@@ -2,16 +2,17 @@
 
 vLLM's ``ZmqTransport`` dials back every routing identity that sends it any frame that
 decodes, and parses the identity as it goes: one frame with a bad identity ends the
-process, and frames that are not a connect open sessions. :func:`install` replaces three
-of its methods and one module function (never at import time; :func:`uninstall` puts
-vLLM's back) so that a node on the adapter refuses what p2pfsm's own node refuses:
+process, and frames that are not a connect open sessions. :func:`install` replaces two
+of its methods (``ZmqTransport._recv_router``, ``ZmqConnection.close``) and the module
+function that sets socket options (never at import time; :func:`uninstall` puts vLLM's
+back) so that a node on the adapter refuses what p2pfsm's own node refuses:
 
 * a frame from an identity with no connection opens one (a dial-back) only when it is a
   well-formed connect (p2pfsm's own decoder and :class:`GuardConfig` limits, so
   ``num_blocks`` above ``max_num_blocks`` is refused before any NIXL registration) whose
   ``peer_id`` is that identity and whose host, when it is an IP literal (or
-  ``localhost``), is the address the frame came from;
-  anything else is dropped and counted (:func:`drops`), no exception escapes;
+  ``localhost``), is the address the frame came from; anything else is dropped and
+  counted (:func:`drops`), and no exception escapes;
 * an identity that does not parse as ``host:port`` (no colon, not ASCII, a port that is
   not a number in 1..65535) is dropped before anything uses it;
 * every socket the transport opens refuses frames above ``max_frame_bytes`` before

@@ -49,12 +49,16 @@ pytestmark = _marks
 KINDS = ("vllm", "sessions", "full", "serve")
 """Stock vLLM, vLLM with ``p2pfsm.vllm.install()``, with ``install(transport="p2pfsm")``
 (the full install), and p2pfsm's own node."""
-FD_BOUND = 128
+FD_BOUND = 64
 """Descriptors above the pre-attack count still counted as "back": the probe's own
-dial-back (which waits out its handshake deadline), and what NIXL/UCX keeps from the
-registrations a flood's sessions began before they were evicted (seen: 35 for
-``p2pfsm serve``, 45-106 for the vLLM node, its data plane being vLLM's). A leak of a
-dial-back per identity is hundreds."""
+dial-back, which waits out its handshake deadline, and what NIXL keeps per agent."""
+FLOOD_FD_BOUND = 256
+"""The same after the flood. Every flood connect carries the same real NIXL agent, and
+vLLM's data plane (NIXL/UCX) keeps descriptors from the registrations the flood's
+sessions began before they were evicted: seen 45-181 for a guarded vLLM node (either
+install) against 3-35 for ``p2pfsm serve``; not investigated further (docs/vllm.md). A
+dial-back kept per identity would be over 1600 (two sockets each), and vLLM's ZeroMQ
+context dies at 1023 sockets."""
 RSS_BOUND = 96 << 20
 """Resident bytes above the pre-attack RSS still counted as "back" (as tests/hostile)."""
 ANSWER_S = 20.0
@@ -67,7 +71,8 @@ for (1023, two per dial-back) within its handshake deadline (30 s)."""
 SETTLE_S = 45.0
 """After the attacker closed everything, the target's descriptors must be back within
 ``FD_BOUND`` of the pre-attack count within this (vLLM's handshake deadline, 30 s, ends
-a dial-back that never came up; some slack)."""
+a dial-back that never came up; some slack). After the flood the target is watched for
+all of it: alive at its end, descriptors counted then."""
 HUGE_BLOCKS = 2_000_000
 """A connect's num_blocks above the guard's default bound (2**20)."""
 GARBAGE = 10 << 20
@@ -83,11 +88,12 @@ class Outcome:
     peak_fds_delta: int = 0
     fds_delta: int = 0
     rss_delta_mib: float = 0.0
+    fd_bound: int = FD_BOUND
 
     @property
     def survived(self) -> bool:
         return (self.alive and self.answers and not self.dialled_back
-                and self.fds_delta <= FD_BOUND and self.rss_delta_mib * (1 << 20) <= RSS_BOUND)
+                and self.fds_delta <= self.fd_bound and self.rss_delta_mib * (1 << 20) <= RSS_BOUND)
 
     def cell(self) -> str:
         if not self.alive:
@@ -99,7 +105,7 @@ class Outcome:
             bad.append("deaf")
         if self.dialled_back:
             bad.append("dial-back")
-        if self.fds_delta > FD_BOUND:
+        if self.fds_delta > self.fd_bound:
             bad.append(f"+{self.fds_delta} fds")
         if self.rss_delta_mib * (1 << 20) > RSS_BOUND:
             bad.append(f"+{self.rss_delta_mib:.0f} MiB")
@@ -271,14 +277,20 @@ def run_scenario(name: str, kind: str, log_dir: Path) -> tuple[Outcome, str]:
     try:
         agent = attack.agent()
         fds0, rss0 = target.fds(), target.rss()
-        out = Outcome()
+        out = Outcome(fd_bound=FLOOD_FD_BOUND if SCENARIOS[name] is _never_handshake
+                      else FD_BOUND)
         out.dialled_back = SCENARIOS[name](attack, agent)
         if target.alive():
             out.peak_fds_delta = target.fds() - fds0
         out.answers = target.alive() and attack.answers(agent)
         attack.close()
+        # After a flood the target may still be working through queued connects with its
+        # descriptors low: it is watched for the whole window (an observation window, as
+        # types_within), not only until its count is under the bound.
+        watch = SCENARIOS[name] is _never_handshake
         end = time.monotonic() + SETTLE_S
-        while target.alive() and target.fds() > fds0 + FD_BOUND and time.monotonic() < end:
+        while target.alive() and time.monotonic() < end and (
+                watch or target.fds() > fds0 + out.fd_bound):
             time.sleep(0.2)  # polling /proc, which has nothing to wait on, with a deadline
         out.alive = target.alive()
         if out.alive:
