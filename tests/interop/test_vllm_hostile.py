@@ -55,8 +55,8 @@ dial-back, which waits out its handshake deadline, and what NIXL keeps per agent
 FLOOD_FD_BOUND = 256
 """The same after the flood. Every flood connect carries the same real NIXL agent, and
 vLLM's data plane (NIXL/UCX) keeps descriptors from the registrations the flood's
-sessions began before they were evicted: seen 45-181 for a guarded vLLM node (either
-install) against 3-35 for ``p2pfsm serve``; not investigated further (docs/vllm.md). A
+sessions began before they were evicted: seen 20-181 for a guarded vLLM node (either
+install) against 1-35 for ``p2pfsm serve``; not investigated further (docs/vllm.md). A
 dial-back kept per identity would be over 1600 (two sockets each), and vLLM's ZeroMQ
 context dies at 1023 sockets."""
 RSS_BOUND = 96 << 20
@@ -314,7 +314,8 @@ STOCK_FAILS = {
     "identity with a non-numeric port": lambda o: not o.alive,
     "fetch before connect": lambda o: bool(o.dialled_back),
     "10 MiB garbage frame": lambda o: bool(o.dialled_back),
-    f"{FLOOD} never-handshaking identities": lambda o: not o.survived,
+    # The flood is not listed: it ended a stock node in 4 of 6 runs, depending on how fast
+    # it worked through the connects (docs/vllm.md).
     f"connect with num_blocks={HUGE_BLOCKS}": lambda o: o.rss_delta_mib * (1 << 20) > RSS_BOUND,
 }
 
