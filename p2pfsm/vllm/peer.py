@@ -36,7 +36,8 @@ Two roles:
 Both roles record a :class:`Trace` per session: what a tier manager sees of it.
 
 ``--adapter`` (either role) calls :func:`p2pfsm.vllm.install` first, so the same driver
-runs p2pfsm's sessions behind vLLM's interface; the peer builds each session through the
+runs p2pfsm's sessions behind vLLM's interface (``--full``: the full install, p2pfsm's
+control transport too); the peer builds each session through the
 name vLLM's tier manager uses, so it gets whichever class the manager would.
 
 Every line meant for the test starts with ``P2PINTEROP `` followed by one JSON object;
@@ -72,13 +73,14 @@ from vllm.v1.kv_offload.base import (
 )
 from vllm.v1.kv_offload.tiering.base import ParentManager, TransferJob
 from vllm.v1.kv_offload.tiering.p2p.control.base import ControlConnection
-from vllm.v1.kv_offload.tiering.p2p.control.zmq import ZmqConnection, ZmqTransport
+from vllm.v1.kv_offload.tiering.p2p.control.zmq import ZmqConnection
 from vllm.v1.kv_offload.tiering.p2p.data.nixl import NixlTransport
 from vllm.v1.kv_offload.tiering.p2p.session import P2PSession
 from vllm.v1.kv_offload.tiering.p2p.session import client as vllm_client
 
 from p2pfsm.demo.blocks import demo_block, demo_key
-from p2pfsm.vllm.switch import current
+from p2pfsm.errors import ConfigError, TransportError
+from p2pfsm.vllm.switch import current, current_transport
 
 MARK = "P2PINTEROP "
 
@@ -102,10 +104,17 @@ TICK_S = 0.001
 _STOP = False
 
 
-def wait_for_frames(transport: ZmqTransport) -> None:
-    """Block until a frame reaches vLLM's ROUTER, or TICK_S at most: NIXL completions and
-    vLLM's timers have nothing to wait on, so they are looked at every tick."""
-    transport._router.poll(max(1, round(TICK_S * 1000)), zmq.POLLIN)
+def wait_for_frames(transport: Any) -> None:
+    """Block until a frame reaches the control transport, or TICK_S at most: NIXL
+    completions and vLLM's timers have nothing to wait on, so they are looked at every
+    tick. vLLM's transport is waited on at its ROUTER, p2pfsm's (the full install) with
+    its ``wait``."""
+    ms = max(1, round(TICK_S * 1000))
+    wait = getattr(transport, "wait", None)
+    if callable(wait):
+        wait(ms)
+    else:
+        transport._router.poll(ms, zmq.POLLIN)
 
 
 def new_session(*args: Any) -> P2PSession:
@@ -142,17 +151,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def bind_transport(port: int = 0) -> tuple[ZmqTransport, str]:
-    """A ZmqTransport on loopback ``port`` (0: a free one); local_id is that exact
+def bind_transport(port: int = 0) -> tuple[Any, str]:
+    """A control transport (vLLM's ZmqTransport, or p2pfsm's after the full install) on
+    loopback ``port`` (0: a free one); local_id is that exact
     "host:port"."""
+    cls = current_transport()  # vLLM's, or p2pfsm's after the full install
     if port:
-        return ZmqTransport(f"{HOST}:{port}", HOST, port), f"{HOST}:{port}"
+        return cls(f"{HOST}:{port}", HOST, port), f"{HOST}:{port}"
     for _ in range(20):
         port = free_port()
         local_id = f"{HOST}:{port}"
         try:
-            return ZmqTransport(local_id, HOST, port), local_id
-        except zmq.ZMQError:
+            return cls(local_id, HOST, port), local_id
+        except (zmq.ZMQError, TransportError, ConfigError):
             continue
     raise RuntimeError("no free loopback port for the ROUTER")
 
@@ -813,6 +824,9 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--max-seconds", type=float, default=120.0, help="hard bound on the run")
         q.add_argument("--adapter", action="store_true",
                        help="run p2pfsm's sessions (p2pfsm.vllm.install()) instead of vLLM's")
+        q.add_argument("--full", action="store_true",
+                       help="the full install: p2pfsm's sessions and control transport "
+                            "(p2pfsm.vllm.install(transport='p2pfsm'))")
     s = sub.choices["server"]
     s.add_argument("--blocks", type=int, default=16, help="demo blocks 0..N-1 held")
     s.add_argument("--port", type=int, default=0,
@@ -854,10 +868,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGALRM, _on_signal)
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID`: every thread's stack
     signal.alarm(max(1, int(args.max_seconds)))  # the hard bound, whatever a loop does
-    if args.adapter:
+    if args.adapter or args.full:
         from p2pfsm.vllm import install
 
-        install()  # before any session is built
+        install("p2pfsm" if args.full else None)  # before any session or transport
     if args.role == "server":
         Server(args).run()
         return 0

@@ -63,6 +63,7 @@ from p2pfsm.session import (
     TransportLost,
     WriteFinished,
 )
+from p2pfsm.vllm import guard
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +143,7 @@ class P2PSession(Executor):
             config_fingerprint=str(transport.config_fingerprint),
             timeouts=timeouts_from_vllm(),
             expected_peer_id=peer_id,  # the connect must name the peer the transport sees
+            limits=guard.limits(),  # num_blocks bounded before vLLM's data plane registers
         ))
         self._timers: TimerTable[TimerId] = TimerTable()
         self._registration: Future[None] | None = None

@@ -5,20 +5,32 @@ session through its module-level name ``P2PSession``, which it imports from
 ``vllm.v1.kv_offload.tiering.p2p.session`` when it is first imported. :func:`install`
 rebinds that name in the session package (so a manager imported later picks up the
 adapter) and in the manager module if it is imported already; :func:`uninstall` puts
-vLLM's class back in both. No vLLM file changes and nothing more of vLLM is imported.
-Both are idempotent; sessions built before a switch keep the class they were built with.
+vLLM's class back in both. :func:`install` also guards vLLM's ZeroMQ transport
+(:mod:`p2pfsm.vllm.guard`) and :func:`uninstall` removes the guard; the full install
+(``transport="p2pfsm"``) rebinds the name ``ZmqTransport`` the same way, in vLLM's
+control package and manager, to :class:`p2pfsm.vllm.control.PlaneTransport`. No vLLM file
+changes and nothing more of vLLM is imported. Both are idempotent; sessions built
+before a switch keep the class they were built with.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from typing import Any
+
+from p2pfsm.vllm import guard
 
 SESSION_PACKAGE = "vllm.v1.kv_offload.tiering.p2p.session"
 MANAGER_MODULE = "vllm.v1.kv_offload.tiering.p2p.manager"
 
+CONTROL_PACKAGE = "vllm.v1.kv_offload.tiering.p2p.control"
+ENV_TRANSPORT = "P2PFSM_VLLM_TRANSPORT"
+TRANSPORTS = ("vllm", "p2pfsm")
+
 _original: Any = None
+_original_transport: Any = None
 
 
 def _modules() -> list[Any]:
@@ -30,26 +42,74 @@ def _modules() -> list[Any]:
     return found
 
 
-def install() -> None:
-    """New sessions of vLLM's P2P tier are p2pfsm's from now on."""
+def install(transport: str | None = None) -> None:
+    """New sessions of vLLM's P2P tier are p2pfsm's from now on; with ``transport``
+    ``"p2pfsm"`` (default: ``P2PFSM_VLLM_TRANSPORT``, else ``"vllm"``) new control
+    transports are p2pfsm's ControlPlane too (:mod:`p2pfsm.vllm.control`)."""
     global _original
     from p2pfsm.vllm.session import P2PSession
 
+    kind = transport if transport is not None else transport_wanted()
+    if kind not in TRANSPORTS:
+        raise ValueError(f"transport must be one of {TRANSPORTS}, got {kind!r}")
     modules = _modules()
     if _original is None:
         _original = modules[0].P2PSession
     for module in modules:
         module.P2PSession = P2PSession
+    if guard.wanted():
+        guard.install()
+    else:
+        guard.uninstall()
+    _use_transport(kind)
 
 
 def uninstall() -> None:
-    """New sessions of vLLM's P2P tier are vLLM's own again."""
+    """New sessions of vLLM's P2P tier are vLLM's own again (its transport too)."""
     global _original
+    _use_transport("vllm")
     if _original is None:
         return
     for module in _modules():
         module.P2PSession = _original
     _original = None
+    guard.uninstall()
+
+
+def transport_wanted() -> str:
+    """The control transport the environment asks for (``P2PFSM_VLLM_TRANSPORT``)."""
+    return os.environ.get(ENV_TRANSPORT, "").strip() or "vllm"
+
+
+def _transport_modules() -> list[Any]:
+    """Where vLLM's manager looks ``ZmqTransport`` up: the control package, and the
+    manager once imported."""
+    found = [importlib.import_module(CONTROL_PACKAGE)]
+    manager = sys.modules.get(MANAGER_MODULE)
+    if manager is not None:
+        found.append(manager)
+    return found
+
+
+def _use_transport(kind: str) -> None:
+    global _original_transport
+    modules = _transport_modules()
+    if kind == "p2pfsm":
+        from p2pfsm.vllm.control import PlaneTransport
+
+        if _original_transport is None:
+            _original_transport = modules[0].ZmqTransport
+        for module in modules:
+            module.ZmqTransport = PlaneTransport
+    elif _original_transport is not None:
+        for module in modules:
+            module.ZmqTransport = _original_transport
+        _original_transport = None
+
+
+def current_transport() -> Any:
+    """The control transport class vLLM's tier manager builds now."""
+    return _transport_modules()[-1].ZmqTransport
 
 
 def installed() -> bool:

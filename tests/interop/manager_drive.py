@@ -1,7 +1,8 @@
 """vLLM 0.33.0's own ``P2PSecondaryTierManager``, driven as an engine drives it.
 
 Run by ``test_vllm_adapter.py::test_real_tier_manager`` with ``.venv-vllm``'s Python;
-argv: ``vllm`` (vLLM's sessions) or ``p2pfsm`` (``p2pfsm.vllm.install()`` first). One
+argv: ``vllm`` (vLLM's sessions), ``p2pfsm`` (``p2pfsm.vllm.install()`` first) or
+``full`` (``install(transport="p2pfsm")``: p2pfsm's control transport too). One
 manager on a primary region of demo-block size, each step one ``get_finished_jobs()``
 (the manager's poll), ``serve_external_requests()`` and ``on_schedule_end()``, as the
 engine calls them. Its peers are stock vLLM processes (``python -m p2pfsm.vllm.peer``)
@@ -321,9 +322,13 @@ def drive(engine: Engine) -> dict[str, Any]:
 
 
 def main() -> None:
-    if sys.argv[1] == "p2pfsm":
-        pv.install()
+    if sys.argv[1] in ("p2pfsm", "full"):
+        pv.install("p2pfsm" if sys.argv[1] == "full" else None)
         assert manager_module.P2PSession is Adapter
+    if sys.argv[1] == "full":
+        from p2pfsm.vllm.control import PlaneTransport
+
+        assert manager_module.ZmqTransport is PlaneTransport
     engine = Engine()
     print(json.dumps({"sessions": sys.argv[1], **drive(engine)}), flush=True)
 

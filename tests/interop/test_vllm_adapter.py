@@ -99,6 +99,27 @@ os.environ[autoinstall.ENV_VAR] = "1"
 autoinstall.register()
 assert pkg.P2PSession is Adapter
 pv.uninstall()
+# The full install: vLLM's manager builds p2pfsm's control transport; uninstall undoes it.
+import vllm.v1.kv_offload.tiering.p2p.control as control_pkg
+from vllm.v1.kv_offload.tiering.p2p.control.zmq import ZmqTransport
+from p2pfsm.vllm.control import PlaneTransport
+from p2pfsm.vllm import guard
+pv.install(transport="p2pfsm")
+assert early.ZmqTransport is PlaneTransport and control_pkg.ZmqTransport is PlaneTransport
+assert guard.installed()
+pv.install()  # sessions only again: vLLM's transport, guarded
+assert early.ZmqTransport is ZmqTransport and guard.installed()
+os.environ["P2PFSM_VLLM_TRANSPORT"] = "p2pfsm"
+pv.install()
+assert early.ZmqTransport is PlaneTransport
+pv.uninstall()
+assert early.ZmqTransport is ZmqTransport and control_pkg.ZmqTransport is ZmqTransport
+assert not guard.installed() and pkg.P2PSession is stock
+os.environ["P2PFSM_VLLM_GUARD"] = "0"
+os.environ.pop("P2PFSM_VLLM_TRANSPORT")
+pv.install()
+assert pkg.P2PSession is Adapter and not guard.installed()
+pv.uninstall()
 print("switch ok")
 """
 
@@ -144,21 +165,22 @@ def test_session_surface() -> None:
 
 def test_real_tier_manager() -> None:
     """vLLM 0.33.0's own ``P2PSecondaryTierManager`` (``manager_drive.py``) with vLLM's
-    sessions and with the adapter's, against stock vLLM peers in both roles and a p2pfsm
-    node: PD and
+    sessions, with the adapter's, and with the full install (p2pfsm's control
+    transport), against stock vLLM peers in both roles and a p2pfsm node: PD and
     symmetric loads (pending keys included), a load whose peer is killed (reaped, the
     request falls back), a reconnect to the restarted peer, a store fetched by a peer,
-    and ``shutdown()`` with sessions open. Each job gets exactly one result; the two
+    and ``shutdown()`` with sessions open. Each job gets exactly one result; the three
     read the same."""
     script = Path(__file__).with_name("manager_drive.py")
     seen = {}
-    for kind in ("vllm", "p2pfsm"):
+    for kind in ("vllm", "p2pfsm", "full"):
         done = subprocess.run([str(VLLM_PYTHON), str(script), kind], capture_output=True,
                               text=True, timeout=300)
         assert done.returncode == 0, done.stdout + done.stderr[-5000:]
         seen[kind] = json.loads(done.stdout.strip().splitlines()[-1])
         seen[kind].pop("sessions")
     assert seen["p2pfsm"] == seen["vllm"]
+    assert seen["full"] == seen["vllm"]  # the full install: p2pfsm's control transport
     got = seen["vllm"]
     assert got["pd"] == {"lookups": ["HIT"] * 8, "results": [True], "verified": True}
     assert got["sym"] == {"lookups": ["HIT"] * 6 + ["MISS"], "results": [True],
