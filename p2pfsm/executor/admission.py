@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Final, Protocol, TypeVar
 
 from p2pfsm.errors import ConfigError, RemoteProtocolError
-from p2pfsm.protocol import Connect, decode
+from p2pfsm.protocol import DEFAULT_LIMITS, Connect, Limits, decode
 
 __all__ = ["EVICTED", "NewPeerRate", "check_int", "eviction_victim", "is_connect_from"]
 
@@ -36,11 +36,11 @@ def check_int(name: str, value: object, low: int, high: int | None = None) -> in
     return value
 
 
-def is_connect_from(peer_id: str, frame: bytes) -> bool:
-    """True when ``frame`` is a well-formed connect whose ``peer_id`` is ``peer_id``: the
-    only frame a node dials an unknown identity back for."""
+def is_connect_from(peer_id: str, frame: bytes, limits: Limits = DEFAULT_LIMITS) -> bool:
+    """True when ``frame`` is a well-formed connect (within ``limits``) whose ``peer_id``
+    is ``peer_id``: the only frame a node dials an unknown identity back for."""
     try:
-        message = decode(frame)
+        message = decode(frame, limits)
     except RemoteProtocolError:
         return False
     return isinstance(message, Connect) and message.peer_id == peer_id

@@ -113,6 +113,7 @@ __all__ = [
     "ControlPlane",
     "FrameIn",
     "PeerLost",
+    "frame_meta",
 ]
 
 log = logging.getLogger("p2pfsm.zmq")
@@ -179,7 +180,9 @@ def _conn_of(message: zmq.Frame) -> int:
         return -1
 
 
-def _meta(frame: zmq.Frame, name: str) -> str | None:
+def frame_meta(frame: zmq.Frame, name: str) -> str | None:
+    """A message's ZeroMQ metadata property ``name`` (``Peer-Address``, ``User-Id``), or
+    None when libzmq has none or it is not text."""
     try:
         value = frame.get(name)
     except (zmq.ZMQError, UnicodeDecodeError):
@@ -709,7 +712,7 @@ class ControlPlane:
         if not self._remembered(peer_id) and not (
                 self._holds_session is not None and self._holds_session(peer_id)):
             return False
-        source = _meta(message, "Peer-Address")
+        source = frame_meta(message, "Peer-Address")
         return self._any_host or (source is not None and ip_of(host) == ip_of(source)
                                   and ip_of(host) is not None)
 
@@ -780,7 +783,7 @@ class ControlPlane:
                 return peer_id  # no dial-back: the node's dead session may answer()
             self._drop("not a connect", f" from unknown identity {peer_id}")
             return None
-        source = _meta(message, "Peer-Address")
+        source = frame_meta(message, "Peer-Address")
         if not self._any_host:
             ip = ip_of(host)
             if ip is None or source is None or ip != ip_of(source):
@@ -789,7 +792,7 @@ class ControlPlane:
                 return None
         server_key = None
         if self._curve is not None:
-            user = _meta(message, "User-Id")
+            user = frame_meta(message, "User-Id")
             server_key = None if user is None else user.encode("ascii", "replace")
             if server_key not in self._curve.allow:
                 self._drop("no authenticated key", f": {peer_id} from {source}")

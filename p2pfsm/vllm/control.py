@@ -22,15 +22,9 @@ from typing import Any
 import msgspec
 from vllm.v1.kv_offload.tiering.p2p.control.base import ControlConnection, ControlTransport
 
-from p2pfsm.errors import RemoteProtocolError
-from p2pfsm.executor.zmq_plane import (
-    ControlEvent,
-    ControlPlane,
-    FrameIn,
-    PeerLost,
-    load_curve_keys,
-)
-from p2pfsm.protocol import Connect, decode
+from p2pfsm.executor.admission import is_connect_from
+from p2pfsm.executor.curve import load_curve_keys
+from p2pfsm.executor.zmq_plane import ControlEvent, ControlPlane, FrameIn, PeerLost
 from p2pfsm.vllm import guard
 
 log = logging.getLogger("p2pfsm.vllm.control")
@@ -48,11 +42,7 @@ _DECODE = msgspec.msgpack.decode
 
 def _is_connect_from(peer_id: str, frame: bytes) -> bool:
     """A well-formed connect (the guard's limits) whose ``peer_id`` is the sender."""
-    try:
-        message = decode(frame, guard.limits())
-    except RemoteProtocolError:
-        return False
-    return isinstance(message, Connect) and message.peer_id == peer_id
+    return is_connect_from(peer_id, frame, guard.limits())
 
 
 def _env_int(name: str, default: int) -> int:

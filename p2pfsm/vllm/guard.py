@@ -41,9 +41,11 @@ from typing import Any
 
 import zmq
 
-from p2pfsm.errors import RemoteProtocolError, TransportError
-from p2pfsm.executor.zmq_plane import _ip_of, _meta, _origin_of, parse_peer_id
-from p2pfsm.protocol import Connect, Limits, decode
+from p2pfsm.errors import TransportError
+from p2pfsm.executor.admission import is_connect_from
+from p2pfsm.executor.peer_ids import ip_of, origin_of, parse_peer_id
+from p2pfsm.executor.zmq_plane import frame_meta
+from p2pfsm.protocol import Limits
 
 log = logging.getLogger("p2pfsm.vllm.guard")
 
@@ -169,14 +171,6 @@ def _close_monitor_first(self: Any) -> None:
     _originals["close"](self)
 
 
-def _is_connect_from(peer_id: str, data: bytes) -> bool:
-    try:
-        message = decode(data, _config.limits)
-    except RemoteProtocolError:
-        return False
-    return isinstance(message, Connect) and message.peer_id == peer_id
-
-
 def _same_host(host: str, source: str | None) -> bool:
     """Whether a dial-back to ``host`` goes where the frame came from (``source``): an IP
     literal must be that address, ``localhost`` a loopback one; another host name is
@@ -184,7 +178,7 @@ def _same_host(host: str, source: str | None) -> bool:
     a name here would block the poll loop)."""
     if _config.dial_back_any_host:
         return True
-    ip, src = _ip_of(host), (None if source is None else _ip_of(source))
+    ip, src = ip_of(host), (None if source is None else ip_of(source))
     if ip is not None:
         return ip == src
     if host.lower() == "localhost":
@@ -220,10 +214,10 @@ def _recv_router(self: Any) -> None:
         sender = raw_id.decode("ascii")
         conn = self._connections.get(sender)
         if conn is None and sender not in admitted:
-            if not _is_connect_from(sender, data):
+            if not is_connect_from(sender, data, _config.limits):
                 state.drop("not a connect", f" from {sender}")
                 continue
-            source = _meta(body, "Peer-Address")
+            source = frame_meta(body, "Peer-Address")
             if not _same_host(host, source):
                 state.drop("address mismatch", f": {sender} came from {source}")
                 continue
@@ -238,7 +232,7 @@ def _recv_router(self: Any) -> None:
             conn.enqueue(msg)
             continue
         if sender not in admitted:
-            _admit(self, state, sender, _origin_of(host, _meta(body, "Peer-Address")),
+            _admit(self, state, sender, origin_of(host, frame_meta(body, "Peer-Address")),
                    admitted)
             admitted.add(sender)
         self._pending_inbound.append((sender, msg))
