@@ -236,10 +236,11 @@ def judge(mutant: TomlMutant, suite: tuple[str, ...] = KILL_SUITE,
 
 
 def sample(mutants: list[TomlMutant], size: int | None, seed: int) -> list[TomlMutant]:
-    """``size`` mutants drawn uniformly without replacement (None or too many: all)."""
+    """``size`` mutants drawn uniformly without replacement (None or too many: all), in
+    the order drawn, so that any first part of a run is a uniform sample too."""
     if size is None or size >= len(mutants):
         return list(mutants)
-    return sorted(random.Random(seed).sample(mutants, size), key=mutants.index)
+    return random.Random(seed).sample(mutants, size)
 
 
 def run(mutants: list[TomlMutant], suite: tuple[str, ...] = KILL_SUITE,
