@@ -305,6 +305,21 @@ def test_a_declined_round_fails_once_its_write_landed_and_the_request_goes_on() 
     assert_idle(w)
 
 
+def test_a_second_decline_while_the_write_drains_changes_nothing() -> None:
+    """A declined round drains its write (draining_failed): declining it again, or the
+    host supplying the rest, neither fails it twice nor starts a write."""
+    w = ready_world()
+    w.load("a", "r1", [8, 9])
+    w.deliver("a")
+    w.supply("b", "r1", [8])
+    w.decline("b", "r1", 0)
+    before = (snapshot(w.sessions["b"]), len(w.outputs["b"]))
+    w.decline("b", "r1", 0)
+    assert (snapshot(w.sessions["b"]), len(w.outputs["b"])) == before
+    w.finish_writes("b")
+    assert transfer_dones(w) == [TransferDone("r1", False, 0)]
+
+
 def test_decline_of_a_round_no_fetch_named_is_refused_and_of_an_ended_one_is_nothing() -> None:
     w = ready_world()
     before = snapshot(w.sessions["b"])
