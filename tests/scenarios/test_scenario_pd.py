@@ -8,7 +8,7 @@ from helpers.world import World, keys, of_type, ready_world, snapshot
 
 from p2pfsm.demo.blocks import demo_block, demo_key
 from p2pfsm.errors import LocalProtocolError
-from p2pfsm.protocol import Fetch, TransferDone
+from p2pfsm.protocol import AbortAck, Fetch, TransferDone
 from p2pfsm.session import (
     FetchArrived,
     HostDecline,
@@ -196,6 +196,42 @@ def test_prefiller_first_finish_partially_supplied_fails_after_the_write() -> No
     assert transfer_dones(w) == [TransferDone("r1", False, 0)]
     w.deliver_all("b")
     assert w.result("a", job) == LoadResult(job, "r1", False, True)
+    assert_idle(w)
+
+
+def test_an_abort_reaches_a_prefiller_first_round_once_its_fetch_named_it() -> None:
+    """A supply parked before any fetch has no round number; the fetch gives it one, so
+    the consumer's abort of that round finds it: abort_ack waits for the write."""
+    w = ready_world()
+    w.supply("b", "r1", [8])
+    w.finish("b", "r1")
+    job = w.load("a", "r1", [8, 9])
+    w.deliver("a")
+    assert len(w.xfers("b")) == 1
+    w.fire_next("a", "load")
+    w.deliver_all("a")
+    assert w.sent_of("b", AbortAck) == [] and transfer_dones(w) == []  # the write may land
+    w.finish_writes("b")
+    assert len(w.sent_of("b", AbortAck) + transfer_dones(w)) == 1
+    w.deliver_all("b")
+    assert w.result("a", job).released
+    assert_idle(w)
+
+
+def test_a_lookup_pinned_round_the_host_finished_is_served_then_ends() -> None:
+    """Pins from a lookup, then the host finishes the request, then the fetch: the pinned
+    blocks are written and the round ends with transfer_done once they landed."""
+    w = ready_world()
+    w.lookup("a", "r1", [8, 9])
+    w.stabilize()
+    w.finish("b", "r1")
+    job = w.load("a", "r1", [8, 9])
+    w.deliver("a")
+    assert len(w.xfers("b")) == 1 and transfer_dones(w) == []
+    w.finish_writes("b")
+    assert transfer_dones(w) == [TransferDone("r1", True, 0)]
+    w.deliver_all("b")
+    assert w.result("a", job).success
     assert_idle(w)
 
 
