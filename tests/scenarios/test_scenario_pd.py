@@ -366,6 +366,19 @@ def test_decline_of_a_round_no_fetch_named_is_refused_and_of_an_ended_one_is_not
     assert snapshot(w.sessions["b"]) == before and transfer_dones(w) == []
 
 
+def test_decline_of_a_round_whose_fetch_has_not_arrived_is_refused() -> None:
+    """A lookup pinned round 0, no fetch yet: there is no demand to decline."""
+    w = ready_world()
+    w.lookup("a", "r1", [8])
+    w.stabilize()
+    before = snapshot(w.sessions["b"])
+    with pytest.raises(LocalProtocolError) as err:
+        w.feed("b", HostDecline("r1", 0))
+    assert str(err.value) == ("decline: no fetch of r1/0 has arrived yet (its round is "
+                              "pinned)")
+    assert snapshot(w.sessions["b"]) == before
+
+
 def test_a_fetch_naming_one_destination_twice_is_refused_locally() -> None:
     """Two blocks cannot land in one destination: the host's fetch is refused before
     anything is sent, naming the index, and changes nothing."""

@@ -182,6 +182,8 @@ def test_unknown_action_is_a_load_error(tmp_path: Path) -> None:
         (('source = "a"', 'source = "b"'), "terminal"),
         (('trigger = "go"', 'trigger = "go"\nbogus = 1'), "unknown keys"),
         (('b = "end"', 'b = "end"\nc = "island"'), "unreachable"),
+        (('trigger = "go"', 'trigger = "go"\nunless = 3'),
+         r"^m.toml: transitions\[0\]: unless: expected a name or a list of names, got 3$"),
     ],
 )
 def test_malformed_models_are_rejected(tmp_path: Path, patch: tuple[str, str],

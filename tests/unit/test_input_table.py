@@ -86,6 +86,10 @@ def test_every_trigger_is_reached_by_an_input_or_a_declared_cascade() -> None:
     (('kind = "transport"', 'kind = "socket"'),
      "inputs.toml: input[26]: 'kind' must be one of ['frame', 'host', 'result', 'timer', "
      "'transport'], got 'socket'"),
+    (('event = "FrameReceived"', 'event = 7'),
+     "inputs.toml: input[0]: 'event' must be a non-empty string"),
+    (('{ when = "is_terminal", trigger', '{ when = "is_terminal", x = 1, trigger'),
+     "inputs.toml: input[3] (frame fetch): a variant is {when|unless = field, trigger = name}"),
     (('fanout = ["client_lookup.host_finish",', 'fanout = [3, "client_lookup.host_finish",'),
      "inputs.toml: input[23] (host finish): fanout: expected a list of names, got [3, "
      "'client_lookup.host_finish', 'server_lookup.request_closed', "
