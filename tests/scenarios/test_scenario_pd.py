@@ -184,6 +184,24 @@ def test_prefiller_first_finish_fully_supplied_succeeds() -> None:
     assert_idle(w)
 
 
+def test_a_second_host_finish_changes_nothing() -> None:
+    """finish, fetch (finishing: the write is in flight), finish again: the round still
+    ends with its transfer_done once the write landed."""
+    w = ready_world()
+    w.supply("b", "r1", [8, 9])
+    w.finish("b", "r1")
+    job = w.load("a", "r1", [8, 9])
+    w.deliver("a")
+    before = snapshot(w.sessions["b"])
+    w.finish("b", "r1")
+    assert snapshot(w.sessions["b"]) == before
+    w.finish_writes("b")
+    assert transfer_dones(w) == [TransferDone("r1", True, 0)]
+    w.deliver_all("b")
+    assert w.result("a", job).success
+    assert_idle(w)
+
+
 def test_prefiller_first_finish_partially_supplied_fails_after_the_write() -> None:
     w = ready_world()
     w.supply("b", "r1", [8])
