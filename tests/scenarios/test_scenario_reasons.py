@@ -6,7 +6,7 @@ lookup or a store can fail and checks the reason it reports.
 
 from __future__ import annotations
 
-from helpers.world import key, of_type, only, ready_driver
+from helpers.world import World, key, of_type, only, ready_driver
 
 from p2pfsm.protocol import AbortAck, TransferDone
 from p2pfsm.session import (
@@ -96,3 +96,29 @@ def test_a_store_no_fetch_read_says_not_served() -> None:
     store = only(of_type(out, StoreResult))
     assert (store.success, store.reason) == (False, FailReason.NOT_SERVED)
     assert "without a fetch" in store.detail
+
+
+def test_a_lookup_on_a_dead_session_says_so() -> None:
+    d = ready_driver()
+    d(TransportLost("gone"))
+    res = only(of_type(d(HostLookup("r1", (key(1), key(2)))), LookupResult))
+    assert (res.hits, res.answered) == ((False, False), False)
+    assert (res.reason, res.detail) == (FailReason.SESSION_ENDED, "the session is not alive")
+
+
+def test_pins_answered_after_the_fetch_began_serving_say_not_served() -> None:
+    """The producer's host answers a lookup with hits after the fetch of that round has
+    arrived (the round serves the fetch and takes no pins): the pins are released at
+    once, NOT_SERVED, saying why."""
+    w = World(auto_answer=False)
+    w.handshake()
+    w.lookup("a", "r1", [8])
+    w.deliver("a")
+    (request,) = w.held["b"]
+    w.load("a", "r1", [8])
+    w.deliver("a")
+    job = w.answer("b", request.token, hit_ids=[8])
+    assert job is not None
+    store = w.hosts["b"].store_results[job]
+    assert (store.success, store.reason) == (False, FailReason.NOT_SERVED)
+    assert store.detail == "the lookup's round no longer takes pins"
