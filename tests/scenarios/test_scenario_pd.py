@@ -10,6 +10,7 @@ from p2pfsm.demo.blocks import demo_block, demo_key
 from p2pfsm.errors import LocalProtocolError
 from p2pfsm.protocol import AbortAck, Fetch, TransferDone
 from p2pfsm.session import (
+    CancelWrite,
     FetchArrived,
     HostDecline,
     HostFetch,
@@ -251,6 +252,23 @@ def test_a_lookup_pinned_round_the_host_finished_is_served_then_ends() -> None:
     w.deliver_all("b")
     assert w.result("a", job).success
     assert_idle(w)
+
+
+def test_a_lookup_pinned_round_the_host_finished_fails_at_its_demand_deadline() -> None:
+    """As above, but the write never completes: the demand deadline fails the round (its
+    write is cancelled, transfer_done(false) once the cancel completed)."""
+    w = ready_world()
+    w.lookup("a", "r1", [8, 9])
+    w.stabilize()
+    w.finish("b", "r1")
+    w.load("a", "r1", [8, 9])
+    w.deliver("a")
+    (xfer,) = w.xfers("b")
+    w.fire_next("b", "demand")
+    assert [c.xfer for c in w.out("b", CancelWrite)] == [xfer]
+    assert transfer_dones(w) == []
+    w.finish_writes("b")
+    assert transfer_dones(w) == [TransferDone("r1", False, 0)]
 
 
 @pytest.mark.parametrize("before", ["nothing", "parked-supply", "served"])
