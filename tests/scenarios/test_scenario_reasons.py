@@ -6,9 +6,11 @@ lookup or a store can fail and checks the reason it reports.
 
 from __future__ import annotations
 
+import pytest
 from helpers.world import World, key, of_type, only, ready_driver
 
-from p2pfsm.protocol import AbortAck, TransferDone
+from p2pfsm.errors import LocalProtocolError
+from p2pfsm.protocol import AbortAck, Fetch, Lookup, TransferDone
 from p2pfsm.session import (
     FailReason,
     HostClose,
@@ -18,6 +20,7 @@ from p2pfsm.session import (
     HostSupply,
     LoadResult,
     LookupResult,
+    ProtocolViolation,
     StoreResult,
     TransportLost,
 )
@@ -122,3 +125,26 @@ def test_pins_answered_after_the_fetch_began_serving_say_not_served() -> None:
     store = w.hosts["b"].store_results[job]
     assert (store.success, store.reason) == (False, FailReason.NOT_SERVED)
     assert store.detail == "the lookup's round no longer takes pins"
+
+
+def test_a_supply_on_a_dead_session_says_so() -> None:
+    d = ready_driver()
+    d(TransportLost("gone"))
+    store = only(of_type(d(HostSupply(6, "r9", (key(1),), (3,))), StoreResult))
+    assert (store.success, store.reason) == (False, FailReason.SESSION_ENDED)
+    assert store.detail == "the session is not alive"
+
+
+def test_a_malformed_supply_is_refused_naming_the_call() -> None:
+    d = ready_driver()
+    with pytest.raises(LocalProtocolError) as err:
+        d(HostSupply(6, "r9", (key(1), key(2)), (3,)))
+    assert str(err.value) == "supply: 2 keys but 1 indexes"
+
+
+def test_a_lookup_after_its_rounds_fetch_is_a_violation_that_says_so() -> None:
+    d = ready_driver()
+    d.recv(Fetch("r1", (key(1),), (0,), 0))
+    violation = only(of_type(d.recv(Lookup("r1", (key(1),), 0)), ProtocolViolation))
+    assert violation.error.field == "round_seq"
+    assert violation.error.reason == "lookup for r1/0 after its fetch"
