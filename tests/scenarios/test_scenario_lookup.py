@@ -117,6 +117,7 @@ def test_unmatched_symmetric_fetch_fails_fast_without_a_write() -> None:
     w.deliver("b")
     assert w.result("a", job) == LoadResult(job, "r1", False, True)
     assert w.counts("b")["server_round"] == 0
+    assert w.counts("b")["timers"] == 0  # the pins' store deadline went with them
 
 
 def test_terminal_empty_fetch_drops_the_parked_lookup_without_replies() -> None:

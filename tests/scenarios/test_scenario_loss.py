@@ -72,6 +72,20 @@ def test_a_round_lost_while_aborting_ends_orphaned() -> None:
     assert ends == [("session_lost", "aborting", "orphaned")]
 
 
+def test_a_round_lost_before_its_fetch_was_sent_ends_done() -> None:
+    """Its fetch was still queued (the handshake had not completed): nothing can land,
+    so the round ends done and its destination is released."""
+    tracer = Tracer()
+    w = World(tracer=tracer)
+    w.start()
+    job = w.load("a", "r1", [8])
+    w.cut()
+    assert w.result("a", job).released
+    ends = [(r.trigger, r.source, r.dest) for r in tracer.records
+            if r.machine == "client_round" and r.dest in ("done", "aborted", "orphaned")]
+    assert ends == [("session_lost_unsent", "loading", "done")]
+
+
 def test_loss_during_the_handshake_drops_queued_frames() -> None:
     w = World()
     w.start()

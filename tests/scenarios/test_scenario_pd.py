@@ -329,6 +329,7 @@ def test_a_new_round_of_a_request_the_host_finished_fails_at_once_unasked() -> N
     outs = w.inject_msg("b", Fetch("r1", keys([8]), (1,), 1))
     assert of_type(outs, FetchArrived) == [] and of_type(outs, StartWrite) == []
     assert transfer_dones(w) == [TransferDone("r1", False, 0), TransferDone("r1", False, 1)]
+    assert w.types("b") == ["transfer_done", "transfer_done"]  # nothing else (no abort_ack)
     assert w.counts("b")["server_round"] == 0
 
 
