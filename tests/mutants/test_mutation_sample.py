@@ -35,8 +35,26 @@ SUITE = ("tests/scenarios", "tests/stateful")
 SEED = 0
 MODELS_DRAWN = 5
 
-SOURCE: tuple[Slip, ...] = ()
-"""Source mutants taken from mutmut's measured sample (the diff it shows for each)."""
+SOURCE: tuple[Slip, ...] = (
+    Slip("p2pfsm.session.machine", "SessionMachine.is_peer_reconnected",
+         "return known is not None and ev.incarnation == known",
+         "return known is not None or ev.incarnation == known"),
+    Slip("p2pfsm.session.machine", "SessionMachine.is_peer_reconnected",
+         "known = None if self.peer is None else self.peer.incarnation",
+         "known = None if self.peer is not None else self.peer.incarnation"),
+    Slip("p2pfsm.session.client", "ClientLookup.report_unanswered_miss",
+         "hits = tuple(self.answers.get(k, False) for k in self.keys)",
+         "hits = tuple(self.answers.get(k, True) for k in self.keys)"),
+    Slip("p2pfsm.session.server", "ServerRound.reject_supply",
+         "self._emit(StoreResult(ev.job_id, False, FailReason.NOT_SERVED,",
+         "self._emit(StoreResult(ev.job_id, True, FailReason.NOT_SERVED,"),
+    Slip("p2pfsm.session.machine", "SessionMachine.end_work_queued",
+         'self._env.outbox.append(EndRoles("session_lost_unsent"))',
+         'self._env.outbox.append(EndRoles("SESSION_LOST_UNSENT"))'),
+)
+"""Source mutants mutmut killed in the measured sample (seed 0), as the diff it shows:
+``is_peer_reconnected__mutmut_5`` and ``_4``, ``report_unanswered_miss__mutmut_7``,
+``reject_supply__mutmut_10``, ``end_work_queued__mutmut_4``."""
 
 
 def _loadable_draw() -> list[toml_mutator.TomlMutant]:
@@ -57,7 +75,7 @@ def _loadable_draw() -> list[toml_mutator.TomlMutant]:
     return chosen
 
 
-@pytest.mark.parametrize("slip", SOURCE, ids=lambda s: s.where)
+@pytest.mark.parametrize("slip", SOURCE, ids=lambda s: f"{s.where}:{SOURCE.index(s)}")
 def test_a_source_mutant_is_killed(slip: Slip) -> None:
     compiled(slip)  # the line is still there once: the mutant still means what it did
     code, first = toml_mutator.run_suite(None, SUITE, timeout=600, env={
