@@ -7,10 +7,10 @@ lookup or a store can fail and checks the reason it reports.
 from __future__ import annotations
 
 import pytest
-from helpers.world import World, key, of_type, only, ready_driver
+from helpers.world import World, key, local_config, of_type, only, ready_driver
 
 from p2pfsm.errors import LocalProtocolError
-from p2pfsm.protocol import AbortAck, Fetch, Lookup, TransferDone
+from p2pfsm.protocol import AbortAck, Fetch, Limits, Lookup, TransferDone
 from p2pfsm.session import (
     FailReason,
     HostClose,
@@ -148,3 +148,29 @@ def test_a_lookup_after_its_rounds_fetch_is_a_violation_that_says_so() -> None:
     violation = only(of_type(d.recv(Lookup("r1", (key(1),), 0)), ProtocolViolation))
     assert violation.error.field == "round_seq"
     assert violation.error.reason == "lookup for r1/0 after its fetch"
+
+
+def test_a_host_call_may_name_as_many_keys_as_the_limit_and_no_more() -> None:
+    d = ready_driver(local_config(limits=Limits(max_list_items=2)))
+    d(HostSupply(6, "r1", (key(1), key(2)), (1, 2)))
+    with pytest.raises(LocalProtocolError) as err:
+        d(HostSupply(7, "r2", (key(1), key(2), key(3)), (1, 2, 3)))
+    assert str(err.value) == "supply: 3 keys, more than 2"
+
+
+def test_a_malformed_fetch_is_refused_naming_the_call_and_the_index() -> None:
+    d = ready_driver()
+    with pytest.raises(LocalProtocolError) as err:
+        d(HostFetch(7, "r1", (key(1), key(2)), (1,)))
+    assert str(err.value) == "fetch: 2 keys but 1 indexes"
+    with pytest.raises(LocalProtocolError) as err:
+        d(HostFetch(7, "r1", (key(1), key(2), key(3)), (1, 3, 3)))
+    assert "destination index 3 named twice" in str(err.value)
+
+
+def test_a_fetch_naming_a_key_twice_is_a_violation_of_its_keys() -> None:
+    d = ready_driver()
+    violation = only(of_type(d.recv(Fetch("r1", (key(1), key(1)), (0, 1), 0)),
+                             ProtocolViolation))
+    assert (violation.error.field, violation.error.reason) == ("keys",
+                                                               "duplicate keys in one fetch")
