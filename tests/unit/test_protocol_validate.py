@@ -563,3 +563,9 @@ def test_messages_are_frozen_and_slotted(type_name: str) -> None:
         with pytest.raises(dataclasses.FrozenInstanceError):
             setattr(msg, f.name, None)
     assert hash(msg) == hash(samples()[type_name][1])
+
+
+def test_a_frame_that_is_no_map_or_names_an_empty_id_says_so() -> None:
+    assert rejects([1], "").reason == "expected a map, got list"
+    assert rejects(wire(names.FETCH, kv_request_id=""), "kv_request_id").reason == (
+        "must not be empty")
