@@ -3,5 +3,7 @@
 See :mod:`mutants.catalogue` for the list, :mod:`mutants.plugin` to run any pytest suite
 under one (``P2PFSM_MUTANT=NAME pytest -p mutants.plugin ...``) and ``python -m
 tests.mutants`` for the table of which suites catch which mutant (docs/verification.md,
-"Mutants").
+"Mutants"). The mutation score (mutmut over the package, :mod:`mutants.toml_mutator` over
+the models) is ``python -m tests.mutants.mutation`` (:mod:`mutants.mutation`; "Mutation
+score").
 """
