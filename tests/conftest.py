@@ -1,6 +1,6 @@
 """Shared pytest setup: hypothesis profiles (``ci`` by default; ``long`` documented in README),
-the ``slow`` marker (skipped unless the run selects it, e.g. ``-m slow``) and
-``--rewrite`` (the scenario transcripts' expected blocks)."""
+the ``slow``, ``tlc`` and ``mutation`` markers (skipped unless the run selects them, e.g.
+``-m slow``) and ``--rewrite`` (the scenario transcripts' expected blocks)."""
 
 from __future__ import annotations
 
@@ -38,10 +38,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``slow`` or ``tlc`` run only when the marker expression names them
-    (.ci/run runs ``-m tlc`` as a step of its own)."""
+    """Tests marked ``slow``, ``tlc`` or ``mutation`` run only when the marker expression
+    names them (.ci/run runs ``-m tlc`` and ``-m mutation`` as steps of their own)."""
     expr = config.option.markexpr or ""
-    for marker in ("slow", "tlc"):
+    for marker in ("slow", "tlc", "mutation"):
         if marker in expr:
             continue
         skip = pytest.mark.skip(reason=f"{marker}: run with -m {marker}")

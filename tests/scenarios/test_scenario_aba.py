@@ -6,10 +6,10 @@ skips past that round, and the late abort_ack is ignored."""
 
 from __future__ import annotations
 
-from helpers.world import World, ready_world
+from helpers.world import World, key, ready_driver, ready_world, sent
 
 from p2pfsm.protocol import AbortAck, AbortFetch, Fetch, Lookup, TransferDone
-from p2pfsm.session import FrameIgnored, LoadResult
+from p2pfsm.session import FrameIgnored, HostFetch, LoadResult, TimerId
 
 
 def fetch_on_the_wire(w: World) -> Fetch:
@@ -129,3 +129,18 @@ def test_a_reused_id_after_its_lookup_round_was_dropped_restarts_at_zero() -> No
     w.supply("b", "r1", [8])
     w.stabilize()
     assert w.result("a", job).success
+
+
+def test_the_round_floor_never_moves_back_when_an_older_round_aborts_later() -> None:
+    """Rounds 0 and 1 of r1 open; round 1 is aborted first (floor 2), then round 0: the
+    floor stays 2, so the request's next round is 2, not 1 (whose abort may still echo)."""
+    d = ready_driver()
+    d(HostFetch(1, "r1", (key(1),), (0,)))
+    d.now = 1.0
+    d(HostFetch(2, "r1", (key(2),), (1,)))
+    for seq in (1, 0):
+        assert [type(m) for m in sent(d.fire(TimerId("load", ("r1", seq))))] == [AbortFetch]
+        d.recv(AbortAck("r1", seq))
+    assert d.s.open_counts()["client_round"] == 0
+    (fetch,) = sent(d(HostFetch(3, "r1", (key(3),), (2,))))
+    assert isinstance(fetch, Fetch) and fetch.round_seq == 2

@@ -117,6 +117,7 @@ def test_unmatched_symmetric_fetch_fails_fast_without_a_write() -> None:
     w.deliver("b")
     assert w.result("a", job) == LoadResult(job, "r1", False, True)
     assert w.counts("b")["server_round"] == 0
+    assert w.counts("b")["timers"] == 0  # the pins' store deadline went with them
 
 
 def test_terminal_empty_fetch_drops_the_parked_lookup_without_replies() -> None:
@@ -264,3 +265,12 @@ def test_lookups_past_the_per_request_bound_are_refused_and_change_nothing() -> 
     only(of_type(d.recv(Lookup("r2", (key(4),), 0)), LookupRequest))  # others still served
     d(HostAnswerLookup(first.token, {}, None))  # one answered: room for one more
     only(of_type(d.recv(Lookup("r1", (key(3),), 2)), LookupRequest))
+
+
+def test_an_unanswered_lookup_is_counted_open_on_both_sides() -> None:
+    w = ready_world(auto_answer=False)
+    w.lookup("a", "r1", [8])
+    w.deliver("a")
+    assert len(w.held["b"]) == 1  # the producer's host holds its answer
+    assert (w.counts("a")["client_lookup"], w.counts("b")["server_lookup"]) == (1, 1)
+    assert w.counts("a")["server_lookup"] == w.counts("b")["client_lookup"] == 0

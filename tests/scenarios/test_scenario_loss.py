@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from helpers.world import World, keys, only, ready_driver, ready_world
 
+from p2pfsm.fsm import Tracer
 from p2pfsm.protocol import Fetch
 from p2pfsm.session import (
     CancelWrite,
@@ -54,6 +55,35 @@ def test_loss_while_aborting_keeps_the_destination() -> None:
     w.fire_next("a", "load")
     w.cut()
     assert w.result("a", job) == LoadResult(job, "r1", False, False)
+
+
+def test_a_round_lost_while_aborting_ends_orphaned() -> None:
+    """Not done: the abort's write may still land, so the round ends orphaned (what the
+    spec and trace validation read), whatever the host is told."""
+    tracer = Tracer()
+    w = World(tracer=tracer)
+    w.handshake()
+    w.load("a", "r1", [8])
+    w.deliver("a")
+    w.fire_next("a", "load")
+    w.cut()
+    ends = [(r.trigger, r.source, r.dest) for r in tracer.records
+            if r.machine == "client_round" and r.dest in ("done", "aborted", "orphaned")]
+    assert ends == [("session_lost", "aborting", "orphaned")]
+
+
+def test_a_round_lost_before_its_fetch_was_sent_ends_done() -> None:
+    """Its fetch was still queued (the handshake had not completed): nothing can land,
+    so the round ends done and its destination is released."""
+    tracer = Tracer()
+    w = World(tracer=tracer)
+    w.start()
+    job = w.load("a", "r1", [8])
+    w.cut()
+    assert w.result("a", job).released
+    ends = [(r.trigger, r.source, r.dest) for r in tracer.records
+            if r.machine == "client_round" and r.dest in ("done", "aborted", "orphaned")]
+    assert ends == [("session_lost_unsent", "loading", "done")]
 
 
 def test_loss_during_the_handshake_drops_queued_frames() -> None:

@@ -6,10 +6,26 @@ SessionRecvStale; tla/mustfail/one_sided_loss.cfg shows the wedge without the an
 
 from __future__ import annotations
 
-from helpers.world import World, only, ready_driver, ready_world, sent
+from helpers.world import Driver, World, only, peer_connect, ready_driver, ready_world, sent
 
-from p2pfsm.protocol import AbortFetch, ConnectAck, Disconnect, Fetch, Lookup, TransferDone
-from p2pfsm.session import HostClose, LoadResult, SessionDead, TransportLost
+from p2pfsm.protocol import (
+    AbortFetch,
+    ConnectAck,
+    Disconnect,
+    Fetch,
+    Lookup,
+    TransferDone,
+    encode,
+)
+from p2pfsm.session import (
+    FrameReceived,
+    HostClose,
+    HostStart,
+    LoadResult,
+    RegistrationFinished,
+    SessionDead,
+    TransportLost,
+)
 from p2pfsm.session.machine import STALE_ANSWER_INTERVAL_S
 
 
@@ -108,3 +124,19 @@ def test_a_closed_session_answers_nothing() -> None:
     for msg in (Fetch("r1", (b"k",), (0,), 0), TransferDone("r1", True, 0)):
         assert not sent(d.recv(msg))
     assert d.s.state == "closed"
+
+
+def test_a_loss_before_ready_leaves_the_session_dead_not_ended() -> None:
+    """transport_lost in the handshake (connecting, registering, awaiting_ack) goes to
+    dead like a loss once ready: the peer may still hold the session live, so its
+    requests are answered and closing tells it."""
+    handshake = [HostStart(), FrameReceived(encode(peer_connect())),
+                 RegistrationFinished(True)]
+    for steps in (1, 2, 3):  # connecting, registering, awaiting_ack
+        d = Driver()
+        for event in handshake[:steps]:
+            d(event)
+        d(TransportLost("heartbeat expired"))
+        assert d.s.state == "dead", steps
+        assert [type(m) for m in sent(d.recv(Lookup("r1", (b"k",), 0)))] == [Disconnect]
+        assert [type(m) for m in sent(d(HostClose()))] == [Disconnect], steps

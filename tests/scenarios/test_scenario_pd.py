@@ -8,8 +8,9 @@ from helpers.world import World, keys, of_type, ready_world, snapshot
 
 from p2pfsm.demo.blocks import demo_block, demo_key
 from p2pfsm.errors import LocalProtocolError
-from p2pfsm.protocol import Fetch, TransferDone
+from p2pfsm.protocol import AbortAck, Fetch, TransferDone
 from p2pfsm.session import (
+    CancelWrite,
     FetchArrived,
     HostDecline,
     HostFetch,
@@ -184,6 +185,24 @@ def test_prefiller_first_finish_fully_supplied_succeeds() -> None:
     assert_idle(w)
 
 
+def test_a_second_host_finish_changes_nothing() -> None:
+    """finish, fetch (finishing: the write is in flight), finish again: the round still
+    ends with its transfer_done once the write landed."""
+    w = ready_world()
+    w.supply("b", "r1", [8, 9])
+    w.finish("b", "r1")
+    job = w.load("a", "r1", [8, 9])
+    w.deliver("a")
+    before = snapshot(w.sessions["b"])
+    w.finish("b", "r1")
+    assert snapshot(w.sessions["b"]) == before
+    w.finish_writes("b")
+    assert transfer_dones(w) == [TransferDone("r1", True, 0)]
+    w.deliver_all("b")
+    assert w.result("a", job).success
+    assert_idle(w)
+
+
 def test_prefiller_first_finish_partially_supplied_fails_after_the_write() -> None:
     w = ready_world()
     w.supply("b", "r1", [8])
@@ -197,6 +216,59 @@ def test_prefiller_first_finish_partially_supplied_fails_after_the_write() -> No
     w.deliver_all("b")
     assert w.result("a", job) == LoadResult(job, "r1", False, True)
     assert_idle(w)
+
+
+def test_an_abort_reaches_a_prefiller_first_round_once_its_fetch_named_it() -> None:
+    """A supply parked before any fetch has no round number; the fetch gives it one, so
+    the consumer's abort of that round finds it: abort_ack waits for the write."""
+    w = ready_world()
+    w.supply("b", "r1", [8])
+    w.finish("b", "r1")
+    job = w.load("a", "r1", [8, 9])
+    w.deliver("a")
+    assert len(w.xfers("b")) == 1
+    w.fire_next("a", "load")
+    w.deliver_all("a")
+    assert w.sent_of("b", AbortAck) == [] and transfer_dones(w) == []  # the write may land
+    w.finish_writes("b")
+    assert len(w.sent_of("b", AbortAck) + transfer_dones(w)) == 1
+    w.deliver_all("b")
+    assert w.result("a", job).released
+    assert_idle(w)
+
+
+def test_a_lookup_pinned_round_the_host_finished_is_served_then_ends() -> None:
+    """Pins from a lookup, then the host finishes the request, then the fetch: the pinned
+    blocks are written and the round ends with transfer_done once they landed."""
+    w = ready_world()
+    w.lookup("a", "r1", [8, 9])
+    w.stabilize()
+    w.finish("b", "r1")
+    job = w.load("a", "r1", [8, 9])
+    w.deliver("a")
+    assert len(w.xfers("b")) == 1 and transfer_dones(w) == []
+    w.finish_writes("b")
+    assert transfer_dones(w) == [TransferDone("r1", True, 0)]
+    w.deliver_all("b")
+    assert w.result("a", job).success
+    assert_idle(w)
+
+
+def test_a_lookup_pinned_round_the_host_finished_fails_at_its_demand_deadline() -> None:
+    """As above, but the write never completes: the demand deadline fails the round (its
+    write is cancelled, transfer_done(false) once the cancel completed)."""
+    w = ready_world()
+    w.lookup("a", "r1", [8, 9])
+    w.stabilize()
+    w.finish("b", "r1")
+    w.load("a", "r1", [8, 9])
+    w.deliver("a")
+    (xfer,) = w.xfers("b")
+    w.fire_next("b", "demand")
+    assert [c.xfer for c in w.out("b", CancelWrite)] == [xfer]
+    assert transfer_dones(w) == []
+    w.finish_writes("b")
+    assert transfer_dones(w) == [TransferDone("r1", False, 0)]
 
 
 @pytest.mark.parametrize("before", ["nothing", "parked-supply", "served"])
@@ -257,6 +329,7 @@ def test_a_new_round_of_a_request_the_host_finished_fails_at_once_unasked() -> N
     outs = w.inject_msg("b", Fetch("r1", keys([8]), (1,), 1))
     assert of_type(outs, FetchArrived) == [] and of_type(outs, StartWrite) == []
     assert transfer_dones(w) == [TransferDone("r1", False, 0), TransferDone("r1", False, 1)]
+    assert w.types("b") == ["transfer_done", "transfer_done"]  # nothing else (no abort_ack)
     assert w.counts("b")["server_round"] == 0
 
 
@@ -305,6 +378,21 @@ def test_a_declined_round_fails_once_its_write_landed_and_the_request_goes_on() 
     assert_idle(w)
 
 
+def test_a_second_decline_while_the_write_drains_changes_nothing() -> None:
+    """A declined round drains its write (draining_failed): declining it again, or the
+    host supplying the rest, neither fails it twice nor starts a write."""
+    w = ready_world()
+    w.load("a", "r1", [8, 9])
+    w.deliver("a")
+    w.supply("b", "r1", [8])
+    w.decline("b", "r1", 0)
+    before = (snapshot(w.sessions["b"]), len(w.outputs["b"]))
+    w.decline("b", "r1", 0)
+    assert (snapshot(w.sessions["b"]), len(w.outputs["b"])) == before
+    w.finish_writes("b")
+    assert transfer_dones(w) == [TransferDone("r1", False, 0)]
+
+
 def test_decline_of_a_round_no_fetch_named_is_refused_and_of_an_ended_one_is_nothing() -> None:
     w = ready_world()
     before = snapshot(w.sessions["b"])
@@ -313,6 +401,19 @@ def test_decline_of_a_round_no_fetch_named_is_refused_and_of_an_ended_one_is_not
     assert snapshot(w.sessions["b"]) == before
     w.decline("b", "r9", 0)  # no such round: ended (or never was), nothing to fail
     assert snapshot(w.sessions["b"]) == before and transfer_dones(w) == []
+
+
+def test_decline_of_a_round_whose_fetch_has_not_arrived_is_refused() -> None:
+    """A lookup pinned round 0, no fetch yet: there is no demand to decline."""
+    w = ready_world()
+    w.lookup("a", "r1", [8])
+    w.stabilize()
+    before = snapshot(w.sessions["b"])
+    with pytest.raises(LocalProtocolError) as err:
+        w.feed("b", HostDecline("r1", 0))
+    assert str(err.value) == ("decline: no fetch of r1/0 has arrived yet (its round is "
+                              "pinned)")
+    assert snapshot(w.sessions["b"]) == before
 
 
 def test_a_fetch_naming_one_destination_twice_is_refused_locally() -> None:

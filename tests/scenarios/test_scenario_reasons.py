@@ -6,9 +6,11 @@ lookup or a store can fail and checks the reason it reports.
 
 from __future__ import annotations
 
-from helpers.world import key, of_type, only, ready_driver
+import pytest
+from helpers.world import World, key, local_config, of_type, only, ready_driver
 
-from p2pfsm.protocol import AbortAck, TransferDone
+from p2pfsm.errors import LocalProtocolError
+from p2pfsm.protocol import AbortAck, Fetch, Limits, Lookup, TransferDone
 from p2pfsm.session import (
     FailReason,
     HostClose,
@@ -18,6 +20,7 @@ from p2pfsm.session import (
     HostSupply,
     LoadResult,
     LookupResult,
+    ProtocolViolation,
     StoreResult,
     TransportLost,
 )
@@ -96,3 +99,78 @@ def test_a_store_no_fetch_read_says_not_served() -> None:
     store = only(of_type(out, StoreResult))
     assert (store.success, store.reason) == (False, FailReason.NOT_SERVED)
     assert "without a fetch" in store.detail
+
+
+def test_a_lookup_on_a_dead_session_says_so() -> None:
+    d = ready_driver()
+    d(TransportLost("gone"))
+    res = only(of_type(d(HostLookup("r1", (key(1), key(2)))), LookupResult))
+    assert (res.hits, res.answered) == ((False, False), False)
+    assert (res.reason, res.detail) == (FailReason.SESSION_ENDED, "the session is not alive")
+
+
+def test_pins_answered_after_the_fetch_began_serving_say_not_served() -> None:
+    """The producer's host answers a lookup with hits after the fetch of that round has
+    arrived (the round serves the fetch and takes no pins): the pins are released at
+    once, NOT_SERVED, saying why."""
+    w = World(auto_answer=False)
+    w.handshake()
+    w.lookup("a", "r1", [8])
+    w.deliver("a")
+    (request,) = w.held["b"]
+    w.load("a", "r1", [8])
+    w.deliver("a")
+    job = w.answer("b", request.token, hit_ids=[8])
+    assert job is not None
+    store = w.hosts["b"].store_results[job]
+    assert (store.success, store.reason) == (False, FailReason.NOT_SERVED)
+    assert store.detail == "the lookup's round no longer takes pins"
+
+
+def test_a_supply_on_a_dead_session_says_so() -> None:
+    d = ready_driver()
+    d(TransportLost("gone"))
+    store = only(of_type(d(HostSupply(6, "r9", (key(1),), (3,))), StoreResult))
+    assert (store.success, store.reason) == (False, FailReason.SESSION_ENDED)
+    assert store.detail == "the session is not alive"
+
+
+def test_a_malformed_supply_is_refused_naming_the_call() -> None:
+    d = ready_driver()
+    with pytest.raises(LocalProtocolError) as err:
+        d(HostSupply(6, "r9", (key(1), key(2)), (3,)))
+    assert str(err.value) == "supply: 2 keys but 1 indexes"
+
+
+def test_a_lookup_after_its_rounds_fetch_is_a_violation_that_says_so() -> None:
+    d = ready_driver()
+    d.recv(Fetch("r1", (key(1),), (0,), 0))
+    violation = only(of_type(d.recv(Lookup("r1", (key(1),), 0)), ProtocolViolation))
+    assert violation.error.field == "round_seq"
+    assert violation.error.reason == "lookup for r1/0 after its fetch"
+
+
+def test_a_host_call_may_name_as_many_keys_as_the_limit_and_no_more() -> None:
+    d = ready_driver(local_config(limits=Limits(max_list_items=2)))
+    d(HostSupply(6, "r1", (key(1), key(2)), (1, 2)))
+    with pytest.raises(LocalProtocolError) as err:
+        d(HostSupply(7, "r2", (key(1), key(2), key(3)), (1, 2, 3)))
+    assert str(err.value) == "supply: 3 keys, more than 2"
+
+
+def test_a_malformed_fetch_is_refused_naming_the_call_and_the_index() -> None:
+    d = ready_driver()
+    with pytest.raises(LocalProtocolError) as err:
+        d(HostFetch(7, "r1", (key(1), key(2)), (1,)))
+    assert str(err.value) == "fetch: 2 keys but 1 indexes"
+    with pytest.raises(LocalProtocolError) as err:
+        d(HostFetch(7, "r1", (key(1), key(2), key(3)), (1, 3, 3)))
+    assert "destination index 3 named twice" in str(err.value)
+
+
+def test_a_fetch_naming_a_key_twice_is_a_violation_of_its_keys() -> None:
+    d = ready_driver()
+    violation = only(of_type(d.recv(Fetch("r1", (key(1), key(1)), (0, 1), 0)),
+                             ProtocolViolation))
+    assert (violation.error.field, violation.error.reason) == ("keys",
+                                                               "duplicate keys in one fetch")

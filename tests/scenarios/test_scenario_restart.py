@@ -19,8 +19,16 @@ from helpers.world import (
     sent,
 )
 
+from p2pfsm.errors import ConfigError, LocalProtocolError
 from p2pfsm.protocol import Connect, ConnectAck, Disconnect, decode, encode
-from p2pfsm.session import HostFetch, HostStart, LoadResult, RegistrationFinished, SessionDead
+from p2pfsm.session import (
+    HostFetch,
+    HostStart,
+    LoadResult,
+    RegistrationFinished,
+    Session,
+    SessionDead,
+)
 
 
 def test_our_connect_carries_our_incarnation_and_none_leaves_it_off_the_wire() -> None:
@@ -101,3 +109,19 @@ def test_the_same_incarnation_before_ready_is_a_protocol_error() -> None:
     dead = only(of_type(out, SessionDead))
     assert "connect after the handshake" in dead.reason and dead.restarted_by is None
     assert [type(m) for m in sent(out)] == [Disconnect]
+
+
+def test_an_incarnation_must_fit_64_bits() -> None:
+    assert local_config(incarnation=2**64 - 1).incarnation == 2**64 - 1
+    with pytest.raises(ConfigError) as err:
+        local_config(incarnation=2**64)
+    assert str(err.value) == ("incarnation: expected None or an int in [0, 2**64), got "
+                              "18446744073709551616")
+
+
+def test_a_new_session_knows_no_peer_and_refuses_unknown_inputs() -> None:
+    session = Session(local_config())
+    assert session.peer is None
+    with pytest.raises(LocalProtocolError) as err:
+        session.handle(object(), 0.0)  # type: ignore[arg-type]
+    assert str(err.value) == "unknown input object"

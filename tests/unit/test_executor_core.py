@@ -18,6 +18,14 @@ def test_every_output_type_has_exactly_one_executor_method() -> None:
     assert len(set(_HANDLERS.values())) == len(_HANDLERS)
 
 
+def test_an_output_without_a_method_fails_the_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check run at import names the output type that has no Executor method."""
+    monkeypatch.delitem(_HANDLERS, LookupClosed)
+    with pytest.raises(TypeError) as err:
+        check_handlers()
+    assert str(err.value) == "outputs without an Executor method: ['LookupClosed']"
+
+
 def test_an_executor_missing_a_method_fails_loudly_not_silently() -> None:
     class Partial(Executor):
         pass

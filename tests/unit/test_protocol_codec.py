@@ -352,6 +352,16 @@ def test_duplicate_map_keys_are_rejected() -> None:
     rejects(nested, "a")
 
 
+def test_a_duplicate_key_is_named_when_short_enough() -> None:
+    """The reason names the repeated key (not the first), up to 120 characters."""
+    for length, field in ((120, "k" * 120), (121, "")):
+        key = msgpack.packb("k" * length)
+        frame = (b"\x84" + msgpack.packb("type") + msgpack.packb("disconnect")
+                 + msgpack.packb("a") + b"\x00" + key + b"\x01" + key + b"\x02")
+        e = rejects(frame, field)
+        assert "duplicate map key" in str(e)
+
+
 def test_unknown_type_from_bytes() -> None:
     with pytest.raises(UnknownMessageType) as info:
         decode(pack({"type": "heartbeat", "epoch": 3}))
@@ -447,6 +457,12 @@ def test_a_rejected_fetch_still_names_its_round(over: dict[str, object]) -> None
         "not-a-fetch"])
 def test_a_rejected_frame_without_a_readable_round_names_none(over: dict[str, object]) -> None:
     assert fetch_round(msgpack.packb(_fetch_map(**over), use_bin_type=True)) is None
+
+
+def test_a_round_is_read_within_the_limits_given() -> None:
+    frame = msgpack.packb(_fetch_map(block_indexes=[1]), use_bin_type=True)
+    assert fetch_round(frame) == FetchRound("r", 3)
+    assert fetch_round(frame, Limits(max_round_seq=2)) is None
 
 
 def test_undecodable_bytes_name_no_round() -> None:

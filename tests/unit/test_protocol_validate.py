@@ -419,6 +419,14 @@ def test_a_malformed_layout_is_rejected(layout: object, field: str, words: str) 
     assert words in str(e)
 
 
+@pytest.mark.parametrize(("layout", "reason"), [
+    ([[94302290403009, 4096, 4096]], "region 0 does not start at base_addr"),
+    ([[94302290403008, 2048, 2048], [7, 2048, 1024]], "the slices do not sum to block_len"),
+])
+def test_a_layout_that_disagrees_with_its_connect_says_how(layout: object, reason: str) -> None:
+    assert rejects(wire(names.CONNECT, layout=layout), "layout").reason == reason
+
+
 def test_layout_region_count_follows_limits() -> None:
     four = [[94302290403008 + 1024 * i, 4096, 1024] for i in range(4)]
     assert from_dict(wire(names.CONNECT, layout=four), Limits(max_layout_regions=4))
@@ -555,3 +563,9 @@ def test_messages_are_frozen_and_slotted(type_name: str) -> None:
         with pytest.raises(dataclasses.FrozenInstanceError):
             setattr(msg, f.name, None)
     assert hash(msg) == hash(samples()[type_name][1])
+
+
+def test_a_frame_that_is_no_map_or_names_an_empty_id_says_so() -> None:
+    assert rejects([1], "").reason == "expected a map, got list"
+    assert rejects(wire(names.FETCH, kv_request_id=""), "kv_request_id").reason == (
+        "must not be empty")
