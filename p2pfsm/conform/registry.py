@@ -18,6 +18,7 @@ class Context:
     def __init__(self, target: Target) -> None:
         self.target = target
         self.testers: list[Tester] = []
+        self.closers: list[Callable[[], None]] = []  # run after the testers close
 
     def tester(self, timeouts: Timeouts | None = None, bind: str = "127.0.0.1:0",
                incarnation: int | None = None) -> Tester:
@@ -28,8 +29,12 @@ class Context:
         return t
 
     def close(self) -> None:
-        for t in self.testers:
-            t.close()
+        try:
+            for t in self.testers:
+                t.close()
+        finally:
+            for close in self.closers:
+                close()
 
 
 CaseRun = Callable[[Context], str]

@@ -20,6 +20,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+import torch
+
 from p2pfsm.conform.target import Target
 from p2pfsm.conform.verdict import CaseFailure
 from p2pfsm.demo.blocks import demo_block, demo_key
@@ -29,29 +31,38 @@ from p2pfsm.executor.zmq_plane import ControlPlane, FrameIn, PeerLost
 from p2pfsm.protocol import AbortAck, AbortFetch, Connect, Message, decode, encode
 from p2pfsm.session import (
     ArmTimer,
+    CancelWrite,
     DisarmTimer,
+    FetchArrived,
     FrameIgnored,
     FrameReceived,
+    HostAnswerLookup,
     HostClose,
+    HostDecline,
     HostFetch,
     HostFinish,
     HostLookup,
     HostStart,
+    HostSupply,
     Input,
     LoadResult,
+    LookupRequest,
     LookupResult,
     Output,
     ProtocolViolation,
     RegistrationFinished,
+    RoundEnded,
     SendFrame,
     Session,
     SessionConfig,
     SessionDead,
     StartRegistration,
+    StartWrite,
     Timeouts,
     TimerFired,
     TimerId,
     TransportLost,
+    WriteFinished,
 )
 
 __all__ = ["Frame", "Tester", "describe"]
@@ -108,11 +119,12 @@ class Tester:
             self.control.close()
             raise
         self.local_id = self.control.local_id
+        self.peer = target.addr  # "": a consumer target, known once its first frame comes
         t = target.deadline
         self.session = Session(SessionConfig(
             self.local_id, self.data.metadata, self.data.base_addr, NUM_BLOCKS,
             target.block_len, hash_seed=target.hash_seed,
-            config_fingerprint=target.fingerprint, expected_peer_id=target.addr,
+            config_fingerprint=target.fingerprint, expected_peer_id=target.addr or None,
             timeouts=timeouts or Timeouts(handshake=t, load=t, abort_ack=t, lookup=t),
             incarnation=incarnation))
         self.frames: list[Frame] = []
@@ -130,16 +142,37 @@ class Tester:
         self._excused: list[tuple[str, int]] = []  # our off-script aborts not yet acked
         self._last_in: Message | None = None  # the frame the session is handling
         self._job = 0
+        # Producer side (a consumer target): what we hold, how we answer, what came.
+        self.held = {demo_key(b): b for b in range(min(target.blocks, NUM_BLOCKS))}
+        self.serve = "supply"
+        """A fetch is answered with: "supply" (what we hold; the rest declined),
+        "decline" (transfer_done(false)) or "silent" (never)."""
+        self.arrived: list[FetchArrived] = []
+        self.asked: list[LookupRequest] = []
+        self.ended: list[RoundEnded] = []
+        self.ack_delay = 0.0  # seconds our registration (so our connect_ack) waits
+        self.hold_abort_acks = False  # keep our abort_acks until release_abort_acks()
+        self.held_acks: list[Message] = []
+        self.on_sent: Callable[[Message], None] | None = None  # hears our session's frames
+        self._pending_reg: tuple[float, Connect] | None = None
+        self._writes: dict[int, int] = {}  # our WRITE id -> the session's xfer
+        self._write_ids = 0
+        if not target.addr:
+            region = self.data.region
+            assert region is not None
+            for b in self.held.values():
+                region[b].copy_(torch.frombuffer(bytearray(demo_block(b, target.block_len)),
+                                                 dtype=region.dtype))
 
     # -- wire ---------------------------------------------------------------------
 
     def dial(self) -> None:
         """Open our DEALER to the target (once)."""
-        if not self._dialled:
+        if not self._dialled and self.target.addr:
             try:
-                self.control.connect(self.target.addr)
+                self.control.connect(self.peer)
             except TransportError as exc:
-                raise CaseFailure("a target to dial", f"cannot dial {self.target.addr}: "
+                raise CaseFailure("a target to dial", f"cannot dial {self.peer}: "
                                   f"{exc}") from None
             self._dialled = True
 
@@ -147,7 +180,7 @@ class Tester:
         """Send bytes the session knows nothing of (a deviant frame)."""
         self.dial()
         self.frames.append(Frame(self.now(), True, None, text))
-        self.control.send(self.target.addr, frame)
+        self.control.send(self.peer, frame)
 
     def send(self, msg: Message, *, off_script: bool = True) -> None:
         """Send a well-formed frame (behind the session's back unless the session sent
@@ -157,7 +190,7 @@ class Tester:
         if off_script and isinstance(msg, AbortFetch):
             self._excused.append((msg.kv_request_id, msg.round_seq))
         self.frames.append(Frame(self.now(), True, msg, describe(msg)))
-        self.control.send(self.target.addr, encode(msg))
+        self.control.send(self.peer, encode(msg))
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -171,9 +204,41 @@ class Tester:
     def apply(self, outputs: Sequence[Output]) -> None:
         for out in outputs:
             if isinstance(out, SendFrame):
+                if self.hold_abort_acks and isinstance(out.message, AbortAck):
+                    self.held_acks.append(out.message)
+                    continue
                 self.send(out.message, off_script=False)
+                if self.on_sent is not None:
+                    self.on_sent(out.message)
             elif isinstance(out, StartRegistration):
-                self.feed(self._register(out.connect))
+                if self.ack_delay > 0:
+                    self._pending_reg = (time.monotonic() + self.ack_delay, out.connect)
+                else:
+                    self.feed(self._register(out.connect))
+            elif isinstance(out, FetchArrived):
+                self.arrived.append(out)
+                self._answer_fetch(out)
+            elif isinstance(out, LookupRequest):
+                self.asked.append(out)
+                job = self.next_job()
+                hits = {k: self.held[k] for k in out.keys if k in self.held}
+                self.feed(HostAnswerLookup(out.token, hits, job if hits else None))
+            elif isinstance(out, RoundEnded):
+                self.ended.append(out)
+            elif isinstance(out, StartWrite):
+                self._write_ids += 1
+                try:
+                    self.data.write(self._write_ids, self.peer, out.local_indexes,
+                                    out.remote_indexes)
+                except TransportError:
+                    self.feed(WriteFinished(out.xfer, False))
+                else:
+                    self._writes[self._write_ids] = out.xfer
+            elif isinstance(out, CancelWrite):
+                for wid, xfer in list(self._writes.items()):
+                    if xfer == out.xfer and self.data.cancel(wid):
+                        del self._writes[wid]
+                        self.feed(WriteFinished(xfer, False))
             elif isinstance(out, ArmTimer):
                 self._timers[out.timer] = out.deadline
             elif isinstance(out, DisarmTimer):
@@ -194,6 +259,24 @@ class Tester:
             elif isinstance(out, SessionDead):
                 self.dead = out
 
+    def _answer_fetch(self, out: FetchArrived) -> None:
+        """Answer a fetch of the target as :attr:`serve` says."""
+        if self.serve == "silent":
+            return
+        missing = out.missing
+        have = [k for k in missing if k in self.held]
+        if self.serve == "decline" or len(have) < len(missing):
+            self.feed(HostDecline(out.kv_request_id, out.round_seq))
+        elif have:
+            self.feed(HostSupply(self.next_job(), out.kv_request_id, tuple(have),
+                                 tuple(self.held[k] for k in have)))
+
+    def release_abort_acks(self) -> None:
+        """Send the abort_acks :attr:`hold_abort_acks` kept back."""
+        held, self.held_acks = self.held_acks, []
+        for msg in held:
+            self.send(msg, off_script=False)
+
     def _excuse(self) -> bool:
         """Whether the frame just rejected answers an abort we sent off-script (and
         the session is ready, so its only fault is that our session did not ask)."""
@@ -209,7 +292,7 @@ class Tester:
 
     def _register(self, connect: Connect) -> RegistrationFinished:
         try:
-            self.data.add_peer(self.target.addr, connect.agent_metadata, connect.base_addr,
+            self.data.add_peer(self.peer, connect.agent_metadata, connect.base_addr,
                                connect.num_blocks, connect.block_len, connect.layout)
         except TransportError as exc:
             return RegistrationFinished(False, str(exc))
@@ -238,13 +321,20 @@ class Tester:
         """Wait at most ``seconds`` for frames; progress NIXL; fire due timers."""
         events = self.control.poll(max(0, int(min(seconds, _TICK_S) * 1000)))
         self.data.progress()
-        self.data.poll()
+        for wid, ok in self.data.poll():
+            xfer = self._writes.pop(wid, None)  # type: ignore[call-overload]
+            if xfer is not None:
+                self.feed(WriteFinished(xfer, ok))
+        if self._pending_reg is not None and self._pending_reg[0] <= time.monotonic():
+            connect = self._pending_reg[1]
+            self._pending_reg = None
+            self.feed(self._register(connect))
         for ev in events:
             if isinstance(ev, FrameIn):
                 self._on_frame(ev)
             elif isinstance(ev, PeerLost):
                 self.lost.append(f"{ev.peer_id}: {ev.reason}")
-                if ev.peer_id == self.target.addr and self.session.alive:
+                if ev.peer_id == self.peer and self.session.alive:
                     self.feed(TransportLost(ev.reason))
         now = time.monotonic()
         for timer, deadline in list(self._timers.items()):
@@ -253,7 +343,9 @@ class Tester:
                 self.feed(TimerFired(timer))
 
     def _on_frame(self, ev: FrameIn) -> None:
-        if ev.peer_id != self.target.addr:
+        if not self.peer:  # a consumer target: its identity is that of its first frame
+            self.peer = ev.peer_id
+        if ev.peer_id != self.peer:
             self.other_ids.append(ev.peer_id)
         try:
             msg: Message | None = decode(ev.frame)
@@ -266,6 +358,8 @@ class Tester:
             self.feed(FrameReceived(ev.frame))
         else:  # delivered once our session starts (a case may send before it does)
             self._held.append(ev.frame)
+            if not self.target.addr:  # a consumer target dialled us: answer its connect
+                self.start()
         self._last_in = None
 
     def wait(self, done: Callable[[], bool], timeout: float) -> bool:
@@ -314,7 +408,7 @@ class Tester:
             raise CaseFailure("every frame of the target accepted by p2pfsm's session "
                               "machines in the state it arrived in", self.summary())
         if self.other_ids:
-            raise CaseFailure(f"frames only from the identity {self.target.addr!r}",
+            raise CaseFailure(f"frames only from the identity {self.peer!r}",
                               f"frames from {sorted(set(self.other_ids))}")
 
     # -- loads --------------------------------------------------------------------
