@@ -17,6 +17,7 @@ from typing import Final
 
 import msgpack
 
+from p2pfsm.conform import producer_cases  # noqa: F401  (its cases come first in the registry)
 from p2pfsm.conform.registry import Context, case
 from p2pfsm.conform.tester import Tester
 from p2pfsm.conform.verdict import CaseFailure, NotApplicable

@@ -27,11 +27,12 @@ def test_the_case_list_is_the_registry() -> None:
 
 
 def test_the_p2pfsm_report_passes_every_case() -> None:
-    rows = re.findall(r"^\| `([^`]+)` \| producer \| (\S+) \|", _section("## Report: p2pfsm"),
-                      re.M)
-    assert dict(rows) == {c.id: "pass" for c in cases_for("producer")}
+    for role in ("producer", "consumer"):
+        rows = re.findall(rf"^\| `([^`]+)` \| {role} \| (\S+) \|",
+                          _section("## Report: p2pfsm"), re.M)
+        assert dict(rows) == {c.id: "pass" for c in cases_for(role)}, role
 
 
 def test_every_case_has_a_role_description_and_rule() -> None:
     for c in CASES.values():
-        assert c.role == "producer" and c.description and c.rule, c.id
+        assert c.role in ("producer", "consumer") and c.description and c.rule, c.id
