@@ -1,6 +1,6 @@
-"""docs/conformance.md keeps up with the suite: its case list names every case with its
-description, and the p2pfsm report lists every case as passing (the integration test
-measures that against ``p2pfsm serve``)."""
+"""docs/conformance.md keeps up with the suite: its case lists (one per role) name every
+case with its description, and the p2pfsm report lists every case as passing (the
+integration tests measure that against ``p2pfsm serve`` and ``p2pfsm fetch``)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,9 @@ def _section(title: str) -> str:
 
 
 def test_the_case_list_is_the_registry() -> None:
-    listed = re.findall(r"^\| `([^`]+)` \| (.+?) \| .+ \|$", _section("## Cases"), re.M)
+    listed = [row for role in ("producer", "consumer")
+              for row in re.findall(r"^\| `([^`]+)` \| (.+?) \| .+ \|$",
+                                    _section(f"## Cases ({role} role)"), re.M)]
     assert [case for case, _ in listed] == list(CASES)
     for case, description in listed:
         assert description == CASES[case].description, case
