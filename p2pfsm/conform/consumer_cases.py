@@ -110,16 +110,12 @@ def _served(t: Tester) -> int:
 
 def _first_fetch(t: Tester, c: Consumer, what: str) -> Fetch:
     t.expect(lambda: bool(t.arrived) or not c.running(), what,
-             timeout=_limit_of(t))
+             timeout=2 * t.target.deadline)
     fetches = [m for m in t.received("fetch") if isinstance(m, Fetch)]
     if not fetches:
         raise CaseFailure(what, f"the consumer exited {c.proc.returncode} first; "
                           + t.summary())
     return fetches[0]
-
-
-def _limit_of(t: Tester) -> float:
-    return 2 * t.target.deadline
 
 
 def _pd(ctx: Context, t: Tester, rule: str, keys: str = "0-7", mode: str = "pd") -> Consumer:
@@ -330,15 +326,9 @@ def stale_done(ctx: Context) -> str:
     t = ctx.tester()
     t.serve = "silent"
     c = Consumer(ctx, t, "0-3")
-    fetch_seen: list[Fetch] = []
-
-    def stale() -> list[Message]:
-        f = _first_fetch(t, c, "a fetch")
-        fetch_seen.append(f)
-        return [TransferDone(f.kv_request_id, False, f.round_seq + 100),
-                TransferDone("conform-unknown-request", False, 0)]
-    extra = stale()
-    _after_fetch(ctx, t, c, [], extra)
+    f = _first_fetch(t, c, "a fetch")
+    _after_fetch(ctx, t, c, [], [TransferDone(f.kv_request_id, False, f.round_seq + 100),
+                                 TransferDone("conform-unknown-request", False, 0)])
     rule = "stale transfer_done ignored"
     rc = c.wait(rule, _limit(ctx))
     t.check_clean()

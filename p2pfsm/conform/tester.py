@@ -3,8 +3,11 @@
 A :class:`Tester` binds a :class:`~p2pfsm.executor.zmq_plane.ControlPlane` on loopback
 (a ROUTER in, a DEALER to the target, the protocol's socket pattern) and registers a
 host region with a :class:`~p2pfsm.executor.nixl_plane.DataPlane` (a real NIXL agent).
-Its side of the conversation is a consumer :class:`~p2pfsm.session.Session`: every
-frame the target sends is fed to it, and a frame the session rejects (a
+Its side of the conversation is a :class:`~p2pfsm.session.Session`: the consumer's
+against a producer target (it dials the target), the producer's against a consumer
+target (``Target.addr`` empty: it waits for the target to connect, learns its identity
+from its first frame, and serves its fetches with real WRITEs). Every frame the target
+sends is fed to it, and a frame the session rejects (a
 :class:`~p2pfsm.session.ProtocolViolation`: no declared transition accepts it, or it
 is malformed) is recorded as a violation of the models. Cases may also send frames
 the session would never send (:meth:`Tester.send`, :meth:`Tester.send_raw`), to see
