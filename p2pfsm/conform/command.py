@@ -72,9 +72,9 @@ def _probe(host: str, port: int, url: str, timeout: float) -> None:
 def rerun_command(args: argparse.Namespace, case_id: str) -> str:
     """The command line that runs ``case_id`` (ids, comma-separated; "" for every case of
     the role) against the same target."""
-    words = ["p2pfsm", "conform", "--role", args.role]
-    words += (["--consumer-cmd", args.consumer_cmd] if args.role == "consumer"
-              else ["--target", args.target])
+    words = (["p2pfsm", "conform", "--role", args.role, "--consumer-cmd", args.consumer_cmd]
+             if args.role == "consumer" else
+             ["p2pfsm", "conform", "--target", args.target, "--role", args.role])
     if case_id:
         words += ["--cases", case_id]
     for opt, default in (("block_len", 4096), ("hash_seed", "vllm-none-hash"),
