@@ -1,6 +1,7 @@
 """``p2pfsm conform --role consumer`` against ``p2pfsm fetch`` (a subprocess per case):
 every consumer-role case passes; a consumer that never connects fails the cases it
-touches, naming the rule and a command that re-runs each alone."""
+touches, naming the rule and a command that re-runs each alone; a scripted consumer that
+breaks an abort rule fails the case that looks at it."""
 
 from __future__ import annotations
 
@@ -59,3 +60,24 @@ def test_a_consumer_that_never_connects_fails(tmp_path: Path,
     assert "no frame at all" in err
     assert "re-run: p2pfsm conform --role consumer --consumer-cmd" in err
     assert "--cases consumer.handshake" in err
+
+
+@pytest.mark.parametrize("mode, case, got", [
+    ("frees", "consumer.abort-quiescence", "fetch(round_seq=1) into the same blocks before "
+     "our abort_ack"),
+    ("reuse", "consumer.round-isolation", "fetch round_seq 0 again after round 0"),
+])
+def test_a_consumer_that_breaks_the_abort_rules_fails(
+        mode: str, case: str, got: str, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The suite can fail the abort cases: a scripted consumer fetches again into the
+    blocks of an unacked abort (``frees``), or reuses the aborted round (``reuse``)."""
+    report = tmp_path / "report.json"
+    fake = shlex.join([sys.executable, str(ROOT / "tests" / "helpers" / "fake_consumer.py")])
+    rc = _conform(fake + " {addr} " + mode + " {repeat}", "--cases", case,
+                  "--json", str(report))
+    err = capsys.readouterr().err
+    assert rc == 1
+    (result,) = json.loads(report.read_text())["cases"]
+    assert (result["case"], result["verdict"]) == (case, "fail"), err
+    assert got in result["got"], result["got"]
