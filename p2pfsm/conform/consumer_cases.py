@@ -200,6 +200,35 @@ def lookup(ctx: Context) -> str:
     return f"lookup of {len(asked)} key(s), fetch of {len(fetched)}"
 
 
+@case("consumer.lookup-split", CONSUMER, "a lookup answered in two lookup_resp frames, "
+      "the second one window after the first (hits and a miss): the consumer waits for "
+      "every key's answer, fetches only hits, and reports success",
+      "client_lookup: every key's answer counts, in as many lookup_resp frames as the "
+      "producer sends (split answers allowed); the fetch names hits only")
+def lookup_split(ctx: Context) -> str:
+    if ctx.target.blocks < 4:
+        raise NotApplicable("fewer than 4 demo blocks (--target-blocks)")
+    t = ctx.tester(lookups_in_parts=True)
+    t.split_lookups = True
+    c = Consumer(ctx, t, f"0-3,{ctx.target.blocks + 1000}", "sym")
+    rule = "a split lookup answer waited for, then a fetch of its hits only"
+    t.expect(lambda: bool(t.asked) or not c.running(), "a lookup",
+             timeout=2 * ctx.target.deadline)
+    t.observe()
+    t.answer_parked()
+    rc = c.wait(rule, _limit(ctx))
+    t.check_clean()
+    _reported(c, rc, True, rule)
+    if not t.asked:
+        raise CaseFailure(rule, "no lookup; " + t.summary())
+    fetched = {k for a in t.arrived for k in a.keys}
+    if any(k not in t.held for k in fetched):
+        raise CaseFailure(rule, "a fetched key that was a miss; " + t.summary())
+    answers = sum(1 for f in t.frames if f.sent and f.message is not None
+                  and f.message.TYPE == "lookup_resp")
+    return f"{answers} lookup_resp, fetch of {len(fetched)}"
+
+
 HOLD_ACKS: Final = 3
 """Our abort_ack is held back this many times the consumer's abort-ack timeout."""
 

@@ -109,7 +109,8 @@ class Tester:
     """One tester identity against ``target``: its sockets, its memory, its session."""
 
     def __init__(self, target: Target, *, timeouts: Timeouts | None = None,
-                 bind: str = "127.0.0.1:0", incarnation: int | None = None) -> None:
+                 bind: str = "127.0.0.1:0", incarnation: int | None = None,
+                 lookups_in_parts: bool = False) -> None:
         self.target = target
         self.t0 = time.monotonic()
         self._closed = False
@@ -129,7 +130,7 @@ class Tester:
             target.block_len, hash_seed=target.hash_seed,
             config_fingerprint=target.fingerprint, expected_peer_id=target.addr or None,
             timeouts=timeouts or Timeouts(handshake=t, load=t, abort_ack=t, lookup=t),
-            incarnation=incarnation))
+            incarnation=incarnation, answer_lookups_in_parts=lookups_in_parts))
         self.frames: list[Frame] = []
         self.violations: list[str] = []
         self.ignored: list[str] = []
@@ -154,6 +155,8 @@ class Tester:
         self.asked: list[LookupRequest] = []
         self.ended: list[RoundEnded] = []
         self.ack_delay = 0.0  # seconds our registration (so our connect_ack) waits
+        self.split_lookups = False  # answer half a lookup now, the rest on answer_parked()
+        self._parked: list[tuple[int, tuple[bytes, ...]]] = []
         self.hold_abort_acks = False  # keep our abort_acks until release_abort_acks()
         self.held_acks: list[Message] = []
         self.on_sent: Callable[[Message], None] | None = None  # hears our session's frames
@@ -223,9 +226,12 @@ class Tester:
                 self._answer_fetch(out)
             elif isinstance(out, LookupRequest):
                 self.asked.append(out)
-                job = self.next_job()
-                hits = {k: self.held[k] for k in out.keys if k in self.held}
-                self.feed(HostAnswerLookup(out.token, hits, job if hits else None))
+                now: tuple[bytes, ...] = out.keys
+                later: tuple[bytes, ...] = ()
+                if self.split_lookups:
+                    now, later = out.keys[:len(out.keys) // 2], out.keys[len(out.keys) // 2:]
+                    self._parked.append((out.token, later))
+                self._answer_lookup(out.token, now, frozenset(later))
             elif isinstance(out, RoundEnded):
                 self.ended.append(out)
             elif isinstance(out, StartWrite):
@@ -273,6 +279,17 @@ class Tester:
         elif have:
             self.feed(HostSupply(self.next_job(), out.kv_request_id, tuple(have),
                                  tuple(self.held[k] for k in have)))
+
+    def _answer_lookup(self, token: int, keys: Sequence[bytes],
+                       pending: frozenset[bytes] = frozenset()) -> None:
+        hits = {k: self.held[k] for k in keys if k in self.held}
+        self.feed(HostAnswerLookup(token, hits, self.next_job() if hits else None, pending))
+
+    def answer_parked(self) -> None:
+        """Answer the keys :attr:`split_lookups` left pending."""
+        parked, self._parked = self._parked, []
+        for token, keys in parked:
+            self._answer_lookup(token, keys)
 
     def release_abort_acks(self) -> None:
         """Send the abort_acks :attr:`hold_abort_acks` kept back."""
