@@ -343,7 +343,7 @@ def _after_fetch(ctx: Context, t: Tester, c: Consumer, deviant: list[tuple[bytes
     t.serve = "supply"
     for arrived in list(t.arrived):
         if arrived.kv_request_id == fetch.kv_request_id:
-            t._answer_fetch(arrived)
+            t.answer_fetch(arrived)
 
 
 @case("consumer.stale-done", CONSUMER, "a transfer_done(false) for a round the consumer "

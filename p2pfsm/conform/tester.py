@@ -223,7 +223,7 @@ class Tester:
                     self.feed(self._register(out.connect))
             elif isinstance(out, FetchArrived):
                 self.arrived.append(out)
-                self._answer_fetch(out)
+                self.answer_fetch(out)
             elif isinstance(out, LookupRequest):
                 self.asked.append(out)
                 now: tuple[bytes, ...] = out.keys
@@ -268,7 +268,7 @@ class Tester:
             elif isinstance(out, SessionDead):
                 self.dead = out
 
-    def _answer_fetch(self, out: FetchArrived) -> None:
+    def answer_fetch(self, out: FetchArrived) -> None:
         """Answer a fetch of the target as :attr:`serve` says."""
         if self.serve == "silent":
             return
