@@ -21,6 +21,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "identity it must present); required unless --list")
     p.add_argument("--role", choices=("producer", "consumer"), default="producer",
                    help="the role tested; the tester takes the other (default: producer)")
+    p.add_argument("--consumer-cmd", default=None, metavar="COMMAND",
+                   help="--role consumer: the command that runs the consumer under test "
+                        "against our producer, with {addr} (our HOST:PORT), {keys}, {mode} "
+                        "(pd|sym), {load_timeout}, {abort_ack_timeout} and {repeat} filled "
+                        "in; exit 0 = every load done and verified")
     p.add_argument("--cases", default=None, metavar="ID,...",
                    help="only these cases (default: every case of the role); --list "
                         "shows them")
@@ -67,7 +72,9 @@ def _probe(host: str, port: int, url: str, timeout: float) -> None:
 def rerun_command(args: argparse.Namespace, case_id: str) -> str:
     """The command line that runs ``case_id`` (ids, comma-separated; "" for every case of
     the role) against the same target."""
-    words = ["p2pfsm", "conform", "--target", args.target, "--role", args.role]
+    words = (["p2pfsm", "conform", "--role", args.role, "--consumer-cmd", args.consumer_cmd]
+             if args.role == "consumer" else
+             ["p2pfsm", "conform", "--target", args.target, "--role", args.role])
     if case_id:
         words += ["--cases", case_id]
     for opt, default in (("block_len", 4096), ("hash_seed", "vllm-none-hash"),
@@ -91,14 +98,21 @@ def run(args: argparse.Namespace) -> int:
         for c in cases:
             print(f"{c.id:28} {c.role:9} {c.description}")
         return 0
-    if args.target is None:
-        raise ConfigError("--target tcp://HOST:PORT is required")
     if not cases:
         raise ConfigError(f"no case for the {args.role} role yet")
-    addr, host, port = _target_addr(args.target)
-    _probe(host, port, args.target, args.deadline)
-    target = Target(addr, args.block_len, args.hash_seed, args.fingerprint,
-                    args.target_blocks, args.window, args.deadline)
+    if args.role == "consumer":
+        if not args.consumer_cmd:
+            raise ConfigError("--role consumer needs --consumer-cmd COMMAND")
+        target = Target("", args.block_len, args.hash_seed, args.fingerprint,
+                        args.target_blocks, args.window, args.deadline, args.consumer_cmd)
+        args.target = f"consumer: {args.consumer_cmd}"
+    else:
+        if args.target is None:
+            raise ConfigError("--target tcp://HOST:PORT is required")
+        addr, host, port = _target_addr(args.target)
+        _probe(host, port, args.target, args.deadline)
+        target = Target(addr, args.block_len, args.hash_seed, args.fingerprint,
+                        args.target_blocks, args.window, args.deadline)
 
     def progress(r: object) -> None:
         if not args.quiet:

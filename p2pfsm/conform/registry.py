@@ -18,18 +18,24 @@ class Context:
     def __init__(self, target: Target) -> None:
         self.target = target
         self.testers: list[Tester] = []
+        self.closers: list[Callable[[], None]] = []  # run after the testers close
 
     def tester(self, timeouts: Timeouts | None = None, bind: str = "127.0.0.1:0",
-               incarnation: int | None = None) -> Tester:
+               incarnation: int | None = None, lookups_in_parts: bool = False) -> Tester:
         """A fresh tester (its own sockets, NIXL agent and session); ``bind`` the same
         ``host:port`` as an earlier one to come back under its identity."""
-        t = Tester(self.target, timeouts=timeouts, bind=bind, incarnation=incarnation)
+        t = Tester(self.target, timeouts=timeouts, bind=bind, incarnation=incarnation,
+                   lookups_in_parts=lookups_in_parts)
         self.testers.append(t)
         return t
 
     def close(self) -> None:
-        for t in self.testers:
-            t.close()
+        try:
+            for t in self.testers:
+                t.close()
+        finally:
+            for close in self.closers:
+                close()
 
 
 CaseRun = Callable[[Context], str]

@@ -18,6 +18,13 @@ class Target:
         blocks: demo blocks ``0..blocks-1`` the target holds (``p2pfsm.demo.blocks``).
         window: seconds of an observation window ("the target sends nothing").
         deadline: seconds the target has to answer what it must answer.
+        consumer_cmd: for the consumer role (``addr`` is then ""), a command template
+            that runs the target's consumer against our address: ``{addr}`` (our
+            ``HOST:PORT``), ``{keys}`` (demo blocks, e.g. ``0-7``), ``{mode}`` (``pd`` or
+            ``sym``), ``{load_timeout}`` and ``{abort_ack_timeout}`` (seconds),
+            ``{repeat}`` (fetches of the same request, one after another). Exit status
+            0 means the consumer reports every load done and verified; anything else,
+            a failed load.
     """
 
     addr: str
@@ -27,3 +34,4 @@ class Target:
     blocks: int = 16
     window: float = 1.0
     deadline: float = 10.0
+    consumer_cmd: str = ""

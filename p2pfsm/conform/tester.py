@@ -3,8 +3,11 @@
 A :class:`Tester` binds a :class:`~p2pfsm.executor.zmq_plane.ControlPlane` on loopback
 (a ROUTER in, a DEALER to the target, the protocol's socket pattern) and registers a
 host region with a :class:`~p2pfsm.executor.nixl_plane.DataPlane` (a real NIXL agent).
-Its side of the conversation is a consumer :class:`~p2pfsm.session.Session`: every
-frame the target sends is fed to it, and a frame the session rejects (a
+Its side of the conversation is a :class:`~p2pfsm.session.Session`: the consumer's
+against a producer target (it dials the target), the producer's against a consumer
+target (``Target.addr`` empty: it waits for the target to connect, learns its identity
+from its first frame, and serves its fetches with real WRITEs). Every frame the target
+sends is fed to it, and a frame the session rejects (a
 :class:`~p2pfsm.session.ProtocolViolation`: no declared transition accepts it, or it
 is malformed) is recorded as a violation of the models. Cases may also send frames
 the session would never send (:meth:`Tester.send`, :meth:`Tester.send_raw`), to see
@@ -20,6 +23,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+import torch
+
 from p2pfsm.conform.target import Target
 from p2pfsm.conform.verdict import CaseFailure
 from p2pfsm.demo.blocks import demo_block, demo_key
@@ -29,29 +34,38 @@ from p2pfsm.executor.zmq_plane import ControlPlane, FrameIn, PeerLost
 from p2pfsm.protocol import AbortAck, AbortFetch, Connect, Message, decode, encode
 from p2pfsm.session import (
     ArmTimer,
+    CancelWrite,
     DisarmTimer,
+    FetchArrived,
     FrameIgnored,
     FrameReceived,
+    HostAnswerLookup,
     HostClose,
+    HostDecline,
     HostFetch,
     HostFinish,
     HostLookup,
     HostStart,
+    HostSupply,
     Input,
     LoadResult,
+    LookupRequest,
     LookupResult,
     Output,
     ProtocolViolation,
     RegistrationFinished,
+    RoundEnded,
     SendFrame,
     Session,
     SessionConfig,
     SessionDead,
     StartRegistration,
+    StartWrite,
     Timeouts,
     TimerFired,
     TimerId,
     TransportLost,
+    WriteFinished,
 )
 
 __all__ = ["Frame", "Tester", "describe"]
@@ -95,7 +109,8 @@ class Tester:
     """One tester identity against ``target``: its sockets, its memory, its session."""
 
     def __init__(self, target: Target, *, timeouts: Timeouts | None = None,
-                 bind: str = "127.0.0.1:0", incarnation: int | None = None) -> None:
+                 bind: str = "127.0.0.1:0", incarnation: int | None = None,
+                 lookups_in_parts: bool = False) -> None:
         self.target = target
         self.t0 = time.monotonic()
         self._closed = False
@@ -108,13 +123,14 @@ class Tester:
             self.control.close()
             raise
         self.local_id = self.control.local_id
+        self.peer = target.addr  # "": a consumer target, known once its first frame comes
         t = target.deadline
         self.session = Session(SessionConfig(
             self.local_id, self.data.metadata, self.data.base_addr, NUM_BLOCKS,
             target.block_len, hash_seed=target.hash_seed,
-            config_fingerprint=target.fingerprint, expected_peer_id=target.addr,
+            config_fingerprint=target.fingerprint, expected_peer_id=target.addr or None,
             timeouts=timeouts or Timeouts(handshake=t, load=t, abort_ack=t, lookup=t),
-            incarnation=incarnation))
+            incarnation=incarnation, answer_lookups_in_parts=lookups_in_parts))
         self.frames: list[Frame] = []
         self.violations: list[str] = []
         self.ignored: list[str] = []
@@ -130,16 +146,39 @@ class Tester:
         self._excused: list[tuple[str, int]] = []  # our off-script aborts not yet acked
         self._last_in: Message | None = None  # the frame the session is handling
         self._job = 0
+        # Producer side (a consumer target): what we hold, how we answer, what came.
+        self.held = {demo_key(b): b for b in range(min(target.blocks, NUM_BLOCKS))}
+        self.serve = "supply"
+        """A fetch is answered with: "supply" (what we hold; the rest declined),
+        "decline" (transfer_done(false)) or "silent" (never)."""
+        self.arrived: list[FetchArrived] = []
+        self.asked: list[LookupRequest] = []
+        self.ended: list[RoundEnded] = []
+        self.ack_delay = 0.0  # seconds our registration (so our connect_ack) waits
+        self.split_lookups = False  # answer half a lookup now, the rest on answer_parked()
+        self._parked: list[tuple[int, tuple[bytes, ...]]] = []
+        self.hold_abort_acks = False  # keep our abort_acks until release_abort_acks()
+        self.held_acks: list[Message] = []
+        self.on_sent: Callable[[Message], None] | None = None  # hears our session's frames
+        self._pending_reg: tuple[float, Connect] | None = None
+        self._writes: dict[int, int] = {}  # our WRITE id -> the session's xfer
+        self._write_ids = 0
+        if not target.addr:
+            region = self.data.region
+            assert region is not None
+            for b in self.held.values():
+                region[b].copy_(torch.frombuffer(bytearray(demo_block(b, target.block_len)),
+                                                 dtype=region.dtype))
 
     # -- wire ---------------------------------------------------------------------
 
     def dial(self) -> None:
         """Open our DEALER to the target (once)."""
-        if not self._dialled:
+        if not self._dialled and self.target.addr:
             try:
-                self.control.connect(self.target.addr)
+                self.control.connect(self.peer)
             except TransportError as exc:
-                raise CaseFailure("a target to dial", f"cannot dial {self.target.addr}: "
+                raise CaseFailure("a target to dial", f"cannot dial {self.peer}: "
                                   f"{exc}") from None
             self._dialled = True
 
@@ -147,7 +186,7 @@ class Tester:
         """Send bytes the session knows nothing of (a deviant frame)."""
         self.dial()
         self.frames.append(Frame(self.now(), True, None, text))
-        self.control.send(self.target.addr, frame)
+        self.control.send(self.peer, frame)
 
     def send(self, msg: Message, *, off_script: bool = True) -> None:
         """Send a well-formed frame (behind the session's back unless the session sent
@@ -157,7 +196,7 @@ class Tester:
         if off_script and isinstance(msg, AbortFetch):
             self._excused.append((msg.kv_request_id, msg.round_seq))
         self.frames.append(Frame(self.now(), True, msg, describe(msg)))
-        self.control.send(self.target.addr, encode(msg))
+        self.control.send(self.peer, encode(msg))
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -171,9 +210,44 @@ class Tester:
     def apply(self, outputs: Sequence[Output]) -> None:
         for out in outputs:
             if isinstance(out, SendFrame):
+                if self.hold_abort_acks and isinstance(out.message, AbortAck):
+                    self.held_acks.append(out.message)
+                    continue
                 self.send(out.message, off_script=False)
+                if self.on_sent is not None:
+                    self.on_sent(out.message)
             elif isinstance(out, StartRegistration):
-                self.feed(self._register(out.connect))
+                if self.ack_delay > 0:
+                    self._pending_reg = (time.monotonic() + self.ack_delay, out.connect)
+                else:
+                    self.feed(self._register(out.connect))
+            elif isinstance(out, FetchArrived):
+                self.arrived.append(out)
+                self.answer_fetch(out)
+            elif isinstance(out, LookupRequest):
+                self.asked.append(out)
+                now: tuple[bytes, ...] = out.keys
+                later: tuple[bytes, ...] = ()
+                if self.split_lookups:
+                    now, later = out.keys[:len(out.keys) // 2], out.keys[len(out.keys) // 2:]
+                    self._parked.append((out.token, later))
+                self._answer_lookup(out.token, now, frozenset(later))
+            elif isinstance(out, RoundEnded):
+                self.ended.append(out)
+            elif isinstance(out, StartWrite):
+                self._write_ids += 1
+                try:
+                    self.data.write(self._write_ids, self.peer, out.local_indexes,
+                                    out.remote_indexes)
+                except TransportError:
+                    self.feed(WriteFinished(out.xfer, False))
+                else:
+                    self._writes[self._write_ids] = out.xfer
+            elif isinstance(out, CancelWrite):
+                for wid, xfer in list(self._writes.items()):
+                    if xfer == out.xfer and self.data.cancel(wid):
+                        del self._writes[wid]
+                        self.feed(WriteFinished(xfer, False))
             elif isinstance(out, ArmTimer):
                 self._timers[out.timer] = out.deadline
             elif isinstance(out, DisarmTimer):
@@ -194,6 +268,35 @@ class Tester:
             elif isinstance(out, SessionDead):
                 self.dead = out
 
+    def answer_fetch(self, out: FetchArrived) -> None:
+        """Answer a fetch of the target as :attr:`serve` says."""
+        if self.serve == "silent":
+            return
+        missing = out.missing
+        have = [k for k in missing if k in self.held]
+        if self.serve == "decline" or len(have) < len(missing):
+            self.feed(HostDecline(out.kv_request_id, out.round_seq))
+        elif have:
+            self.feed(HostSupply(self.next_job(), out.kv_request_id, tuple(have),
+                                 tuple(self.held[k] for k in have)))
+
+    def _answer_lookup(self, token: int, keys: Sequence[bytes],
+                       pending: frozenset[bytes] = frozenset()) -> None:
+        hits = {k: self.held[k] for k in keys if k in self.held}
+        self.feed(HostAnswerLookup(token, hits, self.next_job() if hits else None, pending))
+
+    def answer_parked(self) -> None:
+        """Answer the keys :attr:`split_lookups` left pending."""
+        parked, self._parked = self._parked, []
+        for token, keys in parked:
+            self._answer_lookup(token, keys)
+
+    def release_abort_acks(self) -> None:
+        """Send the abort_acks :attr:`hold_abort_acks` kept back."""
+        held, self.held_acks = self.held_acks, []
+        for msg in held:
+            self.send(msg, off_script=False)
+
     def _excuse(self) -> bool:
         """Whether the frame just rejected answers an abort we sent off-script (and
         the session is ready, so its only fault is that our session did not ask)."""
@@ -209,7 +312,7 @@ class Tester:
 
     def _register(self, connect: Connect) -> RegistrationFinished:
         try:
-            self.data.add_peer(self.target.addr, connect.agent_metadata, connect.base_addr,
+            self.data.add_peer(self.peer, connect.agent_metadata, connect.base_addr,
                                connect.num_blocks, connect.block_len, connect.layout)
         except TransportError as exc:
             return RegistrationFinished(False, str(exc))
@@ -238,13 +341,20 @@ class Tester:
         """Wait at most ``seconds`` for frames; progress NIXL; fire due timers."""
         events = self.control.poll(max(0, int(min(seconds, _TICK_S) * 1000)))
         self.data.progress()
-        self.data.poll()
+        for wid, ok in self.data.poll():
+            xfer = self._writes.pop(wid, None)  # type: ignore[call-overload]
+            if xfer is not None:
+                self.feed(WriteFinished(xfer, ok))
+        if self._pending_reg is not None and self._pending_reg[0] <= time.monotonic():
+            connect = self._pending_reg[1]
+            self._pending_reg = None
+            self.feed(self._register(connect))
         for ev in events:
             if isinstance(ev, FrameIn):
                 self._on_frame(ev)
             elif isinstance(ev, PeerLost):
                 self.lost.append(f"{ev.peer_id}: {ev.reason}")
-                if ev.peer_id == self.target.addr and self.session.alive:
+                if ev.peer_id == self.peer and self.session.alive:
                     self.feed(TransportLost(ev.reason))
         now = time.monotonic()
         for timer, deadline in list(self._timers.items()):
@@ -253,7 +363,9 @@ class Tester:
                 self.feed(TimerFired(timer))
 
     def _on_frame(self, ev: FrameIn) -> None:
-        if ev.peer_id != self.target.addr:
+        if not self.peer:  # a consumer target: its identity is that of its first frame
+            self.peer = ev.peer_id
+        if ev.peer_id != self.peer:
             self.other_ids.append(ev.peer_id)
         try:
             msg: Message | None = decode(ev.frame)
@@ -266,6 +378,8 @@ class Tester:
             self.feed(FrameReceived(ev.frame))
         else:  # delivered once our session starts (a case may send before it does)
             self._held.append(ev.frame)
+            if not self.target.addr:  # a consumer target dialled us: answer its connect
+                self.start()
         self._last_in = None
 
     def wait(self, done: Callable[[], bool], timeout: float) -> bool:
@@ -314,7 +428,7 @@ class Tester:
             raise CaseFailure("every frame of the target accepted by p2pfsm's session "
                               "machines in the state it arrived in", self.summary())
         if self.other_ids:
-            raise CaseFailure(f"frames only from the identity {self.target.addr!r}",
+            raise CaseFailure(f"frames only from the identity {self.peer!r}",
                               f"frames from {sorted(set(self.other_ids))}")
 
     # -- loads --------------------------------------------------------------------

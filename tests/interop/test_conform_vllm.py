@@ -1,19 +1,25 @@
-"""``p2pfsm conform`` against a vLLM 0.33.0 node (``python -m p2pfsm.vllm.peer server``,
-vLLM's own sessions): the suite runs, gives a verdict for every producer-role case,
-and the cases vLLM fails are exactly those docs/conformance.md lists as its known
-failures (a failure of vLLM is a finding, not a failure of this test; a change in
-which cases fail is). The vLLM node must survive the suite and exit cleanly."""
+"""``p2pfsm conform`` against vLLM 0.33.0 (vLLM's own sessions): the producer cases
+against its node (``python -m p2pfsm.vllm.peer server``), which must survive the suite
+and exit cleanly, and the consumer cases against its client (``... client``, one per
+case). Each role gives a verdict for every case, and the cases vLLM fails are exactly
+those docs/conformance.md lists as its known failures (a failure of vLLM is a finding,
+not a failure of this test; a change in which cases fail is)."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import shlex
 from pathlib import Path
 
 import pytest
 from test_vllm_interop import (  # type: ignore[import-not-found]
+    BLOCK_LEN,
+    CONFIG_JSON,
     FP,
     ROOT,
+    VLLM_PYTHON,
     PeerProcess,
     _opt_in,  # noqa: F401  (the suite's opt-in, autouse here too)
     procs,  # noqa: F401  (fixture)
@@ -31,15 +37,15 @@ DOC = ROOT / "docs" / "conformance.md"
 SECTION = "## Report: vLLM 0.33.0"
 
 
-def documented_failures() -> tuple[set[str], set[str]]:
-    """The case ids docs/conformance.md's vLLM report marks ``fail`` (always) and
-    ``fail (race)`` (fails or passes, depending on timing inside vLLM)."""
+def documented_failures(role: str = "producer") -> tuple[set[str], set[str]]:
+    """The ``role`` case ids docs/conformance.md's vLLM report marks ``fail`` (always)
+    and ``fail (race)`` (fails or passes, depending on timing inside vLLM)."""
     text = DOC.read_text()
     section = text[text.index(SECTION):]
     end = section.find("\n## ", len(SECTION))
     section = section if end < 0 else section[:end]
-    always = set(re.findall(r"^\| `([^`]+)` \| producer \| fail \|", section, re.M))
-    racy = set(re.findall(r"^\| `([^`]+)` \| producer \| fail \(race\) \|", section, re.M))
+    always = set(re.findall(rf"^\| `([^`]+)` \| {role} \| fail \|", section, re.M))
+    racy = set(re.findall(rf"^\| `([^`]+)` \| {role} \| fail \(race\) \|", section, re.M))
     return always, racy
 
 
@@ -66,3 +72,31 @@ def test_conform_against_vllm(procs: list[PeerProcess], tmp_path: Path,  # noqa:
         f"(and maybe {sorted(racy)})\n{out.err}")
     summary = stop_vllm_server(server)
     assert summary, server.tail()
+
+
+def test_conform_consumer_against_vllm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    path = os.environ.get("PYTHONPATH", "")
+    monkeypatch.setenv("PYTHONPATH", str(ROOT) + (os.pathsep + path if path else ""))
+    config = CONFIG_JSON.replace("{", "{{").replace("}", "}}")  # literal in the template
+    client = shlex.join([str(VLLM_PYTHON), "-m", "p2pfsm.vllm.peer", "client",
+                         "--block-len", str(BLOCK_LEN), "--config-json", config]) + (
+        " --connect {addr} --keys {keys} --mode {mode} --load-timeout {load_timeout}"
+        " --abort-ack-timeout {abort_ack_timeout} --repeat {repeat}")
+    report = tmp_path / "vllm-consumer.json"
+    table = tmp_path / "vllm-consumer.md"
+    rc = main(["conform", "--role", "consumer", "--consumer-cmd", client,
+               "--fingerprint", FP, "--json", str(report), "--markdown", str(table)])
+    out = capsys.readouterr()
+    with capsys.disabled():
+        print("\n" + table.read_text())
+    verdicts = {c["case"]: c["verdict"] for c in json.loads(report.read_text())["cases"]}
+    assert set(verdicts) == {c.id for c in CASES.values() if c.role == "consumer"}
+    assert set(verdicts.values()) <= {"pass", "fail"}, verdicts
+    failed = {case for case, v in verdicts.items() if v == "fail"}
+    assert rc == (1 if failed else 0), out.err
+    always, racy = documented_failures("consumer")
+    assert always, "docs/conformance.md lists no vLLM consumer failure: the parse is broken"
+    assert always <= failed <= always | racy, (
+        f"vLLM's consumer failures changed: now {sorted(failed)}, documented "
+        f"{sorted(always)} (and maybe {sorted(racy)})\n{out.err}")

@@ -1,6 +1,6 @@
-"""docs/conformance.md keeps up with the suite: its case list names every case with its
-description, and the p2pfsm report lists every case as passing (the integration test
-measures that against ``p2pfsm serve``)."""
+"""docs/conformance.md keeps up with the suite: its case lists (one per role) name every
+case with its description, and the p2pfsm report lists every case as passing (the
+integration tests measure that against ``p2pfsm serve`` and ``p2pfsm fetch``)."""
 
 from __future__ import annotations
 
@@ -20,18 +20,21 @@ def _section(title: str) -> str:
 
 
 def test_the_case_list_is_the_registry() -> None:
-    listed = re.findall(r"^\| `([^`]+)` \| (.+?) \| .+ \|$", _section("## Cases"), re.M)
+    listed = [row for role in ("producer", "consumer")
+              for row in re.findall(r"^\| `([^`]+)` \| (.+?) \| .+ \|$",
+                                    _section(f"## Cases ({role} role)"), re.M)]
     assert [case for case, _ in listed] == list(CASES)
     for case, description in listed:
         assert description == CASES[case].description, case
 
 
 def test_the_p2pfsm_report_passes_every_case() -> None:
-    rows = re.findall(r"^\| `([^`]+)` \| producer \| (\S+) \|", _section("## Report: p2pfsm"),
-                      re.M)
-    assert dict(rows) == {c.id: "pass" for c in cases_for("producer")}
+    for role in ("producer", "consumer"):
+        rows = re.findall(rf"^\| `([^`]+)` \| {role} \| (\S+) \|",
+                          _section("## Report: p2pfsm"), re.M)
+        assert dict(rows) == {c.id: "pass" for c in cases_for(role)}, role
 
 
 def test_every_case_has_a_role_description_and_rule() -> None:
     for c in CASES.values():
-        assert c.role == "producer" and c.description and c.rule, c.id
+        assert c.role in ("producer", "consumer") and c.description and c.rule, c.id

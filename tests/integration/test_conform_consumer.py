@@ -1,0 +1,83 @@
+"""``p2pfsm conform --role consumer`` against ``p2pfsm fetch`` (a subprocess per case):
+every consumer-role case passes; a consumer that never connects fails the cases it
+touches, naming the rule and a command that re-runs each alone; a scripted consumer that
+breaks an abort rule fails the case that looks at it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+from p2pfsm.cli import main
+from p2pfsm.conform.registry import CASES
+
+ROOT = Path(__file__).resolve().parents[2]
+CLI = [sys.executable, "-c", "from p2pfsm.cli import main; raise SystemExit(main())"]
+FETCH = shlex.join([*CLI, "fetch"]) + (
+    " --connect tcp://{addr} --keys {keys} --mode {mode} --load-timeout {load_timeout}"
+    " --abort-ack-timeout {abort_ack_timeout} --repeat {repeat}")
+
+
+@pytest.fixture(autouse=True)
+def _import_this_checkout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The consumer subprocesses import p2pfsm from this checkout."""
+    path = os.environ.get("PYTHONPATH", "")
+    monkeypatch.setenv("PYTHONPATH", str(ROOT) + (os.pathsep + path if path else ""))
+
+
+def _conform(cmd: str, *extra: str) -> int:
+    return main(["conform", "--role", "consumer", "--consumer-cmd", cmd, "--window", "0.5",
+                 "--deadline", "5", *extra])
+
+
+def test_every_consumer_case_passes_against_p2pfsm_fetch(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    report = tmp_path / "report.json"
+    rc = _conform(FETCH, "--json", str(report))
+    out = capsys.readouterr()
+    verdicts = {c["case"]: c["verdict"] for c in json.loads(report.read_text())["cases"]}
+    assert set(verdicts) == {c.id for c in CASES.values() if c.role == "consumer"}
+    assert verdicts == dict.fromkeys(verdicts, "pass"), out.err
+    assert rc == 0
+
+
+def test_a_consumer_that_never_connects_fails(tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """The suite can fail: a "consumer" that exits 0 at once never fetches."""
+    report = tmp_path / "report.json"
+    idle = shlex.join([sys.executable, "-c", "raise SystemExit(0)"]) + " {addr}"
+    rc = _conform(idle, "--cases", "consumer.handshake,consumer.transfer-failed",
+                  "--json", str(report))
+    err = capsys.readouterr().err
+    assert rc == 1
+    verdicts = {c["case"]: c["verdict"] for c in json.loads(report.read_text())["cases"]}
+    assert verdicts == {"consumer.handshake": "fail", "consumer.transfer-failed": "fail"}
+    assert "no frame at all" in err
+    assert "re-run: p2pfsm conform --role consumer --consumer-cmd" in err
+    assert "--cases consumer.handshake" in err
+
+
+@pytest.mark.parametrize("mode, case, got", [
+    ("frees", "consumer.abort-quiescence", "fetch(round_seq=1) into the same blocks before "
+     "our abort_ack"),
+    ("reuse", "consumer.round-isolation", "fetch round_seq 0 again after round 0"),
+])
+def test_a_consumer_that_breaks_the_abort_rules_fails(
+        mode: str, case: str, got: str, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The suite can fail the abort cases: a scripted consumer fetches again into the
+    blocks of an unacked abort (``frees``), or reuses the aborted round (``reuse``)."""
+    report = tmp_path / "report.json"
+    fake = shlex.join([sys.executable, str(ROOT / "tests" / "helpers" / "fake_consumer.py")])
+    rc = _conform(fake + " {addr} " + mode + " {repeat}", "--cases", case,
+                  "--json", str(report))
+    err = capsys.readouterr().err
+    assert rc == 1
+    (result,) = json.loads(report.read_text())["cases"]
+    assert (result["case"], result["verdict"]) == (case, "fail"), err
+    assert got in result["got"], result["got"]
