@@ -14,6 +14,9 @@ from p2pfsm.errors import ConfigError, TransportError
 
 __all__ = ["add_arguments", "run"]
 
+_ISSUE29 = {"concurrency", "large", "throughput"}
+"""Suites that --vs-vllm runs instead of the matrix."""
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``p2pfsm bench``."""
@@ -119,8 +122,8 @@ def run(args: argparse.Namespace) -> int:
                 continue
             results[f"connect {shape}"] = got
             text.append(report.format_loop(f"{shape} from {peer}", got))
-    elif args.vs_vllm and set(args.suite) <= {"concurrency", "throughput"}:
-        pass  # those suites add their vLLM cells themselves
+    elif args.vs_vllm and _ISSUE29 & set(args.suite):
+        pass  # those suites run (concurrency and throughput add their vLLM cells)
     elif args.vs_vllm:
         from p2pfsm.bench import matrix
 
@@ -134,8 +137,6 @@ def run(args: argparse.Namespace) -> int:
     chosen = tuple(dict.fromkeys(s for name in args.suite
                                  for s in (report.SUITES if name == "all" else (name,))))
     suites = () if args.connect is not None or (args.vs_vllm and everything) else chosen
-    if args.vs_vllm and not set(chosen) <= {"concurrency", "throughput"}:
-        suites = tuple(s for s in suites if s not in ("concurrency", "throughput"))
     if args.vs_vllm and everything:
         suites = ("transfer",)
     with contextlib.ExitStack() as stack:
@@ -222,7 +223,7 @@ def _run_issue29_suites(args: argparse.Namespace, suites: tuple[str, ...],
                         progress: Callable[[str], None], results: dict[str, Any],
                         text: list[str]) -> None:
     """The concurrency, large and throughput suites (each with its own peer process)."""
-    if {"concurrency", "large", "throughput"} & set(suites):
+    if _ISSUE29 & set(suites):
         from p2pfsm.demo.host import require_data_plane
 
         require_data_plane()
