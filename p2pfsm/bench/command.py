@@ -105,6 +105,10 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--rounds: expected at least 2, got {args.rounds}")
     from p2pfsm.bench import report
 
+    if args.plot is not None:  # before measuring: a missing matplotlib must not cost a run
+        from p2pfsm.bench import plot
+
+        plot._pyplot()
     results: dict[str, Any] = {}
     text: list[str] = []
     if args.connect is not None:
