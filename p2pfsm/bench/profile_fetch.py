@@ -7,7 +7,13 @@ both nodes until all are done. First without a profiler: the CPU seconds
 (``time.thread_time``) of each node's steps per fetch. Then with one
 :class:`cProfile.Profile` per side (enabled only around that node's steps): the top
 functions by own thread-CPU time, as shares of the profiled time and those shares
-of the unprofiled CPU per fetch (the profiler inflates every call). Loopback only; bounded by a deadline per round.
+of the unprofiled CPU per fetch (the profiler inflates every call). Loopback only;
+bounded by a deadline per round.
+
+``--send-probe``: instead, a raw DEALER -> ROUTER send of a 120-byte frame, back to back
+and after a gap (busy-waited) in which libzmq's I/O thread goes idle: wall and thread
+CPU medians and the context switches inside ``send`` (why a send costs more inside a
+node than in a tight loop).
 """
 
 from __future__ import annotations
@@ -38,6 +44,48 @@ def _rounds(node: Any, server: Any, parts: list[Any], rounds: int,
             p.check(f)
 
 
+def send_probe(sends: int = 400) -> None:
+    """Print the cost of a raw DEALER send back to back and after 0.2 / 1 ms gaps."""
+    import resource
+    import statistics
+
+    import zmq
+
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.connect(f"tcp://127.0.0.1:{port}")
+    frame = b"f" * 120
+    try:
+        dealer.send(frame)
+        if not router.poll(10_000):
+            raise RuntimeError("send probe: no frame within 10 s")
+        router.recv_multipart()
+        for gap in (0.0, 0.0002, 0.001):
+            wall, cpu, switches = [], [], 0
+            for _ in range(sends):
+                t = time.perf_counter()
+                while time.perf_counter() - t < gap:  # busy: our thread stays on its core
+                    pass
+                u0 = resource.getrusage(resource.RUSAGE_THREAD)
+                t0, c0 = time.perf_counter(), time.thread_time()
+                dealer.send(frame, zmq.NOBLOCK)
+                cpu.append(time.thread_time() - c0)
+                wall.append(time.perf_counter() - t0)
+                u1 = resource.getrusage(resource.RUSAGE_THREAD)
+                switches += u1.ru_nvcsw - u0.ru_nvcsw + u1.ru_nivcsw - u0.ru_nivcsw
+                while router.poll(0):
+                    router.recv_multipart()
+            print(f"gap {gap * 1e3:.1f} ms: send wall median {statistics.median(wall) * 1e6:.1f} "
+                  f"us, thread CPU median {statistics.median(cpu) * 1e6:.1f} us, "
+                  f"{switches} context switches in {sends} sends")
+    finally:
+        dealer.close(linger=0)
+        router.close(linger=0)
+        ctx.term()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from p2pfsm.bench.transfer import _Fetcher
     from p2pfsm.demo.host import DemoServer
@@ -49,7 +97,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--block-len", type=int, default=64 * 1024)
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--top", type=int, default=18)
+    ap.add_argument("--send-probe", action="store_true")
     args = ap.parse_args(argv)
+    if args.send_probe:
+        send_probe()
+        return 0
     total = args.width * args.blocks
     server = DemoServer(NodeConfig("tcp://127.0.0.1:0", total, args.block_len))
     node = Node(NodeConfig("tcp://127.0.0.1:0", total, args.block_len))
