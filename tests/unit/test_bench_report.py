@@ -195,7 +195,7 @@ def test_concurrency_table_has_a_row_per_width_and_the_vllm_ratio() -> None:
         "fanout": [{"consumers": 4, "fetches_each": 2, "setup_s": 1.0, "span_s": 0.1,
                     "aggregate_gbps": 1.68, "latency_ms": _flat(3.0), "load": 2.0}]})
     assert "   64       10.00         5.00    1.68     3.36  0.50x   2.0" in text
-    assert "C=64: all done 7.00 ms, 2.40 GB/s; p2pfsm 0.70x faster" in text
+    assert "C=64: all done 7.00 ms, 2.40 GB/s; vLLM's time / p2pfsm's 0.70x" in text
     assert "0.50x the GB/s of one 256-block fetch" in text
 
 
