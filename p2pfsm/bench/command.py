@@ -14,11 +14,14 @@ from p2pfsm.errors import ConfigError, TransportError
 
 __all__ = ["add_arguments", "run"]
 
+_ISSUE29 = {"concurrency", "large", "throughput"}
+"""Suites that --vs-vllm runs instead of the matrix."""
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``p2pfsm bench``."""
     p.add_argument("--suite", choices=("fsm", "transfer", "sweep", "workloads", "layouts",
-                                       "peers", "all"),
+                                       "peers", "concurrency", "large", "throughput", "all"),
                    default=["all"], nargs="+",
                    help="fsm: control events through the machines vs open rounds; transfer: "
                         "fetches between two processes vs raw NIXL and ZeroMQ; sweep: GB/s "
@@ -26,7 +29,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "fan-out, soak, CPU per GB, large-region handshake; layouts: a "
                         "cache per layer (K/V apart) vs one region and vs the raw WRITE of "
                         "its descriptors; peers: idle "
-                        "peers on one serve; all: fsm and transfer; several may be given")
+                        "peers on one serve; concurrency: C concurrent fetches on one "
+                        "session vs one fetch of all their blocks, C consumer processes on "
+                        "one producer; large: 16 MiB to 512 MiB fetches vs the raw WRITE; "
+                        "throughput: fetches per second per core at saturation; all: fsm and "
+                        "transfer; several may be given")
     p.add_argument("--peers", type=positive(int), default=128,
                    help="peers: how many idle clients")
     p.add_argument("--connect", metavar="tcp://HOST:PORT", default=None,
@@ -71,6 +78,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-memory-check", action="store_true",
                    help="workloads: run the region and fan-out workloads even when the "
                         "memory available now looks too small for them (skipped otherwise)")
+    p.add_argument("--widths", nargs="+", default=["1", "4", "16", "64"],
+                   help="concurrency: concurrent fetches of 4 x 64 KiB on one session")
+    p.add_argument("--fanout-consumers", type=positive(int), nargs="*", default=[4, 16, 64],
+                   help="concurrency: consumer-process counts of the fan-out (none: skip)")
+    p.add_argument("--large-mib", type=positive(int), nargs="+", default=[16, 128, 512],
+                   help="large: fetch sizes in MiB")
+    p.add_argument("--large-blocks", nargs="+", default=["64KiB", "2MiB"],
+                   help="large: block sizes (e.g. 64KiB 2MiB)")
+    p.add_argument("--throughput-peers", type=positive(int), default=4,
+                   help="throughput: consumer nodes")
+    p.add_argument("--in-flight", type=positive(int), default=16,
+                   help="throughput: fetches in flight per consumer node (at most 16)")
+    p.add_argument("--throughput-fetches", type=positive(int), default=4000,
+                   help="throughput: fetches of the measured window")
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -84,6 +105,10 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--rounds: expected at least 2, got {args.rounds}")
     from p2pfsm.bench import report
 
+    if args.plot is not None:  # before measuring: a missing matplotlib must not cost a run
+        from p2pfsm.bench import plot
+
+        plot._pyplot()
     results: dict[str, Any] = {}
     text: list[str] = []
     if args.connect is not None:
@@ -101,6 +126,8 @@ def run(args: argparse.Namespace) -> int:
                 continue
             results[f"connect {shape}"] = got
             text.append(report.format_loop(f"{shape} from {peer}", got))
+    elif args.vs_vllm and _ISSUE29 & set(args.suite):
+        pass  # those suites run (concurrency and throughput add their vLLM cells)
     elif args.vs_vllm:
         from p2pfsm.bench import matrix
 
@@ -193,3 +220,50 @@ def _run_suites(args: argparse.Namespace, suites: tuple[str, ...], stack: contex
         results["peers"] = got_peers = peers.run(count=args.peers, window_s=args.idle_seconds,
                                                  progress=progress)
         text += ["", peers.format_peers(got_peers)]
+    _run_issue29_suites(args, suites, progress, results, text)
+
+
+def _run_issue29_suites(args: argparse.Namespace, suites: tuple[str, ...],
+                        progress: Callable[[str], None], results: dict[str, Any],
+                        text: list[str]) -> None:
+    """The concurrency, large and throughput suites (each with its own peer process)."""
+    if _ISSUE29 & set(suites):
+        from p2pfsm.demo.host import require_data_plane
+
+        require_data_plane()
+    if "concurrency" in suites:
+        from p2pfsm.bench import concurrency
+
+        results["concurrency"] = got_c = concurrency.run(
+            widths=concurrency.parse_widths(args.widths), rounds=args.rounds,
+            consumers=tuple(args.fanout_consumers), fanout_fetches=args.fanout_fetches,
+            progress=progress, memory_check=not args.no_memory_check)
+        if args.vs_vllm:
+            from p2pfsm.bench import vllm_concurrency
+
+            got_c["vllm"] = vllm_concurrency.run(
+                widths=concurrency.parse_widths(args.widths), rounds=args.rounds,
+                progress=progress)
+        text += ["", concurrency.format_concurrency(got_c)]
+    if "large" in suites:
+        from p2pfsm.bench import large
+        from p2pfsm.bench.report import parse_shape
+
+        block_lens = tuple(parse_shape(f"1x{b}")[1] for b in args.large_blocks)
+        results["large"] = got_l = large.run(sizes_mib=tuple(args.large_mib),
+                                             blocks=block_lens, rounds=args.rounds,
+                                             progress=progress)
+        text += ["", large.format_large(got_l)]
+    if "throughput" in suites:
+        from p2pfsm.bench import throughput
+
+        rows = [throughput.run(peers=args.throughput_peers, in_flight=args.in_flight,
+                               fetches=args.throughput_fetches, progress=progress)]
+        if args.vs_vllm:
+            from p2pfsm.bench import vllm_concurrency
+
+            rows.append(vllm_concurrency.throughput(
+                peers=args.throughput_peers, in_flight=args.in_flight,
+                fetches=args.throughput_fetches, progress=progress))
+        results["throughput"] = rows
+        text += ["", throughput.format_throughput(rows)]

@@ -1,6 +1,7 @@
 """PNG figures of a ``p2pfsm bench`` result (``--plot DIR``; needs matplotlib, the ``plot``
 extra): latency CDFs of the vLLM/p2pfsm matrix and of the fan-out workload, GB/s vs
-block size, per-event cost vs open rounds. Only what the result holds is drawn."""
+block size, per-event cost vs open rounds, GB/s vs concurrency and vs fetch size. Only
+what the result holds is drawn."""
 
 from __future__ import annotations
 
@@ -76,6 +77,48 @@ def write_all(results: dict[str, Any], directory: str) -> list[Path]:
         ax.set(xscale="log", xlabel="open rounds (0 drawn at 1)", ylabel="µs per event",
                title="per-event cost vs open rounds", ylim=(0, None))
         paths.append(out / "event-cost-vs-open-rounds.png")
+        fig.savefig(paths[-1], dpi=100, bbox_inches="tight")
+        plt.close(fig)
+    paths += _issue29(plt, results, out)
+    return paths
+
+
+def _issue29(plt: Any, results: dict[str, Any], out: Path) -> list[Path]:
+    """GB/s vs concurrency (concurrency suite) and vs fetch size (large suite)."""
+    paths: list[Path] = []
+    conc = results.get("concurrency", {})
+    if conc.get("widths"):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        rows = conc["widths"]
+        xs = [r["width"] for r in rows]
+        ax.plot(xs, [r["aggregate_gbps"] for r in rows], marker="o",
+                label="p2pfsm: C concurrent fetches")
+        ax.plot(xs, [r["single_gbps"] for r in rows], marker="o", linestyle="--",
+                label="p2pfsm: one fetch of all C x 4 blocks")
+        if conc.get("vllm"):
+            ax.plot([r["width"] for r in conc["vllm"]],
+                    [r["aggregate_gbps"] for r in conc["vllm"]], marker="s",
+                    label="vLLM 0.33.0: C concurrent fetches")
+        ax.set(xscale="log", xlabel="concurrent fetches of 4 x 64 KiB (C)",
+               ylabel="aggregate GB/s", title="GB/s vs concurrency (one session)", ylim=(0, None))
+        ax.legend(fontsize=8)
+        paths.append(out / "gbps-vs-concurrency.png")
+        fig.savefig(paths[-1], dpi=100, bbox_inches="tight")
+        plt.close(fig)
+    cells = results.get("large", {}).get("cells", [])
+    if cells:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for bl in sorted({c["block_len"] for c in cells}):
+            mine = [c for c in cells if c["block_len"] == bl]
+            xs = [c["total"] / 2**20 for c in mine]
+            ax.plot(xs, [c["fetch_gbps"] for c in mine], marker="o",
+                    label=f"fetch, {bl // 1024} KiB blocks")
+            ax.plot(xs, [c["raw_gbps"] for c in mine], marker="x", linestyle="--",
+                    label=f"raw WRITE, {bl // 1024} KiB blocks")
+        ax.set(xscale="log", xlabel="fetch size [MiB]", ylabel="GB/s",
+               title="GB/s vs fetch size", ylim=(0, None))
+        ax.legend(fontsize=8)
+        paths.append(out / "gbps-vs-size.png")
         fig.savefig(paths[-1], dpi=100, bbox_inches="tight")
         plt.close(fig)
     return paths

@@ -151,12 +151,18 @@ class CompiledMachine:
         return None
 
 
+_CONTAINERS = (dict, list, set)
+_PLAIN = frozenset({int, bool, float, str, bytes, tuple, frozenset, type(None)})
+"""Types that are never containers to copy: one set lookup settles most attributes
+(the isinstance check, which also catches subclasses, runs only for the rest)."""
+
+
 def _snapshot(obj: object) -> list[tuple[str, object]]:
     """Copies of the attributes named by ``obj.fsm_data`` (containers copied one level)."""
     saved: list[tuple[str, object]] = []
     for name in getattr(obj, "fsm_data", ()):
         value = getattr(obj, name)
-        if isinstance(value, dict | list | set):
+        if type(value) not in _PLAIN and isinstance(value, _CONTAINERS):
             value = value.copy()
         saved.append((name, value))
     return saved

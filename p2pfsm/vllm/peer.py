@@ -809,6 +809,106 @@ def run_links(args: argparse.Namespace) -> int:
     return 0 if all(k.session is not None for k in links) and not failed else 1
 
 
+def _drive(links: Sequence[Link], want: dict[int, Link], end: float) -> None:
+    """Pump ``links`` until every job in ``want`` has its load result (or ``end``)."""
+    while want and time.monotonic() < end and not _STOP:
+        for k in links:
+            k.pump()
+        for k in links:
+            for r in k.loads:
+                if r.job_id in want:
+                    if not r.success:
+                        raise RuntimeError(f"load {r.job_id} failed")
+                    del want[r.job_id]
+            k.loads.clear()
+        if want:
+            wait_for_frames(links[0].transport)
+    if want:
+        raise RuntimeError(f"{len(want)} loads not done in time")
+
+
+def run_concurrent(args: argparse.Namespace) -> int:
+    """``--concurrent C``: ``--repeat`` rounds of C fetches of ``--per-request`` blocks
+    issued together on one session, polled until all are done; each round's seconds.
+    With ``--links-count P`` and ``--saturate N`` instead: P sessions each keeping
+    ``--concurrent`` one-block fetches in flight until N are done; CPU seconds of this
+    process over that window. One ``result`` line."""
+    vllm_client._LOAD_TIMEOUT_S = args.load_timeout
+    per, width = args.per_request, args.concurrent
+    links = [Link(args, width * per) for _ in range(args.links_count)]
+    wait_ready(links, args.handshake_timeout)
+    if not all(k.session.ready for k in links):
+        emit("result", success=False, error="handshake did not complete")
+        return 1
+    job = 0
+    report: dict[str, Any] = {"success": True, "sessions": links[0].kind}
+    try:
+        if args.saturate:
+            def start(k: Link, slot: int) -> int:
+                nonlocal job
+                job += 1
+                k.session.request_blocks(job, f"sat-{job}", [OffloadKey(demo_key(slot))],
+                                         [slot])
+                return job
+
+            for phase, count in (("warm", max(width * len(links), args.saturate // 10)),
+                                 ("run", args.saturate)):
+                if phase == "run":  # the parent samples the server's CPU at these lines
+                    emit("window", at="start")
+                live = {start(k, j): (k, j) for k in links for j in range(width)}
+                started, done = len(live), 0
+                t0, c0 = time.perf_counter(), time.process_time()
+                end = time.monotonic() + args.max_seconds
+                while live and time.monotonic() < end and not _STOP:
+                    for k in links:
+                        k.pump()
+                    for k in links:
+                        for r in k.loads:
+                            if not r.success:
+                                raise RuntimeError(f"load {r.job_id} failed")
+                            kj = live.pop(r.job_id)
+                            done += 1
+                            if started < count:
+                                live[start(*kj)] = kj
+                                started += 1
+                        k.loads.clear()
+                    if live:
+                        wait_for_frames(links[0].transport)
+                if live:
+                    raise RuntimeError(f"{len(live)} loads not done in time")
+                if phase == "run":
+                    emit("window", at="end")
+                    report.update(fetches=done, wall_s=time.perf_counter() - t0,
+                                  cpu_s=time.process_time() - c0)
+        else:
+            link = links[0]
+            times = []
+            for rnd in range(args.repeat + 2):
+                link.region[:] = 0
+                t0 = time.perf_counter()
+                want = {}
+                for i in range(width):
+                    job += 1
+                    blocks = list(range(i * per, (i + 1) * per))
+                    link.session.request_blocks(job, f"conc-{rnd}-{i}",
+                                                [OffloadKey(demo_key(b)) for b in blocks],
+                                                blocks)
+                    want[job] = link
+                _drive(links, want, time.monotonic() + args.load_timeout)
+                if rnd >= 2:
+                    times.append(time.perf_counter() - t0)
+                every = list(range(width * per))
+                if len(link.landed(every, every)) != width * per:
+                    raise RuntimeError("a concurrent fetch delivered a wrong block")
+            report["times"] = times
+    except RuntimeError as exc:
+        report.update(success=False, error=str(exc))
+    for k in links:
+        k.close({})
+    emit("result", **report)
+    return 0 if report["success"] else 1
+
+
 # ------------------------------------------------------------------------------- main
 
 
@@ -845,6 +945,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--links", default="",
                    help="SESSIONS=HOST:PORT,...: one session each, fetching in turn "
                         "(see run_links; instead of --connect)")
+    c.add_argument("--concurrent", type=int, default=0,
+                   help="fetches in flight at once (see run_concurrent)")
+    c.add_argument("--per-request", type=int, default=4, help="--concurrent: blocks each")
+    c.add_argument("--links-count", type=int, default=1, help="--saturate: sessions")
+    c.add_argument("--saturate", type=int, default=0, help="--concurrent: fetches to run")
     c.add_argument("--keys", default="0-7")
     c.add_argument("--mode", choices=("pd", "sym"), default="pd")
     c.add_argument("--request-id", default=f"vllm-interop-{uuid.uuid4().hex[:12]}")
@@ -879,6 +984,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_plan(args)
     if args.links:
         return run_links(args)
+    if args.concurrent:
+        return run_concurrent(args)
     if not args.connect:
         raise SystemExit("client: --connect HOST:PORT or --plan FILE is required")
     return run_client(args)

@@ -157,6 +157,12 @@ def runs(server: str) -> dict[str, Ran]:
                   # at that moment (2 x ~400 MiB): skipping them on a busy box made
                   # their checks fail on a missing result.
                   "--no-memory-check"],
+        # Issue 29's suites, tiny sizes: structure only.
+        "bench29": ["bench", "--suite", "concurrency", "large", "throughput", "--json",
+                    "--rounds", "2", "--widths", "1", "4", "--fanout-consumers", "2",
+                    "--fanout-fetches", "1", "--no-memory-check", "--large-mib", "2",
+                    "--large-blocks", "64KiB", "2MiB", "--throughput-peers", "2",
+                    "--in-flight", "2", "--throughput-fetches", "40"],
     }
     # UCX logs to stdout unless told otherwise; the demo raises its level so that UCX
     # surely logs, and its --json stdout must still be the one JSON line.
@@ -292,6 +298,31 @@ def test_bench_layouts_report_each_layout(runs: dict[str, Ran]) -> None:
     for row in rows:
         assert row["raw_ms"] > 0 and row["fetch_ms"] > 0 and row["rounds"] == 2, row
         assert row["slice_len"] * row["regions"] == got["block_len"]
+
+
+def test_bench_issue29_suites_report_each_cell(runs: dict[str, Ran]) -> None:
+    """Structure only: the concurrency, large and throughput suites (every fetch in them
+    was verified, or the command failed)."""
+    ran = runs["bench29"]
+    assert ran.code == 0, ran.describe()
+    got = one_json_line(ran)
+    conc = got["concurrency"]
+    assert isinstance(conc, dict)
+    assert [w["width"] for w in conc["widths"]] == [1, 4]
+    for w in conc["widths"]:
+        assert w["all_done_ms"]["median"] > 0 and w["single_ms"]["median"] > 0, w
+        assert w["ratio"] > 0 and w["aggregate_gbps"] > 0
+    assert [f["consumers"] for f in conc["fanout"]] == [2]
+    assert conc["fanout"][0]["aggregate_gbps"] > 0
+    large = got["large"]
+    assert isinstance(large, dict)
+    assert [(c["total"], c["block_len"]) for c in large["cells"]] == \
+        [(2 << 20, 64 << 10), (2 << 20, 2 << 20)]
+    assert all(c["raw_ms"]["median"] > 0 and c["ratio"] > 0 for c in large["cells"])
+    (row,) = got["throughput"]  # type: ignore[misc]
+    assert row["impl"] == "p2pfsm" and row["fetches"] == 40 and row["fetches_per_s"] > 0
+    # CPU time is counted in clock ticks (10 ms): a quick run may use less than one.
+    assert row["consumer_cpu_us"] >= 0 and row["producer_cpu_us"] >= 0
 
 
 @pytest.mark.parametrize(

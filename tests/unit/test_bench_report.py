@@ -169,3 +169,72 @@ def test_workloads_refuse_bad_sizes_before_starting_anything() -> None:
         workloads.run(soak=1)
     with pytest.raises(ConfigError, match="consumers >= 0"):
         workloads.run(consumers=-1)
+
+
+def _flat(median: float) -> dict[str, float]:
+    return {"median": median, "p10": median, "p90": median, "p99": median, "n": 3.0}
+
+
+def test_concurrency_widths_parse() -> None:
+    from p2pfsm.bench.concurrency import parse_widths
+
+    assert parse_widths(["1", "4,16", "4", "64"]) == (1, 4, 16, 64)
+    for bad in (["0"], ["x"], ["4,"], ["-1"]):
+        with pytest.raises(ConfigError, match="positive integers"):
+            parse_widths(bad)
+
+
+def test_concurrency_table_has_a_row_per_width_and_the_vllm_ratio() -> None:
+    from p2pfsm.bench.concurrency import format_concurrency
+
+    text = format_concurrency({
+        "rounds": 5, "target": 0.8,
+        "widths": [{"width": 64, "all_done_ms": _flat(10.0), "single_ms": _flat(5.0),
+                    "aggregate_gbps": 1.68, "single_gbps": 3.36, "ratio": 0.5, "load": 2.0}],
+        "vllm": [{"width": 64, "all_done_ms": _flat(7.0), "aggregate_gbps": 2.4}],
+        "fanout": [{"consumers": 4, "fetches_each": 2, "setup_s": 1.0, "span_s": 0.1,
+                    "aggregate_gbps": 1.68, "latency_ms": _flat(3.0), "load": 2.0}]})
+    assert "   64       10.00         5.00    1.68     3.36  0.50x   2.0" in text
+    assert "C=64: all done 7.00 ms, 2.40 GB/s; vLLM's time / p2pfsm's 0.70x" in text
+    assert "0.50x the GB/s of one 256-block fetch" in text
+
+
+def test_large_table_names_sizes_and_ratio() -> None:
+    from p2pfsm.bench.large import format_large
+
+    text = format_large({"rounds": 3, "target": 1.1, "cells": [
+        {"total": 16 << 20, "block_len": 2 << 20, "blocks": 8, "raw_ms": _flat(2.5),
+         "fetch_ms": _flat(3.0), "raw_gbps": 6.7, "fetch_gbps": 5.6, "ratio": 1.2, "load": 1.0}]})
+    assert "  16 MiB    2 MiB     2.50      3.00     6.70   5.60  1.20x   1.0" in text
+
+
+def test_throughput_table_has_a_row_per_implementation() -> None:
+    from p2pfsm.bench.throughput import format_throughput
+
+    row = {"impl": "p2pfsm", "peers": 4, "in_flight": 16, "fetches": 4000,
+           "fetches_per_s": 3000.0, "consumer_cpu_us": 120.0, "producer_cpu_us": 150.5,
+           "per_core": 3700.0, "load": 2.5}
+    lines = format_throughput([row, {**row, "impl": "vLLM"}]).splitlines()
+    assert len(lines) == 4 and lines[2].split() == \
+        ["p2pfsm", "4", "16", "4000", "3000", "120.0", "150.5", "3700", "2.5"]
+    assert lines[3].startswith("  vLLM ")
+
+
+def test_vllm_result_line_parses_and_failures_raise() -> None:
+    from p2pfsm.bench.vllm_concurrency import parse_result
+    from p2pfsm.errors import TransportError
+
+    ok = matrix.MARK + '{"kind": "result", "success": true, "times": [0.1]}'
+    assert parse_result(f"noise\n{ok}\n")["times"] == [0.1]
+    with pytest.raises(TransportError, match="boom"):
+        parse_result(matrix.MARK + '{"kind": "result", "success": false, "error": "boom"}')
+    with pytest.raises(TransportError, match="no result"):
+        parse_result("nothing\n")
+
+
+def test_issue29_suite_arguments() -> None:
+    args = build_parser().parse_args(["bench", "--suite", "concurrency", "large", "throughput",
+                                      "--widths", "1", "64", "--large-mib", "16",
+                                      "--fanout-consumers"])
+    assert (args.suite, args.widths, args.large_mib, args.fanout_consumers) == \
+        (["concurrency", "large", "throughput"], ["1", "64"], [16], [])

@@ -1,0 +1,104 @@
+"""``p2pfsm bench --suite throughput``: fetches per second per core at saturation.
+
+``peers`` consumer nodes in this process, each keeping ``in_flight`` one-block fetches
+of 4 KiB in flight on its session to the spawned peer process (one producer
+DemoServer), refilled as they complete, until ``fetches`` have completed. CPU seconds
+(user + system, all threads, ``/proc``) of each process over the window give the CPU
+per fetch on each side; fetches per second per core = fetches / (both sides' CPU
+seconds). Every result is checked; a failed fetch fails the suite.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from p2pfsm.bench.procstat import cpu_s
+from p2pfsm.bench.transfer import Progress, _Fetcher, _Peer
+from p2pfsm.errors import ConfigError, TransportError
+
+__all__ = ["format_throughput", "run"]
+
+_SHAPE = (16, 4 * 1024)
+_TIMEOUT = 300.0
+
+
+def _window(nodes: list[Any], fetchers: list[list[_Fetcher]], fetches: int) -> float:
+    """Keep every fetcher busy until ``fetches`` complete; the wall seconds it took."""
+    live = {(n, j): f.start() for n, row in enumerate(fetchers) for j, f in enumerate(row)}
+    started, done = len(live), 0
+    t0 = time.perf_counter()
+    deadline = time.monotonic() + _TIMEOUT
+    while live and time.monotonic() < deadline:
+        for node in nodes:
+            node.step(0)
+        for key, fut in list(live.items()):
+            if fut.done():
+                fetchers[key[0]][key[1]].check(fut)
+                done += 1
+                if started < fetches:
+                    live[key] = fetchers[key[0]][key[1]].start()
+                    started += 1
+                else:
+                    del live[key]
+    if live:
+        raise TransportError(f"throughput: {len(live)} fetches not done in {_TIMEOUT:.0f} s")
+    return time.perf_counter() - t0
+
+
+def run(peers: int = 4, in_flight: int = 16, fetches: int = 4000,
+        progress: Progress | None = None, peer: _Peer | None = None) -> dict[str, Any]:
+    """The saturation window of the module docstring, after a warm-up of one tenth."""
+    from p2pfsm.bench.workloads import load_average
+    from p2pfsm.executor.node import Node, NodeConfig
+
+    if peers < 1 or not 1 <= in_flight <= _SHAPE[0] or fetches < peers * in_flight:
+        raise ConfigError(f"throughput: need peers >= 1, 1 <= in flight <= {_SHAPE[0]}, "
+                          f"fetches >= peers x in flight; got {peers}, {in_flight}, {fetches}")
+    say = progress or (lambda _line: None)
+    own = peer is None
+    peer = peer or _Peer()
+    nodes: list[Any] = []
+    try:
+        (_, peer_id) = peer.ask("node", *_SHAPE)
+        for _ in range(peers):
+            nodes.append(Node(NodeConfig("tcp://127.0.0.1:0", *_SHAPE)))
+            session = nodes[-1].connect(peer_id)
+            nodes[-1].run_until(lambda s=session: s.ready or not s.alive, 30.0)
+            if not session.ready:
+                raise TransportError("throughput: no handshake with the peer")
+        fetchers = [[_Fetcher(node, peer_id, 1, f"t{n}-{j}", first=j) for j in range(in_flight)]
+                    for n, node in enumerate(nodes)]
+        say(f"  throughput: {peers} peers x {in_flight} in flight, warm-up")
+        _window(nodes, fetchers, max(peers * in_flight, fetches // 10))
+        say(f"  throughput: {fetches} fetches")
+        load0 = load_average()
+        mine0, theirs0 = cpu_s(os.getpid()), cpu_s(peer.pid)
+        wall = _window(nodes, fetchers, fetches)
+        mine, theirs = cpu_s(os.getpid()) - mine0, cpu_s(peer.pid) - theirs0
+        load = (load0 + load_average()) / 2
+    finally:
+        for node in nodes:
+            node.close()
+        if own:
+            peer.stop()
+    return {"impl": "p2pfsm", "peers": peers, "in_flight": in_flight, "fetches": fetches,
+            "block_len": _SHAPE[1], "wall_s": wall, "fetches_per_s": fetches / wall,
+            "consumer_cpu_us": mine / fetches * 1e6, "producer_cpu_us": theirs / fetches * 1e6,
+            "per_core": fetches / (mine + theirs) if mine + theirs > 0 else float("nan"),
+            "load": load}
+
+
+def format_throughput(rows: list[dict[str, Any]]) -> str:
+    """Rows of :func:`run` (one per implementation) as a text table."""
+    lines = ["fetches of 1 x 4 KiB at saturation (many in flight, several peers; CPU from "
+             "/proc over the window):",
+             f"  {'impl':<7} {'peers':>5} {'in flight':>9} {'fetches':>7} {'fetch/s':>8} "
+             f"{'us CPU consumer':>15} {'us CPU producer':>15} {'fetch/s/core':>12} "
+             f"{'load':>5}"]
+    for r in rows:
+        lines.append(f"  {r['impl']:<7} {r['peers']:>5} {r['in_flight']:>9} {r['fetches']:>7} "
+                     f"{r['fetches_per_s']:>8.0f} {r['consumer_cpu_us']:>15.1f} "
+                     f"{r['producer_cpu_us']:>15.1f} {r['per_core']:>12.0f} {r['load']:>5.1f}")
+    return "\n".join(lines)
