@@ -320,10 +320,10 @@ STOCK_FAILS = {
 }
 
 
-CI_KINDS = ("sessions", "full")
-"""The two installs run in CI's interop stage; stock vLLM (its failures are recorded
-findings) and ``p2pfsm serve`` (the hostile suite runs against it in the default suite)
-are the ``slow`` rows: ``pytest -m "interop and slow" tests/interop/test_vllm_hostile.py``."""
+CI_KINDS = ("sessions", "full", "serve")
+"""The two installs and ``p2pfsm serve`` run in CI's interop stage; stock vLLM (its
+failures are recorded findings, and its flood runs are long) is the ``slow`` row:
+``pytest -m "interop and slow" tests/interop/test_vllm_hostile.py``."""
 
 
 @pytest.mark.parametrize("kind", [k if k in CI_KINDS else pytest.param(k, marks=pytest.mark.slow)
