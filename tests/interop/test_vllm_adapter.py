@@ -34,6 +34,7 @@ from test_vllm_interop import (  # type: ignore[import-not-found]
     only,
     p2pfsm_server,  # noqa: F401  (fixture)
     procs,  # noqa: F401  (fixture)
+    skip_unless_asked,
     stop_vllm_server,
     types,
     vllm_argv,
@@ -274,7 +275,9 @@ def _write_plan(path: Path, steps: list[dict[str, Any]]) -> None:
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+def world(request: pytest.FixtureRequest,
+          tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    skip_unless_asked(request.config)  # before five vLLM processes start for nothing
     plans = tmp_path_factory.mktemp("plans")
     started: list[PeerProcess] = []
 

@@ -83,13 +83,20 @@ CONFIG_JSON = json.dumps(CONFIG)
 START_TIMEOUT = 90.0  # importing vLLM takes 3-10 s on a busy 2-core box
 
 
+def skip_unless_asked(config: pytest.Config) -> None:
+    """Skip unless the run asked for interop (``-m interop``, or P2PFSM_INTEROP=1). A
+    module-scoped fixture that starts processes calls it first: it is set up before any
+    function-scoped opt-in could skip its tests."""
+    asked = "interop" in (config.getoption("markexpr", "") or "")
+    if not asked and os.environ.get("P2PFSM_INTEROP") != "1":
+        pytest.skip("vLLM interop runs only with `-m interop` (or P2PFSM_INTEROP=1)")
+
+
 @pytest.fixture(autouse=True)
 def _opt_in(request: pytest.FixtureRequest) -> None:
     """The suite takes minutes and two processes per test: it runs only when asked for
     (``-m interop``, or P2PFSM_INTEROP=1), so a plain ``pytest`` keeps its speed."""
-    asked = "interop" in (request.config.getoption("markexpr", "") or "")
-    if not asked and os.environ.get("P2PFSM_INTEROP") != "1":
-        pytest.skip("vLLM interop runs only with `-m interop` (or P2PFSM_INTEROP=1)")
+    skip_unless_asked(request.config)
 
 
 # --------------------------------------------------------------------------- processes
