@@ -483,8 +483,7 @@ class ControlPlane:
         self._check_open()
         if peer_id not in self._peers:
             entry = self._lost.get(peer_id)
-            held = self._holds_session is not None and self._holds_session(peer_id)
-            if (entry is None and not held) or self._settled() >= self._max_peers:
+            if (entry is None and not self._held(peer_id)) or self._settled() >= self._max_peers:
                 return False
             key = None if entry is None else entry[1]
             try:
@@ -706,11 +705,14 @@ class ControlPlane:
         while len(self._lost) > self._max_peers:
             self._lost.popitem(last=False)
 
+    def _held(self, peer_id: str) -> bool:
+        """The node still holds a session of ``peer_id`` that is over (``holds_session``)."""
+        return self._holds_session is not None and self._holds_session(peer_id)
+
     def _lost_from(self, peer_id: str, host: str, message: zmq.Frame) -> bool:
         """``peer_id`` was lost lately, or the node still holds its session that is over,
         and this message comes from its host."""
-        if not self._remembered(peer_id) and not (
-                self._holds_session is not None and self._holds_session(peer_id)):
+        if not self._remembered(peer_id) and not self._held(peer_id):
             return False
         source = frame_meta(message, "Peer-Address")
         return self._any_host or (source is not None and ip_of(host) == ip_of(source)
