@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from p2pfsm.argtypes import fingerprint_arg, positive
+from p2pfsm.conform.faults import FAULTS, faults_arg
 from p2pfsm.errors import ConfigError, TransportError
 
 __all__ = ["add_arguments", "run"]
@@ -34,7 +35,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="instead of the directed cases, a seeded random walk of STEPS "
                         "consumer actions (producer role)")
     p.add_argument("--seed", type=int, default=1,
-                   help="--random: the walk's seed (the same seed replays the same walk)")
+                   help="--random: the walk's seed (the same seed draws the same walk "
+                        "where the target's timing agrees)")
+    p.add_argument("--faults", type=faults_arg, default=FAULTS, metavar="LIST",
+                   help="--random: the faults the walk may draw: all (default), none, or "
+                        f"some of {','.join(FAULTS)}")
+    p.add_argument("--replay", default=None, metavar="FILE",
+                   help="run the case of a replay file (written by a failing --random) "
+                        "once, instead of the directed cases")
+    p.add_argument("--shrink-runs", type=positive(int), default=24, metavar="N",
+                   help="--random: at most N re-runs to shrink a failing walk")
+    p.add_argument("--shrink-seconds", type=positive(float), default=120.0,
+                   metavar="SECONDS", help="--random: at most this long shrinking")
     p.add_argument("--json", default=None, metavar="FILE", help="write the JSON report")
     p.add_argument("--markdown", default=None, metavar="FILE",
                    help="write the Markdown report")
@@ -100,6 +112,14 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if not cases:
         raise ConfigError(f"no case for the {args.role} role yet")
+    if args.random is not None and args.replay is not None:
+        raise ConfigError("--random and --replay exclude each other")
+    if (args.random is not None or args.replay is not None) and args.role != "producer":
+        raise ConfigError("--random/--replay: only the producer role has a walk yet")
+    if args.replay is not None:
+        from p2pfsm.conform.counterexample import read_replay
+
+        read_replay(Path(args.replay))  # a bad file is a bad argument, before any probe
     if args.role == "consumer":
         if not args.consumer_cmd:
             raise ConfigError("--role consumer needs --consumer-cmd COMMAND")
@@ -118,22 +138,19 @@ def run(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(report.summary_line(r), flush=True)  # type: ignore[arg-type]
 
-    if args.random is not None:
-        from p2pfsm.conform.random_walk import run_random
+    if args.random is not None or args.replay is not None:
+        from p2pfsm.conform.walk_command import run_walk_mode
 
-        if args.role != "producer":
-            raise ConfigError("--random: only the producer role has a walk yet")
-        results = [run_random(target, args.random, args.seed)]
-        progress(results[0])
+        results, _failed = run_walk_mode(
+            args, target, lambda: shlex.split(rerun_command(args, "")), progress)
     else:
         results = run_cases(target, cases, progress)
+        for r in results:
+            if r.verdict == "fail":
+                print(report.failure_text(r, rerun_command(args, r.case)), file=sys.stderr)
     command = shlex.join(["p2pfsm", "conform", *sys.argv[2:]]) if sys.argv[1:2] == [
         "conform"] else rerun_command(args, args.cases or "")
     failed = [r for r in results if r.verdict == "fail"]
-    for r in failed:
-        again = (rerun_command(args, "") + f" --random {args.random} --seed {args.seed}"
-                 if args.random is not None else rerun_command(args, r.case))
-        print(report.failure_text(r, again), file=sys.stderr)
     if args.json:
         Path(args.json).write_text(report.as_json(args.target, command, results))
     if args.markdown:

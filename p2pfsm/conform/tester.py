@@ -163,6 +163,7 @@ class Tester:
         self._pending_reg: tuple[float, Connect] | None = None
         self._writes: dict[int, int] = {}  # our WRITE id -> the session's xfer
         self._write_ids = 0
+        self.nixl_stalled_until = 0.0  # a fault: no NIXL progress before this monotonic time
         if not target.addr:
             region = self.data.region
             assert region is not None
@@ -340,7 +341,8 @@ class Tester:
     def pump(self, seconds: float) -> None:
         """Wait at most ``seconds`` for frames; progress NIXL; fire due timers."""
         events = self.control.poll(max(0, int(min(seconds, _TICK_S) * 1000)))
-        self.data.progress()
+        if time.monotonic() >= self.nixl_stalled_until:
+            self.data.progress()
         for wid, ok in self.data.poll():
             xfer = self._writes.pop(wid, None)  # type: ignore[call-overload]
             if xfer is not None:

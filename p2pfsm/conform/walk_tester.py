@@ -1,0 +1,147 @@
+"""The walk's tester: a :class:`~p2pfsm.conform.tester.Tester` that records every call of
+its session (for the counterexample and the spec trace) and injects the walk's faults on
+its own side of the wire.
+
+Faults, each bounded in time by its caller:
+
+- **delay** (:meth:`WalkTester.hold_sends`): our frames are held back, in order, while
+  we keep reading; the target's frames and ours cross in flight (the one reordering
+  ZeroMQ allows: each direction keeps its order, the two directions do not wait for
+  each other).
+- **reorder** (:attr:`~p2pfsm.conform.tester.Tester.nixl_stalled_until`): we keep
+  reading control frames but do not progress our NIXL agent, the passive side of the
+  target's WRITEs; a target that sends ``transfer_done`` before its WRITE completed
+  shows it as bytes missing at a successful load.
+- **pause** (:meth:`WalkTester.pause`): we do nothing at all (no reading, no NIXL
+  progress, no timers) for a while, as a peer whose process stalls; the target's
+  deadlines fire meanwhile.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, fields, is_dataclass
+
+from p2pfsm.conform.target import Target
+from p2pfsm.conform.tester import Tester, describe
+from p2pfsm.errors import MalformedFrame
+from p2pfsm.fsm import Tracer, TraceRecord
+from p2pfsm.protocol import Message, decode
+from p2pfsm.session import FrameReceived, Input, SendFrame, Timeouts, TimerFired
+from p2pfsm.spec_calls import Step, call_action, steps_of
+
+__all__ = ["Call", "WalkTester", "describe_input"]
+
+PAUSE_LIMIT_S = 5.0
+"""No pause lasts longer, whatever a step asks."""
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One call of our session during walk step ``step``: the input, the session state
+    before and after, the machine steps it fired, the frames it sent, and the spec
+    action it is (None: the spec takes no step)."""
+
+    step: int
+    at: float
+    input: str
+    before: str
+    after: str
+    records: tuple[TraceRecord, ...]
+    sent: tuple[str, ...]
+    action: str | None
+    steps: frozenset[Step]
+
+
+def describe_input(event: Input) -> str:
+    """An input of our session in one line: a frame in the protocol's words, a timer by
+    its kind, a host call by its name and short fields."""
+    if isinstance(event, FrameReceived):
+        try:
+            msg: Message | None = decode(event.frame)
+        except MalformedFrame as exc:
+            return f"received <malformed: {exc}>"
+        return f"received {describe(msg)}" if msg is not None else "received <unknown type>"
+    if isinstance(event, TimerFired):
+        return f"timer {event.timer.kind} fired"
+    parts = []
+    if is_dataclass(event):
+        for f in fields(event):
+            value = getattr(event, f.name)
+            if isinstance(value, bool | int | str) and f.name != "now":
+                parts.append(f"{f.name}={value!r}")
+            elif isinstance(value, tuple) and f.name in ("keys", "block_indexes"):
+                parts.append(f"{len(value)} {f.name}")
+    return f"host {type(event).__name__}({', '.join(parts)})"
+
+
+class WalkTester(Tester):
+    """A tester whose session calls are recorded and whose side of the wire can fault."""
+
+    def __init__(self, target: Target, *, bind: str = "127.0.0.1:0",
+                 incarnation: int | None = None, timeouts: Timeouts | None = None) -> None:
+        super().__init__(target, bind=bind, incarnation=incarnation, timeouts=timeouts)
+        self.tracer = Tracer()
+        self.session.tracer = self.tracer
+        self.calls: list[Call] = []
+        self.step_no = 0
+        self.hold_until = 0.0
+        self._outbox: list[tuple[Message | None, bytes, str, bool]] = []
+
+    def feed(self, event: Input) -> None:
+        before, mark, at = self.session.state, len(self.tracer.records), time.monotonic()
+        outputs = self.session.handle(event, at)
+        records = tuple(self.tracer.records[mark:])
+        sent = tuple(describe(o.message) for o in outputs if isinstance(o, SendFrame))
+        self.calls.append(Call(self.step_no, at, describe_input(event), before,
+                               self.session.state, records, sent,
+                               call_action(before, event, records), steps_of(records)))
+        self.apply(outputs)
+
+    # -- faults ---------------------------------------------------------------------
+
+    def hold_sends(self, seconds: float) -> None:
+        """Hold our frames for ``seconds`` (sent in order once due, by :meth:`pump`)."""
+        self.hold_until = max(self.hold_until, time.monotonic() + min(seconds, PAUSE_LIMIT_S))
+
+    def stall_nixl(self, seconds: float) -> None:
+        """No NIXL progress on our side for ``seconds``."""
+        self.nixl_stalled_until = max(self.nixl_stalled_until,
+                                      time.monotonic() + min(seconds, PAUSE_LIMIT_S))
+
+    def pause(self, seconds: float) -> None:
+        """Do nothing for ``seconds`` (a stalled peer: the fault itself, not a wait for
+        anything)."""
+        time.sleep(min(max(seconds, 0.0), PAUSE_LIMIT_S))
+
+    def send(self, msg: Message, *, off_script: bool = True) -> None:
+        if self._outbox or time.monotonic() < self.hold_until:
+            self._outbox.append((msg, b"", "", off_script))
+            return
+        super().send(msg, off_script=off_script)
+
+    def send_raw(self, frame: bytes, text: str) -> None:
+        if self._outbox or time.monotonic() < self.hold_until:
+            self._outbox.append((None, frame, text, True))
+            return
+        super().send_raw(frame, text)
+
+    def release(self) -> None:
+        """Send the held frames, in order, once their hold is over."""
+        if not self._outbox or time.monotonic() < self.hold_until:
+            return
+        held, self._outbox = self._outbox, []
+        for msg, frame, text, off_script in held:
+            if msg is not None:
+                Tester.send(self, msg, off_script=off_script)
+            else:
+                Tester.send_raw(self, frame, text)
+
+    @property
+    def holding(self) -> bool:
+        return bool(self._outbox)
+
+    def pump(self, seconds: float) -> None:
+        self.release()
+        super().pump(seconds)
+        self.release()

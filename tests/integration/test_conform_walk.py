@@ -1,0 +1,192 @@
+"""``p2pfsm conform --random`` with faults: walks pass against ``p2pfsm serve``; a broken
+scripted producer fails, the failure is shrunk to a shorter case whose replay fails the
+same rule; bad arguments exit 2 with one line."""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from p2pfsm.cli import main
+from p2pfsm.errors import MalformedFrame
+from p2pfsm.executor.nixl_plane import DataPlane
+from p2pfsm.executor.zmq_plane import ControlPlane, FrameIn
+from p2pfsm.protocol import (
+    AbortAck,
+    AbortFetch,
+    Connect,
+    ConnectAck,
+    Fetch,
+    Lookup,
+    LookupResp,
+    Message,
+    TransferDone,
+    decode,
+    encode,
+)
+from tests.helpers.serve_process import ServeProcess
+
+BLOCK_LEN = 4096
+HELD = 16
+LIFETIME_S = 120.0  # the fake serves at most this long
+LIE_AT = 2  # the fake claims the LIE_AT-th fetch of each session without writing it
+
+
+@pytest.fixture(scope="module")
+def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
+    proc = ServeProcess(tmp_path_factory.mktemp("walk") / "serve.log", HELD, BLOCK_LEN)
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+def _conform(addr: str, *extra: str) -> int:
+    return main(["conform", "--target", f"tcp://{addr}", "--block-len", str(BLOCK_LEN),
+                 "--target-blocks", str(HELD), "--window", "0.3", "--deadline", "3", *extra])
+
+
+@pytest.mark.parametrize("seed", [11, 12])
+def test_a_walk_with_every_fault_passes_against_serve(
+        serve: ServeProcess, seed: int, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    report = tmp_path / "walk.json"
+    rc = _conform(serve.addr, "--random", "60", "--seed", str(seed), "--faults", "all",
+                  "--json", str(report))
+    err = capsys.readouterr().err
+    (case,) = json.loads(report.read_text())["cases"]
+    assert (case["case"], case["verdict"]) == (f"random.seed-{seed}", "pass"), err
+    assert rc == 0
+    assert "60 steps" in case["note"]
+    assert not list(tmp_path.glob("*.replay.json"))
+    assert serve.alive()
+
+
+class _Liar:
+    """A producer that is correct by declining (transfer_done(false) for every fetch,
+    every lookup key a miss, every abort acked) except that it claims the
+    :data:`LIE_AT`-th fetch of each session with transfer_done(true) and writes nothing."""
+
+    def __init__(self) -> None:
+        self.fetches = 0
+
+    def answer(self, msg: Message | None, me: str, data: DataPlane) -> list[Message]:
+        if isinstance(msg, Connect):
+            self.fetches = 0
+            return [Connect(me, data.metadata, data.base_addr, data.num_blocks, BLOCK_LEN,
+                            "", "vllm-none-hash"), ConnectAck(me)]
+        if isinstance(msg, Fetch) and msg.keys:
+            self.fetches += 1
+            return [TransferDone(msg.kv_request_id, self.fetches == LIE_AT, msg.round_seq)]
+        if isinstance(msg, Lookup):
+            return [LookupResp(msg.kv_request_id, msg.keys, (False,) * len(msg.keys))]
+        if isinstance(msg, AbortFetch):
+            return [AbortAck(msg.kv_request_id, msg.round_seq)]
+        return []
+
+
+@pytest.fixture
+def liar() -> Iterator[str]:
+    """The broken producer in a thread; its address. Stopped at teardown."""
+    stop = threading.Event()
+    ready: queue.Queue[str] = queue.Queue()
+
+    def serve() -> None:
+        control = ControlPlane("tcp://127.0.0.1:0")
+        data = DataPlane("conform-liar", 16, BLOCK_LEN)
+        script = _Liar()
+        try:
+            ready.put(control.local_id)
+            end = time.monotonic() + LIFETIME_S
+            while not stop.is_set() and time.monotonic() < end:
+                for ev in control.poll(10):
+                    if isinstance(ev, FrameIn):
+                        try:
+                            msg = decode(ev.frame)
+                        except MalformedFrame:
+                            continue
+                        for out in script.answer(msg, control.local_id, data):
+                            control.send(ev.peer_id, encode(out))
+        finally:
+            control.close()
+            data.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield ready.get(timeout=60)
+    finally:
+        stop.set()
+        thread.join(30)
+        assert not thread.is_alive()
+
+
+def test_a_broken_target_fails_and_its_shrunk_case_replays(
+        liar: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    report = tmp_path / "walk.json"
+    rc = _conform(liar, "--random", "30", "--seed", "5", "--faults", "delay,reorder",
+                  "--json", str(report))
+    err = capsys.readouterr().err
+    assert rc == 1, err
+    (case,) = json.loads(report.read_text())["cases"]
+    assert case["verdict"] == "fail", case
+    assert "byte-exact" in case["expected"]
+    assert "rule bytes" in err
+    assert "tester client_round" in err  # the counterexample's machine steps
+    replay = tmp_path / "conform-random-seed-5.replay.json"
+    doc = json.loads(replay.read_text())
+    assert doc["rule"] == "bytes" and doc["confirmed"] is True
+    assert len(doc["steps"]) < doc["original_steps"], doc
+    assert sum(s["do"] == "fetch" for s in doc["steps"]) == LIE_AT, doc["steps"]
+    assert f"--replay {replay}" in err
+
+    again = tmp_path / "again.json"
+    rc = _conform(liar, "--replay", str(replay), "--json", str(again))
+    err = capsys.readouterr().err
+    assert rc == 1, err
+    (case,) = json.loads(again.read_text())["cases"]
+    assert case["verdict"] == "fail" and "byte-exact" in case["expected"], case
+    assert "rule bytes" in err
+
+
+def test_a_replay_of_a_passing_case_passes(serve: ServeProcess, tmp_path: Path) -> None:
+    replay = tmp_path / "case.json"
+    replay.write_text(json.dumps([
+        {"do": "fetch", "rid": "w1", "blocks": [0, 1, 2], "slots": [5, 6, 7]},
+        {"do": "pause", "ms": 200}, {"do": "finish", "rid": "w1"},
+        {"do": "finish", "rid": "nope"}, {"do": "restart"},
+        {"do": "fetch", "rid": "w2", "blocks": [3], "slots": [5]}]))
+    assert _conform(serve.addr, "--replay", str(replay)) == 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--random", "5", "--faults", "bogus"], "expected all, none or some of"),
+    (["--random", "5", "--replay", "x.json"], "--random and --replay exclude each other"),
+    (["--replay", "/nonexistent/case.json"], "--replay: cannot read"),
+    (["--random", "0"], "--random"),
+])
+def test_bad_walk_arguments_exit_2_with_one_line(args: list[str], message: str,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    try:
+        code = main(["conform", "--target", "tcp://127.0.0.1:1", *args])
+    except SystemExit as exc:  # argparse's own errors
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2
+    assert message in err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+def test_a_walk_of_the_consumer_role_is_a_bad_argument(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["conform", "--role", "consumer", "--consumer-cmd", "true", "--random", "5"])
+    assert code == 2
+    assert "only the producer role has a walk" in capsys.readouterr().err
+
+
