@@ -43,6 +43,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--replay", default=None, metavar="FILE",
                    help="run the case of a replay file (written by a failing --random) "
                         "once, instead of the directed cases")
+    p.add_argument("--validate-spec", default=None, metavar="TARGET_TRACE_LOG",
+                   help="--random: walk inside the TLA+ spec's trace bounds and check the "
+                        "walk with TLC trace validation, merged with the target's own "
+                        "trace log (e.g. p2pfsm serve --trace FILE)")
     p.add_argument("--shrink-runs", type=positive(int), default=24, metavar="N",
                    help="--random: at most N re-runs to shrink a failing walk")
     p.add_argument("--shrink-seconds", type=positive(float), default=120.0,
@@ -116,6 +120,10 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--random and --replay exclude each other")
     if (args.random is not None or args.replay is not None) and args.role != "producer":
         raise ConfigError("--random/--replay: only the producer role has a walk yet")
+    if args.validate_spec is not None and args.random is None:
+        raise ConfigError("--validate-spec needs --random STEPS")
+    if args.validate_spec is not None and not Path(args.validate_spec).is_file():
+        raise ConfigError(f"--validate-spec: no trace log at {args.validate_spec}")
     if args.replay is not None:
         from p2pfsm.conform.counterexample import read_replay
 

@@ -14,13 +14,14 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from p2pfsm.conform.counterexample import render
 from p2pfsm.conform.shrink import Steps, clean, shrink
 from p2pfsm.conform.target import Target
 from p2pfsm.conform.verdict import CaseResult, Verdict
-from p2pfsm.conform.walk_run import Outcome, run_walk
+from p2pfsm.conform.walk_run import Outcome, WalkFailure, run_walk
 
 __all__ = ["Budget", "WalkReport", "run_random", "run_replay"]
 
@@ -103,13 +104,32 @@ def _failing(target: Target, o: Outcome, budget: Budget) -> WalkReport:
 
 
 def run_random(target: Target, steps: int, seed: int, faults: Sequence[str] = (),
-               budget: Budget | None = None) -> WalkReport:
-    """A seeded walk of ``steps`` steps with ``faults``, as the case ``random.seed-S``."""
+               budget: Budget | None = None, spec_log: Path | None = None,
+               spec_timeout: float = 300.0) -> WalkReport:
+    """A seeded walk of ``steps`` steps with ``faults``, as the case ``random.seed-S``;
+    ``spec_log`` (the target's trace log): a walk inside the spec's trace bounds, then
+    checked by TLC (:mod:`~p2pfsm.conform.spec_check`)."""
     started = time.monotonic()
-    o = run_walk(target, count=steps, seed=seed, faults=faults)
+    o = run_walk(target, count=steps, seed=seed, faults=faults, spec=spec_log is not None)
     desc = (f"a seeded random walk of {steps} steps of what our session enables"
-            + (f", faults {','.join(faults)}" if faults else ""))
+            + (f", faults {','.join(faults)}" if faults else "")
+            + (" (the spec's trace bounds)" if spec_log is not None else ""))
     case_id = f"random.seed-{seed}"
+    if o.failure is None and spec_log is not None:
+        from p2pfsm.conform.spec_check import check_walk
+
+        verdict = check_walk(o.calls, o.identities[0], target.addr, spec_log,
+                             timeout=spec_timeout)
+        if not verdict.explained:
+            o.failure = WalkFailure("spec", "some behaviour of the TLA+ spec (TraceP2P) "
+                                    "explains every call of both sessions", verdict.detail)
+            text = render(o.steps, o.calls, o.failure)
+            result = _result(case_id, desc, o, time.monotonic() - started,
+                             f"{verdict.lines} calls; not shrunk (each try is a TLC run)")
+            return WalkReport(result, o, "spec", clean(o.ran), text, False,
+                              len(clean(o.ran)), 0)
+        note = f"{_note(o)}; {verdict.detail}"
+        return WalkReport(_result(case_id, desc, o, time.monotonic() - started, note), o)
     if o.failure is None:
         return WalkReport(_result(case_id, desc, o, time.monotonic() - started, _note(o)), o)
     report = _failing(target, o, budget or Budget())

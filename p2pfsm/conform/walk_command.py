@@ -13,6 +13,8 @@ from p2pfsm.conform.counterexample import read_replay, write_replay
 from p2pfsm.conform.random_walk import Budget, WalkReport, run_random, run_replay
 from p2pfsm.conform.target import Target
 from p2pfsm.conform.verdict import CaseResult
+from p2pfsm.errors import ConfigError
+from p2pfsm.verify.tlc import TlcNotFound
 
 __all__ = ["run_walk_mode"]
 
@@ -31,8 +33,12 @@ def run_walk_mode(args: argparse.Namespace, target: Target, rerun: Callable[[], 
         out = Path(args.replay)
         rep: WalkReport = run_replay(target, read_replay(out), out.stem.split(".")[0])
     else:
-        rep = run_random(target, args.random, args.seed, args.faults,
-                         Budget(args.shrink_runs, args.shrink_seconds))
+        spec_log = Path(args.validate_spec) if args.validate_spec else None
+        try:
+            rep = run_random(target, args.random, args.seed, args.faults,
+                             Budget(args.shrink_runs, args.shrink_seconds), spec_log)
+        except TlcNotFound as exc:
+            raise ConfigError(f"--validate-spec: {exc}") from None
         out = _replay_path(args, f"random-seed-{args.seed}")
     progress(rep.result)
     if rep.outcome.failure is None:

@@ -4,8 +4,9 @@ replayed from a list of steps; every frame and every byte checked as it comes.
 A step is a plain dict (JSON), ``{"do": ACTION, ...}``:
 
 - host inputs of the consumer role, as the input table (``models/inputs.toml``) lists
-  them (``fetch``, ``lookup``, ``finish``); a fetch names its request, the demo blocks
-  (:data:`MISSING` for a key the target does not hold) and our destination blocks;
+  them (``fetch``, ``lookup``, ``finish``); a fetch names its request (a new one, or
+  one fetched before: its next round), the demo blocks (:data:`MISSING` for a key the
+  target does not hold) and our destination blocks;
 - frames a correct consumer may send beside its session, whose answers the models
   declare: ``dup-ack`` (a second connect_ack), ``stale-abort`` (an abort_fetch of a round
   that ended or is racing its end), ``unknown-type``;
@@ -57,12 +58,16 @@ MISSING: Final = 1 << 40
 SENTINEL: Final = 0x5A
 """What every block of ours holds while no load may write it."""
 RESTART_ATTEMPTS: Final = 3
+SPEC_RID: Final = "r1"
+SPEC_BUDGET: Final = ("fetch", "lookup", "finish")
+SPEC_FAULTS: Final = frozenset({"delay", "reorder"})
 CONSUMER_INPUTS: Final = tuple(
     name for name, row in input_table().of_kind("host").items()
     if row.machine in ("client_round", "client_lookup"))
 """The host inputs of the consumer role, read off the input table."""
-_WEIGHTS: Final = {"fetch": 3.0, "fetch-missing": 1.0, "lookup": 1.5, "finish": 2.0,
-                   "dup-ack": 0.3, "stale-abort": 0.8, "unknown-type": 0.3, "wait": 2.0,
+_WEIGHTS: Final = {"fetch": 3.0, "fetch-missing": 1.0, "fetch-again": 1.0, "lookup": 1.5,
+                   "finish": 2.0, "dup-ack": 0.3, "stale-abort": 0.8, "unknown-type": 0.3,
+                   "wait": 2.0,
                    "delay": 0.5, "reorder": 0.5, "pause": 0.3, "restart": 0.15}
 
 
@@ -88,6 +93,8 @@ class Outcome:
     loads: int = 0
     served: int = 0
     restarts: int = 0
+    identities: tuple[str, ...] = ()
+    """Our tester's identity (``host:port``), one per incarnation."""
 
     @property
     def ran(self) -> list[dict[str, Any]]:
@@ -106,7 +113,11 @@ class _Load:
 class _Walk:
     target: Target
     faults: frozenset[str]
+    spec: bool = False
+    """Stay inside the TLA+ trace bounds: one request, one key, host inputs at most twice
+    each, no frame beside our session, only faults the trace cannot show."""
     t: WalkTester = field(init=False)
+    budget: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SPEC_BUDGET, 2))
     testers: list[WalkTester] = field(default_factory=list)
     free: list[int] = field(default_factory=lambda: list(range(NUM_BLOCKS)))
     loads: dict[int, _Load] = field(default_factory=dict)
@@ -228,7 +239,11 @@ class _Walk:
     def draw(self, rng: random.Random) -> dict[str, Any]:
         """One step drawn from what is enabled now."""
         options: list[tuple[float, dict[str, Any]]] = []
-        if self.t.session.ready:
+        if self.spec and self.t.session.ready:
+            for name in CONSUMER_INPUTS:
+                if self.budget.get(name, 0) > 0:
+                    options += self._spec_options(name, rng)
+        elif self.t.session.ready:
             for name in CONSUMER_INPUTS:
                 options += self._host_options(name, rng)
             options.append((_WEIGHTS["dup-ack"], {"do": "dup-ack"}))
@@ -239,7 +254,7 @@ class _Walk:
                                  "round": 0}))
         options.append((_WEIGHTS["wait"], {"do": "wait", "ms": rng.randint(0, 50)}))
         bound = int(min(self.target.deadline / 2, 1.5) * 1000)
-        for fault in sorted(self.faults):
+        for fault in sorted(self.faults & SPEC_FAULTS if self.spec else self.faults):
             ms = rng.randint(100, max(100, bound)) if fault == "pause" else rng.randint(10, 300)
             options.append((_WEIGHTS[fault], {"do": fault} if fault == "restart"
                             else {"do": fault, "ms": ms}))
@@ -249,14 +264,16 @@ class _Walk:
     def _host_options(self, name: str, rng: random.Random) -> list[tuple[float, dict[str, Any]]]:
         out: list[tuple[float, dict[str, Any]]] = []
         if name == "fetch" and self.free:
-            for kind in ("fetch", "fetch-missing"):
+            for kind in ("fetch", "fetch-missing", "fetch-again"):
                 n = rng.randint(1, min(8, self.held))
                 blocks = rng.sample(range(self.held), n)
                 if kind == "fetch-missing":
                     blocks.insert(rng.randint(0, n), MISSING)
-                if len(blocks) > len(self.free):
+                if len(blocks) > len(self.free) or (kind == "fetch-again"
+                                                    and not self.fetched):
                     continue
-                rid, slots = self._next_rid(), rng.sample(self.free, len(blocks))
+                rid = rng.choice(self.fetched) if kind == "fetch-again" else self._next_rid()
+                slots = rng.sample(self.free, len(blocks))
                 if self.enabled(HostFetch(0, rid, _keys(blocks), tuple(slots))):
                     out.append((_WEIGHTS[kind], {"do": "fetch", "rid": rid, "blocks": blocks,
                                                  "slots": slots}))
@@ -271,6 +288,24 @@ class _Walk:
             if self.enabled(HostFinish(rid)):
                 out.append((_WEIGHTS["finish"], {"do": "finish", "rid": rid}))
         return out
+
+    def _spec_options(self, name: str, rng: random.Random) -> list[tuple[float, dict[str, Any]]]:
+        """The spec profile's candidates: request r1, demo block 0 or a missing one."""
+        blocks = [rng.choice((0, 0, MISSING))]
+        event: Input
+        if name == "fetch" and self.free:
+            slots = [rng.choice(self.free)]
+            event = HostFetch(0, SPEC_RID, _keys(blocks), tuple(slots))
+            step = {"do": "fetch", "rid": SPEC_RID, "blocks": blocks, "slots": slots}
+        elif name == "lookup":
+            event = HostLookup(SPEC_RID, _keys(blocks))
+            step = {"do": "lookup", "rid": SPEC_RID, "blocks": blocks}
+        elif name == "finish":
+            event = HostFinish(SPEC_RID)
+            step = {"do": "finish", "rid": SPEC_RID}
+        else:
+            return []
+        return [(_WEIGHTS[name], step)] if self.enabled(event) else []
 
     def _next_rid(self) -> str:
         return f"w{self.serial + 1}"
@@ -289,6 +324,8 @@ class _Walk:
             skipped = f"not enabled: {exc}"
         if skipped:
             step["skipped"] = skipped
+        elif step.get("do") in self.budget:
+            self.budget[str(step["do"])] -= 1
         self.t.pump(0)
         self.check()
 
@@ -312,15 +349,17 @@ class _Walk:
             self.free = [s for s in self.free if s not in slots]
             self.loads[job] = _Load(rid, blocks, slots)
             self._started(rid)
-            self.fetched.append(rid)
+            if rid not in self.fetched:
+                self.fetched.append(rid)
         elif do == "lookup":
             t.lookup(rid, list(step["blocks"]))
             self._started(rid)
         elif do == "finish":
-            if rid not in self.unfinished:
+            if rid not in self.unfinished and not self.spec:
                 return "no such request open"
             t.finish(rid)
-            self.unfinished.remove(rid)
+            if rid in self.unfinished:
+                self.unfinished.remove(rid)
         elif do == "dup-ack":
             t.send(ConnectAck(t.local_id))
         elif do == "stale-abort":
@@ -385,10 +424,11 @@ def _ms(step: dict[str, Any]) -> float:
 
 def run_walk(target: Target, *, steps: Sequence[dict[str, Any]] | None = None,
              count: int = 0, seed: int = 0, faults: Sequence[str] = (),
-             time_limit: float = 600.0) -> Outcome:
+             time_limit: float = 600.0, spec: bool = False) -> Outcome:
     """A walk of ``count`` steps drawn with ``seed`` (``steps`` None) or the replay of
-    ``steps``; bounded by ``time_limit`` seconds of steps (then it ends early)."""
-    w = _Walk(target, frozenset(faults))
+    ``steps``; bounded by ``time_limit`` seconds of steps (then it ends early). ``spec``:
+    draw inside the TLA+ trace bounds (see ``_Walk.spec``)."""
+    w = _Walk(target, frozenset(faults), spec)
     rng = random.Random(seed)
     failure: WalkFailure | None = None
     end = time.monotonic() + time_limit
@@ -413,4 +453,5 @@ def run_walk(target: Target, *, steps: Sequence[dict[str, Any]] | None = None,
         loads = sum(len(t.loads) for t in w.testers)
         served = sum(r.success for t in w.testers for r in t.loads)
         w.close()
-    return Outcome(w.done, calls, frames, failure, loads, served, w.restarts)
+    return Outcome(w.done, calls, frames, failure, loads, served, w.restarts,
+                   tuple(dict.fromkeys(t.local_id for t in w.testers)))

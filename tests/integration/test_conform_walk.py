@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import queue
+import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -14,6 +15,8 @@ from pathlib import Path
 import pytest
 
 from p2pfsm.cli import main
+from p2pfsm.conform.target import Target
+from p2pfsm.conform.walk_run import run_walk
 from p2pfsm.errors import MalformedFrame
 from p2pfsm.executor.nixl_plane import DataPlane
 from p2pfsm.executor.zmq_plane import ControlPlane, FrameIn
@@ -30,6 +33,8 @@ from p2pfsm.protocol import (
     decode,
     encode,
 )
+from p2pfsm.verify import tlc
+from p2pfsm.verify.traces import merge_logs, validate
 from tests.helpers.serve_process import ServeProcess
 
 BLOCK_LEN = 4096
@@ -40,7 +45,11 @@ LIE_AT = 2  # the fake claims the LIE_AT-th fetch of each session without writin
 
 @pytest.fixture(scope="module")
 def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
-    proc = ServeProcess(tmp_path_factory.mktemp("walk") / "serve.log", HELD, BLOCK_LEN)
+    """``p2pfsm serve``, writing its trace log to ``serve.trace`` (for --validate-spec)."""
+    folder = tmp_path_factory.mktemp("walk")
+    proc = ServeProcess(folder / "serve.log", HELD, BLOCK_LEN,
+                        extra=["--trace", str(folder / "serve-trace.jsonl")])
+    proc.trace = folder / "serve-trace.jsonl"  # type: ignore[attr-defined]
     try:
         yield proc
     finally:
@@ -52,7 +61,7 @@ def _conform(addr: str, *extra: str) -> int:
                  "--target-blocks", str(HELD), "--window", "0.3", "--deadline", "3", *extra])
 
 
-@pytest.mark.parametrize("seed", [11, 12])
+@pytest.mark.parametrize("seed", [11, pytest.param(12, marks=pytest.mark.slow)])
 def test_a_walk_with_every_fault_passes_against_serve(
         serve: ServeProcess, seed: int, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
@@ -155,6 +164,49 @@ def test_a_broken_target_fails_and_its_shrunk_case_replays(
     assert "rule bytes" in err
 
 
+def _need_tlc() -> None:
+    if shutil.which("java") is None:
+        pytest.skip("TLC needs java on PATH")
+    try:
+        tlc.jar_path()
+    except tlc.TlcNotFound as exc:
+        pytest.skip(str(exc))
+
+
+def test_a_walk_in_the_spec_bounds_is_explained_by_tlc(
+        serve: ServeProcess, capsys: pytest.CaptureFixture[str]) -> None:
+    _need_tlc()
+    proc, log = serve, serve.trace  # type: ignore[attr-defined]
+    rc = _conform(proc.addr, "--random", "10", "--seed", "1", "--deadline", "2",
+                  "--validate-spec", str(log))
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    assert "TLC explains all" in out.out and "(both sides)" in out.out, out.out
+
+
+@pytest.mark.slow  # a TLC run; the rejection itself is held in tests/conformance too
+def test_a_walk_whose_target_log_lost_a_line_is_not_explained(
+        serve: ServeProcess, tmp_path: Path) -> None:
+    """The check can fail: a walk's own trace is explained, and not once one line of the
+    target's side is dropped."""
+    _need_tlc()
+    proc, log = serve, serve.trace  # type: ignore[attr-defined]
+    target = Target(proc.addr, BLOCK_LEN, blocks=HELD, deadline=3.0, window=0.3)
+    o = run_walk(target, count=8, seed=2, spec=True)
+    assert o.failure is None, o.failure
+    (me,) = o.identities
+    lines = [line for line in log.read_text().splitlines() if json.loads(line)["peer"] == me]
+    assert len(lines) > 3, lines
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text("\n".join(lines[:2] + lines[3:]) + "\n")
+    ours = tmp_path / "ours.jsonl"
+    ours.write_text("".join(json.dumps({"t": int(c.at * 1e9), "node": me, "peer": proc.addr,
+                                        "action": c.action, "steps": sorted(c.steps)}) + "\n"
+                            for c in o.calls if c.action is not None))
+    result = validate([merge_logs(ours, log), merge_logs(ours, cut)])  # one TLC run
+    assert result.accepted == {1} and result.rejected == {2}, result.explained
+
+
 def test_a_replay_of_a_passing_case_passes(serve: ServeProcess, tmp_path: Path) -> None:
     replay = tmp_path / "case.json"
     replay.write_text(json.dumps([
@@ -170,6 +222,9 @@ def test_a_replay_of_a_passing_case_passes(serve: ServeProcess, tmp_path: Path) 
     (["--random", "5", "--replay", "x.json"], "--random and --replay exclude each other"),
     (["--replay", "/nonexistent/case.json"], "--replay: cannot read"),
     (["--random", "0"], "--random"),
+    (["--validate-spec", "log.jsonl"], "--validate-spec needs --random STEPS"),
+    (["--random", "5", "--validate-spec", "/nonexistent/log.jsonl"],
+     "--validate-spec: no trace log at"),
 ])
 def test_bad_walk_arguments_exit_2_with_one_line(args: list[str], message: str,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
