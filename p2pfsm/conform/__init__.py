@@ -8,9 +8,14 @@ module per job: :mod:`~p2pfsm.conform.verdict` (results), :mod:`~p2pfsm.conform.
 (what the target is), :mod:`~p2pfsm.conform.tester` (the wire peer and its oracle),
 :mod:`~p2pfsm.conform.registry` (cases by id), :mod:`~p2pfsm.conform.producer_cases`
 and :mod:`~p2pfsm.conform.consumer_cases` (the directed cases of each role),
-:mod:`~p2pfsm.conform.runner` (runs them), :mod:`~p2pfsm.conform.random_walk` (a seeded
-random walk), :mod:`~p2pfsm.conform.report` (JSON and Markdown),
-:mod:`~p2pfsm.conform.command` (the CLI driver).
+:mod:`~p2pfsm.conform.runner` (runs them), the randomized mode
+(:mod:`~p2pfsm.conform.walk_tester`: a tester that records its session's calls and
+faults its side; :mod:`~p2pfsm.conform.walk_run`: one walk, drawn or replayed, checked
+online; :mod:`~p2pfsm.conform.shrink`: delta debugging; :mod:`~p2pfsm.conform.counterexample`:
+the case in the models' terms and its replay file; :mod:`~p2pfsm.conform.spec_check`:
+TLC trace validation of a walk; :mod:`~p2pfsm.conform.random_walk` and
+:mod:`~p2pfsm.conform.walk_command`: the mode end to end), :mod:`~p2pfsm.conform.report`
+(JSON and Markdown), :mod:`~p2pfsm.conform.command` (the CLI driver).
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """Delta debugging of a failing walk: drop steps while the target still breaks the rule.
 
 :func:`shrink` is ddmin over the list of steps: it tries the walk without one chunk of
-it (halves first, then quarters, ...), keeps a shorter list whenever that one still
-fails the same rule, and stops when no single step can go, or when its budget of
-re-runs or seconds is spent. Every re-run is a fresh walk against the target, so a
+it (halves first, then quarters, ...) and keeps a shorter list whenever that one still
+fails the same rule; then it tries each single step in turn, pass after pass, until no
+single step can go (the case is 1-minimal), or until its budget of re-runs or seconds
+is spent. Every re-run is a fresh walk against the target, so a
 kept candidate is a case that failed on its own. A kept run's steps that were skipped
 (what they needed was dropped) go too.
 """
@@ -47,22 +48,29 @@ def shrink(steps: Steps, still_fails: Callable[[Steps], Steps | None], *,
     def spent() -> bool:
         return runs >= max_runs or time.monotonic() - started >= time_limit
 
-    while current and not spent():
-        chunk = max(1, -(-len(current) // n))
-        reduced = False
+    while len(current) > 1 and n < len(current) and not spent():
+        chunk = -(-len(current) // n)
         for start in range(0, len(current), chunk):
             if spent():
                 break
-            candidate = current[:start] + current[start + chunk:]
             runs += 1
-            ran = still_fails(candidate)
+            ran = still_fails(current[:start] + current[start + chunk:])
             if ran is not None:
                 current = clean([s for s in ran if "skipped" not in s])
                 n = max(n - 1, 2)
-                reduced = True
                 break
-        if not reduced:
-            if chunk == 1:
-                return Shrunk(current, runs, time.monotonic() - started, False)
-            n = min(len(current), n * 2)
+        else:
+            n *= 2
+    # Then single steps, one pass after another until none can go (1-minimal).
+    progressed = True
+    while progressed and current and not spent():
+        progressed, i = False, 0
+        while i < len(current) and not spent():
+            runs += 1
+            ran = still_fails(current[:i] + current[i + 1:])
+            if ran is not None:
+                current = clean([s for s in ran if "skipped" not in s])
+                progressed = True
+            else:
+                i += 1
     return Shrunk(current, runs, time.monotonic() - started, bool(current) and spent())

@@ -100,3 +100,36 @@ def test_conform_consumer_against_vllm(tmp_path: Path, monkeypatch: pytest.Monke
     assert always <= failed <= always | racy, (
         f"vLLM's consumer failures changed: now {sorted(failed)}, documented "
         f"{sorted(always)} (and maybe {sorted(racy)})\n{out.err}")
+
+
+def test_conform_random_walks_against_vllm(procs: list[PeerProcess], tmp_path: Path,  # noqa: F811
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """A short random profile with every fault against vLLM's node: each walk passes, or
+    fails and the replay of its shortest case (the file it names) fails the same rule."""
+    server, peer = start_vllm_server(procs, "--max-seconds", "300")
+    for seed in (1, 2):
+        report = tmp_path / f"walk{seed}.json"
+        rc = main(["conform", "--target", f"tcp://{peer}", "--fingerprint", FP,
+                   "--random", "40", "--seed", str(seed), "--deadline", "5",
+                   "--shrink-runs", "8", "--json", str(report)])
+        out = capsys.readouterr()
+        (case,) = json.loads(report.read_text())["cases"]
+        with capsys.disabled():
+            print(f"\nvLLM walk seed {seed}: {case['verdict']} in {case['seconds']} s "
+                  f"({case['note']})")
+        if case["verdict"] == "pass":
+            assert rc == 0, out.err
+            continue
+        assert rc == 1 and case["verdict"] == "fail", out.err
+        replay = tmp_path / f"conform-random-seed-{seed}.replay.json"
+        rule = json.loads(replay.read_text())["rule"]
+        with capsys.disabled():
+            print(out.err)  # the counterexample, recorded in the test log
+        again = tmp_path / f"again{seed}.json"
+        rc = main(["conform", "--target", f"tcp://{peer}", "--fingerprint", FP,
+                   "--deadline", "5", "--replay", str(replay), "--json", str(again)])
+        err = capsys.readouterr().err
+        assert rc == 1, f"the replay of {replay} passed: {err}"
+        assert f"rule {rule}" in err, err
+    summary = stop_vllm_server(server)
+    assert summary, server.tail()
