@@ -384,15 +384,33 @@ class _Walk:
         if rid not in self.unfinished:
             self.unfinished.append(rid)
 
+    def _finish_quietly(self, rid: str) -> None:
+        if self.t.session.ready and rid in self.unfinished:
+            with contextlib.suppress(LocalProtocolError):
+                self.t.finish(rid)
+            self.unfinished.remove(rid)
+
     def finish_all(self) -> None:
-        """The end: finish every open request, wait for every load's result, watch one
-        window, check everything once more and that the session is still ready."""
+        """The end: finish every open request (those with a load of held blocks in
+        flight once it ended, or after ``--deadline``), wait for every load's result,
+        watch one window, check everything once more and that the session is still
+        ready."""
         t = self.t
         t.step_no = len(self.done) + 1
+
+        def serving() -> set[str]:
+            """Requests with a load of held blocks only still open (it should be served)."""
+            self.reclaim()
+            return {ld.rid for ld in self.loads.values() if MISSING not in ld.blocks}
+
+        # Let loads of held blocks end as they would (a finish would abort them), then
+        # finish every request.
+        busy = serving()
+        for rid in [r for r in self.unfinished if r not in busy]:
+            self._finish_quietly(rid)
+        t.wait(lambda: not serving(), self.target.deadline)
         for rid in list(self.unfinished):
-            if t.session.ready:
-                with contextlib.suppress(LocalProtocolError):
-                    t.finish(rid)
+            self._finish_quietly(rid)
         self.unfinished.clear()
 
         def settled() -> bool:

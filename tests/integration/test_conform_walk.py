@@ -66,13 +66,13 @@ def test_a_walk_with_every_fault_passes_against_serve(
         serve: ServeProcess, seed: int, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
     report = tmp_path / "walk.json"
-    rc = _conform(serve.addr, "--random", "60", "--seed", str(seed), "--faults", "all",
+    rc = _conform(serve.addr, "--random", "40", "--seed", str(seed), "--faults", "all",
                   "--json", str(report))
     err = capsys.readouterr().err
     (case,) = json.loads(report.read_text())["cases"]
     assert (case["case"], case["verdict"]) == (f"random.seed-{seed}", "pass"), err
     assert rc == 0
-    assert "60 steps" in case["note"]
+    assert "40 steps" in case["note"]
     assert not list(tmp_path.glob("*.replay.json"))
     assert serve.alive()
 
