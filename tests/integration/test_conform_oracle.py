@@ -132,7 +132,7 @@ def test_lookup_answers_out_of_order_fail(fake: Callable[[Script], str]) -> None
                       CASES["lookup.coalesced"])
     assert result.verdict is Verdict.FAIL, result
     assert "in the lookup's order" in result.expected
-    assert "lookup positions answered [3, 2, 1, 0]" in result.got
+    assert "per lookup_resp: [[3, 2, 1, 0]]" in result.got
 
 
 def test_a_frame_before_connect_ack_fails(fake: Callable[[Script], str]) -> None:
