@@ -6,8 +6,9 @@ sends to what p2pfsm's machines allow at that point: the tester's own side is p2
 sans-IO :class:`~p2pfsm.session.Session`, so a frame it would reject is a failure. One
 module per job: :mod:`~p2pfsm.conform.verdict` (results), :mod:`~p2pfsm.conform.target`
 (what the target is), :mod:`~p2pfsm.conform.tester` (the wire peer and its oracle),
-:mod:`~p2pfsm.conform.registry` (cases by id), :mod:`~p2pfsm.conform.producer_cases`
-and :mod:`~p2pfsm.conform.consumer_cases` (the directed cases of each role),
+:mod:`~p2pfsm.conform.registry` (cases by id), :mod:`~p2pfsm.conform.producer_cases`,
+:mod:`~p2pfsm.conform.producer_lookup_cases`, :mod:`~p2pfsm.conform.consumer_cases` and
+:mod:`~p2pfsm.conform.consumer_session_cases` (the directed cases of each role),
 :mod:`~p2pfsm.conform.runner` (runs them), :mod:`~p2pfsm.conform.random_walk` (a seeded
 random walk), :mod:`~p2pfsm.conform.report` (JSON and Markdown),
 :mod:`~p2pfsm.conform.command` (the CLI driver).
