@@ -17,7 +17,10 @@ from typing import Final
 
 import msgpack
 
-from p2pfsm.conform import producer_cases  # noqa: F401  (its cases come first in the registry)
+from p2pfsm.conform import (  # noqa: F401  (their cases come first in the registry)
+    producer_cases,
+    producer_lookup_cases,
+)
 from p2pfsm.conform.registry import Context, case
 from p2pfsm.conform.tester import Tester
 from p2pfsm.conform.verdict import CaseFailure, NotApplicable
