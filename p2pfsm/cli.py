@@ -233,7 +233,7 @@ def serve_config(args: argparse.Namespace) -> Any:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from p2pfsm.demo.host import check_region, require_data_plane
+    from p2pfsm.demo.host import check_region, parse_keys, require_data_plane
 
     check_region(args.blocks, args.block_len)
     metrics_at = _metrics_address(args.metrics)
@@ -241,7 +241,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     require_data_plane()
     from p2pfsm.demo.host import DemoServer
 
-    server = DemoServer(config)
+    hold_back = parse_keys(args.hold_back) if args.hold_back else []
+    server = DemoServer(config, hold_back, args.late_after)
     stop = False
 
     def on_signal(_sig: int, _frame: object) -> None:
@@ -257,7 +258,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             print(f"metrics on {metrics.url}", file=sys.stderr, flush=True)
         print(f"serving {args.blocks} blocks of {args.block_len} B on "
               f"tcp://{server.node.local_id}", flush=True)
-        server.node.serve(lambda: stop)
+        server.serve(lambda: stop)
     finally:
         if metrics is not None:
             metrics.close()
@@ -395,6 +396,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--answer-lookups-in-parts", action="store_true",
                    help="answer a lookup's keys as they resolve (one lookup_resp for the "
                         "keys held now, one per later answer) instead of in one reply")
+    p.add_argument("--hold-back", default="", metavar="BLOCKS",
+                   help="blocks (e.g. 12-15) stored only --late-after s after a request "
+                        "first asks for them: a fetch waits for them as demand, a lookup "
+                        "leaves them pending")
+    p.add_argument("--late-after", type=positive(float), default=1.0, metavar="SECONDS",
+                   help="--hold-back: how late (default: 1)")
     _add_peer_options(p)
     p.set_defaults(func=_cmd_serve)
 

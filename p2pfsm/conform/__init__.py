@@ -6,8 +6,9 @@ sends to what p2pfsm's machines allow at that point: the tester's own side is p2
 sans-IO :class:`~p2pfsm.session.Session`, so a frame it would reject is a failure. One
 module per job: :mod:`~p2pfsm.conform.verdict` (results), :mod:`~p2pfsm.conform.target`
 (what the target is), :mod:`~p2pfsm.conform.tester` (the wire peer and its oracle),
-:mod:`~p2pfsm.conform.registry` (cases by id), :mod:`~p2pfsm.conform.producer_cases`
-and :mod:`~p2pfsm.conform.consumer_cases` (the directed cases of each role),
+:mod:`~p2pfsm.conform.registry` (cases by id), :mod:`~p2pfsm.conform.producer_cases`,
+:mod:`~p2pfsm.conform.producer_lookup_cases`, :mod:`~p2pfsm.conform.consumer_cases` and
+:mod:`~p2pfsm.conform.consumer_session_cases` (the directed cases of each role),
 :mod:`~p2pfsm.conform.runner` (runs them), the randomized mode
 (:mod:`~p2pfsm.conform.walk_tester`: a tester that records its session's calls and
 faults its side; :mod:`~p2pfsm.conform.walk_run`: one walk, drawn or replayed, checked

@@ -61,6 +61,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the target's config fingerprint (16 hex digits, or '')")
     p.add_argument("--target-blocks", type=positive(int), default=16, metavar="N",
                    help="demo blocks 0..N-1 the target holds (p2pfsm.demo.blocks)")
+    p.add_argument("--late-blocks", default="", metavar="BLOCKS",
+                   help="demo blocks (e.g. 16-19) the target holds but stores only some "
+                        "time after a request asks for them (its host's late supply)")
     p.add_argument("--window", type=positive(float), default=1.0, metavar="SECONDS",
                    help="observation window of a 'the target sends nothing' check")
     p.add_argument("--deadline", type=positive(float), default=10.0, metavar="SECONDS",
@@ -85,6 +88,15 @@ def _probe(host: str, port: int, url: str, timeout: float) -> None:
         raise TransportError(f"cannot reach {url}: {exc.strerror or exc}") from None
 
 
+def _late_blocks(text: str) -> tuple[int, ...]:
+    from p2pfsm.demo.host import parse_keys
+
+    try:
+        return tuple(parse_keys(text)) if text else ()
+    except ConfigError as exc:
+        raise ConfigError(f"--late-blocks: {exc}") from None
+
+
 def rerun_command(args: argparse.Namespace, case_id: str) -> str:
     """The command line that runs ``case_id`` (ids, comma-separated; "" for every case of
     the role) against the same target."""
@@ -95,7 +107,7 @@ def rerun_command(args: argparse.Namespace, case_id: str) -> str:
         words += ["--cases", case_id]
     for opt, default in (("block_len", 4096), ("hash_seed", "vllm-none-hash"),
                          ("fingerprint", ""), ("target_blocks", 16), ("window", 1.0),
-                         ("deadline", 10.0)):
+                         ("deadline", 10.0), ("late_blocks", "")):
         value = getattr(args, opt)
         if value != default:
             words += [f"--{opt.replace('_', '-')}", str(value)]
@@ -140,7 +152,8 @@ def run(args: argparse.Namespace) -> int:
         addr, host, port = _target_addr(args.target)
         _probe(host, port, args.target, args.deadline)
         target = Target(addr, args.block_len, args.hash_seed, args.fingerprint,
-                        args.target_blocks, args.window, args.deadline)
+                        args.target_blocks, args.window, args.deadline,
+                        late_blocks=_late_blocks(args.late_blocks))
 
     def progress(r: object) -> None:
         if not args.quiet:

@@ -6,7 +6,12 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-from p2pfsm.conform import consumer_cases, producer_cases  # noqa: F401  (register cases)
+from p2pfsm.conform import (  # noqa: F401  (register cases)
+    consumer_cases,
+    consumer_session_cases,
+    producer_cases,
+    producer_lookup_cases,
+)
 from p2pfsm.conform.registry import CASES, Case, Context
 from p2pfsm.conform.target import Target
 from p2pfsm.conform.verdict import CaseFailure, CaseResult, NotApplicable, Verdict

@@ -25,6 +25,9 @@ class Target:
             ``{repeat}`` (fetches of the same request, one after another). Exit status
             0 means the consumer reports every load done and verified; anything else,
             a failed load.
+        late_blocks: demo blocks the target also holds but stores only some time after
+            a request asks for them (its host's late supply; none: the cases that need
+            them are n/a).
     """
 
     addr: str
@@ -35,3 +38,4 @@ class Target:
     window: float = 1.0
     deadline: float = 10.0
     consumer_cmd: str = ""
+    late_blocks: tuple[int, ...] = ()

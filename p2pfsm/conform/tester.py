@@ -160,6 +160,8 @@ class Tester:
         self.hold_abort_acks = False  # keep our abort_acks until release_abort_acks()
         self.held_acks: list[Message] = []
         self.on_sent: Callable[[Message], None] | None = None  # hears our session's frames
+        self.connect_first = False  # a consumer target: drop its frames until a connect
+        self.dropped: list[str] = []
         self._pending_reg: tuple[float, Connect] | None = None
         self._writes: dict[int, int] = {}  # our WRITE id -> the session's xfer
         self._write_ids = 0
@@ -378,6 +380,8 @@ class Tester:
         self._last_in = msg
         if self._started:
             self.feed(FrameReceived(ev.frame))
+        elif self.connect_first and not isinstance(msg, Connect):
+            self.dropped.append(text)  # no session yet: a fresh node drops it
         else:  # delivered once our session starts (a case may send before it does)
             self._held.append(ev.frame)
             if not self.target.addr:  # a consumer target dialled us: answer its connect

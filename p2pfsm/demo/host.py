@@ -18,13 +18,13 @@ import importlib
 import itertools
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from p2pfsm.demo.blocks import demo_block, demo_key
-from p2pfsm.errors import NIXL_INSTALL_HINT, ConfigError, TransportError
+from p2pfsm.errors import NIXL_INSTALL_HINT, ConfigError, P2PFSMError, TransportError
 from p2pfsm.protocol.validate import Limits
 from p2pfsm.session import FetchArrived
 
@@ -197,31 +197,69 @@ def fill_demo_region(node: Node, count: int) -> None:
 
 
 class DemoServer:
-    """Serves demo blocks 0..num_blocks-1 from ``node``."""
+    """Serves demo blocks 0..num_blocks-1 from ``node``; those in ``hold_back`` only
+    ``late_after`` seconds after a request first asks for them (:mod:`p2pfsm.demo.holdback`:
+    fetched, they wait as demand; looked up, they stay pending)."""
 
-    def __init__(self, config: NodeConfig) -> None:
+    def __init__(self, config: NodeConfig, hold_back: Sequence[int] = (),
+                 late_after: float = 1.0) -> None:
+        from p2pfsm.demo.holdback import HoldBack
         from p2pfsm.executor.node import Node
 
         if config.num_blocks > MAX_BLOCKS:
             raise ConfigError(f"num_blocks: {config.num_blocks}, more than the protocol's "
                               f"{MAX_BLOCKS}")
         self.held = {demo_key(i): i for i in range(config.num_blocks)}
+        self.hold = HoldBack(hold_back, late_after) if hold_back else None
         self.node = Node(config, on_lookup=self._on_lookup, on_fetch=self._on_fetch)
         fill_demo_region(self.node, config.num_blocks)
 
     def _on_fetch(self, peer_id: str, fetch: FetchArrived) -> None:
         wanted = fetch.missing  # keys a supply or the lookup's pins already cover are out
         keys = [k for k in wanted if k in self.held]
-        if keys:
-            self.node.supply(peer_id, fetch.kv_request_id, keys, [self.held[k] for k in keys])
+        late = [] if self.hold is None else self.hold.late(peer_id, fetch.kv_request_id, keys)
+        if late and self.hold is not None:  # stored later: they wait as demand till then
+            self.hold.later(peer_id, fetch.kv_request_id,
+                            lambda: self._supply_late(peer_id, fetch.kv_request_id, late))
+        now = [k for k in keys if k not in late]
+        if now:
+            self.node.supply(peer_id, fetch.kv_request_id, now, [self.held[k] for k in now])
         if len(keys) < len(wanted):
             # Blocks we do not hold: no supply will ever come, so let this round fail now
             # (transfer_done(false) once our writes have landed) instead of at its
             # deadline. Only the round: the peer may go on with the request.
             self.node.decline(peer_id, fetch.kv_request_id, fetch.round_seq)
 
+    def _supply_late(self, peer_id: str, kv_request_id: str, keys: list[bytes]) -> None:
+        # The session may have ended meanwhile: nobody waits for these blocks any more.
+        with contextlib.suppress(P2PFSMError):
+            self.node.supply(peer_id, kv_request_id, keys, [self.held[k] for k in keys])
+
     def _on_lookup(self, peer_id: str, req: LookupAsk) -> LookupAnswer:
-        return {k: self.held[k] for k in req.keys if k in self.held}, ()
+        hits = {k: self.held[k] for k in req.keys if k in self.held}
+        late = [] if self.hold is None else self.hold.late(peer_id, req.kv_request_id, hits)
+        if late and self.hold is not None:
+            for k in late:
+                del hits[k]
+            stored = {k: self.held[k] for k in late}
+            self.hold.later(peer_id, req.kv_request_id,
+                            lambda: self._resolve_late(peer_id, req.token, stored))
+        return hits, late
+
+    def _resolve_late(self, peer_id: str, token: int, hits: dict[bytes, int]) -> None:
+        with contextlib.suppress(P2PFSMError):  # the lookup or its session ended meanwhile
+            self.node.resolve_lookup(peer_id, token, hits)
+
+    def serve(self, stop: Callable[[], bool]) -> None:
+        """Run the node until ``stop()``, storing held-back blocks as they fall due."""
+        if self.hold is None:
+            self.node.serve(stop)
+            return
+        while not stop() and not self.node.closed:
+            due = self.hold.next_due()
+            wait = 1.0 if due is None else min(1.0, max(0.0, due - time.monotonic()))
+            self.node.step(wait)
+            self.hold.run_due()
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""A scripted consumer that breaks the abort rules, for the conformance suite's own tests.
+"""A scripted consumer that breaks the abort, disconnect and restart rules, for the
+conformance suite's own tests.
 
 ``python tests/helpers/fake_consumer.py HOST:PORT MODE``: connects to the producer at
 ``HOST:PORT`` (p2pfsm's ControlPlane, a real NIXL agent for its metadata), fetches demo
@@ -9,6 +10,10 @@ blocks 0-3 of one request into its blocks 0-3, and aborts that round 1 s later. 
 - ``reuse``: once the abort is acked, it fetches the request again as round 0.
 
 It exits 1 once the second fetch is answered (or after 30 s): it never reports success.
+
+- ``claims``: no abort; it exits 0 (a load it claims succeeded) as soon as a disconnect
+  comes, or 2 s after its fetch with no answer, as a consumer would that reports a load
+  whose producer went away.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from p2pfsm.protocol import (
     AbortFetch,
     Connect,
     ConnectAck,
+    Disconnect,
     Fetch,
     TransferDone,
     decode,
@@ -34,6 +40,7 @@ BLOCK_LEN = 4096
 RID = "fake-consumer"
 KEYS = tuple(demo_key(b) for b in range(4))
 LIFETIME_S = 30.0
+CLAIM_AFTER_S = 2.0
 
 
 def main(peer: str, mode: str) -> int:
@@ -63,7 +70,13 @@ def main(peer: str, mode: str) -> int:
                     again = True
                 elif isinstance(msg, TransferDone) and again:
                     return 1
+                elif isinstance(msg, Disconnect) and mode == "claims":
+                    return 0
             now = time.monotonic()
+            if mode == "claims":
+                if fetched_at is not None and now - fetched_at > CLAIM_AFTER_S:
+                    return 0
+                continue
             if fetched_at is not None and aborted_at is None and now - fetched_at > 1.0:
                 control.send(peer, encode(AbortFetch(RID, 0)))
                 aborted_at = now

@@ -1,6 +1,7 @@
 """``p2pfsm conform`` against ``p2pfsm serve`` (a subprocess): every producer-role case
-passes; a tester told the wrong configuration fails the cases it touches, naming the
-rule and a command that re-runs each alone; bad arguments exit 2 with one line."""
+passes (serve holds blocks 16-19 back, so that the late-supply cases run); a tester told
+the wrong configuration fails the cases it touches, naming the rule and a command that
+re-runs each alone; bad arguments exit 2 with one line."""
 
 from __future__ import annotations
 
@@ -18,12 +19,14 @@ from tests.helpers.serve_process import ServeProcess
 FP = fingerprint({"model": "p2pfsm/conform-test"})
 BLOCK_LEN = 4096
 HELD = 16
+LATE = "16-19"  # held too, but stored only 0.5 s after a request asks for them
 
 
 @pytest.fixture(scope="module")
 def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
-    proc = ServeProcess(tmp_path_factory.mktemp("conform") / "serve.log", HELD, BLOCK_LEN,
-                        extra=["--fingerprint", FP])
+    proc = ServeProcess(tmp_path_factory.mktemp("conform") / "serve.log", HELD + 4, BLOCK_LEN,
+                        extra=["--fingerprint", FP, "--hold-back", LATE, "--late-after", "0.5",
+                               "--answer-lookups-in-parts"])
     try:
         yield proc
     finally:
@@ -33,7 +36,7 @@ def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
 def _conform(addr: str, *extra: str) -> int:
     return main(["conform", "--target", f"tcp://{addr}", "--fingerprint", FP,
                  "--block-len", str(BLOCK_LEN), "--target-blocks", str(HELD),
-                 "--window", "0.5", *extra])
+                 "--late-blocks", LATE, "--window", "0.5", *extra])
 
 
 def test_every_producer_case_passes_against_serve(serve: ServeProcess, tmp_path: Path,
@@ -81,6 +84,19 @@ def test_a_random_walk_passes_against_serve(serve: ServeProcess, tmp_path: Path,
     assert rc == 0
     assert any("fetch" in line for line in case["trace"])
     assert serve.alive()
+
+
+def test_late_supply_cases_need_late_blocks(serve: ServeProcess, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """Without --late-blocks the tester cannot make the target's supply late: n/a."""
+    report = tmp_path / "report.json"
+    rc = _conform(serve.addr, "--cases", "demand.late-supply,lookup.split", "--late-blocks",
+                  "", "--json", str(report))
+    capsys.readouterr()
+    cases = json.loads(report.read_text())["cases"]
+    assert [c["verdict"] for c in cases] == ["n/a", "n/a"]
+    assert all("--late-blocks" in c["note"] for c in cases)
+    assert rc == 0
 
 
 @pytest.mark.parametrize("args, message", [

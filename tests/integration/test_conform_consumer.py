@@ -66,12 +66,14 @@ def test_a_consumer_that_never_connects_fails(tmp_path: Path,
     ("frees", "consumer.abort-quiescence", "fetch(round_seq=1) into the same blocks before "
      "our abort_ack"),
     ("reuse", "consumer.round-isolation", "fetch round_seq 0 again after round 0"),
+    ("claims", "consumer.producer-restart", "exit 0, and the new incarnation served nothing"),
 ])
-def test_a_consumer_that_breaks_the_abort_rules_fails(
+def test_a_consumer_that_breaks_a_rule_fails(
         mode: str, case: str, got: str, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
     """The suite can fail the abort cases: a scripted consumer fetches again into the
-    blocks of an unacked abort (``frees``), or reuses the aborted round (``reuse``)."""
+    blocks of an unacked abort (``frees``), or reuses the aborted round (``reuse``); and
+    the restart case: one reports success for a load whose producer died (``claims``)."""
     report = tmp_path / "report.json"
     fake = shlex.join([sys.executable, str(ROOT / "tests" / "helpers" / "fake_consumer.py")])
     rc = _conform(fake + " {addr} " + mode + " {repeat}", "--cases", case,

@@ -51,11 +51,13 @@ def documented_failures(role: str = "producer") -> tuple[set[str], set[str]]:
 
 def test_conform_against_vllm(procs: list[PeerProcess], tmp_path: Path,  # noqa: F811
                               capsys: pytest.CaptureFixture[str]) -> None:
-    server, peer = start_vllm_server(procs, "--max-seconds", "400")
+    # Blocks 16-19 held too, but stored 1 s after a request asks (the late-supply cases).
+    server, peer = start_vllm_server(procs, "--max-seconds", "400", "--blocks", "20",
+                                     "--hold-back", "16-19", "--late-after", "1")
     report = tmp_path / "vllm.json"
     table = tmp_path / "vllm.md"
     rc = main(["conform", "--target", f"tcp://{peer}", "--fingerprint", FP,
-               "--json", str(report), "--markdown", str(table)])
+               "--late-blocks", "16-19", "--json", str(report), "--markdown", str(table)])
     out = capsys.readouterr()
     with capsys.disabled():
         print("\n" + table.read_text())  # the verdicts, recorded in the test log
