@@ -110,7 +110,7 @@ class Dealers:
         self._heartbeats = heartbeats
         self._sndhwm = sndhwm
         self._rcvhwm = rcvhwm
-        self.linger_ms = linger_ms
+        self._linger_ms = linger_ms
         self._immediate = immediate
         self._connect_timeout = connect_timeout_ms
         self._curve = curve
@@ -145,7 +145,7 @@ class Dealers:
             dealer.setsockopt(zmq.IDENTITY, self._identity)
             dealer.setsockopt(zmq.SNDHWM, self._sndhwm)
             dealer.setsockopt(zmq.RCVHWM, self._rcvhwm)
-            dealer.setsockopt(zmq.LINGER, self.linger_ms)
+            dealer.setsockopt(zmq.LINGER, self._linger_ms)
             dealer.setsockopt(zmq.IMMEDIATE, 1 if self._immediate else 0)
             self._heartbeats.apply(dealer)
             if peer_id.startswith("["):
@@ -323,7 +323,7 @@ class Dealers:
                 self.note_expiry(peer.deadline)
             if peer.done_at is not None:
                 if now >= peer.done_at + DONE_GRACE_S:
-                    self.teardown(peer, self.linger_ms)  # over: free its descriptors
+                    self.teardown(peer, self._linger_ms)  # over: free its descriptors
                 else:
                     self.note_expiry(peer.done_at + DONE_GRACE_S)
 
