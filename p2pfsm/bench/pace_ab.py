@@ -41,8 +41,8 @@ def _cpu() -> float:
 def _set_pace(node: Node, variant: str, producer: bool = False) -> None:
     consumer_s, producer_s, busy_ms = VARIANTS[variant]
     prompt_s = producer_s if producer else consumer_s
-    data: Any = node.data  # private knobs, set between fetches only
-    data._prompt_s, data._busy_ms, data._prompt_until = prompt_s, busy_ms, 0.0
+    pace: Any = node.data._pace  # private knobs, set between fetches only
+    pace.prompt_s, pace.busy_ms, pace.prompt_until = prompt_s, busy_ms, 0.0
 
 
 def _producer(conn: Connection, shape: tuple[int, int]) -> None:

@@ -13,48 +13,13 @@ as ``(base_addr + i * block_len, block_len)``, loads a peer's agent metadata wit
 ``(base_addr, num_blocks, block_len)`` it sent. A batch of blocks goes out as one prepped
 NIXL WRITE; on one host UCX does it with CMA (``process_vm_writev``), zero-copy.
 
-Progress, without a progress thread
------------------------------------
-NIXL's Python default starts a UCX progress thread that polls with a zero timeout and
-burns a whole core per process even when idle (measured here). This plane creates
-its agent with ``enable_prog_thread=False``, so UCX only progresses inside NIXL calls:
-:meth:`DataPlane.poll` (``check_xfer_state``) drives our own WRITEs, and
-:meth:`DataPlane.progress` (``get_new_notifs``, which runs the worker's progress loop)
-serves the *passive* side. NIXL's Python API exposes no descriptor to wait on, so
-progress is periodic and driven by the executor's event loop, which already wakes up for
-the control plane: it calls ``progress()`` (about 1 us when idle) every time it wakes and
-never waits longer than :attr:`DataPlane.progress_interval_ms`, which is
+Progress runs without a progress thread: the executor's loop calls
+:meth:`DataPlane.progress` at the pace :attr:`DataPlane.progress_interval_ms` gives
+(:mod:`p2pfsm.executor.nixl_pace` says how and why).
 
-* 0 (progress on every turn, the loop does not sleep) for the first ``prompt_s`` after a
-  WRITE of ours is posted and after :meth:`~DataPlane.expect_inbound` is asked for
-  promptness (a client does when it sends a fetch). The default is 0 (no such window):
-  measured here (docs/performance.md), a loop blocked in epoll on the control plane for
-  up to 1 ms, waking for every frame, fetched faster and with a third of the CPU of one
-  that spins, on a box with more runnable threads than cores;
-* ``busy_progress_ms`` (1 ms) while our own WRITEs are in flight after that, for
-  ``warmup_s`` after each :meth:`~DataPlane.add_peer`, and while
-  :meth:`~DataPlane.expect_inbound` says a peer may be writing into us;
-* ``idle_progress_ms`` (200 ms) otherwise.
-
-Why this is enough (measured here, two processes, CMA): the first WRITE from a new peer
-stays ``PROC`` for as long as the target does not progress (UCX wire-up needs the
-target), and completes within a few ms once it does; later WRITEs complete without any
-target progress. ``make_connection`` and a NIXL notification sent during the handshake
-did not remove that first-transfer dependency, hence the busy window after ``add_peer``
-and :meth:`~DataPlane.expect_inbound` (a client calls it while it waits for blocks). The
-idle tick keeps UCX keepalives and late wire-up serviced at negligible cost.
-
-Remote agents are kept loaded
------------------------------
-Unloading a remote agent (``remove_remote_agent``) does not end the UCX connection: the
-remote end keeps the endpoint that the wire-up made for us, so both processes keep one
-TCP connection per load until one of the two agents goes away (measured here: one more
-descriptor on each side per load and unload of a live agent, 500 after 500). So
-:meth:`DataPlane.remove_peer` keeps the agent loaded and a later
-:meth:`~DataPlane.add_peer` with byte-identical metadata reuses it (a reconnecting peer,
-or many ids naming one agent); metadata that differs for the same name loads afresh.
-At most ``keep_agents`` agents that no peer uses stay loaded (least recently used are
-unloaded first), and an agent whose transfers failed is unloaded with its peer.
+Remote agents are kept loaded after their peer is removed, for reuse
+(:mod:`p2pfsm.executor.nixl_agents` says why); what is checked before NIXL is touched
+is :mod:`p2pfsm.executor.nixl_checks`.
 
 Failure model: NIXL raises typed exceptions with no common base class, so every NIXL call
 is guarded and turned into either :class:`~p2pfsm.errors.TransportError` (setup and API
@@ -70,11 +35,9 @@ from __future__ import annotations
 import contextlib
 import itertools
 import operator
-import time
-from collections import OrderedDict
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from p2pfsm.errors import NIXL_INSTALL_HINT, ConfigError, TransportError
 from p2pfsm.executor.layout import Layout, WireLayout
@@ -89,27 +52,24 @@ from p2pfsm.executor.memory import (
     require_device,
 )
 from p2pfsm.executor.nixl_agent import agent_name_of, import_nixl
-from p2pfsm.protocol.validate import ints_within
+from p2pfsm.executor.nixl_agents import LoadedAgents
+from p2pfsm.executor.nixl_checks import (
+    ADDR_LIMIT,
+    MAX_INDEX,
+    announced_layout,
+    block_indexes,
+    positive_int,
+)
+from p2pfsm.executor.nixl_pace import IDLE_PROGRESS_MS, ProgressPace
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["DataPlane", "WriteId"]
+__all__ = ["IDLE_PROGRESS_MS", "DataPlane", "WriteId"]
 
 WriteId: TypeAlias = Hashable
 """The caller's name for one WRITE (the node's: its session and the session's xfer id)."""
 
-IDLE_PROGRESS_MS: Final = 200
-"""The default idle pace: each wake-up of an idle loop costs ~0.1-0.5 ms of CPU on a VM,
-so 5 a second keep an idle node near 0.25 % of a core (20 a second: 0.95 %)."""
-_MAX_INDEX: Final = (1 << 31) - 1  # NIXL takes descriptor indexes as int32
-_ADDR_LIMIT: Final = 1 << 64
-
-
-def _positive_int(name: str, value: object, high: int) -> int:
-    if type(value) is not int or not 0 < value <= high:
-        raise ConfigError(f"{name} must be an int in [1, {high}], got {value!r}")
-    return value
 
 
 @dataclass(eq=False)
@@ -151,7 +111,8 @@ class DataPlane:
             tensor per layer, block ``i`` being a slice of each
             (:func:`~p2pfsm.executor.memory.describe_regions` says what each must be);
             its slices sum to ``block_len``.
-        busy_progress_ms, idle_progress_ms, warmup_s: see the module docstring.
+        busy_progress_ms, idle_progress_ms, warmup_s, prompt_s: the pace of progress
+            (:mod:`p2pfsm.executor.nixl_pace`).
         max_peer_blocks: most descriptors a peer's announcement may cost: its
             ``num_blocks`` times its regions (each remote block-slice costs a prepped
             descriptor, so an unbounded announcement is a memory hazard), or our own
@@ -185,21 +146,15 @@ class DataPlane:
     ) -> None:
         if not isinstance(name, str) or not name:
             raise ConfigError(f"name must be a non-empty str, got {name!r}")
-        self._num_blocks = _positive_int("num_blocks", num_blocks, _MAX_INDEX)
-        self._block_len = _positive_int("block_len", block_len, _ADDR_LIMIT)
-        self._busy_ms = _positive_int("busy_progress_ms", busy_progress_ms, 60_000)
-        self._idle_ms = _positive_int("idle_progress_ms", idle_progress_ms, 60_000)
-        self._max_peer_blocks = _positive_int("max_peer_blocks", max_peer_blocks, _MAX_INDEX)
+        self._num_blocks = positive_int("num_blocks", num_blocks, MAX_INDEX)
+        self._block_len = positive_int("block_len", block_len, ADDR_LIMIT)
+        busy_ms = positive_int("busy_progress_ms", busy_progress_ms, 60_000)
+        idle_ms = positive_int("idle_progress_ms", idle_progress_ms, 60_000)
+        self._max_peer_blocks = positive_int("max_peer_blocks", max_peer_blocks, MAX_INDEX)
         if type(keep_agents) is not int or not 0 <= keep_agents <= 1 << 16:
             raise ConfigError(f"keep_agents must be an int in [0, 65536], got {keep_agents!r}")
-        self._keep_agents_max = keep_agents
-        if not isinstance(warmup_s, int | float) or warmup_s < 0:
-            raise ConfigError(f"warmup_s must be a number >= 0, got {warmup_s!r}")
-        self._warmup_s = float(warmup_s)
-        if not isinstance(prompt_s, int | float) or prompt_s < 0:
-            raise ConfigError(f"prompt_s must be a number >= 0, got {prompt_s!r}")
-        self._prompt_s = float(prompt_s)
-        self._prompt_until = 0.0
+        self._agents = LoadedAgents(keep_agents)
+        self._pace = ProgressPace(busy_ms, idle_ms, warmup_s, prompt_s)
         given: MemoryDesc | RegionsDesc | None = None
         if memory is None:
             mem_type, dev_id = parse_device("cpu" if device is None else device)
@@ -221,11 +176,9 @@ class DataPlane:
         nixl = import_nixl()
 
         self._peers: dict[str, _Peer] = {}
-        self._loaded: OrderedDict[str, bytes] = OrderedDict()  # loaded agents, LRU order
         self._inflight: dict[WriteId, _Xfer] = {}
         self._done: dict[WriteId, _Xfer] = {}  # ended and released, not yet reported
         self._posted = itertools.count()
-        self._busy_until = 0.0
         self._closed = False
 
         self._region: torch.Tensor | None = None
@@ -234,7 +187,7 @@ class DataPlane:
             self._region = self._allocate(num_blocks, block_len, self._device)
             self._layout = Layout.plain(int(self._region.data_ptr()), num_blocks, block_len)
         elif isinstance(given, RegionsDesc):
-            if given.layout.slice_count > _MAX_INDEX:
+            if given.layout.slice_count > MAX_INDEX:
                 raise ConfigError(f"{num_blocks} blocks x {len(given.layout.regions)} "
                                   f"regions is more descriptors than NIXL indexes")
             self._held = given.tensors
@@ -324,12 +277,7 @@ class DataPlane:
     @property
     def progress_interval_ms(self) -> int:
         """The longest the event loop should go without calling :meth:`progress`."""
-        now = time.monotonic()
-        if now < self._prompt_until:
-            return 0
-        if self._inflight or now < self._busy_until:
-            return self._busy_ms
-        return self._idle_ms
+        return self._pace.interval_ms(bool(self._inflight))
 
     @property
     def closed(self) -> bool:
@@ -360,33 +308,10 @@ class DataPlane:
         already registered under another peer id.
         """
         self._check_open()
-        if not isinstance(peer_id, str) or not peer_id:
-            raise TransportError(f"peer_id must be a non-empty str, got {peer_id!r}")
-        if not isinstance(metadata, bytes):
-            raise TransportError("metadata must be bytes")
-        for field, value in (
-            ("base_addr", base_addr),
-            ("num_blocks", num_blocks),
-            ("block_len", block_len),
-        ):
-            if type(value) is not int or value <= 0:
-                raise TransportError(f"{field} must be a positive int, got {value!r}")
-        if block_len != self._block_len:
-            raise TransportError(f"block_len {block_len} differs from ours ({self._block_len})")
-        theirs = Layout.announced(base_addr, num_blocks, block_len, layout)
-        if theirs.slices != self._layout.slices:
-            raise TransportError(_unpaired(theirs, self._layout))
-        width = len(theirs.regions)
-        limit = max(self._max_peer_blocks, self._layout.slice_count)
-        if theirs.slice_count > limit:
-            regions = f" x {width} regions" if width > 1 else ""
-            raise TransportError(f"num_blocks {num_blocks}{regions} exceeds {limit}")
-        if theirs.slice_count > _MAX_INDEX:
-            raise TransportError(f"{num_blocks} blocks x {width} regions is more "
-                                 f"descriptors than NIXL indexes ({_MAX_INDEX})")
-        for region in theirs.regions:
-            if region.base_addr + region.extent(num_blocks) > _ADDR_LIMIT:
-                raise TransportError("peer region wraps past the end of the address space")
+        theirs = announced_layout(
+            self._layout, self._block_len, self._max_peer_blocks, peer_id=peer_id,
+            metadata=metadata, base_addr=base_addr, num_blocks=num_blocks,
+            block_len=block_len, layout=layout)
         agent_name, tail = agent_name_of(metadata)
         if agent_name == self._name or tail == self._metadata_tail:
             raise TransportError("peer metadata describes this agent")
@@ -398,7 +323,7 @@ class DataPlane:
             self.remove_peer(peer_id)
         rows = theirs.rows(0)
         while True:
-            fresh = self._load_agent(peer_id, agent_name, metadata)
+            fresh = self._agents.load(self._agent, peer_id, agent_name, metadata)
             try:
                 dlist = self._agent.prep_xfer_dlist(agent_name, rows, "DRAM")
                 break
@@ -410,7 +335,7 @@ class DataPlane:
                     raise TransportError(
                         f"cannot prep descriptors of {peer_id!r}: {exc!r}") from exc
         self._peers[peer_id] = _Peer(peer_id, agent_name, theirs, dlist)
-        self._busy_until = time.monotonic() + self._warmup_s
+        self._pace.warm_up()
 
     def remove_peer(self, peer_id: str) -> None:
         """Forget a peer: no new transfer to it, and a later :meth:`add_peer` of the id
@@ -420,7 +345,7 @@ class DataPlane:
         writing the peer's, so a host told it failed could reuse a source block still
         being read), and reported when it ends. The peer's descriptors are released
         once none of its transfers runs; its agent stays loaded for a later
-        :meth:`add_peer` (see the module docstring) unless a transfer to it failed.
+        :meth:`add_peer` (:mod:`p2pfsm.executor.nixl_agents`) unless a transfer to it failed.
         Unknown ids are ignored."""
         self._check_open()
         peer = self._peers.pop(peer_id, None)
@@ -460,8 +385,8 @@ class DataPlane:
         peer = self._peers.get(peer_id)
         if peer is None:
             raise TransportError(f"unknown peer {peer_id!r}")
-        local = self._indexes("local", local_idxs, self._num_blocks)
-        remote = self._indexes("remote", remote_idxs, peer.layout.num_blocks)
+        local = block_indexes("local", local_idxs, self._num_blocks)
+        remote = block_indexes("remote", remote_idxs, peer.layout.num_blocks)
         if len(local) != len(remote):
             raise TransportError(f"{len(local)} local indexes but {len(remote)} remote ones")
         if not local:
@@ -487,7 +412,7 @@ class DataPlane:
         if state != "PROC":
             self._settle(xfer, state)
         else:
-            self._prompt_until = max(self._prompt_until, time.monotonic() + self._prompt_s)
+            self._pace.posted()
 
     def poll(self) -> list[tuple[WriteId, bool]]:
         """Finished transfers as ``(write id, ok)``, each reported once, in the order
@@ -544,10 +469,7 @@ class DataPlane:
         """Keep :attr:`progress_interval_ms` at the busy value for ``seconds`` more,
         e.g. while we wait for a peer to WRITE blocks we asked for; ``prompt``: and at
         0 for the next ``prompt_s`` (a WRITE may be landing now)."""
-        now = time.monotonic()
-        self._busy_until = max(self._busy_until, now + max(0.0, seconds))
-        if prompt:
-            self._prompt_until = max(self._prompt_until, now + self._prompt_s)
+        self._pace.expect_inbound(seconds, prompt)
 
     def close(self) -> None:
         """Release every transfer and peer, deregister the region, drop the agent.
@@ -565,7 +487,7 @@ class DataPlane:
             with contextlib.suppress(Exception):
                 peer.dlist.release()
         self._peers.clear()
-        for agent_name in list(self._loaded):
+        for agent_name in self._agents.names():
             self._forget_agent(agent_name)
         self._teardown_agent()
 
@@ -592,26 +514,6 @@ class DataPlane:
     def _check_open(self) -> None:
         if self._closed:
             raise TransportError("data plane is closed")
-
-    @staticmethod
-    def _indexes(side: str, values: Sequence[int], limit: int) -> list[int]:
-        if isinstance(values, str | bytes) or not isinstance(values, Sequence):
-            raise TransportError(f"{side} indexes must be a sequence of ints")
-        # Fast path (the usual case: plain ints from a session): one C-level pass each.
-        if ints_within(values, 0, limit - 1):
-            return list(values)
-        out: list[int] = []
-        for value in values:
-            if isinstance(value, bool):
-                raise TransportError(f"{side} index {value!r} is a bool")
-            try:
-                index = operator.index(value)
-            except TypeError:
-                raise TransportError(f"{side} index {value!r} is not an int") from None
-            if not 0 <= index < limit:
-                raise TransportError(f"{side} index {index} out of range [0, {limit})")
-            out.append(index)
-        return out
 
     def _state(self, xfer: _Xfer) -> str:
         """NIXL's state of a running transfer: "PROC", "DONE" or "ERR" (also when asking
@@ -665,39 +567,14 @@ class DataPlane:
             return False
         return True
 
-    def _load_agent(self, peer_id: str, agent_name: str, metadata: bytes) -> bool:
-        """Make ``agent_name`` loaded with exactly ``metadata``; True when it was loaded
-        now, False when an agent kept from an earlier peer is reused."""
-        kept = self._loaded.get(agent_name)
-        if kept == metadata:
-            self._loaded.move_to_end(agent_name)
-            return False
-        if kept is not None:  # the same name with other metadata: a new agent
-            self._forget_agent(agent_name)
-        try:
-            loaded = self._agent.add_remote_agent(metadata)
-        except Exception as exc:
-            raise TransportError(f"add_remote_agent failed for {peer_id!r}: {exc!r}") from exc
-        loaded_name = loaded.decode("utf-8") if isinstance(loaded, bytes) else str(loaded)
-        if loaded_name != agent_name:
-            self._forget_agent(loaded_name)
-            raise TransportError(f"NIXL loaded {loaded_name!r}, expected {agent_name!r}")
-        self._loaded[agent_name] = metadata
-        return True
-
     def _keep_agents(self) -> None:
         """Unload the least recently used agents that no peer uses, beyond ``keep_agents``."""
         used = {peer.agent_name for peer in self._peers.values()}
         used.update(x.peer.agent_name for x in self._inflight.values())
-        unused = [name for name in self._loaded if name not in used]
-        for name in unused[: max(0, len(unused) - self._keep_agents_max)]:
-            self._forget_agent(name)
+        self._agents.trim(self._agent, used)
 
     def _forget_agent(self, agent_name: str) -> None:
-        self._loaded.pop(agent_name, None)
-        # NIXL may already have dropped it itself after a remote disconnect.
-        with contextlib.suppress(Exception):
-            self._agent.remove_remote_agent(agent_name)
+        self._agents.forget(self._agent, agent_name)
 
     def _teardown_agent(self) -> None:
         agent, self._agent = self._agent, None
@@ -713,12 +590,3 @@ class DataPlane:
             self._reg = None
         del agent
 
-
-def _unpaired(theirs: Layout, ours: Layout) -> str:
-    """Why a peer's regions cannot receive or send our blocks."""
-    def said(layout: Layout) -> str:
-        if layout.is_plain:
-            return "one plain region"
-        return f"{len(layout.regions)} regions of slices {list(layout.slices)}"
-    return (f"the peer's memory is {said(theirs)}, ours is {said(ours)}: "
-            f"a block's slices must pair up region by region")

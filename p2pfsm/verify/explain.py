@@ -1,8 +1,8 @@
 """A TLC counterexample told in the terms of ``models/``: machine steps, frames, changes.
 
 TLC prints a behaviour as whole states. :func:`explain` reads each state's variables
-(TLA+ values, parsed by :func:`parse_value`) and, for every step, works out what a
-reader of ``models/`` wants to know:
+(TLA+ values, read as machine instances by :mod:`p2pfsm.verify.spec_state`) and, for
+every step, works out what a reader of ``models/`` wants to know:
 
 - the action and the (machine, trigger) it starts (:mod:`p2pfsm.verify.names`), or
   that it is an environment action;
@@ -33,7 +33,6 @@ cut), :func:`p2pfsm.verify.printer.as_json` gives the same steps as plain data f
 
 from __future__ import annotations
 
-import re
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -41,8 +40,19 @@ from dataclasses import dataclass
 from p2pfsm.fsm import MachineSpec, input_table, machines
 from p2pfsm.verify import tlc
 from p2pfsm.verify.names import action_map
+from p2pfsm.verify.spec_state import (
+    Instances,
+    align,
+    instances,
+    lookup_lists,
+    lookup_name,
+    lookup_state,
+    parse_state,
+    peers_of,
+    value_at,
+)
 from p2pfsm.verify.steps import Change, Frame, MachineStep, Step
-from p2pfsm.verify.tla_values import Fn, is_ident, parse_value, show
+from p2pfsm.verify.tla_values import Fn, is_ident, show
 
 # Bookkeeping of the spec, not protocol state: `fired` is told as machine steps, `act`
 # (the last action, for fairness) is the step's action.
@@ -50,138 +60,6 @@ HIDDEN = frozenset({"fired", "act"})
 _ENDED = frozenset({"dead", "ended", "closed"})
 
 
-def _parse_state(state: Mapping[str, str]) -> dict[str, object]:
-    out: dict[str, object] = {}
-    for name, text in state.items():
-        try:
-            out[name] = parse_value(text)
-        except ValueError:
-            out[name] = _Opaque(re.sub(r"\s+", " ", text).strip())
-    return out
-
-
-@dataclass(frozen=True, slots=True)
-class _Opaque:
-    text: str
-
-    def __str__(self) -> str:
-        return self.text
-
-
-def _get(fn: object, key: object) -> object:
-    if isinstance(fn, Fn):
-        return fn.get(key)
-    return None
-
-
-def _peers(values: Mapping[str, object]) -> list[str]:
-    sess = values.get("sess")
-    return sorted(str(k) for k in sess) if isinstance(sess, Fn) else []
-
-
-def _round_name(key: object) -> str:
-    if isinstance(key, tuple) and len(key) == 2:
-        req, seq = key
-        return f"{req}/{'unbound' if isinstance(seq, int) and seq < 0 else seq}"
-    return show(key)
-
-
-def _keys_text(keys: object) -> str:
-    if isinstance(keys, frozenset):
-        return "[" + ", ".join(sorted(map(str, keys))) + "]"
-    return show(keys)
-
-
-# An instance: (machine, peer, instance name) -> (state, record).
-_Instances = dict[tuple[str, str, str], tuple[str, object]]
-
-
-def _lookup_list(values: Mapping[str, object], var: str, peer: str
-                 ) -> dict[str, tuple[object, ...]]:
-    out: dict[str, tuple[object, ...]] = {}
-    per_peer = _get(values.get(var), peer)
-    if isinstance(per_peer, Fn):
-        for req, lst in per_peer.items():
-            if isinstance(lst, tuple):
-                out[str(req)] = lst
-    return out
-
-
-def _lookup_name(req: str, rec: object) -> str:
-    seq = _get(rec, "seq")
-    seq_text = "unbound" if isinstance(seq, int) and seq < 0 else str(seq)
-    return f"{req}/{seq_text} keys={_keys_text(_get(rec, 'keys'))}"
-
-
-def _lookup_state(rec: object) -> str:
-    """A lookup's state: its ``st``; a served lookup is "resolving" while listed."""
-    st = _get(rec, "st")
-    return st if isinstance(st, str) else "resolving"
-
-
-def _identity(rec: object) -> tuple[object, object]:
-    return (_get(rec, "seq"), _get(rec, "keys"))
-
-
-def _align(before: Sequence[object], after: Sequence[object]
-           ) -> list[tuple[int | None, int | None]]:
-    """Pairs (i, j) matching list entries by identity (round and keys), fewest changes
-    first; (i, None) an entry gone, (None, j) an entry added."""
-    n, m = len(before), len(after)
-    inf = 10 ** 9
-
-    def cost(i: int, j: int) -> int:
-        if _identity(before[i]) != _identity(after[j]):
-            return inf
-        return 0 if before[i] == after[j] else 1
-
-    best = [[0] * (m + 1) for _ in range(n + 1)]
-    for i in range(n, -1, -1):
-        for j in range(m, -1, -1):
-            if i == n and j == m:
-                continue
-            options = []
-            if i < n:
-                options.append(1 + best[i + 1][j])
-            if j < m:
-                options.append(1 + best[i][j + 1])
-            if i < n and j < m:
-                options.append(cost(i, j) + best[i + 1][j + 1])
-            best[i][j] = min(options)
-    pairs: list[tuple[int | None, int | None]] = []
-    i = j = 0
-    while i < n or j < m:
-        if i < n and j < m and cost(i, j) < inf and best[i][j] == cost(i, j) + best[i + 1][j + 1]:
-            pairs.append((i, j))
-            i, j = i + 1, j + 1
-        elif i < n and best[i][j] == 1 + best[i + 1][j]:
-            pairs.append((i, None))
-            i += 1
-        else:
-            pairs.append((None, j))
-            j += 1
-    return pairs
-
-
-def _map_instances(values: Mapping[str, object], var: str, machine: str, peer: str,
-                   out: _Instances) -> None:
-    per_peer = _get(values.get(var), peer)
-    if isinstance(per_peer, Fn):
-        for key, rec in per_peer.items():
-            st = _get(rec, "st")
-            if isinstance(st, str):
-                out[(machine, peer, _round_name(key))] = (st, rec)
-
-
-def _instances(values: Mapping[str, object]) -> _Instances:
-    out: _Instances = {}
-    for peer in _peers(values):
-        st = _get(values.get("sess"), peer)
-        if isinstance(st, str):
-            out[("session", peer, peer)] = (st, st)
-        _map_instances(values, "cr", "client_round", peer, out)
-        _map_instances(values, "sr", "server_round", peer, out)
-    return out
 
 
 # ---------------------------------------------------------------------------
@@ -279,7 +157,7 @@ def _fired(values: Mapping[str, object]) -> dict[str, frozenset[tuple[str, str, 
 
 def _frames(values: Mapping[str, object], var: str, sender: str, receiver: str
             ) -> tuple[object, ...]:
-    lst = _get(values.get(var), sender)
+    lst = value_at(values.get(var), sender)
     return lst if isinstance(lst, tuple) else ()
 
 
@@ -346,9 +224,9 @@ def _narrow(var: str, path: str, before: object, after: object, index_names: fro
 
 
 def _index_names(values: Mapping[str, object]) -> frozenset[str]:
-    names = set(_peers(values))
-    for peer in _peers(values):
-        per_req = _get(values.get("fl"), peer)
+    names = set(peers_of(values))
+    for peer in peers_of(values):
+        per_req = value_at(values.get("fl"), peer)
         if isinstance(per_req, Fn):
             names.update(str(k) for k in per_req)
     return frozenset(names)
@@ -362,7 +240,7 @@ def _told(change: Change) -> bool:
 
 
 def _session_ended(before: Mapping[str, object], after: Mapping[str, object], peer: str) -> bool:
-    b, a = _get(before.get("sess"), peer), _get(after.get("sess"), peer)
+    b, a = value_at(before.get("sess"), peer), value_at(after.get("sess"), peer)
     return b not in _ENDED and a in _ENDED
 
 
@@ -402,17 +280,17 @@ def _step(ctx: _Context, machine: str, peer: str, name: str, source: str, dest: 
     return MachineStep(machine, peer, name, source, dest, triggers, note)
 
 
-def _adopted(old: _Instances, new: _Instances, gone: tuple[str, str, str],
+def _adopted(old: Instances, new: Instances, gone: tuple[str, str, str],
              fresh: Sequence[tuple[str, str, str]]) -> tuple[str, str, str] | None:
     """The round that took over an unbound server round (the request's first fetch
     adopts it): same request, a seq, and the unbound round's store jobs."""
     machine, peer, name = gone
     if machine != "server_round" or not name.endswith("/unbound"):
         return None
-    jobs = _get(old[gone][1], "jobs")
+    jobs = value_at(old[gone][1], "jobs")
     for key in fresh:
         if key[:2] == (machine, peer) and key[2].split("/")[0] == name.split("/")[0]:
-            got = _get(new[key][1], "jobs")
+            got = value_at(new[key][1], "jobs")
             if isinstance(jobs, frozenset) and jobs and isinstance(got, frozenset) \
                     and jobs <= got:
                 return key
@@ -422,7 +300,7 @@ def _adopted(old: _Instances, new: _Instances, gone: tuple[str, str, str],
 def _machine_steps(before: Mapping[str, object], after: Mapping[str, object],
                    ctx: _Context, sent: Sequence[Frame]) -> list[MachineStep]:
     steps: list[MachineStep] = []
-    old, new = _instances(before), _instances(after)
+    old, new = instances(before), instances(after)
     fresh = [k for k in sorted(new) if k not in old]
     taken: set[tuple[str, str, str]] = set()
     for key in sorted(old):
@@ -444,7 +322,7 @@ def _machine_steps(before: Mapping[str, object], after: Mapping[str, object],
             spec = ctx.specs.get(machine)
             steps.append(_step(ctx, machine, peer, name, spec.initial if spec else "?",
                                new[key][0]))
-    for peer in sorted(set(_peers(before)) | set(_peers(after))):
+    for peer in sorted(set(peers_of(before)) | set(peers_of(after))):
         steps.extend(_lookup_steps(before, after, ctx, peer, sent))
     order = {m: i for i, m in enumerate(MACHINE_ORDER)}
     return sorted(steps, key=lambda m: (order.get(m.machine, 9), m.peer, m.instance))
@@ -474,9 +352,9 @@ def _ended_instance(machine: str, peer: str, name: str, source: str, rec: object
     note = ""
     dest: str | None
     if machine == "client_round":
-        job = _get(rec, "job")
-        results = _get(after.get("lres"), peer)
-        result = (_get(results[job - 1], "r") if isinstance(results, tuple)
+        job = value_at(rec, "job")
+        results = value_at(after.get("lres"), peer)
+        result = (value_at(results[job - 1], "r") if isinstance(results, tuple)
                   and isinstance(job, int) and 0 < job <= len(results) else None)
         if _session_ended(before, after, peer):
             dest = "orphaned" if result == "orphan" else "done"
@@ -495,25 +373,25 @@ def _lookup_steps(before: Mapping[str, object], after: Mapping[str, object], ctx
     for var, machine in (("cl", "client_lookup"), ("sl", "server_lookup")):
         spec = ctx.specs.get(machine)
         initial = spec.initial if spec is not None else "new"
-        old, new = _lookup_list(before, var, peer), _lookup_list(after, var, peer)
+        old, new = lookup_lists(before, var, peer), lookup_lists(after, var, peer)
         for req in sorted(set(old) | set(new)):
             b, a = old.get(req, ()), new.get(req, ())
-            for i, j in _align(b, a):
+            for i, j in align(b, a):
                 rec = b[i] if i is not None else a[j] if j is not None else None
-                name = _lookup_name(req, rec)
+                name = lookup_name(req, rec)
 
                 if i is not None and j is not None:
                     if b[i] == a[j]:
                         continue
-                    steps.append(_step(ctx, machine, peer, name, _lookup_state(b[i]),
-                                       _lookup_state(a[j])))
+                    steps.append(_step(ctx, machine, peer, name, lookup_state(b[i]),
+                                       lookup_state(a[j])))
                 elif j is not None:
-                    steps.append(_step(ctx, machine, peer, name, initial, _lookup_state(a[j])))
+                    steps.append(_step(ctx, machine, peer, name, initial, lookup_state(a[j])))
                 elif i is not None:
-                    s = _lookup_state(b[i])
+                    s = lookup_state(b[i])
                     prefer: list[str] = []
                     if machine == "server_lookup":
-                        keys = _get(b[i], "keys")
+                        keys = value_at(b[i], "keys")
                         answered = any(
                             f.type == "lookup_resp" and f.req == req and f.sender == peer
                             and isinstance(keys, frozenset)
@@ -535,17 +413,17 @@ def _stays(before: Mapping[str, object], ctx: _Context, machine: str, trigger: s
         return []
     loops = {s for s, t, d in spec.edges() if t == trigger and s == d}
     found: list[MachineStep] = []
-    for (m, peer, name), (st, _rec) in _instances(before).items():
+    for (m, peer, name), (st, _rec) in instances(before).items():
         if m == machine and st in loops:
             found.append(MachineStep(m, peer, name, st, st, (trigger,)))
-    for peer in _peers(before):
+    for peer in peers_of(before):
         for var in ("cl", "sl"):
-            for req, lst in _lookup_list(before, var, peer).items():
+            for req, lst in lookup_lists(before, var, peer).items():
                 for rec in lst:
-                    st = _lookup_state(rec)
+                    st = lookup_state(rec)
                     if machine == ("client_lookup" if var == "cl" else "server_lookup") \
                             and st in loops:
-                        found.append(MachineStep(machine, peer, _lookup_name(req, rec), st, st,
+                        found.append(MachineStep(machine, peer, lookup_name(req, rec), st, st,
                                                  (trigger,)))
     return found if len(found) == 1 else []
 
@@ -558,7 +436,7 @@ def explain(trace: Sequence[tlc.TraceStep],
     out: list[Step] = []
     previous: dict[str, object] = {}
     for raw in trace:
-        values = _parse_state(raw.state)
+        values = parse_state(raw.state)
         if raw.action.startswith("Back to state") or raw.action == "Stuttering":
             kind = "back" if raw.action.startswith("Back") else "stutter"
             out.append(Step(raw.index, raw.action, kind, None, None, state=dict(raw.state)))
@@ -579,7 +457,7 @@ def explain(trace: Sequence[tlc.TraceStep],
             if b != a:
                 changed[name] = (show(b), show(a))
                 _narrow(name, name, b, a, index_names, parts)
-        peers = sorted(set(_peers(previous)) | set(_peers(values)))
+        peers = sorted(set(peers_of(previous)) | set(peers_of(values)))
         sent: list[Frame] = []
         taken: list[Frame] = []
         queued: list[Frame] = []
@@ -615,8 +493,8 @@ def explain(trace: Sequence[tlc.TraceStep],
 def _initial(raw: tlc.TraceStep, values: Mapping[str, object],
              specs: dict[str, MachineSpec]) -> Step:
     steps = [MachineStep(m, p, n, st, st)
-             for (m, p, n), (st, _r) in sorted(_instances(values).items())]
-    peers = _peers(values)
+             for (m, p, n), (st, _r) in sorted(instances(values).items())]
+    peers = peers_of(values)
     sent: list[Frame] = []
     queued: list[Frame] = []
     for p in peers:

@@ -323,9 +323,9 @@ class NodesMachine(RuleBasedStateMachine):
             return
         node, peer = ((self.consumer, prod.id) if consumer_side
                       else (prod.node, self.consumer.local_id))
-        dealer = node.control._peers.get(peer)
+        dealer = node.control._dealers.peers.get(peer)
         if dealer is not None:  # the path a heartbeat timeout takes: a PeerLost next poll
-            node.control._lose(dealer, "killed by the test")
+            node.control._dealers.lose(dealer, "killed by the test")
 
     @precondition(lambda self: bool(self.open))
     @rule()
@@ -530,11 +530,11 @@ def test_a_fetch_after_a_forgotten_one_sided_loss_gets_its_result() -> None:
         prod = state.producers[1]
         peer = state.consumer.local_id
         control = prod.node.control
-        control._lose(control._peers[peer], "heartbeat timeout (simulated)")
+        control._dealers.lose(control._dealers.peers[peer], "heartbeat timeout (simulated)")
         drive_nodes(state.nodes, lambda: not prod.node.sessions[peer].alive,
                     "the producer's session ending", QUIET_S)
-        when, key = control._lost[peer]
-        control._lost[peer] = (when - 61.0, key)  # 61 s later
+        when, key = control._dealers.lost[peer]
+        control._dealers.lost[peer] = (when - 61.0, key)  # 61 s later
         job = state.fetch(which=1, first=3, count=1, hold=False, absent=False)
         assert isinstance(job, Fetch)
         # Far past the load deadline (2 s) and an abort_ack deadline (1 s) after it.

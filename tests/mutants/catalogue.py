@@ -355,7 +355,7 @@ EXECUTOR_SLIPS: tuple[Entry, ...] = (
     Entry("dial_back_any_named_host", "hostile identity",
           "an unknown identity is dialled back at whatever host it names (the source "
           "address check inverted: it runs only with dial_back_any_host)",
-          slip=Slip("p2pfsm.executor.zmq_plane", "ControlPlane._admit",
+          slip=Slip("p2pfsm.executor.router_intake", "RouterIntake._admit",
                     "if not self._any_host:", "if self._any_host:"),
           caught_by=("tests/integration/test_reflection.py::"
                      "test_a_connect_naming_another_host_is_not_dialled_back",

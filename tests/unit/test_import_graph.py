@@ -1,6 +1,7 @@
 """No import circles in p2pfsm: module A importing B (at the top or inside a function)
-while B imports A. Imports under ``if TYPE_CHECKING:`` are for the type checker only
-and do not count."""
+while B imports A, over every module of the package. Relative imports are resolved and
+``importlib.import_module`` of a constant name counts too; imports under
+``if TYPE_CHECKING:`` are for the type checker only and do not count."""
 
 from __future__ import annotations
 
@@ -32,6 +33,33 @@ def _typing_only(tree: ast.Module) -> set[int]:
     return hidden
 
 
+def run_time_imports(tree: ast.Module, module: str, package: bool = False) -> list[str]:
+    """The names ``module``'s run-time imports reach, each absolute (``from .x import y``
+    resolved against ``module``, which is a package's ``__init__`` when ``package``):
+    ``import a.b``, ``from a import b`` (as ``a.b``) and ``importlib.import_module("a.b")``."""
+    hidden = _typing_only(tree)
+    base = module if package else module.rpartition(".")[0]
+    found: list[str] = []
+    for node in ast.walk(tree):
+        if id(node) in hidden:
+            continue
+        if isinstance(node, ast.ImportFrom):
+            source = node.module or ""
+            if node.level:
+                parts = base.split(".")
+                anchor = ".".join(parts[: len(parts) - (node.level - 1)])
+                source = f"{anchor}.{source}" if source else anchor
+            found += [f"{source}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            found += [a.name for a in node.names]
+        elif (isinstance(node, ast.Call)
+              and ast.unparse(node.func) in ("importlib.import_module", "import_module")
+              and node.args and isinstance(node.args[0], ast.Constant)
+              and isinstance(node.args[0].value, str)):
+            found.append(node.args[0].value)
+    return found
+
+
 def import_graph() -> dict[str, set[str]]:
     """Module -> the p2pfsm modules it imports at run time."""
     modules = _modules()
@@ -44,20 +72,11 @@ def import_graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
         tree = ast.parse(path.read_text(), str(path))
-        hidden = _typing_only(tree)
-        for node in ast.walk(tree):
-            if id(node) in hidden:
-                continue
-            targets: list[str] = []
-            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                targets = [f"{node.module}.{a.name}" for a in node.names]
-            elif isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            for target in targets:
-                if target.split(".")[0] == "p2pfsm":
-                    found = owner(target)
-                    if found is not None and found != name:
-                        graph[name].add(found)
+        for target in run_time_imports(tree, name, path.name == "__init__.py"):
+            if target.split(".")[0] == "p2pfsm":
+                found = owner(target)
+                if found is not None and found != name:
+                    graph[name].add(found)
     return graph
 
 
@@ -114,3 +133,30 @@ def test_p2pfsm_has_no_import_circle() -> None:
     graph = import_graph()
     assert "p2pfsm.executor.zmq_plane" in graph["p2pfsm.executor.node"]  # it reads imports
     assert cycles(graph) == []
+
+
+def test_relative_and_dynamic_imports_count() -> None:
+    source = """
+import importlib
+from typing import TYPE_CHECKING
+from . import sibling
+from .. import uncle
+from ..aunt import thing
+if TYPE_CHECKING:
+    from . import typing_only
+
+def later() -> None:
+    importlib.import_module("p2pfsm.far.away")
+"""
+    found = run_time_imports(ast.parse(source), "p2pfsm.pkg.mod")
+    assert "p2pfsm.pkg.sibling" in found and "p2pfsm.uncle" in found
+    assert "p2pfsm.aunt.thing" in found and "p2pfsm.far.away" in found
+    assert not any("typing_only" in name for name in found)
+    in_init = run_time_imports(ast.parse("from . import child"), "p2pfsm.pkg", package=True)
+    assert in_init == ["p2pfsm.pkg.child"]
+
+
+def test_every_module_of_the_package_is_in_the_graph() -> None:
+    graph = import_graph()
+    assert len(graph) == len(list(ROOT.rglob("*.py")))
+    assert "p2pfsm.executor.dealers" in graph["p2pfsm.executor.zmq_plane"]

@@ -1,0 +1,71 @@
+"""The remote agents loaded into a data plane's NIXL agent, kept for reuse.
+
+Unloading a remote agent (``remove_remote_agent``) does not end the UCX connection: the
+remote end keeps the endpoint that the wire-up made for us, so both processes keep one
+TCP connection per load until one of the two agents goes away (measured here: one more
+descriptor on each side per load and unload of a live agent, 500 after 500). So
+:meth:`~p2pfsm.executor.nixl_plane.DataPlane.remove_peer` keeps the agent loaded and a
+later :meth:`~p2pfsm.executor.nixl_plane.DataPlane.add_peer` with byte-identical
+metadata reuses it (a reconnecting peer, or many ids naming one agent); metadata that
+differs for the same name loads afresh. At most ``keep_agents`` agents that no peer uses
+stay loaded (least recently used are unloaded first), and an agent whose transfers
+failed is unloaded with its peer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import OrderedDict
+from collections.abc import Set
+from typing import Any
+
+from p2pfsm.errors import TransportError
+
+__all__ = ["LoadedAgents"]
+
+
+class LoadedAgents:
+    """Remote agents loaded into one NIXL agent (passed to each call, since the data
+    plane drops it on close), least recently used first, with the metadata each was
+    loaded from."""
+
+    def __init__(self, keep: int) -> None:
+        self._keep = keep
+        self._loaded: OrderedDict[str, bytes] = OrderedDict()
+
+    def names(self) -> list[str]:
+        """The loaded agents' names, least recently used first."""
+        return list(self._loaded)
+
+    def load(self, agent: Any, peer_id: str, agent_name: str, metadata: bytes) -> bool:
+        """Make ``agent_name`` loaded with exactly ``metadata``; True when it was loaded
+        now, False when an agent kept from an earlier peer is reused."""
+        kept = self._loaded.get(agent_name)
+        if kept == metadata:
+            self._loaded.move_to_end(agent_name)
+            return False
+        if kept is not None:  # the same name with other metadata: a new agent
+            self.forget(agent, agent_name)
+        try:
+            loaded = agent.add_remote_agent(metadata)
+        except Exception as exc:
+            raise TransportError(f"add_remote_agent failed for {peer_id!r}: {exc!r}") from exc
+        loaded_name = loaded.decode("utf-8") if isinstance(loaded, bytes) else str(loaded)
+        if loaded_name != agent_name:
+            self.forget(agent, loaded_name)
+            raise TransportError(f"NIXL loaded {loaded_name!r}, expected {agent_name!r}")
+        self._loaded[agent_name] = metadata
+        return True
+
+    def trim(self, agent: Any, used: Set[str]) -> None:
+        """Unload the least recently used agents not in ``used``, beyond ``keep``."""
+        unused = [name for name in self._loaded if name not in used]
+        for name in unused[: max(0, len(unused) - self._keep)]:
+            self.forget(agent, name)
+
+    def forget(self, agent: Any, agent_name: str) -> None:
+        """Unload ``agent_name`` (NIXL may already have dropped it itself after a remote
+        disconnect)."""
+        self._loaded.pop(agent_name, None)
+        with contextlib.suppress(Exception):
+            agent.remove_remote_agent(agent_name)
