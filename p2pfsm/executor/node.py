@@ -43,6 +43,7 @@ from p2pfsm.executor.admission import is_connect_from
 from p2pfsm.executor.bindings import Bindings
 from p2pfsm.executor.config import NodeConfig, fingerprint
 from p2pfsm.executor.core import Executor, TimerTable
+from p2pfsm.executor.driver import Driver
 from p2pfsm.executor.jobs import Driven, JobFuture, LookupAsk, OpenJobs, OpenLoad, copy_outcome
 from p2pfsm.executor.nixl_plane import DataPlane, WriteId
 from p2pfsm.executor.peer_policy import EndedSessions, IdleInbound, ViolationBudget
@@ -206,16 +207,10 @@ class Node(Driven, Executor):
         self.violations: deque[tuple[str, ProtocolViolation]] = deque(maxlen=config.history)
         self._ended = EndedSessions(config.history)  # peers whose session ended
         self._rate_limited = 0  # control.rate_limited already in metrics
-        # Each event is bound to the session it belongs to when it is queued (a frame to
-        # the session current when it arrived, a write's or timer's result to the session
-        # that started it), so a session that replaces another never sees the old one's.
-        self._events: deque[tuple[str, Input, Session | None]] = deque()
         self._timer_owner: dict[tuple[str, TimerId], Session] = {}
-        self._callbacks: deque[Callable[[], None]] = deque()
         # Calls from other threads (cancels, node.threadsafe), run in order by the driver.
         self._submitted: deque[Callable[[], None]] = deque()
         self._timers: TimerTable[tuple[str, TimerId]] = TimerTable()
-        self._applying: Session | None = None  # whose outputs are being carried out
         # Our WRITEs by (session, its xfer id), the id the data plane reports them by.
         self._writes: dict[WriteId, _Write] = {}
         self._jobs = OpenJobs()  # every job that still owes the host a result
@@ -229,9 +224,8 @@ class Node(Driven, Executor):
         self._idle = IdleInbound(config.idle_timeout_s)  # inbound sessions' last frames
         self._job = 0
         self._closed = False
-        self._draining = False
         self._loop_thread: int | None = None  # the thread inside step(), while it is
-        self._driver: int | None = None  # the thread inside serve / run_until / step
+        self._driving_thread: int | None = None  # the thread inside serve / run_until / step
         self._last_step: tuple[int, float] | None = None
         self._aio_thread: int | None = None
         self._close_request: tuple[float, Future[None]] | None = None
@@ -248,6 +242,8 @@ class Node(Driven, Executor):
                 self.data.close()
                 self.control.close()
                 raise ConfigError(f"cannot write the trace log {config.trace}: {exc}") from exc
+        # Queues inputs, carries out outputs through this node's Executor methods.
+        self._driver = Driver(self, time.monotonic, self._hook)
         log.info("node %s up: %d blocks of %d bytes", self.local_id, config.num_blocks,
                  config.block_len)
 
@@ -463,7 +459,7 @@ class Node(Driven, Executor):
         connect_ms = self.control.next_timeout_ms()
         if connect_ms is not None:
             deadline = min(deadline, now + connect_ms / 1000.0)
-        if self._events or self._callbacks or self._submitted:
+        if self._driver.busy or self._submitted:
             deadline = now
         return deadline
 
@@ -489,14 +485,14 @@ class Node(Driven, Executor):
     def _driving(self, what: str) -> Iterator[None]:
         """This thread drives the node for the block (nested calls keep the outer's)."""
         self._check_thread(what)
-        outer = self._driver is None
+        outer = self._driving_thread is None
         if outer:
-            self._driver = threading.get_ident()
+            self._driving_thread = threading.get_ident()
         try:
             yield
         finally:
             if outer:
-                self._driver = None
+                self._driving_thread = None
 
     def _close_now(self) -> None:
         """Carry out ``threadsafe.close()`` on the driving thread, after a turn."""
@@ -560,7 +556,7 @@ class Node(Driven, Executor):
         for peer, timer in self._timers.pop_due(now):
             owner = self._timer_owner.pop((peer, timer), None)
             if owner is not None:
-                self._events.append((peer, TimerFired(timer), owner))
+                self._driver.queue(peer, TimerFired(timer), owner)
         if self._idle.due(now):
             self._evict_idle(now)
         if self._redials:
@@ -645,7 +641,7 @@ class Node(Driven, Executor):
 
     def _check_thread(self, what: str) -> None:
         """Refuse a call from another thread than the one driving the node."""
-        driver = self._driver if self._driver is not None else self._aio_thread
+        driver = (self._driving_thread if self._driving_thread is not None else self._aio_thread)
         if driver is not None and driver != threading.get_ident():
             if what in ("serve", "run_until", "step"):
                 raise LocalProtocolError(
@@ -754,7 +750,7 @@ class Node(Driven, Executor):
 
     def _queue(self, peer_id: str, event: Input, session: Session | None = None) -> None:
         """Queue ``event`` for ``session`` (default: the peer's session now)."""
-        self._events.append((peer_id, event, session or self.sessions.get(peer_id)))
+        self._driver.queue(peer_id, event, session or self.sessions.get(peer_id))
 
     def _handle_all(self) -> None:
         """Handle every queued event, and the writes that this finished at once: over
@@ -774,7 +770,7 @@ class Node(Driven, Executor):
             if write is not None:
                 if ok:
                     self.metrics.count("served_bytes", write.nbytes)
-                self._events.append((write.peer_id, WriteFinished(write.xfer, ok), write.session))
+                self._driver.queue(write.peer_id, WriteFinished(write.xfer, ok), write.session)
                 found = True
         return found
 
@@ -782,51 +778,23 @@ class Node(Driven, Executor):
         del self._writes[write.key]
 
     def _drain(self) -> None:
-        """Handle queued events; then (unless this is a nested call from a callback)
-        run the queued host callbacks, until both queues are empty."""
-        nested = self._draining
-        self._draining = True
-        try:
-            while True:
-                while self._events:
-                    peer_id, event, session = self._events.popleft()
-                    if session is not None:
-                        self._feed(peer_id, event, session=session)
-                if nested or not self._callbacks:
-                    return
-                self._callbacks.popleft()()
-        finally:
-            self._draining = nested
+        """Handle queued events, then the queued host callbacks (the driver's drain)."""
+        self._driver.drain()
 
     def _feed(self, peer_id: str, event: Input, *, session: Session | None = None) -> None:
-        session = session or self.sessions[peer_id]
-        was_ready = session.ready
-        hook = self._hook
-        if hook is None:
-            outputs = session.handle(event, time.monotonic())
-        else:
-            started, state = time.monotonic_ns(), session.state
-            try:
-                outputs = session.handle(event, time.monotonic())
-            except BaseException:
-                hook.discard()
-                raise
-            hook.record(peer_id, state, event, started)
-        outer, self._applying = self._applying, session
-        try:
-            for out in outputs:
-                self.apply(peer_id, out)
-        finally:
-            self._applying = outer
-        if not was_ready and session.ready:
-            self._on_ready(peer_id, session)
-        elif not session.alive and peer_id in self._live and self.sessions.get(peer_id) is session:
-            self._live.discard(peer_id)  # died or closed
+        self._driver.feed(peer_id, event, session or self.sessions[peer_id])
+
+    def session_ready(self, peer: str, session: Session) -> None:
+        self._on_ready(peer, session)
+
+    def session_over(self, peer: str, session: Session) -> None:
+        if peer in self._live and self.sessions.get(peer) is session:
+            self._live.discard(peer)  # died or closed
 
     # ------------------------------------------- Executor: carrying out outputs
     def send_frame(self, peer: str, out: SendFrame) -> None:
         if not self.control.send(peer, encode(out.message)):
-            self._queue(peer, TransportLost("send failed"), self._applying)
+            self._queue(peer, TransportLost("send failed"), self._driver.applying)
         elif isinstance(out.message, AbortFetch):
             self.metrics.count("aborts_sent")
             log.info("peer %s: aborting %s round %d", peer, out.message.kv_request_id,
@@ -840,36 +808,36 @@ class Node(Driven, Executor):
             return
         if self.control.answer(peer, encode(out.message)):
             self.metrics.count("stale_answers")
-            sender = self._applying
+            sender = self._driver.applying
             log.info("peer %s: told that its session is over (%s)", peer,
                      None if sender is None else sender.death_reason)
 
     def start_write(self, peer: str, out: StartWrite) -> None:
-        assert self._applying is not None  # outputs are applied only from _feed
+        assert self._driver.applying is not None  # outputs are applied only from _feed
         write = _Write(peer, out.xfer, len(out.local_indexes) * self.config.block_len,
-                       self._applying)
+                       self._driver.applying)
         key = write.key
         try:
             self.data.write(key, peer, out.local_indexes, out.remote_indexes)
         except TransportError as exc:
             log.warning("write to %s failed to start: %s", peer, exc)
-            self._queue(peer, WriteFinished(out.xfer, False), self._applying)
+            self._queue(peer, WriteFinished(out.xfer, False), self._driver.applying)
             return
         self._writes[key] = write
 
     def cancel_write(self, peer: str, out: CancelWrite) -> None:
-        write = self._writes.get((self._applying, out.xfer))
+        write = self._writes.get((self._driver.applying, out.xfer))
         if write is not None and self.data.cancel(write.key):
             self._forget_write(write)
             self._queue(peer, WriteFinished(out.xfer, False), write.session)
 
     def arm_timer(self, peer: str, out: ArmTimer) -> None:
-        assert self._applying is not None  # outputs are applied only from _feed
+        assert self._driver.applying is not None  # outputs are applied only from _feed
         self._timers.arm((peer, out.timer), out.deadline)  # sessions run on time.monotonic()
-        self._timer_owner[(peer, out.timer)] = self._applying
+        self._timer_owner[(peer, out.timer)] = self._driver.applying
 
     def disarm_timer(self, peer: str, out: DisarmTimer) -> None:
-        if self._timer_owner.get((peer, out.timer)) is self._applying:
+        if self._timer_owner.get((peer, out.timer)) is self._driver.applying:
             self._timers.disarm((peer, out.timer))
             del self._timer_owner[(peer, out.timer)]
 
@@ -882,7 +850,7 @@ class Node(Driven, Executor):
         except (TransportError, ConfigError) as exc:
             log.warning("peer %s: cannot register its memory: %s", peer, exc)
             result = RegistrationFinished(False, str(exc))
-        self._queue(peer, result, self._applying)
+        self._queue(peer, result, self._driver.applying)
 
     def load_result(self, peer: str, out: LoadResult) -> None:
         self._on_load_result(peer, out)
@@ -896,9 +864,9 @@ class Node(Driven, Executor):
         self._deliver(peer, self._jobs.take_lookup(peer, out.kv_request_id), out)
 
     def lookup_request(self, peer: str, out: LookupRequest) -> None:
-        session = self._applying
+        session = self._driver.applying
         assert session is not None  # outputs are applied only from _feed
-        self._callbacks.append(lambda: self._answer(peer, session, out))
+        self._driver.defer(lambda: self._answer(peer, session, out))
 
     def lookup_closed(self, peer: str, out: LookupClosed) -> None:
         token = self._served.token_of(peer, out.token)
@@ -908,12 +876,12 @@ class Node(Driven, Executor):
     def fetch_arrived(self, peer: str, out: FetchArrived) -> None:
         on_fetch = self.on_fetch
         if on_fetch is not None:
-            self._callbacks.append(lambda: self._call_on_fetch(on_fetch, peer, out))
+            self._driver.defer(lambda: self._call_on_fetch(on_fetch, peer, out))
 
     def round_ended(self, peer: str, out: RoundEnded) -> None:
         on_round_ended = self.on_round_ended
         if on_round_ended is not None:
-            self._callbacks.append(lambda: self._call_on_round_ended(on_round_ended, peer, out))
+            self._driver.defer(lambda: self._call_on_round_ended(on_round_ended, peer, out))
 
     def session_dead(self, peer: str, out: SessionDead) -> None:
         self._on_death(peer, out)
@@ -947,7 +915,7 @@ class Node(Driven, Executor):
     def _on_load_result(self, peer_id: str, res: LoadResult) -> None:
         load = self._jobs.loads.get(res.job_id)
         if (load is not None and res.reason is FailReason.SESSION_ENDED
-                and self._unsent_death is not None and self._applying is self._unsent_death
+                and self._unsent_death is not None and self._driver.applying is self._unsent_death
                 and self._redials.waiting(peer_id)):
             deadline = load.started + self.config.timeouts.load
             if deadline > time.monotonic():  # never sent: it waits for the next session
@@ -972,7 +940,7 @@ class Node(Driven, Executor):
     def _fail_detail(self, peer_id: str, res: LoadResult | LookupResult) -> str:
         """The session's detail, naming the peer (and why its session ended)."""
         text = f"from {peer_id}: {res.detail or 'failed'}"
-        session = self._applying or self.sessions.get(peer_id)
+        session = self._driver.applying or self.sessions.get(peer_id)
         if (res.reason is FailReason.SESSION_ENDED and session is not None
                 and session.death_reason):
             text += f" ({session.death_reason})"
@@ -988,7 +956,7 @@ class Node(Driven, Executor):
             fut.set_result(value)
         on_result = self.on_result
         if on_result is not None:
-            self._callbacks.append(lambda: self._call_on_result(on_result, peer_id, value))
+            self._driver.defer(lambda: self._call_on_result(on_result, peer_id, value))
 
     def _call_on_result(self, on_result: Callable[[str, Any], None], peer_id: str,
                         value: LoadResult | StoreResult | LookupResult) -> None:
@@ -1041,13 +1009,13 @@ class Node(Driven, Executor):
         if restart is not None:
             self.metrics.count("restarts" if dead.reason == "peer restarted" else "reconnects")
             old = self.sessions.get(peer_id)
-            self._callbacks.append(lambda: self._serve_restart(peer_id, old, restart))
+            self._driver.defer(lambda: self._serve_restart(peer_id, old, restart))
         elif self._redials.may_redial(peer_id, dead, self._closed):
             wait = self._redials.schedule(peer_id, time.monotonic())
             log.info("peer %s: opening the session again in %.1f s", peer_id, wait)
             if never_ready:
                 # Its fetches never left the queue: they wait for the next session.
-                self._unsent_death = self._applying
+                self._unsent_death = self._driver.applying
 
     def _redial_due(self, now: float) -> None:
         """Open the sessions whose redial is due; fail the calls that waited past their
@@ -1127,12 +1095,12 @@ class Node(Driven, Executor):
         self.violations.append((peer_id, violation))
         self.metrics.count("violations")
         count = self._violations.rejected(peer_id)
-        session = self._applying
+        session = self._driver.applying
         if self._violations.crossed(count) and session is not None:
             log.warning("peer %s: %d rejected frames (budget %d): closing the session",
                         peer_id, count, self._violations.budget)
             self.metrics.count("violation_closes")
-            self._callbacks.append(lambda: self._close_for_violations(peer_id, session))
+            self._driver.defer(lambda: self._close_for_violations(peer_id, session))
         self._violations.log(peer_id, log, violation.error)
 
     def _host_failed(self, callback: str, peer_id: str, what: str, exc: Exception) -> None:
