@@ -6,8 +6,16 @@ own memory or one the node allocates) and one sans-IO :class:`~p2pfsm.session.Se
 per peer. Everything runs on the thread that drives it: :meth:`Node.run_until` /
 :meth:`Node.serve`, or an event loop that waits on :meth:`Node.fileno` until
 :meth:`Node.next_deadline` and calls ``step(0)`` (:mod:`p2pfsm.aio` does this for
-asyncio). A turn feeds what happened to the sessions as input events and carries out
-their outputs. There is no fixed-interval sleep and no NIXL progress thread.
+asyncio). A turn feeds what happened to the sessions as input events through the
+node's :class:`~p2pfsm.executor.driver.Driver`, which hands their outputs to the node's
+effects. There is no fixed-interval sleep and no NIXL progress thread.
+
+This module holds the host API, the loop and the wiring; the rest of the node lives in
+rooms with one job each: :mod:`~p2pfsm.executor.node_state` (its fields and the way
+into the driver), :mod:`~p2pfsm.executor.node_sessions` (the peer/session table),
+:mod:`~p2pfsm.executor.node_effects` (outputs carried out, results handed to the host),
+:mod:`~p2pfsm.executor.node_threads` (which thread drives it),
+:mod:`~p2pfsm.executor.writes` and :mod:`~p2pfsm.executor.session_timers`.
 
 Host API: :meth:`connect` (and :meth:`when_ready`), :meth:`fetch` (a
 :class:`~p2pfsm.executor.jobs.JobFuture` of LoadResult), :meth:`lookup`, :meth:`supply`,
@@ -524,7 +532,7 @@ class Node(NodeSessions, NodeEffects):
         """Mark the thread of the asyncio loop driving the node (None: detach)."""
         self._threads.aio = thread_id
 
-    # ------------------------------------------------------------ internals
+    # ------------------------------------------------------------ the loop's parts
     def _finish_quietly(self, peer_id: str, kv_request_id: str) -> None:
         """A cancelled fetch: finish its request unless the session is already over (a
         fetch still waiting for its session to open again fails at once)."""
@@ -558,7 +566,6 @@ class Node(NodeSessions, NodeEffects):
             found = True
         return found
 
-    # ------------------------------------------- Executor: carrying out outputs
     def _update_gauges(self) -> None:
         limited = self.control.rate_limited
         if limited != self._rate_limited:

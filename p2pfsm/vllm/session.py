@@ -1,10 +1,11 @@
 """``P2PSession`` for vLLM 0.33.0's P2P tier, decided by p2pfsm's sans-IO :class:`Session`.
 
 The class keeps vLLM's constructor and the public surface its tier manager uses. Each
-call becomes one :class:`~p2pfsm.session.Input`; each :class:`~p2pfsm.session.Output`
-is carried out on vLLM's own ``ControlConnection`` (dict frames) and ``DataTransport``
-(NIXL writes) by the :class:`~p2pfsm.executor.core.Executor` methods below, or collected
-for the next :meth:`P2PSession.poll`. Nothing here decides protocol questions: rounds,
+call becomes one :class:`~p2pfsm.session.Input`, fed through the shared
+:class:`~p2pfsm.executor.driver.Driver`; each :class:`~p2pfsm.session.Output` is carried
+out on vLLM's own ``ControlConnection`` (dict frames) and ``DataTransport`` (NIXL writes)
+by the :class:`~p2pfsm.executor.core.Executor` methods below, or collected for the next
+:meth:`P2PSession.poll`. Nothing here decides protocol questions: rounds,
 deadlines, aborts and pins are the Session's. Importing this module imports vLLM.
 """
 
