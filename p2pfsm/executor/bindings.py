@@ -7,7 +7,7 @@ does not say who sent a frame; the connection does. A live session is bound to t
 connection its peer's latest admitted frame came on. A frame under the same id on
 another connection is not the session's unless it is a connect, which the session
 judges as a restart or a reconnect of its peer (a new or the same incarnation);
-anything else never reaches it (:meth:`~p2pfsm.executor.node.Node._on_frame`).
+anything else never reaches it (:meth:`~p2pfsm.executor.node_sessions.NodeSessions._on_frame`).
 
 Connections are named by the descriptor libzmq read the frame from
 (:attr:`~p2pfsm.executor.zmq_plane.FrameIn.conn`). A descriptor is reused once its

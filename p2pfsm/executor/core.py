@@ -1,8 +1,9 @@
 """What every executor of sessions shares: one output interface and one timer table.
 
-A session's outputs are carried out by an :class:`Executor`: the real
-:class:`~p2pfsm.executor.node.Node` (ZeroMQ + NIXL) and the simulated
-:class:`~p2pfsm.sim.world.SimWorld` both implement it, and :meth:`Executor.apply` is the
+A session's outputs are carried out by an :class:`Executor`, the effects interface that
+:class:`~p2pfsm.executor.driver.Driver` hands each output to: the real
+:class:`~p2pfsm.executor.node.Node` (ZeroMQ + NIXL), the vLLM adapter and the simulated
+:class:`~p2pfsm.sim.world.SimWorld` implement it, and :meth:`Executor.apply` is the
 one place that maps an output type to the method that carries it out (a new output type
 without a method fails :func:`check_handlers` at import, not silently at run time).
 
@@ -33,6 +34,7 @@ from p2pfsm.session import (
     RoundEnded,
     SendFrame,
     SendToLostPeer,
+    Session,
     SessionDead,
     StartRegistration,
     StartWrite,
@@ -128,6 +130,13 @@ class Executor:
 
     def session_dead(self, peer: str, out: SessionDead) -> None:
         raise NotImplementedError
+
+    # Not outputs: what the driver tells the effects after a call (nothing by default).
+    def session_ready(self, peer: str, session: Session) -> None:
+        """A call made ``session`` ready (it was not before)."""
+
+    def session_over(self, peer: str, session: Session) -> None:
+        """A call left ``session`` no longer alive (told after every such call)."""
 
 
 def check_handlers() -> None:

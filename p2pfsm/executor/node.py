@@ -6,8 +6,16 @@ own memory or one the node allocates) and one sans-IO :class:`~p2pfsm.session.Se
 per peer. Everything runs on the thread that drives it: :meth:`Node.run_until` /
 :meth:`Node.serve`, or an event loop that waits on :meth:`Node.fileno` until
 :meth:`Node.next_deadline` and calls ``step(0)`` (:mod:`p2pfsm.aio` does this for
-asyncio). A turn feeds what happened to the sessions as input events and carries out
-their outputs. There is no fixed-interval sleep and no NIXL progress thread.
+asyncio). A turn feeds what happened to the sessions as input events through the
+node's :class:`~p2pfsm.executor.driver.Driver`, which hands their outputs to the node's
+effects. There is no fixed-interval sleep and no NIXL progress thread.
+
+This module holds the host API, the loop and the wiring; the rest of the node lives in
+rooms with one job each: :mod:`~p2pfsm.executor.node_state` (its fields and the way
+into the driver), :mod:`~p2pfsm.executor.node_sessions` (the peer/session table),
+:mod:`~p2pfsm.executor.node_effects` (outputs carried out, results handed to the host),
+:mod:`~p2pfsm.executor.node_threads` (which thread drives it),
+:mod:`~p2pfsm.executor.writes` and :mod:`~p2pfsm.executor.session_timers`.
 
 Host API: :meth:`connect` (and :meth:`when_ready`), :meth:`fetch` (a
 :class:`~p2pfsm.executor.jobs.JobFuture` of LoadResult), :meth:`lookup`, :meth:`supply`,
@@ -24,69 +32,55 @@ every ``Session.handle`` call (``NodeConfig.trace`` installs the spec trace log)
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import math
-import operator
 import secrets
-import threading
 import time
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Any
 
-from p2pfsm.errors import ConfigError, LocalProtocolError, RemoteProtocolError, TransportError
+from p2pfsm.errors import ConfigError, LocalProtocolError, TransportError
 from p2pfsm.executor.admission import is_connect_from
 from p2pfsm.executor.bindings import Bindings
 from p2pfsm.executor.config import NodeConfig, fingerprint
-from p2pfsm.executor.core import Executor, TimerTable
-from p2pfsm.executor.jobs import Driven, JobFuture, LookupAsk, OpenJobs, OpenLoad, copy_outcome
-from p2pfsm.executor.nixl_plane import DataPlane, WriteId
+from p2pfsm.executor.driver import Driver
+from p2pfsm.executor.jobs import JobFuture, LookupAsk, OpenJobs, OpenLoad, copy_outcome
+from p2pfsm.executor.nixl_plane import DataPlane
+from p2pfsm.executor.node_effects import NodeEffects
+from p2pfsm.executor.node_sessions import NodeSessions
+from p2pfsm.executor.node_state import LookupAnswer, as_int
+from p2pfsm.executor.node_threads import DrivingThreads
 from p2pfsm.executor.peer_policy import EndedSessions, IdleInbound, ViolationBudget
-from p2pfsm.executor.redial import Parked, Redials
-from p2pfsm.executor.served_lookups import ServedLookup, ServedLookups
+from p2pfsm.executor.redial import Redials
+from p2pfsm.executor.served_lookups import ServedLookups
+from p2pfsm.executor.session_timers import SessionTimers
 from p2pfsm.executor.threadsafe import ThreadSafeNode
+from p2pfsm.executor.writes import Writes
 from p2pfsm.executor.zmq_plane import ControlPlane, FrameIn, PeerLost
 from p2pfsm.fsm import machine
 from p2pfsm.logwindow import LogWindow
 from p2pfsm.metrics import NodeMetrics
-from p2pfsm.protocol import AbortFetch, Connect, decode, encode
 from p2pfsm.session import (
-    ArmTimer,
-    CancelWrite,
-    DisarmTimer,
     FailReason,
     FetchArrived,
-    FrameReceived,
     HostAnswerLookup,
     HostClose,
     HostDecline,
     HostFetch,
     HostFinish,
     HostLookup,
-    HostStart,
     HostSupply,
-    Input,
     LoadResult,
-    LookupClosed,
-    LookupRequest,
     LookupResult,
     ProtocolViolation,
-    RegistrationFinished,
     RoundEnded,
-    SendFrame,
-    SendToLostPeer,
     Session,
-    SessionConfig,
     SessionDead,
-    StartRegistration,
-    StartWrite,
     StoreResult,
     TimerFired,
-    TimerId,
     TransportLost,
     WriteFinished,
 )
@@ -101,57 +95,11 @@ logging.getLogger("p2pfsm").addHandler(logging.NullHandler())
 _INBOUND_GRACE_S = 0.05
 """How long the data plane stays at its busy progress interval after a load ends."""
 
-_DRIVEN_RECENTLY_S = 1.0
-"""A thread that stepped the node this recently counts as its driver."""
-
-_HOST_CALLS: dict[type, str] = {HostFetch: "fetch", HostLookup: "lookup", HostSupply: "supply",
-                                HostFinish: "finish", HostDecline: "decline"}
-"""The host call each host input comes from (for the wrong-thread error)."""
-
-_SESSION = machine("session")
-_TERMINAL = _SESSION.terminal  # closed: nothing more to do
-_UNSTARTED = _SESSION.state_set("unstarted")
+_TERMINAL = machine("session").terminal  # closed: nothing more to do
+_UNSTARTED = machine("session").state_set("unstarted")
 
 
-def _as_int(value: Any) -> Any:
-    """A block index as a plain int: numpy and torch integers (anything with
-    ``__index__`` but bool) become ints; anything else is left for the session to refuse
-    with the index named."""
-    if type(value) is int or isinstance(value, bool):
-        return value
-    try:
-        return operator.index(value)
-    except TypeError:
-        return value
-
-
-LookupAnswer = tuple[Mapping[bytes, int], Iterable[bytes]]
-"""What ``on_lookup`` returns: hit key -> local block index, and still-pending keys."""
-
-
-@dataclass(eq=False, slots=True)
-class _Write:
-    """One of our WRITEs: its session, the session's id for it, and its size."""
-
-    peer_id: str
-    xfer: int
-    nbytes: int
-    session: Session
-
-    @property
-    def key(self) -> tuple[Session, int]:
-        """Its id in ``Node._writes`` and in the data plane: (session, xfer)."""
-        return (self.session, self.xfer)
-
-
-def _is_connect(frame: bytes) -> bool:
-    try:
-        return isinstance(decode(frame), Connect)
-    except RemoteProtocolError:
-        return False
-
-
-class Node(Driven, Executor):
+class Node(NodeSessions, NodeEffects):
     """One process's endpoint: bind, connect to peers, move blocks.
 
     One thread drives it (``serve``, ``run_until``, ``step``, or an asyncio loop through
@@ -206,18 +154,10 @@ class Node(Driven, Executor):
         self.violations: deque[tuple[str, ProtocolViolation]] = deque(maxlen=config.history)
         self._ended = EndedSessions(config.history)  # peers whose session ended
         self._rate_limited = 0  # control.rate_limited already in metrics
-        # Each event is bound to the session it belongs to when it is queued (a frame to
-        # the session current when it arrived, a write's or timer's result to the session
-        # that started it), so a session that replaces another never sees the old one's.
-        self._events: deque[tuple[str, Input, Session | None]] = deque()
-        self._timer_owner: dict[tuple[str, TimerId], Session] = {}
-        self._callbacks: deque[Callable[[], None]] = deque()
         # Calls from other threads (cancels, node.threadsafe), run in order by the driver.
         self._submitted: deque[Callable[[], None]] = deque()
-        self._timers: TimerTable[tuple[str, TimerId]] = TimerTable()
-        self._applying: Session | None = None  # whose outputs are being carried out
-        # Our WRITEs by (session, its xfer id), the id the data plane reports them by.
-        self._writes: dict[WriteId, _Write] = {}
+        self._timers = SessionTimers()
+        self._writes = Writes(self.data, config.block_len)  # ours, by (session, xfer)
         self._jobs = OpenJobs()  # every job that still owes the host a result
         self._started_at: dict[str, float] = {}
         self._served = ServedLookups()  # on_lookup's tokens, lookups with keys pending
@@ -229,11 +169,7 @@ class Node(Driven, Executor):
         self._idle = IdleInbound(config.idle_timeout_s)  # inbound sessions' last frames
         self._job = 0
         self._closed = False
-        self._draining = False
-        self._loop_thread: int | None = None  # the thread inside step(), while it is
-        self._driver: int | None = None  # the thread inside serve / run_until / step
-        self._last_step: tuple[int, float] | None = None
-        self._aio_thread: int | None = None
+        self._threads = DrivingThreads()
         self._close_request: tuple[float, Future[None]] | None = None
         self._redials = Redials(config.reconnect_backoff_s)  # sessions opened again
         self._unsent_death: Session | None = None  # died before ready, being redialled
@@ -248,6 +184,8 @@ class Node(Driven, Executor):
                 self.data.close()
                 self.control.close()
                 raise ConfigError(f"cannot write the trace log {config.trace}: {exc}") from exc
+        # Queues inputs, carries out outputs through this node's Executor methods.
+        self._driver = Driver(self, time.monotonic, self._hook)
         log.info("node %s up: %d blocks of %d bytes", self.local_id, config.num_blocks,
                  config.block_len)
 
@@ -262,10 +200,6 @@ class Node(Driven, Executor):
     def closed(self) -> bool:
         """True once :meth:`close` has run (here or through ``threadsafe.close()``)."""
         return self._closed
-
-    def new_job_id(self) -> int:
-        self._job += 1
-        return self._job
 
     def connect(self, peer_id: str) -> Session:
         """Open (or return) the session to ``peer_id`` ("host:port")."""
@@ -295,12 +229,6 @@ class Node(Driven, Executor):
             self._jobs.ready_waiters.setdefault(peer_id, []).append(fut)
         return fut
 
-    def session(self, peer_id: str) -> Session:
-        try:
-            return self.sessions[peer_id]
-        except KeyError:
-            raise LocalProtocolError(f"no session to {peer_id}; connect first") from None
-
     def fetch(self, peer_id: str, kv_request_id: str, keys: Iterable[bytes],
               dest_indexes: Iterable[int]) -> JobFuture[LoadResult]:
         """Load ``keys`` from the peer into our blocks ``dest_indexes``; one result.
@@ -313,7 +241,7 @@ class Node(Driven, Executor):
         job = self.new_job_id()
         fut: JobFuture[LoadResult] = JobFuture(
             self, lambda: self._finish_quietly(peer_id, kv_request_id))
-        event = HostFetch(job, kv_request_id, keys, tuple(map(_as_int, dest_indexes)))
+        event = HostFetch(job, kv_request_id, keys, tuple(map(as_int, dest_indexes)))
         loads = self._jobs.loads
         loads[job] = OpenLoad(fut, time.monotonic(), len(keys) * self.config.block_len, event)
         try:
@@ -348,7 +276,7 @@ class Node(Driven, Executor):
         self._jobs.stores[job] = fut
         try:
             self._host(peer_id, HostSupply(job, kv_request_id, tuple(keys),
-                                           tuple(map(_as_int, local_indexes))))
+                                           tuple(map(as_int, local_indexes))))
         except BaseException:
             del self._jobs.stores[job]
             raise
@@ -383,7 +311,7 @@ class Node(Driven, Executor):
         """
         self._check_open()
         self._check_thread("resolve_lookup")
-        hits = {k: _as_int(v) for k, v in (hits or {}).items()}
+        hits = {k: as_int(v) for k, v in (hits or {}).items()}
         still = frozenset(pending)
         served = self._served.checked(token, peer_id)
         self._check_local_indexes("resolve_lookup", hits.values())
@@ -425,7 +353,7 @@ class Node(Driven, Executor):
     def run_until(self, done: Callable[[], bool], timeout: float) -> bool:
         """Run the loop until ``done()`` or ``timeout`` seconds; returns ``done()``."""
         end = time.monotonic() + timeout
-        with self._driving("run_until"):
+        with self._threads.driving_block("run_until"):
             while not done():
                 left = end - time.monotonic()
                 if left <= 0 or self._closed:
@@ -436,7 +364,7 @@ class Node(Driven, Executor):
     def serve(self, stop: Callable[[], bool] = lambda: False) -> None:
         """Run the loop until ``stop()`` is true or the node is closed (by
         ``threadsafe.close()`` from another thread, say)."""
-        with self._driving("serve"):
+        with self._threads.driving_block("serve"):
             while not stop() and not self._closed:
                 self.step(1.0)
 
@@ -456,14 +384,14 @@ class Node(Driven, Executor):
         deadline = now + self.data.progress_interval_ms / 1000.0
         earliest = self._timers.earliest()
         if earliest is not None:
-            deadline = min(deadline, earliest[0])
+            deadline = min(deadline, earliest)
         redial = self._redials.next_due()
         if redial is not None:
             deadline = min(deadline, redial)
         connect_ms = self.control.next_timeout_ms()
         if connect_ms is not None:
             deadline = min(deadline, now + connect_ms / 1000.0)
-        if self._events or self._callbacks or self._submitted:
+        if self._driver.busy or self._submitted:
             deadline = now
         return deadline
 
@@ -471,32 +399,15 @@ class Node(Driven, Executor):
         """One loop turn: wait for news (at most ``max_wait`` s), then handle it all.
         Returns how many control-plane events it took in."""
         self._check_open()
-        me = threading.get_ident()
-        if self._loop_thread == me:
+        threads = self._threads
+        if threads.in_turn_here():
             raise LocalProtocolError("step() called from inside the node's own loop")
-        with self._driving("step"):
-            self._loop_thread = me
-            try:
+        with threads.driving_block("step"):
+            with threads.turn():
                 taken = self._turn(max_wait)
-            finally:
-                self._loop_thread = None
-                self._last_step = (me, time.monotonic())
             if self._close_request is not None:
                 self._close_now()
         return taken
-
-    @contextlib.contextmanager
-    def _driving(self, what: str) -> Iterator[None]:
-        """This thread drives the node for the block (nested calls keep the outer's)."""
-        self._check_thread(what)
-        outer = self._driver is None
-        if outer:
-            self._driver = threading.get_ident()
-        try:
-            yield
-        finally:
-            if outer:
-                self._driver = None
 
     def _close_now(self) -> None:
         """Carry out ``threadsafe.close()`` on the driving thread, after a turn."""
@@ -557,10 +468,8 @@ class Node(Driven, Executor):
         self.data.progress()
         self._collect_writes()
         now = time.monotonic()
-        for peer, timer in self._timers.pop_due(now):
-            owner = self._timer_owner.pop((peer, timer), None)
-            if owner is not None:
-                self._events.append((peer, TimerFired(timer), owner))
+        for peer, timer, owner in self._timers.due(now):
+            self._driver.queue(peer, TimerFired(timer), owner)
         if self._idle.due(now):
             self._evict_idle(now)
         if self._redials:
@@ -586,8 +495,8 @@ class Node(Driven, Executor):
         self._end_parked()
         self._drain()
         self.run_until(lambda: not self._writes, timeout)
-        for write in list(self._writes.values()):
-            self._forget_write(write)
+        for write in self._writes.running():
+            self._writes.forget(write)
             self._feed(write.peer_id, WriteFinished(write.xfer, False), session=write.session)
         self._drain()
         self._jobs.fail_all(TransportError("node closed"))
@@ -606,29 +515,14 @@ class Node(Driven, Executor):
 
     # ------------------------------------------------------- Driven (futures)
     def wait_problem(self) -> str | None:
-        me = threading.get_ident()
         if self._closed:
             return "the node is closed"
-        if self._loop_thread == me:
-            return "called from inside the node's loop (a callback); let the loop finish it"
-        if self._aio_thread is not None:
-            if self._aio_thread == me:
-                return "called on the event loop's thread; await it instead"
-            return None
-        if self._loop_thread is not None:
-            return None
-        if (self._last_step is not None and self._last_step[0] != me
-                and time.monotonic() - self._last_step[1] < _DRIVEN_RECENTLY_S):
-            return None
-        return ("nothing drives the node: call node.run_until(future.done, timeout) here, "
-                "run node.serve() on another thread, or await it through p2pfsm.aio")
+        return self._threads.wait_problem()
 
     def request_cancel(self, action: Callable[[], None]) -> None:
         if self._closed:
             return
-        me = threading.get_ident()
-        driver = self._loop_thread or self._aio_thread
-        if driver is None or (driver == me and self._loop_thread is None):
+        if self._threads.may_run_here():
             action()
         else:
             self._submitted.append(action)  # run by the driver on its next turn
@@ -636,31 +530,9 @@ class Node(Driven, Executor):
 
     def attach_event_loop(self, thread_id: int | None) -> None:
         """Mark the thread of the asyncio loop driving the node (None: detach)."""
-        self._aio_thread = thread_id
+        self._threads.aio = thread_id
 
-    # ------------------------------------------------------------ internals
-    def _check_open(self) -> None:
-        if self._closed:
-            raise LocalProtocolError("the node is closed")
-
-    def _check_thread(self, what: str) -> None:
-        """Refuse a call from another thread than the one driving the node."""
-        driver = self._driver if self._driver is not None else self._aio_thread
-        if driver is not None and driver != threading.get_ident():
-            if what in ("serve", "run_until", "step"):
-                raise LocalProtocolError(
-                    f"{what}(): another thread drives this node; one thread drives it")
-            raise LocalProtocolError(
-                f"{what}: called from another thread than the one driving this node; "
-                f"submit it from here with node.threadsafe.{what}(...), which returns a "
-                "future at once")
-
-    def _check_local_indexes(self, what: str, indexes: Iterable[object]) -> None:
-        outside = [i for i in indexes
-                   if type(i) is not int or not 0 <= i < self.config.num_blocks]
-        if outside:
-            raise LocalProtocolError(f"{what}: index {outside[0]!r} outside our region")
-
+    # ------------------------------------------------------------ the loop's parts
     def _finish_quietly(self, peer_id: str, kv_request_id: str) -> None:
         """A cancelled fetch: finish its request unless the session is already over (a
         fetch still waiting for its session to open again fails at once)."""
@@ -673,88 +545,6 @@ class Node(Driven, Executor):
         with contextlib.suppress(LocalProtocolError):  # ended meanwhile: result on its way
             self.finish(peer_id, kv_request_id)
         log.info("fetch of %s from %s cancelled: request finished", kv_request_id, peer_id)
-
-    def _host(self, peer_id: str, event: Input) -> None:
-        self._check_open()
-        self._check_thread(_HOST_CALLS.get(type(event), "a host call"))
-        if self._redials.waiting(peer_id) and isinstance(event, HostFetch | HostLookup):
-            # The session is dead and opens again soon: the call waits for it, up to
-            # its own deadline.
-            self.session(peer_id).check_host_call(event)  # bad arguments: refused now
-            limit = (self.config.timeouts.load if isinstance(event, HostFetch)
-                     else self.config.timeouts.lookup)
-            self._redials.park(peer_id, time.monotonic() + limit, event)
-            return
-        self._feed(peer_id, event, session=self.session(peer_id))
-        self._drain()
-
-    def _new_session(self, peer_id: str) -> Session:
-        cfg = self.config
-        session = Session(SessionConfig(
-            local_id=self.local_id,
-            agent_metadata=self.data.metadata,
-            base_addr=self.data.base_addr,
-            num_blocks=cfg.num_blocks,
-            block_len=cfg.block_len,
-            hash_seed=cfg.hash_seed,
-            config_fingerprint=cfg.config_fingerprint,
-            expected_peer_id=peer_id,
-            timeouts=cfg.timeouts,
-            incarnation=self.incarnation,
-            layout=self.data.layout.wire(),
-            max_lookups_per_request=cfg.max_lookups_per_request,
-            answer_lookups_in_parts=cfg.answer_lookups_in_parts,
-        ), None if self._hook is None else self._hook.tracer)
-        self.sessions[peer_id] = session
-        self._live.add(peer_id)
-        self._violations.new_session(peer_id)
-        self._ended.reopened(peer_id)
-        self.deaths.pop(peer_id, None)
-        self._started_at[peer_id] = time.monotonic()
-        self._feed(peer_id, HostStart(), session=session)
-        return session
-
-    def _on_frame(self, peer_id: str, frame: bytes, conn: int = -1) -> None:
-        session = self.sessions.get(peer_id)
-        if (session is not None and session.alive and not self._bindings.admits(peer_id, conn)
-                and not _is_connect(frame)):
-            # Not the session's connection (p2pfsm.executor.bindings): only a connect,
-            # which the session judges as its peer's restart or reconnect, gets through.
-            self._foreign_frame(peer_id, session)
-            return
-        if session is None or (not session.alive and not session.has_pending_work):
-            # A new peer (or a restarted one) opens with its connect. Anything else is a
-            # straggler of a session that is over (e.g. the disconnect that follows a
-            # mismatch): restarting on it would make two incompatible peers restart
-            # each other's sessions forever, so it goes to the old session (ignored).
-            if not _is_connect(frame):
-                if session is not None:
-                    self._queue(peer_id, FrameReceived(frame))
-                return
-            self._new_session(peer_id)
-            self._idle.opened_by_peer(peer_id)  # subject to idle eviction
-            if self._redials.waiting(peer_id):
-                self._opened_by_peer(peer_id)
-        self._bindings.bind(peer_id, conn)
-        self._idle.heard(peer_id, time.monotonic())
-        self._queue(peer_id, FrameReceived(frame))
-
-    def _foreign_frame(self, peer_id: str, session: Session) -> None:
-        """A frame under ``peer_id`` from another connection than its live session's (one
-        that took the id over: libzmq no longer reads the session's own). Dropped; the
-        session is closed (its disconnect tells the real peer, over our own connection
-        to it, to start over)."""
-        self.metrics.count("foreign_frames")
-        self._foreign_log.emit(
-            log.warning, "frames from other connections", "peer %s: a frame came on another "
-            "connection than its session's (its id taken over) and not as a connect: "
-            "dropped, the session closed", peer_id)
-        if session.state not in _TERMINAL:
-            self._queue(peer_id, HostClose(), session)
-
-    def _queue(self, peer_id: str, event: Input, session: Session | None = None) -> None:
-        """Queue ``event`` for ``session`` (default: the peer's session now)."""
-        self._events.append((peer_id, event, session or self.sessions.get(peer_id)))
 
     def _handle_all(self) -> None:
         """Handle every queued event, and the writes that this finished at once: over
@@ -769,401 +559,12 @@ class Node(Driven, Executor):
     def _collect_writes(self) -> bool:
         """Queue WriteFinished for our finished writes; True when there were any."""
         found = False
-        for write_id, ok in self.data.poll():
-            write = self._writes.pop(write_id, None)
-            if write is not None:
-                if ok:
-                    self.metrics.count("served_bytes", write.nbytes)
-                self._events.append((write.peer_id, WriteFinished(write.xfer, ok), write.session))
-                found = True
+        for write, ok in self._writes.finished():
+            if ok:
+                self.metrics.count("served_bytes", write.nbytes)
+            self._driver.queue(write.peer_id, WriteFinished(write.xfer, ok), write.session)
+            found = True
         return found
-
-    def _forget_write(self, write: _Write) -> None:
-        del self._writes[write.key]
-
-    def _drain(self) -> None:
-        """Handle queued events; then (unless this is a nested call from a callback)
-        run the queued host callbacks, until both queues are empty."""
-        nested = self._draining
-        self._draining = True
-        try:
-            while True:
-                while self._events:
-                    peer_id, event, session = self._events.popleft()
-                    if session is not None:
-                        self._feed(peer_id, event, session=session)
-                if nested or not self._callbacks:
-                    return
-                self._callbacks.popleft()()
-        finally:
-            self._draining = nested
-
-    def _feed(self, peer_id: str, event: Input, *, session: Session | None = None) -> None:
-        session = session or self.sessions[peer_id]
-        was_ready = session.ready
-        hook = self._hook
-        if hook is None:
-            outputs = session.handle(event, time.monotonic())
-        else:
-            started, state = time.monotonic_ns(), session.state
-            try:
-                outputs = session.handle(event, time.monotonic())
-            except BaseException:
-                hook.discard()
-                raise
-            hook.record(peer_id, state, event, started)
-        outer, self._applying = self._applying, session
-        try:
-            for out in outputs:
-                self.apply(peer_id, out)
-        finally:
-            self._applying = outer
-        if not was_ready and session.ready:
-            self._on_ready(peer_id, session)
-        elif not session.alive and peer_id in self._live and self.sessions.get(peer_id) is session:
-            self._live.discard(peer_id)  # died or closed
-
-    # ------------------------------------------- Executor: carrying out outputs
-    def send_frame(self, peer: str, out: SendFrame) -> None:
-        if not self.control.send(peer, encode(out.message)):
-            self._queue(peer, TransportLost("send failed"), self._applying)
-        elif isinstance(out.message, AbortFetch):
-            self.metrics.count("aborts_sent")
-            log.info("peer %s: aborting %s round %d", peer, out.message.kv_request_id,
-                     out.message.round_seq)
-
-    def send_to_lost_peer(self, peer: str, out: SendToLostPeer) -> None:
-        """A dead session tells a peer that may still hold it live that it is over: over
-        our connection to it while it lasts, else the control plane dials it back."""
-        if peer in self.control.peers:
-            self.send_frame(peer, out)
-            return
-        if self.control.answer(peer, encode(out.message)):
-            self.metrics.count("stale_answers")
-            sender = self._applying
-            log.info("peer %s: told that its session is over (%s)", peer,
-                     None if sender is None else sender.death_reason)
-
-    def start_write(self, peer: str, out: StartWrite) -> None:
-        assert self._applying is not None  # outputs are applied only from _feed
-        write = _Write(peer, out.xfer, len(out.local_indexes) * self.config.block_len,
-                       self._applying)
-        key = write.key
-        try:
-            self.data.write(key, peer, out.local_indexes, out.remote_indexes)
-        except TransportError as exc:
-            log.warning("write to %s failed to start: %s", peer, exc)
-            self._queue(peer, WriteFinished(out.xfer, False), self._applying)
-            return
-        self._writes[key] = write
-
-    def cancel_write(self, peer: str, out: CancelWrite) -> None:
-        write = self._writes.get((self._applying, out.xfer))
-        if write is not None and self.data.cancel(write.key):
-            self._forget_write(write)
-            self._queue(peer, WriteFinished(out.xfer, False), write.session)
-
-    def arm_timer(self, peer: str, out: ArmTimer) -> None:
-        assert self._applying is not None  # outputs are applied only from _feed
-        self._timers.arm((peer, out.timer), out.deadline)  # sessions run on time.monotonic()
-        self._timer_owner[(peer, out.timer)] = self._applying
-
-    def disarm_timer(self, peer: str, out: DisarmTimer) -> None:
-        if self._timer_owner.get((peer, out.timer)) is self._applying:
-            self._timers.disarm((peer, out.timer))
-            del self._timer_owner[(peer, out.timer)]
-
-    def start_registration(self, peer: str, out: StartRegistration) -> None:
-        c = out.connect
-        try:
-            self.data.add_peer(peer, c.agent_metadata, c.base_addr, c.num_blocks, c.block_len,
-                               c.layout)
-            result = RegistrationFinished(True)
-        except (TransportError, ConfigError) as exc:
-            log.warning("peer %s: cannot register its memory: %s", peer, exc)
-            result = RegistrationFinished(False, str(exc))
-        self._queue(peer, result, self._applying)
-
-    def load_result(self, peer: str, out: LoadResult) -> None:
-        self._on_load_result(peer, out)
-
-    def store_result(self, peer: str, out: StoreResult) -> None:
-        self._deliver(peer, self._jobs.stores.pop(out.job_id, None), out)
-
-    def lookup_result(self, peer: str, out: LookupResult) -> None:
-        if out.reason is not None:
-            out = dataclasses.replace(out, detail=self._fail_detail(peer, out))
-        self._deliver(peer, self._jobs.take_lookup(peer, out.kv_request_id), out)
-
-    def lookup_request(self, peer: str, out: LookupRequest) -> None:
-        session = self._applying
-        assert session is not None  # outputs are applied only from _feed
-        self._callbacks.append(lambda: self._answer(peer, session, out))
-
-    def lookup_closed(self, peer: str, out: LookupClosed) -> None:
-        token = self._served.token_of(peer, out.token)
-        if token is not None:
-            self._served.forget(token)
-
-    def fetch_arrived(self, peer: str, out: FetchArrived) -> None:
-        on_fetch = self.on_fetch
-        if on_fetch is not None:
-            self._callbacks.append(lambda: self._call_on_fetch(on_fetch, peer, out))
-
-    def round_ended(self, peer: str, out: RoundEnded) -> None:
-        on_round_ended = self.on_round_ended
-        if on_round_ended is not None:
-            self._callbacks.append(lambda: self._call_on_round_ended(on_round_ended, peer, out))
-
-    def session_dead(self, peer: str, out: SessionDead) -> None:
-        self._on_death(peer, out)
-
-    def protocol_violation(self, peer: str, out: ProtocolViolation) -> None:
-        self._on_violation(peer, out)
-
-    def _call_on_fetch(self, on_fetch: Callable[[str, FetchArrived], None], peer_id: str,
-                       arrived: FetchArrived) -> None:
-        if peer_id in self.sessions and self.sessions[peer_id].alive:
-            try:
-                on_fetch(peer_id, arrived)
-            except Exception as exc:
-                # The request fails: finishing it fails the round (transfer_done(false)
-                # once its writes have landed) and any later round of it at once.
-                rid = arrived.kv_request_id
-                self._host_failed("on_fetch", peer_id, f"request {rid}", exc)
-                session = self.sessions.get(peer_id)
-                if session is not None and session.alive:
-                    with contextlib.suppress(LocalProtocolError):  # finished already
-                        self.finish(peer_id, rid)
-
-    def _call_on_round_ended(self, on_round_ended: Callable[[str, RoundEnded], None],
-                             peer_id: str, ended: RoundEnded) -> None:
-        try:
-            on_round_ended(peer_id, ended)
-        except Exception as exc:  # logged and counted; nothing else depends on it
-            self._host_failed("on_round_ended", peer_id,
-                              f"round {ended.kv_request_id}/{ended.round_seq}", exc)
-
-    def _on_load_result(self, peer_id: str, res: LoadResult) -> None:
-        load = self._jobs.loads.get(res.job_id)
-        if (load is not None and res.reason is FailReason.SESSION_ENDED
-                and self._unsent_death is not None and self._applying is self._unsent_death
-                and self._redials.waiting(peer_id)):
-            deadline = load.started + self.config.timeouts.load
-            if deadline > time.monotonic():  # never sent: it waits for the next session
-                self._redials.park(peer_id, deadline, load.event)
-                return
-        self._jobs.loads.pop(res.job_id, None)
-        if not res.success:
-            res = dataclasses.replace(res, detail=self._fail_detail(peer_id, res))
-        if load is not None:
-            self.metrics.observe("fetch_seconds", time.monotonic() - load.started)
-            if res.success:
-                self.metrics.count("fetches_succeeded")
-                self.metrics.count("fetch_bytes", load.nbytes)
-            else:
-                self.metrics.count("fetches_failed")
-                if res.reason is not None:
-                    self.metrics.count(f"fetches_failed_{res.reason.value}")
-                log.info("load job %d (%s) failed: %s; destination released: %s",
-                         res.job_id, res.kv_request_id, res.detail, res.released)
-        self._deliver(peer_id, None if load is None else load.future, res)
-
-    def _fail_detail(self, peer_id: str, res: LoadResult | LookupResult) -> str:
-        """The session's detail, naming the peer (and why its session ended)."""
-        text = f"from {peer_id}: {res.detail or 'failed'}"
-        session = self._applying or self.sessions.get(peer_id)
-        if (res.reason is FailReason.SESSION_ENDED and session is not None
-                and session.death_reason):
-            text += f" ({session.death_reason})"
-        return text
-
-    def _deliver(self, peer_id: str, fut: JobFuture[Any] | None,
-                 value: LoadResult | StoreResult | LookupResult) -> None:
-        """Hand a result to its future (and ``on_result``); count one nobody holds."""
-        if fut is None:
-            self.metrics.count("results_dropped")
-            log.error("result with no job waiting for it (a bug): %r", value)
-        elif not fut.done():
-            fut.set_result(value)
-        on_result = self.on_result
-        if on_result is not None:
-            self._callbacks.append(lambda: self._call_on_result(on_result, peer_id, value))
-
-    def _call_on_result(self, on_result: Callable[[str, Any], None], peer_id: str,
-                        value: LoadResult | StoreResult | LookupResult) -> None:
-        try:
-            on_result(peer_id, value)
-        except Exception as exc:  # the result is in its future already
-            self._host_failed("on_result", peer_id, type(value).__name__, exc)
-
-    def _on_ready(self, peer_id: str, session: Session) -> None:
-        self.control.mark_ready(peer_id)  # out of the pending budget (or refused: full)
-        started = self._started_at.pop(peer_id, None)
-        if started is not None:
-            self.metrics.observe("handshake_seconds", time.monotonic() - started)
-        self.metrics.count("handshakes")
-        self._redials.ready(peer_id)
-        log.info("peer %s ready", peer_id)
-        for fut in self._jobs.ready_waiters.pop(peer_id, ()):
-            if not fut.done():
-                fut.set_result(session)
-
-    def _on_death(self, peer_id: str, dead: SessionDead) -> None:
-        self.deaths[peer_id] = dead
-        self.deaths.move_to_end(peer_id)
-        while len(self.deaths) > self.config.history:
-            self.deaths.popitem(last=False)
-        self.metrics.count("deaths")
-        never_ready = self._started_at.pop(peer_id, None) is not None
-        if dead.mismatch is not None:
-            self.metrics.count("handshakes_rejected")
-            log.warning("peer %s rejected: handshake field %r differs (%s)", peer_id,
-                        dead.mismatch.field, dead.mismatch)
-        elif dead.reason == "closed":
-            log.info("peer %s: session closed", peer_id)
-        else:
-            log.warning("peer %s down: %s", peer_id, dead.reason)
-        error = TransportError(f"session to {peer_id} died: {dead.reason}")
-        for fut in self._jobs.ready_waiters.pop(peer_id, ()):
-            if not fut.done():
-                fut.set_exception(error)
-        if peer_id in self.data.peers:
-            # A WRITE to the peer still running stays in flight until it ends (its
-            # source may still be read); its WriteFinished then reaches the dead
-            # session's draining round, which releases the pins only then.
-            self.data.remove_peer(peer_id)
-        if not self.control.closed:
-            self.control.mark_done(peer_id)  # its connection gives up its slot
-        self._ended.ended(peer_id)
-        self._prune_ended()
-        restart = dead.restarted_by
-        if restart is not None:
-            self.metrics.count("restarts" if dead.reason == "peer restarted" else "reconnects")
-            old = self.sessions.get(peer_id)
-            self._callbacks.append(lambda: self._serve_restart(peer_id, old, restart))
-        elif self._redials.may_redial(peer_id, dead, self._closed):
-            wait = self._redials.schedule(peer_id, time.monotonic())
-            log.info("peer %s: opening the session again in %.1f s", peer_id, wait)
-            if never_ready:
-                # Its fetches never left the queue: they wait for the next session.
-                self._unsent_death = self._applying
-
-    def _redial_due(self, now: float) -> None:
-        """Open the sessions whose redial is due; fail the calls that waited past their
-        deadline for the others."""
-        peers, expired = self._redials.due(now)
-        for peer_id in peers:
-            self._redial(peer_id)
-        for peer_id, ev in expired:
-            self._fail_parked(peer_id, ev, FailReason.SESSION_ENDED,
-                              "no session to the peer within the deadline: it is being "
-                              f"opened again ({self._death_reason(peer_id)})")
-
-    def _redial(self, peer_id: str) -> None:
-        if self._closed:
-            return  # close() gave every parked call its result
-        session = self.sessions.get(peer_id)
-        if session is not None and session.alive:
-            # A session opened meanwhile (_opened_by_peer has cancelled the redial then;
-            # a guard): the calls that waited for one go to it.
-            self._feed_parked(peer_id, session)
-            return
-        self.metrics.count("redials")
-        self.connect(peer_id)  # feeds the calls parked for the peer
-
-    def _opened_by_peer(self, peer_id: str) -> None:
-        """The peer opened a session while ours waited to be opened again (it restarted
-        and connected to us first): that session replaces the redial, at once. It is
-        ours as the host dialled the peer (never evicted for idleness, opened again when
-        it dies), and the calls that waited go to it now, not at the redial's time (up
-        to the backoff's most later, or past their own deadline)."""
-        self._redials.cancel(peer_id)
-        self._idle.ours(peer_id)
-        log.info("peer %s connected to us while its session waited to be opened again: "
-                 "that session replaces the redial", peer_id)
-        self._feed_parked(peer_id, self.sessions[peer_id])
-
-    def _feed_parked(self, peer_id: str, session: Session) -> None:
-        """The calls that waited for a session to the peer, to ``session`` (which
-        queues them until it is ready)."""
-        for ev in self._redials.take(peer_id):
-            self._feed(peer_id, ev, session=session)
-
-    def _end_parked(self) -> None:
-        """The node closes: no session opens again, and the calls that waited for one
-        fail as the jobs of a closed session do (SESSION_ENDED, saying why)."""
-        for peer_id, ev in self._redials.end():
-            self._fail_parked(peer_id, ev, FailReason.SESSION_ENDED,
-                              "the node closed while it waited for the session to open "
-                              "again")
-
-    def _fail_parked(self, peer_id: str, ev: Parked, reason: FailReason,
-                     why: str) -> None:
-        if isinstance(ev, HostFetch):
-            self._on_load_result(peer_id, LoadResult(
-                ev.job_id, ev.kv_request_id, False, True, reason, why))
-        else:
-            self.lookup_result(peer_id, LookupResult(
-                ev.kv_request_id, ev.keys, (False,) * len(ev.keys), False, reason, why))
-
-    def _serve_restart(self, peer_id: str, old: Session | None, connect: Connect) -> None:
-        """The connect that ended ``old`` (a new incarnation of the peer) opens a fresh
-        session, once the old one has reported all its work and left the data plane."""
-        if self._closed or self.control.closed or self.sessions.get(peer_id) is not old:
-            return
-        self._new_session(peer_id)
-        self._idle.opened_by_peer(peer_id)
-        self._idle.heard(peer_id, time.monotonic())
-        self._queue(peer_id, FrameReceived(encode(connect)))
-
-    def _prune_ended(self) -> None:
-        """Drop ended sessions with nothing left to do beyond ``history`` of them."""
-        for peer_id in self._ended.to_drop(self.sessions):
-            del self.sessions[peer_id]
-            self._bindings.forget(peer_id)
-
-    def _on_violation(self, peer_id: str, violation: ProtocolViolation) -> None:
-        self.violations.append((peer_id, violation))
-        self.metrics.count("violations")
-        count = self._violations.rejected(peer_id)
-        session = self._applying
-        if self._violations.crossed(count) and session is not None:
-            log.warning("peer %s: %d rejected frames (budget %d): closing the session",
-                        peer_id, count, self._violations.budget)
-            self.metrics.count("violation_closes")
-            self._callbacks.append(lambda: self._close_for_violations(peer_id, session))
-        self._violations.log(peer_id, log, violation.error)
-
-    def _host_failed(self, callback: str, peer_id: str, what: str, exc: Exception) -> None:
-        """A host callback raised: counted and logged (with its traceback, rate-limited);
-        the caller fails only what the callback was about, and the node serves on."""
-        self.metrics.count("host_errors")
-        self._host_error_log.emit(
-            log.error, "host callback errors", "host callback %s raised on the %s from %s "
-            "(%s: %s); it fails, the node serves on", callback, what, peer_id,
-            type(exc).__name__, exc, exc_info=exc)
-
-    def _evict_idle(self, now: float) -> None:
-        """Close inbound sessions idle for ``idle_timeout_s`` (checked about once a second)."""
-        for peer_id, idle_s in self._idle.idle(now, self.sessions):
-            log.info("peer %s: idle for %.0f s, closing its session", peer_id, idle_s)
-            self.metrics.count("idle_closes")
-            self._queue(peer_id, HostClose(), self.sessions[peer_id])
-
-    def _close_for_violations(self, peer_id: str, session: Session) -> None:
-        if self.sessions.get(peer_id) is session and session.state not in _TERMINAL:
-            self._feed(peer_id, HostClose(), session=session)
-
-    def _holds_ended_session(self, peer_id: str) -> bool:
-        """We keep a session of ``peer_id`` that is over: its peer's frames still reach
-        it (a dead session answers a peer that holds it live, however long ago)."""
-        session = self.sessions.get(peer_id)
-        return session is not None and not session.alive
-
-    def _death_reason(self, peer_id: str) -> str:
-        dead = self.deaths.get(peer_id)
-        return f"session to {peer_id} died: {dead.reason if dead else 'unknown'}"
 
     def _update_gauges(self) -> None:
         limited = self.control.rate_limited
@@ -1173,36 +574,3 @@ class Node(Driven, Executor):
         self.metrics.set_gauge("peers", len(self._live))
         self.metrics.set_gauge("open_loads", len(self._jobs.loads))
         self.metrics.set_gauge("open_stores", len(self._jobs.stores))
-
-    def _answer(self, peer_id: str, session: Session, req: LookupRequest) -> None:
-        """Ask ``on_lookup``, showing it our token for the lookup (unique in this node,
-        unlike the session's, which restarts with each session) and the future of the
-        pins it returns."""
-        token = self._served.new_token()
-        pins: JobFuture[StoreResult] = JobFuture(self)
-        hits: dict[bytes, int] = {}
-        pending: frozenset[bytes] = frozenset()
-        self.metrics.count("lookups_served")
-        if self.on_lookup is not None:
-            ask = LookupAsk(token, req.kv_request_id, req.round_seq, req.keys, pins)
-            self._served.asking = token
-            try:
-                answer_hits, answer_pending = self.on_lookup(peer_id, ask)
-                hits = {k: _as_int(v) for k, v in answer_hits.items()}
-                pending = frozenset(answer_pending)
-                self._check_local_indexes("on_lookup", hits.values())
-            except Exception as exc:  # answered all MISS: nothing was pinned for it
-                self._host_failed("on_lookup", peer_id, f"lookup of {req.kv_request_id}", exc)
-                hits, pending = {}, frozenset()
-            finally:
-                self._served.asking = None
-        job = None
-        if hits:
-            job = self.new_job_id()
-            self._jobs.stores[job] = pins
-        else:
-            pins.set_result(StoreResult(0, False, FailReason.NOT_SERVED, "nothing was pinned"))
-        if pending - hits.keys():
-            self._served.hold(token, ServedLookup(peer_id, session, req.token,
-                                                  pending - hits.keys()))
-        self._feed(peer_id, HostAnswerLookup(req.token, hits, job, pending), session=session)

@@ -27,6 +27,7 @@ from functools import partial
 from p2pfsm.demo.blocks import demo_block, demo_key
 from p2pfsm.errors import LocalProtocolError
 from p2pfsm.executor.core import Executor, TimerTable
+from p2pfsm.executor.driver import Driver
 from p2pfsm.fsm import Tracer, machine
 from p2pfsm.protocol import encode
 from p2pfsm.session import (
@@ -203,6 +204,8 @@ class SimWorld(Executor):
         self.registered: dict[str, bool] = {n: False for n in self.NODES}
         self._job = 0
         self.log: list[str] = []
+        # Feeds the sessions on the virtual clock; outputs come back to the methods below.
+        self._driver = Driver(self, self._clock)
 
     # ------------------------------------------------------------ plumbing
     @staticmethod
@@ -210,11 +213,12 @@ class SimWorld(Executor):
         return "b" if node == "a" else "a"
 
     def feed(self, node: str, event: Input) -> list[Output]:
-        """Give ``event`` to ``node``'s session and carry out its outputs."""
-        outputs = self.sessions[node].handle(event, self.now)
-        for out in outputs:
-            self.apply(node, out)
-        return outputs
+        """Give ``event`` to ``node``'s session and carry out its outputs (the driver's
+        call; subclasses wrap it to watch every call)."""
+        return self._driver.feed(node, event, self.sessions[node])
+
+    def _clock(self) -> float:
+        return self.now
 
     # ------------------------------- Executor: outputs of ``node``'s session
     def send_frame(self, peer: str, out: SendFrame) -> None:

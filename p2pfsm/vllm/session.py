@@ -1,10 +1,11 @@
 """``P2PSession`` for vLLM 0.33.0's P2P tier, decided by p2pfsm's sans-IO :class:`Session`.
 
 The class keeps vLLM's constructor and the public surface its tier manager uses. Each
-call becomes one :class:`~p2pfsm.session.Input`; each :class:`~p2pfsm.session.Output`
-is carried out on vLLM's own ``ControlConnection`` (dict frames) and ``DataTransport``
-(NIXL writes) by the :class:`~p2pfsm.executor.core.Executor` methods below, or collected
-for the next :meth:`P2PSession.poll`. Nothing here decides protocol questions: rounds,
+call becomes one :class:`~p2pfsm.session.Input`, fed through the shared
+:class:`~p2pfsm.executor.driver.Driver`; each :class:`~p2pfsm.session.Output` is carried
+out on vLLM's own ``ControlConnection`` (dict frames) and ``DataTransport`` (NIXL writes)
+by the :class:`~p2pfsm.executor.core.Executor` methods below, or collected for the next
+:meth:`P2PSession.poll`. Nothing here decides protocol questions: rounds,
 deadlines, aborts and pins are the Session's. Importing this module imports vLLM.
 """
 
@@ -28,6 +29,7 @@ from vllm.v1.kv_offload.tiering.p2p.session.server import StoreResult as VllmSto
 
 from p2pfsm.errors import LocalProtocolError, TransportError
 from p2pfsm.executor.core import Executor, TimerTable
+from p2pfsm.executor.driver import Driver
 from p2pfsm.executor.nixl_agent import describes_same_agent
 from p2pfsm.protocol.validate import to_dict
 from p2pfsm.session import (
@@ -151,7 +153,8 @@ class P2PSession(Executor):
         self._by_tid: dict[int, int] = {}  # transport transfer id -> session xfer
         self._server = _ServerRoleView(self._by_tid)
         self._posted = False  # a write was posted during the current _feed
-        self._events: list[Input] = []
+        # Queues the Session's inputs and carries out its outputs through the methods below.
+        self._driver = Driver(self, time.monotonic)
         self._loads: list[VllmLoadResult] = []
         self._stores: list[VllmStoreResult] = []
         self._fetch_ids: list[str] = []
@@ -365,20 +368,20 @@ class P2PSession(Executor):
                 self._stores.append(VllmStoreResult(event.job_id, False))
 
     def _feed(self, event: Input) -> None:
-        """Handle ``event`` and everything its outputs cause, in order."""
-        self._events.append(event)
-        if len(self._events) > 1:
-            return  # an outer _feed is draining
-        try:
-            while self._events:
-                for out in self._session.handle(self._events[0], time.monotonic()):
-                    self.apply(self.peer_id, out)
-                self._events.pop(0)
-        finally:
-            self._events.clear()
+        """Handle ``event`` and everything its outputs cause, in order (one called while
+        outputs are carried out is queued: the drain further up handles it)."""
+        driver = self._driver
+        if driver.draining:
+            driver.queue(self.peer_id, event, self._session)
+            return
+        driver.post(self.peer_id, event, self._session)
         if self._posted:  # a small write is often done already: report it now, not a
             self._posted = False  # scheduler step later (one check, no waiting)
             self._poll_writes(escalate=False)  # a data-plane fault ends it in poll()
+
+    def _queue(self, event: Input) -> None:
+        """An input an output caused: handled after the current one's outputs."""
+        self._driver.queue(self.peer_id, event, self._session)
 
     def _poll_registration(self) -> None:
         fut = self._registration
@@ -425,7 +428,7 @@ class P2PSession(Executor):
             conn.send(to_dict(out.message))
             self._last_activity_at = time.monotonic()
         except Exception as exc:
-            self._events.append(TransportLost(f"send failed: {exc}"))
+            self._queue(TransportLost(f"send failed: {exc}"))
 
     def start_registration(self, peer: str, out: StartRegistration) -> None:
         c = out.connect
@@ -433,14 +436,14 @@ class P2PSession(Executor):
             if describes_same_agent(c.agent_metadata, self._agent_metadata):
                 raise TransportError("peer metadata describes this node's own NIXL agent")
         except TransportError as exc:
-            self._events.append(RegistrationFinished(False, str(exc)))
+            self._queue(RegistrationFinished(False, str(exc)))
             return
         try:
             self._registration = self._transport.add_remote_peer_async(
                 self.peer_id, agent_metadata=c.agent_metadata, base_addr=c.base_addr,
                 num_blocks=c.num_blocks, block_len=c.block_len)
         except Exception as exc:
-            self._events.append(RegistrationFinished(False, str(exc)))
+            self._queue(RegistrationFinished(False, str(exc)))
             return
         self._poll_registration()  # transports that register inline have finished
 
@@ -448,7 +451,7 @@ class P2PSession(Executor):
         tid = self._transport.write_blocks(self.peer_id, list(out.local_indexes),
                                            list(out.remote_indexes))
         if tid is None:
-            self._events.append(WriteFinished(out.xfer, False))
+            self._queue(WriteFinished(out.xfer, False))
             return
         self._writes[out.xfer] = int(tid)
         self._by_tid[int(tid)] = out.xfer
@@ -462,7 +465,7 @@ class P2PSession(Executor):
         if tid not in still:  # stopped: it reads our blocks no more
             del self._writes[out.xfer]
             del self._by_tid[tid]
-            self._events.append(WriteFinished(out.xfer, False))
+            self._queue(WriteFinished(out.xfer, False))
 
     def arm_timer(self, peer: str, out: ArmTimer) -> None:
         self._timers.arm(out.timer, out.deadline)
@@ -507,7 +510,7 @@ class P2PSession(Executor):
         # vLLM ends a session on its first malformed frame: so does the adapter.
         if self._death_reason is None:
             self._death_reason = f"protocol error: {out.error}"
-        self._events.append(HostClose())
+        self._queue(HostClose())
 
     def session_dead(self, peer: str, out: SessionDead) -> None:
         if self._death_reason is None:

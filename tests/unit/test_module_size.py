@@ -15,7 +15,6 @@ ROOT = Path(p2pfsm.__file__).parent
 LIMIT = 600
 
 BEING_SPLIT = frozenset({
-    "p2pfsm/executor/node.py",
     "p2pfsm/vllm/peer.py",
 })
 

@@ -1,0 +1,242 @@
+"""A node's peer/session table: sessions opened, fed their frames, ready, dead, opened again.
+
+One :class:`~p2pfsm.session.Session` per peer. A peer's first frame (its connect)
+opens an inbound session; :meth:`Node.connect` opens ours. A frame from another
+connection than the session's is dropped and the session closed
+(:mod:`p2pfsm.executor.bindings`). A session that dies is remembered
+(``Node.deaths``), leaves the data plane, and is opened again when the host dialled it
+(:mod:`p2pfsm.executor.redial`) or when the peer restarted; idle inbound sessions and
+ones past their rejected-frame budget are closed (:mod:`p2pfsm.executor.peer_policy`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from p2pfsm.errors import RemoteProtocolError, TransportError
+from p2pfsm.executor.node_state import NodeState
+from p2pfsm.fsm import machine
+from p2pfsm.protocol import Connect, decode, encode
+from p2pfsm.session import (
+    FailReason,
+    FrameReceived,
+    HostClose,
+    HostStart,
+    Session,
+    SessionConfig,
+    SessionDead,
+)
+
+log = logging.getLogger("p2pfsm.node")
+
+_TERMINAL = machine("session").terminal  # closed: nothing more to do
+
+
+def _is_connect(frame: bytes) -> bool:
+    try:
+        return isinstance(decode(frame), Connect)
+    except RemoteProtocolError:
+        return False
+
+
+class NodeSessions(NodeState):
+    """The node's sessions, one per peer, from open to end."""
+
+    def _new_session(self, peer_id: str) -> Session:
+        cfg = self.config
+        session = Session(SessionConfig(
+            local_id=self.local_id,
+            agent_metadata=self.data.metadata,
+            base_addr=self.data.base_addr,
+            num_blocks=cfg.num_blocks,
+            block_len=cfg.block_len,
+            hash_seed=cfg.hash_seed,
+            config_fingerprint=cfg.config_fingerprint,
+            expected_peer_id=peer_id,
+            timeouts=cfg.timeouts,
+            incarnation=self.incarnation,
+            layout=self.data.layout.wire(),
+            max_lookups_per_request=cfg.max_lookups_per_request,
+            answer_lookups_in_parts=cfg.answer_lookups_in_parts,
+        ), None if self._hook is None else self._hook.tracer)
+        self.sessions[peer_id] = session
+        self._live.add(peer_id)
+        self._violations.new_session(peer_id)
+        self._ended.reopened(peer_id)
+        self.deaths.pop(peer_id, None)
+        self._started_at[peer_id] = time.monotonic()
+        self._feed(peer_id, HostStart(), session=session)
+        return session
+
+    def _on_frame(self, peer_id: str, frame: bytes, conn: int = -1) -> None:
+        session = self.sessions.get(peer_id)
+        if (session is not None and session.alive and not self._bindings.admits(peer_id, conn)
+                and not _is_connect(frame)):
+            # Not the session's connection (p2pfsm.executor.bindings): only a connect,
+            # which the session judges as its peer's restart or reconnect, gets through.
+            self._foreign_frame(peer_id, session)
+            return
+        if session is None or (not session.alive and not session.has_pending_work):
+            # A new peer (or a restarted one) opens with its connect. Anything else is a
+            # straggler of a session that is over (e.g. the disconnect that follows a
+            # mismatch): restarting on it would make two incompatible peers restart
+            # each other's sessions forever, so it goes to the old session (ignored).
+            if not _is_connect(frame):
+                if session is not None:
+                    self._queue(peer_id, FrameReceived(frame))
+                return
+            self._new_session(peer_id)
+            self._idle.opened_by_peer(peer_id)  # subject to idle eviction
+            if self._redials.waiting(peer_id):
+                self._opened_by_peer(peer_id)
+        self._bindings.bind(peer_id, conn)
+        self._idle.heard(peer_id, time.monotonic())
+        self._queue(peer_id, FrameReceived(frame))
+
+    def _foreign_frame(self, peer_id: str, session: Session) -> None:
+        """A frame under ``peer_id`` from another connection than its live session's (one
+        that took the id over: libzmq no longer reads the session's own). Dropped; the
+        session is closed (its disconnect tells the real peer, over our own connection
+        to it, to start over)."""
+        self.metrics.count("foreign_frames")
+        self._foreign_log.emit(
+            log.warning, "frames from other connections", "peer %s: a frame came on another "
+            "connection than its session's (its id taken over) and not as a connect: "
+            "dropped, the session closed", peer_id)
+        if session.state not in _TERMINAL:
+            self._queue(peer_id, HostClose(), session)
+
+    def _on_ready(self, peer_id: str, session: Session) -> None:
+        self.control.mark_ready(peer_id)  # out of the pending budget (or refused: full)
+        started = self._started_at.pop(peer_id, None)
+        if started is not None:
+            self.metrics.observe("handshake_seconds", time.monotonic() - started)
+        self.metrics.count("handshakes")
+        self._redials.ready(peer_id)
+        log.info("peer %s ready", peer_id)
+        for fut in self._jobs.ready_waiters.pop(peer_id, ()):
+            if not fut.done():
+                fut.set_result(session)
+
+    def _on_death(self, peer_id: str, dead: SessionDead) -> None:
+        self.deaths[peer_id] = dead
+        self.deaths.move_to_end(peer_id)
+        while len(self.deaths) > self.config.history:
+            self.deaths.popitem(last=False)
+        self.metrics.count("deaths")
+        never_ready = self._started_at.pop(peer_id, None) is not None
+        if dead.mismatch is not None:
+            self.metrics.count("handshakes_rejected")
+            log.warning("peer %s rejected: handshake field %r differs (%s)", peer_id,
+                        dead.mismatch.field, dead.mismatch)
+        elif dead.reason == "closed":
+            log.info("peer %s: session closed", peer_id)
+        else:
+            log.warning("peer %s down: %s", peer_id, dead.reason)
+        error = TransportError(f"session to {peer_id} died: {dead.reason}")
+        for fut in self._jobs.ready_waiters.pop(peer_id, ()):
+            if not fut.done():
+                fut.set_exception(error)
+        if peer_id in self.data.peers:
+            # A WRITE to the peer still running stays in flight until it ends (its
+            # source may still be read); its WriteFinished then reaches the dead
+            # session's draining round, which releases the pins only then.
+            self.data.remove_peer(peer_id)
+        if not self.control.closed:
+            self.control.mark_done(peer_id)  # its connection gives up its slot
+        self._ended.ended(peer_id)
+        self._prune_ended()
+        restart = dead.restarted_by
+        if restart is not None:
+            self.metrics.count("restarts" if dead.reason == "peer restarted" else "reconnects")
+            old = self.sessions.get(peer_id)
+            self._driver.defer(lambda: self._serve_restart(peer_id, old, restart))
+        elif self._redials.may_redial(peer_id, dead, self._closed):
+            wait = self._redials.schedule(peer_id, time.monotonic())
+            log.info("peer %s: opening the session again in %.1f s", peer_id, wait)
+            if never_ready:
+                # Its fetches never left the queue: they wait for the next session.
+                self._unsent_death = self._driver.applying
+
+    def _redial_due(self, now: float) -> None:
+        """Open the sessions whose redial is due; fail the calls that waited past their
+        deadline for the others."""
+        peers, expired = self._redials.due(now)
+        for peer_id in peers:
+            self._redial(peer_id)
+        for peer_id, ev in expired:
+            self._fail_parked(peer_id, ev, FailReason.SESSION_ENDED,
+                              "no session to the peer within the deadline: it is being "
+                              f"opened again ({self._death_reason(peer_id)})")
+
+    def _redial(self, peer_id: str) -> None:
+        if self._closed:
+            return  # close() gave every parked call its result
+        session = self.sessions.get(peer_id)
+        if session is not None and session.alive:
+            # A session opened meanwhile (_opened_by_peer has cancelled the redial then;
+            # a guard): the calls that waited for one go to it.
+            self._feed_parked(peer_id, session)
+            return
+        self.metrics.count("redials")
+        self.connect(peer_id)  # feeds the calls parked for the peer
+
+    def _opened_by_peer(self, peer_id: str) -> None:
+        """The peer opened a session while ours waited to be opened again (it restarted
+        and connected to us first): that session replaces the redial, at once. It is
+        ours as the host dialled the peer (never evicted for idleness, opened again when
+        it dies), and the calls that waited go to it now, not at the redial's time (up
+        to the backoff's most later, or past their own deadline)."""
+        self._redials.cancel(peer_id)
+        self._idle.ours(peer_id)
+        log.info("peer %s connected to us while its session waited to be opened again: "
+                 "that session replaces the redial", peer_id)
+        self._feed_parked(peer_id, self.sessions[peer_id])
+
+    def _feed_parked(self, peer_id: str, session: Session) -> None:
+        """The calls that waited for a session to the peer, to ``session`` (which
+        queues them until it is ready)."""
+        for ev in self._redials.take(peer_id):
+            self._feed(peer_id, ev, session=session)
+
+    def _end_parked(self) -> None:
+        """The node closes: no session opens again, and the calls that waited for one
+        fail as the jobs of a closed session do (SESSION_ENDED, saying why)."""
+        for peer_id, ev in self._redials.end():
+            self._fail_parked(peer_id, ev, FailReason.SESSION_ENDED,
+                              "the node closed while it waited for the session to open "
+                              "again")
+
+    def _serve_restart(self, peer_id: str, old: Session | None, connect: Connect) -> None:
+        """The connect that ended ``old`` (a new incarnation of the peer) opens a fresh
+        session, once the old one has reported all its work and left the data plane."""
+        if self._closed or self.control.closed or self.sessions.get(peer_id) is not old:
+            return
+        self._new_session(peer_id)
+        self._idle.opened_by_peer(peer_id)
+        self._idle.heard(peer_id, time.monotonic())
+        self._queue(peer_id, FrameReceived(encode(connect)))
+
+    def _prune_ended(self) -> None:
+        """Drop ended sessions with nothing left to do beyond ``history`` of them."""
+        for peer_id in self._ended.to_drop(self.sessions):
+            del self.sessions[peer_id]
+            self._bindings.forget(peer_id)
+
+    def _evict_idle(self, now: float) -> None:
+        """Close inbound sessions idle for ``idle_timeout_s`` (checked about once a second)."""
+        for peer_id, idle_s in self._idle.idle(now, self.sessions):
+            log.info("peer %s: idle for %.0f s, closing its session", peer_id, idle_s)
+            self.metrics.count("idle_closes")
+            self._queue(peer_id, HostClose(), self.sessions[peer_id])
+
+    def _close_for_violations(self, peer_id: str, session: Session) -> None:
+        if self.sessions.get(peer_id) is session and session.state not in _TERMINAL:
+            self._feed(peer_id, HostClose(), session=session)
+
+    def _holds_ended_session(self, peer_id: str) -> bool:
+        """We keep a session of ``peer_id`` that is over: its peer's frames still reach
+        it (a dead session answers a peer that holds it live, however long ago)."""
+        session = self.sessions.get(peer_id)
+        return session is not None and not session.alive
