@@ -74,13 +74,12 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.tiering.base import ParentManager, TransferJob
 from vllm.v1.kv_offload.tiering.p2p.control.base import ControlConnection
 from vllm.v1.kv_offload.tiering.p2p.control.zmq import ZmqConnection
-from vllm.v1.kv_offload.tiering.p2p.data.nixl import NixlTransport
 from vllm.v1.kv_offload.tiering.p2p.session import P2PSession
 from vllm.v1.kv_offload.tiering.p2p.session import client as vllm_client
 
 from p2pfsm.demo.blocks import demo_block, demo_key
 from p2pfsm.errors import ConfigError, TransportError
-from p2pfsm.vllm.switch import current, current_transport
+from p2pfsm.vllm.switch import current, current_data_transport, current_transport
 
 MARK = "P2PINTEROP "
 
@@ -172,9 +171,11 @@ def make_region(num_blocks: int, block_len: int) -> np.ndarray:
     return np.zeros((num_blocks, block_len), dtype=np.uint8)
 
 
-def make_data(region: np.ndarray, config: dict[str, Any] | None) -> NixlTransport:
-    data = NixlTransport(f"vllm-interop-{uuid.uuid4().hex[:12]}", memoryview(region.data),
-                         config_fields=config)
+def make_data(region: np.ndarray, config: dict[str, Any] | None) -> Any:
+    """A data transport of the class vLLM's tier manager would build now: vLLM's
+    ``NixlTransport``, or p2pfsm's after the full install."""
+    data = current_data_transport()(f"vllm-interop-{uuid.uuid4().hex[:12]}",
+                                    memoryview(region.data), config_fields=config)
     if not data.available:
         raise RuntimeError("vLLM found no NIXL (pip install --no-deps nixl==1.5.1 nixl-cu12)")
     return data

@@ -2,7 +2,7 @@
 
 Run by ``test_vllm_adapter.py::test_real_tier_manager`` with ``.venv-vllm``'s Python;
 argv: ``vllm`` (vLLM's sessions), ``p2pfsm`` (``p2pfsm.vllm.install()`` first) or
-``full`` (``install(transport="p2pfsm")``: p2pfsm's control transport too). One
+``full`` (``install(transport="p2pfsm")``: p2pfsm's control and data transports too). One
 manager on a primary region of demo-block size, each step one ``get_finished_jobs()``
 (the manager's poll), ``serve_external_requests()`` and ``on_schedule_end()``, as the
 engine calls them. Its peers are stock vLLM processes (``python -m p2pfsm.vllm.peer``)
@@ -327,8 +327,10 @@ def main() -> None:
         assert manager_module.P2PSession is Adapter
     if sys.argv[1] == "full":
         from p2pfsm.vllm.control import PlaneTransport
+        from p2pfsm.vllm.data import PlaneDataTransport
 
         assert manager_module.ZmqTransport is PlaneTransport
+        assert manager_module.NixlTransport is PlaneDataTransport
     engine = Engine()
     print(json.dumps({"sessions": sys.argv[1], **drive(engine)}), flush=True)
 
