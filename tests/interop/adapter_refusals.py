@@ -27,7 +27,8 @@ from typing import Any
 from vllm.v1.kv_offload.tiering.p2p.session import P2PSession as Stock
 
 from p2pfsm.demo.blocks import demo_block, demo_key
-from p2pfsm.vllm.peer import bind_transport, make_data, make_region, wait_for_frames
+from p2pfsm.vllm.peer import patches
+from p2pfsm.vllm.peer.common import bind_transport, make_data, make_region, wait_for_frames
 from p2pfsm.vllm.session import P2PSession as Adapter
 
 BLOCK_LEN, BLOCKS, SEED = 4096, 4, "vllm-none-hash"
@@ -123,6 +124,7 @@ def run(cls: type, case: str, attacker_data: Any) -> dict[str, Any]:
 
 
 def main() -> None:
+    patches.apply()  # as the harness does: vLLM's close stops its monitor first
     cls = {"vllm": Stock, "p2pfsm": Adapter, "full": Adapter}[sys.argv[1]]
     if sys.argv[1] == "full":
         import p2pfsm.vllm as pv

@@ -52,7 +52,8 @@ from vllm.v1.kv_offload.tiering.p2p import manager as manager_module
 
 import p2pfsm.vllm as pv
 from p2pfsm.demo.blocks import demo_block, demo_key
-from p2pfsm.vllm.peer import HOST, MARK, free_port, wait_for_frames
+from p2pfsm.vllm.peer import patches
+from p2pfsm.vllm.peer.common import HOST, MARK, free_port, wait_for_frames
 from p2pfsm.vllm.session import P2PSession as Adapter
 
 BLOCK_LEN, BLOCKS, MISSING = 4096, 32, 9999
@@ -322,6 +323,7 @@ def drive(engine: Engine) -> dict[str, Any]:
 
 
 def main() -> None:
+    patches.apply()  # as the harness does: vLLM's close stops its monitor first
     if sys.argv[1] in ("p2pfsm", "full"):
         pv.install("p2pfsm" if sys.argv[1] == "full" else None)
         assert manager_module.P2PSession is Adapter
