@@ -82,7 +82,7 @@ def uninstall() -> None:
 
 
 def transport_wanted() -> str:
-    """The control transport the environment asks for (``P2PFSM_VLLM_TRANSPORT``)."""
+    """The transports the environment asks for (``P2PFSM_VLLM_TRANSPORT``)."""
     return os.environ.get(ENV_TRANSPORT, "").strip() or "vllm"
 
 

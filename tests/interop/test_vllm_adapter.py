@@ -207,6 +207,25 @@ def test_real_tier_manager() -> None:
     assert got["jobs_once"] == {str(j): 1 for j in range(1, 9)}
 
 
+def test_full_install_data_transport() -> None:
+    """``data_transport_drive.py``: the full install's data transport (p2pfsm's DataPlane
+    behind vLLM's ``DataTransport``) next to vLLM's ``NixlTransport``: WRITEs both ways
+    and between two of ours land byte for byte; polls are scoped to their peer and report
+    each transfer once; ``cancel`` in both modes; a removed peer's reports are dropped and
+    it registers again; a registration of our own metadata, of an agent already another
+    peer's, or of too many blocks fails its future."""
+    script = Path(__file__).with_name("data_transport_drive.py")
+    done = subprocess.run([str(VLLM_PYTHON), str(script)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr[-5000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    refused = got.pop("refused")
+    assert got == dict.fromkeys(got, True) and len(got) == 12, got
+    assert refused == {"own_metadata": "TransportError",
+                       "agent_of_another_peer": "TransportError",
+                       "num_blocks_over_bound": "TransportError"}
+
+
 def test_adapter_refuses_what_the_node_refuses() -> None:
     """``adapter_refusals.py``: a connect with the target's own NIXL metadata (renamed)
     and base address makes a stock vLLM node write its own block 1 over its block 0 and
