@@ -220,7 +220,7 @@ def test_full_install_data_transport() -> None:
     assert done.returncode == 0, done.stdout + done.stderr[-5000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
     refused = got.pop("refused")
-    assert got == dict.fromkeys(got, True) and len(got) == 12, got
+    assert got == dict.fromkeys(got, True) and len(got) == 11, got
     assert refused == {"own_metadata": "TransportError",
                        "agent_of_another_peer": "TransportError",
                        "num_blocks_over_bound": "TransportError"}
