@@ -111,11 +111,13 @@ class PlaneDataTransport(DataTransport):  # type: ignore[misc]
     def add_remote_peer(self, peer_id: str, agent_metadata: bytes, base_addr: int,
                         num_blocks: int, block_len: int) -> None:
         """Register ``peer_id`` inline (its future, via the base class, is resolved);
-        raises :class:`TransportError` for what DataPlane refuses (module docstring)."""
-        self._drop_reports(peer_id)
+        raises :class:`TransportError` for what DataPlane refuses (module docstring),
+        leaving an earlier registration of ``peer_id`` as it was. A new one replaces it:
+        the old one's transfers are left to end, unreported."""
         metadata = bytes(agent_metadata) if isinstance(agent_metadata, bytearray | memoryview) \
             else agent_metadata
         self._plane.add_peer(peer_id, metadata, base_addr, num_blocks, block_len)
+        self._drop_reports(peer_id)
         self.progress()
 
     def remove_remote_peer(self, peer_id: str) -> None:
