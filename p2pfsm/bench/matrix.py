@@ -14,7 +14,8 @@ All hold the demo block model and verify every byte. Cells whose client is a vLL
 (``vllm`` or ``adapter``) run side by side: per pass and shape one server per server kind,
 and one client process holding a session per cell (vLLM's sessions on one engine, the
 adapter's on another, as two vLLM engines would) that fetches on each cell in turn, one
-fetch at a time (:func:`p2pfsm.vllm.peer.run_links`). Their samples are paired in time:
+fetch at a time (:func:`p2pfsm.vllm.peer.plans.run_links`). Their samples are
+paired in time:
 machine load that comes and goes hits every cell alike. Cells with a p2pfsm client run one
 after another, a fresh server each. Passes start one cell later each. Medians and p10/p90
 are over the fetches of all passes; failures and verify failures are counted apart. A

@@ -2,7 +2,7 @@
 
 A vLLM server (``python -m p2pfsm.vllm.peer server``, vLLM's own sessions, in the
 interop venv) and one vLLM client process (``client --concurrent``,
-:func:`p2pfsm.vllm.peer.run_concurrent`): for concurrency, one session on which C
+:func:`p2pfsm.vllm.peer.plans.run_concurrent`): for concurrency, one session on which C
 fetches of 4 x 64 KiB are issued together and polled until all are done, round after
 round; for throughput, several sessions each keeping one-block fetches of 4 KiB in
 flight, with the CPU seconds of both processes over the window.

@@ -12,7 +12,8 @@ from __future__ import annotations
 def install(transport: str | None = None) -> None:
     """New sessions of vLLM's P2P tier are p2pfsm's (see :mod:`p2pfsm.vllm.switch`);
     ``transport="p2pfsm"`` (or ``P2PFSM_VLLM_TRANSPORT=p2pfsm``) also puts p2pfsm's
-    control plane behind vLLM's control transport (the full install)."""
+    control and data planes behind vLLM's control and data transports (the full
+    install)."""
     from p2pfsm.vllm.switch import install as _install
 
     _install(transport)

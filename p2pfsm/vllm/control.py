@@ -26,6 +26,7 @@ from p2pfsm.executor.admission import is_connect_from
 from p2pfsm.executor.curve import load_curve_keys
 from p2pfsm.executor.zmq_plane import ControlEvent, ControlPlane, FrameIn, PeerLost
 from p2pfsm.vllm import guard
+from p2pfsm.vllm.data import progress_open
 
 log = logging.getLogger("p2pfsm.vllm.control")
 
@@ -135,10 +136,14 @@ class PlaneTransport(ControlTransport):  # type: ignore[misc]
     def wait(self, timeout_ms: int) -> None:
         """Block until the plane has news, or ``timeout_ms`` at most (kept for poll())."""
         self._events.extend(self._plane.poll(timeout_ms))
+        progress_open()
 
     def poll(self) -> Sequence[PlaneConnection]:
         """Frames into their connections, lost peers marked dead, dead ones released;
-        the connections opened by peers since the last poll (each once)."""
+        the connections opened by peers since the last poll (each once). The full
+        install's data transports get a UCX progress step too (:mod:`p2pfsm.vllm.data`):
+        the manager polls this every tick."""
+        progress_open()
         self._sweep()
         events, self._events = self._events + self._plane.poll(0), []
         # A peer lost later in this batch (evicted from the pending budget, refused) gets

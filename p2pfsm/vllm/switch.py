@@ -8,7 +8,9 @@ adapter) and in the manager module if it is imported already; :func:`uninstall` 
 vLLM's class back in both. :func:`install` also guards vLLM's ZeroMQ transport
 (:mod:`p2pfsm.vllm.guard`) and :func:`uninstall` removes the guard; the full install
 (``transport="p2pfsm"``) rebinds the name ``ZmqTransport`` the same way, in vLLM's
-control package and manager, to :class:`p2pfsm.vllm.control.PlaneTransport`. No vLLM file
+control package and manager, to :class:`p2pfsm.vllm.control.PlaneTransport`, and the name
+``NixlTransport``, in vLLM's data package and manager, to
+:class:`p2pfsm.vllm.data.PlaneDataTransport`. No vLLM file
 changes and nothing more of vLLM is imported. Both are idempotent; sessions built
 before a switch keep the class they were built with.
 """
@@ -26,11 +28,13 @@ SESSION_PACKAGE = "vllm.v1.kv_offload.tiering.p2p.session"
 MANAGER_MODULE = "vllm.v1.kv_offload.tiering.p2p.manager"
 
 CONTROL_PACKAGE = "vllm.v1.kv_offload.tiering.p2p.control"
+DATA_PACKAGE = "vllm.v1.kv_offload.tiering.p2p.data"
 ENV_TRANSPORT = "P2PFSM_VLLM_TRANSPORT"
 TRANSPORTS = ("vllm", "p2pfsm")
 
 _original: Any = None
 _original_transport: Any = None
+_original_data: Any = None
 
 
 def _modules() -> list[Any]:
@@ -45,7 +49,8 @@ def _modules() -> list[Any]:
 def install(transport: str | None = None) -> None:
     """New sessions of vLLM's P2P tier are p2pfsm's from now on; with ``transport``
     ``"p2pfsm"`` (default: ``P2PFSM_VLLM_TRANSPORT``, else ``"vllm"``) new control
-    transports are p2pfsm's ControlPlane too (:mod:`p2pfsm.vllm.control`)."""
+    transports are p2pfsm's ControlPlane too (:mod:`p2pfsm.vllm.control`), and new data
+    transports p2pfsm's DataPlane (:mod:`p2pfsm.vllm.data`)."""
     global _original
     from p2pfsm.vllm.session import P2PSession
 
@@ -65,7 +70,7 @@ def install(transport: str | None = None) -> None:
 
 
 def uninstall() -> None:
-    """New sessions of vLLM's P2P tier are vLLM's own again (its transport too)."""
+    """New sessions of vLLM's P2P tier are vLLM's own again (its transports too)."""
     global _original
     _use_transport("vllm")
     if _original is None:
@@ -77,14 +82,14 @@ def uninstall() -> None:
 
 
 def transport_wanted() -> str:
-    """The control transport the environment asks for (``P2PFSM_VLLM_TRANSPORT``)."""
+    """The transports the environment asks for (``P2PFSM_VLLM_TRANSPORT``)."""
     return os.environ.get(ENV_TRANSPORT, "").strip() or "vllm"
 
 
-def _transport_modules() -> list[Any]:
-    """Where vLLM's manager looks ``ZmqTransport`` up: the control package, and the
-    manager once imported."""
-    found = [importlib.import_module(CONTROL_PACKAGE)]
+def _transport_modules(package: str = CONTROL_PACKAGE) -> list[Any]:
+    """Where vLLM's manager looks a transport class up: its package (control or data),
+    and the manager once imported."""
+    found = [importlib.import_module(package)]
     manager = sys.modules.get(MANAGER_MODULE)
     if manager is not None:
         found.append(manager)
@@ -92,24 +97,40 @@ def _transport_modules() -> list[Any]:
 
 
 def _use_transport(kind: str) -> None:
-    global _original_transport
-    modules = _transport_modules()
+    global _original_transport, _original_data
+    control = _transport_modules()
+    data = _transport_modules(DATA_PACKAGE)
     if kind == "p2pfsm":
         from p2pfsm.vllm.control import PlaneTransport
+        from p2pfsm.vllm.data import PlaneDataTransport
 
         if _original_transport is None:
-            _original_transport = modules[0].ZmqTransport
-        for module in modules:
+            _original_transport = control[0].ZmqTransport
+        if _original_data is None:
+            _original_data = data[0].NixlTransport
+        for module in control:
             module.ZmqTransport = PlaneTransport
-    elif _original_transport is not None:
-        for module in modules:
+        for module in data:
+            module.NixlTransport = PlaneDataTransport
+        return
+    if _original_transport is not None:
+        for module in control:
             module.ZmqTransport = _original_transport
         _original_transport = None
+    if _original_data is not None:
+        for module in data:
+            module.NixlTransport = _original_data
+        _original_data = None
 
 
 def current_transport() -> Any:
     """The control transport class vLLM's tier manager builds now."""
     return _transport_modules()[-1].ZmqTransport
+
+
+def current_data_transport() -> Any:
+    """The data transport class vLLM's tier manager builds now."""
+    return _transport_modules(DATA_PACKAGE)[-1].NixlTransport
 
 
 def installed() -> bool:

@@ -1,9 +1,10 @@
 """Two hostile connects against a vLLM node, with vLLM's sessions or p2pfsm's.
 
 Run by ``test_vllm_adapter.py::test_adapter_refuses_what_the_node_refuses`` with
-``.venv-vllm``'s Python; argv: ``vllm`` or ``p2pfsm``. The target is a session of that
-class on vLLM's real ``ZmqTransport`` and ``NixlTransport``, built as the manager builds an
-inbound one; the attacker speaks the wire through a ``ZmqTransport`` of its own:
+``.venv-vllm``'s Python; argv: ``vllm``, ``p2pfsm`` or ``full``. The target is a session
+of that class on vLLM's real ``ZmqTransport`` and ``NixlTransport`` (``full``: the full
+install's, p2pfsm's control and data planes behind them), built as the manager builds an
+inbound one; the attacker speaks the wire through a transport of the same kind:
 
 * ``own_memory``: the attacker connects with the target's own NIXL metadata (the agent
   renamed) and base address, which the target's connect tells every peer, then fetches
@@ -26,7 +27,8 @@ from typing import Any
 from vllm.v1.kv_offload.tiering.p2p.session import P2PSession as Stock
 
 from p2pfsm.demo.blocks import demo_block, demo_key
-from p2pfsm.vllm.peer import bind_transport, make_data, make_region
+from p2pfsm.vllm.peer import patches
+from p2pfsm.vllm.peer.common import bind_transport, make_data, make_region, wait_for_frames
 from p2pfsm.vllm.session import P2PSession as Adapter
 
 BLOCK_LEN, BLOCKS, SEED = 4096, 4, "vllm-none-hash"
@@ -83,7 +85,7 @@ def run(cls: type, case: str, attacker_data: Any) -> dict[str, Any]:
                 target.step()
                 attacker.poll()
                 frames.extend(conn.recv())
-                attacker._router.poll(1)  # a tick, or at once when a frame comes
+                wait_for_frames(attacker)  # a tick, or at once when a frame comes
 
         def seen(kind: str) -> dict[str, Any] | None:
             return next((f for f in frames if f.get("type") == kind), None)
@@ -112,6 +114,7 @@ def run(cls: type, case: str, attacker_data: Any) -> dict[str, Any]:
             out["own_block_0_changed"] = (target.region[0].tobytes()
                                           != demo_block(0, BLOCK_LEN))
         session = target.session
+        out["session"] = session is not None  # the full install may refuse at the door
         out["alive"] = bool(session is not None and session.alive)
         out["death_reason"] = None if out["alive"] or session is None else session.death_reason
         return out
@@ -121,7 +124,12 @@ def run(cls: type, case: str, attacker_data: Any) -> dict[str, Any]:
 
 
 def main() -> None:
-    cls = {"vllm": Stock, "p2pfsm": Adapter}[sys.argv[1]]
+    patches.apply()  # as the harness does: vLLM's close stops its monitor first
+    cls = {"vllm": Stock, "p2pfsm": Adapter, "full": Adapter}[sys.argv[1]]
+    if sys.argv[1] == "full":
+        import p2pfsm.vllm as pv
+
+        pv.install(transport="p2pfsm")
     attacker_data = make_data(make_region(BLOCKS, BLOCK_LEN), None)  # its own agent
     try:
         print(json.dumps({case: run(cls, case, attacker_data)

@@ -2,7 +2,7 @@
 
 Run by ``test_vllm_adapter.py::test_real_tier_manager`` with ``.venv-vllm``'s Python;
 argv: ``vllm`` (vLLM's sessions), ``p2pfsm`` (``p2pfsm.vllm.install()`` first) or
-``full`` (``install(transport="p2pfsm")``: p2pfsm's control transport too). One
+``full`` (``install(transport="p2pfsm")``: p2pfsm's control and data transports too). One
 manager on a primary region of demo-block size, each step one ``get_finished_jobs()``
 (the manager's poll), ``serve_external_requests()`` and ``on_schedule_end()``, as the
 engine calls them. Its peers are stock vLLM processes (``python -m p2pfsm.vllm.peer``)
@@ -52,7 +52,8 @@ from vllm.v1.kv_offload.tiering.p2p import manager as manager_module
 
 import p2pfsm.vllm as pv
 from p2pfsm.demo.blocks import demo_block, demo_key
-from p2pfsm.vllm.peer import HOST, MARK, free_port, wait_for_frames
+from p2pfsm.vllm.peer import patches
+from p2pfsm.vllm.peer.common import HOST, MARK, free_port, wait_for_frames
 from p2pfsm.vllm.session import P2PSession as Adapter
 
 BLOCK_LEN, BLOCKS, MISSING = 4096, 32, 9999
@@ -322,13 +323,16 @@ def drive(engine: Engine) -> dict[str, Any]:
 
 
 def main() -> None:
+    patches.apply()  # as the harness does: vLLM's close stops its monitor first
     if sys.argv[1] in ("p2pfsm", "full"):
         pv.install("p2pfsm" if sys.argv[1] == "full" else None)
         assert manager_module.P2PSession is Adapter
     if sys.argv[1] == "full":
         from p2pfsm.vllm.control import PlaneTransport
+        from p2pfsm.vllm.data import PlaneDataTransport
 
         assert manager_module.ZmqTransport is PlaneTransport
+        assert manager_module.NixlTransport is PlaneDataTransport
     engine = Engine()
     print(json.dumps({"sessions": sys.argv[1], **drive(engine)}), flush=True)
 

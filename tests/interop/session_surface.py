@@ -18,7 +18,8 @@ from vllm.v1.kv_offload.base import LookupResult, ReqContext
 from vllm.v1.kv_offload.tiering.base import ParentManager
 from vllm.v1.kv_offload.tiering.p2p.session import P2PSession as Stock
 
-from p2pfsm.vllm.peer import bind_transport, make_data, make_region
+from p2pfsm.vllm.peer import patches
+from p2pfsm.vllm.peer.common import bind_transport, make_data, make_region
 from p2pfsm.vllm.session import P2PSession as Adapter
 
 BLOCK_LEN, BLOCKS, SEED = 4096, 8, "surface-seed"
@@ -116,6 +117,7 @@ CASES = {"never_connected": never_connected, "lookup_in_flight": lookup_in_fligh
 
 
 def main() -> None:
+    patches.apply()  # as the harness does: vLLM's close stops its monitor first
     cls = {"vllm": Stock, "p2pfsm": Adapter}[sys.argv[1]]
     print(json.dumps({name: case(cls) for name, case in CASES.items()}), flush=True)
 

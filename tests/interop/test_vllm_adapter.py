@@ -100,21 +100,30 @@ os.environ[autoinstall.ENV_VAR] = "1"
 autoinstall.register()
 assert pkg.P2PSession is Adapter
 pv.uninstall()
-# The full install: vLLM's manager builds p2pfsm's control transport; uninstall undoes it.
+# The full install: vLLM's manager builds p2pfsm's control and data transports;
+# uninstall undoes it.
 import vllm.v1.kv_offload.tiering.p2p.control as control_pkg
+import vllm.v1.kv_offload.tiering.p2p.data as data_pkg
 from vllm.v1.kv_offload.tiering.p2p.control.zmq import ZmqTransport
+from vllm.v1.kv_offload.tiering.p2p.data.nixl import NixlTransport
 from p2pfsm.vllm.control import PlaneTransport
+from p2pfsm.vllm.data import PlaneDataTransport
 from p2pfsm.vllm import guard
 pv.install(transport="p2pfsm")
 assert early.ZmqTransport is PlaneTransport and control_pkg.ZmqTransport is PlaneTransport
+assert early.NixlTransport is PlaneDataTransport and data_pkg.NixlTransport is PlaneDataTransport
 assert guard.installed()
-pv.install()  # sessions only again: vLLM's transport, guarded
+pv.install(transport="p2pfsm")  # idempotent
+assert early.NixlTransport is PlaneDataTransport
+pv.install()  # sessions only again: vLLM's transports, guarded
 assert early.ZmqTransport is ZmqTransport and guard.installed()
+assert early.NixlTransport is NixlTransport and data_pkg.NixlTransport is NixlTransport
 os.environ["P2PFSM_VLLM_TRANSPORT"] = "p2pfsm"
 pv.install()
-assert early.ZmqTransport is PlaneTransport
+assert early.ZmqTransport is PlaneTransport and early.NixlTransport is PlaneDataTransport
 pv.uninstall()
 assert early.ZmqTransport is ZmqTransport and control_pkg.ZmqTransport is ZmqTransport
+assert early.NixlTransport is NixlTransport and data_pkg.NixlTransport is NixlTransport
 assert not guard.installed() and pkg.P2PSession is stock
 os.environ["P2PFSM_VLLM_GUARD"] = "0"
 os.environ.pop("P2PFSM_VLLM_TRANSPORT")
@@ -166,8 +175,8 @@ def test_session_surface() -> None:
 
 def test_real_tier_manager() -> None:
     """vLLM 0.33.0's own ``P2PSecondaryTierManager`` (``manager_drive.py``) with vLLM's
-    sessions, with the adapter's, and with the full install (p2pfsm's control
-    transport), against stock vLLM peers in both roles and a p2pfsm node: PD and
+    sessions, with the adapter's, and with the full install (p2pfsm's control and
+    data transports), against stock vLLM peers in both roles and a p2pfsm node: PD and
     symmetric loads (pending keys included), a load whose peer is killed (reaped, the
     request falls back), a reconnect to the restarted peer, a store fetched by a peer,
     and ``shutdown()`` with sessions open. Each job gets exactly one result; the three
@@ -181,7 +190,7 @@ def test_real_tier_manager() -> None:
         seen[kind] = json.loads(done.stdout.strip().splitlines()[-1])
         seen[kind].pop("sessions")
     assert seen["p2pfsm"] == seen["vllm"]
-    assert seen["full"] == seen["vllm"]  # the full install: p2pfsm's control transport
+    assert seen["full"] == seen["vllm"]  # the full install: p2pfsm's control and data planes
     got = seen["vllm"]
     assert got["pd"] == {"lookups": ["HIT"] * 8, "results": [True], "verified": True}
     assert got["sym"] == {"lookups": ["HIT"] * 6 + ["MISS"], "results": [True],
@@ -198,28 +207,55 @@ def test_real_tier_manager() -> None:
     assert got["jobs_once"] == {str(j): 1 for j in range(1, 9)}
 
 
+def test_full_install_data_transport() -> None:
+    """``data_transport_drive.py``: the full install's data transport (p2pfsm's DataPlane
+    behind vLLM's ``DataTransport``) next to vLLM's ``NixlTransport``: WRITEs both ways
+    and between two of ours land byte for byte; polls are scoped to their peer and report
+    each transfer once; ``cancel`` in both modes; a removed peer's reports are dropped and
+    it registers again; a registration of our own metadata, of an agent already another
+    peer's, or of too many blocks fails its future."""
+    script = Path(__file__).with_name("data_transport_drive.py")
+    done = subprocess.run([str(VLLM_PYTHON), str(script)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr[-5000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    refused = got.pop("refused")
+    assert got == dict.fromkeys(got, True) and len(got) == 11, got
+    assert refused == {"own_metadata": "TransportError",
+                       "agent_of_another_peer": "TransportError",
+                       "num_blocks_over_bound": "TransportError"}
+
+
 def test_adapter_refuses_what_the_node_refuses() -> None:
     """``adapter_refusals.py``: a connect with the target's own NIXL metadata (renamed)
     and base address makes a stock vLLM node write its own block 1 over its block 0 and
     report the store a success; a connect naming another peer id than the transport sees
-    is accepted. The adapter refuses both at the handshake, as p2pfsm's node does."""
+    is accepted. The adapter refuses both at the handshake, as p2pfsm's node does; the
+    full install (p2pfsm's control and data planes too) refuses the first at the
+    handshake and the second at the door: no session, no dial-back."""
     script = Path(__file__).with_name("adapter_refusals.py")
     seen = {}
-    for kind in ("vllm", "p2pfsm"):
+    for kind in ("vllm", "p2pfsm", "full"):
         done = subprocess.run([str(VLLM_PYTHON), str(script), kind], capture_output=True,
                               text=True, timeout=120)
         assert done.returncode == 0, done.stdout + done.stderr[-5000:]
         seen[kind] = json.loads(done.stdout.strip().splitlines()[-1])
-    stock, adapter = seen["vllm"], seen["p2pfsm"]
+    stock, adapter, full = seen["vllm"], seen["p2pfsm"], seen["full"]
     # vLLM 0.33.0 as it ships (if this changes, vLLM fixed it: update docs/vllm.md).
     assert stock["own_memory"] == {"acked": True, "stores": [True], "alive": True,
-                                   "own_block_0_changed": True, "death_reason": None}
-    assert stock["wrong_peer_id"] == {"acked": True, "alive": True, "death_reason": None}
-    assert adapter["own_memory"]["acked"] is False and not adapter["own_memory"]["alive"]
-    assert adapter["own_memory"]["own_block_0_changed"] is False
-    assert "describes this node's own NIXL agent" in adapter["own_memory"]["death_reason"]
-    assert adapter["wrong_peer_id"]["acked"] is False
+                                   "own_block_0_changed": True, "death_reason": None,
+                                   "session": True}
+    assert stock["wrong_peer_id"] == {"acked": True, "alive": True, "death_reason": None,
+                                      "session": True}
+    for refused in (adapter, full):
+        own = refused["own_memory"]
+        assert own["acked"] is False and not own["alive"] and own["session"]
+        assert own["own_block_0_changed"] is False
+        assert "describes this node's own NIXL agent" in own["death_reason"]
+        assert refused["wrong_peer_id"]["acked"] is False
     assert adapter["wrong_peer_id"]["death_reason"].startswith("incompatible peer: peer_id")
+    assert full["wrong_peer_id"] == {"acked": False, "alive": False, "death_reason": None,
+                                     "session": False}
 
 
 # ------------------------------------------------- one long-lived world per module

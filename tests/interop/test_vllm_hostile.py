@@ -3,7 +3,8 @@
 
 The target is one process per scenario: ``python -m p2pfsm.vllm.peer server`` from
 ``.venv-vllm`` (vLLM's real ``ZmqTransport`` and ``NixlTransport``, sessions built as its
-tier manager builds them; ``--adapter`` runs :func:`p2pfsm.vllm.install`), or
+tier manager builds them; ``--adapter`` runs :func:`p2pfsm.vllm.install`, ``--full``
+``install(transport="p2pfsm")``: p2pfsm's control and data planes behind them), or
 ``p2pfsm serve``. The attacker is raw pyzmq in this process (``tests/hostile/wire.py``)
 and, where a connect needs one, a real NIXL agent. After the attack the target must be
 alive, must answer a new peer's connect (sent from ``127.0.0.3``, a host no scenario
@@ -52,12 +53,14 @@ FD_BOUND = 64
 """Descriptors above the pre-attack count still counted as "back": the probe's own
 dial-back, which waits out its handshake deadline, and what NIXL keeps per agent."""
 FLOOD_FD_BOUND = 256
-"""The same after the flood. Every flood connect carries the same real NIXL agent, and
-vLLM's data plane (NIXL/UCX) keeps descriptors from the registrations the flood's
-sessions began before they were evicted: seen 20-181 for a guarded vLLM node (either
-install) against 1-35 for ``p2pfsm serve``; not investigated further (docs/vllm.md). A
-dial-back kept per identity would be over 1600 (two sockets each), and vLLM's ZeroMQ
-context dies at 1023 sockets."""
+"""The same after the flood, for a node on vLLM's data plane (``vllm``, ``sessions``).
+Every flood connect carries the same real NIXL agent, and vLLM's ``NixlTransport``
+loads it for each registration the flood's sessions began and unloads it when they are
+evicted; each load leaves UCX sockets behind (docs/vllm.md: +95 a minute later in a
+``sessions`` run). A dial-back kept per identity would be over 1600 (two sockets each),
+and vLLM's ZeroMQ context dies at 1023 sockets. The full install (p2pfsm's data plane
+keeps one loaded agent for them all) and ``p2pfsm serve`` get ``FD_BOUND``."""
+VLLM_DATA_PLANE = ("vllm", "sessions")
 RSS_BOUND = 96 << 20
 """Resident bytes above the pre-attack RSS still counted as "back" (as tests/hostile)."""
 ANSWER_S = 20.0
@@ -281,8 +284,8 @@ def run_scenario(name: str, kind: str, log_dir: Path) -> tuple[Outcome, str]:
     try:
         agent = attack.agent()
         fds0, rss0 = target.fds(), target.rss()
-        out = Outcome(fd_bound=FLOOD_FD_BOUND if SCENARIOS[name] is _never_handshake
-                      else FD_BOUND)
+        flood_on_vllm_data = SCENARIOS[name] is _never_handshake and kind in VLLM_DATA_PLANE
+        out = Outcome(fd_bound=FLOOD_FD_BOUND if flood_on_vllm_data else FD_BOUND)
         out.dialled_back = SCENARIOS[name](attack, agent)
         if target.alive():
             out.peak_fds_delta = target.fds() - fds0

@@ -1,6 +1,6 @@
 """Interop with vLLM 0.33.0: every protocol flow, in both directions, every byte verified.
 
-The vLLM side is ``p2pfsm/vllm/peer.py`` (``python -m p2pfsm.vllm.peer``), run by the
+The vLLM side is the package ``p2pfsm/vllm/peer/`` (``python -m p2pfsm.vllm.peer``), run by the
 separate venv ``.venv-vllm`` (``bash .ci/install-vllm.sh``), in its own process: vLLM's
 own ``P2PSession``, ZMQ control transport and NIXL data transport. The p2pfsm side is a
 :class:`~p2pfsm.executor.node.Node` driven from this process (and, for one smoke test per
