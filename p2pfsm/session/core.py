@@ -16,28 +16,75 @@ machine fires; a frame that is malformed, or that no declared transition accepts
 in the current state, is rejected with a ProtocolViolation output and changes
 nothing. Host misuse raises LocalProtocolError and changes nothing.
 
-The parts live one job per module: :mod:`~p2pfsm.session.base` (state, output helpers,
-host-call checks), :mod:`~p2pfsm.session.machine` (the session machine),
-:mod:`~p2pfsm.session.child` (what children may produce), :mod:`~p2pfsm.session.steps`
-(fire, apply, retire, cascade),
-:mod:`~p2pfsm.session.consumer` and :mod:`~p2pfsm.session.producer` (the two roles),
-:mod:`~p2pfsm.session.dispatch` (which machine each input reaches); this module
-assembles them behind one entry point.
+The shape: the session *holds* two parts, :class:`~p2pfsm.session.consumer.ConsumerPart`
+(load rounds, lookups, round numbers) and :class:`~p2pfsm.session.producer.ProducerPart`
+(serve rounds, served lookups, store jobs, writes, tokens), each owning its tables and
+reaching the session through the small :class:`~p2pfsm.session.owner.Owner` interface
+that :class:`Session` implements (send, arm, disarm, emit, now, step). The session keeps
+the session machine (its guards and actions are methods here; its data is
+:attr:`Session.fsm_data`), the timers, the step's outputs and the children's outbox.
+:mod:`~p2pfsm.session.dispatch` routes each input to the session or a part; tests and
+tools read the session through :attr:`Session.view` (:mod:`~p2pfsm.session.view`).
 """
 
 from __future__ import annotations
 
-from p2pfsm.errors import LocalProtocolError
-from p2pfsm.session.base import LIVE_STATES
-from p2pfsm.session.dispatch import HANDLERS, InputDispatch
-from p2pfsm.session.inputs import Input
-from p2pfsm.session.machine import SESSION
-from p2pfsm.session.outputs import Output
+from typing import Any
+
+from p2pfsm.errors import HandshakeMismatch, InvalidTransition, LocalProtocolError
+from p2pfsm.fsm import CompiledMachine, Tracer, machine
+from p2pfsm.protocol import Connect, ConnectAck, Disconnect, FetchRound, Message, TransferDone
+from p2pfsm.session.child import (
+    Arm,
+    BindRound,
+    ChildEnv,
+    Disarm,
+    EndRoles,
+    ExpireLookupRound,
+    HoldJob,
+    PinHits,
+    Send,
+)
+from p2pfsm.session.client import ClientLookup, ClientRound
+from p2pfsm.session.config import SessionConfig
+from p2pfsm.session.consumer import ConsumerPart
+from p2pfsm.session.dispatch import HANDLERS, TIMER_MACHINES
+from p2pfsm.session.inputs import (
+    HostFetch,
+    HostLookup,
+    Input,
+    RegistrationFinished,
+    TimerId,
+    TransportLost,
+)
+from p2pfsm.session.machine import (
+    LIVE_STATES,
+    OPEN_STATES,
+    STALE_ANSWER_INTERVAL_S,
+    UNSTARTED_STATES,
+    handshake_mismatch,
+)
+from p2pfsm.session.outputs import (
+    ArmTimer,
+    DisarmTimer,
+    Output,
+    SendFrame,
+    SendToLostPeer,
+    SessionDead,
+    StartRegistration,
+    StartWrite,
+)
+from p2pfsm.session.producer import ProducerPart
+from p2pfsm.session.server import ServerLookup, ServerRound
+from p2pfsm.session.steps import run_cascade
+from p2pfsm.session.view import SessionView
 
 __all__ = ["LIVE_STATES", "SESSION", "Session"]
 
+_HANDSHAKE_TYPES = (Connect, ConnectAck, Disconnect)
 
-class Session(InputDispatch):
+
+class Session:
     """A peer session (both roles) driven only by its declared machines.
 
     Args:
@@ -45,6 +92,27 @@ class Session(InputDispatch):
         tracer: when given, records every fired transition.
     """
 
+    fsm_data = ("peer", "death_reason", "mismatch", "last_disconnect", "_queue")
+    """What the session machine's actions write (restored should one raise)."""
+
+    def __init__(self, config: SessionConfig, tracer: Tracer | None = None) -> None:
+        self.config = config
+        self.fsm_state = machine("session").initial
+        self.peer: Connect | None = None
+        self.death_reason: str | None = None
+        self.mismatch: HandshakeMismatch | None = None
+        self.last_disconnect: float | None = None  # when we last sent one (dead: rate limit)
+        self.now = 0.0
+        self._out: list[Output] = []
+        self._queue: list[Message] = []
+        self._timers: dict[TimerId, float] = {}
+        # What the children's actions asked for (applied after each step).
+        self._env = ChildEnv(config.timeouts, tracer, config.answer_lookups_in_parts)
+        self.consumer: ConsumerPart = ConsumerPart(self, config, self._env)
+        self.producer: ProducerPart = ProducerPart(self, config, self._env)
+        self._view = SessionView(self)
+
+    # ------------------------------------------------------------ entry point
     def handle(self, event: Input, now: float) -> list[Output]:
         """Consume one event at time ``now``; return the outputs it caused, in order.
 
@@ -53,10 +121,8 @@ class Session(InputDispatch):
                 the session is unchanged.
         """
         self.now = now
-        self._round_floor.purge(now)
-        self._expired_lookups.purge(now)
-        self._finished.purge(now)
-        self._peer_finished.purge(now)
+        self.consumer.purge(now)
+        self.producer.purge(now)
         handler = HANDLERS.get(type(event))
         if handler is None:
             raise LocalProtocolError(f"unknown input {type(event).__name__}")
@@ -68,3 +134,346 @@ class Session(InputDispatch):
             raise
         out, self._out = self._out, []
         return out
+
+    # ---------------------------------------------------------------- queries
+    @property
+    def view(self) -> SessionView:
+        """A read-only view of the session's state, for tests, fuzzers and replay."""
+        return self._view
+
+    @property
+    def tracer(self) -> Tracer | None:
+        """Records every fired transition (the session's and its children's) when set."""
+        return self._env.tracer
+
+    @tracer.setter
+    def tracer(self, tracer: Tracer | None) -> None:
+        self._env.tracer = tracer
+
+    @property
+    def outputs(self) -> list[Output]:
+        """The outputs of the step in progress (machine actions append to it)."""
+        return self._out
+
+    @property
+    def fsm_outputs(self) -> list[Output]:
+        return self._out
+
+    @property
+    def fsm_label(self) -> str:
+        return self.config.local_id
+
+    @property
+    def fsm_tracer(self) -> Tracer | None:
+        return self.tracer
+
+    @property
+    def state(self) -> str:
+        return self.fsm_state
+
+    @property
+    def ready(self) -> bool:
+        return self.fsm_state in OPEN_STATES
+
+    @property
+    def alive(self) -> bool:
+        return self.fsm_state in LIVE_STATES
+
+    @property
+    def has_pending_work(self) -> bool:
+        """True while any job, lookup or write is outstanding."""
+        return self.consumer.busy or self.producer.busy
+
+    def open_counts(self) -> dict[str, int]:
+        """How many machine instances of each kind are open (for tests and stats)."""
+        consumer, producer = self.consumer, self.producer
+        return {
+            "client_round": consumer.load_count,
+            "client_lookup": sum(len(v) for v in consumer.lookups.values()),
+            "server_round": len(producer.round_by_serial),
+            "server_lookup": len(producer.tokens),
+            "writes": len(producer.writes),
+            "timers": len(self._timers),
+        }
+
+    def check_host_call(self, ev: HostFetch | HostLookup) -> None:
+        """Raise LocalProtocolError for what this session would refuse in ``ev`` (its
+        arguments), changing nothing: for a host call held back to be fed later."""
+        self.consumer.check_host_call(ev)
+
+    # ------------------------------------------- the parts' owner interface
+    def emit(self, output: Output) -> None:
+        self._out.append(output)
+
+    def send(self, message: Message) -> None:
+        """Send now when ready (or a handshake frame); else queue in order."""
+        if self.fsm_state in OPEN_STATES or isinstance(message, _HANDSHAKE_TYPES):
+            self._out.append(SendFrame(message))
+        else:
+            self._queue.append(message)
+
+    def arm(self, timer: TimerId, delay: float, *, keep: bool = False) -> None:
+        if keep and timer in self._timers:
+            return
+        deadline = self.now + delay
+        self._timers[timer] = deadline
+        self._out.append(ArmTimer(timer, deadline))
+
+    def disarm(self, timer: TimerId) -> None:
+        if self._timers.pop(timer, None) is not None:
+            self._out.append(DisarmTimer(timer))
+
+    def step(self, m: CompiledMachine, obj: Any, trigger: str, ev: object = None) -> str:
+        """One step of a child caused by an input, then the cascade; the new state."""
+        dest = m.fire(obj, trigger, ev, self._committed)
+        if self.producer.unsettled:
+            self.cascade()
+        return dest
+
+    def fire(self, m: CompiledMachine, obj: Any, trigger: str, ev: object = None) -> str:
+        """Fire; once committed (:meth:`_committed`), the step is recorded."""
+        return m.fire(obj, trigger, ev, self._committed)
+
+    def cascade(self) -> None:
+        """Fire state-triggered transitions until none is due (a fixed point)."""
+        producer = self.producer
+        run_cascade(producer.unsettled, producer.settle_one)
+
+    def check_gate(self, trigger: str) -> None:
+        """Raise InvalidTransition when the session machine refuses ``trigger`` now."""
+        if not SESSION.can_fire(self, trigger):
+            raise InvalidTransition(SESSION.name, self.fsm_state, trigger)
+
+    def gate(self, trigger: str, msg: Message) -> None:
+        """Fire the session's gate for a non-handshake frame (validate first!)."""
+        SESSION.fire(self, trigger, msg)
+
+    # ------------------------------------------- the session machine, for dispatch
+    def machine_fire(self, trigger: str, ev: object = None) -> str:
+        """Fire the session machine (its own hook applies what its actions left)."""
+        return SESSION.fire(self, trigger, ev)
+
+    def machine_step(self, trigger: str, ev: object = None) -> str:
+        """Fire the session machine for an input, then run the cascade."""
+        return self.step(SESSION, self, trigger, ev)
+
+    def machine_can_fire(self, trigger: str, ev: object = None) -> bool:
+        return SESSION.can_fire(self, trigger, ev)
+
+    def machine_declares(self, trigger: str) -> bool:
+        """The session machine has a transition for ``trigger`` from its state."""
+        return SESSION.declares(self.fsm_state, trigger)
+
+    def require_started(self, what: str) -> None:
+        """Refuse a host call before HostStart."""
+        if self.fsm_state in UNSTARTED_STATES:
+            raise LocalProtocolError(f"{what}: the session is not started (HostStart first)")
+
+    def take_timer(self, timer: TimerId) -> bool:
+        """Disarm a fired timer and say True when it is due (else it is stale:
+        disarmed, re-armed or early)."""
+        deadline = self._timers.get(timer)
+        if deadline is None or deadline > self.now:
+            return False
+        del self._timers[timer]
+        return True
+
+    # ------------------------------------------------------- children's steps
+    def _committed(self, m: CompiledMachine, obj: Any, trigger: str, dest: str) -> None:
+        """Apply the outbox, retire the child if terminal, note what must cascade.
+
+        Runs before the dispatcher records the step, so steps it causes (a lookup's hits
+        pinned into a round) are recorded first, nested in it."""
+        if self._env.outbox:
+            self._apply_outbox(obj)
+        if obj is self:  # the session machine itself: its owner is the host
+            return
+        if dest in m.spec.terminal:
+            self._retire(obj)
+        self.producer.note(m, obj, trigger, dest)
+
+    def _apply_outbox(self, obj: Any) -> None:
+        outbox = self._env.outbox
+        todo = outbox[:]
+        outbox.clear()
+        for item in todo:
+            kind = type(item)
+            if kind is Send:  # the common requests first
+                self.send(item.message)  # type: ignore[union-attr]
+            elif kind is Arm:
+                self.arm(item.timer, item.delay, keep=item.keep)  # type: ignore[union-attr]
+            elif kind is Disarm:
+                self.disarm(item.timer)  # type: ignore[union-attr]
+            elif kind is StartWrite:
+                self.producer.start_write(obj, item.xfer)  # type: ignore[union-attr]
+                self._out.append(item)  # type: ignore[arg-type]
+            elif kind is HoldJob:
+                self.producer.hold_job(obj, item.job_id)  # type: ignore[union-attr]
+            elif kind is PinHits:
+                self.producer.pin_hits(item)  # type: ignore[arg-type]
+            elif kind is ExpireLookupRound:
+                self.producer.expire(item)  # type: ignore[arg-type]
+            elif kind is BindRound:
+                self.producer.bind_round(obj)
+            elif kind is EndRoles:
+                self._end_roles(item.load_trigger)  # type: ignore[union-attr]
+            else:
+                self._out.append(item)  # type: ignore[arg-type]  # an executor output
+
+    def _retire(self, obj: object) -> None:
+        """Drop a child whose machine reached a terminal state from its part."""
+        kind = type(obj)
+        if kind is ClientRound:
+            self.consumer.retire_round(obj)  # type: ignore[arg-type]
+        elif kind is ClientLookup:
+            self.consumer.retire_lookup(obj)  # type: ignore[arg-type]
+        elif kind is ServerRound:
+            self.producer.retire_round(obj)  # type: ignore[arg-type]
+        elif kind is ServerLookup:
+            self.producer.retire_lookup(obj)  # type: ignore[arg-type]
+        else:
+            raise TypeError(f"no part retires a {kind.__name__}")
+
+    def _end_roles(self, load_trigger: str) -> None:
+        """Every machine of both parts learns that the session is gone (the session
+        applies the EndRoles an ``end_work_*`` action, always the last, leaves)."""
+        self.consumer.end(load_trigger)
+        self.producer.end()
+        for timer in [t for t in self._timers if TIMER_MACHINES[t.kind] != "server_round"]:
+            self.disarm(timer)
+
+    # ---------------------------------------- the session machine: guards
+    def is_peer_compatible(self, ev: object) -> bool:
+        assert isinstance(ev, Connect)
+        return handshake_mismatch(self.config, ev) is None
+
+    def is_peer_restarted(self, ev: object) -> bool:
+        """A connect from a new incarnation of the peer we hold (both carry one)."""
+        assert isinstance(ev, Connect)
+        known = None if self.peer is None else self.peer.incarnation
+        return known is not None and ev.incarnation is not None and ev.incarnation != known
+
+    def is_peer_reconnected(self, ev: object) -> bool:
+        """A connect of the incarnation we hold: the peer lost its side of the session
+        (a one-sided transport loss) and connects again (both carry one)."""
+        assert isinstance(ev, Connect)
+        known = None if self.peer is None else self.peer.incarnation
+        return known is not None and ev.incarnation == known
+
+    def is_round_unserved(self, ev: object) -> bool:
+        """No round of ours has the demand of that (kv_request_id, round_seq): a reply
+        to the rejected fetch is the only one the consumer gets for it."""
+        assert isinstance(ev, FetchRound)
+        rnd = self.producer.server_round(ev.kv_request_id, ev.round_seq)
+        return rnd is None or not rnd.demanded
+
+    def is_stale_answer_due(self, _ev: object) -> bool:
+        """No disconnect of ours in the last :data:`STALE_ANSWER_INTERVAL_S` (the rate
+        limit: one small frame a second to a peer that completed a handshake with us)."""
+        last = self.last_disconnect
+        return last is None or self.now - last >= STALE_ANSWER_INTERVAL_S
+
+    # --------------------------------------- the session machine: actions
+    def fail_bad_fetch(self, ev: object) -> None:
+        assert isinstance(ev, FetchRound)
+        self.send(TransferDone(ev.kv_request_id, False, ev.round_seq))
+
+    def send_connect(self, _ev: object) -> None:
+        cfg = self.config
+        self.send(Connect(cfg.local_id, cfg.agent_metadata, cfg.base_addr, cfg.num_blocks,
+                          cfg.block_len, cfg.config_fingerprint, cfg.hash_seed,
+                          cfg.incarnation, cfg.layout))
+
+    def arm_handshake_timer(self, _ev: object) -> None:
+        self.arm(TimerId("handshake"), self.config.timeouts.handshake)
+
+    def disarm_handshake_timer(self, _ev: object) -> None:
+        self.disarm(TimerId("handshake"))
+
+    def remember_peer(self, ev: object) -> None:
+        assert isinstance(ev, Connect)
+        self.peer = ev
+
+    def start_registration(self, ev: object) -> None:
+        assert isinstance(ev, Connect)
+        self.emit(StartRegistration(ev))
+
+    def send_connect_ack(self, _ev: object) -> None:
+        self.send(ConnectAck(self.config.local_id))
+
+    def flush_queue(self, _ev: object) -> None:
+        queued, self._queue = self._queue, []
+        self._out.extend(SendFrame(m) for m in queued)
+
+    def send_disconnect(self, _ev: object) -> None:
+        self.send(Disconnect())
+        self.last_disconnect = self.now
+
+    def send_disconnect_to_lost_peer(self, _ev: object) -> None:
+        """A dead session tells its peer that it is over: the peer may still hold the
+        session live, and our connection to it may be gone (the executor dials it back)."""
+        self.emit(SendToLostPeer(Disconnect()))
+        self.last_disconnect = self.now
+
+    def answer_stale(self, ev: object) -> None:
+        """Tell a peer that still holds the session live that it is over."""
+        self.send_disconnect_to_lost_peer(ev)
+
+    def die_mismatch(self, ev: object) -> None:
+        assert isinstance(ev, Connect)
+        self.mismatch = handshake_mismatch(self.config, ev)
+        self._die(f"incompatible peer: {self.mismatch}", self.mismatch)
+
+    def die_duplicate_connect(self, _ev: object) -> None:
+        self._die("protocol error: connect after the handshake")
+
+    def die_peer_restarted(self, ev: object) -> None:
+        assert isinstance(ev, Connect)
+        self.death_reason = "peer restarted"
+        self.emit(SessionDead(self.death_reason, restarted_by=ev))
+
+    def die_peer_reconnected(self, ev: object) -> None:
+        assert isinstance(ev, Connect)
+        self.death_reason = "peer reconnected"
+        self.emit(SessionDead(self.death_reason, restarted_by=ev))
+
+    def die_registration_failed(self, ev: object) -> None:
+        assert isinstance(ev, RegistrationFinished)
+        self._die(f"data-plane registration failed: {ev.reason or 'unknown'}")
+
+    def die_ack_before_connect(self, _ev: object) -> None:
+        self._die("protocol error: connect_ack before connect")
+
+    def die_peer_disconnected(self, _ev: object) -> None:
+        self._die("peer disconnected")
+
+    def die_handshake_timeout(self, _ev: object) -> None:
+        self._die("handshake timed out")
+
+    def die_transport_lost(self, ev: object) -> None:
+        assert isinstance(ev, TransportLost)
+        self._die(f"transport lost: {ev.reason}")
+
+    def end_work_queued(self, _ev: object) -> None:
+        """The session ends before it was ready: our frames never left the queue."""
+        self._queue.clear()
+        self._env.outbox.append(EndRoles("session_lost_unsent"))
+
+    def end_work_sent(self, _ev: object) -> None:
+        """The session ends after it was ready: our frames may have reached the peer."""
+        self._queue.clear()
+        self._env.outbox.append(EndRoles("session_lost"))
+
+    def _die(self, reason: str, mismatch: HandshakeMismatch | None = None) -> None:
+        self.death_reason = reason
+        self.emit(SessionDead(reason, mismatch))
+
+
+def _session_committed(_m: CompiledMachine, s: object, _trigger: str, _dest: str) -> None:
+    """A session step committed: apply what its actions left in the outbox (EndRoles)."""
+    assert isinstance(s, Session)
+    if s._env.outbox:
+        s._apply_outbox(s)
+
+
+SESSION = CompiledMachine(machine("session"), Session, then=_session_committed)

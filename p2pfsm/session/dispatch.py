@@ -1,18 +1,23 @@
 """Input dispatch: which machine each input reaches, read from ``models/inputs.toml``.
 
 Every input class the table names gets its handler at import: frames are decoded and
-validated, then a session frame fires its row's trigger here and any other frame goes
-to the role handler ``_on_<type>`` that finds (or creates) its instance; a timer finds
-its instance from :attr:`TimerId.key` by the row's key fields and fires the row's
-trigger; every other input goes to ``_on_<kind>_<name>``. :data:`HANDLERS` maps each
-input type to its handler. An input, key or handler the table and the code disagree
-on is a :class:`~p2pfsm.errors.ModelError` at import.
+validated, then a session frame fires its row's trigger on the session machine and any
+other frame goes to the part that finds (or creates) its instance (:data:`_PART_FRAMES`);
+a timer finds its instance from :attr:`TimerId.key` by the row's key fields
+(:data:`_FINDERS`) and fires the row's trigger; every other input goes to its row's
+handler (:data:`_HOST`), which checks the session and hands the call to a part.
+:data:`HANDLERS` maps each input type to its handler. An input, key or handler the table
+and the code disagree on is a :class:`~p2pfsm.errors.ModelError` at import.
+
+The handlers are plain functions of the session: they use only its public methods
+(its owner interface and the session machine's ``machine_*`` calls) and the parts'
+entry points.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from p2pfsm.errors import (
     InvalidTransition,
@@ -22,175 +27,234 @@ from p2pfsm.errors import (
     RemoteProtocolError,
     UnknownMessageType,
 )
-from p2pfsm.fsm import CompiledMachine, InputSpec, input_table
+from p2pfsm.fsm import CompiledMachine, InputSpec, input_table, machine
 from p2pfsm.protocol import (
+    AbortAck,
+    AbortFetch,
     Connect,
     ConnectAck,
     Disconnect,
     Fetch,
     FetchRound,
+    Lookup,
+    LookupResp,
     Message,
+    TransferDone,
     decode,
     fetch_round,
 )
 from p2pfsm.session import inputs
-from p2pfsm.session.base import LIVE_STATES
+from p2pfsm.session.checks import check_request_id
 from p2pfsm.session.client import CLIENT_LOOKUP, CLIENT_ROUND
-from p2pfsm.session.consumer import ConsumerRole
 from p2pfsm.session.inputs import (
     FrameReceived,
+    HostAnswerLookup,
     HostClose,
+    HostDecline,
+    HostFetch,
     HostFinish,
+    HostLookup,
     HostStart,
+    HostSupply,
     RegistrationFinished,
     TimerFired,
     TransportLost,
+    WriteFinished,
 )
-from p2pfsm.session.machine import SESSION
+from p2pfsm.session.machine import LIVE_STATES
 from p2pfsm.session.outputs import FrameIgnored, ProtocolViolation
-from p2pfsm.session.producer import ProducerRole
 from p2pfsm.session.server import SERVER_LOOKUP, SERVER_ROUND
 
+if TYPE_CHECKING:
+    from p2pfsm.session.core import Session
 
-class InputDispatch(ConsumerRole, ProducerRole):
-    """Routes every input to the machine instance that receives it."""
+_SESSION_TERMINAL = machine("session").terminal
 
-    def _on_frame(self, ev: FrameReceived) -> None:
-        if self.fsm_state not in LIVE_STATES:
-            if not SESSION.declares(self.fsm_state, _TABLE.stale) or not self._on_stale(ev):
-                self.emit(FrameIgnored("", f"session is {self.fsm_state}"))
-            return
-        try:
-            msg = decode(ev.frame, self.config.limits)
-        except UnknownMessageType as exc:
-            self.emit(FrameIgnored(str(exc.reason), "unknown message type"))
-            return
-        except MalformedFrame as exc:
-            self.emit(ProtocolViolation(exc))
-            self._answer_bad_fetch(fetch_round(ev.frame, self.config.limits))
-            return
-        try:
-            row, handler = _FRAME_HANDLERS[msg.TYPE]
-            handler(self, row, msg)
-        except InvalidTransition as exc:
-            self.emit(ProtocolViolation(RemoteProtocolError(
-                "type", f"{msg.TYPE} not allowed: {exc}")))
-        except RemoteProtocolError as exc:
-            self.emit(ProtocolViolation(exc))
-            if isinstance(exc, MalformedFrame) and isinstance(msg, Fetch) and msg.keys:
-                self._answer_bad_fetch(FetchRound(msg.kv_request_id, msg.round_seq))
 
-    def _answer_bad_fetch(self, named: FetchRound | None) -> None:
-        """A fetch rejected as malformed that names its round gets transfer_done(false)
-        for it, when the session machine accepts that (recv_bad_fetch)."""
-        if named is not None and SESSION.can_fire(self, "recv_bad_fetch", named):
-            SESSION.fire(self, "recv_bad_fetch", named)
+# ------------------------------------------------------------------ frames
+def _on_frame(s: Session, ev: FrameReceived) -> None:
+    if s.fsm_state not in LIVE_STATES:
+        if not s.machine_declares(_TABLE.stale) or not _on_stale(s, ev):
+            s.emit(FrameIgnored("", f"session is {s.fsm_state}"))
+        return
+    try:
+        msg = decode(ev.frame, s.config.limits)
+    except UnknownMessageType as exc:
+        s.emit(FrameIgnored(str(exc.reason), "unknown message type"))
+        return
+    except MalformedFrame as exc:
+        s.emit(ProtocolViolation(exc))
+        _answer_bad_fetch(s, fetch_round(ev.frame, s.config.limits))
+        return
+    try:
+        row, handler = _FRAME_HANDLERS[msg.TYPE]
+        handler(s, row, msg)
+    except InvalidTransition as exc:
+        s.emit(ProtocolViolation(RemoteProtocolError(
+            "type", f"{msg.TYPE} not allowed: {exc}")))
+    except RemoteProtocolError as exc:
+        s.emit(ProtocolViolation(exc))
+        if isinstance(exc, MalformedFrame) and isinstance(msg, Fetch) and msg.keys:
+            _answer_bad_fetch(s, FetchRound(msg.kv_request_id, msg.round_seq))
 
-    def _on_stale(self, ev: FrameReceived) -> bool:
-        """A dead session's peer may still hold the session live (a one-sided transport
-        loss): a well-formed request or response of it is answered, rate-limited. Its
-        disconnect says it ended its side too: True, the frame was taken."""
-        try:
-            msg = decode(ev.frame, self.config.limits)
-        except RemoteProtocolError:
-            return False
-        if isinstance(msg, Disconnect):
-            row, _handler = _FRAME_HANDLERS[msg.TYPE]
-            SESSION.fire(self, row.trigger_for(msg), msg)
-            return True
-        if not isinstance(msg, Connect | ConnectAck):
-            SESSION.fire(self, _TABLE.stale, msg)
+
+def _answer_bad_fetch(s: Session, named: FetchRound | None) -> None:
+    """A fetch rejected as malformed that names its round gets transfer_done(false)
+    for it, when the session machine accepts that (recv_bad_fetch)."""
+    if named is not None and s.machine_can_fire("recv_bad_fetch", named):
+        s.machine_fire("recv_bad_fetch", named)
+
+
+def _on_stale(s: Session, ev: FrameReceived) -> bool:
+    """A dead session's peer may still hold the session live (a one-sided transport
+    loss): a well-formed request or response of it is answered, rate-limited. Its
+    disconnect says it ended its side too: True, the frame was taken."""
+    try:
+        msg = decode(ev.frame, s.config.limits)
+    except RemoteProtocolError:
         return False
+    if isinstance(msg, Disconnect):
+        row, _handler = _FRAME_HANDLERS[msg.TYPE]
+        s.machine_fire(row.trigger_for(msg), msg)
+        return True
+    if not isinstance(msg, Connect | ConnectAck):
+        s.machine_fire(_TABLE.stale, msg)
+    return False
 
-    def _on_session_frame(self, row: InputSpec, msg: Message) -> None:
-        SESSION.fire(self, row.trigger_for(msg), msg)
 
-    def _on_role_frame(self, row: InputSpec, msg: Message) -> None:
-        _ROLE_FRAME_HANDLERS[row.name](self, msg)
+def _on_session_frame(s: Session, row: InputSpec, msg: Message) -> None:
+    s.machine_fire(row.trigger_for(msg), msg)
 
-    # ------------------------------------------------------------ host calls
 
-    def _on_host_start(self, ev: HostStart) -> None:
-        self._host_fire(SESSION, self, _ROWS["HostStart"].trigger, ev)
+def _on_part_frame(s: Session, row: InputSpec, msg: Message) -> None:
+    _PART_FRAMES[row.name](s, msg)
 
-    def _on_host_close(self, ev: HostClose) -> None:
-        if self.fsm_state in SESSION.spec.terminal:  # closed: nothing more to do
-            return
-        SESSION.fire(self, _ROWS["HostClose"].trigger, ev)
 
-    def _host_fire(self, m: CompiledMachine, obj: object, trigger: str, ev: object) -> None:
-        try:
-            m.fire(obj, trigger, ev)  # type: ignore[arg-type]
-        except InvalidTransition as exc:
-            raise LocalProtocolError(f"{trigger} not allowed: {exc}") from exc
+_PART_FRAMES: dict[str, Callable[[Session, Any], None]] = {
+    "fetch": lambda s, m: s.producer.on_fetch(cast(Fetch, m)),
+    "lookup": lambda s, m: s.producer.on_lookup(cast(Lookup, m)),
+    "abort_fetch": lambda s, m: s.producer.on_abort_fetch(cast(AbortFetch, m)),
+    "transfer_done": lambda s, m: s.consumer.on_transfer_done(cast(TransferDone, m)),
+    "abort_ack": lambda s, m: s.consumer.on_abort_ack(cast(AbortAck, m)),
+    "lookup_resp": lambda s, m: s.consumer.on_lookup_resp(cast(LookupResp, m)),
+}
+"""Frame type -> the part's handler (the frame rows whose machine is not the session)."""
 
-    def _on_host_finish(self, ev: HostFinish) -> None:
-        self._require_started("finish")
-        self._check_request_id(ev.kv_request_id, "finish")
-        rid = ev.kv_request_id
-        self._finished.put(rid, 0, self.now)  # a supply for it is refused from now on
-        row = _ROWS["HostFinish"]
-        fan = dict(row.fanout)
-        for rnd in list(self._loads.get(rid, {}).values()):
-            self._step(CLIENT_ROUND, rnd, row.trigger, ev)
-        for lk in list(self._lookups.get(rid, ())):
-            self._step(CLIENT_LOOKUP, lk, fan["client_lookup"], ev)
-        open_round = self._lookup_round.pop(rid, None)
-        if open_round is not None and self.alive:
-            self.send(Fetch(rid, (), (), open_round))
-        self._close_request(rid, fan["server_round"])
 
-    def _on_result_registration(self, ev: RegistrationFinished) -> None:
-        trigger = _ROWS["RegistrationFinished"].trigger_for(ev)
-        if SESSION.can_fire(self, trigger, ev):
-            SESSION.fire(self, trigger, ev)
-        else:
-            self.emit(FrameIgnored("", f"registration result in state {self.fsm_state}"))
+# -------------------------------------------------------------- host calls
+def _on_host_start(s: Session, ev: HostStart) -> None:
+    trigger = _ROWS["HostStart"].trigger
+    try:
+        s.machine_fire(trigger, ev)
+    except InvalidTransition as exc:
+        raise LocalProtocolError(f"{trigger} not allowed: {exc}") from exc
 
-    def _on_transport_lost(self, ev: TransportLost) -> None:
-        if self.alive:
-            SESSION.fire(self, _ROWS["TransportLost"].trigger, ev)
 
-    _on_result_write = ProducerRole._on_write
+def _on_host_close(s: Session, ev: HostClose) -> None:
+    if s.fsm_state in _SESSION_TERMINAL:  # closed: nothing more to do
+        return
+    s.machine_fire(_ROWS["HostClose"].trigger, ev)
 
-    def _on_timer(self, ev: TimerFired) -> None:
-        timer = ev.timer
-        if self._timers.get(timer) is None or self._timers[timer] > self.now:
-            return  # disarmed, re-armed or early: stale
-        del self._timers[timer]
-        row = _TIMERS[timer.kind]
-        instance = _FINDERS[row.machine, row.key](self, timer.key)
-        self._step(_MACHINES[row.machine], instance, row.trigger, ev)
 
-    def _end_roles(self, load_trigger: str) -> None:
-        self._end_consumer(load_trigger)
-        self._end_producer()
-        for timer in [t for t in self._timers if _TIMERS[t.kind].machine != "server_round"]:
-            self.disarm(timer)
+def _on_host_fetch(s: Session, ev: HostFetch) -> None:
+    s.require_started("fetch")
+    s.consumer.on_host_fetch(ev)
+
+
+def _on_host_lookup(s: Session, ev: HostLookup) -> None:
+    s.require_started("lookup")
+    s.consumer.on_host_lookup(ev)
+
+
+def _on_host_supply(s: Session, ev: HostSupply) -> None:
+    s.require_started("supply")
+    s.producer.on_host_supply(ev)
+
+
+def _on_host_decline(s: Session, ev: HostDecline) -> None:
+    s.require_started("decline")
+    s.producer.on_host_decline(ev)
+
+
+def _on_host_answer(s: Session, ev: HostAnswerLookup) -> None:
+    s.producer.on_host_answer(ev)
+
+
+def _on_host_finish(s: Session, ev: HostFinish) -> None:
+    """Both parts end the request: the producer refuses supply for it from now on, the
+    consumer's loads and lookups of it end, then its served side is closed."""
+    s.require_started("finish")
+    check_request_id(s.config, ev.kv_request_id, "finish")
+    s.producer.host_finished(ev.kv_request_id)
+    row = _ROWS["HostFinish"]
+    fan = dict(row.fanout)
+    s.consumer.finish(ev, row.trigger, fan["client_lookup"])
+    s.producer.close_request(ev.kv_request_id, fan["server_round"])
+
+
+def _on_result_registration(s: Session, ev: RegistrationFinished) -> None:
+    trigger = _ROWS["RegistrationFinished"].trigger_for(ev)
+    if s.machine_can_fire(trigger, ev):
+        s.machine_fire(trigger, ev)
+    else:
+        s.emit(FrameIgnored("", f"registration result in state {s.fsm_state}"))
+
+
+def _on_result_write(s: Session, ev: WriteFinished) -> None:
+    s.producer.on_write(ev)
+
+
+def _on_transport_lost(s: Session, ev: TransportLost) -> None:
+    if s.alive:
+        s.machine_fire(_ROWS["TransportLost"].trigger, ev)
+
+
+_HOST: dict[str, Callable[[Session, Any], None]] = {
+    "host_start": _on_host_start,
+    "host_close": _on_host_close,
+    "host_fetch": _on_host_fetch,
+    "host_lookup": _on_host_lookup,
+    "host_supply": _on_host_supply,
+    "host_decline": _on_host_decline,
+    "host_answer": _on_host_answer,
+    "host_finish": _on_host_finish,
+    "result_registration": _on_result_registration,
+    "result_write": _on_result_write,
+    "transport_lost": _on_transport_lost,
+}
+"""``<kind>_<name>`` of each row that is neither a frame nor a timer -> its handler."""
+
+
+# ------------------------------------------------------------------ timers
+def _on_timer(s: Session, ev: TimerFired) -> None:
+    timer = ev.timer
+    if not s.take_timer(timer):
+        return  # disarmed, re-armed or early: stale
+    row = _TIMERS[timer.kind]
+    if row.machine == "session":
+        s.machine_step(row.trigger, ev)
+        return
+    instance = _FINDERS[row.machine, row.key](s, timer.key)
+    s.step(_MACHINES[row.machine], instance, row.trigger, ev)
 
 
 _TABLE = input_table()
 _ROWS = {row.event: row for row in _TABLE.inputs if row.kind not in ("frame", "timer")}
 _TIMERS = _TABLE.of_kind("timer")
+TIMER_MACHINES: dict[str, str] = {name: row.machine for name, row in _TIMERS.items()}
+"""Timer kind -> the machine whose instance it belongs to."""
 _MACHINES: dict[str, CompiledMachine] = {
-    m.name: m for m in (SESSION, CLIENT_ROUND, CLIENT_LOOKUP, SERVER_ROUND, SERVER_LOOKUP)}
-Finder = Callable[[InputDispatch, tuple[str | int, ...]], object]
+    m.name: m for m in (CLIENT_ROUND, CLIENT_LOOKUP, SERVER_ROUND, SERVER_LOOKUP)}
+Finder = Callable[["Session", tuple[str | int, ...]], object]
 _FINDERS: dict[tuple[str, tuple[str, ...]], Finder] = {
     ("session", ()): lambda s, _k: s,
     ("client_round", ("kv_request_id", "round_seq")):
-        lambda s, k: s._loads[str(k[0])][int(k[1])],
-    ("client_lookup", ("serial",)): lambda s, k: s._lookup_by_serial[int(k[0])],
-    ("server_round", ("serial",)): lambda s, k: s._round_by_serial[int(k[0])],
-    ("server_lookup", ("token",)): lambda s, k: s._tokens[int(k[0])],
+        lambda s, k: s.consumer.loads[str(k[0])][int(k[1])],
+    ("client_lookup", ("serial",)): lambda s, k: s.consumer.lookup_by_serial[int(k[0])],
+    ("server_round", ("serial",)): lambda s, k: s.producer.round_by_serial[int(k[0])],
+    ("server_lookup", ("token",)): lambda s, k: s.producer.tokens[int(k[0])],
 }
 """How a timer's key names its machine's instance (the row's key fields)."""
-
-
-def _handler(name: str) -> Callable[[InputDispatch, Any], None]:
-    handler = getattr(InputDispatch, name, None)
-    if handler is None:
-        raise ModelError(f"models/inputs.toml: no handler InputDispatch.{name}")
-    return cast(Callable[[InputDispatch, Any], None], handler)
 
 
 def _event_class(row: InputSpec) -> type:
@@ -200,25 +264,31 @@ def _event_class(row: InputSpec) -> type:
     return cls
 
 
+def _host_handler(row: InputSpec) -> Callable[[Session, Any], None]:
+    handler = _HOST.get(f"{row.kind}_{row.name}")
+    if handler is None:
+        raise ModelError(f"models/inputs.toml: no handler _on_{row.kind}_{row.name}")
+    return handler
+
+
 for _row in _TIMERS.values():
     if (_row.machine, _row.key) not in _FINDERS:
         raise ModelError(f"models/inputs.toml: timer {_row.name}: no instance of "
                          f"{_row.machine} is found by {list(_row.key)}")
+for _row in _TABLE.of_kind("frame").values():
+    if _row.machine != "session" and _row.name not in _PART_FRAMES:
+        raise ModelError(f"models/inputs.toml: no part handles frame {_row.name}")
 
-Handler = Callable[[InputDispatch, object], None]
+Handler = Callable[["Session", Any], None]
 HANDLERS: dict[type, Handler] = {
-    FrameReceived: cast(Handler, InputDispatch._on_frame),
-    TimerFired: cast(Handler, InputDispatch._on_timer),
-    **{_event_class(row): _handler(f"_on_{row.kind}_{row.name}") for row in _ROWS.values()},
+    FrameReceived: _on_frame,
+    TimerFired: _on_timer,
+    **{_event_class(row): _host_handler(row) for row in _ROWS.values()},
 }
 """Input type -> its handler."""
 
-_ROLE_FRAME_HANDLERS: dict[str, Callable[[InputDispatch, Message], None]] = {
-    row.name: _handler(f"_on_{row.name}")
-    for row in _TABLE.of_kind("frame").values() if row.machine != "session"}
-FrameHandler = Callable[[InputDispatch, InputSpec, Message], None]
+FrameHandler = Callable[["Session", InputSpec, Message], None]
 _FRAME_HANDLERS: dict[str, tuple[InputSpec, FrameHandler]] = {
-    row.name: (row, InputDispatch._on_session_frame if row.machine == "session"
-               else InputDispatch._on_role_frame)
+    row.name: (row, _on_session_frame if row.machine == "session" else _on_part_frame)
     for row in _TABLE.of_kind("frame").values()}
 """Frame type -> its row and handler."""

@@ -34,6 +34,10 @@ class Tombstones:
     def pop(self, key: str) -> None:
         self._entries.pop(key, None)
 
+    def entries(self) -> tuple[tuple[str, int, float], ...]:
+        """(key, value, expiry) of every entry, oldest write first (for tests)."""
+        return tuple((key, value, until) for key, (value, until) in self._entries.items())
+
     def purge(self, now: float) -> None:
         entries = self._entries
         while entries:

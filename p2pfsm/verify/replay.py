@@ -357,11 +357,13 @@ def code_abstract(w: ReplayWorld) -> Abstract:
     parts: list[tuple[object, ...]] = []
     for p in w.NODES:
         parts.append(tuple(_code_frame(f) for f in w.channels[(p, w.other(p))]))
-    for attr in ("_loads", "_rounds"):
-        for p in w.NODES:
-            rounds = getattr(w.sessions[p], attr).get(_REQ, {})
-            parts.append(tuple(sorted((-1 if seq is None else seq, r.fsm_state)
-                                      for seq, r in rounds.items())))
+    for p in w.NODES:
+        loads = w.sessions[p].view.loads.get(_REQ, {})
+        parts.append(tuple(sorted((seq, r.fsm_state) for seq, r in loads.items())))
+    for p in w.NODES:
+        rounds = w.sessions[p].view.rounds.get(_REQ, {})
+        parts.append(tuple(sorted((-1 if seq is None else seq, r.fsm_state)
+                                  for seq, r in rounds.items())))
     return sess, tuple(parts)
 
 

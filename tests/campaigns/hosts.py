@@ -167,8 +167,8 @@ class Producer:
             "counters": dict(snap["counters"]),
             "rounds": {p: [(r.fsm_label, r.fsm_state, len(r.demand), len(r.supply),
                             len(r.inflight), sorted(r.jobs))
-                           for r in s._round_by_serial.values()]
-                       for p, s in self.node.sessions.items() if s._round_by_serial},
+                           for r in s.view.serve_rounds]
+                       for p, s in self.node.sessions.items() if s.view.serve_rounds},
             "supply_refused": self.supply_refused,
             "supply_dropped": self.supply_dropped,
         }

@@ -4,10 +4,11 @@
 sits in that state; ``fresh(name)`` hands out a deep copy of a cached build, so each
 fuzz example starts from the same state and may change it freely.
 
-``digest(session)`` walks every attribute of the session (except the clock, the
-output buffer and the immutable config) into nested tuples: the session machine's
-state, the peer, the queue, the timers, the tombstones, and for each round and
-lookup table its machine objects' identity, ``fsm_state`` and every data slot. A
+``digest(session)`` walks every attribute of the session and of its two parts (except
+the clock, the output buffer, the immutable config, the owner link and the view) into
+nested tuples: the session machine's state, the peer, the queue, the timers, the
+tombstones, and for each round and lookup table its machine objects' identity,
+``fsm_state`` and every data slot. A
 rejected frame must leave it equal. The walker refuses a value type it does not know,
 so a new kind of session state cannot slip past it unnoticed.
 """
@@ -46,11 +47,14 @@ from p2pfsm.session import (
 )
 from p2pfsm.session.child import ChildEnv
 from p2pfsm.session.client import ClientLookup, ClientRound
+from p2pfsm.session.consumer import ConsumerPart
+from p2pfsm.session.producer import ProducerPart
 from p2pfsm.session.server import ServerLookup, ServerRound
 from p2pfsm.session.tombstones import Tombstones
 
 # last_disconnect: when a dead session last answered (its rate limit), not frame state.
-_SKIP = frozenset({"now", "_out", "config", "tracer", "last_disconnect"})
+_SKIP = frozenset({"now", "_out", "config", "tracer", "last_disconnect", "_view", "owner",
+                   "env"})
 _MACHINES = (ClientRound, ClientLookup, ServerRound, ServerLookup)
 
 
@@ -65,7 +69,9 @@ def _walk(v: object) -> object:
     if isinstance(v, ChildEnv):  # the outbox (empty between steps) and the next write id
         return ("env", _walk(v.outbox), repr(v.xfers))
     if isinstance(v, Tombstones):
-        return ("tombstones", v.ttl, _walk(v._entries))
+        return ("tombstones", v.ttl, _walk(v.entries()))
+    if isinstance(v, ConsumerPart | ProducerPart):  # a part: every table it owns
+        return (type(v).__name__, _fields(v))
     if isinstance(v, dict):
         return ("dict", tuple((_walk(k), _walk(x)) for k, x in v.items()))
     if isinstance(v, list):
@@ -82,23 +88,32 @@ def _walk(v: object) -> object:
     raise TypeError(f"digest: no rule for a {type(v).__name__} in the session")
 
 
-def digest(s: Session) -> object:
-    """Everything a frame could change in ``s``, as comparable nested tuples."""
-    return tuple((name, _walk(value)) for name, value in sorted(vars(s).items())
+def _fields(obj: object) -> tuple[tuple[str, object], ...]:
+    return tuple((name, _walk(value)) for name, value in sorted(vars(obj).items())
                  if name not in _SKIP)
 
 
-def full_snapshot(s: Session) -> tuple[object, ...]:
-    """``helpers.world.snapshot`` (state, open counts, pending work) plus the digest."""
-    return (*snapshot(s), s.alive, s.ready, digest(s))
+def digest(s: Session, unqueued: int = 0) -> object:
+    """Everything a frame could change in ``s``, as comparable nested tuples; the last
+    ``unqueued`` frames of its send queue left out."""
+    fields = _fields(s)
+    if unqueued:
+        kept = list(s.view.queued)[:-unqueued]
+        fields = tuple((n, _walk(kept) if n == "_queue" else v) for n, v in fields)
+    return fields
+
+
+def full_snapshot(s: Session, unqueued: int = 0) -> tuple[object, ...]:
+    """``helpers.world.snapshot`` (state, open counts, pending work) plus the digest
+    (:func:`digest`'s ``unqueued``)."""
+    return (*snapshot(s), s.alive, s.ready, digest(s, unqueued))
 
 
 def settle_clock(d: Driver) -> None:
     """Purge tombstones due at ``d.now``, as ``Session.handle`` does before anything else,
     so a before/after comparison sees only what the input itself changed."""
-    d.s._round_floor.purge(d.now)
-    d.s._expired_lookups.purge(d.now)
-    d.s._finished.purge(d.now)
+    d.s.consumer.purge(d.now)
+    d.s.producer.purge(d.now)
 
 
 # ------------------------------------------------------------------ builders
@@ -205,7 +220,7 @@ def _sim_midrun() -> Driver:
                 w.deliver(node)
     d = Driver(w.sessions["a"].config)
     d.s, d.now = w.sessions["a"], w.now
-    d.timers = dict(d.s._timers)
+    d.timers = dict(d.s.view.timers)
     return d
 
 

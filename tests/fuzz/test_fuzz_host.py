@@ -119,24 +119,25 @@ def feed_host(d: Driver, event: Input, expect_error: bool) -> None:
     settle_clock(d)
     s = d.s
     before = full_snapshot(s)
-    unknown_token = isinstance(event, HostAnswerLookup) and event.token not in s._tokens
+    unknown_token = isinstance(event, HostAnswerLookup) and event.token not in s.view.served
     # What the session's state alone makes invalid.
     if isinstance(event, HostFetch | HostSupply | HostLookup | HostFinish):
         expect_error |= s.state == "idle"
     if isinstance(event, HostStart):
         expect_error = s.state != "idle"
     if isinstance(event, HostFetch):
-        expect_error |= event.job_id in s._load_jobs
+        expect_error |= event.job_id in s.view.load_jobs
     if isinstance(event, HostSupply):
-        expect_error |= event.job_id in s._store_jobs
+        expect_error |= event.job_id in s.view.store_jobs
     if isinstance(event, WriteFinished):
-        expect_error = event.xfer not in s._writes
+        expect_error = event.xfer not in s.view.writes
     COUNTS.session_events += 1
     try:
         out = d(event)
     except LocalProtocolError:
         assert full_snapshot(s) == before, f"refused {event} changed the session"
-        assert s._out == [], f"refused {event} left outputs behind: {s._out}"
+        assert s.view.pending_outputs == (), \
+            f"refused {event} left outputs behind: {s.view.pending_outputs}"
         COUNTS.rejected_host_calls += 1
         return
     except BaseException:

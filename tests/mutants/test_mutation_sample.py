@@ -36,10 +36,10 @@ SEED = 0
 MODELS_DRAWN = 5
 
 SOURCE: tuple[Slip, ...] = (
-    Slip("p2pfsm.session.machine", "SessionMachine.is_peer_reconnected",
+    Slip("p2pfsm.session.core", "Session.is_peer_reconnected",
          "return known is not None and ev.incarnation == known",
          "return known is not None or ev.incarnation == known"),
-    Slip("p2pfsm.session.machine", "SessionMachine.is_peer_reconnected",
+    Slip("p2pfsm.session.core", "Session.is_peer_reconnected",
          "known = None if self.peer is None else self.peer.incarnation",
          "known = None if self.peer is not None else self.peer.incarnation"),
     Slip("p2pfsm.session.client", "ClientLookup.report_unanswered_miss",
@@ -48,7 +48,7 @@ SOURCE: tuple[Slip, ...] = (
     Slip("p2pfsm.session.server", "ServerRound.reject_supply",
          "self._emit(StoreResult(ev.job_id, False, FailReason.NOT_SERVED,",
          "self._emit(StoreResult(ev.job_id, True, FailReason.NOT_SERVED,"),
-    Slip("p2pfsm.session.machine", "SessionMachine.end_work_queued",
+    Slip("p2pfsm.session.core", "Session.end_work_queued",
          'self._env.outbox.append(EndRoles("session_lost_unsent"))',
          'self._env.outbox.append(EndRoles("SESSION_LOST_UNSENT"))'),
 )

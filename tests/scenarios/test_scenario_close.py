@@ -138,7 +138,7 @@ def test_a_load_aborted_before_the_handshake_is_released_on_close() -> None:
     d(HostStart())
     d(HostFetch(1, "r1", keys([1]), (3,)))
     d(HostFinish("r1"))
-    rnd = d.s._loads["r1"][0]
+    rnd = d.s.view.loads["r1"][0]
     assert rnd.fsm_state == "aborting"
     out = d(HostClose())
     assert [o for o in out if isinstance(o, LoadResult)] == [LoadResult(1, "r1", False, True)]

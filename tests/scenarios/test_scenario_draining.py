@@ -26,7 +26,7 @@ def _serving_with_write() -> tuple[object, ServerRound, int]:
     d = ready_driver()
     d.recv(Fetch("r1", keys([1, 2]), (5, 6), 0))
     xfer = only(of_type(d(HostSupply(10, "r1", keys([1]), (1,))), StartWrite)).xfer
-    rnd = d.s._rounds["r1"][0]
+    rnd = d.s.view.rounds["r1"][0]
     assert rnd.fsm_state == "serving"
     return d, rnd, xfer
 

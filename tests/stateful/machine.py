@@ -198,12 +198,13 @@ class TwoSessions(RuleBasedStateMachine):
     def _looking_up(self) -> list[tuple[str, str]]:
         """(consumer, request) pairs with a lookup round no fetch has closed: the
         consumer's finish of one sends the terminal fetch."""
-        return [(n, rid) for n in "ab" for rid in sorted(self.world.sessions[n]._lookup_round)]
+        return [(n, rid) for n in "ab"
+                for rid in sorted(self.world.sessions[n].view.lookup_rounds)]
 
     def _finished_by_peer(self, producer: str, rid: str) -> bool:
         """The peer's terminal fetch of ``rid`` reached ``producer`` and the peer named no
         round of it since (and ``producer``'s host did not finish it)."""
-        return (self.world.sessions[producer]._peer_finished.get(rid) is not None
+        return (self.world.sessions[producer].view.peer_finished(rid) is not None
                 and rid not in self.world.hosts[producer].finished)
 
     @precondition(lambda self: _on("finish")(self) and bool(self._looking_up()))
@@ -214,7 +215,7 @@ class TwoSessions(RuleBasedStateMachine):
         fetch will read the supply, so its job has its result (its pins released) in
         that step, not at the store deadline."""
         node, rid = data.draw(st.sampled_from(self._looking_up()), label="looking up")
-        seq = self.world.sessions[node]._lookup_round[rid]
+        seq = self.world.sessions[node].view.lookup_rounds[rid]
         producer = self.world.other(node)
         self.world.finish(node, rid)
         self._deliver_until(node, Fetch, (rid, seq))  # up to the terminal fetch
@@ -561,7 +562,7 @@ class TwoSessions(RuleBasedStateMachine):
         found = set()
         for (src, _xfer), w in self.world.writes.items():
             consumer = self.world.other(src)
-            loads = self.world.sessions[consumer]._loads
+            loads = self.world.sessions[consumer].view.loads
             for job in w.owner_jobs:
                 key = self.world.load_round[consumer].get(job) if job is not None else None
                 rnd = None if key is None else loads.get(key[0], {}).get(key[1])

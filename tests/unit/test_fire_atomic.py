@@ -9,6 +9,7 @@ from p2pfsm.fsm import CompiledMachine, Tracer
 from p2pfsm.fsm.spec import parse_spec
 from p2pfsm.protocol import Fetch
 from p2pfsm.session import HostStart, Session, SessionConfig
+from p2pfsm.session.child import ChildEnv
 from p2pfsm.session.server import SERVER_ROUND, ServerRound
 
 SPEC = parse_spec({
@@ -76,11 +77,12 @@ def test_a_raising_action_of_a_real_round_leaves_it_unchanged(
     are as before the fetch was fired."""
     s = Session(SessionConfig("b", b"meta-b", 0x1000, 8, 64))
     s.handle(HostStart(), 0.0)
-    rnd = ServerRound(s._env, 1, "r1", 0)
+    env = ChildEnv(s.config.timeouts, None)  # the round's outbox, as the session gives one
+    rnd = ServerRound(env, 1, "r1", 0)
     rnd.fsm_state = "supplied"  # as host_supply leaves it
     rnd.supply = {b"k1": 3}
     before = list(s.outputs)
-    timers = dict(s._timers)
+    timers = dict(s.view.timers)
 
     def failing_write(self: ServerRound, _ev: object) -> None:
         self.supply.pop(b"k1")
@@ -96,4 +98,4 @@ def test_a_raising_action_of_a_real_round_leaves_it_unchanged(
         SERVER_ROUND.fire(rnd, "recv_fetch", Fetch("r1", (b"k1",), (5,), 0))
     assert rnd.fsm_state == "supplied"
     assert rnd.supply == {b"k1": 3} and rnd.demand == {} and rnd.total == 0
-    assert s.outputs == before and s._env.outbox == [] and s._timers == timers
+    assert s.outputs == before and env.outbox == [] and dict(s.view.timers) == timers

@@ -16,8 +16,7 @@ from p2pfsm.fsm.inputs import load_inputs
 from p2pfsm.fsm.registry import input_table, models_directory
 from p2pfsm.fsm.spec import parse_spec
 from p2pfsm.session.client import CLIENT_LOOKUP, CLIENT_ROUND, ClientLookup, ClientRound
-from p2pfsm.session.core import SESSION
-from p2pfsm.session.machine import SessionMachine
+from p2pfsm.session.core import SESSION, Session
 from p2pfsm.session.server import SERVER_LOOKUP, SERVER_ROUND, ServerLookup, ServerRound
 
 BOUND = {m.name: m for m in (SESSION, CLIENT_ROUND, CLIENT_LOOKUP, SERVER_ROUND, SERVER_LOOKUP)}
@@ -35,7 +34,7 @@ def test_reading_the_models_again_gives_what_the_import_compiled() -> None:
     specs = {name: load_spec(name, directory) for name in machines()}
     assert specs == machines()
     assert load_inputs(directory, specs) == input_table()
-    impls = {"session": SessionMachine, "client_round": ClientRound,
+    impls = {"session": Session, "client_round": ClientRound,
              "client_lookup": ClientLookup, "server_round": ServerRound,
              "server_lookup": ServerLookup}
     for name, bound in BOUND.items():

@@ -43,8 +43,8 @@ from p2pfsm.session import (
     TransportLost,
     WriteFinished,
 )
-from p2pfsm.session.base import LIVE_STATES
 from p2pfsm.session.dispatch import _FRAME_HANDLERS, HANDLERS
+from p2pfsm.session.machine import LIVE_STATES
 from p2pfsm.spec_calls import TIMER_ACTIONS, action_of
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,16 +5,15 @@ The classes checked are every class bound to a model (``CompiledMachine(machine(
 Cls)``); their attributes are their ``__slots__``; the files checked are those of
 ``p2pfsm/session/``, the only package that holds machine objects (the executor, the
 simulator and the tools use the Session's API). Within a class, ``self.x`` is the
-class's own attribute. For the session machine (its object's class is assembled from
-the classes of session/base.py, machine.py, consumer.py, producer.py, dispatch.py and
-core.py), whose object is also the owner of every other instance, the attributes its
-actions write (``Session.fsm_data``) may be written only by its actions and the helpers
-they call. A write is an assignment, an augmented assignment, a
+class's own attribute. For the session machine (its object is the Session of
+session/core.py, which holds the consumer and producer parts and owns every other
+instance), the attributes its actions write (``Session.fsm_data``) may be written only
+by its actions and the helpers they call. A write is an assignment, an augmented assignment, a
 subscript store or delete, or a call of a mutating method (``.pop()``, ``.clear()``...).
 
 Children (every bound class but the session's) never reach their owner at all: no
 ``self.s`` (or any attribute holding the session), and their modules import nothing of
-the session's assembly (base, machine, roles, dispatch, steps, core), not even for
+the session's assembly (machine, owner, parts, dispatch, steps, view, core), not even for
 typing. What they produce goes to the step's outbox (session/child.py).
 """
 
@@ -34,8 +33,8 @@ MUTATORS = frozenset({"add", "append", "clear", "discard", "extend", "insert", "
                       "popitem", "remove", "setdefault", "update"})
 SESSION_CLASSES = frozenset(c.__name__ for c in Session.__mro__
                             if c.__module__.startswith("p2pfsm.session."))
-"""The classes the session is assembled from (session/base.py, machine.py, the roles,
-dispatch.py, core.py): ``self`` in any of them is the session."""
+"""The session's own classes (session/core.py's Session; the parts are objects it holds,
+not classes it is made of): ``self`` in any of them is the session."""
 SESSION_WRITERS = frozenset(machine("session").action_names | {"__init__", "_die", "send"})
 """Session methods that may write the session machine's data: its actions, and the
 helpers only they (and the output helper ``send``, for ``_queue``) use."""
@@ -133,7 +132,8 @@ def offenders() -> list[str]:
     return found
 
 
-OWNER_MODULES = frozenset({"base", "machine", "consumer", "producer", "dispatch", "steps", "core"})
+OWNER_MODULES = frozenset({"machine", "owner", "consumer", "producer", "dispatch", "steps",
+                           "view", "core"})
 """Modules of ``p2pfsm.session`` that make up the session (the owner of every child)."""
 
 
@@ -188,5 +188,6 @@ def test_the_lint_sees_a_write_from_outside() -> None:
 
 
 def test_the_lint_sees_every_part_of_the_session() -> None:
-    assert {"SessionBase", "SessionMachine", "ConsumerRole", "ProducerRole", "InputDispatch",
-            "Session"} <= SESSION_CLASSES
+    """The session is one class (no mixins); its parts are held objects, bound to no
+    model, so their tables are theirs to write."""
+    assert {"Session"} == SESSION_CLASSES

@@ -17,6 +17,8 @@ from p2pfsm.session import (
     StartWrite,
     WriteFinished,
 )
+from p2pfsm.session.producer import ProducerPart
+from p2pfsm.session.server import ServerRound
 from p2pfsm.session.steps import CascadeDiverged
 
 
@@ -33,7 +35,7 @@ def test_a_child_is_retired_exactly_when_its_machine_is_terminal() -> None:
     assert d.s.open_counts()["server_round"] == 1  # serving: not terminal
     d(WriteFinished(write.xfer, True))
     assert d.s.open_counts()["server_round"] == 0  # settle took it to done: retired
-    assert d.s._env.outbox == [] and d.s._unsettled == []
+    assert d.s.view.outbox == () and d.s.view.unsettled == ()
 
 
 def test_a_nested_step_is_recorded_before_the_step_that_caused_it() -> None:
@@ -55,10 +57,10 @@ def test_a_cascade_that_never_settles_fails_clearly(monkeypatch: pytest.MonkeyPa
     d = ready_driver()
     d(HostSupply(1, "r1", keys([3]), (3,)))
 
-    def again(self: Session, item: object) -> None:  # a rule that keeps itself due
-        self._unsettled.append(item)  # type: ignore[arg-type]
+    def again(self: ProducerPart, item: ServerRound | str) -> None:  # keeps itself due
+        self.unsettled.append(item)
 
-    monkeypatch.setattr(Session, "_settle_one", again)
+    monkeypatch.setattr(ProducerPart, "settle_one", again)
     monkeypatch.setattr("p2pfsm.session.steps.CASCADE_LIMIT", 50)
     with pytest.raises(CascadeDiverged, match="no fixed point after 50"):
         d(HostSupply(2, "r1", keys([4]), (4,)))
@@ -67,6 +69,6 @@ def test_a_cascade_that_never_settles_fails_clearly(monkeypatch: pytest.MonkeyPa
 def test_a_child_holds_no_reference_to_the_session() -> None:
     d = ready_driver()
     d(HostFetch(9, "r2", keys([1]), (1,)))
-    rnd = d.s._loads["r2"][0]
+    rnd = d.s.view.loads["r2"][0]
     assert all(getattr(rnd, n) is not d.s for n in type(rnd).__slots__)
-    assert rnd.env is d.s._env
+    assert d.s.view.is_child_env(rnd.env)
