@@ -5,7 +5,7 @@ Each :class:`ClientRound` is one load job for (kv_request_id, round_seq) and eac
 ``models/client_lookup.toml``) decide every state change, and the methods below are
 the guards and actions those files name. Actions only append to the step's outbox
 (:mod:`~p2pfsm.session.child`); the session applies it and retires an instance once its
-machine reaches a terminal state. Round numbers are chosen by ``Session._alloc_round``
+machine reaches a terminal state. Round numbers are chosen by ``ConsumerPart._alloc_round``
 so that two rounds that could both still receive frames never share one (see
 docs/architecture.md).
 """
