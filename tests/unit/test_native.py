@@ -46,8 +46,6 @@ def _copy_tree(dest: Path) -> None:
                     ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.pyd"))
     shutil.copytree(ROOT / "models", dest / "models")
     shutil.copy(ROOT / "pyproject.toml", dest)
-    (dest / "tests").mkdir()
-    shutil.copy(ROOT / "tests" / "__init__.py", dest / "tests")
     shutil.copytree(ROOT / "tests" / "helpers", dest / "tests" / "helpers",
                     ignore=shutil.ignore_patterns("__pycache__"))
 
