@@ -15,6 +15,10 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from p2pfsm.fsm import MachineSpec
 
 __all__ = ["main"]
 
@@ -34,8 +38,8 @@ class _Toy:
 
     fsm_data = ("count",)
 
-    def __init__(self) -> None:
-        self.fsm_state = "idle"
+    def __init__(self, spec: MachineSpec) -> None:
+        self.fsm_state = spec.initial
         self.count = 0
 
     @property
@@ -59,7 +63,7 @@ def _toy_fire() -> Callable[[], object]:
     spec = MachineSpec("toy", "", {"idle": "", "busy": ""}, "idle", frozenset(), (
         TransitionSpec("go", ("idle",), "busy", ("allowed",), (), ("bump",), ""),
         TransitionSpec("back", ("busy",), "idle", (), (), (), "")))
-    machine, obj = CompiledMachine(spec, _Toy), _Toy()
+    machine, obj = CompiledMachine(spec, _Toy), _Toy(spec)
 
     def go_and_back() -> None:
         machine.fire(obj, "go")
