@@ -29,7 +29,7 @@ def test_build_names_what_runs() -> None:
     build = p2pfsm.BUILD
     assert build == want
     with pytest.raises(AttributeError):
-        _ = p2pfsm.NO_SUCH_NAME  # type: ignore[attr-defined]
+        _ = p2pfsm.NO_SUCH_NAME
 
 
 def test_every_module_of_the_two_packages_is_compiled_or_said_why_not() -> None:
