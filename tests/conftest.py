@@ -1,6 +1,7 @@
 """Shared pytest setup: hypothesis profiles (``ci`` by default; ``long`` documented in README),
-the ``slow``, ``tlc`` and ``mutation`` markers (skipped unless the run selects them, e.g.
-``-m slow``) and ``--rewrite`` (the scenario transcripts' expected blocks)."""
+the ``slow``, ``tlc``, ``mutation`` and ``compiled`` markers (skipped unless the run selects
+them, e.g. ``-m slow``), ``pure_only`` (skipped while p2pfsm's compiled modules are active)
+and ``--rewrite`` (the scenario transcripts' expected blocks)."""
 
 from __future__ import annotations
 
@@ -38,10 +39,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``slow``, ``tlc`` or ``mutation`` run only when the marker expression
-    names them (.ci/run runs ``-m tlc`` and ``-m mutation`` as steps of their own)."""
+    """Tests marked ``slow``, ``tlc``, ``mutation`` or ``compiled`` run only when the marker
+    expression names them (.ci/run runs ``-m tlc`` and ``-m mutation`` as steps of their
+    own); tests marked ``pure_only`` are skipped when p2pfsm runs its compiled modules."""
     expr = config.option.markexpr or ""
-    for marker in ("slow", "tlc", "mutation"):
+    pure_only = [item for item in items if item.get_closest_marker("pure_only") is not None]
+    if pure_only:
+        from p2pfsm.native import compiled_modules
+
+        active = compiled_modules()
+        if active:
+            skip = pytest.mark.skip(reason="pure_only: patches Python code that the compiled "
+                                           f"modules bind early ({', '.join(active)})")
+            for item in pure_only:
+                item.add_marker(skip)
+    for marker in ("slow", "tlc", "mutation", "compiled"):
         if marker in expr:
             continue
         skip = pytest.mark.skip(reason=f"{marker}: run with -m {marker}")
