@@ -11,7 +11,7 @@ pass the same suites and give the same behaviour digest (``docs/performance.md``
     python -m p2pfsm.native build    # in place, next to the sources (git-ignored)
     python -m p2pfsm.native status   # which build is active; stale extensions
     python -m p2pfsm.native clean    # back to pure Python
-    P2PFSM_COMPILE=1 pip wheel --no-deps .   # a compiled wheel (hatch_build.py)
+    P2PFSM_COMPILE=1 pip wheel --no-deps .   # a compiled wheel (.ci/hatch_build.py)
 
 ``p2pfsm.BUILD`` (``"pure"``, ``"compiled"`` or ``"mixed"``) says which is active.
 This module imports nothing of p2pfsm at its top, so that the wheel's build hook can
