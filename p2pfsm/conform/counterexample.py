@@ -20,7 +20,7 @@ from p2pfsm.conform.walk_run import MISSING, WalkFailure
 from p2pfsm.conform.walk_tester import Call
 from p2pfsm.errors import ConfigError
 
-__all__ = ["LEGEND", "describe_step", "read_replay", "render", "write_replay"]
+__all__ = ["LEGEND", "describe_step", "read_replay", "render", "render_case", "write_replay"]
 
 LEGEND = (
     "Each step: the walk's action, then every call of our session during it:",
@@ -124,6 +124,18 @@ def render(steps: Sequence[dict[str, Any]], calls: Sequence[Call],
         lines.append("")
         lines += _wrap(f"broken ({failure.rule}): {failure.expected}", "")
         lines += _wrap(f"got: {failure.got}", "")
+    return "\n".join(lines)
+
+
+def render_case(case_id: str, calls: Sequence[Call]) -> str:
+    """A directed case's calls of our session (every tester's, in time order), in the
+    walk's counterexample style; the case's own steps are its code, not a list."""
+    if not calls:
+        return ""
+    lines = ["Every call of our session, in time order:", *LEGEND[1:],
+             "", f"  0  case {case_id}: every call of our session(s), in time order"]
+    for call in calls:
+        lines += _call_lines(call, " " * 7)
     return "\n".join(lines)
 
 
