@@ -267,7 +267,8 @@ class _Run:
         if got != want or (rc == 0) != all(want):
             raise WalkFailure(
                 "results", "the consumer reports each load as we served it (supplied or "
-                f"held: loaded and verified; declined: failed): {_loads(want)}, exit "
+                "held: loaded and verified; declined or never answered: failed): "
+                f"{_loads(want)}, exit "
                 f"status {'0' if all(want) else 'not 0'}",
                 f"{_loads(got)}, exit status {rc}; " + t.summary(6))
 
