@@ -33,13 +33,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--list", action="store_true", help="list the cases and exit")
     p.add_argument("--random", type=positive(int), default=None, metavar="STEPS",
                    help="instead of the directed cases, a seeded random walk of STEPS "
-                        "consumer actions (producer role)")
+                        "actions of the tester's role (the consumer's against a producer, "
+                        "the producer's against a consumer)")
     p.add_argument("--seed", type=int, default=1,
                    help="--random: the walk's seed (the same seed draws the same walk "
                         "where the target's timing agrees)")
     p.add_argument("--faults", type=faults_arg, default=FAULTS, metavar="LIST",
                    help="--random: the faults the walk may draw: all (default), none, or "
-                        f"some of {','.join(FAULTS)}")
+                        f"some of {','.join(FAULTS)} (the consumer role's walk: delay, "
+                        "pause)")
     p.add_argument("--replay", default=None, metavar="FILE",
                    help="run the case of a replay file (written by a failing --random) "
                         "once, instead of the directed cases")
@@ -130,8 +132,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"no case for the {args.role} role yet")
     if args.random is not None and args.replay is not None:
         raise ConfigError("--random and --replay exclude each other")
-    if (args.random is not None or args.replay is not None) and args.role != "producer":
-        raise ConfigError("--random/--replay: only the producer role has a walk yet")
+    if args.validate_spec is not None and args.role != "producer":
+        raise ConfigError("--validate-spec: only the producer role's walk is checked by TLC")
     if args.validate_spec is not None and args.random is None:
         raise ConfigError("--validate-spec needs --random STEPS")
     if args.validate_spec is not None and not Path(args.validate_spec).is_file():

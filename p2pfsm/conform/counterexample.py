@@ -20,7 +20,7 @@ from p2pfsm.conform.walk_run import MISSING, WalkFailure
 from p2pfsm.conform.walk_tester import Call
 from p2pfsm.errors import ConfigError
 
-__all__ = ["LEGEND", "describe_step", "read_replay", "render", "write_replay"]
+__all__ = ["LEGEND", "describe_step", "read_replay", "render", "render_case", "write_replay"]
 
 LEGEND = (
     "Each step: the walk's action, then every call of our session during it:",
@@ -53,6 +53,18 @@ def describe_step(step: dict[str, Any]) -> str:
                 "session: its round ended or is racing its end)")
     elif do == "unknown-type":
         text = "a frame of an unknown type"
+    elif do == "consumer":
+        text = (f"launch the consumer: mode {step.get('mode', 'pd')}, demo blocks "
+                f"{_blocks(step.get('blocks', []))}, one fetch per serve step")
+    elif do == "serve":
+        how = step.get("how", "supply")
+        text = {"supply": "serve its next fetch: WRITEs, then transfer_done(true)",
+                "decline": "serve its next fetch: transfer_done(false) (declined)",
+                "hold": f"serve its next fetch: hold our blocks back {step.get('ms', 0)} "
+                        "ms, then WRITEs and transfer_done(true)"}.get(str(how), f"serve {how}")
+    elif do == "lookups":
+        text = ("answer its lookups split: two lookup_resp frames" if step.get("how") ==
+                "split" else "answer its lookups whole: one lookup_resp frame")
     elif do == "wait":
         text = f"wait {step.get('ms', 0)} ms"
     elif do == "delay":
@@ -90,15 +102,17 @@ def _wrap(text: str, indent: str) -> list[str]:
 
 
 def render(steps: Sequence[dict[str, Any]], calls: Sequence[Call],
-           failure: WalkFailure | None, *, legend: bool = True) -> str:
-    """The walk as numbered steps (0: the handshake; the last: the end of the walk)."""
+           failure: WalkFailure | None, *, legend: bool = True,
+           first: str = "handshake (our connect; the target's connect and connect_ack)",
+           last: str = "end of the walk: finish every open request, wait for every "
+                       "load's result") -> str:
+    """The walk as numbered steps (0: ``first``, the handshake; the last: ``last``, the
+    end of the walk)."""
     lines: list[str] = [*LEGEND, ""] if legend else []
     by_step: dict[int, list[Call]] = {}
     for c in calls:
         by_step.setdefault(c.step, []).append(c)
-    heads = ["handshake (our connect; the target's connect and connect_ack)",
-             *(describe_step(s) for s in steps),
-             "end of the walk: finish every open request, wait for every load's result"]
+    heads = [first, *(describe_step(s) for s in steps), last]
     end = len(heads) - 1
     for i, head in enumerate(heads):
         if i == end and i not in by_step:
@@ -110,6 +124,18 @@ def render(steps: Sequence[dict[str, Any]], calls: Sequence[Call],
         lines.append("")
         lines += _wrap(f"broken ({failure.rule}): {failure.expected}", "")
         lines += _wrap(f"got: {failure.got}", "")
+    return "\n".join(lines)
+
+
+def render_case(case_id: str, calls: Sequence[Call]) -> str:
+    """A directed case's calls of our session (every tester's, in time order), in the
+    walk's counterexample style; the case's own steps are its code, not a list."""
+    if not calls:
+        return ""
+    lines = ["Every call of our session, in time order:", *LEGEND[1:],
+             "", f"  0  case {case_id}: every call of our session(s), in time order"]
+    for call in calls:
+        lines += _call_lines(call, " " * 7)
     return "\n".join(lines)
 
 

@@ -23,6 +23,30 @@ from p2pfsm.conform.target import Target
 from p2pfsm.conform.verdict import CaseResult, Verdict
 from p2pfsm.conform.walk_run import Outcome, WalkFailure, run_walk
 
+CONSUMER_HEADS = ("the consumer's launch, our session until its first step",
+                  "end of the walk: the consumer exits; its printed results checked")
+
+
+def _walk(target: Target, **kw: Any) -> Outcome:
+    """The producer walk, or the consumer walk for a consumer target."""
+    if target.consumer_cmd:
+        from p2pfsm.conform.consumer_walk import run_consumer_walk
+
+        kw.pop("spec", None)
+        return run_consumer_walk(target, **kw)
+    return run_walk(target, **kw)
+
+
+def _role(target: Target) -> str:
+    return "consumer" if target.consumer_cmd else "producer"
+
+
+def _render(target: Target, o: Outcome) -> str:
+    if target.consumer_cmd:
+        first, last = CONSUMER_HEADS
+        return render(o.steps, o.calls, o.failure, first=first, last=last)
+    return render(o.steps, o.calls, o.failure)
+
 __all__ = ["Budget", "WalkReport", "run_random", "run_replay"]
 
 RULE = ("every frame allowed by the models where it arrives; every load one result; "
@@ -52,10 +76,11 @@ class WalkReport:
     replays: int = 0
 
 
-def _result(case_id: str, desc: str, o: Outcome, seconds: float, note: str) -> CaseResult:
+def _result(case_id: str, desc: str, o: Outcome, seconds: float, note: str,
+            role: str) -> CaseResult:
     f = o.failure
     verdict = Verdict.FAIL if f is not None else Verdict.PASS
-    return CaseResult(case_id, "producer", desc, verdict, seconds,
+    return CaseResult(case_id, role, desc, verdict, seconds,
                       f.expected if f is not None else "", f.got if f is not None else "",
                       note, tuple(o.frames))
 
@@ -71,7 +96,7 @@ def _failing(target: Target, o: Outcome, budget: Budget) -> WalkReport:
     assert o.failure is not None
     rule = o.failure.rule
     steps = clean(o.steps)
-    again = run_walk(target, steps=steps)
+    again = _walk(target, steps=steps)
     replays = 1
     confirmed = again.failure is not None and again.failure.rule == rule
     best = o
@@ -80,7 +105,7 @@ def _failing(target: Target, o: Outcome, budget: Budget) -> WalkReport:
         kept: dict[int, Outcome] = {}
 
         def still_fails(candidate: Steps) -> Steps | None:
-            run = run_walk(target, steps=candidate)
+            run = _walk(target, steps=candidate)
             if run.failure is None or run.failure.rule != rule:
                 return None
             kept[len(candidate)] = run
@@ -89,16 +114,20 @@ def _failing(target: Target, o: Outcome, budget: Budget) -> WalkReport:
         shrunk = shrink(steps, still_fails, max_runs=budget.runs, time_limit=budget.seconds)
         replays += shrunk.runs
         case = shrunk.steps
-        if len(case) < len(clean(o.ran)):
+        exact = [run for run in kept.values() if len(run.ran) == len(run.steps)
+                 and clean(run.steps) == case]
+        if exact:  # a shrinking run of exactly the shortest case: print that one
+            best = exact[-1]
+        elif len(case) < len(clean(o.ran)):
             # The printed counterexample is a run of exactly the shortest case.
-            final = run_walk(target, steps=case)
+            final = _walk(target, steps=case)
             replays += 1
             if final.failure is not None and final.failure.rule == rule:
                 best = final
             else:
                 best = min(kept.values(), key=lambda r: len(r.ran))
                 case = clean(best.ran)
-    text = render(best.steps, best.calls, best.failure)
+    text = _render(target, best)
     return WalkReport(CaseResult("", "", "", Verdict.FAIL, 0.0), best, rule, case, text,
                       confirmed, len(clean(o.ran)), replays)
 
@@ -110,7 +139,7 @@ def run_random(target: Target, steps: int, seed: int, faults: Sequence[str] = ()
     ``spec_log`` (the target's trace log): a walk inside the spec's trace bounds, then
     checked by TLC (:mod:`~p2pfsm.conform.spec_check`)."""
     started = time.monotonic()
-    o = run_walk(target, count=steps, seed=seed, faults=faults, spec=spec_log is not None)
+    o = _walk(target, count=steps, seed=seed, faults=faults, spec=spec_log is not None)
     desc = (f"a seeded random walk of {steps} steps of what our session enables"
             + (f", faults {','.join(faults)}" if faults else "")
             + (" (the spec's trace bounds)" if spec_log is not None else ""))
@@ -125,29 +154,33 @@ def run_random(target: Target, steps: int, seed: int, faults: Sequence[str] = ()
                                     "explains every call of both sessions", verdict.detail)
             text = render(o.steps, o.calls, o.failure)
             result = _result(case_id, desc, o, time.monotonic() - started,
-                             f"{verdict.lines} calls; not shrunk (each try is a TLC run)")
+                             f"{verdict.lines} calls; not shrunk (each try is a TLC run)",
+                             "producer")
             return WalkReport(result, o, "spec", clean(o.ran), text, False,
                               len(clean(o.ran)), 0)
         note = f"{_note(o)}; {verdict.detail}"
-        return WalkReport(_result(case_id, desc, o, time.monotonic() - started, note), o)
+        return WalkReport(_result(case_id, desc, o, time.monotonic() - started, note,
+                                  "producer"), o)
     if o.failure is None:
-        return WalkReport(_result(case_id, desc, o, time.monotonic() - started, _note(o)), o)
+        return WalkReport(_result(case_id, desc, o, time.monotonic() - started, _note(o),
+                                  _role(target)), o)
     report = _failing(target, o, budget or Budget())
     note = (f"shortest case {len(report.case)} of {report.original} steps, "
             f"{report.replays} replays; " + ("confirmed by replay" if report.confirmed
                                             else "NOT confirmed by replay (timing)"))
-    report.result = _result(case_id, desc, o, time.monotonic() - started, note)
+    report.result = _result(case_id, desc, o, time.monotonic() - started, note,
+                            _role(target))
     return report
 
 
 def run_replay(target: Target, steps: list[dict[str, Any]], name: str) -> WalkReport:
     """One run of the case ``steps`` (no shrinking), as the case ``replay.NAME``."""
     started = time.monotonic()
-    o = run_walk(target, steps=clean(steps))
+    o = _walk(target, steps=clean(steps))
     result = _result(f"replay.{name}", f"a replay of {len(steps)} steps", o,
-                     time.monotonic() - started, _note(o))
+                     time.monotonic() - started, _note(o), _role(target))
     report = WalkReport(result, o, o.failure.rule if o.failure else "", clean(o.ran))
     if o.failure is not None:
-        report.counterexample = render(o.steps, o.calls, o.failure)
+        report.counterexample = _render(target, o)
         report.confirmed = True
     return report

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from p2pfsm.conform.target import Target
 from p2pfsm.conform.tester import Tester
+from p2pfsm.conform.walk_tester import WalkTester
 from p2pfsm.session import Timeouts
 
 __all__ = ["CASES", "Case", "Context", "case"]
@@ -24,8 +25,8 @@ class Context:
                incarnation: int | None = None, lookups_in_parts: bool = False) -> Tester:
         """A fresh tester (its own sockets, NIXL agent and session); ``bind`` the same
         ``host:port`` as an earlier one to come back under its identity."""
-        t = Tester(self.target, timeouts=timeouts, bind=bind, incarnation=incarnation,
-                   lookups_in_parts=lookups_in_parts)
+        t = WalkTester(self.target, timeouts=timeouts, bind=bind, incarnation=incarnation,
+                       lookups_in_parts=lookups_in_parts)  # its calls: a failure's account
         self.testers.append(t)
         return t
 

@@ -47,5 +47,6 @@ def summary_line(r: CaseResult) -> str:
 
 def failure_text(r: CaseResult, rerun: str) -> str:
     """A failure spelled out: the case, the rule, what came, how to re-run it alone."""
+    account = f"\n{r.counterexample}" if r.counterexample else ""
     return (f"FAIL {r.case}: {r.description}\n  expected: {r.expected}\n"
-            f"  got: {r.got}\n  re-run: {rerun}")
+            f"  got: {r.got}{account}\n  re-run: {rerun}")

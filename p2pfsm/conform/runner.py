@@ -15,6 +15,7 @@ from p2pfsm.conform import (  # noqa: F401  (register cases)
 from p2pfsm.conform.registry import CASES, Case, Context
 from p2pfsm.conform.target import Target
 from p2pfsm.conform.verdict import CaseFailure, CaseResult, NotApplicable, Verdict
+from p2pfsm.conform.walk_tester import WalkTester
 from p2pfsm.errors import ConfigError
 
 __all__ = ["cases_for", "run_case", "run_cases"]
@@ -55,11 +56,18 @@ def run_case(target: Target, c: Case) -> CaseResult:
     finally:
         trace = tuple(f"{f.at:7.3f}s {'->' if f.sent else '<-'} {f.text}"
                       for t in ctx.testers for f in t.frames)
+        calls = sorted((call for t in ctx.testers if isinstance(t, WalkTester)
+                        for call in t.calls), key=lambda call: call.at)
         ctx.close()
     if verdict is Verdict.FAIL and not expected:
         expected = c.rule
+    account = ""
+    if verdict is Verdict.FAIL:
+        from p2pfsm.conform.counterexample import render_case
+
+        account = render_case(c.id, calls)
     return CaseResult(c.id, c.role, c.description, verdict, time.monotonic() - started,
-                      expected, got, note, trace)
+                      expected, got, note, trace, account)
 
 
 def run_cases(target: Target, cases: Sequence[Case],

@@ -19,7 +19,7 @@ from typing import Any
 __all__ = ["Shrunk", "clean", "shrink"]
 
 Steps = list[dict[str, Any]]
-_KEEP = frozenset({"do", "rid", "blocks", "slots", "ms", "round"})
+_KEEP = frozenset({"do", "rid", "blocks", "slots", "ms", "round", "how", "mode"})
 
 
 def clean(steps: Steps) -> Steps:

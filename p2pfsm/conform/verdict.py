@@ -40,10 +40,14 @@ class CaseResult:
     got: str = ""
     note: str = ""
     trace: tuple[str, ...] = field(default=())
+    counterexample: str = ""
+    """A failed directed case: our session's calls in the models' terms (the walk's
+    counterexample style)."""
 
     def as_dict(self) -> dict[str, object]:
         """The JSON form of the result."""
         return {"case": self.case, "role": self.role, "description": self.description,
                 "verdict": str(self.verdict), "seconds": round(self.seconds, 3),
                 "expected": self.expected, "got": self.got, "note": self.note,
-                "trace": list(self.trace)}
+                "trace": list(self.trace),
+                **({"counterexample": self.counterexample} if self.counterexample else {})}

@@ -20,6 +20,7 @@ Faults, each bounded in time by its caller:
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, fields, is_dataclass
 
 from p2pfsm.conform.target import Target
@@ -79,14 +80,20 @@ class WalkTester(Tester):
     """A tester whose session calls are recorded and whose side of the wire can fault."""
 
     def __init__(self, target: Target, *, bind: str = "127.0.0.1:0",
-                 incarnation: int | None = None, timeouts: Timeouts | None = None) -> None:
-        super().__init__(target, bind=bind, incarnation=incarnation, timeouts=timeouts)
+                 incarnation: int | None = None, timeouts: Timeouts | None = None,
+                 lookups_in_parts: bool = False) -> None:
+        super().__init__(target, bind=bind, incarnation=incarnation, timeouts=timeouts,
+                         lookups_in_parts=lookups_in_parts)
         self.tracer = Tracer()
         self.session.tracer = self.tracer
         self.calls: list[Call] = []
         self.step_no = 0
         self.hold_until = 0.0
         self._outbox: list[tuple[Message | None, bytes, str, bool]] = []
+        self.park_lookups = False
+        """Keep the target's lookups unanswered (in :attr:`parked_lookups`) until the
+        walk answers them with :meth:`answer_lookup` (the consumer walk)."""
+        self.parked_lookups: list[tuple[int, tuple[bytes, ...]]] = []
 
     def feed(self, event: Input) -> None:
         before, mark, at = self.session.state, len(self.tracer.records), time.monotonic()
@@ -97,6 +104,19 @@ class WalkTester(Tester):
                                self.session.state, records, sent,
                                call_action(before, event, records), steps_of(records)))
         self.apply(outputs)
+
+    def _answer_lookup(self, token: int, keys: Sequence[bytes],
+                       pending: frozenset[bytes] = frozenset()) -> None:
+        if self.park_lookups:
+            self.parked_lookups.append((token, (*keys, *pending)))
+            return
+        super()._answer_lookup(token, keys, pending)
+
+    def answer_lookup(self, token: int, keys: Sequence[bytes],
+                      pending: frozenset[bytes] = frozenset()) -> None:
+        """Answer ``keys`` of the lookup ``token`` (what we hold: hits), ``pending``
+        answered later."""
+        super()._answer_lookup(token, keys, pending)
 
     # -- faults ---------------------------------------------------------------------
 

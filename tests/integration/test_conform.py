@@ -70,6 +70,8 @@ def test_a_wrong_claim_fails_with_the_rule_and_a_rerun(
     assert "mismatch: hash_seed" in err or "hash_seed" in err
     assert (f"re-run: p2pfsm conform --target tcp://{serve.addr} --role producer --cases "
             "handshake") in err
+    # Our session's calls in the models' terms, as a walk's counterexample prints them.
+    assert "tester session: idle -> connecting (host_start)" in err
     assert serve.alive()
 
 

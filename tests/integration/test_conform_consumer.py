@@ -83,3 +83,6 @@ def test_a_consumer_that_breaks_a_rule_fails(
     (result,) = json.loads(report.read_text())["cases"]
     assert (result["case"], result["verdict"]) == (case, "fail"), err
     assert got in result["got"], result["got"]
+    # Our session's calls in the models' terms (the walk's counterexample style).
+    assert "tester server_round" in result["counterexample"]
+    assert "tester server_round" in err and f"--cases {case}" in err

@@ -240,10 +240,9 @@ def test_bad_walk_arguments_exit_2_with_one_line(args: list[str], message: str,
     assert len(err.strip().splitlines()) == 1, err
 
 
-def test_a_walk_of_the_consumer_role_is_a_bad_argument(
+def test_validate_spec_for_the_consumer_role_is_a_bad_argument(
         capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["conform", "--role", "consumer", "--consumer-cmd", "true", "--random", "5"])
+    code = main(["conform", "--role", "consumer", "--consumer-cmd", "true", "--random", "5",
+                 "--validate-spec", "log.jsonl"])
     assert code == 2
-    assert "only the producer role has a walk" in capsys.readouterr().err
-
-
+    assert "only the producer role's walk is checked by TLC" in capsys.readouterr().err

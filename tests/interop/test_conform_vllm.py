@@ -135,3 +135,39 @@ def test_conform_random_walks_against_vllm(procs: list[PeerProcess], tmp_path: P
         assert f"rule {rule}" in err, err
     summary = stop_vllm_server(server)
     assert summary, server.tail()
+
+
+def test_conform_consumer_walk_against_vllm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """One short consumer walk against vLLM's client (one process, one fetch per serve
+    step): it passes, or fails and the replay of its shortest case fails the same rule."""
+    path = os.environ.get("PYTHONPATH", "")
+    monkeypatch.setenv("PYTHONPATH", str(ROOT) + (os.pathsep + path if path else ""))
+    config = CONFIG_JSON.replace("{", "{{").replace("}", "}}")  # literal in the template
+    client = shlex.join([str(VLLM_PYTHON), "-m", "p2pfsm.vllm.peer", "client",
+                         "--block-len", str(BLOCK_LEN), "--config-json", config]) + (
+        " --connect {addr} --keys {keys} --mode {mode} --load-timeout {load_timeout}"
+        " --abort-ack-timeout {abort_ack_timeout} --repeat {repeat}")
+    base = ["conform", "--role", "consumer", "--consumer-cmd", client, "--fingerprint", FP,
+            "--deadline", "5"]
+    report = tmp_path / "walk.json"
+    rc = main([*base, "--random", "8", "--seed", "1", "--shrink-runs", "3",
+               "--json", str(report)])
+    out = capsys.readouterr()
+    (case,) = json.loads(report.read_text())["cases"]
+    with capsys.disabled():
+        print(f"\nvLLM consumer walk seed 1: {case['verdict']} in {case['seconds']} s "
+              f"({case['note']})")
+    if case["verdict"] == "pass":
+        assert rc == 0, out.err
+        return
+    assert rc == 1 and case["verdict"] == "fail", out.err
+    replay = tmp_path / "conform-random-seed-1.replay.json"
+    rule = json.loads(replay.read_text())["rule"]
+    with capsys.disabled():
+        print(out.err)  # the counterexample, recorded in the test log
+    again = tmp_path / "again.json"
+    rc = main([*base, "--replay", str(replay), "--json", str(again)])
+    err = capsys.readouterr().err
+    assert rc == 1, f"the replay of {replay} passed: {err}"
+    assert f"rule {rule}" in err, err
