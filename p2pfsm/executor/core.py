@@ -16,8 +16,8 @@ from __future__ import annotations
 import heapq
 import itertools
 import typing
-from collections.abc import Hashable, Iterator, Mapping
-from typing import Generic, TypeVar
+from collections.abc import Callable, Hashable, Iterator, Mapping
+from typing import Any, Generic, TypeVar
 
 from p2pfsm.session import (
     ArmTimer,
@@ -139,6 +139,14 @@ class Executor:
         """A call left ``session`` no longer alive (told after every such call)."""
 
 
+def bound_handlers(effects: Executor) -> dict[type, Callable[[str, Any], None]] | None:
+    """``effects``' handler of each output type, bound (what :meth:`Executor.apply`
+    looks up per output); None when its class overrides ``apply``."""
+    if type(effects).apply is not Executor.apply:
+        return None
+    return {kind: getattr(effects, name) for kind, name in _HANDLERS.items()}
+
+
 def check_handlers() -> None:
     """Every member of :data:`~p2pfsm.session.Output` has an :class:`Executor` method."""
     members = set(typing.get_args(Output))
@@ -154,6 +162,30 @@ def check_handlers() -> None:
 check_handlers()
 
 
+class _Tie(Generic[K]):
+    """A heap entry's order among equal deadlines: ``str(key)``, then arming order.
+
+    ``str(key)`` (a tuple with a :class:`~p2pfsm.session.TimerId`: ~1.4 us) is made only
+    when two deadlines tie, which on a real clock is rare; a seeded simulation ties
+    often and gets the same order as ever.
+    """
+
+    __slots__ = ("_text", "key", "serial")
+
+    def __init__(self, key: K, serial: int) -> None:
+        self.key = key
+        self.serial = serial
+        self._text: str | None = None
+
+    def _order(self) -> tuple[str, int]:
+        if self._text is None:
+            self._text = str(self.key)
+        return (self._text, self.serial)
+
+    def __lt__(self, other: _Tie[K]) -> bool:
+        return self._order() < other._order()
+
+
 class TimerTable(Mapping[K, float], Generic[K]):
     """Armed timers ``key -> deadline``; :meth:`arm` replaces a timer of the same key.
 
@@ -163,12 +195,12 @@ class TimerTable(Mapping[K, float], Generic[K]):
 
     def __init__(self) -> None:
         self._deadlines: dict[K, float] = {}
-        self._heap: list[tuple[float, str, int, K]] = []
+        self._heap: list[tuple[float, _Tie[K]]] = []
         self._serial = itertools.count()
 
     def arm(self, key: K, deadline: float) -> None:
         self._deadlines[key] = deadline
-        heapq.heappush(self._heap, (deadline, str(key), next(self._serial), key))
+        heapq.heappush(self._heap, (deadline, _Tie(key, next(self._serial))))
 
     def pop(self, key: K) -> float:
         """Disarm ``key`` and return its deadline; KeyError when it is not armed."""
@@ -181,9 +213,9 @@ class TimerTable(Mapping[K, float], Generic[K]):
     def earliest(self) -> tuple[float, K] | None:
         """The next timer to fire, or None."""
         heap = self._heap
-        while heap and self._deadlines.get(heap[0][3]) != heap[0][0]:
+        while heap and self._deadlines.get(heap[0][1].key) != heap[0][0]:
             heapq.heappop(heap)  # disarmed or re-armed since
-        return (heap[0][0], heap[0][3]) if heap else None
+        return (heap[0][0], heap[0][1].key) if heap else None
 
     def pop_due(self, now: float) -> Iterator[K]:
         """Disarm and yield, earliest first, every timer whose deadline is <= ``now``."""

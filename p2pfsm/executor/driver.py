@@ -30,7 +30,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
-from p2pfsm.executor.core import Executor
+from p2pfsm.executor.core import Executor, bound_handlers
 from p2pfsm.session import Input, Output, Session
 
 
@@ -54,11 +54,15 @@ class Driver:
         hook: told of every call (None: no hook).
     """
 
-    __slots__ = ("_clock", "_deferred", "_draining", "_events", "applying", "effects", "hook")
+    __slots__ = ("_clock", "_deferred", "_draining", "_events", "_handlers", "applying",
+                 "effects", "hook")
 
     def __init__(self, effects: Executor, clock: Callable[[], float],
                  hook: CallRecorder | None = None) -> None:
         self.effects = effects
+        # Output type -> the bound method that carries it out, looked up once here
+        # rather than per output (None: the executor overrides ``apply``).
+        self._handlers = bound_handlers(effects)
         self.hook = hook
         self._clock = clock
         # Each input is bound to its session when it is queued (a frame to the session
@@ -103,10 +107,15 @@ class Driver:
                 raise
             hook.record(peer, state, event, started)
         effects = self.effects
+        handlers = self._handlers
         outer, self.applying = self.applying, session
         try:
-            for out in outputs:
-                effects.apply(peer, out)
+            if handlers is None:
+                for out in outputs:
+                    effects.apply(peer, out)
+            else:
+                for out in outputs:
+                    handlers[type(out)](peer, out)
         finally:
             self.applying = outer
         if not was_ready and session.ready:

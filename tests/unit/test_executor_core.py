@@ -6,7 +6,7 @@ import typing
 
 import pytest
 
-from p2pfsm.executor.core import _HANDLERS, Executor, TimerTable, check_handlers
+from p2pfsm.executor.core import _HANDLERS, Executor, TimerTable, bound_handlers, check_handlers
 from p2pfsm.protocol import Disconnect
 from p2pfsm.session import LookupClosed, Output, SendFrame
 from p2pfsm.sim.world import SimWorld
@@ -67,3 +67,23 @@ def test_simworld_timers_come_from_the_same_table() -> None:
     w.start()
     assert isinstance(w.timers["a"], TimerTable)
     assert w.timers["a"] and all(t[0] == "handshake" for t in w.timers["a"])
+
+
+def test_timer_table_ties_go_by_name_whatever_the_arming_order() -> None:
+    names = [("t", 9), ("t", 10), ("a", 1), ("t", 1)]
+    for order in (names, names[::-1]):
+        timers: TimerTable[tuple[str, int]] = TimerTable()
+        for key in order:
+            timers.arm(key, 3.0)
+        assert list(timers.pop_due(3.0)) == sorted(names, key=str)
+
+
+def test_the_driver_looks_handlers_up_once_unless_apply_is_overridden() -> None:
+    class Own(Executor):
+        def apply(self, peer: str, out: Output) -> None:
+            raise AssertionError("not reached")
+
+    assert bound_handlers(Own()) is None
+    table = bound_handlers(SimWorld(0))
+    assert table is not None and set(table) == set(_HANDLERS)
+    assert all(getattr(m, "__name__", None) == _HANDLERS[t] for t, m in table.items())
