@@ -30,7 +30,6 @@ session must still be ready.
 from __future__ import annotations
 
 import contextlib
-import copy
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -44,7 +43,7 @@ from p2pfsm.conform.faults import FAULTS
 from p2pfsm.conform.target import Target
 from p2pfsm.conform.tester import NUM_BLOCKS
 from p2pfsm.conform.verdict import CaseFailure
-from p2pfsm.conform.walk_tester import Call, WalkTester
+from p2pfsm.conform.walk_tester import Call, WalkTester, step_seconds
 from p2pfsm.demo.blocks import demo_key
 from p2pfsm.errors import LocalProtocolError
 from p2pfsm.fsm import input_table
@@ -222,20 +221,6 @@ class _Walk:
 
     # -- drawing ------------------------------------------------------------------
 
-    def enabled(self, event: Input) -> bool:
-        """Whether our session's machines take ``event`` now (tried on a copy)."""
-        s = self.t.session
-        tracer, s.tracer = s.tracer, None
-        try:
-            probe = copy.deepcopy(s)
-        finally:
-            s.tracer = tracer
-        try:
-            probe.handle(event, time.monotonic())
-        except LocalProtocolError:
-            return False
-        return True
-
     def draw(self, rng: random.Random) -> dict[str, Any]:
         """One step drawn from what is enabled now."""
         options: list[tuple[float, dict[str, Any]]] = []
@@ -274,18 +259,18 @@ class _Walk:
                     continue
                 rid = rng.choice(self.fetched) if kind == "fetch-again" else self._next_rid()
                 slots = rng.sample(self.free, len(blocks))
-                if self.enabled(HostFetch(0, rid, _keys(blocks), tuple(slots))):
+                if self.t.enables(HostFetch(0, rid, _keys(blocks), tuple(slots))):
                     out.append((_WEIGHTS[kind], {"do": "fetch", "rid": rid, "blocks": blocks,
                                                  "slots": slots}))
         elif name == "lookup":
             blocks = [*rng.sample(range(self.held), rng.randint(1, min(4, self.held))),
                       MISSING]
             rid = self._next_rid()
-            if self.enabled(HostLookup(rid, _keys(blocks))):
+            if self.t.enables(HostLookup(rid, _keys(blocks))):
                 out.append((_WEIGHTS["lookup"], {"do": "lookup", "rid": rid, "blocks": blocks}))
         elif name == "finish" and self.unfinished:
             rid = rng.choice(self.unfinished)
-            if self.enabled(HostFinish(rid)):
+            if self.t.enables(HostFinish(rid)):
                 out.append((_WEIGHTS["finish"], {"do": "finish", "rid": rid}))
         return out
 
@@ -305,7 +290,7 @@ class _Walk:
             step = {"do": "finish", "rid": SPEC_RID}
         else:
             return []
-        return [(_WEIGHTS[name], step)] if self.enabled(event) else []
+        return [(_WEIGHTS[name], step)] if self.t.enables(event) else []
 
     def _next_rid(self) -> str:
         return f"w{self.serial + 1}"
@@ -367,13 +352,13 @@ class _Walk:
         elif do == "unknown-type":
             t.send_raw(msgpack.packb({"type": "conform-unknown"}), "<unknown type>")
         elif do == "wait":
-            t.wait(lambda: False, _ms(step))
+            t.wait(lambda: False, step_seconds(step))
         elif do == "delay":
-            t.hold_sends(_ms(step))
+            t.hold_sends(step_seconds(step))
         elif do == "reorder":
-            t.stall_nixl(_ms(step))
+            t.stall_nixl(step_seconds(step))
         elif do == "pause":
-            t.pause(_ms(step))
+            t.pause(step_seconds(step))
         elif do == "restart":
             step["note"] = self.restart()
         else:
@@ -434,10 +419,6 @@ def _settled(t: WalkTester) -> Callable[[], bool]:
 
 def _keys(blocks: Sequence[int]) -> tuple[bytes, ...]:
     return tuple(demo_key(b) for b in blocks)
-
-
-def _ms(step: dict[str, Any]) -> float:
-    return max(0, min(int(step.get("ms", 0)), 5000)) / 1000
 
 
 def run_walk(target: Target, *, steps: Sequence[dict[str, Any]] | None = None,
