@@ -107,6 +107,14 @@ def _reported(c: Consumer, rc: int, success: bool, rule: str) -> None:
                           + c.t.summary())
 
 
+def _concluded(ctx: Context, c: Consumer, rule: str, success: bool = True) -> None:
+    """Wait for the consumer's exit, check our tester clean and that the consumer
+    reported ``success``."""
+    rc = c.wait(rule, _limit(ctx))
+    c.t.check_clean()
+    _reported(c, rc, success, rule)
+
+
 def _served(t: Tester) -> int:
     return sum(e.served for e in t.ended)
 
@@ -125,9 +133,7 @@ def _first_fetch(t: Tester, c: Consumer, what: str) -> Fetch:
 
 def _pd(ctx: Context, t: Tester, rule: str, keys: str = "0-7", mode: str = "pd") -> Consumer:
     c = Consumer(ctx, t, keys, mode)
-    rc = c.wait(rule, _limit(ctx))
-    t.check_clean()
-    _reported(c, rc, True, rule)
+    _concluded(ctx, c, rule)
     if not _served(t):
         raise CaseFailure(f"{rule}: a round served by us", t.summary())
     return c
@@ -221,9 +227,7 @@ def lookup_split(ctx: Context) -> str:
              timeout=2 * ctx.target.deadline)
     t.observe()
     t.answer_parked()
-    rc = c.wait(rule, _limit(ctx))
-    t.check_clean()
-    _reported(c, rc, True, rule)
+    _concluded(ctx, c, rule)
     if not t.asked:
         raise CaseFailure(rule, "no lookup; " + t.summary())
     fetched = {k for a in t.arrived for k in a.keys}
@@ -364,9 +368,7 @@ def stale_done(ctx: Context) -> str:
     _after_fetch(ctx, t, c, [], [TransferDone(f.kv_request_id, False, f.round_seq + 100),
                                  TransferDone("conform-unknown-request", False, 0)])
     rule = "stale transfer_done ignored"
-    rc = c.wait(rule, _limit(ctx))
-    t.check_clean()
-    _reported(c, rc, True, rule)
+    _concluded(ctx, c, rule)
     return "exit 0"
 
 
@@ -384,7 +386,5 @@ def malformed(ctx: Context) -> str:
                             "round_seq": "x"}), "<transfer_done with wrong field types>")]
     _after_fetch(ctx, t, c, junk, [])
     rule = "malformed frames dropped, the round goes on"
-    rc = c.wait(rule, _limit(ctx))
-    t.check_clean()
-    _reported(c, rc, True, rule)
+    _concluded(ctx, c, rule)
     return "exit 0"

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from p2pfsm.conform.consumer_cases import (
     CONSUMER,
     Consumer,
+    _concluded,
     _first_fetch,
     _limit,
     _reported,
@@ -54,9 +55,7 @@ def demand(ctx: Context) -> str:
                           "load deadline is longer)", t.summary())
     t.check_clean()
     _supply(t, fetch.kv_request_id, have[half:])
-    rc = c.wait(rule, _limit(ctx))
-    t.check_clean()
-    _reported(c, rc, True, rule)
+    _concluded(ctx, c, rule)
     if not _served(t):
         raise CaseFailure(f"{rule}: the round served by us", t.summary())
     return f"{half} + {len(have) - half} blocks supplied apart; exit 0"
