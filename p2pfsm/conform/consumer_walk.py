@@ -40,7 +40,7 @@ from p2pfsm.conform.registry import Context
 from p2pfsm.conform.target import Target
 from p2pfsm.conform.tester import NUM_BLOCKS
 from p2pfsm.conform.verdict import CaseFailure, NotApplicable
-from p2pfsm.conform.walk_run import Outcome, WalkFailure
+from p2pfsm.conform.walk_run import Outcome, WalkFailure, check_frames
 from p2pfsm.conform.walk_tester import WalkTester, step_seconds
 from p2pfsm.errors import ConfigError
 from p2pfsm.session import FetchArrived, HostAnswerLookup, HostDecline, HostSupply, Input
@@ -124,13 +124,7 @@ class _Run:
         return self.consumer is not None and self.consumer.running()
 
     def check(self) -> None:
-        t = self.t
-        if t.violations:
-            raise WalkFailure("oracle", "every frame of the consumer accepted by p2pfsm's "
-                              "session machines in the state it arrived in", t.summary())
-        if t.other_ids:
-            raise WalkFailure("identity", f"frames only from the identity {t.peer!r}",
-                              f"frames from {sorted(set(t.other_ids))}")
+        check_frames(self.t, "consumer")
 
     def fetches(self) -> list[FetchArrived]:
         return [a for a in self.t.arrived if a.keys]

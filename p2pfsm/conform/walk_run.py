@@ -50,7 +50,7 @@ from p2pfsm.fsm import input_table
 from p2pfsm.protocol import AbortFetch, ConnectAck
 from p2pfsm.session import HostFetch, HostFinish, HostLookup, Input
 
-__all__ = ["FAULTS", "MISSING", "Outcome", "WalkFailure", "run_walk"]
+__all__ = ["FAULTS", "MISSING", "Outcome", "WalkFailure", "check_frames", "run_walk"]
 
 MISSING: Final = 1 << 40
 """A demo block number no target holds."""
@@ -78,6 +78,17 @@ class WalkFailure(CaseFailure):
     def __init__(self, rule: str, expected: str, got: str) -> None:
         super().__init__(expected, got)
         self.rule = rule
+
+
+def check_frames(t: WalkTester, who: str) -> None:
+    """The walks' frame checks: every frame of ``who`` accepted by our session where it
+    arrived (the oracle), and sent from one identity."""
+    if t.violations:
+        raise WalkFailure("oracle", f"every frame of the {who} accepted by p2pfsm's "
+                          "session machines in the state it arrived in", t.summary())
+    if t.other_ids:
+        raise WalkFailure("identity", f"frames only from the identity {t.peer!r}",
+                          f"frames from {sorted(set(t.other_ids))}")
 
 
 @dataclass
@@ -200,12 +211,7 @@ class _Walk:
     def check(self) -> None:
         """Every online check (see the module's docstring)."""
         t = self.t
-        if t.violations:
-            raise WalkFailure("oracle", "every frame of the target accepted by p2pfsm's "
-                              "session machines in the state it arrived in", t.summary())
-        if t.other_ids:
-            raise WalkFailure("identity", f"frames only from the identity {t.peer!r}",
-                              f"frames from {sorted(set(t.other_ids))}")
+        check_frames(t, "target")
         self.reclaim()
         region = t.data.region
         assert region is not None
