@@ -29,7 +29,7 @@ from test_vllm_interop import pytestmark as _marks  # type: ignore[import-not-fo
 
 from p2pfsm.cli import main
 from p2pfsm.conform.registry import CASES
-from tests.helpers.conform_consumer import OPTIONS, import_this_checkout
+from tests.helpers.conform_consumer import import_this_checkout
 
 pytestmark = _marks
 
@@ -54,7 +54,9 @@ def _vllm_client(monkeypatch: pytest.MonkeyPatch) -> str:
     import_this_checkout(monkeypatch)
     config = CONFIG_JSON.replace("{", "{{").replace("}", "}}")  # literal in the template
     return shlex.join([str(VLLM_PYTHON), "-m", "p2pfsm.vllm.peer", "client",
-                       "--block-len", str(BLOCK_LEN), "--config-json", config]) + OPTIONS
+                       "--block-len", str(BLOCK_LEN), "--config-json", config]) + (
+        " --connect {addr} --keys {keys} --mode {mode} --load-timeout {load_timeout}"
+        " --abort-ack-timeout {abort_ack_timeout} --repeat {repeat}")
 
 
 def _walk_passes_or_replays(base: list[str], seed: int, walk: list[str], what: str,
