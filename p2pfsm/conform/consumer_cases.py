@@ -107,6 +107,23 @@ def _reported(c: Consumer, rc: int, success: bool, rule: str) -> None:
                           + c.t.summary())
 
 
+def _concluded(ctx: Context, c: Consumer, rule: str, success: bool = True) -> None:
+    """Wait for the consumer's exit, check our tester clean and that the consumer
+    reported ``success``."""
+    rc = c.wait(rule, _limit(ctx))
+    c.t.check_clean()
+    _reported(c, rc, success, rule)
+
+
+def _silent(ctx: Context, keys: str, *, load_timeout: float | None = None,
+            abort_ack_timeout: float | None = None, repeat: int = 1) -> tuple[Tester, Consumer]:
+    """A tester that leaves fetches unanswered, and the consumer launched against it."""
+    t = ctx.tester()
+    t.serve = "silent"
+    return t, Consumer(ctx, t, keys, load_timeout=load_timeout,
+                       abort_ack_timeout=abort_ack_timeout, repeat=repeat)
+
+
 def _served(t: Tester) -> int:
     return sum(e.served for e in t.ended)
 
@@ -125,9 +142,7 @@ def _first_fetch(t: Tester, c: Consumer, what: str) -> Fetch:
 
 def _pd(ctx: Context, t: Tester, rule: str, keys: str = "0-7", mode: str = "pd") -> Consumer:
     c = Consumer(ctx, t, keys, mode)
-    rc = c.wait(rule, _limit(ctx))
-    t.check_clean()
-    _reported(c, rc, True, rule)
+    _concluded(ctx, c, rule)
     if not _served(t):
         raise CaseFailure(f"{rule}: a round served by us", t.summary())
     return c
@@ -221,9 +236,7 @@ def lookup_split(ctx: Context) -> str:
              timeout=2 * ctx.target.deadline)
     t.observe()
     t.answer_parked()
-    rc = c.wait(rule, _limit(ctx))
-    t.check_clean()
-    _reported(c, rc, True, rule)
+    _concluded(ctx, c, rule)
     if not t.asked:
         raise CaseFailure(rule, "no lookup; " + t.summary())
     fetched = {k for a in t.arrived for k in a.keys}
@@ -300,9 +313,7 @@ def abort_quiescence(ctx: Context) -> str:
       "rounds ended by an abort are not reused while their frames may arrive: the "
       "request's round floor moves past an aborted round (vLLM race: round reuse)")
 def round_isolation(ctx: Context) -> str:
-    t = ctx.tester()
-    t.serve = "silent"
-    c = Consumer(ctx, t, "0-3", load_timeout=1.0, repeat=2)
+    t, c = _silent(ctx, "0-3", load_timeout=1.0, repeat=2)
     first = _silent_round(ctx, t, c)
     t.serve = "supply"
     rule = "a new round_seq for the request's next fetch"
@@ -357,16 +368,12 @@ def _after_fetch(ctx: Context, t: Tester, c: Consumer, deviant: list[tuple[bytes
       "a transfer_done for an unknown round is ignored (rounds are keyed by "
       "(kv_request_id, round_seq))")
 def stale_done(ctx: Context) -> str:
-    t = ctx.tester()
-    t.serve = "silent"
-    c = Consumer(ctx, t, "0-3")
+    t, c = _silent(ctx, "0-3")
     f = _first_fetch(t, c, "a fetch")
     _after_fetch(ctx, t, c, [], [TransferDone(f.kv_request_id, False, f.round_seq + 100),
                                  TransferDone("conform-unknown-request", False, 0)])
     rule = "stale transfer_done ignored"
-    rc = c.wait(rule, _limit(ctx))
-    t.check_clean()
-    _reported(c, rc, True, rule)
+    _concluded(ctx, c, rule)
     return "exit 0"
 
 
@@ -375,16 +382,12 @@ def stale_done(ctx: Context) -> str:
       "consumer does not crash and reports success once served",
       "a malformed frame is dropped; the session goes on")
 def malformed(ctx: Context) -> str:
-    t = ctx.tester()
-    t.serve = "silent"
-    c = Consumer(ctx, t, "0-3")
+    t, c = _silent(ctx, "0-3")
     junk = [(b"\xc1not msgpack", "<not msgpack>"),
             (msgpack.packb({"type": "no_such_type", "x": 1}), "<unknown type>"),
             (msgpack.packb({"type": "transfer_done", "kv_request_id": 5, "success": "yes",
                             "round_seq": "x"}), "<transfer_done with wrong field types>")]
     _after_fetch(ctx, t, c, junk, [])
     rule = "malformed frames dropped, the round goes on"
-    rc = c.wait(rule, _limit(ctx))
-    t.check_clean()
-    _reported(c, rc, True, rule)
+    _concluded(ctx, c, rule)
     return "exit 0"

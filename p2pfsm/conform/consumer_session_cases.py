@@ -11,11 +11,12 @@ from collections.abc import Sequence
 
 from p2pfsm.conform.consumer_cases import (
     CONSUMER,
-    Consumer,
+    _concluded,
     _first_fetch,
     _limit,
     _reported,
     _served,
+    _silent,
 )
 from p2pfsm.conform.registry import Context, case
 from p2pfsm.conform.tester import Tester
@@ -37,9 +38,7 @@ def _supply(t: Tester, rid: str, keys: Sequence[bytes]) -> None:
       "waits as demand; client_round: awaiting until transfer_done (or its load deadline): "
       "written blocks are no result")
 def demand(ctx: Context) -> str:
-    t = ctx.tester()
-    t.serve = "silent"
-    c = Consumer(ctx, t, "0-7")
+    t, c = _silent(ctx, "0-7")
     fetch = _first_fetch(t, c, "a fetch")
     arrived = next(a for a in t.arrived if a.kv_request_id == fetch.kv_request_id)
     have = [k for k in arrived.missing if k in t.held]
@@ -54,9 +53,7 @@ def demand(ctx: Context) -> str:
                           "load deadline is longer)", t.summary())
     t.check_clean()
     _supply(t, fetch.kv_request_id, have[half:])
-    rc = c.wait(rule, _limit(ctx))
-    t.check_clean()
-    _reported(c, rc, True, rule)
+    _concluded(ctx, c, rule)
     if not _served(t):
         raise CaseFailure(f"{rule}: the round served by us", t.summary())
     return f"{half} + {len(have) - half} blocks supplied apart; exit 0"
@@ -68,9 +65,7 @@ def demand(ctx: Context) -> str:
       "session: recv_disconnect -> ended; client_round: session_lost -> failed (the load's "
       "one result is a failure); nothing is sent on an ended session")
 def disconnect(ctx: Context) -> str:
-    t = ctx.tester()
-    t.serve = "silent"
-    c = Consumer(ctx, t, "0-3")
+    t, c = _silent(ctx, "0-3")
     _first_fetch(t, c, "a fetch")
     t.check_clean()
     at = len(t.frames)
@@ -100,9 +95,7 @@ def disconnect(ctx: Context) -> str:
       "writes never came from the dead incarnation): otherwise timer_load / abort / "
       "session_lost -> failed; a restarted producer's new session starts at connect")
 def producer_restart(ctx: Context) -> str:
-    first = ctx.tester()
-    first.serve = "silent"
-    c = Consumer(ctx, first, "0-3", load_timeout=1.0, abort_ack_timeout=1.0)
+    first, c = _silent(ctx, "0-3", load_timeout=1.0, abort_ack_timeout=1.0)
     _first_fetch(first, c, "a fetch")
     first.check_clean()
     identity = first.local_id

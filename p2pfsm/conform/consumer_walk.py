@@ -30,10 +30,8 @@ one reported failed, the exit status 0 exactly when every load was served.
 
 from __future__ import annotations
 
-import copy
 import json
 import random
-import time
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -42,9 +40,9 @@ from p2pfsm.conform.registry import Context
 from p2pfsm.conform.target import Target
 from p2pfsm.conform.tester import NUM_BLOCKS
 from p2pfsm.conform.verdict import CaseFailure, NotApplicable
-from p2pfsm.conform.walk_run import Outcome, WalkFailure
-from p2pfsm.conform.walk_tester import WalkTester
-from p2pfsm.errors import ConfigError, LocalProtocolError
+from p2pfsm.conform.walk_run import Outcome, WalkFailure, check_frames
+from p2pfsm.conform.walk_tester import WalkTester, step_seconds
+from p2pfsm.errors import ConfigError
 from p2pfsm.session import FetchArrived, HostAnswerLookup, HostDecline, HostSupply, Input
 
 __all__ = ["CONSUMER_FAULTS", "run_consumer_walk"]
@@ -126,26 +124,7 @@ class _Run:
         return self.consumer is not None and self.consumer.running()
 
     def check(self) -> None:
-        t = self.t
-        if t.violations:
-            raise WalkFailure("oracle", "every frame of the consumer accepted by p2pfsm's "
-                              "session machines in the state it arrived in", t.summary())
-        if t.other_ids:
-            raise WalkFailure("identity", f"frames only from the identity {t.peer!r}",
-                              f"frames from {sorted(set(t.other_ids))}")
-
-    def enabled(self, event: Input) -> bool:
-        s = self.t.session
-        tracer, s.tracer = s.tracer, None
-        try:
-            probe = copy.deepcopy(s)
-        finally:
-            s.tracer = tracer
-        try:
-            probe.handle(event, time.monotonic())
-        except LocalProtocolError:
-            return False
-        return True
+        check_frames(self.t, "consumer")
 
     def fetches(self) -> list[FetchArrived]:
         return [a for a in self.t.arrived if a.keys]
@@ -170,11 +149,11 @@ class _Run:
         if do == "lookups":
             self.split = step.get("how") == "split"
         elif do == "wait":
-            t.wait(lambda: False, _ms(step))
+            t.wait(lambda: False, step_seconds(step))
         elif do == "delay":
-            t.hold_sends(_ms(step))
+            t.hold_sends(step_seconds(step))
         elif do == "pause":
-            t.pause(_ms(step))
+            t.pause(step_seconds(step))
         else:
             return f"unknown action {do!r}"
         return ""
@@ -196,7 +175,7 @@ class _Run:
         if sym and how == "decline":
             return "a decline is a pd walk's answer (sym: the lookup pins what it answers)"
         if how == "hold":
-            t.wait(lambda: False, _ms(step))
+            t.wait(lambda: False, step_seconds(step))
         if sym:
             return self._answer_lookup(k)
         fetch = self.fetches()[k]
@@ -205,7 +184,7 @@ class _Run:
         event: Input = (HostSupply(t.next_job(), fetch.kv_request_id, tuple(have),
                                    tuple(t.held[key] for key in have)) if supply
                         else HostDecline(fetch.kv_request_id, fetch.round_seq))
-        if not self.enabled(event):
+        if not self.t.enables(event):
             return "not enabled by our session now (its round ended)"
         self.answered += 1
         self.served.append(supply)
@@ -223,7 +202,7 @@ class _Run:
             else (keys, ())
         hits = {key: t.held[key] for key in now if key in t.held}
         event = HostAnswerLookup(token, hits, 0 if hits else None, frozenset(later))
-        if not self.enabled(event):
+        if not self.t.enables(event):
             return "not enabled by our session now"
         self.answered += 1
         self.served.append(all(key in t.held for key in keys))
@@ -290,10 +269,6 @@ def _report(text: str) -> dict[str, Any] | None:
         if isinstance(doc, dict) and "success" in doc:
             return doc
     return None
-
-
-def _ms(step: dict[str, Any]) -> float:
-    return max(0, min(int(step.get("ms", 0)), 5000)) / 1000
 
 
 def run_consumer_walk(target: Target, *, steps: Sequence[dict[str, Any]] | None = None,

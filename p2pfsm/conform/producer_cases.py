@@ -34,17 +34,22 @@ def _dones(t: Tester, rid: str) -> list[TransferDone]:
             if isinstance(m, TransferDone) and m.kv_request_id == rid]
 
 
-def _pd_round(t: Tester, rid: str, blocks: list[int], what: str = "") -> None:
-    """A PD round through our session: every byte checked, one transfer_done(true)."""
+def _served_round(t: Tester, rid: str, blocks: list[int], expected: str, rule: str) -> None:
+    """Fetch ``blocks`` for ``rid`` through our session: fail with ``rule`` unless the
+    load (waited for as ``expected``) succeeds, then check every byte."""
     slots = [NUM_BLOCKS - 1 - i for i in range(len(blocks))]  # not the block numbers
     job = t.fetch(rid, blocks, slots)
-    result = t.load_result(job, f"{what}transfer_done(true) for the fetch of {rid!r} (all "
-                                "blocks the target holds) (server_round: serving -> writing -> "
-                                "done, send_transfer_done)")
+    result = t.load_result(job, expected)
     if not result.success:
-        raise CaseFailure(f"{what}the round served: transfer_done(success=true)",
-                          f"{result.reason}: {result.detail}; {t.summary()}")
+        raise CaseFailure(rule, f"{result.reason}: {result.detail}; {t.summary()}")
     t.check_blocks(blocks, slots)
+
+
+def _pd_round(t: Tester, rid: str, blocks: list[int], what: str = "") -> None:
+    """A PD round through our session: every byte checked, one transfer_done(true)."""
+    _served_round(t, rid, blocks, f"{what}transfer_done(true) for the fetch of {rid!r} (all "
+                  "blocks the target holds) (server_round: serving -> writing -> done, "
+                  "send_transfer_done)", f"{what}the round served: transfer_done(success=true)")
 
 
 def _not_served(t: Tester, rid: str, slots: list[int], rule: str) -> str:

@@ -8,7 +8,14 @@ after its cases and use its helpers.
 
 from __future__ import annotations
 
-from p2pfsm.conform.producer_cases import MISSING, PRODUCER, _blocks, _dones, _pd_round
+from p2pfsm.conform.producer_cases import (
+    MISSING,
+    PRODUCER,
+    _blocks,
+    _dones,
+    _pd_round,
+    _served_round,
+)
 from p2pfsm.conform.registry import Context, case
 from p2pfsm.conform.tester import NUM_BLOCKS, Tester
 from p2pfsm.conform.verdict import CaseFailure, NotApplicable
@@ -74,14 +81,9 @@ def lookup_coalesced(ctx: Context) -> str:
     both = sum(1 for m in resps if {*m.keys} & {demo_key(b) for b in first}
                and {*m.keys} & {demo_key(b) for b in second})
     hits = [b for b in first + second if b < MISSING]
-    slots = [NUM_BLOCKS - 1 - i for i in range(len(hits))]
-    job = t.fetch(rid, hits, slots)
-    result = t.load_result(job, f"transfer_done(true) for the fetch of both lookups' hits "
-                                f"({rid!r}, the lookups' round)")
-    if not result.success:
-        raise CaseFailure("the hits of both lookups served: transfer_done(success=true)",
-                          f"{result.reason}: {result.detail}; {t.summary()}")
-    t.check_blocks(hits, slots)
+    _served_round(t, rid, hits, f"transfer_done(true) for the fetch of both lookups' hits "
+                  f"({rid!r}, the lookups' round)",
+                  "the hits of both lookups served: transfer_done(success=true)")
     t.finish(rid)
     t.observe()
     t.check_clean()
@@ -178,13 +180,8 @@ def lookup_split(ctx: Context) -> str:
                           + t.summary())
     parts = check_parts(t, blocks)
     hits = [b for b, h in zip(blocks, res.hits, strict=True) if h]
-    slots = [NUM_BLOCKS - 1 - i for i in range(len(hits))]
-    job = t.fetch(rid, hits, slots)
-    result = t.load_result(job, f"transfer_done(true) for the fetch of the hits ({rid!r})")
-    if not result.success:
-        raise CaseFailure("the hits served: transfer_done(success=true)",
-                          f"{result.reason}: {result.detail}; {t.summary()}")
-    t.check_blocks(hits, slots)
+    _served_round(t, rid, hits, f"transfer_done(true) for the fetch of the hits ({rid!r})",
+                  "the hits served: transfer_done(success=true)")
     t.finish(rid)
     t.observe()
     t.check_clean()

@@ -30,7 +30,6 @@ session must still be ready.
 from __future__ import annotations
 
 import contextlib
-import copy
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -44,14 +43,14 @@ from p2pfsm.conform.faults import FAULTS
 from p2pfsm.conform.target import Target
 from p2pfsm.conform.tester import NUM_BLOCKS
 from p2pfsm.conform.verdict import CaseFailure
-from p2pfsm.conform.walk_tester import Call, WalkTester
+from p2pfsm.conform.walk_tester import Call, WalkTester, step_seconds
 from p2pfsm.demo.blocks import demo_key
 from p2pfsm.errors import LocalProtocolError
 from p2pfsm.fsm import input_table
 from p2pfsm.protocol import AbortFetch, ConnectAck
 from p2pfsm.session import HostFetch, HostFinish, HostLookup, Input
 
-__all__ = ["FAULTS", "MISSING", "Outcome", "WalkFailure", "run_walk"]
+__all__ = ["FAULTS", "MISSING", "Outcome", "WalkFailure", "check_frames", "run_walk"]
 
 MISSING: Final = 1 << 40
 """A demo block number no target holds."""
@@ -79,6 +78,17 @@ class WalkFailure(CaseFailure):
     def __init__(self, rule: str, expected: str, got: str) -> None:
         super().__init__(expected, got)
         self.rule = rule
+
+
+def check_frames(t: WalkTester, who: str) -> None:
+    """The walks' frame checks: every frame of ``who`` accepted by our session where it
+    arrived (the oracle), and sent from one identity."""
+    if t.violations:
+        raise WalkFailure("oracle", f"every frame of the {who} accepted by p2pfsm's "
+                          "session machines in the state it arrived in", t.summary())
+    if t.other_ids:
+        raise WalkFailure("identity", f"frames only from the identity {t.peer!r}",
+                          f"frames from {sorted(set(t.other_ids))}")
 
 
 @dataclass
@@ -201,12 +211,7 @@ class _Walk:
     def check(self) -> None:
         """Every online check (see the module's docstring)."""
         t = self.t
-        if t.violations:
-            raise WalkFailure("oracle", "every frame of the target accepted by p2pfsm's "
-                              "session machines in the state it arrived in", t.summary())
-        if t.other_ids:
-            raise WalkFailure("identity", f"frames only from the identity {t.peer!r}",
-                              f"frames from {sorted(set(t.other_ids))}")
+        check_frames(t, "target")
         self.reclaim()
         region = t.data.region
         assert region is not None
@@ -221,20 +226,6 @@ class _Walk:
                     "transfer_done or abort_ack)", t.summary())
 
     # -- drawing ------------------------------------------------------------------
-
-    def enabled(self, event: Input) -> bool:
-        """Whether our session's machines take ``event`` now (tried on a copy)."""
-        s = self.t.session
-        tracer, s.tracer = s.tracer, None
-        try:
-            probe = copy.deepcopy(s)
-        finally:
-            s.tracer = tracer
-        try:
-            probe.handle(event, time.monotonic())
-        except LocalProtocolError:
-            return False
-        return True
 
     def draw(self, rng: random.Random) -> dict[str, Any]:
         """One step drawn from what is enabled now."""
@@ -274,18 +265,18 @@ class _Walk:
                     continue
                 rid = rng.choice(self.fetched) if kind == "fetch-again" else self._next_rid()
                 slots = rng.sample(self.free, len(blocks))
-                if self.enabled(HostFetch(0, rid, _keys(blocks), tuple(slots))):
+                if self.t.enables(HostFetch(0, rid, _keys(blocks), tuple(slots))):
                     out.append((_WEIGHTS[kind], {"do": "fetch", "rid": rid, "blocks": blocks,
                                                  "slots": slots}))
         elif name == "lookup":
             blocks = [*rng.sample(range(self.held), rng.randint(1, min(4, self.held))),
                       MISSING]
             rid = self._next_rid()
-            if self.enabled(HostLookup(rid, _keys(blocks))):
+            if self.t.enables(HostLookup(rid, _keys(blocks))):
                 out.append((_WEIGHTS["lookup"], {"do": "lookup", "rid": rid, "blocks": blocks}))
         elif name == "finish" and self.unfinished:
             rid = rng.choice(self.unfinished)
-            if self.enabled(HostFinish(rid)):
+            if self.t.enables(HostFinish(rid)):
                 out.append((_WEIGHTS["finish"], {"do": "finish", "rid": rid}))
         return out
 
@@ -305,7 +296,7 @@ class _Walk:
             step = {"do": "finish", "rid": SPEC_RID}
         else:
             return []
-        return [(_WEIGHTS[name], step)] if self.enabled(event) else []
+        return [(_WEIGHTS[name], step)] if self.t.enables(event) else []
 
     def _next_rid(self) -> str:
         return f"w{self.serial + 1}"
@@ -367,13 +358,13 @@ class _Walk:
         elif do == "unknown-type":
             t.send_raw(msgpack.packb({"type": "conform-unknown"}), "<unknown type>")
         elif do == "wait":
-            t.wait(lambda: False, _ms(step))
+            t.wait(lambda: False, step_seconds(step))
         elif do == "delay":
-            t.hold_sends(_ms(step))
+            t.hold_sends(step_seconds(step))
         elif do == "reorder":
-            t.stall_nixl(_ms(step))
+            t.stall_nixl(step_seconds(step))
         elif do == "pause":
-            t.pause(_ms(step))
+            t.pause(step_seconds(step))
         elif do == "restart":
             step["note"] = self.restart()
         else:
@@ -434,10 +425,6 @@ def _settled(t: WalkTester) -> Callable[[], bool]:
 
 def _keys(blocks: Sequence[int]) -> tuple[bytes, ...]:
     return tuple(demo_key(b) for b in blocks)
-
-
-def _ms(step: dict[str, Any]) -> float:
-    return max(0, min(int(step.get("ms", 0)), 5000)) / 1000
 
 
 def run_walk(target: Target, *, steps: Sequence[dict[str, Any]] | None = None,

@@ -19,19 +19,21 @@ Faults, each bounded in time by its caller:
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, is_dataclass
+from typing import Any
 
 from p2pfsm.conform.target import Target
 from p2pfsm.conform.tester import Tester, describe
-from p2pfsm.errors import MalformedFrame
+from p2pfsm.errors import LocalProtocolError, MalformedFrame
 from p2pfsm.fsm import Tracer, TraceRecord
 from p2pfsm.protocol import Message, decode
 from p2pfsm.session import FrameReceived, Input, SendFrame, Timeouts, TimerFired
 from p2pfsm.spec_calls import Step, call_action, steps_of
 
-__all__ = ["Call", "WalkTester", "describe_input"]
+__all__ = ["Call", "WalkTester", "describe_input", "step_seconds"]
 
 PAUSE_LIMIT_S = 5.0
 """No pause lasts longer, whatever a step asks."""
@@ -76,6 +78,11 @@ def describe_input(event: Input) -> str:
     return f"host {type(event).__name__}({', '.join(parts)})"
 
 
+def step_seconds(step: dict[str, Any]) -> float:
+    """A walk step's ``ms``, in seconds, bounded to 0..5 s."""
+    return max(0, min(int(step.get("ms", 0)), 5000)) / 1000
+
+
 class WalkTester(Tester):
     """A tester whose session calls are recorded and whose side of the wire can fault."""
 
@@ -104,6 +111,20 @@ class WalkTester(Tester):
                                self.session.state, records, sent,
                                call_action(before, event, records), steps_of(records)))
         self.apply(outputs)
+
+    def enables(self, event: Input) -> bool:
+        """Whether our session's machines take ``event`` now (tried on a copy)."""
+        s = self.session
+        tracer, s.tracer = s.tracer, None
+        try:
+            probe = copy.deepcopy(s)
+        finally:
+            s.tracer = tracer
+        try:
+            probe.handle(event, time.monotonic())
+        except LocalProtocolError:
+            return False
+        return True
 
     def _answer_lookup(self, token: int, keys: Sequence[bytes],
                        pending: frozenset[bytes] = frozenset()) -> None:

@@ -10,13 +10,13 @@ Tests append one-line results (what was checked, how much) to the session-wide
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 
 from p2pfsm.verify import configs, tlc
 from p2pfsm.verify.graph import StateGraph, load_dot
+from tests.helpers.tlc_needed import require_tlc as _require_tlc
 
 TLC_TIMEOUT = 600.0
 _REPORT = pytest.StashKey[list[str]]()
@@ -35,15 +35,6 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter,
         terminalreporter.section("p2pfsm conformance")
         for line in lines:
             terminalreporter.write_line(line)
-
-
-def _require_tlc() -> None:
-    if shutil.which("java") is None:
-        pytest.skip("TLC needs java on PATH")
-    try:
-        tlc.jar_path()
-    except tlc.TlcNotFound as exc:
-        pytest.skip(str(exc))
 
 
 @pytest.fixture(scope="session")

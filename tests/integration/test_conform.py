@@ -14,6 +14,7 @@ import pytest
 from p2pfsm.cli import main
 from p2pfsm.conform.registry import CASES
 from p2pfsm.executor.config import fingerprint
+from tests.helpers.cli_errors import assert_bad_arguments
 from tests.helpers.serve_process import ServeProcess
 
 FP = fingerprint({"model": "p2pfsm/conform-test"})
@@ -115,11 +116,4 @@ def test_late_supply_cases_need_late_blocks(serve: ServeProcess, tmp_path: Path,
 ])
 def test_bad_arguments_exit_2_with_one_line(args: list[str], message: str,
                                             capsys: pytest.CaptureFixture[str]) -> None:
-    try:
-        code = main(["conform", *args])
-    except SystemExit as exc:  # argparse's own errors
-        code = exc.code
-    err = capsys.readouterr().err
-    assert code == 2
-    assert message in err
-    assert len(err.strip().splitlines()) == 1, err
+    assert_bad_arguments(["conform", *args], message, capsys)

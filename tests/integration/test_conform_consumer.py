@@ -6,39 +6,30 @@ breaks an abort rule fails the case that looks at it."""
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import sys
 from pathlib import Path
 
 import pytest
 
-from p2pfsm.cli import main
 from p2pfsm.conform.registry import CASES
-
-ROOT = Path(__file__).resolve().parents[2]
-CLI = [sys.executable, "-c", "from p2pfsm.cli import main; raise SystemExit(main())"]
-FETCH = shlex.join([*CLI, "fetch"]) + (
-    " --connect tcp://{addr} --keys {keys} --mode {mode} --load-timeout {load_timeout}"
-    " --abort-ack-timeout {abort_ack_timeout} --repeat {repeat}")
+from tests.helpers.conform_consumer import (
+    FETCH,
+    conform_consumer,
+    helper_cmd,
+    import_this_checkout,
+)
 
 
 @pytest.fixture(autouse=True)
 def _import_this_checkout(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The consumer subprocesses import p2pfsm from this checkout."""
-    path = os.environ.get("PYTHONPATH", "")
-    monkeypatch.setenv("PYTHONPATH", str(ROOT) + (os.pathsep + path if path else ""))
-
-
-def _conform(cmd: str, *extra: str) -> int:
-    return main(["conform", "--role", "consumer", "--consumer-cmd", cmd, "--window", "0.5",
-                 "--deadline", "5", *extra])
+    import_this_checkout(monkeypatch)
 
 
 def test_every_consumer_case_passes_against_p2pfsm_fetch(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     report = tmp_path / "report.json"
-    rc = _conform(FETCH, "--json", str(report))
+    rc = conform_consumer(FETCH, "--json", str(report))
     out = capsys.readouterr()
     verdicts = {c["case"]: c["verdict"] for c in json.loads(report.read_text())["cases"]}
     assert set(verdicts) == {c.id for c in CASES.values() if c.role == "consumer"}
@@ -51,8 +42,8 @@ def test_a_consumer_that_never_connects_fails(tmp_path: Path,
     """The suite can fail: a "consumer" that exits 0 at once never fetches."""
     report = tmp_path / "report.json"
     idle = shlex.join([sys.executable, "-c", "raise SystemExit(0)"]) + " {addr}"
-    rc = _conform(idle, "--cases", "consumer.handshake,consumer.transfer-failed",
-                  "--json", str(report))
+    rc = conform_consumer(idle, "--cases", "consumer.handshake,consumer.transfer-failed",
+                          "--json", str(report))
     err = capsys.readouterr().err
     assert rc == 1
     verdicts = {c["case"]: c["verdict"] for c in json.loads(report.read_text())["cases"]}
@@ -75,9 +66,9 @@ def test_a_consumer_that_breaks_a_rule_fails(
     blocks of an unacked abort (``frees``), or reuses the aborted round (``reuse``); and
     the restart case: one reports success for a load whose producer died (``claims``)."""
     report = tmp_path / "report.json"
-    fake = shlex.join([sys.executable, str(ROOT / "tests" / "helpers" / "fake_consumer.py")])
-    rc = _conform(fake + " {addr} " + mode + " {repeat}", "--cases", case,
-                  "--json", str(report))
+    fake = helper_cmd("fake_consumer.py")
+    rc = conform_consumer(fake + " {addr} " + mode + " {repeat}", "--cases", case,
+                          "--json", str(report))
     err = capsys.readouterr().err
     assert rc == 1
     (result,) = json.loads(report.read_text())["cases"]

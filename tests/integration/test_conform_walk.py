@@ -5,10 +5,6 @@ same rule; bad arguments exit 2 with one line."""
 from __future__ import annotations
 
 import json
-import queue
-import shutil
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,9 +13,7 @@ import pytest
 from p2pfsm.cli import main
 from p2pfsm.conform.target import Target
 from p2pfsm.conform.walk_run import run_walk
-from p2pfsm.errors import MalformedFrame
 from p2pfsm.executor.nixl_plane import DataPlane
-from p2pfsm.executor.zmq_plane import ControlPlane, FrameIn
 from p2pfsm.protocol import (
     AbortAck,
     AbortFetch,
@@ -30,14 +24,13 @@ from p2pfsm.protocol import (
     LookupResp,
     Message,
     TransferDone,
-    decode,
-    encode,
 )
-from p2pfsm.verify import tlc
 from p2pfsm.verify.traces import merge_logs, validate
+from tests.helpers.cli_errors import assert_bad_arguments
+from tests.helpers.fake_producer import BLOCK_LEN, connect_of, fake_producer
 from tests.helpers.serve_process import ServeProcess
+from tests.helpers.tlc_needed import require_tlc
 
-BLOCK_LEN = 4096
 HELD = 16
 LIFETIME_S = 120.0  # the fake serves at most this long
 LIE_AT = 4  # the fake claims the LIE_AT-th fetch of each session without writing it
@@ -88,8 +81,7 @@ class _Liar:
     def answer(self, msg: Message | None, me: str, data: DataPlane) -> list[Message]:
         if isinstance(msg, Connect):
             self.fetches = 0
-            return [Connect(me, data.metadata, data.base_addr, data.num_blocks, BLOCK_LEN,
-                            "", "vllm-none-hash"), ConnectAck(me)]
+            return [connect_of(me, data), ConnectAck(me)]
         if isinstance(msg, Fetch) and msg.keys:
             self.fetches += 1
             return [TransferDone(msg.kv_request_id, self.fetches == LIE_AT, msg.round_seq)]
@@ -103,37 +95,8 @@ class _Liar:
 @pytest.fixture
 def liar() -> Iterator[str]:
     """The broken producer in a thread; its address. Stopped at teardown."""
-    stop = threading.Event()
-    ready: queue.Queue[str] = queue.Queue()
-
-    def serve() -> None:
-        control = ControlPlane("tcp://127.0.0.1:0")
-        data = DataPlane("conform-liar", 16, BLOCK_LEN)
-        script = _Liar()
-        try:
-            ready.put(control.local_id)
-            end = time.monotonic() + LIFETIME_S
-            while not stop.is_set() and time.monotonic() < end:
-                for ev in control.poll(10):
-                    if isinstance(ev, FrameIn):
-                        try:
-                            msg = decode(ev.frame)
-                        except MalformedFrame:
-                            continue
-                        for out in script.answer(msg, control.local_id, data):
-                            control.send(ev.peer_id, encode(out))
-        finally:
-            control.close()
-            data.close()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
-        yield ready.get(timeout=60)
-    finally:
-        stop.set()
-        thread.join(30)
-        assert not thread.is_alive()
+    with fake_producer(_Liar().answer, "conform-liar", LIFETIME_S) as addr:
+        yield addr
 
 
 def test_a_broken_target_fails_and_its_shrunk_case_replays(
@@ -166,18 +129,9 @@ def test_a_broken_target_fails_and_its_shrunk_case_replays(
     assert "rule bytes" in err
 
 
-def _need_tlc() -> None:
-    if shutil.which("java") is None:
-        pytest.skip("TLC needs java on PATH")
-    try:
-        tlc.jar_path()
-    except tlc.TlcNotFound as exc:
-        pytest.skip(str(exc))
-
-
 def test_a_walk_in_the_spec_bounds_is_explained_by_tlc(
         serve: ServeProcess, capsys: pytest.CaptureFixture[str]) -> None:
-    _need_tlc()
+    require_tlc()
     proc, log = serve, serve.trace  # type: ignore[attr-defined]
     rc = _conform(proc.addr, "--random", "10", "--seed", "1", "--deadline", "2",
                   "--validate-spec", str(log))
@@ -191,7 +145,7 @@ def test_a_walk_whose_target_log_lost_a_line_is_not_explained(
         serve: ServeProcess, tmp_path: Path) -> None:
     """The check can fail: a walk's own trace is explained, and not once one line of the
     target's side is dropped."""
-    _need_tlc()
+    require_tlc()
     proc, log = serve, serve.trace  # type: ignore[attr-defined]
     target = Target(proc.addr, BLOCK_LEN, blocks=HELD, deadline=3.0, window=0.3)
     o = run_walk(target, count=8, seed=2, spec=True)
@@ -230,14 +184,7 @@ def test_a_replay_of_a_passing_case_passes(serve: ServeProcess, tmp_path: Path) 
 ])
 def test_bad_walk_arguments_exit_2_with_one_line(args: list[str], message: str,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    try:
-        code = main(["conform", "--target", "tcp://127.0.0.1:1", *args])
-    except SystemExit as exc:  # argparse's own errors
-        code = exc.code
-    err = capsys.readouterr().err
-    assert code == 2
-    assert message in err
-    assert len(err.strip().splitlines()) == 1, err
+    assert_bad_arguments(["conform", "--target", "tcp://127.0.0.1:1", *args], message, capsys)
 
 
 def test_validate_spec_for_the_consumer_role_is_a_bad_argument(

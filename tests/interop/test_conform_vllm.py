@@ -8,7 +8,6 @@ not a failure of this test; a change in which cases fail is)."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 from pathlib import Path
@@ -30,6 +29,7 @@ from test_vllm_interop import pytestmark as _marks  # type: ignore[import-not-fo
 
 from p2pfsm.cli import main
 from p2pfsm.conform.registry import CASES
+from tests.helpers.conform_consumer import import_this_checkout
 
 pytestmark = _marks
 
@@ -47,6 +47,43 @@ def documented_failures(role: str = "producer") -> tuple[set[str], set[str]]:
     always = set(re.findall(rf"^\| `([^`]+)` \| {role} \| fail \|", section, re.M))
     racy = set(re.findall(rf"^\| `([^`]+)` \| {role} \| fail \(race\) \|", section, re.M))
     return always, racy
+
+
+def _vllm_client(monkeypatch: pytest.MonkeyPatch) -> str:
+    """The ``--consumer-cmd`` of vLLM's client (importing p2pfsm from this checkout)."""
+    import_this_checkout(monkeypatch)
+    config = CONFIG_JSON.replace("{", "{{").replace("}", "}}")  # literal in the template
+    return shlex.join([str(VLLM_PYTHON), "-m", "p2pfsm.vllm.peer", "client",
+                       "--block-len", str(BLOCK_LEN), "--config-json", config]) + (
+        " --connect {addr} --keys {keys} --mode {mode} --load-timeout {load_timeout}"
+        " --abort-ack-timeout {abort_ack_timeout} --repeat {repeat}")
+
+
+def _walk_passes_or_replays(base: list[str], seed: int, walk: list[str], what: str,
+                            tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The walk ``base --seed SEED WALK`` (``WALK``: its ``--random`` and the rest)
+    passes, or fails and the replay of its shortest case (the file it names) fails the
+    same rule."""
+    report = tmp_path / f"walk{seed}.json"
+    rc = main([*base, "--seed", str(seed), *walk, "--json", str(report)])
+    out = capsys.readouterr()
+    (case,) = json.loads(report.read_text())["cases"]
+    with capsys.disabled():
+        print(f"\n{what} seed {seed}: {case['verdict']} in {case['seconds']} s "
+              f"({case['note']})")
+    if case["verdict"] == "pass":
+        assert rc == 0, out.err
+        return
+    assert rc == 1 and case["verdict"] == "fail", out.err
+    replay = tmp_path / f"conform-random-seed-{seed}.replay.json"
+    rule = json.loads(replay.read_text())["rule"]
+    with capsys.disabled():
+        print(out.err)  # the counterexample, recorded in the test log
+    again = tmp_path / f"again{seed}.json"
+    rc = main([*base, "--replay", str(replay), "--json", str(again)])
+    err = capsys.readouterr().err
+    assert rc == 1, f"the replay of {replay} passed: {err}"
+    assert f"rule {rule}" in err, err
 
 
 def test_conform_against_vllm(procs: list[PeerProcess], tmp_path: Path,  # noqa: F811
@@ -78,13 +115,7 @@ def test_conform_against_vllm(procs: list[PeerProcess], tmp_path: Path,  # noqa:
 
 def test_conform_consumer_against_vllm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                        capsys: pytest.CaptureFixture[str]) -> None:
-    path = os.environ.get("PYTHONPATH", "")
-    monkeypatch.setenv("PYTHONPATH", str(ROOT) + (os.pathsep + path if path else ""))
-    config = CONFIG_JSON.replace("{", "{{").replace("}", "}}")  # literal in the template
-    client = shlex.join([str(VLLM_PYTHON), "-m", "p2pfsm.vllm.peer", "client",
-                         "--block-len", str(BLOCK_LEN), "--config-json", config]) + (
-        " --connect {addr} --keys {keys} --mode {mode} --load-timeout {load_timeout}"
-        " --abort-ack-timeout {abort_ack_timeout} --repeat {repeat}")
+    client = _vllm_client(monkeypatch)
     report = tmp_path / "vllm-consumer.json"
     table = tmp_path / "vllm-consumer.md"
     rc = main(["conform", "--role", "consumer", "--consumer-cmd", client,
@@ -109,30 +140,10 @@ def test_conform_random_walks_against_vllm(procs: list[PeerProcess], tmp_path: P
     """A short random profile with every fault against vLLM's node: each walk passes, or
     fails and the replay of its shortest case (the file it names) fails the same rule."""
     server, peer = start_vllm_server(procs, "--max-seconds", "300")
+    base = ["conform", "--target", f"tcp://{peer}", "--fingerprint", FP, "--deadline", "5"]
     for seed in (1, 2):
-        report = tmp_path / f"walk{seed}.json"
-        rc = main(["conform", "--target", f"tcp://{peer}", "--fingerprint", FP,
-                   "--random", "40", "--seed", str(seed), "--deadline", "5",
-                   "--shrink-runs", "8", "--json", str(report)])
-        out = capsys.readouterr()
-        (case,) = json.loads(report.read_text())["cases"]
-        with capsys.disabled():
-            print(f"\nvLLM walk seed {seed}: {case['verdict']} in {case['seconds']} s "
-                  f"({case['note']})")
-        if case["verdict"] == "pass":
-            assert rc == 0, out.err
-            continue
-        assert rc == 1 and case["verdict"] == "fail", out.err
-        replay = tmp_path / f"conform-random-seed-{seed}.replay.json"
-        rule = json.loads(replay.read_text())["rule"]
-        with capsys.disabled():
-            print(out.err)  # the counterexample, recorded in the test log
-        again = tmp_path / f"again{seed}.json"
-        rc = main(["conform", "--target", f"tcp://{peer}", "--fingerprint", FP,
-                   "--deadline", "5", "--replay", str(replay), "--json", str(again)])
-        err = capsys.readouterr().err
-        assert rc == 1, f"the replay of {replay} passed: {err}"
-        assert f"rule {rule}" in err, err
+        _walk_passes_or_replays(base, seed, ["--random", "40", "--shrink-runs", "8"],
+                                "vLLM walk", tmp_path, capsys)
     summary = stop_vllm_server(server)
     assert summary, server.tail()
 
@@ -141,33 +152,8 @@ def test_conform_consumer_walk_against_vllm(tmp_path: Path, monkeypatch: pytest.
                                             capsys: pytest.CaptureFixture[str]) -> None:
     """One short consumer walk against vLLM's client (one process, one fetch per serve
     step): it passes, or fails and the replay of its shortest case fails the same rule."""
-    path = os.environ.get("PYTHONPATH", "")
-    monkeypatch.setenv("PYTHONPATH", str(ROOT) + (os.pathsep + path if path else ""))
-    config = CONFIG_JSON.replace("{", "{{").replace("}", "}}")  # literal in the template
-    client = shlex.join([str(VLLM_PYTHON), "-m", "p2pfsm.vllm.peer", "client",
-                         "--block-len", str(BLOCK_LEN), "--config-json", config]) + (
-        " --connect {addr} --keys {keys} --mode {mode} --load-timeout {load_timeout}"
-        " --abort-ack-timeout {abort_ack_timeout} --repeat {repeat}")
+    client = _vllm_client(monkeypatch)
     base = ["conform", "--role", "consumer", "--consumer-cmd", client, "--fingerprint", FP,
             "--deadline", "5"]
-    report = tmp_path / "walk.json"
-    rc = main([*base, "--random", "8", "--seed", "1", "--shrink-runs", "3",
-               "--json", str(report)])
-    out = capsys.readouterr()
-    (case,) = json.loads(report.read_text())["cases"]
-    with capsys.disabled():
-        print(f"\nvLLM consumer walk seed 1: {case['verdict']} in {case['seconds']} s "
-              f"({case['note']})")
-    if case["verdict"] == "pass":
-        assert rc == 0, out.err
-        return
-    assert rc == 1 and case["verdict"] == "fail", out.err
-    replay = tmp_path / "conform-random-seed-1.replay.json"
-    rule = json.loads(replay.read_text())["rule"]
-    with capsys.disabled():
-        print(out.err)  # the counterexample, recorded in the test log
-    again = tmp_path / "again.json"
-    rc = main([*base, "--replay", str(replay), "--json", str(again)])
-    err = capsys.readouterr().err
-    assert rc == 1, f"the replay of {replay} passed: {err}"
-    assert f"rule {rule}" in err, err
+    _walk_passes_or_replays(base, 1, ["--random", "8", "--shrink-runs", "3"],
+                            "vLLM consumer walk", tmp_path, capsys)
