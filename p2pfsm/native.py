@@ -1,4 +1,5 @@
-"""The optional compiled build: ``p2pfsm/fsm/`` and ``p2pfsm/protocol/`` through mypyc.
+"""The optional compiled build: ``p2pfsm/fsm/``, ``p2pfsm/protocol/`` and ``p2pfsm/session/``
+through mypyc.
 
 Pure Python is the reference and the default (the wheel CI builds, an editable install).
 The compiled build turns the modules of :data:`SOURCES` into C extension modules; the
@@ -38,6 +39,18 @@ SOURCES: tuple[str, ...] = (
     "p2pfsm/protocol/codec.py",
     "p2pfsm/protocol/names.py",
     "p2pfsm/protocol/validate.py",
+    "p2pfsm/session/checks.py",
+    "p2pfsm/session/child.py",
+    "p2pfsm/session/client.py",
+    "p2pfsm/session/consumer.py",
+    "p2pfsm/session/dispatch.py",
+    "p2pfsm/session/machine.py",
+    "p2pfsm/session/owner.py",
+    "p2pfsm/session/producer.py",
+    "p2pfsm/session/server.py",
+    "p2pfsm/session/steps.py",
+    "p2pfsm/session/tombstones.py",
+    "p2pfsm/session/view.py",
 )
 """The files compiled, relative to the checkout (or wheel) root."""
 
@@ -50,8 +63,27 @@ LEFT_OUT: dict[str, str] = {
     "p2pfsm/protocol/messages.py": "mypyc takes a dataclass's ClassVar (the TYPE of each "
                                    "message) for a field with a default (mypyc issue 1122), "
                                    "so the classes could not be built",
+    "p2pfsm/session/__init__.py": "re-exports only; nothing runs there per event",
+    "p2pfsm/session/config.py": "SessionConfig and Timeouts are dataclasses the host builds: "
+                                "compiled, they would convert or refuse their fields when "
+                                "built, before __post_init__ could refuse bad values with a "
+                                "ConfigError (as protocol/limits.py)",
+    "p2pfsm/session/core.py": "tests and the mutation harness replace Session methods on the "
+                              "class (handle, arm), which compiled callers inside the class "
+                              "would bypass; and compiling it measured 1-3 us per fetch, "
+                              "inside the noise (docs/performance.md)",
+    "p2pfsm/session/inputs.py": "the inputs are dataclasses the executor and host build: "
+                                "compiled, a field of the wrong type would raise TypeError "
+                                "when built instead of the session's LocalProtocolError",
+    "p2pfsm/session/outputs.py": "the outputs are dataclasses the executor, tests and tools "
+                                 "build and compare; compiled, their fields would be "
+                                 "converted or refused when built (as inputs.py)",
 }
-"""Files of the two packages that stay Python, and why."""
+"""Files of the compiled packages that stay Python, and why."""
+
+PACKAGES: tuple[str, ...] = ("fsm", "protocol", "session")
+"""The packages under ``p2pfsm/`` whose every module is in :data:`SOURCES` or
+:data:`LEFT_OUT`."""
 
 GROUP = "p2pfsm_native"
 """mypyc's shared library, ``p2pfsm_native__mypyc.<suffix>``, sits beside the package (a
