@@ -143,26 +143,44 @@ class CompiledMachine:
         return cand.dest
 
     def _select(self, obj: FsmObject, trigger: str, event: object) -> _Candidate | None:
+        # Plain loops, not all()/any() over generators: the same guards in the same
+        # order, short-circuited alike, without a generator per candidate (most have no
+        # guards at all).
         for cand in self._table.get((obj.fsm_state, trigger), ()):
-            if all(g(obj, event) for g in cand.guards) and not any(
-                g(obj, event) for g in cand.unless
-            ):
-                return cand
+            for guard in cand.guards:
+                if not guard(obj, event):
+                    break
+            else:
+                for guard in cand.unless:
+                    if guard(obj, event):
+                        break
+                else:
+                    return cand
         return None
 
 
-_CONTAINERS = (dict, list, set)
 _PLAIN = frozenset({int, bool, float, str, bytes, tuple, frozenset, type(None)})
-"""Types that are never containers to copy: one set lookup settles most attributes
-(the isinstance check, which also catches subclasses, runs only for the rest)."""
+"""Types that are never containers to copy: one set lookup settles most attributes."""
 
 
 def _snapshot(obj: object) -> list[tuple[str, object]]:
     """Copies of the attributes named by ``obj.fsm_data`` (containers copied one level)."""
     saved: list[tuple[str, object]] = []
-    for name in getattr(obj, "fsm_data", ()):
-        value = getattr(obj, name)
-        if type(value) not in _PLAIN and isinstance(value, _CONTAINERS):
+    names: tuple[str, ...] = getattr(obj, "fsm_data", ())
+    for name in names:
+        value: object = getattr(obj, name)
+        # Each exact container type apart (``type(v) is dict`` narrows ``v``: compiled,
+        # the copy is that type's own C call, not a generic method lookup); a subclass
+        # of one is copied by its own ``copy``, as before.
+        if type(value) in _PLAIN:
+            pass
+        elif type(value) is dict:  # noqa: SIM114 (apart on purpose: each narrows)
+            value = value.copy()
+        elif type(value) is set:  # noqa: SIM114
+            value = value.copy()
+        elif type(value) is list:  # noqa: SIM114
+            value = value.copy()
+        elif isinstance(value, dict | list | set):
             value = value.copy()
         saved.append((name, value))
     return saved
