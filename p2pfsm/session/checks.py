@@ -1,17 +1,21 @@
 """Checks of host-call arguments that need only our config (raise LocalProtocolError).
 
 The session and its parts call these before any machine fires, so a refused host call
-changes nothing.
+changes nothing. Their arguments are typed ``object`` where the host's value is still
+unchecked: a compiled build (mypyc) would otherwise refuse a wrong type with a TypeError
+at the call, before the check could raise its LocalProtocolError.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from p2pfsm.errors import LocalProtocolError
 from p2pfsm.protocol.validate import bytes_within, ints_within
 from p2pfsm.session.config import SessionConfig
 
 
-def check_request_id(config: SessionConfig, kv_request_id: str, what: str) -> None:
+def check_request_id(config: SessionConfig, kv_request_id: object, what: str) -> None:
     """A request id our peer's decoder accepts (else the frame would be dropped there)."""
     limit = config.limits.max_str_len
     if type(kv_request_id) is not str or not kv_request_id:
@@ -21,8 +25,8 @@ def check_request_id(config: SessionConfig, kv_request_id: str, what: str) -> No
         raise LocalProtocolError(f"{what}: kv_request_id longer than {limit} bytes")
 
 
-def check_keys(config: SessionConfig, keys: tuple[bytes, ...], indexes: tuple[int, ...],
-               what: str, kv_request_id: str) -> None:
+def check_keys(config: SessionConfig, keys: Sequence[object], indexes: Sequence[object],
+               what: str, kv_request_id: object) -> None:
     """Keys and our block indexes of a host call: as many of each, distinct non-empty
     keys within the limits, indexes inside our region; and its request id."""
     check_request_id(config, kv_request_id, what)

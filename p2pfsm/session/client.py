@@ -13,7 +13,6 @@ docs/architecture.md).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 from p2pfsm.fsm import CompiledMachine, Tracer, machine
 from p2pfsm.protocol import AbortFetch, Fetch, Lookup, TransferDone
@@ -28,7 +27,7 @@ class ClientRound:
     __slots__ = ("cause", "dest_indexes", "env", "fsm_state", "job_id", "keys",
                  "kv_request_id", "round_seq")
 
-    fsm_data: ClassVar[tuple[str, ...]] = ("cause",)
+    fsm_data = ("cause",)
     """What this round's actions write (restored should one raise)."""
 
     def __init__(
@@ -127,7 +126,7 @@ class ClientLookup:
     __slots__ = ("answers", "env", "fsm_state", "keys", "kv_request_id", "round_seq",
                  "serial")
 
-    fsm_data: ClassVar[tuple[str, ...]] = ("answers",)
+    fsm_data = ("answers",)
     """What this lookup's actions write (restored should one raise)."""
 
     def __init__(

@@ -20,8 +20,6 @@ session applies it, and retires an instance when its machine reaches a terminal 
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 from p2pfsm.fsm import CompiledMachine, Tracer, machine
 from p2pfsm.protocol import AbortAck, AbortFetch, Fetch, LookupResp, TransferDone
 from p2pfsm.session.child import (
@@ -87,8 +85,7 @@ class ServerRound:
         self.told = False
         """The host was told the round ended (RoundEnded): at most once."""
 
-    fsm_data: ClassVar[tuple[str, ...]] = (
-        "round_seq", "supply", "demand", "inflight", "jobs", "total", "landed", "told")
+    fsm_data = ("round_seq", "supply", "demand", "inflight", "jobs", "total", "landed", "told")
     """What this round's actions write (restored should one raise)."""
 
     @property
@@ -278,7 +275,7 @@ class ServerLookup:
         self.pending: set[bytes] = set(keys)
         self.sent: set[bytes] = set()  # keys a part answered already
 
-    fsm_data: ClassVar[tuple[str, ...]] = ("resolved", "pending", "sent")
+    fsm_data = ("resolved", "pending", "sent")
     """What this lookup's actions write (restored should one raise)."""
 
     @property

@@ -64,10 +64,8 @@ def _walk(v: object) -> object:
     if isinstance(v, enum.Enum):  # a round's FailReason
         return (type(v).__name__, v.value)
     if isinstance(v, _MACHINES):
-        # A compiled class (mypyc) lists its attributes in __mypyc_attrs__, not __slots__.
-        names = getattr(type(v), "__mypyc_attrs__", None) or type(v).__slots__
         return (type(v).__name__, id(v),
-                tuple((n, _walk(getattr(v, n))) for n in names if n != "env"))
+                tuple((n, _walk(getattr(v, n))) for n in type(v).__slots__ if n != "env"))
     if isinstance(v, ChildEnv):  # the outbox (empty between steps) and the next write id
         return ("env", _walk(v.outbox), repr(v.xfers))
     if isinstance(v, Tombstones):
