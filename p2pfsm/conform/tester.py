@@ -17,6 +17,7 @@ sockets and NIXL's progress; nothing sleeps.
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -33,9 +34,7 @@ from p2pfsm.executor.nixl_plane import DataPlane
 from p2pfsm.executor.zmq_plane import ControlPlane, FrameIn, PeerLost
 from p2pfsm.protocol import AbortAck, AbortFetch, Connect, Message, decode, encode
 from p2pfsm.session import (
-    ArmTimer,
     CancelWrite,
-    DisarmTimer,
     FetchArrived,
     FrameIgnored,
     FrameReceived,
@@ -63,7 +62,6 @@ from p2pfsm.session import (
     StartWrite,
     Timeouts,
     TimerFired,
-    TimerId,
     TransportLost,
     WriteFinished,
 )
@@ -139,7 +137,6 @@ class Tester:
         self.dead: SessionDead | None = None
         self.lost: list[str] = []
         self.other_ids: list[str] = []
-        self._timers: dict[TimerId, float] = {}
         self._dialled = False
         self._started = False
         self._held: list[bytes] = []  # frames that came before our session started
@@ -251,10 +248,6 @@ class Tester:
                     if xfer == out.xfer and self.data.cancel(wid):
                         del self._writes[wid]
                         self.feed(WriteFinished(xfer, False))
-            elif isinstance(out, ArmTimer):
-                self._timers[out.timer] = out.deadline
-            elif isinstance(out, DisarmTimer):
-                self._timers.pop(out.timer, None)
             elif isinstance(out, LoadResult):
                 self.loads.append(out)
             elif isinstance(out, LookupResult):
@@ -361,9 +354,9 @@ class Tester:
                 if ev.peer_id == self.peer and self.session.alive:
                     self.feed(TransportLost(ev.reason))
         now = time.monotonic()
-        for timer, deadline in list(self._timers.items()):
-            if deadline <= now and self._timers.get(timer) == deadline:
-                del self._timers[timer]
+        armed = self.session.view.timers
+        for timer in self.session.due_timers(now):
+            if armed.get(timer, math.inf) <= now:  # not disarmed by an earlier one
                 self.feed(TimerFired(timer))
 
     def _on_frame(self, ev: FrameIn) -> None:

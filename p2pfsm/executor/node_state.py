@@ -30,7 +30,6 @@ from p2pfsm.executor.node_threads import DrivingThreads
 from p2pfsm.executor.peer_policy import EndedSessions, IdleInbound, ViolationBudget
 from p2pfsm.executor.redial import Parked, Redials
 from p2pfsm.executor.served_lookups import ServedLookups
-from p2pfsm.executor.session_timers import SessionTimers
 from p2pfsm.executor.writes import Writes
 from p2pfsm.executor.zmq_plane import ControlPlane
 from p2pfsm.logwindow import LogWindow
@@ -94,7 +93,6 @@ class NodeState(Driven, Executor):
     violations: deque[tuple[str, ProtocolViolation]]
     _ended: EndedSessions
     _submitted: deque[Callable[[], None]]
-    _timers: SessionTimers
     _writes: Writes
     _jobs: OpenJobs
     _started_at: dict[str, float]
