@@ -23,15 +23,16 @@ cancel a write, deliver a result). It owns:
   (:meth:`Executor.session_ready`, :meth:`Executor.session_over`).
 
 Executors then only carry out effects: :class:`~p2pfsm.executor.node.Node` (ZeroMQ +
-NIXL), the vLLM adapter (:mod:`p2pfsm.vllm.session`) and
-:class:`~p2pfsm.sim.world.SimWorld`. The driver does no I/O; its clock is given.
+NIXL), the vLLM adapter (:mod:`p2pfsm.vllm.session`),
+:class:`~p2pfsm.sim.world.SimWorld` and the conformance tester
+(:mod:`p2pfsm.conform.tester_effects`). The driver does no I/O; its clock is given.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from p2pfsm.executor.core import Executor, bound_handlers
@@ -42,8 +43,9 @@ from p2pfsm.session import Input, Output, Session, TimerFired
 class CallRecorder(Protocol):
     """Told of every ``Session.handle`` call (:class:`p2pfsm.spec_log.CallHook` is one)."""
 
-    def record(self, peer_id: str, state_before: str, event: Input, started_ns: int) -> None:
-        """A call returned."""
+    def record(self, peer_id: str, state_before: str, event: Input, started_ns: int,
+               outputs: Sequence[Output]) -> None:
+        """A call returned with ``outputs`` (not carried out yet)."""
 
     def discard(self) -> None:
         """A call raised (it changed nothing)."""
@@ -128,7 +130,7 @@ class Driver:
             except BaseException:
                 hook.discard()
                 raise
-            hook.record(peer, state, event, started)
+            hook.record(peer, state, event, started, outputs)
         self._deadlines.note(peer, session)
         effects = self.effects
         handlers = self._handlers

@@ -4,6 +4,7 @@ outermost drain only; the call hook hears every call; post drains unless one run
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -78,10 +79,13 @@ class Effects(Executor):
 class Hook:
     def __init__(self) -> None:
         self.calls: list[tuple[str, str, str]] = []
+        self.outputs: list[list[Output]] = []
         self.discarded = 0
 
-    def record(self, peer_id: str, state_before: str, event: Input, started_ns: int) -> None:
+    def record(self, peer_id: str, state_before: str, event: Input, started_ns: int,
+               outputs: Sequence[Output]) -> None:
         self.calls.append((peer_id, state_before, type(event).__name__))
+        self.outputs.append(list(outputs))
 
     def discard(self) -> None:
         self.discarded += 1
@@ -133,11 +137,12 @@ def test_an_input_for_no_session_is_dropped() -> None:
 def test_the_hook_hears_each_call_and_forgets_one_that_raised() -> None:
     hook = Hook()
     driver, _ = _driver(hook)
-    s: Any = FakeSession("s", {HostClose: ["refuse"]})
+    s: Any = FakeSession("s", {HostClose: ["refuse"], HostStart: [STALE]})
     driver.feed("p", HostStart(), s)
     with pytest.raises(LocalProtocolError):
         driver.feed("p", HostClose(), s)
     assert hook.calls == [("p", "idle", "HostStart")] and hook.discarded == 1
+    assert hook.outputs == [[STALE]]  # the call's outputs, as the session returned them
 
 
 def test_post_drains_unless_a_drain_runs_and_drops_the_queue_when_a_call_raises() -> None:
