@@ -27,7 +27,7 @@ from functools import partial
 from p2pfsm.demo.blocks import demo_block, demo_key
 from p2pfsm.errors import LocalProtocolError
 from p2pfsm.executor.core import Executor
-from p2pfsm.executor.driver import Driver
+from p2pfsm.executor.driver import CallRecorder, Driver
 from p2pfsm.fsm import Tracer, machine
 from p2pfsm.protocol import encode
 from p2pfsm.session import (
@@ -144,6 +144,8 @@ class SimWorld(Executor):
         timeouts: both sessions' deadlines.
         configs: per-node overrides of SessionConfig fields (e.g. a mismatching hash_seed).
         tracer: shared by both sessions.
+        hook: the driver's call hook, told of every ``Session.handle`` call with its
+            outputs (how recorders watch a run: the trace log, the diagrams' flows).
         check_destinations: raise SafetyViolation when a write targets or lands in a
             block not owned by a waiting load, and verify loaded bytes. The protocol
             guarantees this over FIFO channels; tests that duplicate or reorder frames
@@ -166,6 +168,7 @@ class SimWorld(Executor):
         timeouts: Timeouts | None = None,
         configs: dict[str, dict[str, object]] | None = None,
         tracer: Tracer | None = None,
+        hook: CallRecorder | None = None,
         check_destinations: bool = True,
         cancelled_writes_land: bool = False,
     ) -> None:
@@ -202,7 +205,7 @@ class SimWorld(Executor):
         self._job = 0
         self.log: list[str] = []
         # Feeds the sessions on the virtual clock; outputs come back to the methods below.
-        self._driver = Driver(self, self._clock)
+        self._driver = Driver(self, self._clock, hook)
 
     # ------------------------------------------------------------ plumbing
     @staticmethod
@@ -211,7 +214,7 @@ class SimWorld(Executor):
 
     def feed(self, node: str, event: Input) -> list[Output]:
         """Give ``event`` to ``node``'s session and carry out its outputs (the driver's
-        call; subclasses wrap it to watch every call)."""
+        call; the ``hook`` hears of it)."""
         return self._driver.feed(node, event, self.sessions[node])
 
     def _clock(self) -> float:

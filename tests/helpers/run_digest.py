@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import random
+from collections.abc import Sequence
 from typing import Any
 
 from p2pfsm.errors import LocalProtocolError
@@ -32,31 +33,34 @@ STEPS_PER_RUN = 40
 
 
 class _Recording(SimWorld):
-    """A SimWorld that hashes every session call."""
+    """A SimWorld that hashes every session call (as its driver's call hook)."""
 
     def __init__(self, seed: int, digest: Any, timers_as_state: bool = False) -> None:
         self.digest = digest
         self.calls = 0
         self.timers_as_state = timers_as_state
+        self._mark = 0  # the tracer's records before the call in progress
         super().__init__(seed, tracer=Tracer(), check_destinations=False,
-                         cancelled_writes_land=True)
+                         cancelled_writes_land=True, hook=self)
 
-    def feed(self, node: str, event: Input) -> list[Output]:
+    def record(self, peer_id: str, state_before: str, event: Input, started_ns: int,
+               outputs: Sequence[Output]) -> None:
         tracer = self.tracer
         assert tracer is not None
-        mark = len(tracer.records)
-        before = self.sessions[node].state
-        outputs = super().feed(node, event)
-        records = tracer.records[mark:]
+        records = tracer.records[self._mark:]
+        self._mark = len(tracer.records)
         self.calls += 1
-        shown: object = outputs
+        shown: object = list(outputs)
         if self.timers_as_state:
-            timers = self.sessions[node].view.timers
+            timers = self.sessions[peer_id].view.timers
             shown = ([o for o in outputs if type(o).__name__ not in _TIMER_OUTPUTS],
                      sorted(timers.items(), key=repr))
-        self.digest.update(repr((node, self.now, event, shown, records,
-                                 call_action(before, event, records))).encode())
-        return outputs
+        self.digest.update(repr((peer_id, self.now, event, shown, records,
+                                 call_action(state_before, event, records))).encode())
+
+    def discard(self) -> None:
+        assert self.tracer is not None
+        self._mark = len(self.tracer.records)
 
 
 def _drive(world: _Recording, rng: random.Random) -> None:
