@@ -51,7 +51,7 @@ from p2pfsm.executor.jobs import JobFuture, LookupAsk, OpenJobs, OpenLoad, copy_
 from p2pfsm.executor.nixl_plane import DataPlane
 from p2pfsm.executor.node_effects import NodeEffects
 from p2pfsm.executor.node_sessions import NodeSessions
-from p2pfsm.executor.node_state import LookupAnswer, as_int
+from p2pfsm.executor.node_state import LookupAnswer, as_int, as_ints
 from p2pfsm.executor.node_threads import DrivingThreads
 from p2pfsm.executor.peer_policy import EndedSessions, IdleInbound, ViolationBudget
 from p2pfsm.executor.redial import Redials
@@ -238,7 +238,7 @@ class Node(NodeSessions, NodeEffects):
         job = self.new_job_id()
         fut: JobFuture[LoadResult] = JobFuture(
             self, lambda: self._finish_quietly(peer_id, kv_request_id))
-        event = HostFetch(job, kv_request_id, keys, tuple(map(as_int, dest_indexes)))
+        event = HostFetch(job, kv_request_id, keys, as_ints(dest_indexes))
         loads = self._jobs.loads
         loads[job] = OpenLoad(fut, time.monotonic(), len(keys) * self.config.block_len, event)
         try:
@@ -273,7 +273,7 @@ class Node(NodeSessions, NodeEffects):
         self._jobs.stores[job] = fut
         try:
             self._host(peer_id, HostSupply(job, kv_request_id, tuple(keys),
-                                           tuple(map(as_int, local_indexes))))
+                                           as_ints(local_indexes)))
         except BaseException:
             del self._jobs.stores[job]
             raise

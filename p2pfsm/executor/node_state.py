@@ -75,6 +75,18 @@ def as_int(value: Any) -> Any:
         return value
 
 
+def as_ints(values: Iterable[Any]) -> tuple[Any, ...]:
+    """Block indexes as plain ints (:func:`as_int` each), with one C-level type check
+    for the common case of a sequence of ints (256 indexes: ~3 us instead of ~25)."""
+    t = tuple(values)
+    if set(map(type, t)) == _JUST_INT:
+        return t
+    return tuple(map(as_int, t))
+
+
+_JUST_INT = {int}
+
+
 class NodeState(Driven, Executor):
     """A node's fields and shared plumbing (see the module docstring)."""
 
