@@ -12,7 +12,7 @@ hand: change a machine in ``models/`` or the session code and the diagrams chang
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from p2pfsm.fsm import Tracer
@@ -66,26 +66,30 @@ class RecordingWorld(SimWorld):
 
     def __init__(self) -> None:
         tracer = Tracer()
-        super().__init__(0, tracer=tracer, held={"a": (), "b": (0, 1)}, num_blocks=8)
         self._tracer = tracer
+        self._mark = 0  # the tracer's records before the call in progress
         self.events: list[Event] = []
+        super().__init__(0, tracer=tracer, held={"a": (), "b": (0, 1)}, num_blocks=8,
+                         hook=self)
 
-    def feed(self, node: str, event: Input) -> list[Output]:
+    def record(self, peer_id: str, state_before: str, event: Input, started_ns: int,
+               outputs: Sequence[Output]) -> None:
+        """The driver's call hook: the call, its machine steps, its frames and results."""
         if not isinstance(event, FrameReceived):
-            self.events.append(Event("call", node, _input(event)))
-        before = len(self._tracer.records)
-        outputs = self.sessions[node].handle(event, self.now)
-        for r in self._tracer.records[before:]:
+            self.events.append(Event("call", peer_id, _input(event)))
+        records = self._tracer.records[self._mark:]
+        self._mark = len(self._tracer.records)
+        for r in records:
             if r.source != r.dest:
-                self.events.append(Event("step", node, f"{r.machine}: {r.source} → {r.dest}"))
+                self.events.append(Event("step", peer_id, f"{r.machine}: {r.source} → {r.dest}"))
         for out in outputs:
             if isinstance(out, SendFrame):
-                self.events.append(Event("frame", node, _frame(out.message)))
+                self.events.append(Event("frame", peer_id, _frame(out.message)))
             elif (text := _output(out)) is not None:
-                self.events.append(Event("out", node, text))
-        for out in outputs:
-            self.apply(node, out)
-        return outputs
+                self.events.append(Event("out", peer_id, text))
+
+    def discard(self) -> None:
+        self._mark = len(self._tracer.records)
 
 
 def _input(event: Input) -> str:

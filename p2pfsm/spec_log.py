@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from typing import IO, Protocol
 
 from p2pfsm.fsm import Tracer, TraceRecord
-from p2pfsm.session import HostAnswerLookup, HostFetch, HostSupply, Input
+from p2pfsm.session import HostAnswerLookup, HostFetch, HostSupply, Input, Output
 from p2pfsm.spec_calls import call_action, steps_of
 
 _ROUND_MACHINES = ("client_round", "server_round", "client_lookup", "server_lookup")
@@ -26,7 +27,8 @@ class CallHook(Protocol):
     tracer: Tracer
     """Attached to every session of the node; the hook reads and clears its records."""
 
-    def record(self, peer_id: str, state_before: str, event: Input, started_ns: int) -> None:
+    def record(self, peer_id: str, state_before: str, event: Input, started_ns: int,
+               outputs: Sequence[Output]) -> None:
         """A call returned; ``tracer.records`` holds what it fired."""
 
     def discard(self) -> None:
@@ -70,7 +72,8 @@ class CallLog:
         self.local_id = local_id
         self._file: IO[str] = open(path, "w", encoding="utf-8", buffering=1)  # noqa: SIM115
 
-    def record(self, peer_id: str, state_before: str, event: Input, started_ns: int) -> None:
+    def record(self, peer_id: str, state_before: str, event: Input, started_ns: int,
+               outputs: Sequence[Output]) -> None:
         records = list(self.tracer.records)
         self.tracer.records.clear()
         action = call_action(state_before, event, records)

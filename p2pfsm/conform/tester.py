@@ -17,6 +17,7 @@ sockets and NIXL's progress; nothing sleeps.
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -25,19 +26,18 @@ from typing import Final
 
 import torch
 
+from p2pfsm.conform.describe import describe
 from p2pfsm.conform.target import Target
+from p2pfsm.conform.tester_effects import TesterEffects
 from p2pfsm.conform.verdict import CaseFailure
 from p2pfsm.demo.blocks import demo_block, demo_key
 from p2pfsm.errors import MalformedFrame, TransportError
+from p2pfsm.executor.driver import Driver
 from p2pfsm.executor.nixl_plane import DataPlane
 from p2pfsm.executor.zmq_plane import ControlPlane, FrameIn, PeerLost
 from p2pfsm.protocol import AbortAck, AbortFetch, Connect, Message, decode, encode
 from p2pfsm.session import (
-    ArmTimer,
-    CancelWrite,
-    DisarmTimer,
     FetchArrived,
-    FrameIgnored,
     FrameReceived,
     HostAnswerLookup,
     HostClose,
@@ -51,19 +51,13 @@ from p2pfsm.session import (
     LoadResult,
     LookupRequest,
     LookupResult,
-    Output,
-    ProtocolViolation,
     RegistrationFinished,
     RoundEnded,
-    SendFrame,
     Session,
     SessionConfig,
     SessionDead,
-    StartRegistration,
-    StartWrite,
     Timeouts,
     TimerFired,
-    TimerId,
     TransportLost,
     WriteFinished,
 )
@@ -73,25 +67,6 @@ __all__ = ["Frame", "Tester", "describe"]
 NUM_BLOCKS: Final = 64
 """Blocks in the tester's registered region."""
 _TICK_S: Final = 0.002  # longest single wait of a pump: NIXL needs progress while written
-
-
-def describe(msg: Message) -> str:
-    """A frame in one line, in the protocol's words."""
-    kind = msg.TYPE
-    if isinstance(msg, Connect):
-        return (f"connect(peer_id={msg.peer_id!r}, block_len={msg.block_len}, "
-                f"hash_seed={msg.hash_seed!r}, fingerprint={msg.config_fingerprint!r})")
-    parts = []
-    for name in ("kv_request_id", "round_seq", "success"):
-        if hasattr(msg, name):
-            parts.append(f"{name}={getattr(msg, name)!r}")
-    keys = getattr(msg, "keys", None)
-    if keys is not None:
-        parts.append(f"{len(keys)} key(s)")
-    hits = getattr(msg, "hits", None)
-    if hits is not None:
-        parts.append("hits=" + "".join("T" if h else "F" for h in hits))
-    return f"{kind}({', '.join(parts)})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,8 +80,14 @@ class Frame:
     text: str
 
 
+PEER = "target"
+"""The name our driver gives the one session (a tester has one peer: the target)."""
+
+
 class Tester:
-    """One tester identity against ``target``: its sockets, its memory, its session."""
+    """One tester identity against ``target``: its sockets, its memory, its session
+    (fed through a :class:`~p2pfsm.executor.driver.Driver`; what its outputs do is
+    :class:`~p2pfsm.conform.tester_effects.TesterEffects`)."""
 
     def __init__(self, target: Target, *, timeouts: Timeouts | None = None,
                  bind: str = "127.0.0.1:0", incarnation: int | None = None,
@@ -131,6 +112,7 @@ class Tester:
             config_fingerprint=target.fingerprint, expected_peer_id=target.addr or None,
             timeouts=timeouts or Timeouts(handshake=t, load=t, abort_ack=t, lookup=t),
             incarnation=incarnation, answer_lookups_in_parts=lookups_in_parts))
+        self._driver = Driver(TesterEffects(self), time.monotonic)
         self.frames: list[Frame] = []
         self.violations: list[str] = []
         self.ignored: list[str] = []
@@ -139,7 +121,6 @@ class Tester:
         self.dead: SessionDead | None = None
         self.lost: list[str] = []
         self.other_ids: list[str] = []
-        self._timers: dict[TimerId, float] = {}
         self._dialled = False
         self._started = False
         self._held: list[bytes] = []  # frames that came before our session started
@@ -207,69 +188,9 @@ class Tester:
     # -- the session --------------------------------------------------------------
 
     def feed(self, event: Input) -> None:
-        """Hand one input to our session and carry out what it asks for."""
-        self.apply(self.session.handle(event, time.monotonic()))
-
-    def apply(self, outputs: Sequence[Output]) -> None:
-        for out in outputs:
-            if isinstance(out, SendFrame):
-                if self.hold_abort_acks and isinstance(out.message, AbortAck):
-                    self.held_acks.append(out.message)
-                    continue
-                self.send(out.message, off_script=False)
-                if self.on_sent is not None:
-                    self.on_sent(out.message)
-            elif isinstance(out, StartRegistration):
-                if self.ack_delay > 0:
-                    self._pending_reg = (time.monotonic() + self.ack_delay, out.connect)
-                else:
-                    self.feed(self._register(out.connect))
-            elif isinstance(out, FetchArrived):
-                self.arrived.append(out)
-                self.answer_fetch(out)
-            elif isinstance(out, LookupRequest):
-                self.asked.append(out)
-                now: tuple[bytes, ...] = out.keys
-                later: tuple[bytes, ...] = ()
-                if self.split_lookups:
-                    now, later = out.keys[:len(out.keys) // 2], out.keys[len(out.keys) // 2:]
-                    self._parked.append((out.token, later))
-                self._answer_lookup(out.token, now, frozenset(later))
-            elif isinstance(out, RoundEnded):
-                self.ended.append(out)
-            elif isinstance(out, StartWrite):
-                self._write_ids += 1
-                try:
-                    self.data.write(self._write_ids, self.peer, out.local_indexes,
-                                    out.remote_indexes)
-                except TransportError:
-                    self.feed(WriteFinished(out.xfer, False))
-                else:
-                    self._writes[self._write_ids] = out.xfer
-            elif isinstance(out, CancelWrite):
-                for wid, xfer in list(self._writes.items()):
-                    if xfer == out.xfer and self.data.cancel(wid):
-                        del self._writes[wid]
-                        self.feed(WriteFinished(xfer, False))
-            elif isinstance(out, ArmTimer):
-                self._timers[out.timer] = out.deadline
-            elif isinstance(out, DisarmTimer):
-                self._timers.pop(out.timer, None)
-            elif isinstance(out, LoadResult):
-                self.loads.append(out)
-            elif isinstance(out, LookupResult):
-                self.lookups.append(out)
-            elif isinstance(out, ProtocolViolation):
-                if self._excuse():
-                    continue
-                what = describe(self._last_in) if self._last_in is not None else "a frame"
-                self.violations.append(
-                    f"{what} rejected in "
-                    f"session state {self.session.state!r}: {out.error}")
-            elif isinstance(out, FrameIgnored):
-                self.ignored.append(f"{out.message_type}: {out.reason}")
-            elif isinstance(out, SessionDead):
-                self.dead = out
+        """Hand one input to our session through the driver, which carries out what it
+        asks for (an input one of its outputs causes waits for the outputs before it)."""
+        self._driver.post(PEER, event, self.session)
 
     def answer_fetch(self, out: FetchArrived) -> None:
         """Answer a fetch of the target as :attr:`serve` says."""
@@ -361,9 +282,9 @@ class Tester:
                 if ev.peer_id == self.peer and self.session.alive:
                     self.feed(TransportLost(ev.reason))
         now = time.monotonic()
-        for timer, deadline in list(self._timers.items()):
-            if deadline <= now and self._timers.get(timer) == deadline:
-                del self._timers[timer]
+        armed = self.session.view.timers
+        for timer in self.session.due_timers(now):
+            if armed.get(timer, math.inf) <= now:  # not disarmed by an earlier one
                 self.feed(TimerFired(timer))
 
     def _on_frame(self, ev: FrameIn) -> None:

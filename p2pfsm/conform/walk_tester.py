@@ -30,7 +30,7 @@ from p2pfsm.conform.tester import Tester, describe
 from p2pfsm.errors import LocalProtocolError, MalformedFrame
 from p2pfsm.fsm import Tracer, TraceRecord
 from p2pfsm.protocol import Message, decode
-from p2pfsm.session import FrameReceived, Input, SendFrame, Timeouts, TimerFired
+from p2pfsm.session import FrameReceived, Input, Output, SendFrame, Timeouts, TimerFired
 from p2pfsm.spec_calls import Step, call_action, steps_of
 
 __all__ = ["Call", "WalkTester", "describe_input", "step_seconds"]
@@ -93,6 +93,8 @@ class WalkTester(Tester):
                          lookups_in_parts=lookups_in_parts)
         self.tracer = Tracer()
         self.session.tracer = self.tracer
+        self._mark = 0  # the tracer's records before the call in progress
+        self._driver.hook = self
         self.calls: list[Call] = []
         self.step_no = 0
         self.hold_until = 0.0
@@ -102,15 +104,19 @@ class WalkTester(Tester):
         walk answers them with :meth:`answer_lookup` (the consumer walk)."""
         self.parked_lookups: list[tuple[int, tuple[bytes, ...]]] = []
 
-    def feed(self, event: Input) -> None:
-        before, mark, at = self.session.state, len(self.tracer.records), time.monotonic()
-        outputs = self.session.handle(event, at)
-        records = tuple(self.tracer.records[mark:])
+    def record(self, peer_id: str, state_before: str, event: Input, started_ns: int,
+               outputs: Sequence[Output]) -> None:
+        """The driver's call hook: every call of our session, as the walk's log."""
+        records = tuple(self.tracer.records[self._mark:])
+        self._mark = len(self.tracer.records)
         sent = tuple(describe(o.message) for o in outputs if isinstance(o, SendFrame))
-        self.calls.append(Call(self.step_no, at, describe_input(event), before,
-                               self.session.state, records, sent,
-                               call_action(before, event, records), steps_of(records)))
-        self.apply(outputs)
+        self.calls.append(Call(self.step_no, self.session.now, describe_input(event),
+                               state_before, self.session.state, records, sent,
+                               call_action(state_before, event, records), steps_of(records)))
+
+    def discard(self) -> None:
+        """A call raised (it changed nothing): its records are not the next call's."""
+        self._mark = len(self.tracer.records)
 
     def enables(self, event: Input) -> bool:
         """Whether our session's machines take ``event`` now (tried on a copy)."""

@@ -1,4 +1,4 @@
-"""What every executor of sessions shares: one output interface and one timer table.
+"""What every executor of sessions shares: one output interface.
 
 A session's outputs are carried out by an :class:`Executor`, the effects interface that
 :class:`~p2pfsm.executor.driver.Driver` hands each output to: the real
@@ -7,22 +7,18 @@ A session's outputs are carried out by an :class:`Executor`, the effects interfa
 one place that maps an output type to the method that carries it out (a new output type
 without a method fails :func:`check_handlers` at import, not silently at run time).
 
-:class:`TimerTable` holds one executor's armed timers: a heap with lazy invalidation
-(re-arming or disarming never searches it), read as a mapping ``key -> deadline``.
+Timers are not outputs: a session owns them and says when it next needs the clock
+(:meth:`Session.next_deadline <p2pfsm.session.core.Session.next_deadline>`).
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import typing
-from collections.abc import Callable, Hashable, Iterator, Mapping
-from typing import Any, Generic, TypeVar
+from collections.abc import Callable
+from typing import Any
 
 from p2pfsm.session import (
-    ArmTimer,
     CancelWrite,
-    DisarmTimer,
     FetchArrived,
     FrameIgnored,
     LoadResult,
@@ -41,16 +37,12 @@ from p2pfsm.session import (
     StoreResult,
 )
 
-K = TypeVar("K", bound=Hashable)
-
 _HANDLERS: dict[type, str] = {
     SendFrame: "send_frame",
     SendToLostPeer: "send_to_lost_peer",
     StartRegistration: "start_registration",
     StartWrite: "start_write",
     CancelWrite: "cancel_write",
-    ArmTimer: "arm_timer",
-    DisarmTimer: "disarm_timer",
     LoadResult: "load_result",
     StoreResult: "store_result",
     LookupResult: "lookup_result",
@@ -93,12 +85,6 @@ class Executor:
         raise NotImplementedError
 
     def cancel_write(self, peer: str, out: CancelWrite) -> None:
-        raise NotImplementedError
-
-    def arm_timer(self, peer: str, out: ArmTimer) -> None:
-        raise NotImplementedError
-
-    def disarm_timer(self, peer: str, out: DisarmTimer) -> None:
         raise NotImplementedError
 
     def load_result(self, peer: str, out: LoadResult) -> None:
@@ -160,77 +146,3 @@ def check_handlers() -> None:
 
 
 check_handlers()
-
-
-class _Tie(Generic[K]):
-    """A heap entry's order among equal deadlines: ``str(key)``, then arming order.
-
-    ``str(key)`` (a tuple with a :class:`~p2pfsm.session.TimerId`: ~1.4 us) is made only
-    when two deadlines tie, which on a real clock is rare; a seeded simulation ties
-    often and gets the same order as ever.
-    """
-
-    __slots__ = ("_text", "key", "serial")
-
-    def __init__(self, key: K, serial: int) -> None:
-        self.key = key
-        self.serial = serial
-        self._text: str | None = None
-
-    def _order(self) -> tuple[str, int]:
-        if self._text is None:
-            self._text = str(self.key)
-        return (self._text, self.serial)
-
-    def __lt__(self, other: _Tie[K]) -> bool:
-        return self._order() < other._order()
-
-
-class TimerTable(Mapping[K, float], Generic[K]):
-    """Armed timers ``key -> deadline``; :meth:`arm` replaces a timer of the same key.
-
-    The earliest deadline comes first; equal deadlines in ``str(key)`` order (so a
-    seeded simulation replays the same way whatever order timers were armed in).
-    """
-
-    def __init__(self) -> None:
-        self._deadlines: dict[K, float] = {}
-        self._heap: list[tuple[float, _Tie[K]]] = []
-        self._serial = itertools.count()
-
-    def arm(self, key: K, deadline: float) -> None:
-        self._deadlines[key] = deadline
-        heapq.heappush(self._heap, (deadline, _Tie(key, next(self._serial))))
-
-    def pop(self, key: K) -> float:
-        """Disarm ``key`` and return its deadline; KeyError when it is not armed."""
-        return self._deadlines.pop(key)
-
-    def disarm(self, key: K) -> float | None:
-        """Forget ``key``; its deadline, or None when it was not armed."""
-        return self._deadlines.pop(key, None)
-
-    def earliest(self) -> tuple[float, K] | None:
-        """The next timer to fire, or None."""
-        heap = self._heap
-        while heap and self._deadlines.get(heap[0][1].key) != heap[0][0]:
-            heapq.heappop(heap)  # disarmed or re-armed since
-        return (heap[0][0], heap[0][1].key) if heap else None
-
-    def pop_due(self, now: float) -> Iterator[K]:
-        """Disarm and yield, earliest first, every timer whose deadline is <= ``now``."""
-        while (nxt := self.earliest()) is not None and nxt[0] <= now:
-            del self._deadlines[nxt[1]]
-            yield nxt[1]
-
-    def __getitem__(self, key: K) -> float:
-        return self._deadlines[key]
-
-    def __iter__(self) -> Iterator[K]:
-        return iter(self._deadlines)
-
-    def __len__(self) -> int:
-        return len(self._deadlines)
-
-    def __repr__(self) -> str:
-        return f"TimerTable({self._deadlines!r})"

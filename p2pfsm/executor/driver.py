@@ -3,7 +3,7 @@
 A :class:`Driver` feeds inputs to sans-IO :class:`~p2pfsm.session.Session` objects and
 hands each output, in order, to its executor's effects (an
 :class:`~p2pfsm.executor.core.Executor`: send a frame, start a registration, start or
-cancel a write, arm or disarm a timer, deliver a result). It owns:
+cancel a write, deliver a result). It owns:
 
 * the input queue: an input produced while outputs are carried out (a failed send's
   ``TransportLost``, a registration that finished inline, a due timer) is queued with the
@@ -15,30 +15,37 @@ cancel a write, arm or disarm a timer, deliver a result). It owns:
 * deferred host work (:meth:`Driver.defer`): callbacks that run after the queue is empty,
   from the outermost drain only, so host code never runs inside a session step;
 * the call hook around every ``Session.handle`` call (the spec trace log);
+* the sessions' deadlines (:class:`~p2pfsm.executor.deadlines.SessionDeadlines`): after
+  each call it notes when that session next needs the clock; :meth:`Driver.next_deadline`
+  is the earliest of all, and :meth:`Driver.queue_due` queues a ``TimerFired`` for each
+  timer that is due (sessions own their timers; no executor keeps a copy);
 * telling the executor when a call made a session ready or left it over
   (:meth:`Executor.session_ready`, :meth:`Executor.session_over`).
 
 Executors then only carry out effects: :class:`~p2pfsm.executor.node.Node` (ZeroMQ +
-NIXL), the vLLM adapter (:mod:`p2pfsm.vllm.session`) and
-:class:`~p2pfsm.sim.world.SimWorld`. The driver does no I/O; its clock is given.
+NIXL), the vLLM adapter (:mod:`p2pfsm.vllm.session`),
+:class:`~p2pfsm.sim.world.SimWorld` and the conformance tester
+(:mod:`p2pfsm.conform.tester_effects`). The driver does no I/O; its clock is given.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from p2pfsm.executor.core import Executor, bound_handlers
-from p2pfsm.session import Input, Output, Session
+from p2pfsm.executor.deadlines import SessionDeadlines
+from p2pfsm.session import Input, Output, Session, TimerFired
 
 
 class CallRecorder(Protocol):
     """Told of every ``Session.handle`` call (:class:`p2pfsm.spec_log.CallHook` is one)."""
 
-    def record(self, peer_id: str, state_before: str, event: Input, started_ns: int) -> None:
-        """A call returned."""
+    def record(self, peer_id: str, state_before: str, event: Input, started_ns: int,
+               outputs: Sequence[Output]) -> None:
+        """A call returned with ``outputs`` (not carried out yet)."""
 
     def discard(self) -> None:
         """A call raised (it changed nothing)."""
@@ -54,8 +61,8 @@ class Driver:
         hook: told of every call (None: no hook).
     """
 
-    __slots__ = ("_clock", "_deferred", "_draining", "_events", "_handlers", "applying",
-                 "effects", "hook")
+    __slots__ = ("_clock", "_deadlines", "_deferred", "_draining", "_events", "_handlers",
+                 "applying", "effects", "hook")
 
     def __init__(self, effects: Executor, clock: Callable[[], float],
                  hook: CallRecorder | None = None) -> None:
@@ -71,6 +78,7 @@ class Driver:
         self._events: deque[tuple[str, Input, Session | None]] = deque()
         self._deferred: deque[Callable[[], None]] = deque()
         self._draining = False
+        self._deadlines = SessionDeadlines()
         self.applying: Session | None = None
         """The session whose outputs are being carried out (None between calls)."""
 
@@ -83,6 +91,23 @@ class Driver:
     def draining(self) -> bool:
         """A :meth:`drain` is running further up the stack."""
         return self._draining
+
+    def next_deadline(self) -> float | None:
+        """The earliest deadline of any session fed here, or None when none is armed."""
+        return self._deadlines.earliest()
+
+    def queue_due(self, now: float) -> int:
+        """Queue ``TimerFired`` for every timer due by ``now`` (each session's in its
+        order); :meth:`drain` feeds them. Returns how many were queued."""
+        queued = 0
+        for peer, session in self._deadlines.pop_due(now):
+            timers = session.due_timers(now)
+            if not timers:  # changed by a call made around the driver: note it again
+                self._deadlines.note(peer, session)
+            for timer in timers:
+                self._events.append((peer, TimerFired(timer), session))
+            queued += len(timers)
+        return queued
 
     def queue(self, peer: str, event: Input, session: Session | None) -> None:
         """Queue ``event`` for ``session`` (None: dropped when its turn comes)."""
@@ -105,7 +130,8 @@ class Driver:
             except BaseException:
                 hook.discard()
                 raise
-            hook.record(peer, state, event, started)
+            hook.record(peer, state, event, started, outputs)
+        self._deadlines.note(peer, session)
         effects = self.effects
         handlers = self._handlers
         outer, self.applying = self.applying, session

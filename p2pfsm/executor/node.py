@@ -15,7 +15,7 @@ rooms with one job each: :mod:`~p2pfsm.executor.node_state` (its fields and the 
 into the driver), :mod:`~p2pfsm.executor.node_sessions` (the peer/session table),
 :mod:`~p2pfsm.executor.node_effects` (outputs carried out, results handed to the host),
 :mod:`~p2pfsm.executor.node_threads` (which thread drives it),
-:mod:`~p2pfsm.executor.writes` and :mod:`~p2pfsm.executor.session_timers`.
+:mod:`~p2pfsm.executor.writes`; the sessions' deadlines are the driver's.
 
 Host API: :meth:`connect` (and :meth:`when_ready`), :meth:`fetch` (a
 :class:`~p2pfsm.executor.jobs.JobFuture` of LoadResult), :meth:`lookup`, :meth:`supply`,
@@ -51,12 +51,11 @@ from p2pfsm.executor.jobs import JobFuture, LookupAsk, OpenJobs, OpenLoad, copy_
 from p2pfsm.executor.nixl_plane import DataPlane
 from p2pfsm.executor.node_effects import NodeEffects
 from p2pfsm.executor.node_sessions import NodeSessions
-from p2pfsm.executor.node_state import LookupAnswer, as_int
+from p2pfsm.executor.node_state import LookupAnswer, as_int, as_ints
 from p2pfsm.executor.node_threads import DrivingThreads
 from p2pfsm.executor.peer_policy import EndedSessions, IdleInbound, ViolationBudget
 from p2pfsm.executor.redial import Redials
 from p2pfsm.executor.served_lookups import ServedLookups
-from p2pfsm.executor.session_timers import SessionTimers
 from p2pfsm.executor.threadsafe import ThreadSafeNode
 from p2pfsm.executor.writes import Writes
 from p2pfsm.executor.zmq_plane import ControlPlane, FrameIn, PeerLost
@@ -80,7 +79,6 @@ from p2pfsm.session import (
     Session,
     SessionDead,
     StoreResult,
-    TimerFired,
     TransportLost,
     WriteFinished,
 )
@@ -156,7 +154,6 @@ class Node(NodeSessions, NodeEffects):
         self._rate_limited = 0  # control.rate_limited already in metrics
         # Calls from other threads (cancels, node.threadsafe), run in order by the driver.
         self._submitted: deque[Callable[[], None]] = deque()
-        self._timers = SessionTimers()
         self._writes = Writes(self.data, config.block_len)  # ours, by (session, xfer)
         self._jobs = OpenJobs()  # every job that still owes the host a result
         self._started_at: dict[str, float] = {}
@@ -241,7 +238,7 @@ class Node(NodeSessions, NodeEffects):
         job = self.new_job_id()
         fut: JobFuture[LoadResult] = JobFuture(
             self, lambda: self._finish_quietly(peer_id, kv_request_id))
-        event = HostFetch(job, kv_request_id, keys, tuple(map(as_int, dest_indexes)))
+        event = HostFetch(job, kv_request_id, keys, as_ints(dest_indexes))
         loads = self._jobs.loads
         loads[job] = OpenLoad(fut, time.monotonic(), len(keys) * self.config.block_len, event)
         try:
@@ -276,7 +273,7 @@ class Node(NodeSessions, NodeEffects):
         self._jobs.stores[job] = fut
         try:
             self._host(peer_id, HostSupply(job, kv_request_id, tuple(keys),
-                                           tuple(map(as_int, local_indexes))))
+                                           as_ints(local_indexes)))
         except BaseException:
             del self._jobs.stores[job]
             raise
@@ -382,7 +379,7 @@ class Node(NodeSessions, NodeEffects):
         timer, connect deadline or data-plane progress tick."""
         now = time.monotonic()
         deadline = now + self.data.progress_interval_ms / 1000.0
-        earliest = self._timers.earliest()
+        earliest = self._driver.next_deadline()
         if earliest is not None:
             deadline = min(deadline, earliest)
         redial = self._redials.next_due()
@@ -468,8 +465,7 @@ class Node(NodeSessions, NodeEffects):
         self.data.progress()
         self._collect_writes()
         now = time.monotonic()
-        for peer, timer, owner in self._timers.due(now):
-            self._driver.queue(peer, TimerFired(timer), owner)
+        self._driver.queue_due(now)
         if self._idle.due(now):
             self._evict_idle(now)
         if self._redials:

@@ -2,8 +2,7 @@
 
 The :class:`~p2pfsm.executor.core.Executor` methods of a
 :class:`~p2pfsm.executor.node.Node`: frames go to the control plane, writes and
-registrations to the data plane (:mod:`p2pfsm.executor.writes`), timers to
-:mod:`p2pfsm.executor.session_timers`; results resolve their
+registrations to the data plane (:mod:`p2pfsm.executor.writes`); results resolve their
 :class:`~p2pfsm.executor.jobs.JobFuture`; host callbacks (``on_lookup``, ``on_fetch``,
 ``on_result``, ``on_round_ended``) are deferred through the driver, so they run after
 the session step, never inside it. Which session an output came from is the driver's
@@ -26,9 +25,7 @@ from p2pfsm.executor.redial import Parked
 from p2pfsm.executor.served_lookups import ServedLookup
 from p2pfsm.protocol import AbortFetch, encode
 from p2pfsm.session import (
-    ArmTimer,
     CancelWrite,
-    DisarmTimer,
     FailReason,
     FetchArrived,
     HostAnswerLookup,
@@ -97,14 +94,6 @@ class NodeEffects(NodeState):
         write = self._writes.cancel(self._driver.applying, out.xfer)
         if write is not None:
             self._queue(peer, WriteFinished(out.xfer, False), write.session)
-
-    def arm_timer(self, peer: str, out: ArmTimer) -> None:
-        session = self._driver.applying
-        assert session is not None  # outputs are applied only from the driver's feed
-        self._timers.arm(peer, out.timer, out.deadline, session)
-
-    def disarm_timer(self, peer: str, out: DisarmTimer) -> None:
-        self._timers.disarm(peer, out.timer, self._driver.applying)
 
     def start_registration(self, peer: str, out: StartRegistration) -> None:
         c = out.connect

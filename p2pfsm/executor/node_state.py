@@ -30,7 +30,6 @@ from p2pfsm.executor.node_threads import DrivingThreads
 from p2pfsm.executor.peer_policy import EndedSessions, IdleInbound, ViolationBudget
 from p2pfsm.executor.redial import Parked, Redials
 from p2pfsm.executor.served_lookups import ServedLookups
-from p2pfsm.executor.session_timers import SessionTimers
 from p2pfsm.executor.writes import Writes
 from p2pfsm.executor.zmq_plane import ControlPlane
 from p2pfsm.logwindow import LogWindow
@@ -76,6 +75,18 @@ def as_int(value: Any) -> Any:
         return value
 
 
+def as_ints(values: Iterable[Any]) -> tuple[Any, ...]:
+    """Block indexes as plain ints (:func:`as_int` each), with one C-level type check
+    for the common case of a sequence of ints (256 indexes: ~3 us instead of ~25)."""
+    t = tuple(values)
+    if set(map(type, t)) == _JUST_INT:
+        return t
+    return tuple(map(as_int, t))
+
+
+_JUST_INT = {int}
+
+
 class NodeState(Driven, Executor):
     """A node's fields and shared plumbing (see the module docstring)."""
 
@@ -94,7 +105,6 @@ class NodeState(Driven, Executor):
     violations: deque[tuple[str, ProtocolViolation]]
     _ended: EndedSessions
     _submitted: deque[Callable[[], None]]
-    _timers: SessionTimers
     _writes: Writes
     _jobs: OpenJobs
     _started_at: dict[str, float]

@@ -20,9 +20,7 @@ from p2pfsm.session.inputs import (
     WriteFinished,
 )
 from p2pfsm.session.outputs import (
-    ArmTimer,
     CancelWrite,
-    DisarmTimer,
     FailReason,
     FetchArrived,
     FrameIgnored,
@@ -43,9 +41,7 @@ from p2pfsm.session.outputs import (
 
 __all__ = [
     "DEFAULT_HASH_SEED",
-    "ArmTimer",
     "CancelWrite",
-    "DisarmTimer",
     "FailReason",
     "FetchArrived",
     "FrameIgnored",

@@ -65,8 +65,6 @@ from p2pfsm.session.machine import (
     handshake_mismatch,
 )
 from p2pfsm.session.outputs import (
-    ArmTimer,
-    DisarmTimer,
     Output,
     SendFrame,
     SendToLostPeer,
@@ -77,6 +75,7 @@ from p2pfsm.session.outputs import (
 from p2pfsm.session.producer import ProducerPart
 from p2pfsm.session.server import ServerLookup, ServerRound
 from p2pfsm.session.steps import run_cascade
+from p2pfsm.session.timers import TimerTable
 from p2pfsm.session.view import SessionView
 
 __all__ = ["LIVE_STATES", "SESSION", "Session"]
@@ -105,7 +104,7 @@ class Session:
         self.now = 0.0
         self._out: list[Output] = []
         self._queue: list[Message] = []
-        self._timers: dict[TimerId, float] = {}
+        self._timers: TimerTable[TimerId] = TimerTable()
         # What the children's actions asked for (applied after each step).
         self._env = ChildEnv(config.timeouts, tracer, config.answer_lookups_in_parts)
         self.consumer: ConsumerPart = ConsumerPart(self, config, self._env)
@@ -196,6 +195,23 @@ class Session:
             "timers": len(self._timers),
         }
 
+    def next_deadline(self) -> float | None:
+        """When this session next needs the clock (its earliest armed timer), or None.
+
+        An executor wakes then and feeds ``TimerFired`` for each of :meth:`due_timers`;
+        the answer changes only when :meth:`handle` is called."""
+        nxt = self._timers.earliest()
+        return None if nxt is None else nxt[0]
+
+    def next_timer(self) -> tuple[float, TimerId] | None:
+        """The earliest armed timer and its deadline (ties in ``str(timer)`` order)."""
+        return self._timers.earliest()
+
+    def due_timers(self, now: float) -> list[TimerId]:
+        """The timers due by ``now``, in the order to fire them (each one input:
+        ``TimerFired(timer)``; one that an earlier firing disarmed is then ignored)."""
+        return self._timers.due(now)
+
     def check_host_call(self, ev: HostFetch | HostLookup) -> None:
         """Raise LocalProtocolError for what this session would refuse in ``ev`` (its
         arguments), changing nothing: for a host call held back to be fed later."""
@@ -215,13 +231,10 @@ class Session:
     def arm(self, timer: TimerId, delay: float, *, keep: bool = False) -> None:
         if keep and timer in self._timers:
             return
-        deadline = self.now + delay
-        self._timers[timer] = deadline
-        self._out.append(ArmTimer(timer, deadline))
+        self._timers.arm(timer, self.now + delay)
 
     def disarm(self, timer: TimerId) -> None:
-        if self._timers.pop(timer, None) is not None:
-            self._out.append(DisarmTimer(timer))
+        self._timers.disarm(timer)
 
     def step(self, m: CompiledMachine, obj: Any, trigger: str, ev: object = None) -> str:
         """One step of a child caused by an input, then the cascade; the new state."""
@@ -275,7 +288,7 @@ class Session:
         deadline = self._timers.get(timer)
         if deadline is None or deadline > self.now:
             return False
-        del self._timers[timer]
+        self._timers.pop(timer)
         return True
 
     # ------------------------------------------------------- children's steps

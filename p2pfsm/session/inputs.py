@@ -31,7 +31,8 @@ class FrameReceived:
 
 @dataclass(frozen=True, slots=True)
 class TimerFired:
-    """A timer armed by :class:`~p2pfsm.session.outputs.ArmTimer` reached its deadline."""
+    """A timer of the session reached its deadline (one of
+    :meth:`Session.due_timers <p2pfsm.session.core.Session.due_timers>`)."""
 
     timer: TimerId
 

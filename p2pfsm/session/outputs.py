@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 
 from p2pfsm.errors import HandshakeMismatch, RemoteProtocolError
 from p2pfsm.protocol import Connect, Message
-from p2pfsm.session.inputs import TimerId
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,21 +50,6 @@ class CancelWrite:
     """Stop transfer ``xfer``; report WriteFinished once it can no longer touch memory."""
 
     xfer: int
-
-
-@dataclass(frozen=True, slots=True)
-class ArmTimer:
-    """Fire TimerFired(timer) at ``deadline`` (replaces an armed timer of the same id)."""
-
-    timer: TimerId
-    deadline: float
-
-
-@dataclass(frozen=True, slots=True)
-class DisarmTimer:
-    """Forget ``timer``."""
-
-    timer: TimerId
 
 
 class FailReason(enum.StrEnum):
@@ -219,7 +203,7 @@ class SessionDead:
 
 
 Output = (
-    SendFrame | SendToLostPeer | StartRegistration | StartWrite | CancelWrite | ArmTimer
-    | DisarmTimer | LoadResult | StoreResult | LookupResult | LookupRequest | LookupClosed
+    SendFrame | SendToLostPeer | StartRegistration | StartWrite | CancelWrite
+    | LoadResult | StoreResult | LookupResult | LookupRequest | LookupClosed
     | FetchArrived | RoundEnded | ProtocolViolation | FrameIgnored | SessionDead
 )

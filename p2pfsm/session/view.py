@@ -51,7 +51,7 @@ class SessionView:
     @property
     def timers(self) -> Mapping[TimerId, float]:
         """Armed timers and their deadlines."""
-        return MappingProxyType(self._s._timers)
+        return self._s._timers.view()
 
     @property
     def pending_outputs(self) -> tuple[Output, ...]:

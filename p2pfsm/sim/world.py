@@ -26,14 +26,12 @@ from functools import partial
 
 from p2pfsm.demo.blocks import demo_block, demo_key
 from p2pfsm.errors import LocalProtocolError
-from p2pfsm.executor.core import Executor, TimerTable
-from p2pfsm.executor.driver import Driver
+from p2pfsm.executor.core import Executor
+from p2pfsm.executor.driver import CallRecorder, Driver
 from p2pfsm.fsm import Tracer, machine
 from p2pfsm.protocol import encode
 from p2pfsm.session import (
-    ArmTimer,
     CancelWrite,
-    DisarmTimer,
     FetchArrived,
     FrameReceived,
     HostAnswerLookup,
@@ -146,6 +144,8 @@ class SimWorld(Executor):
         timeouts: both sessions' deadlines.
         configs: per-node overrides of SessionConfig fields (e.g. a mismatching hash_seed).
         tracer: shared by both sessions.
+        hook: the driver's call hook, told of every ``Session.handle`` call with its
+            outputs (how recorders watch a run: the trace log, the diagrams' flows).
         check_destinations: raise SafetyViolation when a write targets or lands in a
             block not owned by a waiting load, and verify loaded bytes. The protocol
             guarantees this over FIFO channels; tests that duplicate or reorder frames
@@ -168,6 +168,7 @@ class SimWorld(Executor):
         timeouts: Timeouts | None = None,
         configs: dict[str, dict[str, object]] | None = None,
         tracer: Tracer | None = None,
+        hook: CallRecorder | None = None,
         check_destinations: bool = True,
         cancelled_writes_land: bool = False,
     ) -> None:
@@ -198,14 +199,13 @@ class SimWorld(Executor):
         self.sent_at: dict[tuple[str, str], list[float]] = {("a", "b"): [], ("b", "a"): []}
         # Frames live at most half a tombstone period (the sessions' stated assumption).
         self.max_delay = (timeouts or Timeouts()).tombstone / 2
-        self.timers: dict[str, TimerTable[TimerId]] = {n: TimerTable() for n in self.NODES}
         self.registrations: set[str] = set()
         self.writes: dict[tuple[str, int], SimWrite] = {}
         self.registered: dict[str, bool] = {n: False for n in self.NODES}
         self._job = 0
         self.log: list[str] = []
         # Feeds the sessions on the virtual clock; outputs come back to the methods below.
-        self._driver = Driver(self, self._clock)
+        self._driver = Driver(self, self._clock, hook)
 
     # ------------------------------------------------------------ plumbing
     @staticmethod
@@ -214,7 +214,7 @@ class SimWorld(Executor):
 
     def feed(self, node: str, event: Input) -> list[Output]:
         """Give ``event`` to ``node``'s session and carry out its outputs (the driver's
-        call; subclasses wrap it to watch every call)."""
+        call; the ``hook`` hears of it)."""
         return self._driver.feed(node, event, self.sessions[node])
 
     def _clock(self) -> float:
@@ -224,12 +224,6 @@ class SimWorld(Executor):
     def send_frame(self, peer: str, out: SendFrame) -> None:
         self.channels[(peer, self.other(peer))].append(encode(out.message))
         self.sent_at[(peer, self.other(peer))].append(self.now)
-
-    def arm_timer(self, peer: str, out: ArmTimer) -> None:
-        self.timers[peer].arm(out.timer, out.deadline)
-
-    def disarm_timer(self, peer: str, out: DisarmTimer) -> None:
-        self.timers[peer].disarm(out.timer)
 
     def start_registration(self, peer: str, out: StartRegistration) -> None:
         self.registrations.add(peer)
@@ -462,8 +456,14 @@ class SimWorld(Executor):
         self.feed(src, WriteFinished(xfer, ok))
         self._flush_answers()
 
+    @property
+    def timers(self) -> dict[str, Mapping[TimerId, float]]:
+        """Each node's armed timers and their deadlines (read-only: its session's own)."""
+        return {n: self.sessions[n].view.timers for n in self.NODES}
+
     def fire_timer(self, node: str, timer: TimerId) -> None:
-        deadline = self.timers[node].pop(timer)
+        """Jump the clock to ``timer``'s deadline (KeyError: not armed) and fire it."""
+        deadline = self.sessions[node].view.timers[timer]
         self.now = max(self.now, deadline)
         self.feed(node, TimerFired(timer))
         self._flush_answers()
@@ -472,7 +472,7 @@ class SimWorld(Executor):
         """The earliest armed timer of either node (ties: node, then timer name)."""
         best: tuple[float, str, TimerId] | None = None
         for n in self.NODES:
-            earliest = self.timers[n].earliest()
+            earliest = self.sessions[n].next_timer()
             if earliest is not None and (best is None or (earliest[0], n) < best[:2]):
                 best = (earliest[0], n, earliest[1])
         return best

@@ -125,7 +125,7 @@ class ReplayWorld(TracingWorld):
         self.unanswered[(node, req.token)] = frozenset(_KEY_NUMBER[k] for k in req.keys)
 
     def fire_timer(self, node: str, timer: TimerId) -> None:
-        deadline = self.timers[node].pop(timer)
+        deadline = self.timers[node][timer]
         self.clock[node] = max(self.clock[node], deadline)
         self.feed(node, TimerFired(timer))
 

@@ -45,23 +45,26 @@ class TraceEvent:
 
 
 class TracingWorld(SimWorld):
-    """A SimWorld that logs each Session.handle call as a :class:`TraceEvent`."""
+    """A SimWorld that logs each Session.handle call as a :class:`TraceEvent` (as its
+    driver's call hook)."""
 
     def __init__(self, seed: int = 0, **kwargs: object) -> None:
         self.trace: list[TraceEvent] = []
         tracer = Tracer()
-        super().__init__(seed, tracer=tracer, **kwargs)  # type: ignore[arg-type]
         self._tracer = tracer
+        self._mark = 0  # the tracer's records before the call in progress
+        super().__init__(seed, tracer=tracer, hook=self, **kwargs)  # type: ignore[arg-type]
 
-    def feed(self, node: str, event: Input) -> list[Output]:
-        before = len(self._tracer.records)
-        state = self.sessions[node].state
-        outputs = super().feed(node, event)
-        records = self._tracer.records[before:]
-        action = call_action(state, event, records)
+    def record(self, peer_id: str, state_before: str, event: Input, started_ns: int,
+               outputs: Sequence[Output]) -> None:
+        records = self._tracer.records[self._mark:]
+        self._mark = len(self._tracer.records)
+        action = call_action(state_before, event, records)
         if action is not None:
-            self.trace.append(TraceEvent(action, node, steps_of(records)))
-        return outputs
+            self.trace.append(TraceEvent(action, peer_id, steps_of(records)))
+
+    def discard(self) -> None:
+        self._mark = len(self._tracer.records)
 
 
 class Chooser(Protocol):

@@ -28,14 +28,12 @@ from vllm.v1.kv_offload.tiering.p2p.session.client import LoadResult as VllmLoad
 from vllm.v1.kv_offload.tiering.p2p.session.server import StoreResult as VllmStoreResult
 
 from p2pfsm.errors import LocalProtocolError, TransportError
-from p2pfsm.executor.core import Executor, TimerTable
+from p2pfsm.executor.core import Executor
 from p2pfsm.executor.driver import Driver
 from p2pfsm.executor.nixl_agent import describes_same_agent
 from p2pfsm.protocol.validate import to_dict
 from p2pfsm.session import (
-    ArmTimer,
     CancelWrite,
-    DisarmTimer,
     FetchArrived,
     FrameReceived,
     HostAnswerLookup,
@@ -61,7 +59,6 @@ from p2pfsm.session import (
     StoreResult,
     Timeouts,
     TimerFired,
-    TimerId,
     TransportLost,
     WriteFinished,
 )
@@ -147,7 +144,6 @@ class P2PSession(Executor):
             expected_peer_id=peer_id,  # the connect must name the peer the transport sees
             limits=guard.limits(),  # num_blocks bounded before vLLM's data plane registers
         ))
-        self._timers: TimerTable[TimerId] = TimerTable()
         self._registration: Future[None] | None = None
         self._writes: dict[int, int] = {}  # session xfer -> transport transfer id
         self._by_tid: dict[int, int] = {}  # transport transfer id -> session xfer
@@ -298,7 +294,7 @@ class P2PSession(Executor):
                 self._feed(FrameReceived(_pack(msg)))
             self._poll_registration()
             self._poll_writes()
-            for timer in list(self._timers.pop_due(time.monotonic())):
+            for timer in self._session.due_timers(time.monotonic()):
                 self._feed(TimerFired(timer))
             if not conn.alive and self._session.alive:
                 self._death_reason = self._death_reason or CONN_LOST
@@ -466,12 +462,6 @@ class P2PSession(Executor):
             del self._writes[out.xfer]
             del self._by_tid[tid]
             self._queue(WriteFinished(out.xfer, False))
-
-    def arm_timer(self, peer: str, out: ArmTimer) -> None:
-        self._timers.arm(out.timer, out.deadline)
-
-    def disarm_timer(self, peer: str, out: DisarmTimer) -> None:
-        self._timers.disarm(out.timer)
 
     def load_result(self, peer: str, out: LoadResult) -> None:
         if self._load_reqs.pop(out.job_id, None) is not None:

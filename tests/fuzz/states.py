@@ -50,6 +50,7 @@ from p2pfsm.session.client import ClientLookup, ClientRound
 from p2pfsm.session.consumer import ConsumerPart
 from p2pfsm.session.producer import ProducerPart
 from p2pfsm.session.server import ServerLookup, ServerRound
+from p2pfsm.session.timers import TimerTable
 from p2pfsm.session.tombstones import Tombstones
 
 # last_disconnect: when a dead session last answered (its rate limit), not frame state.
@@ -70,6 +71,8 @@ def _walk(v: object) -> object:
         return ("env", _walk(v.outbox), repr(v.xfers))
     if isinstance(v, Tombstones):
         return ("tombstones", v.ttl, _walk(v.entries()))
+    if isinstance(v, TimerTable):  # the armed timers (not the heap's stale entries)
+        return ("timers", _walk(dict(v)))
     if isinstance(v, ConsumerPart | ProducerPart):  # a part: every table it owns
         return (type(v).__name__, _fields(v))
     if isinstance(v, dict):
@@ -220,7 +223,6 @@ def _sim_midrun() -> Driver:
                 w.deliver(node)
     d = Driver(w.sessions["a"].config)
     d.s, d.now = w.sessions["a"], w.now
-    d.timers = dict(d.s.view.timers)
     return d
 
 

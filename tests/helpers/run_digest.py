@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import random
+from collections.abc import Sequence
 from typing import Any
 
 from p2pfsm.errors import LocalProtocolError
@@ -24,30 +25,42 @@ from p2pfsm.session import Input, Output
 from p2pfsm.sim.world import SimWorld
 from p2pfsm.spec_calls import call_action
 
+_TIMER_OUTPUTS = ("ArmTimer", "DisarmTimer")
+"""Outputs that ``--timers-as-state`` leaves out (it hashes the armed timers instead)."""
+
 STEPS_PER_RUN = 40
 """Random actions per seed before the world runs out."""
 
 
 class _Recording(SimWorld):
-    """A SimWorld that hashes every session call."""
+    """A SimWorld that hashes every session call (as its driver's call hook)."""
 
-    def __init__(self, seed: int, digest: Any) -> None:
+    def __init__(self, seed: int, digest: Any, timers_as_state: bool = False) -> None:
         self.digest = digest
         self.calls = 0
+        self.timers_as_state = timers_as_state
+        self._mark = 0  # the tracer's records before the call in progress
         super().__init__(seed, tracer=Tracer(), check_destinations=False,
-                         cancelled_writes_land=True)
+                         cancelled_writes_land=True, hook=self)
 
-    def feed(self, node: str, event: Input) -> list[Output]:
+    def record(self, peer_id: str, state_before: str, event: Input, started_ns: int,
+               outputs: Sequence[Output]) -> None:
         tracer = self.tracer
         assert tracer is not None
-        mark = len(tracer.records)
-        before = self.sessions[node].state
-        outputs = super().feed(node, event)
-        records = tracer.records[mark:]
+        records = tracer.records[self._mark:]
+        self._mark = len(tracer.records)
         self.calls += 1
-        self.digest.update(repr((node, self.now, event, outputs, records,
-                                 call_action(before, event, records))).encode())
-        return outputs
+        shown: object = list(outputs)
+        if self.timers_as_state:
+            timers = self.sessions[peer_id].view.timers
+            shown = ([o for o in outputs if type(o).__name__ not in _TIMER_OUTPUTS],
+                     sorted(timers.items(), key=repr))
+        self.digest.update(repr((peer_id, self.now, event, shown, records,
+                                 call_action(state_before, event, records))).encode())
+
+    def discard(self) -> None:
+        assert self.tracer is not None
+        self._mark = len(self.tracer.records)
 
 
 def _drive(world: _Recording, rng: random.Random) -> None:
@@ -86,12 +99,16 @@ def _drive(world: _Recording, rng: random.Random) -> None:
         world.digest.update(repr(exc).encode())
 
 
-def run_digest(seeds: int) -> tuple[str, int]:
-    """(hex digest, session calls) over seeds 0..seeds-1."""
+def run_digest(seeds: int, timers_as_state: bool = False) -> tuple[str, int]:
+    """(hex digest, session calls) over seeds 0..seeds-1.
+
+    With ``timers_as_state`` each call hashes the session's armed timers after it
+    instead of the timer outputs: the same digest for a session that announces its
+    timers as outputs and one that is asked for its deadline."""
     total = hashlib.sha256()
     calls = 0
     for seed in range(seeds):
-        world = _Recording(seed, hashlib.sha256())
+        world = _Recording(seed, hashlib.sha256(), timers_as_state)
         _drive(world, random.Random(seed))
         total.update(world.digest.digest())
         calls += world.calls
@@ -101,8 +118,10 @@ def run_digest(seeds: int) -> tuple[str, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("seeds", type=int, nargs="?", default=600)
+    parser.add_argument("--timers-as-state", action="store_true",
+                        help="hash each session's armed timers, not its timer outputs")
     args = parser.parse_args()
-    digest, calls = run_digest(args.seeds)
+    digest, calls = run_digest(args.seeds, args.timers_as_state)
     print(f"{digest} {calls} calls over {args.seeds} seeds")
 
 

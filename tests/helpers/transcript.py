@@ -8,14 +8,15 @@ A transcript (``tests/scenarios/testdata/*.txt``) is a list of blocks::
     a <- host fetch job=1 r1 [k12 k13] -> [8 9]
       step client_round r1/0: new -host_fetch-> loading
       send fetch r1/0 [k12 k13] -> [8 9]
-      arm load r1/0 at 30
+      armed load r1/0 at 30
 
 Each block is one directive line, ``----`` and the expected output, ended by a blank
 line. :func:`replay` runs the directives in order over a :class:`Transcript` world (the
 scenario :class:`~helpers.world.World`: sessions ``a`` and ``b`` over FIFO channels,
 virtual clock, simulated hosts and data plane) and renders what each directive caused:
 for every input a session handled, ``<node> <- <input>``, then indented the machine
-steps it took (``step``), then its outputs in order. What happened outside the
+steps it took (``step``), then its outputs in order, then the timers it ``armed`` (or
+moved) and ``disarmed`` (the session owns them; they are not outputs). What happened outside the
 sessions (a write landing, a frame lost or duplicated on the wire) is a line ``* ...``;
 a directive that caused nothing renders ``ok``. The rendering holds no object ids and
 no wall clock; where order means nothing (the ``state`` directive's maps) it is sorted.
@@ -49,7 +50,7 @@ from __future__ import annotations
 
 import difflib
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,9 +74,7 @@ from p2pfsm.protocol import (
 )
 from p2pfsm.session import (
     DEFAULT_HASH_SEED,
-    ArmTimer,
     CancelWrite,
-    DisarmTimer,
     FetchArrived,
     FrameIgnored,
     FrameReceived,
@@ -225,10 +224,6 @@ def render_output(o: Output) -> str:
         return f"start write #{o.xfer} {_ints(o.local_indexes)} -> {_ints(o.remote_indexes)}"
     if isinstance(o, CancelWrite):
         return f"cancel write #{o.xfer}"
-    if isinstance(o, ArmTimer):
-        return f"arm {_timer(o.timer)} at {_num(o.deadline)}"
-    if isinstance(o, DisarmTimer):
-        return f"disarm {_timer(o.timer)}"
     if isinstance(o, LoadResult):
         kept = "released" if o.released else "kept"
         return (f"result load job={o.job_id} {o.kv_request_id} {_ok(o.success)}"
@@ -257,6 +252,18 @@ def render_output(o: Output) -> str:
     return f"session dead: {o.reason}{mismatch}"
 
 
+def _timer_changes(before: Mapping[TimerId, float], after: Mapping[TimerId, float],
+                   fired: TimerId | None) -> list[str]:
+    """The session's timers a call armed (or moved) and disarmed, in ``str`` order (the
+    timer that fired is not listed as disarmed: its input line says so)."""
+    lines = [f"  disarmed {_timer(t)}" for t in sorted(before.keys() - after.keys(), key=str)
+             if t != fired]
+    lines += [f"  armed {_timer(t)} at {_num(d)}"
+              for t, d in sorted(after.items(), key=lambda item: str(item[0]))
+              if before.get(t) != d]
+    return lines
+
+
 # --------------------------------------------------------------------- world
 class Transcript(World):
     """A scenario world whose every session step is written down as text."""
@@ -271,6 +278,7 @@ class Transcript(World):
         mark = len(self.tracer.records)
         at = f" @{_num(self.now)}" if isinstance(event, TimerFired) else ""
         self.lines.append(f"{node} <- {render_input(event)}{at}")
+        armed = dict(self.sessions[node].view.timers)
         try:
             outputs = super().feed(node, event)
         finally:
@@ -279,6 +287,8 @@ class Transcript(World):
                 where = f"{r.machine} {label}".rstrip()
                 self.lines.append(f"  step {where}: {r.source} -{r.trigger}-> {r.dest}")
         self.lines += [f"  {render_output(o)}" for o in outputs]
+        fired = event.timer if isinstance(event, TimerFired) else None
+        self.lines += _timer_changes(armed, self.sessions[node].view.timers, fired)
         return outputs
 
     # world events (no session input): written as "* ..."

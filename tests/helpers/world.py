@@ -14,15 +14,13 @@ Everything here is deterministic; every loop is bounded.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from p2pfsm.demo.blocks import demo_key
 from p2pfsm.protocol import Connect, ConnectAck, Message, decode, encode
 from p2pfsm.session import (
     DEFAULT_HASH_SEED,
-    ArmTimer,
-    DisarmTimer,
     FrameReceived,
     HostAnswerLookup,
     HostStart,
@@ -246,15 +244,14 @@ class Driver:
         self.s = Session(config or local_config())
         self.now = 0.0
         self.log: list[Output] = []
-        self.timers: dict[TimerId, float] = {}
+
+    @property
+    def timers(self) -> Mapping[TimerId, float]:
+        """The session's armed timers (read-only)."""
+        return self.s.view.timers
 
     def __call__(self, event: Input) -> list[Output]:
         out = self.s.handle(event, self.now)
-        for o in out:
-            if isinstance(o, ArmTimer):
-                self.timers[o.timer] = o.deadline
-            elif isinstance(o, DisarmTimer):
-                self.timers.pop(o.timer, None)
         self.log.extend(out)
         return out
 
@@ -266,7 +263,7 @@ class Driver:
 
     def fire(self, timer: TimerId) -> list[Output]:
         """Advance the clock to ``timer``'s deadline and fire it."""
-        deadline = self.timers.pop(timer)
+        deadline = self.timers[timer]
         self.now = max(self.now, deadline)
         return self(TimerFired(timer))
 

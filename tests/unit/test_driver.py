@@ -4,6 +4,7 @@ outermost drain only; the call hook hears every call; post drains unless one run
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -37,6 +38,9 @@ class FakeSession:
         self.ready = False
         self.alive = True
         self.state = "idle"
+
+    def next_deadline(self) -> float | None:
+        return None
 
     def handle(self, event: Input, now: float) -> list[Output]:
         if isinstance(event, HostClose) and "refuse" in self.script.get(HostClose, []):
@@ -75,10 +79,13 @@ class Effects(Executor):
 class Hook:
     def __init__(self) -> None:
         self.calls: list[tuple[str, str, str]] = []
+        self.outputs: list[list[Output]] = []
         self.discarded = 0
 
-    def record(self, peer_id: str, state_before: str, event: Input, started_ns: int) -> None:
+    def record(self, peer_id: str, state_before: str, event: Input, started_ns: int,
+               outputs: Sequence[Output]) -> None:
         self.calls.append((peer_id, state_before, type(event).__name__))
+        self.outputs.append(list(outputs))
 
     def discard(self) -> None:
         self.discarded += 1
@@ -130,11 +137,12 @@ def test_an_input_for_no_session_is_dropped() -> None:
 def test_the_hook_hears_each_call_and_forgets_one_that_raised() -> None:
     hook = Hook()
     driver, _ = _driver(hook)
-    s: Any = FakeSession("s", {HostClose: ["refuse"]})
+    s: Any = FakeSession("s", {HostClose: ["refuse"], HostStart: [STALE]})
     driver.feed("p", HostStart(), s)
     with pytest.raises(LocalProtocolError):
         driver.feed("p", HostClose(), s)
     assert hook.calls == [("p", "idle", "HostStart")] and hook.discarded == 1
+    assert hook.outputs == [[STALE]]  # the call's outputs, as the session returned them
 
 
 def test_post_drains_unless_a_drain_runs_and_drops_the_queue_when_a_call_raises() -> None:
@@ -153,3 +161,57 @@ def test_post_drains_unless_a_drain_runs_and_drops_the_queue_when_a_call_raises(
     with pytest.raises(LocalProtocolError):
         driver.post("p", HostClose(), s)  # the queued HostStart goes first, then raises
     assert not driver.busy and [type(e) for e, _ in s.got] == [HostStart, HostStart]
+
+
+# ------------------------------------------------------------- deadlines
+class Quiet(Executor):
+    """Carries out nothing (the sessions' outputs do not matter here)."""
+
+    def apply(self, peer: str, out: Output) -> None:
+        pass
+
+
+def _real_driver() -> tuple[Driver, list[float]]:
+    clock = [0.0]
+    return Driver(Quiet(), lambda: clock[0]), clock
+
+
+def test_the_driver_knows_each_sessions_next_deadline_from_the_session_itself() -> None:
+    from helpers.world import local_config
+
+    from p2pfsm.session import Session, Timeouts
+
+    driver, clock = _real_driver()
+    a = Session(local_config(timeouts=Timeouts(handshake=5.0)))
+    b = Session(local_config(timeouts=Timeouts(handshake=3.0)))
+    assert driver.next_deadline() is None
+    driver.feed("a", HostStart(), a)
+    assert driver.next_deadline() == 5.0 == a.next_deadline()
+    clock[0] = 1.0
+    driver.feed("b", HostStart(), b)
+    assert driver.next_deadline() == 4.0  # b's, the earlier
+    assert driver.queue_due(3.9) == 0 and not driver.busy
+    assert driver.queue_due(4.0) == 1
+    clock[0] = 4.0
+    driver.drain()
+    assert not b.alive and b.next_deadline() is None  # its handshake timed out
+    assert driver.next_deadline() == 5.0  # a's is still armed
+    driver.feed("a", HostClose(), a)  # the deadline went away: the entry is stale
+    assert a.next_deadline() is None and driver.next_deadline() is None
+    assert driver.queue_due(10.0) == 0
+
+
+def test_a_timer_disarmed_before_its_turn_is_fed_but_fires_nothing() -> None:
+    from helpers.world import local_config
+
+    from p2pfsm.session import Session, Timeouts
+
+    driver, clock = _real_driver()
+    s = Session(local_config(timeouts=Timeouts(handshake=2.0)))
+    driver.feed("a", HostStart(), s)
+    clock[0] = 2.0
+    assert driver.queue_due(2.0) == 1
+    driver.feed("a", HostClose(), s)  # the handshake timer goes before its input is fed
+    state = s.state
+    driver.drain()  # TimerFired(handshake) is stale now
+    assert s.state == state and s.next_deadline() is None

@@ -1,4 +1,4 @@
-"""The executor core both the Node and the SimWorld run on: output dispatch and timers."""
+"""The executor core both the Node and the SimWorld run on: output dispatch."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import typing
 
 import pytest
 
-from p2pfsm.executor.core import _HANDLERS, Executor, TimerTable, bound_handlers, check_handlers
+from p2pfsm.executor.core import _HANDLERS, Executor, bound_handlers, check_handlers
 from p2pfsm.protocol import Disconnect
 from p2pfsm.session import LookupClosed, Output, SendFrame
 from p2pfsm.sim.world import SimWorld
@@ -43,39 +43,6 @@ def test_node_and_simworld_implement_every_required_method() -> None:
     for cls in (Node, SimWorld):
         missing = {n for n in required if getattr(cls, n) is getattr(Executor, n)}
         assert not missing, (cls.__name__, missing)
-
-
-def test_timer_table_orders_by_deadline_then_name_and_forgets_rearmed_entries() -> None:
-    timers: TimerTable[tuple[str, int]] = TimerTable()
-    timers.arm(("load", 2), 5.0)
-    timers.arm(("abort", 1), 5.0)
-    timers.arm(("load", 3), 1.0)
-    timers.arm(("load", 3), 7.0)  # re-armed: the 1.0 entry is stale
-    assert timers.earliest() == (5.0, ("abort", 1))
-    assert dict(timers) == {("load", 2): 5.0, ("abort", 1): 5.0, ("load", 3): 7.0}
-    assert timers.disarm(("abort", 1)) == 5.0 and timers.disarm(("abort", 1)) is None
-    assert list(timers.pop_due(6.0)) == [("load", 2)]
-    assert timers == {("load", 3): 7.0}
-    assert timers.pop(("load", 3)) == 7.0
-    with pytest.raises(KeyError):
-        timers.pop(("load", 3))
-    assert timers.earliest() is None and len(timers) == 0
-
-
-def test_simworld_timers_come_from_the_same_table() -> None:
-    w = SimWorld(0)
-    w.start()
-    assert isinstance(w.timers["a"], TimerTable)
-    assert w.timers["a"] and all(t[0] == "handshake" for t in w.timers["a"])
-
-
-def test_timer_table_ties_go_by_name_whatever_the_arming_order() -> None:
-    names = [("t", 9), ("t", 10), ("a", 1), ("t", 1)]
-    for order in (names, names[::-1]):
-        timers: TimerTable[tuple[str, int]] = TimerTable()
-        for key in order:
-            timers.arm(key, 3.0)
-        assert list(timers.pop_due(3.0)) == sorted(names, key=str)
 
 
 def test_the_driver_looks_handlers_up_once_unless_apply_is_overridden() -> None:

@@ -73,7 +73,7 @@ def test_a_raising_action_of_a_real_round_leaves_it_unchanged(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A serve round whose last action of recv_fetch fails midway: its demand, supply,
-    state and the session's outputs of the step (the demand timer's ArmTimer included)
+    state, the session's outputs of the step and its timers (the demand timer)
     are as before the fetch was fired."""
     s = Session(SessionConfig("b", b"meta-b", 0x1000, 8, 64))
     s.handle(HostStart(), 0.0)

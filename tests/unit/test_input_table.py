@@ -160,7 +160,7 @@ def test_each_input_takes_the_step_its_row_names() -> None:
     def step(ev: Input) -> None:
         tracer.records.clear()
         if isinstance(ev, TimerFired):
-            d.now = max(d.now, d.timers.pop(ev.timer))
+            d.now = max(d.now, d.timers[ev.timer])
         d(ev)
         assert _row_step(ev) in {(r.machine, r.trigger) for r in tracer.records}, ev
 
