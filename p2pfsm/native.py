@@ -80,6 +80,7 @@ LEFT_OUT: dict[str, str] = {
     "p2pfsm/session/consumer.py": _SESSION_STATE,
     "p2pfsm/session/producer.py": _SESSION_STATE,
     "p2pfsm/session/server.py": _SESSION_STATE,
+    "p2pfsm/session/timers.py": _SESSION_STATE,
     "p2pfsm/session/tombstones.py": _SESSION_STATE,
     "p2pfsm/session/view.py": _SESSION_STATE,
     "p2pfsm/session/outputs.py": "the outputs are dataclasses the executor, tests and tools "
