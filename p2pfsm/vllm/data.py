@@ -20,10 +20,14 @@ of connects carrying one agent costs one load; a running WRITE is never released
 (``cancel(..., "immediate")`` leaves it to end and drops its report); a peer is faulted
 after its first failed transfer (vLLM: three in a row, or one decisive error).
 
-DataPlane has no progress thread: UCX progresses inside its calls. Every method here
-runs one progress step, and :func:`progress_open` (called by the full install's control
-transport on every poll, under the same manager lock) runs one for every open transport,
-so the passive side of a WRITE is served on each tick of the manager.
+DataPlane has no progress thread: UCX progresses inside its calls. :func:`progress_open`
+(called by the full install's control transport on every poll, under the same manager
+lock) runs one step for every open transport, so the passive side of a WRITE is served on
+each tick of the manager; ``add_remote_peer`` and ``write_blocks`` run one each. ``poll``
+runs one only when its scope (a peer id, or None) was already polled since the last step:
+a tick that progresses once and then polls N peers costs one step, not N+1, and a caller
+that polls without the control plane (a drain loop) still gets a fresh step on every poll
+of a scope after its first, so between two polls of one scope UCX always progressed.
 Importing this module imports vLLM.
 """
 
@@ -81,6 +85,7 @@ class PlaneDataTransport(DataTransport):  # type: ignore[misc]
         self._owner: dict[int, str] = {}  # id not yet reported -> its peer
         self._ready: dict[str, dict[int, bool]] = {}  # peer -> ended ids, in post order
         self._closed = False
+        self._polled: set[str | None] = set()  # scopes polled since the last progress step
         _open.add(self)
 
     @property
@@ -98,9 +103,10 @@ class PlaneDataTransport(DataTransport):  # type: ignore[misc]
 
     def progress(self) -> None:
         """One UCX progress step (serves a peer's WRITE into our region); logged, never
-        raised, once it fails."""
+        raised, once it fails. Every scope's next ``poll`` reads its outcome."""
         if self._closed:
             return
+        self._polled.clear()
         try:
             self._plane.progress()
         except TransportError as exc:
@@ -154,10 +160,13 @@ class PlaneDataTransport(DataTransport):  # type: ignore[misc]
 
     def poll(self, peer_id: str | None = None) -> PollResult:
         """Ended WRITEs of ``peer_id`` (None: of every peer) since the last poll, and
-        the peer's fault once a transfer to it failed."""
+        the peer's fault once a transfer to it failed. Runs a progress step only when
+        this scope was polled since the last one (module docstring)."""
         if self._closed:
             return _EMPTY
-        self.progress()
+        if peer_id in self._polled:
+            self.progress()
+        self._polled.add(peer_id)
         for tid, ok in self._plane.poll():
             if isinstance(tid, int) and (owner := self._owner.get(tid)) is not None:
                 self._ready.setdefault(owner, {})[tid] = ok

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from helpers.polling import poll_until
 from helpers.serve_process import ServeProcess, fd_count, rss
 
 from p2pfsm.demo.blocks import demo_block, demo_key
@@ -98,15 +99,10 @@ def warm_up(serve: Serve) -> tuple[int, int]:
 
 def flat(serve: Serve, base: tuple[int, int], what: str,
          report: Callable[[str], None], n: int, seconds: float) -> None:
-    last = (0, 0)
-    end = time.monotonic() + SETTLE_S
-    while True:
-        last = (fd_count(serve.pid), rss(serve.pid))
-        if last[0] == base[0] and last[1] <= base[1] + RSS_TOLERANCE:
-            break
-        if time.monotonic() >= end:
-            break
-        time.sleep(0.1)  # polling the child's /proc between reads, bounded by SETTLE_S
+    last = poll_until(lambda: (fd_count(serve.pid), rss(serve.pid)),
+                      lambda r: r[0] == base[0] and r[1] <= base[1] + RSS_TOLERANCE,
+                      SETTLE_S, "the producer's fds and RSS back", interval=0.1,
+                      at_deadline="last")
     report(f"{n} {what} in {seconds:.1f} s, all verified; producer fds {base[0]} -> "
            f"{last[0]}, RSS {base[1] / 2**20:.1f} -> {last[1] / 2**20:.1f} MiB "
            f"(+{(last[1] - base[1]) / 2**20:.1f}, tolerance {RSS_TOLERANCE >> 20} MiB)")

@@ -6,11 +6,12 @@ from __future__ import annotations
 import select
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from p2pfsm.bench import procstat
+
+from .polling import poll_until
 
 
 def fd_count(pid: int) -> int:
@@ -56,13 +57,17 @@ class ServeProcess:
         return rss(self.pid)
 
     def steady_fds(self, timeout: float = 5.0) -> int:
-        """The fd count once three reads 100 ms apart agree (at most ``timeout`` s)."""
-        reads = [fd_count(self.pid)]
-        end = time.monotonic() + timeout
-        while time.monotonic() < end and not (len(reads) >= 3 and len(set(reads[-3:])) == 1):
-            time.sleep(0.1)  # polling /proc, which has nothing to wait on, with a deadline
+        """The fd count once three reads 100 ms apart agree (at most ``timeout`` s: then
+        the last read)."""
+        reads: list[int] = []
+
+        def read() -> list[int]:
             reads.append(fd_count(self.pid))
-        return reads[-1]
+            return reads[-3:]
+
+        last = poll_until(read, lambda r: len(r) == 3 and len(set(r)) == 1, timeout,
+                          "a steady fd count", interval=0.1, at_deadline="last")
+        return last[-1]
 
     def kill(self) -> None:
         """SIGKILL, as a crash: the server says nothing to its peers."""

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -40,6 +39,7 @@ from typing import Any
 
 import pytest
 import zmq
+from helpers.polling import poll_until
 from helpers.serve_process import ServeProcess
 
 from .wire import BLOCK_LEN, SERVED_BLOCKS, RawPeer
@@ -93,16 +93,6 @@ turn the check into a failure of its own."""
 
 _ROWS = pytest.StashKey[list[tuple[str, str, str]]]()
 _REACTIONS = pytest.StashKey[dict[str, str]]()
-
-
-def wait_for(cond: Callable[[], bool], timeout: float, what: str,
-             interval: float = 0.05) -> None:
-    """Poll ``cond`` until true; AssertionError naming ``what`` after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"{what}: not within {timeout:.0f} s")
-        time.sleep(interval)
 
 
 class Server(ServeProcess):
@@ -279,21 +269,19 @@ class Hostile:
         srv = self.server
         assert srv.alive(), f"the server died (exit {srv.proc.returncode})"
         legit_fetch(srv.addr, host=AFTER_CHECK_HOST)
-        last: list[int] = []
 
-        def settled() -> bool:
-            last[:] = [srv.fds(), srv.rss()]
-            return last[0] == srv.base_fds and last[1] <= self.start_rss + rss_allowance
+        def settled(reading: tuple[int, int]) -> bool:
+            return reading[0] == srv.base_fds and reading[1] <= self.start_rss + rss_allowance
 
-        try:
-            wait_for(settled, settle_s, "fds/RSS back to baseline")
-        except AssertionError:
+        last = poll_until(lambda: (srv.fds(), srv.rss()), settled, settle_s,
+                          "fds/RSS back to baseline", at_deadline="last")
+        if not settled(last):
             extra = [d for link, d in open_fds(srv.pid).items() if link not in srv.base_links]
             raise AssertionError(
                 f"server not back to baseline: fds {last[0]} (baseline {srv.base_fds}), "
                 f"RSS {last[1] >> 20} MiB (at the start {self.start_rss >> 20} MiB, "
                 f"allowed +{rss_allowance >> 20} MiB); "
-                f"descriptors not in the baseline: {extra}") from None
+                f"descriptors not in the baseline: {extra}")
         assert srv.alive()
 
 

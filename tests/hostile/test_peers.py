@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import zmq
+from helpers.polling import wait_for
 
 from .conftest import (
     ROUTER_SETTLE_S,
@@ -24,7 +25,6 @@ from .conftest import (
     connections_allowance,
     legit_fetch,
     queued_allowance,
-    wait_for,
 )
 from .flood import flood_main
 from .frozen import helper_main

@@ -1,7 +1,9 @@
 """Two hostile connects against a vLLM node, with vLLM's sessions or p2pfsm's.
 
 Run by ``test_vllm_adapter.py::test_adapter_refuses_what_the_node_refuses`` with
-``.venv-vllm``'s Python; argv: ``vllm``, ``p2pfsm`` or ``full``. The target is a session
+``.venv-vllm``'s Python; argv: ``vllm``, ``p2pfsm`` or ``full``, or several,
+comma-separated (one process, one vLLM import; the full install is undone after its
+run). The target is a session
 of that class on vLLM's real ``ZmqTransport`` and ``NixlTransport`` (``full``: the full
 install's, p2pfsm's control and data planes behind them), built as the manager builds an
 inbound one; the attacker speaks the wire through a transport of the same kind:
@@ -12,7 +14,7 @@ inbound one; the attacker speaks the wire through a transport of the same kind:
   that accepts writes its own block 1 over its block 0 and reports success.
 * ``wrong_peer_id``: a connect naming a peer id other than the one the transport sees.
 
-Prints one JSON line: per case, whether the target acked the connect, the session's
+Prints one JSON line per kind: per case, whether the target acked the connect, the session's
 death reason, and (own_memory) whether its block 0 changed and its store's result.
 """
 
@@ -123,19 +125,29 @@ def run(cls: type, case: str, attacker_data: Any) -> dict[str, Any]:
         attacker.close()
 
 
-def main() -> None:
-    patches.apply()  # as the harness does: vLLM's close stops its monitor first
-    cls = {"vllm": Stock, "p2pfsm": Adapter, "full": Adapter}[sys.argv[1]]
-    if sys.argv[1] == "full":
-        import p2pfsm.vllm as pv
-
-        pv.install(transport="p2pfsm")
+def run_kind(kind: str) -> dict[str, Any]:
+    """Both cases against a target of ``kind``; the attacker's transports are of the same
+    kind (made after the full install, for ``full``)."""
+    cls = {"vllm": Stock, "p2pfsm": Adapter, "full": Adapter}[kind]
     attacker_data = make_data(make_region(BLOCKS, BLOCK_LEN), None)  # its own agent
     try:
-        print(json.dumps({case: run(cls, case, attacker_data)
-                          for case in ("own_memory", "wrong_peer_id")}), flush=True)
+        return {case: run(cls, case, attacker_data) for case in ("own_memory", "wrong_peer_id")}
     finally:
         attacker_data.close()
+
+
+def main() -> None:
+    import p2pfsm.vllm as pv
+
+    patches.apply()  # as the harness does: vLLM's close stops its monitor first
+    for kind in sys.argv[1].split(","):
+        if kind == "full":
+            pv.install(transport="p2pfsm")
+        try:
+            print(json.dumps({"kind": kind, **run_kind(kind)}), flush=True)
+        finally:
+            if kind == "full":
+                pv.uninstall()
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ two behind :class:`p2pfsm.vllm.data.PlaneDataTransport` (``ours``, ``other``). W
 each way between ours and stock and between ours and other; every byte landed is checked
 against ``p2pfsm.demo.blocks``. Then what the manager and the sessions rely on:
 scoped polls, each transfer reported once, ``cancel`` in both modes, a removed peer's
-reports dropped, a re-registration, and the refusals. Prints one JSON line of checks.
+reports dropped, a re-registration, one UCX progress step per manager tick, and the
+refusals. Prints one JSON line of checks.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import numpy as np
 from vllm.v1.kv_offload.tiering.p2p.data.nixl import NixlTransport
 
 from p2pfsm.demo.blocks import demo_block
-from p2pfsm.vllm.data import PlaneDataTransport
+from p2pfsm.vllm.data import PlaneDataTransport, progress_open
 from p2pfsm.vllm.peer.common import make_region
 
 BLOCK_LEN, BLOCKS = 4096, 8
@@ -53,6 +54,19 @@ def settle(src: Any, peer_id: str, tids: set[int], passive: Any) -> dict[int, bo
         if hasattr(passive, "progress"):
             passive.progress()
     return seen
+
+
+def counted_steps(transport: PlaneDataTransport) -> list[int]:
+    """From now on, ``[n]``: the UCX progress steps ``transport``'s DataPlane ran."""
+    steps = [0]
+    step = transport.plane.progress
+
+    def counting() -> None:
+        steps[0] += 1
+        step()
+
+    transport.plane.progress = counting  # type: ignore[method-assign]
+    return steps
 
 
 def landed(region: np.ndarray, dest: list[int], blocks: list[int]) -> bool:
@@ -93,6 +107,17 @@ def main() -> None:
         out["ours_to_other"] = (got == {a: True, b: True} and not stray.done
                                 and landed(r_other, [0, 1, 2, 3], [0, 1, 2, 3]))
         out["reported_once"] = not ours.poll("other").done and not ours.poll(None).done
+
+        # one progress step per tick: the control transport's, then a poll per peer;
+        # a scope polled again (a drain loop, no tick between) gets a step each time
+        steps = counted_steps(ours)
+        progress_open()
+        for scope in ("stock", "other", None):
+            ours.poll(scope)
+        tick = steps[0]
+        ours.poll("other")
+        ours.poll("other")
+        out["one_progress_per_tick"] = tick == 1 and steps[0] == tick + 2
 
         # cancel: an ended transfer is released unreported; a running one is waited for
         c = ours.write_blocks("other", [4], [4])

@@ -20,6 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import test_vllm_hostile as hostile
+from helpers.polling import poll_until  # tests/ is on sys.path once hostile is in
 
 WATCH_S, EVERY_S = 75.0, 5.0
 TABLES = ("tcp", "tcp6", "udp", "udp6", "raw", "raw6", "unix", "netlink", "packet")
@@ -74,9 +75,18 @@ def main() -> None:
         attack.close()
         t0 = time.monotonic()
         deltas = []
-        while time.monotonic() - t0 < WATCH_S and target.alive():
+
+        def sample() -> bool:
+            """One reading while the target lives; False once it died."""
+            if not target.alive():
+                return False
             deltas.append((round(time.monotonic() - t0), target.fds() - fds0))
-            time.sleep(EVERY_S)  # sampling /proc over a fixed window: nothing to wait on
+            return True
+
+        # sampling /proc over a fixed window (nothing to wait on); it ends early only if
+        # the target dies
+        poll_until(sample, lambda alive: not alive, WATCH_S, "the watch window",
+                   interval=EVERY_S, at_deadline="last")
         print("fds above the count before, (s after the attacker left, delta):", deltas)
         kinds, sockets = fd_kinds(target.pid)
         print("descriptors by kind:", dict(kinds))

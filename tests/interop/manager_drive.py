@@ -2,7 +2,9 @@
 
 Run by ``test_vllm_adapter.py::test_real_tier_manager`` with ``.venv-vllm``'s Python;
 argv: ``vllm`` (vLLM's sessions), ``p2pfsm`` (``p2pfsm.vllm.install()`` first) or
-``full`` (``install(transport="p2pfsm")``: p2pfsm's control and data transports too). One
+``full`` (``install(transport="p2pfsm")``: p2pfsm's control and data transports too), or
+several, comma-separated: one after the other in this process (one vLLM import), each
+with a manager and peers of its own, the install undone after each. One
 manager on a primary region of demo-block size, each step one ``get_finished_jobs()``
 (the manager's poll), ``serve_external_requests()`` and ``on_schedule_end()``, as the
 engine calls them. Its peers are stock vLLM processes (``python -m p2pfsm.vllm.peer``)
@@ -20,7 +22,7 @@ this script starts and stops by PID. Flows, in order:
 * ``native_produce``: the same store fetched by p2pfsm's own client (``p2pfsm fetch``);
 * ``shutdown()``, with the sessions to the three servers open.
 
-Prints one JSON line: each flow's job results, lookups and checks.
+Prints one JSON line per kind: each flow's job results, lookups and checks.
 """
 
 from __future__ import annotations
@@ -49,9 +51,14 @@ from vllm.v1.kv_offload.config import (
 from vllm.v1.kv_offload.file_mapper import FileMapper
 from vllm.v1.kv_offload.tiering.base import ParentManager, TransferJob
 from vllm.v1.kv_offload.tiering.p2p import manager as manager_module
+from vllm.v1.kv_offload.tiering.p2p.control.zmq import ZmqTransport
+from vllm.v1.kv_offload.tiering.p2p.data.nixl import NixlTransport
+from vllm.v1.kv_offload.tiering.p2p.session import P2PSession as Stock
 
 import p2pfsm.vllm as pv
 from p2pfsm.demo.blocks import demo_block, demo_key
+from p2pfsm.vllm.control import PlaneTransport
+from p2pfsm.vllm.data import PlaneDataTransport
 from p2pfsm.vllm.peer import patches
 from p2pfsm.vllm.peer.common import HOST, MARK, free_port, wait_for_frames
 from p2pfsm.vllm.session import P2PSession as Adapter
@@ -322,19 +329,25 @@ def drive(engine: Engine) -> dict[str, Any]:
     return out
 
 
+def run_kind(kind: str) -> dict[str, Any]:
+    """Every flow with a new manager of ``kind``; the install undone at the end."""
+    full = kind == "full"
+    if kind != "vllm":
+        pv.install("p2pfsm" if full else None)
+    try:
+        assert manager_module.P2PSession is (Stock if kind == "vllm" else Adapter)
+        assert manager_module.ZmqTransport is (PlaneTransport if full else ZmqTransport)
+        assert manager_module.NixlTransport is (PlaneDataTransport if full else NixlTransport)
+        return {"sessions": kind, **drive(Engine())}
+    finally:
+        if kind != "vllm":
+            pv.uninstall()
+
+
 def main() -> None:
     patches.apply()  # as the harness does: vLLM's close stops its monitor first
-    if sys.argv[1] in ("p2pfsm", "full"):
-        pv.install("p2pfsm" if sys.argv[1] == "full" else None)
-        assert manager_module.P2PSession is Adapter
-    if sys.argv[1] == "full":
-        from p2pfsm.vllm.control import PlaneTransport
-        from p2pfsm.vllm.data import PlaneDataTransport
-
-        assert manager_module.ZmqTransport is PlaneTransport
-        assert manager_module.NixlTransport is PlaneDataTransport
-    engine = Engine()
-    print(json.dumps({"sessions": sys.argv[1], **drive(engine)}), flush=True)
+    for kind in sys.argv[1].split(","):
+        print(json.dumps(run_kind(kind)), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
 """What vLLM 0.33.0's tier manager reads off a session, for vLLM's sessions and p2pfsm's.
 
 Run by ``test_vllm_adapter.py::test_session_surface`` with ``.venv-vllm``'s Python: every
-case runs once per session class (argv: ``vllm`` or ``p2pfsm``) on vLLM's real
-``ZmqTransport`` and ``NixlTransport``, and prints one JSON line of what the manager would
-see. The peer, where a case has one, is always vLLM's own session on a transport of its
-own in this process, driven by the same loop.
+case runs once per session class (argv: ``vllm``, ``p2pfsm`` or both, comma-separated:
+one process, one vLLM import) on vLLM's real ``ZmqTransport`` and ``NixlTransport``, and
+prints one JSON line per class of what the manager would see. The peer, where a case has
+one, is always vLLM's own session on a transport of its own in this process, driven by
+the same loop.
 """
 
 from __future__ import annotations
@@ -118,8 +119,10 @@ CASES = {"never_connected": never_connected, "lookup_in_flight": lookup_in_fligh
 
 def main() -> None:
     patches.apply()  # as the harness does: vLLM's close stops its monitor first
-    cls = {"vllm": Stock, "p2pfsm": Adapter}[sys.argv[1]]
-    print(json.dumps({name: case(cls) for name, case in CASES.items()}), flush=True)
+    for kind in sys.argv[1].split(","):
+        cls = {"vllm": Stock, "p2pfsm": Adapter}[kind]
+        print(json.dumps({"kind": kind, **{name: case(cls) for name, case in CASES.items()}}),
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ import pytest
 import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: helpers, hostile
+from helpers.polling import poll_until
 from helpers.serve_process import ServeProcess
 from hostile.wire import RawPeer, connect_msg, demo_key, fetch_msg, free_port, pack
 from test_vllm_interop import (  # type: ignore[import-not-found]
@@ -296,10 +297,10 @@ def run_scenario(name: str, kind: str, log_dir: Path) -> tuple[Outcome, str]:
         # types_within), not only until its count is under the bound. A guarded target
         # drops past its pending budget at the door, so nothing is queued for later.
         watch = SCENARIOS[name] is _never_handshake and kind == "vllm"
-        end = time.monotonic() + SETTLE_S
-        while target.alive() and time.monotonic() < end and (
-                watch or target.fds() > fds0 + out.fd_bound):
-            time.sleep(0.2)  # polling /proc, which has nothing to wait on, with a deadline
+        poll_until(lambda: not target.alive() or (
+                       not watch and target.fds() <= fds0 + out.fd_bound),
+                   bool, SETTLE_S, "the target's fds settled", interval=0.2,
+                   at_deadline="last")
         out.alive = target.alive()
         if out.alive:
             out.fds_delta = target.fds() - fds0
