@@ -788,7 +788,8 @@ GateResponse(L) == FireS(L, "recv_response", L.sess)
 \* Session._on_fetch with keys: demand for (req, seq). An unbound round with supply
 \* is adopted by the request's first fetch (and moves to the end of the insertion
 \* order). A fetch for a lookup round whose pins expired fails at once (vLLM P7), and so
-\* does one naming a new round of a request the host finished (its host is not asked).
+\* does one naming a new round of a request the host finished (its host is not asked);
+\* the first is the session's reply (recv_expired_fetch), no round is opened for it.
 \* An accepted fetch names a round of its request again: the peer did not finish it.
 ServerRoundRecvFetch(p) ==
     /\ Incoming(p, "fetch")
@@ -815,7 +816,7 @@ ServerRoundRecvFetch(p) ==
        IN Commit(p,
             IF ~CanRequest(L0) THEN Reject(Load(p, "ServerRoundRecvFetch"))
             ELSE IF expired
-            THEN Send([L1 EXCEPT !.xl[m.req] = Unbound],
+            THEN Send(FireS([L1 EXCEPT !.xl[m.req] = Unbound], "recv_expired_fetch", L1.sess),
                       Msg("transfer_done", m.req, m.seq, {}, m.dst, FALSE, {}))
             ELSE IF src \notin {"new", "supplied", "supply_closed", "pinned", "pinned_closed"}
             THEN Reject(Load(p, "ServerRoundRecvFetch"))
@@ -868,7 +869,8 @@ ServerLookupRecvLookup(p) ==
                                       hits |-> {}, sent |-> {}])],
                         "server_lookup", "recv_lookup", "new", "resolving"), m.req, how))
 
-\* Session._on_abort_fetch: stop writing; ack once nothing of the round can land.
+\* Session._on_abort_fetch: stop writing; ack once nothing of the round can land. An
+\* abort naming no round of ours is acked at once by the session (recv_unknown_abort).
 ServerRoundRecvAbortFetch(p) ==
     /\ Incoming(p, "abort_fetch")
     /\ LET L0 == Pop(Load(p, "ServerRoundRecvAbortFetch"))
@@ -878,7 +880,8 @@ ServerRoundRecvAbortFetch(p) ==
        IN Commit(p,
             IF ~CanRequest(L0) THEN Reject(Load(p, "ServerRoundRecvAbortFetch"))
             ELSE IF k \notin DOMAIN L1.sr
-            THEN Send(L1, Msg("abort_ack", m.req, m.seq, {}, m.dst, FALSE, {}))
+            THEN Send(FireS(L1, "recv_unknown_abort", L1.sess),
+                      Msg("abort_ack", m.req, m.seq, {}, m.dst, FALSE, {}))
             ELSE Settle(FireSR(L1, k, "recv_abort_fetch", "draining_abort"), k))
 
 \* Session._on_transfer_done.

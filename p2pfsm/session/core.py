@@ -33,7 +33,17 @@ from typing import Any
 
 from p2pfsm.errors import HandshakeMismatch, InvalidTransition, LocalProtocolError
 from p2pfsm.fsm import CompiledMachine, Tracer, machine
-from p2pfsm.protocol import Connect, ConnectAck, Disconnect, FetchRound, Message, TransferDone
+from p2pfsm.protocol import (
+    AbortAck,
+    AbortFetch,
+    Connect,
+    ConnectAck,
+    Disconnect,
+    Fetch,
+    FetchRound,
+    Message,
+    TransferDone,
+)
 from p2pfsm.session.child import (
     Arm,
     BindRound,
@@ -248,6 +258,11 @@ class Session:
         """Fire the session's gate for a non-handshake frame (validate first!)."""
         SESSION.fire(self, trigger, msg)
 
+    def answer(self, trigger: str, msg: Message) -> None:
+        """Fire the session machine's reply to a gated frame that no child takes (its
+        action sends the reply)."""
+        SESSION.fire(self, trigger, msg)
+
     # ------------------------------------------- the session machine, for dispatch
     def machine_fire(self, trigger: str, ev: object = None) -> str:
         """Fire the session machine (its own hook applies what its actions left)."""
@@ -376,6 +391,14 @@ class Session:
     # --------------------------------------- the session machine: actions
     def fail_bad_fetch(self, ev: object) -> None:
         assert isinstance(ev, FetchRound)
+        self.send(TransferDone(ev.kv_request_id, False, ev.round_seq))
+
+    def ack_unknown_abort(self, ev: object) -> None:
+        assert isinstance(ev, AbortFetch)
+        self.send(AbortAck(ev.kv_request_id, ev.round_seq))
+
+    def fail_expired_fetch(self, ev: object) -> None:
+        assert isinstance(ev, Fetch)
         self.send(TransferDone(ev.kv_request_id, False, ev.round_seq))
 
     def send_connect(self, _ev: object) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from p2pfsm.errors import LocalProtocolError, MalformedFrame, RemoteProtocolError
 from p2pfsm.fsm import CompiledMachine
-from p2pfsm.protocol import AbortAck, AbortFetch, Fetch, Lookup, TransferDone, check_block_indexes
+from p2pfsm.protocol import AbortFetch, Fetch, Lookup, check_block_indexes
 from p2pfsm.session.checks import check_keys, check_request_id
 from p2pfsm.session.child import ChildEnv, ExpireLookupRound, PinHits
 from p2pfsm.session.config import SessionConfig
@@ -222,7 +222,7 @@ class ProducerPart:
             owner.gate("recv_request", msg)
             self.expired_lookups.pop(msg.kv_request_id)
             self.peer_finished.pop(msg.kv_request_id)
-            owner.send(TransferDone(msg.kv_request_id, False, msg.round_seq))
+            owner.answer("recv_expired_fetch", msg)  # transfer_done(false)
             return
         if rnd is None:
             unbound = self.server_round(msg.kv_request_id, None)
@@ -272,7 +272,7 @@ class ProducerPart:
         rnd = self.server_round(msg.kv_request_id, msg.round_seq)
         if rnd is None:
             # Nothing of that round is in flight (unknown or already ended): ack at once.
-            owner.send(AbortAck(msg.kv_request_id, msg.round_seq))
+            owner.answer("recv_unknown_abort", msg)
             return
         owner.step(SERVER_ROUND, rnd, "recv_abort_fetch", msg)
 
