@@ -62,7 +62,7 @@ def action_of(state: str, event: Input) -> str | None:
         if state not in LIVE_STATES:
             return "NetworkDiscard"
         try:
-            msg = decode(event.frame)
+            msg = event.message if event.message is not None else decode(event.frame)
         except RemoteProtocolError:
             # A malformed frame: the spec has one kind, a fetch still naming its round.
             bad = fetch_round(event.frame) is not None

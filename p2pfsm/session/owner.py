@@ -29,8 +29,9 @@ class Owner(Protocol):
     the child's outbox and retires it when terminal. Frames: :meth:`check_gate` raises
     when the session machine would refuse the frame's gate trigger, :meth:`gate` fires
     it (after the part validated the frame), :meth:`answer` fires the session machine's
-    transition that replies to a gated frame no child of the part takes. Reads: :attr:`now`, :attr:`alive` and the
-    peer's connect (:attr:`peer`, None before the handshake).
+    transition that replies to a gated frame no child of the part takes. Reads:
+    :attr:`now`, :attr:`alive` and the peer's connect (:attr:`peer`, None before the
+    handshake).
     """
 
     @property
