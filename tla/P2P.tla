@@ -563,7 +563,8 @@ ClientRoundHostFetch(p) ==
              seq == IF L.lr[req] = Unbound THEN Alloc(L, req) ELSE L.lr[req]
              k == <<req, seq>>
          IN IF L.sess \notin Live
-            THEN Commit(p, [L EXCEPT !.lres = Append(@, [r |-> "fail", by |-> 0])])
+            THEN Commit(p, [FireS(L, "host_fetch_over", L.sess)
+                              EXCEPT !.lres = Append(@, [r |-> "fail", by |-> 0])])
             ELSE /\ seq < MaxRounds
                  /\ Commit(p, Send(Fire([L EXCEPT !.lres = Append(@, [r |-> "pending", by |-> 0]),
                                                   !.lr[req] = Unbound,
@@ -578,7 +579,8 @@ ClientLookupHostLookup(p) ==
          LET L == Load(p, "ClientLookupHostLookup")
              seq == IF L.lr[req] = Unbound THEN Alloc(L, req) ELSE L.lr[req]
          IN IF L.sess \notin Live
-            THEN Commit(p, [L EXCEPT !.nlk = @ + 1, !.nlr = @ + 1])
+            THEN Commit(p, [FireS(L, "host_lookup_over", L.sess) EXCEPT !.nlk = @ + 1,
+                                                                        !.nlr = @ + 1])
             ELSE /\ seq < MaxRounds
                  /\ Commit(p, Send(Fire([L EXCEPT !.nlk = @ + 1, !.lr[req] = seq,
                                                   !.cl[req] = Append(@, [st |-> "probing",
@@ -626,7 +628,8 @@ ServerRoundHostSupply(p) ==
              src == SSt(Ln, k)
          IN /\ ~HostFinished(L0, req)
             /\ Commit(p,
-                 IF L.sess \in Ended \cup {"closed"} THEN ReleaseJob(L, j)
+                 IF L.sess \in Ended \cup {"closed"}
+                 THEN ReleaseJob(FireS(L, "host_supply_over", L.sess), j)
                  ELSE IF src = "new" /\ req \in L.pf
                  THEN EndRound(ReleaseJob(FireSR(Ln, k, "host_supply", "done"), j), k)
                  ELSE IF src \in {"new", "supplied"}

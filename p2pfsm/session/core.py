@@ -62,6 +62,7 @@ from p2pfsm.session.dispatch import HANDLERS, TIMER_MACHINES
 from p2pfsm.session.inputs import (
     HostFetch,
     HostLookup,
+    HostSupply,
     Input,
     RegistrationFinished,
     TimerId,
@@ -77,12 +78,16 @@ from p2pfsm.session.machine import (
 from p2pfsm.session.outputs import (
     ArmTimer,
     DisarmTimer,
+    FailReason,
+    LoadResult,
+    LookupResult,
     Output,
     SendFrame,
     SendToLostPeer,
     SessionDead,
     StartRegistration,
     StartWrite,
+    StoreResult,
 )
 from p2pfsm.session.producer import ProducerPart
 from p2pfsm.session.server import ServerLookup, ServerRound
@@ -92,6 +97,8 @@ from p2pfsm.session.view import SessionView
 __all__ = ["LIVE_STATES", "SESSION", "Session"]
 
 _HANDSHAKE_TYPES = (Connect, ConnectAck, Disconnect)
+_OVER = "the session is not alive"
+"""Why a job of a host call on a session that is over fails (its result's detail)."""
 
 
 class Session:
@@ -258,10 +265,11 @@ class Session:
         """Fire the session's gate for a non-handshake frame (validate first!)."""
         SESSION.fire(self, trigger, msg)
 
-    def answer(self, trigger: str, msg: Message) -> None:
-        """Fire the session machine's reply to a gated frame that no child takes (its
-        action sends the reply)."""
-        SESSION.fire(self, trigger, msg)
+    def answer(self, trigger: str, ev: object) -> None:
+        """Fire the session machine's answer to what no child takes: a gated frame (its
+        action sends the reply), a host call on a session that is over (its action
+        reports the job's result)."""
+        SESSION.fire(self, trigger, ev)
 
     # ------------------------------------------- the session machine, for dispatch
     def machine_fire(self, trigger: str, ev: object = None) -> str:
@@ -400,6 +408,20 @@ class Session:
     def fail_expired_fetch(self, ev: object) -> None:
         assert isinstance(ev, Fetch)
         self.send(TransferDone(ev.kv_request_id, False, ev.round_seq))
+
+    def fail_fetch_over(self, ev: object) -> None:
+        assert isinstance(ev, HostFetch)
+        self.emit(LoadResult(ev.job_id, ev.kv_request_id, False, True,
+                             FailReason.SESSION_ENDED, _OVER))
+
+    def fail_lookup_over(self, ev: object) -> None:
+        assert isinstance(ev, HostLookup)
+        self.emit(LookupResult(ev.kv_request_id, ev.keys, (False,) * len(ev.keys), False,
+                               FailReason.SESSION_ENDED, _OVER))
+
+    def fail_supply_over(self, ev: object) -> None:
+        assert isinstance(ev, HostSupply)
+        self.emit(StoreResult(ev.job_id, False, FailReason.SESSION_ENDED, _OVER))
 
     def send_connect(self, _ev: object) -> None:
         cfg = self.config

@@ -29,7 +29,8 @@ class Owner(Protocol):
     the child's outbox and retires it when terminal. Frames: :meth:`check_gate` raises
     when the session machine would refuse the frame's gate trigger, :meth:`gate` fires
     it (after the part validated the frame), :meth:`answer` fires the session machine's
-    transition that replies to a gated frame no child of the part takes. Reads:
+    transition that answers what no child of the part takes (a gated frame, a host call
+    on a session that is over). Reads:
     :attr:`now`, :attr:`alive` and the peer's connect (:attr:`peer`, None before the
     handshake).
     """
@@ -61,4 +62,4 @@ class Owner(Protocol):
 
     def gate(self, trigger: str, msg: Message) -> None: ...
 
-    def answer(self, trigger: str, msg: Message) -> None: ...
+    def answer(self, trigger: str, ev: object) -> None: ...

@@ -286,9 +286,8 @@ class ProducerPart:
             raise LocalProtocolError(
                 f"supply: request {ev.kv_request_id!r} was finished by this host (HostFinish "
                 "says no more supply comes); its fetch, if any, is answered already")
-        if not self.owner.alive:  # dead, ended or closed (idle was refused above)
-            self.owner.emit(StoreResult(ev.job_id, False, FailReason.SESSION_ENDED,
-                                        "the session is not alive"))
+        if not self.owner.alive:  # over (idle was refused): the session fails the job at once
+            self.owner.answer("host_supply_over", ev)
             return
         rnd = self._supply_target(ev)
         self.owner.step(SERVER_ROUND, rnd, "host_supply", ev)

@@ -1,0 +1,112 @@
+"""Replies and results no child machine owns are still actions of declared transitions.
+
+An abort_fetch for a round we do not hold, a fetch for a lookup round whose pins
+expired, and a host fetch, lookup or supply on a session that is over are answered by
+the session machine (``models/session.toml``): its table lists each, and the session
+takes that transition (the tracer records it) when it sends the reply or reports the
+result.
+"""
+
+from __future__ import annotations
+
+import pytest
+from helpers.world import Driver, World, key, keys, ready_driver, ready_world
+
+from p2pfsm.fsm import Tracer, TraceRecord, machine
+from p2pfsm.protocol import AbortAck, AbortFetch, Disconnect, TransferDone
+from p2pfsm.session import (
+    FailReason,
+    HostClose,
+    HostFetch,
+    HostLookup,
+    HostSupply,
+    Input,
+    LoadResult,
+    LookupResult,
+    Output,
+    SendFrame,
+    StoreResult,
+    TransportLost,
+)
+
+OVER = ("dead", "ended", "closed")
+
+ANSWERS = {
+    "recv_unknown_abort": (("ready",), ("ack_unknown_abort",)),
+    "recv_expired_fetch": (("ready",), ("fail_expired_fetch",)),
+    "host_fetch_over": (OVER, ("fail_fetch_over",)),
+    "host_lookup_over": (OVER, ("fail_lookup_over",)),
+    "host_supply_over": (OVER, ("fail_supply_over",)),
+}
+"""Trigger -> (source states, actions) of each answer the session machine declares."""
+
+
+def test_the_session_table_declares_each_answer() -> None:
+    spec = machine("session")
+    for trigger, (sources, actions) in ANSWERS.items():
+        rows = [t for t in spec.transitions if t.trigger == trigger]
+        assert len(rows) == 1, trigger
+        assert set(rows[0].sources) == set(sources), trigger
+        assert rows[0].actions == actions and rows[0].dest is None, trigger
+
+
+def _session_steps(tracer: Tracer, mark: int) -> list[tuple[str, str, str]]:
+    records: list[TraceRecord] = tracer.records[mark:]
+    return [(r.trigger, r.source, r.dest) for r in records if r.machine == "session"]
+
+
+def test_an_abort_for_no_round_of_ours_is_acked_by_the_session_machine() -> None:
+    d = ready_driver()
+    d.s.tracer = tracer = Tracer()
+    out = d.recv(AbortFetch("r9", 3))
+    assert out == [SendFrame(AbortAck("r9", 3))]
+    assert _session_steps(tracer, 0) == [("recv_request", "ready", "ready"),
+                                         ("recv_unknown_abort", "ready", "ready")]
+
+
+def test_a_fetch_for_expired_lookup_pins_fails_by_the_session_machine() -> None:
+    tracer = Tracer()
+    w: World = ready_world(tracer=tracer)
+    w.lookup("a", "r1", [8])
+    w.stabilize()
+    w.fire_next("b", "store")  # the pins of round 0 expire before its fetch
+    w.load("a", "r1", [8])
+    mark = len(tracer.records)
+    w.deliver("a")
+    assert w.wire("b") == [TransferDone("r1", False, 0)]
+    steps = [(r.machine, r.trigger) for r in tracer.records[mark:]]
+    assert steps == [("session", "recv_request"), ("session", "recv_expired_fetch")]
+
+
+def _over(how: str) -> tuple[Driver, Tracer]:
+    d = ready_driver()
+    if how == "dead":
+        d(TransportLost("cut"))
+    elif how == "ended":
+        d.recv(Disconnect())
+    else:
+        d(HostClose())
+    assert d.s.state == how
+    d.s.tracer = tracer = Tracer()
+    return d, tracer
+
+
+CALLS: list[tuple[str, Input, Output]] = [
+    ("host_fetch_over", HostFetch(1, "r1", keys([8]), (3,)),
+     LoadResult(1, "r1", False, True, FailReason.SESSION_ENDED)),
+    ("host_lookup_over", HostLookup("r1", keys([8, 9])),
+     LookupResult("r1", keys([8, 9]), (False, False), False, FailReason.SESSION_ENDED)),
+    ("host_supply_over", HostSupply(2, "r1", (key(8),), (4,)),
+     StoreResult(2, False, FailReason.SESSION_ENDED)),
+]
+
+
+@pytest.mark.parametrize("how", OVER)
+@pytest.mark.parametrize(("trigger", "call", "result"), CALLS, ids=[c[0] for c in CALLS])
+def test_a_host_call_on_a_session_that_is_over_fails_by_the_session_machine(
+        how: str, trigger: str, call: Input, result: Output) -> None:
+    d, tracer = _over(how)
+    out = d(call)
+    assert out == [result]
+    assert getattr(out[0], "reason", None) is FailReason.SESSION_ENDED
+    assert _session_steps(tracer, 0) == [(trigger, how, how)]
