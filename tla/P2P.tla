@@ -668,7 +668,8 @@ ServerLookupHostAnswer(p) ==
            L == IF hits # {} THEN [L0 EXCEPT !.sres = Append(@, [st |-> "pinned", rnd |-> lk.seq])]
                 ELSE L0
            pinned == hits # {} /\ canPin
-           \* A pin the round no longer takes: its StoreResult at once; the keys are MISS.
+           \* A pin the round no longer takes: its StoreResult at once; the keys are MISS
+           \* (server_lookup host_answer's guarded variant: refuse_pins, record_answers).
            L1 == IF hits # {} /\ ~canPin THEN ReleaseJob(L, j) ELSE L
            L2 == Fire([L1 EXCEPT !.sl[req][i].pending = @ \ (hits \cup miss),
                                  !.sl[req][i].hits = @ \cup (IF pinned THEN hits ELSE {})],

@@ -32,7 +32,13 @@ from p2pfsm.session.inputs import (
 )
 from p2pfsm.session.outputs import FailReason, FetchArrived, StoreResult
 from p2pfsm.session.owner import Owner
-from p2pfsm.session.server import SERVER_LOOKUP, SERVER_ROUND, ServerLookup, ServerRound
+from p2pfsm.session.server import (
+    SERVER_LOOKUP,
+    SERVER_ROUND,
+    PinsRefused,
+    ServerLookup,
+    ServerRound,
+)
 from p2pfsm.session.tombstones import Tombstones
 
 # Named state sets of the models (their [sets]); the code spells no state name.
@@ -349,11 +355,11 @@ class ProducerPart:
             if type(idx) is not int or not 0 <= idx < self.config.num_blocks:
                 raise LocalProtocolError(f"answer_lookup: index {idx!r} for key outside region")
         rnd = self.server_round(served.kv_request_id, served.round_seq)
+        answer: HostAnswerLookup | PinsRefused = ev
         if ev.hits and rnd is not None and not SERVER_ROUND.can_fire(rnd, "lookup_pin"):
-            self.owner.emit(StoreResult(ev.job_id or 0, False, FailReason.NOT_SERVED,
-                                        "the lookup's round no longer takes pins"))
-            ev = HostAnswerLookup(ev.token, {}, None, ev.pending)
-        self.owner.step(SERVER_LOOKUP, served, "host_answer", ev)
+            # The round takes no more pins: the lookup fails the job, the hits are misses.
+            answer = PinsRefused(ev.job_id or 0, HostAnswerLookup(ev.token, {}, None, ev.pending))
+        self.owner.step(SERVER_LOOKUP, served, "host_answer", answer)
 
     def on_write(self, ev: WriteFinished) -> None:
         """The data plane finished write ``ev.xfer``."""

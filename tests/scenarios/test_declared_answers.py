@@ -4,7 +4,8 @@ An abort_fetch for a round we do not hold, a fetch for a lookup round whose pins
 expired, and a host fetch, lookup or supply on a session that is over are answered by
 the session machine (``models/session.toml``): its table lists each, and the session
 takes that transition (the tracer records it) when it sends the reply or reports the
-result.
+result. Hits for a round that takes no more pins are refused by the served lookup's
+own ``host_answer`` (``models/server_lookup.toml``).
 """
 
 from __future__ import annotations
@@ -48,6 +49,31 @@ def test_the_session_table_declares_each_answer() -> None:
         assert len(rows) == 1, trigger
         assert set(rows[0].sources) == set(sources), trigger
         assert rows[0].actions == actions and rows[0].dest is None, trigger
+
+
+def test_the_served_lookup_declares_refused_pins() -> None:
+    rows = [t for t in machine("server_lookup").transitions if t.trigger == "host_answer"]
+    refused = [t for t in rows if "is_pinning_refused" in t.guards]
+    assert [t.actions for t in refused] == [("refuse_pins", "record_answers")]
+    assert all("is_pinning_refused" in t.unless for t in rows if t not in refused)
+
+
+def test_hits_for_a_round_that_takes_no_pins_are_refused_by_the_lookup() -> None:
+    tracer = Tracer()
+    w = World(auto_answer=False, tracer=tracer)
+    w.handshake()
+    w.lookup("a", "r1", [8])
+    w.deliver("a")
+    (request,) = w.held["b"]
+    w.load("a", "r1", [8])
+    w.deliver("a")  # the round serves its fetch now: it takes no pins
+    mark = len(tracer.records)
+    job = w.answer("b", request.token, hit_ids=[8])
+    assert job is not None
+    assert w.hosts["b"].store_results[job] == StoreResult(job, False, FailReason.NOT_SERVED)
+    first = tracer.records[mark]
+    assert (first.machine, first.trigger, first.source, first.dest) == (
+        "server_lookup", "host_answer", "resolving", "resolving")
 
 
 def _session_steps(tracer: Tracer, mark: int) -> list[tuple[str, str, str]]:
