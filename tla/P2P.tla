@@ -696,7 +696,8 @@ ClientRoundHostFinish(p) ==
              open == L2.lr[req]
              L3 == [L2 EXCEPT !.lr[req] = Unbound]
              L4 == IF open # Unbound /\ L3.sess \in Live
-                   THEN Send(L3, Msg("fetch", req, open, {}, 0, FALSE, {}))
+                   THEN Send(FireS(L3, "finish_lookup_round", L3.sess),
+                             Msg("fetch", req, open, {}, 0, FALSE, {}))
                    ELSE L3
          IN Commit(p, CloseRequest(L4, req, "host_finish"))
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import Counter
 
 from p2pfsm.errors import LocalProtocolError, RemoteProtocolError
-from p2pfsm.protocol import AbortAck, Fetch, LookupResp, TransferDone
+from p2pfsm.protocol import AbortAck, FetchRound, LookupResp, TransferDone
 from p2pfsm.session.checks import check_keys
 from p2pfsm.session.child import ChildEnv
 from p2pfsm.session.client import (
@@ -183,8 +183,8 @@ class ConsumerPart:
         for lk in list(self.lookups.get(rid, ())):
             owner.step(CLIENT_LOOKUP, lk, lookup_trigger, ev)
         open_round = self.lookup_round.pop(rid, None)
-        if open_round is not None and owner.alive:
-            owner.send(Fetch(rid, (), (), open_round))
+        if open_round is not None and owner.alive:  # a terminal fetch closes that round
+            owner.answer("finish_lookup_round", FetchRound(rid, open_round))
 
     # -------------------------------------------------------------- frames
     def on_transfer_done(self, msg: TransferDone) -> None:

@@ -409,6 +409,10 @@ class Session:
         assert isinstance(ev, Fetch)
         self.send(TransferDone(ev.kv_request_id, False, ev.round_seq))
 
+    def send_terminal_fetch(self, ev: object) -> None:
+        assert isinstance(ev, FetchRound)
+        self.send(Fetch(ev.kv_request_id, (), (), ev.round_seq))
+
     def fail_fetch_over(self, ev: object) -> None:
         assert isinstance(ev, HostFetch)
         self.emit(LoadResult(ev.job_id, ev.kv_request_id, False, True,

@@ -38,6 +38,7 @@ TRIGGERS_WITHOUT_ACTION: frozenset[tuple[str, str]] = frozenset({
     ("server_lookup", "settle"),        # after every event touching a lookup
     ("session", "recv_unknown_abort"),  # ServerRoundRecvAbortFetch: no round to abort
     ("session", "recv_expired_fetch"),  # ServerRoundRecvFetch: the lookup pins expired
+    ("session", "finish_lookup_round"), # ClientRoundHostFinish: a lookup round unfetched
     ("session", "host_fetch_over"),     # ClientRoundHostFetch on a session that is over
     ("session", "host_lookup_over"),    # ClientLookupHostLookup on a session that is over
     ("session", "host_supply_over"),    # ServerRoundHostSupply on a session that is over

@@ -1,7 +1,8 @@
 """Replies and results no child machine owns are still actions of declared transitions.
 
 An abort_fetch for a round we do not hold, a fetch for a lookup round whose pins
-expired, and a host fetch, lookup or supply on a session that is over are answered by
+expired, the terminal fetch that closes a lookup round no fetch took when the host
+finishes its request, and a host fetch, lookup or supply on a session that is over are answered by
 the session machine (``models/session.toml``): its table lists each, and the session
 takes that transition (the tracer records it) when it sends the reply or reports the
 result. Hits for a round that takes no more pins are refused by the served lookup's
@@ -11,30 +12,53 @@ own ``host_answer`` (``models/server_lookup.toml``).
 from __future__ import annotations
 
 import pytest
-from helpers.world import Driver, World, key, keys, ready_driver, ready_world
+from helpers.world import (
+    PEER_ID,
+    Driver,
+    World,
+    key,
+    keys,
+    peer_connect,
+    ready_driver,
+    ready_world,
+)
 
 from p2pfsm.fsm import Tracer, TraceRecord, machine
-from p2pfsm.protocol import AbortAck, AbortFetch, Disconnect, TransferDone
+from p2pfsm.protocol import (
+    AbortAck,
+    AbortFetch,
+    ConnectAck,
+    Disconnect,
+    Fetch,
+    Lookup,
+    Message,
+    TransferDone,
+)
 from p2pfsm.session import (
     FailReason,
     HostClose,
     HostFetch,
+    HostFinish,
     HostLookup,
+    HostStart,
     HostSupply,
     Input,
     LoadResult,
     LookupResult,
     Output,
+    RegistrationFinished,
     SendFrame,
     StoreResult,
     TransportLost,
 )
 
 OVER = ("dead", "ended", "closed")
+LIVE = ("connecting", "registering", "registering_acked", "awaiting_ack", "ready")
 
 ANSWERS = {
     "recv_unknown_abort": (("ready",), ("ack_unknown_abort",)),
     "recv_expired_fetch": (("ready",), ("fail_expired_fetch",)),
+    "finish_lookup_round": (LIVE, ("send_terminal_fetch",)),
     "host_fetch_over": (OVER, ("fail_fetch_over",)),
     "host_lookup_over": (OVER, ("fail_lookup_over",)),
     "host_supply_over": (OVER, ("fail_supply_over",)),
@@ -102,6 +126,54 @@ def test_a_fetch_for_expired_lookup_pins_fails_by_the_session_machine() -> None:
     assert w.wire("b") == [TransferDone("r1", False, 0)]
     steps = [(r.machine, r.trigger) for r in tracer.records[mark:]]
     assert steps == [("session", "recv_request"), ("session", "recv_expired_fetch")]
+
+
+def test_a_finish_closes_an_unfetched_lookup_round_by_the_session_machine() -> None:
+    tracer = Tracer()
+    w = ready_world(tracer=tracer)
+    w.lookup("a", "r1", [8])
+    w.deliver("a")
+    mark = len(tracer.records)
+    w.finish("a", "r1")
+    assert w.wire("a") == [Fetch("r1", (), (), 0)]
+    assert ("session", "finish_lookup_round", "ready", "ready") in {
+        (r.machine, r.trigger, r.source, r.dest) for r in tracer.records[mark:]}
+
+
+HANDSHAKE: list[Input | Message] = [peer_connect(), RegistrationFinished(True),
+                                     ConnectAck(PEER_ID)]
+BEFORE_READY = {  # each state before ready, and the handshake steps that lead there
+    "connecting": [],
+    "registering": [peer_connect()],
+    "registering_acked": [peer_connect(), ConnectAck(PEER_ID)],
+    "awaiting_ack": [peer_connect(), RegistrationFinished(True)],
+}
+
+
+def _step(d: Driver, step: Input | Message) -> list[Output]:
+    return d(step) if isinstance(step, RegistrationFinished) else d.recv(step)
+
+
+@pytest.mark.parametrize("state", BEFORE_READY)
+def test_a_finish_before_ready_queues_that_terminal_fetch(state: str) -> None:
+    """BEYOND_GATE (p2pfsm/verify/unreachable.py): the gate finishes no request before
+    the handshake completes."""
+    d = Driver()
+    d(HostStart())
+    d(HostLookup("r1", keys([8])))
+    for step in BEFORE_READY[state]:
+        _step(d, step)
+    assert d.s.state == state
+    d.s.tracer = tracer = Tracer()
+    out = d(HostFinish("r1"))
+    assert not [o for o in out if isinstance(o, SendFrame)]  # queued until ready
+    assert _session_steps(tracer, 0) == [("finish_lookup_round", state, state)]
+    for step in HANDSHAKE:
+        if not d.s.ready:
+            out = _step(d, step) if step not in BEFORE_READY[state] else []
+    assert d.s.ready
+    assert [o.message for o in out if isinstance(o, SendFrame)][-2:] == [
+        Lookup("r1", keys([8]), 0), Fetch("r1", (), (), 0)]
 
 
 def _over(how: str) -> tuple[Driver, Tracer]:
