@@ -52,7 +52,8 @@ _SESSION = machine("session")
 _REGISTERING = frozenset(s for t in _SESSION.transitions
                          if t.trigger in _ROWS["RegistrationFinished"].triggers for s in t.sources)
 """Session states a registration result can still reach (else the result is ignored)."""
-_STALE = frozenset(s for t in _SESSION.transitions if t.trigger == _TABLE.stale for s in t.sources)
+STALE_STATES = frozenset(s for t in _SESSION.transitions if t.trigger == _TABLE.stale
+                         for s in t.sources)
 """Session states that answer a frame as stale (a dead session's peer still sends)."""
 
 
@@ -62,7 +63,7 @@ def action_of(state: str, event: Input) -> str | None:
         if state not in LIVE_STATES:
             return "NetworkDiscard"
         try:
-            msg = decode(event.frame)
+            msg = event.message if event.message is not None else decode(event.frame)
         except RemoteProtocolError:
             # A malformed frame: the spec has one kind, a fetch still naming its round.
             bad = fetch_round(event.frame) is not None
@@ -96,7 +97,7 @@ def call_action(state: str, event: Input, records: Sequence[TraceRecord]) -> str
     if isinstance(event, FrameReceived) and any(
             (r.machine, r.trigger) == ("session", _TABLE.stale) for r in records):
         return action_name("session", _TABLE.stale)  # a dead session's answer (or not)
-    if isinstance(event, FrameReceived) and state in _STALE and records:
+    if isinstance(event, FrameReceived) and state in STALE_STATES and records:
         # The peer's disconnect reaching a dead session: the frame row's own trigger.
         return action_name(records[0].machine, records[0].trigger)
     return action_of(state, event)

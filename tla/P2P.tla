@@ -563,7 +563,8 @@ ClientRoundHostFetch(p) ==
              seq == IF L.lr[req] = Unbound THEN Alloc(L, req) ELSE L.lr[req]
              k == <<req, seq>>
          IN IF L.sess \notin Live
-            THEN Commit(p, [L EXCEPT !.lres = Append(@, [r |-> "fail", by |-> 0])])
+            THEN Commit(p, [FireS(L, "host_fetch_over", L.sess)
+                              EXCEPT !.lres = Append(@, [r |-> "fail", by |-> 0])])
             ELSE /\ seq < MaxRounds
                  /\ Commit(p, Send(Fire([L EXCEPT !.lres = Append(@, [r |-> "pending", by |-> 0]),
                                                   !.lr[req] = Unbound,
@@ -578,7 +579,8 @@ ClientLookupHostLookup(p) ==
          LET L == Load(p, "ClientLookupHostLookup")
              seq == IF L.lr[req] = Unbound THEN Alloc(L, req) ELSE L.lr[req]
          IN IF L.sess \notin Live
-            THEN Commit(p, [L EXCEPT !.nlk = @ + 1, !.nlr = @ + 1])
+            THEN Commit(p, [FireS(L, "host_lookup_over", L.sess) EXCEPT !.nlk = @ + 1,
+                                                                        !.nlr = @ + 1])
             ELSE /\ seq < MaxRounds
                  /\ Commit(p, Send(Fire([L EXCEPT !.nlk = @ + 1, !.lr[req] = seq,
                                                   !.cl[req] = Append(@, [st |-> "probing",
@@ -626,7 +628,8 @@ ServerRoundHostSupply(p) ==
              src == SSt(Ln, k)
          IN /\ ~HostFinished(L0, req)
             /\ Commit(p,
-                 IF L.sess \in Ended \cup {"closed"} THEN ReleaseJob(L, j)
+                 IF L.sess \in Ended \cup {"closed"}
+                 THEN ReleaseJob(FireS(L, "host_supply_over", L.sess), j)
                  ELSE IF src = "new" /\ req \in L.pf
                  THEN EndRound(ReleaseJob(FireSR(Ln, k, "host_supply", "done"), j), k)
                  ELSE IF src \in {"new", "supplied"}
@@ -665,7 +668,8 @@ ServerLookupHostAnswer(p) ==
            L == IF hits # {} THEN [L0 EXCEPT !.sres = Append(@, [st |-> "pinned", rnd |-> lk.seq])]
                 ELSE L0
            pinned == hits # {} /\ canPin
-           \* A pin the round no longer takes: its StoreResult at once; the keys are MISS.
+           \* A pin the round no longer takes: its StoreResult at once; the keys are MISS
+           \* (server_lookup host_answer's guarded variant: refuse_pins, record_answers).
            L1 == IF hits # {} /\ ~canPin THEN ReleaseJob(L, j) ELSE L
            L2 == Fire([L1 EXCEPT !.sl[req][i].pending = @ \ (hits \cup miss),
                                  !.sl[req][i].hits = @ \cup (IF pinned THEN hits ELSE {})],
@@ -692,7 +696,8 @@ ClientRoundHostFinish(p) ==
              open == L2.lr[req]
              L3 == [L2 EXCEPT !.lr[req] = Unbound]
              L4 == IF open # Unbound /\ L3.sess \in Live
-                   THEN Send(L3, Msg("fetch", req, open, {}, 0, FALSE, {}))
+                   THEN Send(FireS(L3, "finish_lookup_round", L3.sess),
+                             Msg("fetch", req, open, {}, 0, FALSE, {}))
                    ELSE L3
          IN Commit(p, CloseRequest(L4, req, "host_finish"))
 
@@ -788,7 +793,8 @@ GateResponse(L) == FireS(L, "recv_response", L.sess)
 \* Session._on_fetch with keys: demand for (req, seq). An unbound round with supply
 \* is adopted by the request's first fetch (and moves to the end of the insertion
 \* order). A fetch for a lookup round whose pins expired fails at once (vLLM P7), and so
-\* does one naming a new round of a request the host finished (its host is not asked).
+\* does one naming a new round of a request the host finished (its host is not asked);
+\* the first is the session's reply (recv_expired_fetch), no round is opened for it.
 \* An accepted fetch names a round of its request again: the peer did not finish it.
 ServerRoundRecvFetch(p) ==
     /\ Incoming(p, "fetch")
@@ -815,7 +821,7 @@ ServerRoundRecvFetch(p) ==
        IN Commit(p,
             IF ~CanRequest(L0) THEN Reject(Load(p, "ServerRoundRecvFetch"))
             ELSE IF expired
-            THEN Send([L1 EXCEPT !.xl[m.req] = Unbound],
+            THEN Send(FireS([L1 EXCEPT !.xl[m.req] = Unbound], "recv_expired_fetch", L1.sess),
                       Msg("transfer_done", m.req, m.seq, {}, m.dst, FALSE, {}))
             ELSE IF src \notin {"new", "supplied", "supply_closed", "pinned", "pinned_closed"}
             THEN Reject(Load(p, "ServerRoundRecvFetch"))
@@ -868,7 +874,8 @@ ServerLookupRecvLookup(p) ==
                                       hits |-> {}, sent |-> {}])],
                         "server_lookup", "recv_lookup", "new", "resolving"), m.req, how))
 
-\* Session._on_abort_fetch: stop writing; ack once nothing of the round can land.
+\* Session._on_abort_fetch: stop writing; ack once nothing of the round can land. An
+\* abort naming no round of ours is acked at once by the session (recv_unknown_abort).
 ServerRoundRecvAbortFetch(p) ==
     /\ Incoming(p, "abort_fetch")
     /\ LET L0 == Pop(Load(p, "ServerRoundRecvAbortFetch"))
@@ -878,7 +885,8 @@ ServerRoundRecvAbortFetch(p) ==
        IN Commit(p,
             IF ~CanRequest(L0) THEN Reject(Load(p, "ServerRoundRecvAbortFetch"))
             ELSE IF k \notin DOMAIN L1.sr
-            THEN Send(L1, Msg("abort_ack", m.req, m.seq, {}, m.dst, FALSE, {}))
+            THEN Send(FireS(L1, "recv_unknown_abort", L1.sess),
+                      Msg("abort_ack", m.req, m.seq, {}, m.dst, FALSE, {}))
             ELSE Settle(FireSR(L1, k, "recv_abort_fetch", "draining_abort"), k))
 
 \* Session._on_transfer_done.

@@ -17,7 +17,7 @@ import time
 from p2pfsm.errors import RemoteProtocolError, TransportError
 from p2pfsm.executor.node_state import NodeState
 from p2pfsm.fsm import machine
-from p2pfsm.protocol import Connect, decode, encode
+from p2pfsm.protocol import DEFAULT_LIMITS, Connect, Message, decode, encode
 from p2pfsm.session import (
     FailReason,
     FrameReceived,
@@ -33,11 +33,18 @@ log = logging.getLogger("p2pfsm.node")
 _TERMINAL = machine("session").terminal  # closed: nothing more to do
 
 
-def _is_connect(frame: bytes) -> bool:
+FRAME_LIMITS = DEFAULT_LIMITS
+"""The limits every session of a node decodes its frames with, and the node too where it
+must see whether a frame is a connect (it hands that decoded message on)."""
+
+
+def _decoded(frame: bytes) -> Message | None:
+    """The frame's message, as the peer's session would decode it; None when it does not
+    decode (the session finds that out again, and says why)."""
     try:
-        return isinstance(decode(frame), Connect)
+        return decode(frame, FRAME_LIMITS)
     except RemoteProtocolError:
-        return False
+        return None
 
 
 class NodeSessions(NodeState):
@@ -59,6 +66,7 @@ class NodeSessions(NodeState):
             layout=self.data.layout.wire(),
             max_lookups_per_request=cfg.max_lookups_per_request,
             answer_lookups_in_parts=cfg.answer_lookups_in_parts,
+            limits=FRAME_LIMITS,
         ), None if self._hook is None else self._hook.tracer)
         self.sessions[peer_id] = session
         self._live.add(peer_id)
@@ -71,20 +79,25 @@ class NodeSessions(NodeState):
 
     def _on_frame(self, peer_id: str, frame: bytes, conn: int = -1) -> None:
         session = self.sessions.get(peer_id)
-        if (session is not None and session.alive and not self._bindings.admits(peer_id, conn)
-                and not _is_connect(frame)):
-            # Not the session's connection (p2pfsm.executor.bindings): only a connect,
-            # which the session judges as its peer's restart or reconnect, gets through.
-            self._foreign_frame(peer_id, session)
-            return
+        # Decoded here only where the node must know whether it is a connect; the session
+        # is then handed the message and does not decode the frame again.
+        msg: Message | None = None
+        if session is not None and session.alive and not self._bindings.admits(peer_id, conn):
+            msg = _decoded(frame)
+            if not isinstance(msg, Connect):
+                # Not the session's connection (p2pfsm.executor.bindings): only a connect,
+                # which the session judges as its peer's restart or reconnect, gets through.
+                self._foreign_frame(peer_id, session)
+                return
         if session is None or (not session.alive and not session.has_pending_work):
             # A new peer (or a restarted one) opens with its connect. Anything else is a
             # straggler of a session that is over (e.g. the disconnect that follows a
             # mismatch): restarting on it would make two incompatible peers restart
             # each other's sessions forever, so it goes to the old session (ignored).
-            if not _is_connect(frame):
+            msg = _decoded(frame)
+            if not isinstance(msg, Connect):
                 if session is not None:
-                    self._queue(peer_id, FrameReceived(frame))
+                    self._queue(peer_id, FrameReceived(frame, msg))
                 return
             self._new_session(peer_id)
             self._idle.opened_by_peer(peer_id)  # subject to idle eviction
@@ -92,7 +105,7 @@ class NodeSessions(NodeState):
                 self._opened_by_peer(peer_id)
         self._bindings.bind(peer_id, conn)
         self._idle.heard(peer_id, time.monotonic())
-        self._queue(peer_id, FrameReceived(frame))
+        self._queue(peer_id, FrameReceived(frame, msg))
 
     def _foreign_frame(self, peer_id: str, session: Session) -> None:
         """A frame under ``peer_id`` from another connection than its live session's (one
@@ -216,7 +229,7 @@ class NodeSessions(NodeState):
         self._new_session(peer_id)
         self._idle.opened_by_peer(peer_id)
         self._idle.heard(peer_id, time.monotonic())
-        self._queue(peer_id, FrameReceived(encode(connect)))
+        self._queue(peer_id, FrameReceived(encode(connect), connect))
 
     def _prune_ended(self) -> None:
         """Drop ended sessions with nothing left to do beyond ``history`` of them."""

@@ -156,9 +156,11 @@ def parse_spec(data: dict[str, object], origin: str) -> MachineSpec:
         sources = _names(raw.get("source"), f"{where}: source")
         if not sources or not set(sources) <= states.keys():
             raise ModelError(f"{where}: 'source' must name declared states, got {sources!r}")
-        if set(sources) & terminal:
+        if set(sources) & terminal and dest is not None:
+            # A terminal state is never left; an internal transition (no dest) may still
+            # answer a call there (a host call on a closed session gets its result).
             raise ModelError(f"{where}: terminal states {sorted(set(sources) & terminal)} "
-                             "cannot have outgoing transitions")
+                             "cannot have outgoing transitions (only internal ones, no dest)")
         transitions.append(TransitionSpec(
             trigger=trigger,
             sources=sources,

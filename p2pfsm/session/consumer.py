@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import Counter
 
 from p2pfsm.errors import LocalProtocolError, RemoteProtocolError
-from p2pfsm.protocol import AbortAck, Fetch, LookupResp, TransferDone
+from p2pfsm.protocol import AbortAck, FetchRound, LookupResp, TransferDone
 from p2pfsm.session.checks import check_keys
 from p2pfsm.session.child import ChildEnv
 from p2pfsm.session.client import (
@@ -26,7 +26,7 @@ from p2pfsm.session.client import (
 )
 from p2pfsm.session.config import SessionConfig
 from p2pfsm.session.inputs import HostFetch, HostFinish, HostLookup
-from p2pfsm.session.outputs import FailReason, FrameIgnored, LoadResult, LookupResult
+from p2pfsm.session.outputs import FrameIgnored, LoadResult, LookupResult
 from p2pfsm.session.owner import Owner
 from p2pfsm.session.tombstones import Tombstones
 
@@ -137,9 +137,8 @@ class ConsumerPart:
         """The host asks to load ``ev.keys`` (the session checked that it started)."""
         self._check_fetch(ev)
         owner = self.owner
-        if not owner.alive:
-            owner.emit(LoadResult(ev.job_id, ev.kv_request_id, False, True,
-                                  FailReason.SESSION_ENDED, "the session is not alive"))
+        if not owner.alive:  # over (idle was refused): the session fails the job at once
+            owner.answer("host_fetch_over", ev)
             return
         if not ev.keys:
             owner.emit(LoadResult(ev.job_id, ev.kv_request_id, True, True))
@@ -158,11 +157,11 @@ class ConsumerPart:
         it started)."""
         self._check_lookup(ev)
         owner = self.owner
-        if not owner.alive or not ev.keys:
-            reason, why = ((FailReason.SESSION_ENDED, "the session is not alive")
-                           if not owner.alive else (None, ""))
-            owner.emit(LookupResult(ev.kv_request_id, ev.keys, (False,) * len(ev.keys), False,
-                                    reason, why))
+        if not owner.alive:  # over (idle was refused): the session answers all-miss at once
+            owner.answer("host_lookup_over", ev)
+            return
+        if not ev.keys:
+            owner.emit(LookupResult(ev.kv_request_id, ev.keys, (), False))
             return
         seq = self.lookup_round.get(ev.kv_request_id)
         if seq is None:
@@ -184,8 +183,8 @@ class ConsumerPart:
         for lk in list(self.lookups.get(rid, ())):
             owner.step(CLIENT_LOOKUP, lk, lookup_trigger, ev)
         open_round = self.lookup_round.pop(rid, None)
-        if open_round is not None and owner.alive:
-            owner.send(Fetch(rid, (), (), open_round))
+        if open_round is not None and owner.alive:  # a terminal fetch closes that round
+            owner.answer("finish_lookup_round", FetchRound(rid, open_round))
 
     # -------------------------------------------------------------- frames
     def on_transfer_done(self, msg: TransferDone) -> None:

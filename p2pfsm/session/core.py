@@ -33,7 +33,17 @@ from typing import Any
 
 from p2pfsm.errors import HandshakeMismatch, InvalidTransition, LocalProtocolError
 from p2pfsm.fsm import CompiledMachine, Tracer, machine
-from p2pfsm.protocol import Connect, ConnectAck, Disconnect, FetchRound, Message, TransferDone
+from p2pfsm.protocol import (
+    AbortAck,
+    AbortFetch,
+    Connect,
+    ConnectAck,
+    Disconnect,
+    Fetch,
+    FetchRound,
+    Message,
+    TransferDone,
+)
 from p2pfsm.session.child import (
     Arm,
     BindRound,
@@ -52,6 +62,7 @@ from p2pfsm.session.dispatch import HANDLERS, TIMER_MACHINES
 from p2pfsm.session.inputs import (
     HostFetch,
     HostLookup,
+    HostSupply,
     Input,
     RegistrationFinished,
     TimerId,
@@ -65,12 +76,16 @@ from p2pfsm.session.machine import (
     handshake_mismatch,
 )
 from p2pfsm.session.outputs import (
+    FailReason,
+    LoadResult,
+    LookupResult,
     Output,
     SendFrame,
     SendToLostPeer,
     SessionDead,
     StartRegistration,
     StartWrite,
+    StoreResult,
 )
 from p2pfsm.session.producer import ProducerPart
 from p2pfsm.session.server import ServerLookup, ServerRound
@@ -81,6 +96,8 @@ from p2pfsm.session.view import SessionView
 __all__ = ["LIVE_STATES", "SESSION", "Session"]
 
 _HANDSHAKE_TYPES = (Connect, ConnectAck, Disconnect)
+_OVER = "the session is not alive"
+"""Why a job of a host call on a session that is over fails (its result's detail)."""
 
 
 class Session:
@@ -261,6 +278,12 @@ class Session:
         """Fire the session's gate for a non-handshake frame (validate first!)."""
         SESSION.fire(self, trigger, msg)
 
+    def answer(self, trigger: str, ev: object) -> None:
+        """Fire the session machine's answer to what no child takes: a gated frame (its
+        action sends the reply), a host call on a session that is over (its action
+        reports the job's result)."""
+        SESSION.fire(self, trigger, ev)
+
     # ------------------------------------------- the session machine, for dispatch
     def machine_fire(self, trigger: str, ev: object = None) -> str:
         """Fire the session machine (its own hook applies what its actions left)."""
@@ -390,6 +413,32 @@ class Session:
     def fail_bad_fetch(self, ev: object) -> None:
         assert isinstance(ev, FetchRound)
         self.send(TransferDone(ev.kv_request_id, False, ev.round_seq))
+
+    def ack_unknown_abort(self, ev: object) -> None:
+        assert isinstance(ev, AbortFetch)
+        self.send(AbortAck(ev.kv_request_id, ev.round_seq))
+
+    def fail_expired_fetch(self, ev: object) -> None:
+        assert isinstance(ev, Fetch)
+        self.send(TransferDone(ev.kv_request_id, False, ev.round_seq))
+
+    def send_terminal_fetch(self, ev: object) -> None:
+        assert isinstance(ev, FetchRound)
+        self.send(Fetch(ev.kv_request_id, (), (), ev.round_seq))
+
+    def fail_fetch_over(self, ev: object) -> None:
+        assert isinstance(ev, HostFetch)
+        self.emit(LoadResult(ev.job_id, ev.kv_request_id, False, True,
+                             FailReason.SESSION_ENDED, _OVER))
+
+    def fail_lookup_over(self, ev: object) -> None:
+        assert isinstance(ev, HostLookup)
+        self.emit(LookupResult(ev.kv_request_id, ev.keys, (False,) * len(ev.keys), False,
+                               FailReason.SESSION_ENDED, _OVER))
+
+    def fail_supply_over(self, ev: object) -> None:
+        assert isinstance(ev, HostSupply)
+        self.emit(StoreResult(ev.job_id, False, FailReason.SESSION_ENDED, _OVER))
 
     def send_connect(self, _ev: object) -> None:
         cfg = self.config

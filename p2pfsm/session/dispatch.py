@@ -78,7 +78,7 @@ def _on_frame(s: Session, ev: FrameReceived) -> None:
             s.emit(FrameIgnored("", f"session is {s.fsm_state}"))
         return
     try:
-        msg = decode(ev.frame, s.config.limits)
+        msg = _message(s, ev)
     except UnknownMessageType as exc:
         s.emit(FrameIgnored(str(exc.reason), "unknown message type"))
         return
@@ -98,6 +98,17 @@ def _on_frame(s: Session, ev: FrameReceived) -> None:
             _answer_bad_fetch(s, FetchRound(msg.kv_request_id, msg.round_seq))
 
 
+def _message(s: Session, ev: FrameReceived) -> Message:
+    """The frame's message: the one the executor decoded already, else decoded now.
+
+    Raises:
+        UnknownMessageType, MalformedFrame: the frame does not decode.
+    """
+    if ev.message is not None:
+        return ev.message
+    return decode(ev.frame, s.config.limits)
+
+
 def _answer_bad_fetch(s: Session, named: FetchRound | None) -> None:
     """A fetch rejected as malformed that names its round gets transfer_done(false)
     for it, when the session machine accepts that (recv_bad_fetch)."""
@@ -110,7 +121,7 @@ def _on_stale(s: Session, ev: FrameReceived) -> bool:
     loss): a well-formed request or response of it is answered, rate-limited. Its
     disconnect says it ended its side too: True, the frame was taken."""
     try:
-        msg = decode(ev.frame, s.config.limits)
+        msg = _message(s, ev)
     except RemoteProtocolError:
         return False
     if isinstance(msg, Disconnect):

@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from p2pfsm.protocol import Message
+
 
 class TimerId(NamedTuple):
     """A timer's identity: its kind (a timer input of ``models/inputs.toml``) and the
@@ -24,9 +26,17 @@ class TimerId(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class FrameReceived:
-    """One control frame from the peer, still encoded (untrusted bytes)."""
+    """One control frame from the peer, still encoded (untrusted bytes).
+
+    ``message``: what :func:`~p2pfsm.protocol.decode` gave for ``frame`` under the
+    session's limits, when the executor had to decode it already (to see whether it
+    opens a session); the session then takes it instead of decoding the frame a second
+    time. Only an executor that decoded this very frame passes it; it is left out of
+    ``repr`` and comparison (it is the frame, decoded).
+    """
 
     frame: bytes
+    message: Message | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,8 +28,11 @@ class Owner(Protocol):
     cascade, or before the host hears of a fetch), :meth:`cascade` runs it; each applies
     the child's outbox and retires it when terminal. Frames: :meth:`check_gate` raises
     when the session machine would refuse the frame's gate trigger, :meth:`gate` fires
-    it (after the part validated the frame). Reads: :attr:`now`, :attr:`alive` and the
-    peer's connect (:attr:`peer`, None before the handshake).
+    it (after the part validated the frame), :meth:`answer` fires the session machine's
+    transition that answers what no child of the part takes (a gated frame, a host call
+    on a session that is over). Reads:
+    :attr:`now`, :attr:`alive` and the peer's connect (:attr:`peer`, None before the
+    handshake).
     """
 
     @property
@@ -58,3 +61,5 @@ class Owner(Protocol):
     def check_gate(self, trigger: str) -> None: ...
 
     def gate(self, trigger: str, msg: Message) -> None: ...
+
+    def answer(self, trigger: str, ev: object) -> None: ...

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from p2pfsm.errors import LocalProtocolError, MalformedFrame, RemoteProtocolError
 from p2pfsm.fsm import CompiledMachine
-from p2pfsm.protocol import AbortAck, AbortFetch, Fetch, Lookup, TransferDone, check_block_indexes
+from p2pfsm.protocol import AbortFetch, Fetch, Lookup, check_block_indexes
 from p2pfsm.session.checks import check_keys, check_request_id
 from p2pfsm.session.child import ChildEnv, ExpireLookupRound, PinHits
 from p2pfsm.session.config import SessionConfig
@@ -32,7 +32,13 @@ from p2pfsm.session.inputs import (
 )
 from p2pfsm.session.outputs import FailReason, FetchArrived, StoreResult
 from p2pfsm.session.owner import Owner
-from p2pfsm.session.server import SERVER_LOOKUP, SERVER_ROUND, ServerLookup, ServerRound
+from p2pfsm.session.server import (
+    SERVER_LOOKUP,
+    SERVER_ROUND,
+    PinsRefused,
+    ServerLookup,
+    ServerRound,
+)
 from p2pfsm.session.tombstones import Tombstones
 
 # Named state sets of the models (their [sets]); the code spells no state name.
@@ -222,7 +228,7 @@ class ProducerPart:
             owner.gate("recv_request", msg)
             self.expired_lookups.pop(msg.kv_request_id)
             self.peer_finished.pop(msg.kv_request_id)
-            owner.send(TransferDone(msg.kv_request_id, False, msg.round_seq))
+            owner.answer("recv_expired_fetch", msg)  # transfer_done(false)
             return
         if rnd is None:
             unbound = self.server_round(msg.kv_request_id, None)
@@ -272,7 +278,7 @@ class ProducerPart:
         rnd = self.server_round(msg.kv_request_id, msg.round_seq)
         if rnd is None:
             # Nothing of that round is in flight (unknown or already ended): ack at once.
-            owner.send(AbortAck(msg.kv_request_id, msg.round_seq))
+            owner.answer("recv_unknown_abort", msg)
             return
         owner.step(SERVER_ROUND, rnd, "recv_abort_fetch", msg)
 
@@ -286,9 +292,8 @@ class ProducerPart:
             raise LocalProtocolError(
                 f"supply: request {ev.kv_request_id!r} was finished by this host (HostFinish "
                 "says no more supply comes); its fetch, if any, is answered already")
-        if not self.owner.alive:  # dead, ended or closed (idle was refused above)
-            self.owner.emit(StoreResult(ev.job_id, False, FailReason.SESSION_ENDED,
-                                        "the session is not alive"))
+        if not self.owner.alive:  # over (idle was refused): the session fails the job at once
+            self.owner.answer("host_supply_over", ev)
             return
         rnd = self._supply_target(ev)
         self.owner.step(SERVER_ROUND, rnd, "host_supply", ev)
@@ -350,11 +355,11 @@ class ProducerPart:
             if type(idx) is not int or not 0 <= idx < self.config.num_blocks:
                 raise LocalProtocolError(f"answer_lookup: index {idx!r} for key outside region")
         rnd = self.server_round(served.kv_request_id, served.round_seq)
+        answer: HostAnswerLookup | PinsRefused = ev
         if ev.hits and rnd is not None and not SERVER_ROUND.can_fire(rnd, "lookup_pin"):
-            self.owner.emit(StoreResult(ev.job_id or 0, False, FailReason.NOT_SERVED,
-                                        "the lookup's round no longer takes pins"))
-            ev = HostAnswerLookup(ev.token, {}, None, ev.pending)
-        self.owner.step(SERVER_LOOKUP, served, "host_answer", ev)
+            # The round takes no more pins: the lookup fails the job, the hits are misses.
+            answer = PinsRefused(ev.job_id or 0, HostAnswerLookup(ev.token, {}, None, ev.pending))
+        self.owner.step(SERVER_LOOKUP, served, "host_answer", answer)
 
     def on_write(self, ev: WriteFinished) -> None:
         """The data plane finished write ``ev.xfer``."""

@@ -20,6 +20,8 @@ session applies it, and retires an instance when its machine reaches a terminal 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from p2pfsm.fsm import CompiledMachine, Tracer, machine
 from p2pfsm.protocol import AbortAck, AbortFetch, Fetch, LookupResp, TransferDone
 from p2pfsm.session.child import (
@@ -255,6 +257,16 @@ class ServerRound:
         return self.round_seq if self.round_seq is not None else 0
 
 
+@dataclass(frozen=True, slots=True)
+class PinsRefused:
+    """A host answer to a served lookup whose hits its round no longer takes (the round's
+    fetch came, or it ended unserved): the job that pinned them fails at once, and the
+    hits count as misses (``answer`` is the host's answer without them)."""
+
+    job_id: int
+    answer: HostAnswerLookup
+
+
 class ServerLookup:
     """One lookup frame received from the peer."""
 
@@ -302,6 +314,9 @@ class ServerLookup:
         # Answering in parts, and a key was resolved since the last part.
         return self.env.lookup_parts and len(self.resolved) > len(self.sent)
 
+    def is_pinning_refused(self, ev: object) -> bool:
+        return isinstance(ev, PinsRefused)
+
     # actions
     def ask_host(self, _ev: object) -> None:
         unique = tuple(dict.fromkeys(self.keys))
@@ -313,7 +328,14 @@ class ServerLookup:
     def disarm_pending_timer(self, _ev: object) -> None:
         self._emit(Disarm(TimerId("lookup_pending", (self.token,))))
 
+    def refuse_pins(self, ev: object) -> None:
+        assert isinstance(ev, PinsRefused)
+        self._emit(StoreResult(ev.job_id, False, FailReason.NOT_SERVED,
+                               "the lookup's round no longer takes pins"))
+
     def record_answers(self, ev: object) -> None:
+        if isinstance(ev, PinsRefused):
+            ev = ev.answer
         assert isinstance(ev, HostAnswerLookup)
         for key in list(self.pending):
             if key in ev.hits:

@@ -57,7 +57,7 @@ from p2pfsm.verify.tla_values import Fn, is_ident, show
 # Bookkeeping of the spec, not protocol state: `fired` is told as machine steps, `act`
 # (the last action, for fairness) is the step's action.
 HIDDEN = frozenset({"fired", "act"})
-_ENDED = frozenset({"dead", "ended", "closed"})
+_ENDED = machines()["session"].state_set("over")
 
 
 

@@ -45,9 +45,9 @@ from p2pfsm.session import (
     TimerId,
     TransportLost,
 )
-from p2pfsm.session.machine import STALE_ANSWER_INTERVAL_S
+from p2pfsm.session.machine import OPEN_STATES, STALE_ANSWER_INTERVAL_S
 from p2pfsm.sim.world import SafetyViolation
-from p2pfsm.spec_calls import FRAME_ACTIONS, TIMER_ACTIONS, action_name
+from p2pfsm.spec_calls import FRAME_ACTIONS, STALE_STATES, TIMER_ACTIONS, action_name
 from p2pfsm.verify.graph import StateGraph, Step
 from p2pfsm.verify.names import ENVIRONMENT_ACTIONS
 from p2pfsm.verify.tla_values import Fn, parse_value
@@ -152,7 +152,7 @@ def apply(w: ReplayWorld, op: Op) -> None:
         _answer(w, node, int(args[1]), frozenset(args[2]), frozenset(args[3]))  # type: ignore[call-overload]
     elif kind == "deliver":
         receiver = w.other(node)
-        if (w.sessions[receiver].state == "dead"
+        if (w.sessions[receiver].state in STALE_STATES
                 and not any(isinstance(decode(f), Disconnect)
                             for f in w.channels[(receiver, node)])):
             # The spec's dead session answers unless a disconnect of its own is still on
@@ -438,7 +438,7 @@ def initial_world(state: dict[str, str], *, parts: bool = False) -> ReplayWorld:
     """A ReplayWorld in the spec's initial state (handshake done when it says ready);
     ``parts``: the producer answers lookups in parts."""
     w = ReplayWorld(compatible=state["compat"] == "TRUE", parts=parts)
-    if _per_peer(state["sess"]) == ("ready", "ready"):
+    if all(s in OPEN_STATES for s in _per_peer(state["sess"])):
         w.start()
         w.stabilize()
         w.trace.clear()

@@ -27,6 +27,7 @@ from typing import Any, Protocol, TypeVar
 
 from p2pfsm.fsm import Tracer
 from p2pfsm.session import Input, Output
+from p2pfsm.session.machine import UNSTARTED_STATES
 from p2pfsm.sim.world import SimWorld
 from p2pfsm.spec_calls import Step, call_action, steps_of
 from p2pfsm.verify import tlc
@@ -102,7 +103,7 @@ def drive_trace(choose: Chooser, seed: int = 0, steps: int = 40) -> list[TraceEv
             if fault == "wfail":
                 moves.append(("fail", (src, str(xfer))))
         for n in w.NODES:
-            if w.sessions[n].state != "idle":
+            if w.sessions[n].state not in UNSTARTED_STATES:
                 moves += [(op, (n,)) for (m, op), left in budget.items() if m == n and left]
             for timer in w.timers[n]:
                 if timer[0] != "handshake":

@@ -2,8 +2,8 @@
 
 :data:`KNOWN_UNREACHABLE`: the session code can never take them. :data:`BEYOND_GATE`:
 the code can take them, but only in behaviours larger than the gate config's bounds
-(tests/scenarios/test_scenario_draining.py, test_scenario_close.py and
-test_scenario_one_sided.py drive each against the code). The
+(tests/scenarios/test_scenario_draining.py, test_scenario_close.py,
+test_scenario_one_sided.py and test_declared_answers.py drive each against the code). The
 conformance tests exclude both from the models <-> spec comparison, require the gate's
 spec never to take them (so a stale entry fails), and skip them in the spec -> code
 replay. Each entry is also explained next to its transition in the model file.
@@ -27,6 +27,11 @@ _RESTART_BEFORE_READY = (
     "peer of a ready session, and the scenarios that start before the handshake (1 and 12) "
     "allow no restart (tests/scenarios/test_scenario_restart.py drives it)")
 
+_FINISH_BEFORE_READY = (
+    "a host finish of a request whose lookup round no fetch took, before the handshake "
+    "completed: the gate's scenarios that start before the handshake (1 and 12) finish no "
+    "request (and 1 makes no lookup) (tests/scenarios/test_declared_answers.py drives it)")
+
 BEYOND_GATE: dict[str, dict[Edge, str]] = {
     "server_round": {
         ("draining_silent", "recv_terminal_fetch", "draining_silent"):
@@ -49,6 +54,10 @@ BEYOND_GATE: dict[str, dict[Edge, str]] = {
             "a fetch reaches us before the peer's connect_ack only when that ack was lost "
             "(it precedes the fetch on the wire), and a malformed fetch is a second fault "
             "(tests/scenarios/test_scenario_malformed.py drives it)",
+        ("connecting", "finish_lookup_round", "connecting"): _FINISH_BEFORE_READY,
+        ("registering", "finish_lookup_round", "registering"): _FINISH_BEFORE_READY,
+        ("registering_acked", "finish_lookup_round", "registering_acked"): _FINISH_BEFORE_READY,
+        ("awaiting_ack", "finish_lookup_round", "awaiting_ack"): _FINISH_BEFORE_READY,
         ("dead", "recv_disconnect", "ended"):
             "a disconnect reaches a dead session only when a one-sided loss is followed "
             "by the peer's own close (or another death that sends one): two faults, and "

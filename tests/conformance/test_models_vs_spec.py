@@ -36,6 +36,12 @@ TRIGGERS_WITHOUT_ACTION: frozenset[tuple[str, str]] = frozenset({
     ("server_round", "lookup_pin"),     # ServerLookupHostAnswer pins the hits
     ("server_round", "settle"),         # after every event touching a round
     ("server_lookup", "settle"),        # after every event touching a lookup
+    ("session", "recv_unknown_abort"),  # ServerRoundRecvAbortFetch: no round to abort
+    ("session", "recv_expired_fetch"),  # ServerRoundRecvFetch: the lookup pins expired
+    ("session", "finish_lookup_round"), # ClientRoundHostFinish: a lookup round unfetched
+    ("session", "host_fetch_over"),     # ClientRoundHostFetch on a session that is over
+    ("session", "host_lookup_over"),    # ClientLookupHostLookup on a session that is over
+    ("session", "host_supply_over"),    # ServerRoundHostSupply on a session that is over
 })
 """Triggers fired only as part of another action (one Session.handle call)."""
 

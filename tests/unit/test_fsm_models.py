@@ -192,6 +192,17 @@ def test_malformed_models_are_rejected(tmp_path: Path, patch: tuple[str, str],
         load_spec("m", _write(tmp_path, GOOD.replace(*patch)))
 
 
+def test_a_terminal_state_may_answer_a_call_but_is_never_left(tmp_path: Path) -> None:
+    """An internal transition (no dest) from a terminal state is allowed; any other
+    transition from one, a self-loop that names its dest included, is not."""
+    internal = GOOD + '[[transitions]]\ntrigger = "late"\nsource = "b"\nactions = ["act"]\n'
+    spec = load_spec("m", _write(tmp_path, internal))
+    assert [t.dest for t in spec.transitions if t.trigger == "late"] == [None]
+    with pytest.raises(ModelError, match="terminal"):
+        load_spec("m", _write(tmp_path, internal.replace('source = "b"\n',
+                                                         'source = "b"\ndest = "b"\n')))
+
+
 def test_parse_requires_name() -> None:
     with pytest.raises(ModelError, match="name"):
         parse_spec({"states": {"a": "x"}, "initial": "a"}, "inline")
