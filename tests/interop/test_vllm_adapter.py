@@ -151,20 +151,25 @@ def test_package_imports_without_vllm() -> None:
 # ---------------------------------------------- what the manager reads off a session
 
 
+def run_kinds(script: str, kinds: list[str], key: str, timeout: float) -> dict[str, Any]:
+    """Run ``script`` for every kind in one vLLM process (one vLLM import, each kind
+    with transports of its own); its JSON line per kind, by the ``key`` naming it, in
+    the order given."""
+    done = subprocess.run([str(VLLM_PYTHON), str(Path(__file__).with_name(script)),
+                           ",".join(kinds)], capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stdout + done.stderr[-5000:]
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    seen = {line.pop(key): line for line in lines}
+    assert list(seen) == kinds, done.stdout
+    return seen
+
+
 def test_session_surface() -> None:
     """``session_surface.py`` with vLLM's sessions and with the adapter's: a session that
     never connected and a ready one with a lookup and a load in flight, each closed, as
     vLLM's manager sees them (close() results, ``ready`` / ``connected`` / ``alive``, the
     ``_server._inflight`` its ``shutdown()`` drains). The two must read the same."""
-    script = Path(__file__).with_name("session_surface.py")
-    # Both classes in one process (every case builds and closes its own transports): one
-    # vLLM import, not two.
-    done = subprocess.run([str(VLLM_PYTHON), str(script), "vllm,p2pfsm"], capture_output=True,
-                          text=True, timeout=120)
-    assert done.returncode == 0, done.stdout + done.stderr
-    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    seen = {line.pop("kind"): line for line in lines}
-    assert list(seen) == ["vllm", "p2pfsm"], done.stdout
+    seen = run_kinds("session_surface.py", ["vllm", "p2pfsm"], "kind", 120)
     assert seen["p2pfsm"] == seen["vllm"]
     never, live = seen["vllm"]["never_connected"], seen["vllm"]["lookup_in_flight"]
     # The pins of a store given to a session that never connected are released...
@@ -183,15 +188,9 @@ def test_real_tier_manager() -> None:
     request falls back), a reconnect to the restarted peer, a store fetched by a peer,
     and ``shutdown()`` with sessions open. Each job gets exactly one result; the three
     read the same."""
-    script = Path(__file__).with_name("manager_drive.py")
-    # The three kinds in one process, one after the other (each with a manager and peers
-    # of its own, the install undone after it): one vLLM import, not three.
-    done = subprocess.run([str(VLLM_PYTHON), str(script), "vllm,p2pfsm,full"],
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout + done.stderr[-5000:]
-    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    seen = {line.pop("sessions"): line for line in lines}
-    assert list(seen) == ["vllm", "p2pfsm", "full"], done.stdout
+    # One after the other, each with a manager and peers of its own, the install undone
+    # after it.
+    seen = run_kinds("manager_drive.py", ["vllm", "p2pfsm", "full"], "sessions", 600)
     assert seen["p2pfsm"] == seen["vllm"]
     assert seen["full"] == seen["vllm"]  # the full install: p2pfsm's control and data planes
     got = seen["vllm"]
@@ -237,15 +236,8 @@ def test_adapter_refuses_what_the_node_refuses() -> None:
     is accepted. The adapter refuses both at the handshake, as p2pfsm's node does; the
     full install (p2pfsm's control and data planes too) refuses the first at the
     handshake and the second at the door: no session, no dial-back."""
-    script = Path(__file__).with_name("adapter_refusals.py")
-    # The three kinds in one process, one after the other (each with its own target and
-    # attacker; the full install is undone after its run): one vLLM import, not three.
-    done = subprocess.run([str(VLLM_PYTHON), str(script), "vllm,p2pfsm,full"],
-                          capture_output=True, text=True, timeout=180)
-    assert done.returncode == 0, done.stdout + done.stderr[-5000:]
-    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    seen = {line.pop("kind"): line for line in lines}
-    assert list(seen) == ["vllm", "p2pfsm", "full"], done.stdout
+    # Each with its own target and attacker; the full install is undone after its run.
+    seen = run_kinds("adapter_refusals.py", ["vllm", "p2pfsm", "full"], "kind", 180)
     stock, adapter, full = seen["vllm"], seen["p2pfsm"], seen["full"]
     # vLLM 0.33.0 as it ships (if this changes, vLLM fixed it: update docs/vllm.md).
     assert stock["own_memory"] == {"acked": True, "stores": [True], "alive": True,
