@@ -94,12 +94,6 @@ class TimerTable(Mapping[K, float], Generic[K]):
                 keys.append(tie.key)
         return keys
 
-    def pop_due(self, now: float) -> Iterator[K]:
-        """Disarm and yield, earliest first, every timer whose deadline is <= ``now``."""
-        while (nxt := self.earliest()) is not None and nxt[0] <= now:
-            del self._deadlines[nxt[1]]
-            yield nxt[1]
-
     def view(self) -> Mapping[K, float]:
         """A read-only view of ``key -> deadline``."""
         return MappingProxyType(self._deadlines)

@@ -20,7 +20,7 @@ def test_timer_table_orders_by_deadline_then_name_and_forgets_rearmed_entries() 
     assert dict(timers) == {("load", 2): 5.0, ("abort", 1): 5.0, ("load", 3): 7.0}
     assert timers.due(6.0) == [("abort", 1), ("load", 2)]  # due() disarms nothing
     assert timers.disarm(("abort", 1)) == 5.0 and timers.disarm(("abort", 1)) is None
-    assert list(timers.pop_due(6.0)) == [("load", 2)]
+    assert timers.due(6.0) == [("load", 2)] and timers.pop(("load", 2)) == 5.0
     assert timers == {("load", 3): 7.0} and timers.due(6.9) == []
     assert timers.pop(("load", 3)) == 7.0
     with pytest.raises(KeyError):
@@ -36,7 +36,12 @@ def test_timer_table_ties_go_by_name_whatever_the_arming_order() -> None:
             timers.arm(key, 3.0)
         timers.arm(("t", 9), 3.0)  # the same deadline again: two live entries, one timer
         assert timers.due(3.0) == sorted(names, key=str)
-        assert list(timers.pop_due(3.0)) == sorted(names, key=str)
+        popped = []
+        for _ in names:  # earliest first, each popped: the same order
+            nxt = timers.earliest()
+            assert nxt is not None and timers.pop(nxt[1]) == 3.0
+            popped.append(nxt[1])
+        assert popped == sorted(names, key=str) and timers.earliest() is None
 
 
 def test_timer_table_heap_stays_bounded_by_the_armed_timers() -> None:
