@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from p2pfsm.fsm import Tracer
+from p2pfsm.fsm import TraceCursor, Tracer
 from p2pfsm.session import Input, Output
 from p2pfsm.session.inputs import FrameReceived, TimerFired
 from p2pfsm.session.outputs import SendFrame
@@ -66,8 +66,7 @@ class RecordingWorld(SimWorld):
 
     def __init__(self) -> None:
         tracer = Tracer()
-        self._tracer = tracer
-        self._mark = 0  # the tracer's records before the call in progress
+        self._records = TraceCursor(tracer)  # each call's records
         self.events: list[Event] = []
         super().__init__(0, tracer=tracer, held={"a": (), "b": (0, 1)}, num_blocks=8,
                          hook=self)
@@ -77,9 +76,7 @@ class RecordingWorld(SimWorld):
         """The driver's call hook: the call, its machine steps, its frames and results."""
         if not isinstance(event, FrameReceived):
             self.events.append(Event("call", peer_id, _input(event)))
-        records = self._tracer.records[self._mark:]
-        self._mark = len(self._tracer.records)
-        for r in records:
+        for r in self._records.take():
             if r.source != r.dest:
                 self.events.append(Event("step", peer_id, f"{r.machine}: {r.source} → {r.dest}"))
         for out in outputs:
@@ -89,7 +86,7 @@ class RecordingWorld(SimWorld):
                 self.events.append(Event("out", peer_id, text))
 
     def discard(self) -> None:
-        self._mark = len(self._tracer.records)
+        self._records.skip()
 
 
 def _input(event: Input) -> str:

@@ -28,7 +28,7 @@ from typing import Any
 from p2pfsm.conform.target import Target
 from p2pfsm.conform.tester import Tester, describe
 from p2pfsm.errors import LocalProtocolError, MalformedFrame
-from p2pfsm.fsm import Tracer, TraceRecord
+from p2pfsm.fsm import TraceCursor, Tracer, TraceRecord
 from p2pfsm.protocol import Message, decode
 from p2pfsm.session import FrameReceived, Input, Output, SendFrame, Timeouts, TimerFired
 from p2pfsm.spec_calls import Step, call_action, steps_of
@@ -93,7 +93,7 @@ class WalkTester(Tester):
                          lookups_in_parts=lookups_in_parts)
         self.tracer = Tracer()
         self.session.tracer = self.tracer
-        self._mark = 0  # the tracer's records before the call in progress
+        self._records = TraceCursor(self.tracer)  # each call's records
         self._driver.hook = self
         self.calls: list[Call] = []
         self.step_no = 0
@@ -107,8 +107,7 @@ class WalkTester(Tester):
     def record(self, peer_id: str, state_before: str, event: Input, started_ns: int,
                outputs: Sequence[Output]) -> None:
         """The driver's call hook: every call of our session, as the walk's log."""
-        records = tuple(self.tracer.records[self._mark:])
-        self._mark = len(self.tracer.records)
+        records = tuple(self._records.take())
         sent = tuple(describe(o.message) for o in outputs if isinstance(o, SendFrame))
         self.calls.append(Call(self.step_no, self.session.now, describe_input(event),
                                state_before, self.session.state, records, sent,
@@ -116,7 +115,7 @@ class WalkTester(Tester):
 
     def discard(self) -> None:
         """A call raised (it changed nothing): its records are not the next call's."""
-        self._mark = len(self.tracer.records)
+        self._records.skip()
 
     def enables(self, event: Input) -> bool:
         """Whether our session's machines take ``event`` now (tried on a copy)."""

@@ -12,7 +12,7 @@ from p2pfsm.fsm.compiled import CompiledMachine, FsmObject
 from p2pfsm.fsm.inputs import InputSpec, InputTable
 from p2pfsm.fsm.registry import input_table, machine, machines
 from p2pfsm.fsm.spec import MachineSpec, TransitionSpec, load_spec, models_dir
-from p2pfsm.fsm.trace import Tracer, TraceRecord
+from p2pfsm.fsm.trace import TraceCursor, Tracer, TraceRecord
 
 __all__ = [
     "CompiledMachine",
@@ -20,6 +20,7 @@ __all__ = [
     "InputSpec",
     "InputTable",
     "MachineSpec",
+    "TraceCursor",
     "TraceRecord",
     "Tracer",
     "TransitionSpec",

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from p2pfsm.fsm import Tracer
+from p2pfsm.fsm import TraceCursor, Tracer
 from p2pfsm.session import Input, Output
 from p2pfsm.session.machine import UNSTARTED_STATES
 from p2pfsm.sim.world import SimWorld
@@ -52,20 +52,18 @@ class TracingWorld(SimWorld):
     def __init__(self, seed: int = 0, **kwargs: object) -> None:
         self.trace: list[TraceEvent] = []
         tracer = Tracer()
-        self._tracer = tracer
-        self._mark = 0  # the tracer's records before the call in progress
+        self._records = TraceCursor(tracer)  # each call's records
         super().__init__(seed, tracer=tracer, hook=self, **kwargs)  # type: ignore[arg-type]
 
     def record(self, peer_id: str, state_before: str, event: Input, started_ns: int,
                outputs: Sequence[Output]) -> None:
-        records = self._tracer.records[self._mark:]
-        self._mark = len(self._tracer.records)
+        records = self._records.take()
         action = call_action(state_before, event, records)
         if action is not None:
             self.trace.append(TraceEvent(action, peer_id, steps_of(records)))
 
     def discard(self) -> None:
-        self._mark = len(self._tracer.records)
+        self._records.skip()
 
 
 class Chooser(Protocol):

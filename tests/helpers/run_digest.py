@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from p2pfsm.errors import LocalProtocolError
-from p2pfsm.fsm import Tracer
+from p2pfsm.fsm import TraceCursor, Tracer
 from p2pfsm.session import Input, Output
 from p2pfsm.sim.world import SimWorld
 from p2pfsm.spec_calls import call_action
@@ -39,16 +39,14 @@ class _Recording(SimWorld):
         self.digest = digest
         self.calls = 0
         self.timers_as_state = timers_as_state
-        self._mark = 0  # the tracer's records before the call in progress
-        super().__init__(seed, tracer=Tracer(), check_destinations=False,
+        tracer = Tracer()
+        self._records = TraceCursor(tracer)  # each call's records
+        super().__init__(seed, tracer=tracer, check_destinations=False,
                          cancelled_writes_land=True, hook=self)
 
     def record(self, peer_id: str, state_before: str, event: Input, started_ns: int,
                outputs: Sequence[Output]) -> None:
-        tracer = self.tracer
-        assert tracer is not None
-        records = tracer.records[self._mark:]
-        self._mark = len(tracer.records)
+        records = self._records.take()
         self.calls += 1
         shown: object = list(outputs)
         if self.timers_as_state:
@@ -59,8 +57,7 @@ class _Recording(SimWorld):
                                  call_action(state_before, event, records))).encode())
 
     def discard(self) -> None:
-        assert self.tracer is not None
-        self._mark = len(self.tracer.records)
+        self._records.skip()
 
 
 def _drive(world: _Recording, rng: random.Random) -> None:
