@@ -17,7 +17,6 @@ sockets and NIXL's progress; nothing sleeps.
 
 from __future__ import annotations
 
-import math
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -57,7 +56,6 @@ from p2pfsm.session import (
     SessionConfig,
     SessionDead,
     Timeouts,
-    TimerFired,
     TransportLost,
     WriteFinished,
 )
@@ -281,11 +279,8 @@ class Tester:
                 self.lost.append(f"{ev.peer_id}: {ev.reason}")
                 if ev.peer_id == self.peer and self.session.alive:
                     self.feed(TransportLost(ev.reason))
-        now = time.monotonic()
-        armed = self.session.view.timers
-        for timer in self.session.due_timers(now):
-            if armed.get(timer, math.inf) <= now:  # not disarmed by an earlier one
-                self.feed(TimerFired(timer))
+        if self._driver.queue_due(time.monotonic()):  # the session's due timers
+            self._driver.drain()
 
     def _on_frame(self, ev: FrameIn) -> None:
         if not self.peer:  # a consumer target: its identity is that of its first frame
