@@ -92,6 +92,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="throughput: fetches in flight per consumer node (at most 16)")
     p.add_argument("--throughput-fetches", type=positive(int), default=4000,
                    help="throughput: fetches of the measured window")
+    p.add_argument("--throughput-drive", nargs="+", choices=("wait", "spin"), default=["wait"],
+                   help="throughput: how the consumer drives its nodes, a row each: wait "
+                        "(step until no news, then wait on their descriptors, as vLLM's "
+                        "client waits on its sockets) or spin (step(0) in a tight loop)")
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -258,7 +262,9 @@ def _run_issue29_suites(args: argparse.Namespace, suites: tuple[str, ...],
         from p2pfsm.bench import throughput
 
         rows = [throughput.run(peers=args.throughput_peers, in_flight=args.in_flight,
-                               fetches=args.throughput_fetches, progress=progress)]
+                               fetches=args.throughput_fetches, progress=progress,
+                               drive=drive)
+                for drive in dict.fromkeys(args.throughput_drive)]
         if args.vs_vllm:
             from p2pfsm.bench import vllm_concurrency
 

@@ -238,3 +238,15 @@ def test_issue29_suite_arguments() -> None:
                                       "--fanout-consumers"])
     assert (args.suite, args.widths, args.large_mib, args.fanout_consumers) == \
         (["concurrency", "large", "throughput"], ["1", "64"], [16], [])
+    assert args.throughput_drive == ["wait"]
+    both = build_parser().parse_args(["bench", "--suite", "throughput",
+                                      "--throughput-drive", "wait", "spin"])
+    assert both.throughput_drive == ["wait", "spin"]
+
+
+def test_throughput_refuses_an_unknown_drive_before_starting_anything() -> None:
+    from p2pfsm.bench import throughput
+    from p2pfsm.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="drive is one of"):
+        throughput.run(fetches=64, drive="nap")
