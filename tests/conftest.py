@@ -1,7 +1,8 @@
 """Shared pytest setup: hypothesis profiles (``ci`` by default; ``long`` documented in README),
 the ``slow``, ``tlc``, ``mutation`` and ``compiled`` markers (skipped unless the run selects
 them, e.g. ``-m slow``), ``pure_only`` (skipped while p2pfsm's compiled modules are active)
-and ``--rewrite`` (the scenario transcripts' expected blocks)."""
+and ``--rewrite`` (the scenario transcripts' expected blocks). Every machine step taken in
+the test process verifies its actions' declared writes (``p2pfsm.fsm.check_writes``)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,12 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from p2pfsm.fsm import check_writes
+
+    check_writes(True)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

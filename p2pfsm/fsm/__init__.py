@@ -8,7 +8,7 @@ edge); :mod:`.trace` records every fired transition; :mod:`.inputs` reads the
 input table (which machine and trigger each input of a session reaches).
 """
 
-from p2pfsm.fsm.compiled import CompiledMachine, FsmObject
+from p2pfsm.fsm.compiled import CompiledMachine, FsmObject, check_writes, writes
 from p2pfsm.fsm.inputs import InputSpec, InputTable
 from p2pfsm.fsm.registry import input_table, machine, machines
 from p2pfsm.fsm.spec import MachineSpec, TransitionSpec, load_spec, models_dir
@@ -24,9 +24,11 @@ __all__ = [
     "TraceRecord",
     "Tracer",
     "TransitionSpec",
+    "check_writes",
     "input_table",
     "load_spec",
     "machine",
     "machines",
     "models_dir",
+    "writes",
 ]

@@ -11,6 +11,13 @@ before the step, and the exception propagates. Once every action has returned, t
 owner's ``then`` hook runs (it applies what the actions asked for, so any step that
 causes is nested in this one) and the step is recorded with the tracer.
 
+An action may declare which of ``fsm_data`` it writes (:func:`writes`); a step whose
+actions all declare saves only those attributes before it runs them, not the whole of
+``fsm_data`` (a round's supply and demand are copied only by the steps that change
+them). :func:`check_writes` makes every step verify the declarations: an attribute of
+``fsm_data`` that changed although no action of the step declared it is a
+:class:`ModelError`, and the step is undone.
+
 This module is the only place that assigns ``fsm_state``; a test walks the AST
 of the package to keep it that way.
 """
@@ -19,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from p2pfsm.errors import InvalidTransition, ModelError
 from p2pfsm.fsm.spec import MachineSpec, TransitionSpec
@@ -48,6 +55,38 @@ Action = Callable[[Any, Any], None]
 Then = Callable[["CompiledMachine", Any, str, str], None]
 """An owner's hook after a committed step: (machine, object, trigger, new state)."""
 
+_A = TypeVar("_A", bound=Callable[..., Any])
+
+_WRITES = "fsm_writes"
+"""The attribute :func:`writes` sets on an action: the names it declares."""
+
+
+def writes(*names: str) -> Callable[[_A], _A]:
+    """Declare the attributes of ``fsm_data`` an action writes (none: it only emits).
+
+    A step whose actions all declare saves only those attributes for its undo; a step
+    with an undeclared action saves the whole of ``fsm_data``. Each name must be in the
+    class's ``fsm_data`` (else :class:`ModelError` when the machine is built)."""
+    def mark(action: _A) -> _A:
+        setattr(action, _WRITES, names)
+        return action
+    return mark
+
+
+_checking = False
+
+
+def check_writes(on: bool) -> bool:
+    """Verify every step's declared writes from now on (tests); returns the old setting.
+
+    While on, each step with actions also saves all of ``fsm_data`` and, after its
+    actions, compares the attributes no action declared: one that changed undoes the
+    step and raises :class:`ModelError` naming the transition and the attribute."""
+    global _checking
+    old = _checking
+    _checking = on
+    return old
+
 
 @dataclass(frozen=True, slots=True)
 class _Candidate:
@@ -56,6 +95,27 @@ class _Candidate:
     guards: tuple[Guard, ...]
     unless: tuple[Guard, ...]
     actions: tuple[Action, ...]
+    saves: tuple[str, ...] | None
+    """The attributes to save before the actions run: what they declare they write, in
+    ``fsm_data`` order; None when one of them declares nothing (save all of ``fsm_data``)."""
+
+
+def _saves(machine: str, impl: type, actions: tuple[Action, ...],
+           names: tuple[str, ...]) -> tuple[str, ...] | None:
+    """The declared writes of ``actions`` (see :class:`_Candidate`); a name outside
+    ``fsm_data`` is a :class:`ModelError`."""
+    data: tuple[str, ...] = getattr(impl, "fsm_data", ())
+    declared: set[str] = set()
+    for action, name in zip(actions, names, strict=True):
+        written: tuple[str, ...] | None = getattr(action, _WRITES, None)
+        if written is None:
+            return None
+        stray = sorted(set(written) - set(data))
+        if stray:
+            raise ModelError(f"{impl.__name__}.{name} of {machine} declares it writes "
+                             f"{stray}, which are not in its fsm_data {list(data)}")
+        declared.update(written)
+    return tuple(n for n in data if n in declared)
 
 
 class CompiledMachine:
@@ -82,9 +142,10 @@ class CompiledMachine:
             guards = tuple(getattr(impl, g) for g in t.guards)
             unless = tuple(getattr(impl, g) for g in t.unless)
             actions = tuple(getattr(impl, a) for a in t.actions)
+            saves = _saves(spec.name, impl, actions, t.actions)
             for source in t.sources:
                 table.setdefault((source, t.trigger), []).append(
-                    _Candidate(t, t.dest_from(source), guards, unless, actions)
+                    _Candidate(t, t.dest_from(source), guards, unless, actions, saves)
                 )
         self._table: dict[tuple[str, str], tuple[_Candidate, ...]] = {
             k: tuple(v) for k, v in table.items()
@@ -121,13 +182,17 @@ class CompiledMachine:
         if cand.actions:
             outputs: list[Any] | None = getattr(obj, "fsm_outputs", None)
             mark = 0 if outputs is None else len(outputs)
-            saved = _snapshot(obj)
+            names: tuple[str, ...] = getattr(obj, "fsm_data", ())
+            saved = _snapshot(obj, names if cand.saves is None else cand.saves)
+            whole = _snapshot(obj, names) if _checking else None
             obj.fsm_state = cand.dest
             try:
                 for action in cand.actions:
                     action(obj, event)
+                if whole is not None:
+                    _verify(self.name, cand, obj, whole)
             except BaseException:
-                _restore(obj, saved)
+                _restore(obj, saved if whole is None else whole)
                 obj.fsm_state = source
                 if outputs is not None:
                     del outputs[mark:]
@@ -163,10 +228,9 @@ _PLAIN = frozenset({int, bool, float, str, bytes, tuple, frozenset, type(None)})
 """Types that are never containers to copy: one set lookup settles most attributes."""
 
 
-def _snapshot(obj: object) -> list[tuple[str, object]]:
-    """Copies of the attributes named by ``obj.fsm_data`` (containers copied one level)."""
+def _snapshot(obj: object, names: tuple[str, ...]) -> list[tuple[str, object]]:
+    """Copies of the attributes ``names`` of ``obj`` (containers copied one level)."""
     saved: list[tuple[str, object]] = []
-    names: tuple[str, ...] = getattr(obj, "fsm_data", ())
     for name in names:
         value: object = getattr(obj, name)
         # Each exact container type apart (``type(v) is dict`` narrows ``v``: compiled,
@@ -199,3 +263,16 @@ def _restore(obj: object, saved: list[tuple[str, object]]) -> None:
                 current.update(value)
         else:
             setattr(obj, name, value)
+
+
+def _verify(machine: str, cand: _Candidate, obj: object,
+            whole: list[tuple[str, object]]) -> None:
+    """Raise ModelError when an attribute that no action of ``cand`` declared changed."""
+    if cand.saves is None:
+        return
+    for name, before in whole:
+        if name not in cand.saves and getattr(obj, name) != before:
+            raise ModelError(
+                f"{machine} {cand.spec.trigger} ({cand.dest}): its actions "
+                f"{[a.__name__ for a in cand.actions]} changed .{name}, which none of "
+                "them declares (p2pfsm.fsm.writes)")

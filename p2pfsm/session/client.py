@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from p2pfsm.fsm import CompiledMachine, Tracer, machine
+from p2pfsm.fsm import CompiledMachine, Tracer, machine, writes
 from p2pfsm.protocol import AbortFetch, Fetch, Lookup, TransferDone
 from p2pfsm.session.child import Arm, ChildEnv, ChildOutput, Disarm, Send
 from p2pfsm.session.inputs import HostFinish, TimerFired, TimerId
@@ -62,26 +62,33 @@ class ClientRound:
         return TimerId(kind, (self.kv_request_id, self.round_seq))
 
     # actions
+    @writes()
     def send_fetch(self, _ev: object) -> None:
         self._emit(Send(Fetch(self.kv_request_id, self.keys, self.dest_indexes, self.round_seq)))
 
+    @writes()
     def arm_load_timer(self, _ev: object) -> None:
         self._emit(Arm(self._timer("load"), self.env.timeouts.load))
 
+    @writes()
     def disarm_load_timer(self, _ev: object) -> None:
         self._emit(Disarm(self._timer("load")))
 
+    @writes("cause")
     def send_abort(self, ev: object) -> None:
         if self.cause is None:  # the first abort's trigger; re-sends keep it
             self.cause = FailReason.FINISHED if isinstance(ev, HostFinish) else FailReason.TIMEOUT
         self._emit(Send(AbortFetch(self.kv_request_id, self.round_seq)))
 
+    @writes()
     def arm_abort_ack_timer(self, _ev: object) -> None:
         self._emit(Arm(self._timer("abort_ack"), self.env.timeouts.abort_ack))
 
+    @writes()
     def disarm_abort_ack_timer(self, _ev: object) -> None:
         self._emit(Disarm(self._timer("abort_ack")))
 
+    @writes()
     def report_transfer_result(self, ev: object) -> None:
         assert isinstance(ev, TransferDone)
         if ev.success:
@@ -90,6 +97,7 @@ class ClientRound:
             self._fail(FailReason.PEER_FAILED, "the peer answered transfer_done(false) (it "
                        "lacks a key, declined the round or its host finished the request)")
 
+    @writes()
     def report_aborted(self, _ev: object) -> None:
         if self.cause is FailReason.FINISHED:
             self._fail(self.cause, "the host finished the request while it loaded; the "
@@ -99,10 +107,12 @@ class ClientRound:
                        f"({self.env.timeouts.load:g} s); the round was aborted and the peer "
                        "acknowledged it")
 
+    @writes()
     def report_orphaned(self, _ev: object) -> None:
         self._fail(FailReason.SESSION_ENDED, "the session ended while the peer could still "
                    "write: the destination is not released", released=False)
 
+    @writes()
     def report_unsent(self, _ev: object) -> None:
         # The fetch never left the queue (the session was never ready): no write can land.
         self._fail(FailReason.SESSION_ENDED, "the session ended before it was ready; the "
@@ -166,23 +176,29 @@ class ClientLookup:
         return len(self.answers) + len(ev.pairs) == len(self.keys)
 
     # actions
+    @writes()
     def send_lookup(self, _ev: object) -> None:
         self._emit(Send(Lookup(self.kv_request_id, self.keys, self.round_seq)))
 
+    @writes()
     def arm_lookup_timer(self, _ev: object) -> None:
         self._emit(Arm(TimerId("lookup", (self.serial,)), self.env.timeouts.lookup))
 
+    @writes()
     def disarm_lookup_timer(self, _ev: object) -> None:
         self._emit(Disarm(TimerId("lookup", (self.serial,))))
 
+    @writes("answers")
     def record_part(self, ev: object) -> None:
         assert isinstance(ev, LookupPart)
         self.answers.update(ev.pairs)
 
+    @writes()
     def report_answer(self, _ev: object) -> None:
         hits = tuple(self.answers[k] for k in self.keys)
         self._emit(LookupResult(self.kv_request_id, self.keys, hits, answered=True))
 
+    @writes()
     def report_unanswered_miss(self, ev: object) -> None:
         hits = tuple(self.answers.get(k, False) for k in self.keys)
         if isinstance(ev, TimerFired):

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from p2pfsm.fsm import CompiledMachine, Tracer, machine
+from p2pfsm.fsm import CompiledMachine, Tracer, machine, writes
 from p2pfsm.protocol import AbortAck, AbortFetch, Fetch, LookupResp, TransferDone
 from p2pfsm.session.child import (
     Arm,
@@ -137,30 +137,37 @@ class ServerRound:
         return not self.inflight
 
     # actions
+    @writes("jobs", "supply")
     def add_supply(self, ev: object) -> None:
         assert isinstance(ev, HostSupply | PinHits)
         self._add(ev.job_id, ev.keys, ev.local_indexes)
 
+    @writes()
     def reject_supply(self, ev: object) -> None:
         assert isinstance(ev, HostSupply)
         self._emit(StoreResult(ev.job_id, False, FailReason.NOT_SERVED,
                                "the round no longer takes supply"))
 
+    @writes()
     def reject_finished_supply(self, ev: object) -> None:
         assert isinstance(ev, HostSupply)
         self._emit(StoreResult(ev.job_id, False, FailReason.NOT_SERVED,
                                f"the peer finished request {self.kv_request_id!r} (its "
                                "terminal fetch): no fetch will read this supply"))
 
+    @writes()
     def arm_store_timer(self, _ev: object) -> None:
         self._emit(Arm(TimerId("store", (self.serial,)), self.env.timeouts.store, keep=True))
 
+    @writes()
     def disarm_store_timer(self, _ev: object) -> None:
         self._emit(Disarm(TimerId("store", (self.serial,))))
 
+    @writes()
     def arm_demand_timer(self, _ev: object) -> None:
         self._emit(Arm(TimerId("demand", (self.serial,)), self.env.timeouts.demand))
 
+    @writes("round_seq")
     def adopt_round(self, ev: object) -> None:
         """A round supplied before any fetch named it (round_seq None) is the fetch's."""
         assert isinstance(ev, Fetch)
@@ -168,11 +175,13 @@ class ServerRound:
             self.round_seq = ev.round_seq
             self._emit(BindRound())
 
+    @writes("total", "demand")
     def record_demand(self, ev: object) -> None:
         assert isinstance(ev, Fetch)
         self.total = len(ev.keys)
         self.demand = dict(zip(ev.keys, ev.block_indexes, strict=True))
 
+    @writes("supply", "demand", "inflight")
     def write_matched(self, _ev: object) -> None:
         small, large = (
             (self.demand, self.supply) if len(self.demand) <= len(self.supply)
@@ -187,31 +196,39 @@ class ServerRound:
         self.inflight[xfer] = len(matched)
         self._emit(StartWrite(xfer, local, remote))
 
+    @writes("inflight", "landed")
     def account_write(self, ev: object) -> None:
         assert isinstance(ev, WriteFinished)
         count = self.inflight.pop(ev.xfer)
         if ev.ok:
             self.landed += count
 
+    @writes()
     def cancel_writes(self, _ev: object) -> None:
         for xfer in self.inflight:
             self._emit(CancelWrite(xfer))
 
+    @writes()
     def send_done_success(self, _ev: object) -> None:
         self._emit(Send(TransferDone(self.kv_request_id, True, self._wire_round())))
 
+    @writes()
     def send_done_failure(self, _ev: object) -> None:
         self._emit(Send(TransferDone(self.kv_request_id, False, self._wire_round())))
 
+    @writes()
     def send_abort_ack(self, _ev: object) -> None:
         self._emit(Send(AbortAck(self.kv_request_id, self._wire_round())))
 
+    @writes("told")
     def tell_round_served(self, _ev: object) -> None:
         self._tell(True, "served")
 
+    @writes("told")
     def tell_round_failed(self, _ev: object) -> None:
         self._tell(False, "failed")  # the host finished the request before supplying all
 
+    @writes("told")
     def tell_round_ended(self, ev: object) -> None:
         if isinstance(ev, AbortFetch):
             why = "aborted"
@@ -234,13 +251,16 @@ class ServerRound:
         self.told = True
         self._emit(RoundEnded(self.kv_request_id, self.round_seq, served, why))
 
+    @writes()
     def remember_expired(self, _ev: object) -> None:
         assert self.round_seq is not None  # lookup rounds are named by their lookup
         self._emit(ExpireLookupRound(self.kv_request_id, self.round_seq))
 
+    @writes()
     def release_jobs(self, _ev: object) -> None:
         self._release(False)
 
+    @writes()
     def release_served_jobs(self, _ev: object) -> None:
         self._release(True)
 
@@ -318,21 +338,26 @@ class ServerLookup:
         return isinstance(ev, PinsRefused)
 
     # actions
+    @writes()
     def ask_host(self, _ev: object) -> None:
         unique = tuple(dict.fromkeys(self.keys))
         self._emit(LookupRequest(self.token, self.kv_request_id, self.round_seq, unique))
 
+    @writes()
     def arm_pending_timer(self, _ev: object) -> None:
         self._emit(Arm(TimerId("lookup_pending", (self.token,)), self.env.timeouts.lookup_pending))
 
+    @writes()
     def disarm_pending_timer(self, _ev: object) -> None:
         self._emit(Disarm(TimerId("lookup_pending", (self.token,))))
 
+    @writes()
     def refuse_pins(self, ev: object) -> None:
         assert isinstance(ev, PinsRefused)
         self._emit(StoreResult(ev.job_id, False, FailReason.NOT_SERVED,
                                "the lookup's round no longer takes pins"))
 
+    @writes("resolved", "pending")
     def record_answers(self, ev: object) -> None:
         if isinstance(ev, PinsRefused):
             ev = ev.answer
@@ -350,14 +375,17 @@ class ServerLookup:
             self._emit(PinHits(self.kv_request_id, self.round_seq, ev.job_id, keys,
                                tuple(ev.hits[k] for k in keys)))
 
+    @writes("resolved", "pending")
     def expire_pending(self, _ev: object) -> None:
         for key in self.pending:
             self.resolved[key] = False
         self.pending.clear()
 
+    @writes("sent")
     def send_lookup_part(self, _ev: object) -> None:
         self._send_unsent()
 
+    @writes("sent")
     def send_lookup_resp(self, _ev: object) -> None:
         self._send_unsent()
 
@@ -369,6 +397,7 @@ class ServerLookup:
         self._emit(Send(LookupResp(self.kv_request_id, keys,
                                    tuple(self.resolved[k] for k in keys))))
 
+    @writes()
     def close_host_context(self, _ev: object) -> None:
         self._emit(LookupClosed(self.token))
 

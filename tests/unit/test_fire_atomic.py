@@ -90,7 +90,7 @@ def test_a_raising_action_of_a_real_round_leaves_it_unchanged(
 
     monkeypatch.setattr(SERVER_ROUND, "_table", {
         key: tuple(c.__class__(c.spec, c.dest, c.guards, c.unless,
-                               (*c.actions[:-1], failing_write)) for c in cands)
+                               (*c.actions[:-1], failing_write), None) for c in cands)
         if key == ("supplied", "recv_fetch") else cands
         for key, cands in SERVER_ROUND._table.items()
     })
