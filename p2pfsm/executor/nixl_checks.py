@@ -76,7 +76,9 @@ def announced_layout(
 def block_indexes(side: str, values: Sequence[int], limit: int) -> list[int]:
     """``values`` as a list of block indexes in ``[0, limit)``; else
     :class:`TransportError` naming ``side`` ("local" or "remote")."""
-    if isinstance(values, str | bytes) or not isinstance(values, Sequence):
+    kind = type(values)  # a tuple or list (the usual case) skips the ABC check
+    if kind is not tuple and kind is not list and (
+            isinstance(values, str | bytes) or not isinstance(values, Sequence)):
         raise TransportError(f"{side} indexes must be a sequence of ints")
     # Fast path (the usual case: plain ints from a session): one C-level pass each.
     if ints_within(values, 0, limit - 1):

@@ -166,14 +166,17 @@ class ProducerPart:
 
     # -------------------------------------------------------------- rounds
     def _round_for(self, kv_request_id: str, round_seq: int | None,
-                   origin: str = "host") -> ServerRound:
+                   origin: str = "host", host_finished: bool | None = None) -> ServerRound:
+        """The open round of (kv_request_id, round_seq), created when there is none;
+        ``host_finished``: what :meth:`_finished_by_host` says now, if the caller knows."""
         rounds = self.rounds.setdefault(kv_request_id, {})
         rnd = rounds.get(round_seq)
         if rnd is None:
+            if host_finished is None:
+                host_finished = self._finished_by_host(kv_request_id)
             self.round_serial += 1
             rnd = ServerRound(self.env, self.round_serial, kv_request_id, round_seq, origin,
-                              self._finished_by_host(kv_request_id),
-                              self.peer_finished.get(kv_request_id) is not None)
+                              host_finished, self.peer_finished.get(kv_request_id) is not None)
             rounds[round_seq] = rnd
             self.round_by_serial[rnd.serial] = rnd
         return rnd
@@ -239,14 +242,14 @@ class ProducerPart:
                 "round_seq", f"duplicate fetch for {msg.kv_request_id}/{msg.round_seq}")
         owner.gate("recv_request", msg)
         self.peer_finished.pop(msg.kv_request_id)  # the peer goes on with the request
+        finished = self._finished_by_host(msg.kv_request_id)  # a new round leaves it so
         if rnd is None:
-            rnd = self._round_for(msg.kv_request_id, msg.round_seq)
+            rnd = self._round_for(msg.kv_request_id, msg.round_seq, host_finished=finished)
         supplied = tuple(k for k in msg.keys if k in rnd.supply)
-        may_supply = not self._finished_by_host(msg.kv_request_id)
         dest = owner.fire(SERVER_ROUND, rnd, "recv_fetch", msg)
         # A host is never asked to supply a request it finished, nor a round that ended
         # at once (the fetch named keys its lookup did not pin: transfer_done(false)).
-        if may_supply and dest not in SERVER_ROUND.spec.terminal:
+        if not finished and dest not in SERVER_ROUND.spec.terminal:
             owner.emit(FetchArrived(msg.kv_request_id, msg.round_seq, msg.keys, supplied))
         owner.cascade()  # after the host hears of the fetch
 
@@ -333,7 +336,9 @@ class ProducerPart:
         if closed:
             return closed[-1]
         serving = [r for r in rounds if r.fsm_state in _TAKES_SUPPLY]
-        return serving[-1] if serving else self._round_for(ev.kv_request_id, None)
+        # The caller refused supply for a request the host finished: it is not.
+        return serving[-1] if serving else self._round_for(ev.kv_request_id, None,
+                                                           host_finished=False)
 
     def on_host_answer(self, ev: HostAnswerLookup) -> None:
         """The host answers a served lookup (some keys hit and pinned, some pending)."""

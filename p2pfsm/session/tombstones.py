@@ -5,20 +5,25 @@ executor's heartbeats kill a connection silent for longer). Within that horizon
 the session remembers, per kv_request_id, the lowest round number it may use again
 (consumer: rounds that ended with an abort may still see a late abort_ack) and the
 lookup round whose pins expired (producer: its fetch fails fast). Entries are kept
-in expiry order, so purging is O(1) amortized per event.
+in expiry order, so purging is O(1) amortized per event; a purge before the oldest
+entry's expiry is one comparison (the session purges on every event).
 """
 
 from __future__ import annotations
+
+import math
 
 
 class Tombstones:
     """An int per key, forgotten ``ttl`` seconds after it was last written."""
 
-    __slots__ = ("_entries", "ttl")
+    __slots__ = ("_entries", "_purge_at", "ttl")
 
     def __init__(self, ttl: float) -> None:
         self.ttl = ttl
         self._entries: dict[str, tuple[int, float]] = {}
+        # No entry expires before this (a lower bound: a pop may make it early).
+        self._purge_at = math.inf
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -29,7 +34,10 @@ class Tombstones:
 
     def put(self, key: str, value: int, now: float) -> None:
         self._entries.pop(key, None)
-        self._entries[key] = (value, now + self.ttl)
+        until = now + self.ttl
+        self._entries[key] = (value, until)
+        if until < self._purge_at:
+            self._purge_at = until
 
     def pop(self, key: str) -> None:
         self._entries.pop(key, None)
@@ -39,9 +47,15 @@ class Tombstones:
         return tuple((key, value, until) for key, (value, until) in self._entries.items())
 
     def purge(self, now: float) -> None:
+        """Forget the entries whose expiry is ``now`` or earlier."""
+        if now < self._purge_at:
+            return
         entries = self._entries
         while entries:
             key = next(iter(entries))
-            if entries[key][1] > now:
+            until = entries[key][1]
+            if until > now:
+                self._purge_at = until
                 return
             del entries[key]
+        self._purge_at = math.inf
