@@ -7,9 +7,13 @@ descriptor on each side per load and unload of a live agent, 500 after 500). So
 :meth:`~p2pfsm.executor.nixl_plane.DataPlane.remove_peer` keeps the agent loaded and a
 later :meth:`~p2pfsm.executor.nixl_plane.DataPlane.add_peer` with byte-identical
 metadata reuses it (a reconnecting peer, or many ids naming one agent); metadata that
-differs for the same name loads afresh. At most ``keep_agents`` agents that no peer uses
-stay loaded (least recently used are unloaded first), and an agent whose transfers
-failed is unloaded with its peer.
+differs for the same name loads afresh. A registration refused after the load (the peer
+announced blocks its agent did not register) leaves the agent loaded too: connects that
+carry one agent cost one load however many there are, and an agent is never loaded again
+while NIXL holds a load of its name (a kept one NIXL dropped itself after a remote
+disconnect is loaded afresh). At most ``keep_agents`` agents that no peer uses stay
+loaded (least recently used are unloaded first), and an agent whose transfers failed is
+unloaded with its peer.
 """
 
 from __future__ import annotations

@@ -300,12 +300,13 @@ class DataPlane:
         ``layout`` is the peer's connect field (None: one plain region). Re-adding
         ``peer_id`` removes its old registration first (:meth:`remove_peer`: a transfer
         still running to it is left to end).
-        An agent kept loaded with the same metadata is reused. Raises
-        :class:`TransportError` when the announcement is invalid: ``block_len``
+        An agent kept loaded with the same metadata is reused while NIXL holds it.
+        Raises :class:`TransportError` when the announcement is invalid: ``block_len``
         differs from ours, the regions do not pair up with ours (their number, or a
         slice length), its descriptors exceed ``max_peer_blocks``, a region would wrap
         past 2**64, the metadata is not NIXL's, names this agent, or names an agent
-        already registered under another peer id.
+        already registered under another peer id, or its blocks lie outside what the
+        agent registered (the agent then stays loaded, kept for a later add).
         """
         self._check_open()
         theirs = announced_layout(
@@ -321,19 +322,23 @@ class DataPlane:
 
         if peer_id in self._peers:
             self.remove_peer(peer_id)
-        rows = theirs.rows(0)
-        while True:
-            fresh = self._agents.load(self._agent, peer_id, agent_name, metadata)
-            try:
-                dlist = self._agent.prep_xfer_dlist(agent_name, rows, "DRAM")
-                break
-            except Exception as exc:
-                # Unload it either way; a kept agent (NIXL may have dropped it) is then
-                # loaded afresh once.
-                self._forget_agent(agent_name)
-                if fresh:
-                    raise TransportError(
-                        f"cannot prep descriptors of {peer_id!r}: {exc!r}") from exc
+        try:
+            descs = self._agent.get_xfer_descs(theirs.rows(0), "DRAM")
+        except Exception as exc:
+            raise TransportError(f"cannot describe the blocks of {peer_id!r}: {exc!r}") from exc
+        self._load_agent(peer_id, agent_name, metadata)
+        # A refused announcement leaves the agent loaded (kept, as after remove_peer):
+        # unloading it would make the next connect carrying it load it again, and every
+        # load of a live agent leaves a UCX connection behind (nixl_agents).
+        if not self._nixl_holds(agent_name, descs):
+            self._keep_agents()
+            raise TransportError(f"{peer_id!r} announces blocks its agent {agent_name!r} "
+                                 f"did not register")
+        try:
+            dlist = self._agent.prep_xfer_dlist(agent_name, descs, "DRAM")
+        except Exception as exc:
+            self._keep_agents()
+            raise TransportError(f"cannot prep descriptors of {peer_id!r}: {exc!r}") from exc
         self._peers[peer_id] = _Peer(peer_id, agent_name, theirs, dlist)
         self._pace.warm_up()
 
@@ -575,6 +580,27 @@ class DataPlane:
 
     def _forget_agent(self, agent_name: str) -> None:
         self._agents.forget(self._agent, agent_name)
+
+    def _load_agent(self, peer_id: str, agent_name: str, metadata: bytes) -> None:
+        """Have NIXL hold ``agent_name`` loaded from ``metadata``. A kept load is reused
+        while NIXL holds it: an agent is never loaded again while a load of its name is
+        in place. One that NIXL dropped itself (after a remote disconnect) is loaded
+        afresh."""
+        fresh = self._agents.load(self._agent, peer_id, agent_name, metadata)
+        if not fresh and not self._nixl_holds(agent_name):
+            self._forget_agent(agent_name)
+            self._agents.load(self._agent, peer_id, agent_name, metadata)
+
+    def _nixl_holds(self, agent_name: str, descs: Any = None) -> bool:
+        """NIXL holds ``agent_name``'s metadata (covering every descriptor of ``descs``,
+        when given); a check that fails counts as no. Logs nothing, unlike a prep that
+        fails."""
+        try:
+            if descs is None:
+                return bool(self._agent.check_remote_metadata(agent_name))
+            return bool(self._agent.check_remote_metadata(agent_name, descs))
+        except Exception:
+            return False
 
     def _teardown_agent(self) -> None:
         agent, self._agent = self._agent, None
