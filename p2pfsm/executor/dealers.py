@@ -137,8 +137,12 @@ class Dealers:
              dialled_back: bool = False, origin: str | None = None) -> Dealer:
         """A DEALER to ``peer_id``; ``origin``: the host it is charged to in the pending
         budget (:func:`~p2pfsm.executor.peer_ids.origin_of`; None: the host its id names, as for
-        our own dials)."""
-        dealer = self._ctx.socket(zmq.DEALER)
+        our own dials). :class:`TransportError` when its sockets cannot be made or set up
+        (out of descriptors or of the context's sockets); nothing is kept then."""
+        try:
+            dealer = self._ctx.socket(zmq.DEALER)
+        except zmq.ZMQError as exc:  # out of descriptors (EMFILE) or the context's sockets
+            raise TransportError(f"cannot open DEALER to {peer_id}: {exc}") from exc
         monitor: zmq.Socket[bytes] | None = None
         monitoring = False
         try:
