@@ -13,7 +13,8 @@ carry one agent cost one load however many there are, and an agent is never load
 while NIXL holds a load of its name (a kept one NIXL dropped itself after a remote
 disconnect is loaded afresh). At most ``keep_agents`` agents that no peer uses stay
 loaded (least recently used are unloaded first), and an agent whose transfers failed is
-unloaded with its peer.
+unloaded with its peer. No agent is loaded while the process is short of descriptors
+(:mod:`p2pfsm.executor.descriptors`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from collections.abc import Set
 from typing import Any
 
 from p2pfsm.errors import TransportError
+from p2pfsm.executor.descriptors import require_headroom
 
 __all__ = ["LoadedAgents"]
 
@@ -48,6 +50,8 @@ class LoadedAgents:
         if kept == metadata:
             self._loaded.move_to_end(agent_name)
             return False
+        # UCX aborts the process on an endpoint it could only half make.
+        require_headroom(f"not loading agent {agent_name!r} for {peer_id!r}")
         if kept is not None:  # the same name with other metadata: a new agent
             self.forget(agent, agent_name)
         try:

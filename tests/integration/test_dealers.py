@@ -1,9 +1,10 @@
-"""Dealers with no ZeroMQ socket left for a dial-back (real libzmq).
+"""Dealers short of descriptors or of ZeroMQ sockets for a dial-back (real libzmq).
 
 A flood of connects brings a node near its descriptor limit (the hostile suite's 800
 identities: an inbound connection each, and three sockets per dial-back). A dial-back
 that cannot be had must be refused (the control plane drops the connect as "dial-back
-failed"), never an error out of the control plane's poll.
+failed"), never an error out of the control plane's poll, nor libzmq's abort when it
+resolves the source address without a descriptor to spare.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ import zmq
 
 from p2pfsm.errors import TransportError
 from p2pfsm.executor.dealers import Dealers
+from p2pfsm.executor.descriptors import HEADROOM
 from p2pfsm.executor.zmq_heartbeats import Heartbeats
+from tests.helpers.descriptors import descriptors_left
 
 ONE_DIAL = 3
 """Sockets one DEALER costs: itself, its monitor's PAIR inside libzmq, and ours."""
@@ -47,3 +50,11 @@ def test_a_dealer_with_no_socket_left_is_a_transport_error(dealers: Dealers) -> 
     assert list(dealers.peers) == ["127.0.0.1:9"]
     dealers.teardown(first, 0)  # its sockets free again once libzmq reaps them
 
+
+def test_a_dial_back_short_of_descriptors_is_refused_before_libzmq(dealers: Dealers) -> None:
+    with descriptors_left(HEADROOM // 2), pytest.raises(TransportError,
+                                                        match="descriptors free"):
+        dealers.open("127.0.0.1:9", None, dialled_back=True)
+    assert dealers.peers == {}
+    dealers.open("127.0.0.1:9", None, dialled_back=True)  # with descriptors to spare
+    assert list(dealers.peers) == ["127.0.0.1:9"]

@@ -24,8 +24,10 @@ import pytest
 
 from p2pfsm.demo.blocks import demo_block
 from p2pfsm.errors import ConfigError, TransportError
+from p2pfsm.executor.descriptors import HEADROOM
 from p2pfsm.executor.nixl_plane import IDLE_PROGRESS_MS, DataPlane, WriteId
 from p2pfsm.executor.zmq_plane import ControlPlane, FrameIn
+from tests.helpers.descriptors import descriptors_left
 
 from . import Child, cpu_seconds
 
@@ -425,6 +427,19 @@ def test_refused_announcements_of_one_agent_load_it_once(pair: Pair) -> None:
         plane.progress()
         assert plane.peers == ("honest",)
         assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_no_agent_is_loaded_short_of_descriptors(pair: Pair) -> None:
+    """UCX aborts the process (an assertion at the next progress) after loading an
+    agent with one descriptor free: the plane refuses the load instead."""
+    md, base = pair.metadata, pair.base_addr
+    with DataPlane("short", 8, BLOCK) as plane:
+        with descriptors_left(HEADROOM // 2), pytest.raises(TransportError,
+                                                            match="descriptors free"):
+            plane.add_peer("target", md, base, 64, BLOCK)
+        assert plane.peers == ()
+        plane.add_peer("target", md, base, 64, BLOCK)
+        assert plane.peers == ("target",)
 
 
 def test_killed_peer_fails_transfers(children: list[Child]) -> None:
