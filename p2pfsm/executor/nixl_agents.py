@@ -27,7 +27,19 @@ from typing import Any
 from p2pfsm.errors import TransportError
 from p2pfsm.executor.descriptors import require_headroom
 
-__all__ = ["LoadedAgents"]
+__all__ = ["LoadedAgents", "nixl_holds"]
+
+
+def nixl_holds(agent: Any, agent_name: str, descs: Any = None) -> bool:
+    """NIXL's ``agent`` holds ``agent_name``'s metadata (covering every descriptor of
+    ``descs``, when given); a check that fails counts as no. Logs nothing, unlike a
+    prep that fails."""
+    try:
+        if descs is None:
+            return bool(agent.check_remote_metadata(agent_name))
+        return bool(agent.check_remote_metadata(agent_name, descs))
+    except Exception:
+        return False
 
 
 class LoadedAgents:
@@ -45,11 +57,15 @@ class LoadedAgents:
 
     def load(self, agent: Any, peer_id: str, agent_name: str, metadata: bytes) -> bool:
         """Make ``agent_name`` loaded with exactly ``metadata``; True when it was loaded
-        now, False when an agent kept from an earlier peer is reused."""
+        now, False when an agent kept from an earlier peer is reused (only while NIXL
+        holds it: one NIXL dropped itself, after a remote disconnect, is loaded afresh)."""
         kept = self._loaded.get(agent_name)
         if kept == metadata:
-            self._loaded.move_to_end(agent_name)
-            return False
+            if nixl_holds(agent, agent_name):
+                self._loaded.move_to_end(agent_name)
+                return False
+            self.forget(agent, agent_name)
+            kept = None
         # UCX aborts the process on an endpoint it could only half make.
         require_headroom(f"not loading agent {agent_name!r} for {peer_id!r}")
         if kept is not None:  # the same name with other metadata: a new agent

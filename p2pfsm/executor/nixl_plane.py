@@ -52,7 +52,7 @@ from p2pfsm.executor.memory import (
     require_device,
 )
 from p2pfsm.executor.nixl_agent import agent_name_of, import_nixl
-from p2pfsm.executor.nixl_agents import LoadedAgents
+from p2pfsm.executor.nixl_agents import LoadedAgents, nixl_holds
 from p2pfsm.executor.nixl_checks import (
     ADDR_LIMIT,
     MAX_INDEX,
@@ -326,11 +326,11 @@ class DataPlane:
             descs = self._agent.get_xfer_descs(theirs.rows(0), "DRAM")
         except Exception as exc:
             raise TransportError(f"cannot describe the blocks of {peer_id!r}: {exc!r}") from exc
-        self._load_agent(peer_id, agent_name, metadata)
+        self._agents.load(self._agent, peer_id, agent_name, metadata)
         # A refused announcement leaves the agent loaded (kept, as after remove_peer):
         # unloading it would make the next connect carrying it load it again, and every
         # load of a live agent leaves a UCX connection behind (nixl_agents).
-        if not self._nixl_holds(agent_name, descs):
+        if not nixl_holds(self._agent, agent_name, descs):
             self._keep_agents()
             raise TransportError(f"{peer_id!r} announces blocks its agent {agent_name!r} "
                                  f"did not register")
@@ -580,27 +580,6 @@ class DataPlane:
 
     def _forget_agent(self, agent_name: str) -> None:
         self._agents.forget(self._agent, agent_name)
-
-    def _load_agent(self, peer_id: str, agent_name: str, metadata: bytes) -> None:
-        """Have NIXL hold ``agent_name`` loaded from ``metadata``. A kept load is reused
-        while NIXL holds it: an agent is never loaded again while a load of its name is
-        in place. One that NIXL dropped itself (after a remote disconnect) is loaded
-        afresh."""
-        fresh = self._agents.load(self._agent, peer_id, agent_name, metadata)
-        if not fresh and not self._nixl_holds(agent_name):
-            self._forget_agent(agent_name)
-            self._agents.load(self._agent, peer_id, agent_name, metadata)
-
-    def _nixl_holds(self, agent_name: str, descs: Any = None) -> bool:
-        """NIXL holds ``agent_name``'s metadata (covering every descriptor of ``descs``,
-        when given); a check that fails counts as no. Logs nothing, unlike a prep that
-        fails."""
-        try:
-            if descs is None:
-                return bool(self._agent.check_remote_metadata(agent_name))
-            return bool(self._agent.check_remote_metadata(agent_name, descs))
-        except Exception:
-            return False
 
     def _teardown_agent(self) -> None:
         agent, self._agent = self._agent, None
