@@ -38,6 +38,7 @@ from p2pfsm.errors import TransportError
 from p2pfsm.executor.admission import EVICTED, eviction_victim
 from p2pfsm.executor.control_events import ControlEvent, PeerLost
 from p2pfsm.executor.curve import CurveKeys, refusal_of
+from p2pfsm.executor.descriptors import require_headroom
 from p2pfsm.executor.monitors import (
     DEALER_MASK,
     EV_CLOSED,
@@ -137,8 +138,14 @@ class Dealers:
              dialled_back: bool = False, origin: str | None = None) -> Dealer:
         """A DEALER to ``peer_id``; ``origin``: the host it is charged to in the pending
         budget (:func:`~p2pfsm.executor.peer_ids.origin_of`; None: the host its id names, as for
-        our own dials)."""
-        dealer = self._ctx.socket(zmq.DEALER)
+        our own dials). :class:`TransportError` when fewer descriptors are free than a
+        dial needs (:mod:`p2pfsm.executor.descriptors`), or its sockets cannot be made or
+        set up (out of the context's sockets); nothing is kept then."""
+        require_headroom(f"cannot open DEALER to {peer_id}")  # libzmq aborts short of them
+        try:
+            dealer = self._ctx.socket(zmq.DEALER)
+        except zmq.ZMQError as exc:  # out of descriptors (EMFILE) or the context's sockets
+            raise TransportError(f"cannot open DEALER to {peer_id}: {exc}") from exc
         monitor: zmq.Socket[bytes] | None = None
         monitoring = False
         try:

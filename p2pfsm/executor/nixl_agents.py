@@ -7,9 +7,14 @@ descriptor on each side per load and unload of a live agent, 500 after 500). So
 :meth:`~p2pfsm.executor.nixl_plane.DataPlane.remove_peer` keeps the agent loaded and a
 later :meth:`~p2pfsm.executor.nixl_plane.DataPlane.add_peer` with byte-identical
 metadata reuses it (a reconnecting peer, or many ids naming one agent); metadata that
-differs for the same name loads afresh. At most ``keep_agents`` agents that no peer uses
-stay loaded (least recently used are unloaded first), and an agent whose transfers
-failed is unloaded with its peer.
+differs for the same name loads afresh. A registration refused after the load (the peer
+announced blocks its agent did not register) leaves the agent loaded too: connects that
+carry one agent cost one load however many there are, and an agent is never loaded again
+while NIXL holds a load of its name (a kept one NIXL dropped itself after a remote
+disconnect is loaded afresh). At most ``keep_agents`` agents that no peer uses stay
+loaded (least recently used are unloaded first), and an agent whose transfers failed is
+unloaded with its peer. No agent is loaded while the process is short of descriptors
+(:mod:`p2pfsm.executor.descriptors`).
 """
 
 from __future__ import annotations
@@ -20,8 +25,21 @@ from collections.abc import Set
 from typing import Any
 
 from p2pfsm.errors import TransportError
+from p2pfsm.executor.descriptors import require_headroom
 
-__all__ = ["LoadedAgents"]
+__all__ = ["LoadedAgents", "nixl_holds"]
+
+
+def nixl_holds(agent: Any, agent_name: str, descs: Any = None) -> bool:
+    """NIXL's ``agent`` holds ``agent_name``'s metadata (covering every descriptor of
+    ``descs``, when given); a check that fails counts as no. Logs nothing, unlike a
+    prep that fails."""
+    try:
+        if descs is None:
+            return bool(agent.check_remote_metadata(agent_name))
+        return bool(agent.check_remote_metadata(agent_name, descs))
+    except Exception:
+        return False
 
 
 class LoadedAgents:
@@ -39,11 +57,17 @@ class LoadedAgents:
 
     def load(self, agent: Any, peer_id: str, agent_name: str, metadata: bytes) -> bool:
         """Make ``agent_name`` loaded with exactly ``metadata``; True when it was loaded
-        now, False when an agent kept from an earlier peer is reused."""
+        now, False when an agent kept from an earlier peer is reused (only while NIXL
+        holds it: one NIXL dropped itself, after a remote disconnect, is loaded afresh)."""
         kept = self._loaded.get(agent_name)
         if kept == metadata:
-            self._loaded.move_to_end(agent_name)
-            return False
+            if nixl_holds(agent, agent_name):
+                self._loaded.move_to_end(agent_name)
+                return False
+            self.forget(agent, agent_name)
+            kept = None
+        # UCX aborts the process on an endpoint it could only half make.
+        require_headroom(f"not loading agent {agent_name!r} for {peer_id!r}")
         if kept is not None:  # the same name with other metadata: a new agent
             self.forget(agent, agent_name)
         try:

@@ -52,7 +52,7 @@ from p2pfsm.executor.memory import (
     require_device,
 )
 from p2pfsm.executor.nixl_agent import agent_name_of, import_nixl
-from p2pfsm.executor.nixl_agents import LoadedAgents
+from p2pfsm.executor.nixl_agents import LoadedAgents, nixl_holds
 from p2pfsm.executor.nixl_checks import (
     ADDR_LIMIT,
     MAX_INDEX,
@@ -300,12 +300,13 @@ class DataPlane:
         ``layout`` is the peer's connect field (None: one plain region). Re-adding
         ``peer_id`` removes its old registration first (:meth:`remove_peer`: a transfer
         still running to it is left to end).
-        An agent kept loaded with the same metadata is reused. Raises
-        :class:`TransportError` when the announcement is invalid: ``block_len``
+        An agent kept loaded with the same metadata is reused while NIXL holds it.
+        Raises :class:`TransportError` when the announcement is invalid: ``block_len``
         differs from ours, the regions do not pair up with ours (their number, or a
         slice length), its descriptors exceed ``max_peer_blocks``, a region would wrap
         past 2**64, the metadata is not NIXL's, names this agent, or names an agent
-        already registered under another peer id.
+        already registered under another peer id, or its blocks lie outside what the
+        agent registered (the agent then stays loaded, kept for a later add).
         """
         self._check_open()
         theirs = announced_layout(
@@ -321,19 +322,23 @@ class DataPlane:
 
         if peer_id in self._peers:
             self.remove_peer(peer_id)
-        rows = theirs.rows(0)
-        while True:
-            fresh = self._agents.load(self._agent, peer_id, agent_name, metadata)
-            try:
-                dlist = self._agent.prep_xfer_dlist(agent_name, rows, "DRAM")
-                break
-            except Exception as exc:
-                # Unload it either way; a kept agent (NIXL may have dropped it) is then
-                # loaded afresh once.
-                self._forget_agent(agent_name)
-                if fresh:
-                    raise TransportError(
-                        f"cannot prep descriptors of {peer_id!r}: {exc!r}") from exc
+        try:
+            descs = self._agent.get_xfer_descs(theirs.rows(0), "DRAM")
+        except Exception as exc:
+            raise TransportError(f"cannot describe the blocks of {peer_id!r}: {exc!r}") from exc
+        self._agents.load(self._agent, peer_id, agent_name, metadata)
+        # A refused announcement leaves the agent loaded (kept, as after remove_peer):
+        # unloading it would make the next connect carrying it load it again, and every
+        # load of a live agent leaves a UCX connection behind (nixl_agents).
+        if not nixl_holds(self._agent, agent_name, descs):
+            self._keep_agents()
+            raise TransportError(f"{peer_id!r} announces blocks its agent {agent_name!r} "
+                                 f"did not register")
+        try:
+            dlist = self._agent.prep_xfer_dlist(agent_name, descs, "DRAM")
+        except Exception as exc:
+            self._keep_agents()
+            raise TransportError(f"cannot prep descriptors of {peer_id!r}: {exc!r}") from exc
         self._peers[peer_id] = _Peer(peer_id, agent_name, theirs, dlist)
         self._pace.warm_up()
 

@@ -15,10 +15,11 @@ stock vLLM peer interoperates in both roles. :func:`p2pfsm.vllm.install` with
 What DataPlane changes for a vLLM node: a registration is refused when the metadata
 describes this node's own agent, names an agent already registered under another peer id,
 or advertises more than ``P2PFSM_VLLM_MAX_PEER_BLOCKS`` blocks (or a ``block_len`` other
-than ours); an unloaded peer's agent stays loaded for reuse (``keep_agents``), so a flood
-of connects carrying one agent costs one load; a running WRITE is never released early
-(``cancel(..., "immediate")`` leaves it to end and drops its report); a peer is faulted
-after its first failed transfer (vLLM: three in a row, or one decisive error).
+than ours); an unloaded peer's agent, and one whose registration was refused, stays
+loaded for reuse (``keep_agents``), so a flood of connects carrying one agent costs one
+load; a running WRITE is never released early (``cancel(..., "immediate")`` leaves it to
+end and drops its report); a peer is faulted after its first failed transfer (vLLM: three
+in a row, or one decisive error).
 
 DataPlane has no progress thread: UCX progresses inside its calls. :func:`progress_open`
 (called by the full install's control transport on every poll, under the same manager

@@ -24,8 +24,10 @@ import pytest
 
 from p2pfsm.demo.blocks import demo_block
 from p2pfsm.errors import ConfigError, TransportError
+from p2pfsm.executor.descriptors import HEADROOM
 from p2pfsm.executor.nixl_plane import IDLE_PROGRESS_MS, DataPlane, WriteId
 from p2pfsm.executor.zmq_plane import ControlPlane, FrameIn
+from tests.helpers.descriptors import descriptors_left
 
 from . import Child, cpu_seconds
 
@@ -401,6 +403,43 @@ def test_re_adding_a_live_agent_opens_no_connection(pair: Pair) -> None:
     plane._agent.remove_remote_agent("target")
     plane.add_peer("target", md, base, 64, BLOCK)
     assert plane.peers == ("target",)
+
+
+def test_refused_announcements_of_one_agent_load_it_once(pair: Pair) -> None:
+    """Connects that carry one live agent but announce blocks it did not register (the
+    hostile suite's flood: its 16-block agent announced as 64 blocks) are refused with
+    the agent left loaded. Unloading it on each refusal made the next connect load it
+    again, and each load of a live agent leaves a UCX connection behind (two descriptors
+    a load with both agents in one process, 500 loads: +1000, then NIXL failed to load
+    it at the descriptor limit and UCX aborted)."""
+    md, base = pair.metadata, pair.base_addr  # the target registered 64 blocks
+    with DataPlane("flooded", 8, BLOCK) as plane:
+        before = 0
+        for i in range(11):
+            with pytest.raises(TransportError) as refused:
+                plane.add_peer(f"flood-{i}", md, base, 65, BLOCK)
+            plane.progress()
+            before = before or len(os.listdir("/proc/self/fd"))  # once the agent is loaded
+        assert len(os.listdir("/proc/self/fd")) == before
+        assert plane.peers == ()
+        assert "did not register" in str(refused.value)
+        plane.add_peer("honest", md, base, 64, BLOCK)  # the kept load serves a true one
+        plane.progress()
+        assert plane.peers == ("honest",)
+        assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_no_agent_is_loaded_short_of_descriptors(pair: Pair) -> None:
+    """UCX aborts the process (an assertion at the next progress) after loading an
+    agent with one descriptor free: the plane refuses the load instead."""
+    md, base = pair.metadata, pair.base_addr
+    with DataPlane("short", 8, BLOCK) as plane:
+        with descriptors_left(HEADROOM // 2), pytest.raises(TransportError,
+                                                            match="descriptors free"):
+            plane.add_peer("target", md, base, 64, BLOCK)
+        assert plane.peers == ()
+        plane.add_peer("target", md, base, 64, BLOCK)
+        assert plane.peers == ("target",)
 
 
 def test_killed_peer_fails_transfers(children: list[Child]) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import sys
 import time
 import uuid
@@ -76,6 +77,10 @@ SETTLE_S = 45.0
 ``FD_BOUND`` of the pre-attack count within this (vLLM's handshake deadline, 30 s, ends
 a dial-back that never came up; some slack). After the flood stock vLLM is watched for
 all of it: alive at its end, descriptors counted then."""
+TARGET_NOFILE_ENV = "P2PFSM_HOSTILE_TARGET_NOFILE"
+"""When set (e.g. 1024, a usual default), each target's soft descriptor limit is lowered
+to it once the target is up: the flood then meets a limit as such a host would
+(docs/reliability.md, the full install killed by the flood)."""
 HUGE_BLOCKS = 2_000_000
 """A connect's num_blocks above the guard's default bound (2**20)."""
 GARBAGE = 10 << 20
@@ -132,6 +137,10 @@ class Target:
                                               "300", *extra), f"target-{kind}")
             ready = self.peer.record("ready", START_TIMEOUT)
             self.addr, self.pid, self.fingerprint = ready["peer_id"], self.peer.proc.pid, FP
+        limit = os.environ.get(TARGET_NOFILE_ENV, "").strip()
+        if limit:
+            _soft, hard = resource.prlimit(self.pid, resource.RLIMIT_NOFILE)
+            resource.prlimit(self.pid, resource.RLIMIT_NOFILE, (int(limit), hard))
 
     def alive(self) -> bool:
         proc = self.serve.proc if self.serve is not None else self.peer.proc  # type: ignore[union-attr]
