@@ -184,13 +184,15 @@ class CompiledMachine:
             mark = 0 if outputs is None else len(outputs)
             names: tuple[str, ...] = getattr(obj, "fsm_data", ())
             saved = _snapshot(obj, names if cand.saves is None else cand.saves)
-            whole = _snapshot(obj, names) if _checking else None
+            # Checking a declaring step: the whole as well (else it saves the whole).
+            declared = cand.saves if _checking else None
+            whole = None if declared is None else _snapshot(obj, names)
             obj.fsm_state = cand.dest
             try:
                 for action in cand.actions:
                     action(obj, event)
-                if whole is not None:
-                    _verify(self.name, cand, obj, whole)
+                if declared is not None and whole is not None:
+                    _verify(self.name, cand, obj, whole, declared)
             except BaseException:
                 _restore(obj, saved if whole is None else whole)
                 obj.fsm_state = source
@@ -266,12 +268,10 @@ def _restore(obj: object, saved: list[tuple[str, object]]) -> None:
 
 
 def _verify(machine: str, cand: _Candidate, obj: object,
-            whole: list[tuple[str, object]]) -> None:
+            whole: list[tuple[str, object]], declared: tuple[str, ...]) -> None:
     """Raise ModelError when an attribute that no action of ``cand`` declared changed."""
-    if cand.saves is None:
-        return
     for name, before in whole:
-        if name not in cand.saves and getattr(obj, name) != before:
+        if name not in declared and getattr(obj, name) != before:
             raise ModelError(
                 f"{machine} {cand.spec.trigger} ({cand.dest}): its actions "
                 f"{[a.__name__ for a in cand.actions]} changed .{name}, which none of "
