@@ -46,12 +46,12 @@ def _step_all(nodes: list[Any], drive: str) -> None:
             node.step(0)
         return
     deadlines = [node.next_deadline() for node in nodes]
+    fds = [node.fileno() for node in nodes]
     wait_s = max(0.0, min(deadlines) - time.monotonic())
-    readable, _, _ = select.select([node.fileno() for node in nodes], [], [],
-                                   math.ceil(wait_s * 1000) / 1000)
+    readable, _, _ = select.select(fds, [], [], math.ceil(wait_s * 1000) / 1000)
     now = time.monotonic()
-    for node, due in zip(nodes, deadlines, strict=True):
-        if due <= now or node.fileno() in readable:
+    for node, due, fd in zip(nodes, deadlines, fds, strict=True):
+        if due <= now or fd in readable:
             for _ in range(_NEWS_TURNS):
                 if not node.step(0):
                     break
@@ -70,7 +70,7 @@ def _window(nodes: list[Any], fetchers: list[list[_Fetcher]], fetches: int,
     for n, row in enumerate(fetchers):
         for j in range(len(row)):
             start((n, j))
-    started, done = len(live), 0
+    started = len(live)
     t0 = time.perf_counter()
     deadline = time.monotonic() + _TIMEOUT
     while live and time.monotonic() < deadline:
@@ -79,7 +79,6 @@ def _window(nodes: list[Any], fetchers: list[list[_Fetcher]], fetches: int,
         while finished:
             key = finished.pop()
             fetchers[key[0]][key[1]].check(live.pop(key))
-            done += 1
             if started < fetches:
                 start(key)
                 started += 1
