@@ -35,6 +35,8 @@ Counters (monotonic ints; :meth:`NodeMetrics.count`):
 - ``results_dropped``: results for which the host held nothing (should stay 0).
 - ``foreign_frames``: frames under a live session's peer id that came on another
   connection than the session's and not as a connect (dropped; the session closed).
+- ``tombstones_dropped``: per-request tombstones dropped before their lifetime, past
+  ``max_tombstones`` or ``max_node_tombstones``.
 - ``host_errors``: exceptions raised by the host's callbacks (``on_fetch``, ``on_lookup``,
   ``on_result``); each is logged, what it was about fails, and the node serves on.
 
@@ -90,6 +92,8 @@ COUNTERS: Final[dict[str, str]] = {
     "results_dropped": "Results for which the host held nothing (should stay 0).",
     "foreign_frames": "Frames under a live session's peer id from another connection than "
                       "its own, not a connect (dropped; the session closed).",
+    "tombstones_dropped": "Per-request tombstones dropped before their lifetime, past "
+                          "max_tombstones (a session) or max_node_tombstones (the node).",
     "host_errors": "Exceptions raised by the host's callbacks (each logged; what it was "
                    "about fails, the node serves on).",
 }

@@ -119,6 +119,11 @@ class NodeConfig:
             security (vLLM's).
         curve_allow: the peers allowed in: public key files (``NAME.key``) or
             directories of them (every ``*.key``). Required with ``curve_secret_key``.
+        max_tombstones, max_node_tombstones: entries one session's per-request memory
+            (its peer's terminal fetches and expired lookups, the host's finished
+            requests) keeps in each table, and that all sessions keep together; past
+            either the oldest goes early (``tombstones_dropped``). A session that ends
+            keeps none.
         curve_peer_key: the server's public key file for our own ``connect`` calls;
             None: the one key of ``curve_allow`` when it holds exactly one. A dial-back
             uses the key the peer authenticated with.
@@ -151,6 +156,8 @@ class NodeConfig:
     max_lookups_per_request: int = DEFAULT_MAX_LOOKUPS_PER_REQUEST
     answer_lookups_in_parts: bool = False
     reconnect_backoff_s: tuple[float, float] | None = (0.1, 5.0)
+    max_tombstones: int = 4096
+    max_node_tombstones: int = 65_536
 
     def __post_init__(self) -> None:
         if not isinstance(self.bind, str) or not self.bind.startswith("tcp://"):
@@ -198,6 +205,8 @@ class NodeConfig:
         _int_in("max_pending_peers", self.max_pending_peers, 1, 65_535)
         _int_in("max_new_peers_per_s", self.max_new_peers_per_s, 1, 1_000_000)
         _int_in("max_lookups_per_request", self.max_lookups_per_request, 1, 1_000_000)
+        _int_in("max_tombstones", self.max_tombstones, 1, 1_000_000)
+        _int_in("max_node_tombstones", self.max_node_tombstones, 1, 100_000_000)
         backoff = self.reconnect_backoff_s
         if backoff is not None and not (
                 isinstance(backoff, tuple) and len(backoff) == 2

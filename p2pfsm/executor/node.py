@@ -82,6 +82,7 @@ from p2pfsm.session import (
     TransportLost,
     WriteFinished,
 )
+from p2pfsm.session.tombstones import TombstoneBudget
 from p2pfsm.spec_log import CallHook
 
 __all__ = ["LookupAnswer", "LookupAsk", "Node", "NodeConfig", "fingerprint"]
@@ -151,6 +152,9 @@ class Node(NodeSessions, NodeEffects):
         self.deaths: OrderedDict[str, SessionDead] = OrderedDict()
         self.violations: deque[tuple[str, ProtocolViolation]] = deque(maxlen=config.history)
         self._ended = EndedSessions(config.history)  # peers whose session ended
+        # Every session's tombstones together (SessionConfig.tombstone_budget).
+        self._tombstones = TombstoneBudget(
+            config.max_node_tombstones, lambda: self.metrics.count("tombstones_dropped"))
         self._rate_limited = 0  # control.rate_limited already in metrics
         # Calls from other threads (cancels, node.threadsafe), run in order by the driver.
         self._submitted: deque[Callable[[], None]] = deque()

@@ -67,6 +67,8 @@ class NodeSessions(NodeState):
             max_lookups_per_request=cfg.max_lookups_per_request,
             answer_lookups_in_parts=cfg.answer_lookups_in_parts,
             limits=FRAME_LIMITS,
+            max_tombstones=cfg.max_tombstones,
+            tombstone_budget=self._tombstones,
         ), None if self._hook is None else self._hook.tracer)
         self.sessions[peer_id] = session
         self._live.add(peer_id)
@@ -133,6 +135,9 @@ class NodeSessions(NodeState):
                 fut.set_result(session)
 
     def _on_death(self, peer_id: str, dead: SessionDead) -> None:
+        ended = self.sessions.get(peer_id)
+        if ended is not None:
+            ended.forget_tombstones()  # an ended session keeps none
         self.deaths[peer_id] = dead
         self.deaths.move_to_end(peer_id)
         while len(self.deaths) > self.config.history:

@@ -51,6 +51,7 @@ from p2pfsm.session import (
     SessionDead,
     StoreResult,
 )
+from p2pfsm.session.tombstones import TombstoneBudget
 from p2pfsm.spec_log import CallHook
 
 log = logging.getLogger("p2pfsm.node")
@@ -111,6 +112,7 @@ class NodeState(Driven, Executor):
     _served: ServedLookups
     _host_error_log: LogWindow
     _foreign_log: LogWindow
+    _tombstones: TombstoneBudget
     _bindings: Bindings
     _violations: ViolationBudget
     _live: set[str]

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from p2pfsm.errors import ConfigError
 from p2pfsm.protocol import DEFAULT_LIMITS, Limits
+from p2pfsm.session.tombstones import DEFAULT_MAX_TOMBSTONES, TombstoneBudget
 
 DEFAULT_HASH_SEED = "vllm-none-hash"
 """vLLM's default prefix-cache hash seed (a wire-visible fact)."""
@@ -66,6 +67,11 @@ class SessionConfig:
             another) instead of in one lookup_resp once every key is settled; the
             protocol lets a producer split its answers, and the consumer gets its hits
             sooner. Off by default, as vLLM 0.33.0's producer sends one answer.
+        max_tombstones: entries each of the tables the peer fills (its terminal
+            fetches, its expired lookups, our host's finished requests) keeps at most;
+            past it the oldest goes early (counted in ``tombstone_budget``).
+        tombstone_budget: the entries all sessions of a node hold together (shared);
+            None: no such bound.
     """
 
     local_id: str
@@ -82,6 +88,8 @@ class SessionConfig:
     layout: tuple[tuple[int, int, int], ...] | None = None
     max_lookups_per_request: int = DEFAULT_MAX_LOOKUPS_PER_REQUEST
     answer_lookups_in_parts: bool = False
+    max_tombstones: int = DEFAULT_MAX_TOMBSTONES
+    tombstone_budget: TombstoneBudget | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if not self.local_id:
@@ -101,6 +109,9 @@ class SessionConfig:
         if type(most) is not int or not 1 <= most <= 1_000_000:
             raise ConfigError(f"max_lookups_per_request: expected an int in [1, 1000000], "
                               f"got {most!r}")
+        cap = self.max_tombstones
+        if type(cap) is not int or not 1 <= cap <= 1_000_000:
+            raise ConfigError(f"max_tombstones: expected an int in [1, 1000000], got {cap!r}")
         if type(self.answer_lookups_in_parts) is not bool:
             raise ConfigError("answer_lookups_in_parts: expected a bool, got "
                               f"{self.answer_lookups_in_parts!r}")

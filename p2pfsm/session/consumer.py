@@ -68,6 +68,10 @@ class ConsumerPart:
         """Forget the tombstones older than a frame lifetime."""
         self.round_floor.purge(now)
 
+    def forget_tombstones(self) -> None:
+        """The session is over: its tombstones go (nothing consults them any more)."""
+        self.round_floor.clear()
+
     # ------------------------------------------------------------- retiring
     def retire_round(self, rnd: ClientRound) -> None:
         """Drop a load round whose machine reached a terminal state."""

@@ -128,6 +128,12 @@ class Session:
         self.producer: ProducerPart = ProducerPart(self, config, self._env)
         self._view = SessionView(self)
 
+    def forget_tombstones(self) -> None:
+        """Empty the per-request tables (the session is over: an ended session keeps
+        none; the executor calls this when it reports the death)."""
+        self.consumer.forget_tombstones()
+        self.producer.forget_tombstones()
+
     # ------------------------------------------------------------ entry point
     def handle(self, event: Input, now: float) -> list[Output]:
         """Consume one event at time ``now``; return the outputs it caused, in order.

@@ -65,13 +65,16 @@ class ProducerPart:
         self.round_by_serial: dict[int, ServerRound] = {}
         self.round_serial = 0
         # Lookup-pinned rounds whose pins expired before their fetch: that fetch fails fast.
-        self.expired_lookups = Tombstones(config.timeouts.tombstone)
+        self.expired_lookups = Tombstones(config.timeouts.tombstone, config.max_tombstones,
+                                          config.tombstone_budget)
         # Requests the host finished: a supply for one is refused (kept a frame lifetime).
-        self.finished = Tombstones(config.timeouts.tombstone)
+        self.finished = Tombstones(config.timeouts.tombstone, config.max_tombstones,
+                                   config.tombstone_budget)
         # Requests the peer finished (its terminal fetch; its round_seq), until a fetch or
         # lookup of one names a round again: a supply that would open a new round of one
         # is refused at once (kept a frame lifetime).
-        self.peer_finished = Tombstones(config.timeouts.tombstone)
+        self.peer_finished = Tombstones(config.timeouts.tombstone, config.max_tombstones,
+                                        config.tombstone_budget)
         self.store_jobs: dict[int, ServerRound] = {}
         self.writes: dict[int, ServerRound] = {}
         self.served: dict[str, list[ServerLookup]] = {}
@@ -91,6 +94,12 @@ class ProducerPart:
         self.expired_lookups.purge(now)
         self.finished.purge(now)
         self.peer_finished.purge(now)
+
+    def forget_tombstones(self) -> None:
+        """The session is over: its tombstones go (nothing consults them any more)."""
+        self.expired_lookups.clear()
+        self.finished.clear()
+        self.peer_finished.clear()
 
     # ------------------------------------------- what children's outboxes ask
     def bind_round(self, rnd: ServerRound) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from p2pfsm.session.tombstones import Tombstones
+from p2pfsm.session.tombstones import TombstoneBudget, Tombstones
 
 
 def _keys(t: Tombstones) -> list[str]:
@@ -46,3 +46,30 @@ def test_popping_the_oldest_entry_leaves_the_rest_on_their_own_expiry() -> None:
     assert _keys(t) == ["c"]
     t.purge(30.0)
     assert len(t) == 0
+
+
+def test_a_full_table_drops_its_oldest_entry_and_counts_it() -> None:
+    dropped: list[int] = []
+    budget = TombstoneBudget(100, lambda: dropped.append(1))
+    t = Tombstones(10.0, cap=2, budget=budget)
+    for i, key in enumerate("abc"):
+        t.put(key, i, float(i))
+    assert _keys(t) == ["b", "c"] and budget.held == 2 and budget.early_drops == 1 == len(dropped)
+    t.put("c", 9, 3.0)  # a rewrite takes no room
+    assert _keys(t) == ["b", "c"] and budget.early_drops == 1
+
+
+def test_the_node_budget_is_shared_and_each_table_gives_up_its_own_oldest() -> None:
+    budget = TombstoneBudget(3)
+    first, second = Tombstones(10.0, budget=budget), Tombstones(10.0, budget=budget)
+    first.put("a", 0, 0.0)
+    first.put("b", 0, 1.0)
+    second.put("x", 0, 2.0)
+    second.put("y", 0, 3.0)  # over the budget: second's own oldest goes
+    assert _keys(first) == ["a", "b"] and _keys(second) == ["y"] and budget.held == 3
+    first.purge(11.5)  # expiry, pop and clear give the budget back
+    second.pop("y")
+    assert budget.held == 0 and budget.early_drops == 1
+    second.put("z", 0, 20.0)
+    second.clear()
+    assert len(second) == 0 and budget.held == 0
