@@ -2,7 +2,7 @@
 
 A hostile or broken peer can make the same line fire thousands of times a second; one
 :class:`LogWindow` per kind of line keeps the log readable and says how many lines it
-left out when the window closes.
+left out when the window closes. :func:`clip` bounds what a line quotes from a peer.
 """
 
 from __future__ import annotations
@@ -12,7 +12,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["LogWindow"]
+__all__ = ["QUOTE_LIMIT", "LogWindow", "clip"]
+
+QUOTE_LIMIT = 300
+"""Characters of a peer's text (a reason, a field) that one log line quotes at most."""
+
+
+def clip(text: object, limit: int = QUOTE_LIMIT) -> str:
+    """``str(text)``, cut to ``limit`` characters with how many were left out: a log
+    line quotes a peer's input only this far (a layout of thousands of regions would
+    otherwise make one line of kilobytes)."""
+    out = str(text)
+    if len(out) <= limit:
+        return out
+    return f"{out[:limit]}... ({len(out) - limit} more characters)"
 
 
 @dataclass(slots=True)

@@ -13,8 +13,9 @@ carry one agent cost one load however many there are, and an agent is never load
 while NIXL holds a load of its name (a kept one NIXL dropped itself after a remote
 disconnect is loaded afresh). At most ``keep_agents`` agents that no peer uses stay
 loaded (least recently used are unloaded first), and an agent whose transfers failed is
-unloaded with its peer. No agent is loaded while the process is short of descriptors
-(:mod:`p2pfsm.executor.descriptors`).
+unloaded with its peer, as is the agent a peer id registered before once it registers
+another (a restart with a new agent). No agent is loaded while the process is short of
+descriptors (:mod:`p2pfsm.executor.descriptors`).
 """
 
 from __future__ import annotations
@@ -50,10 +51,15 @@ class LoadedAgents:
     def __init__(self, keep: int) -> None:
         self._keep = keep
         self._loaded: OrderedDict[str, bytes] = OrderedDict()
+        self._owner: dict[str, str] = {}  # agent name -> the peer id that last loaded it
 
     def names(self) -> list[str]:
         """The loaded agents' names, least recently used first."""
         return list(self._loaded)
+
+    def owned_by(self, peer_id: str) -> list[str]:
+        """The loaded agents ``peer_id`` was the last to load or reuse."""
+        return [name for name, owner in self._owner.items() if owner == peer_id]
 
     def load(self, agent: Any, peer_id: str, agent_name: str, metadata: bytes) -> bool:
         """Make ``agent_name`` loaded with exactly ``metadata``; True when it was loaded
@@ -63,6 +69,7 @@ class LoadedAgents:
         if kept == metadata:
             if nixl_holds(agent, agent_name):
                 self._loaded.move_to_end(agent_name)
+                self._owner[agent_name] = peer_id
                 return False
             self.forget(agent, agent_name)
             kept = None
@@ -79,6 +86,7 @@ class LoadedAgents:
             self.forget(agent, loaded_name)
             raise TransportError(f"NIXL loaded {loaded_name!r}, expected {agent_name!r}")
         self._loaded[agent_name] = metadata
+        self._owner[agent_name] = peer_id
         return True
 
     def trim(self, agent: Any, used: Set[str]) -> None:
@@ -91,5 +99,6 @@ class LoadedAgents:
         """Unload ``agent_name`` (NIXL may already have dropped it itself after a remote
         disconnect)."""
         self._loaded.pop(agent_name, None)
+        self._owner.pop(agent_name, None)
         with contextlib.suppress(Exception):
             agent.remove_remote_agent(agent_name)

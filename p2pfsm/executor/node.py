@@ -164,6 +164,9 @@ class Node(NodeSessions, NodeEffects):
         self._served = ServedLookups()  # on_lookup's tokens, lookups with keys pending
         self._host_error_log = LogWindow()
         self._foreign_log = LogWindow()
+        # Lines a peer can make fire at will (refused handshakes and registrations,
+        # sessions that die before their handshake): one window for them all.
+        self._hostile_log = LogWindow(10, 10.0)
         self._bindings = Bindings()
         self._violations = ViolationBudget(config.max_violations)  # of the live session
         self._live: set[str] = set()  # peers whose session is alive (O(1) gauges per turn)

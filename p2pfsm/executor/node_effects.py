@@ -20,9 +20,10 @@ from typing import Any
 
 from p2pfsm.errors import ConfigError, LocalProtocolError, TransportError
 from p2pfsm.executor.jobs import JobFuture, LookupAsk
-from p2pfsm.executor.node_state import NodeState, as_int
+from p2pfsm.executor.node_state import HOSTILE_LINES, NodeState, as_int
 from p2pfsm.executor.redial import Parked
 from p2pfsm.executor.served_lookups import ServedLookup
+from p2pfsm.logwindow import clip
 from p2pfsm.protocol import AbortFetch, encode
 from p2pfsm.session import (
     CancelWrite,
@@ -87,7 +88,7 @@ class NodeEffects(NodeState):
         try:
             self._writes.start(peer, out, session)
         except TransportError as exc:
-            log.warning("write to %s failed to start: %s", peer, exc)
+            log.warning("write to %s failed to start: %s", peer, clip(exc))
             self._queue(peer, WriteFinished(out.xfer, False), session)
 
     def cancel_write(self, peer: str, out: CancelWrite) -> None:
@@ -102,8 +103,9 @@ class NodeEffects(NodeState):
                                c.layout)
             result = RegistrationFinished(True)
         except (TransportError, ConfigError) as exc:
-            log.warning("peer %s: cannot register its memory: %s", peer, exc)
-            result = RegistrationFinished(False, str(exc))
+            self._hostile_log.emit(log.warning, HOSTILE_LINES,
+                                   "peer %s: cannot register its memory: %s", peer, clip(exc))
+            result = RegistrationFinished(False, clip(exc))
         self._queue(peer, result, self._driver.applying)
 
     def load_result(self, peer: str, out: LoadResult) -> None:

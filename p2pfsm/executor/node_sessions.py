@@ -15,8 +15,9 @@ import logging
 import time
 
 from p2pfsm.errors import RemoteProtocolError, TransportError
-from p2pfsm.executor.node_state import NodeState
+from p2pfsm.executor.node_state import HOSTILE_LINES, NodeState
 from p2pfsm.fsm import machine
+from p2pfsm.logwindow import clip
 from p2pfsm.protocol import DEFAULT_LIMITS, Connect, Message, decode, encode
 from p2pfsm.session import (
     FailReason,
@@ -146,12 +147,17 @@ class NodeSessions(NodeState):
         never_ready = self._started_at.pop(peer_id, None) is not None
         if dead.mismatch is not None:
             self.metrics.count("handshakes_rejected")
-            log.warning("peer %s rejected: handshake field %r differs (%s)", peer_id,
-                        dead.mismatch.field, dead.mismatch)
+            self._hostile_log.emit(log.warning, HOSTILE_LINES,
+                                   "peer %s rejected: handshake field %r differs (%s)",
+                                   peer_id, clip(dead.mismatch.field), clip(dead.mismatch))
         elif dead.reason == "closed":
             log.info("peer %s: session closed", peer_id)
+        elif never_ready:
+            # A peer that never finished a handshake: what a flood is made of.
+            self._hostile_log.emit(log.warning, HOSTILE_LINES,
+                                   "peer %s down: %s", peer_id, clip(dead.reason))
         else:
-            log.warning("peer %s down: %s", peer_id, dead.reason)
+            log.warning("peer %s down: %s", peer_id, clip(dead.reason))
         error = TransportError(f"session to {peer_id} died: {dead.reason}")
         for fut in self._jobs.ready_waiters.pop(peer_id, ()):
             if not fut.done():

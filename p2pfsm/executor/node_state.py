@@ -56,6 +56,10 @@ from p2pfsm.spec_log import CallHook
 
 log = logging.getLogger("p2pfsm.node")
 
+HOSTILE_LINES = "lines about refused peers"
+"""The kind of the lines ``_hostile_log`` limits: ones a peer makes fire at will (a
+refused handshake or registration, a session that dies before its handshake)."""
+
 LookupAnswer = tuple[Mapping[bytes, int], Iterable[bytes]]
 """What ``on_lookup`` returns: hit key -> local block index, and still-pending keys."""
 
@@ -112,6 +116,7 @@ class NodeState(Driven, Executor):
     _served: ServedLookups
     _host_error_log: LogWindow
     _foreign_log: LogWindow
+    _hostile_log: LogWindow
     _tombstones: TombstoneBudget
     _bindings: Bindings
     _violations: ViolationBudget

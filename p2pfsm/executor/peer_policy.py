@@ -12,7 +12,7 @@ from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from typing import Protocol
 
-from p2pfsm.logwindow import LogWindow
+from p2pfsm.logwindow import LogWindow, clip
 
 __all__ = ["EndedSessions", "IdleInbound", "ViolationBudget"]
 
@@ -128,7 +128,7 @@ class ViolationBudget:
         """Log a rejected frame of the peer, rate-limited per peer."""
         self._logs.setdefault(peer_id, LogWindow()).emit(
             log.warning, f"rejected frames of peer {peer_id}",
-            "peer %s: frame rejected: %s", peer_id, error)
+            "peer %s: frame rejected: %s", peer_id, clip(error))
 
     def crossed(self, count: int) -> bool:
         """``count`` is the first one past the budget (the session is closed for it)."""

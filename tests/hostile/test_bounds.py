@@ -9,8 +9,12 @@ and RSS read from /proc.
 from __future__ import annotations
 
 import pytest
+from helpers.polling import wait_for
+
+from p2pfsm.bench import procstat
 
 from .conftest import Hostile, legit_fetch
+from .wire import BLOCK_LEN, connect_msg
 
 TERMINAL_ROUNDS = 3
 TERMINAL_FETCHES = 6000
@@ -45,6 +49,52 @@ def test_terminal_fetches_leave_no_memory_behind_their_session(hostile: Hostile)
     assert growth < volume, ([a >> 20 for a in after], volume >> 20)
     hostile.react(f"RSS after each session {[a >> 20 for a in after]} MiB "
                   f"({TERMINAL_FETCHES} terminal fetches each)")
+    hostile.verify()
+
+
+BIG_CONNECTS = 20
+BIG_BLOCKS = 1 << 20
+CPU_PER_BIG_CONNECT_S = 0.03
+"""What one connect announcing 2**20 blocks its agent did not register may cost the
+server in CPU time, handshake, dial-back and refusal included (measured: building and
+checking a descriptor per block cost 100-160 ms; checking the regions' spans first,
+well under 1 ms)."""
+LOG_LINE_MAX = 1000
+
+
+def test_a_connect_of_a_million_blocks_costs_little_and_a_huge_layout_logs_little(
+        hostile: Hostile) -> None:
+    """A connect whose layout has 4,096 one-byte regions (it cannot pair with the
+    server's plain region), then 20 (new identities) announcing 2**20 blocks of an
+    agent that registered 64. Each is refused (the attacker gets a disconnect); the server
+    spends little CPU time on the first kind, and no line of its log quotes the layout
+    at length. A legitimate client is served byte-exact afterwards."""
+    plane = hostile.agent()
+    srv = hostile.server
+    peer = hostile.peer()
+    layout = [[plane.base_addr + r, BLOCK_LEN, 1] for r in range(BLOCK_LEN)]
+    peer.send(connect_msg(peer.peer_id, plane.metadata, plane.base_addr, layout=layout))
+    peer.expect("disconnect", 30.0)
+    seen: list[str] = []
+
+    def logged() -> bool:
+        seen.extend(srv.new_log())
+        return any(peer.peer_id in ln for ln in seen)
+
+    wait_for(logged, 10.0, "the server logged the refused layout")
+    before = procstat.cpu_s(srv.pid)
+    for _ in range(BIG_CONNECTS):
+        peer = hostile.peer()
+        peer.send(connect_msg(peer.peer_id, plane.metadata, plane.base_addr,
+                              num_blocks=BIG_BLOCKS))
+        peer.expect("disconnect", 30.0)
+    spent = procstat.cpu_s(srv.pid) - before
+    legit_fetch(hostile.addr, host="127.0.0.2")
+    longest = max(len(ln) for ln in seen)
+    assert longest <= LOG_LINE_MAX, max(seen, key=len)[:200]
+    assert spent < BIG_CONNECTS * CPU_PER_BIG_CONNECT_S, spent
+    hostile.react(f"{BIG_CONNECTS} connects of 2**20 blocks refused in {spent:.2f} s of "
+                  f"CPU; longest log line {longest} characters")
     hostile.verify()
 
 
