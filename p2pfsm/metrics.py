@@ -30,8 +30,9 @@ Counters (monotonic ints; :meth:`NodeMetrics.count`):
 - ``stale_answers``: disconnects a dead session sent to a peer that still held it live.
 - ``handshakes``: sessions that became ready.
 - ``handshakes_rejected``: handshakes refused (mismatched configuration).
-- ``identities_rate_limited``: frames of new peer identities dropped at the door,
-  past ``max_new_peers_per_s`` from their host.
+- ``identities_rate_limited``: frames of peer identities dropped at the door for a
+  rate: new identities past ``max_new_peers_per_s`` from their host, dial-backs past
+  their identity's or host's rate.
 - ``results_dropped``: results for which the host held nothing (should stay 0).
 - ``foreign_frames``: frames under a live session's peer id that came on another
   connection than the session's and not as a connect (dropped; the session closed).
@@ -87,8 +88,9 @@ COUNTERS: Final[dict[str, str]] = {
     "stale_answers": "Disconnects a dead session sent to a peer that still held it live.",
     "handshakes": "Sessions that became ready.",
     "handshakes_rejected": "Handshakes refused for a mismatched configuration.",
-    "identities_rate_limited": "Frames of new peer identities dropped past "
-                               "max_new_peers_per_s from their host.",
+    "identities_rate_limited": "Frames of peer identities dropped at the door for a rate: "
+                               "new identities past max_new_peers_per_s from their host, "
+                               "dial-backs past their identity's or host's rate.",
     "results_dropped": "Results for which the host held nothing (should stay 0).",
     "foreign_frames": "Frames under a live session's peer id from another connection than "
                       "its own, not a connect (dropped; the session closed).",

@@ -40,6 +40,14 @@ Hardening a node turns on:
   frames of known peers, our own dials and a lately lost peer coming back never are, nor
   is a frame dropped for another reason. Per host, so a flood from one host never stops
   another's newcomers.
+* dial-backs themselves are bounded in rate whatever the identity: each identity is
+  dialled back at most ``DIAL_BACKS_PER_ID_S`` times a second (a burst of as many), so a
+  connect re-sent in a loop costs one dial-back per half second, not one each; and,
+  with ``max_new_peers_per_s``, a host's lately lost identities coming back (exempt
+  from the new-identity charge) share a bucket of that rate per host. Past either the
+  frame is dropped as ``"dial-back rate"`` and logged at warning (one line per 10 s).
+  In flight, an identity has at most one dial-back (its DEALER), and a host at most the
+  pending budget's (it evicts its own first).
 * ``curve``: an identity is dialled back only when its connection authenticated with a
   key on the allow-list (ZAP User-Id), and with that key.
 
@@ -69,6 +77,11 @@ log = logging.getLogger("p2pfsm.zmq")
 RATE_LIMITED: Final = "new identity rate"
 """:attr:`ControlPlane.drop_counts` reason of a new identity refused by the
 ``max_new_peers_per_s`` rate limit."""
+DIAL_RATE_LIMITED: Final = "dial-back rate"
+""":attr:`ControlPlane.drop_counts` reason of a frame refused because its identity (or,
+for identities lost lately, its host) was dialled back as often as allowed lately."""
+DIAL_BACKS_PER_ID_S: Final = 2
+"""Dial-backs one identity may have a second (a burst of as many)."""
 
 _POLLIN: Final = int(zmq.POLLIN)  # plain ints: enum arithmetic costs on every turn
 _EVENTS: Final = int(zmq.EVENTS)
@@ -100,6 +113,9 @@ class RouterIntake:
         self._curve = curve
         self._rate = rate
         self._rate_clock = rate_clock
+        # Dial-backs per identity, and per host for identities lost lately.
+        self._dial_rate = NewPeerRate(DIAL_BACKS_PER_ID_S)
+        self._back_rate = None if rate is None else NewPeerRate(rate.rate)
         self._rate_log = LogWindow(1, _DROP_LOG_WINDOW_S)  # rate-limited warnings
         self.drops: dict[str, int] = {}
         self._drop_log = LogWindow(_DROP_LOG_BURST, _DROP_LOG_WINDOW_S)  # debug lines
@@ -199,9 +215,15 @@ class RouterIntake:
             self._drop("peer limit", f": {peer_id}")
             return None
         origin = origin_of(host, source)
+        now = self._rate_clock()
+        remembered = dealers.remembered(peer_id)
+        back = self._back_rate if remembered else None
+        if not self._dial_rate.take(peer_id, now) or (
+                back is not None and not back.take(origin, now)):
+            self._refuse_dial(peer_id, origin, now)
+            return None
         rate = self._rate
-        if rate is not None and not dealers.remembered(peer_id):
-            now = self._rate_clock()
+        if rate is not None and not remembered:
             if not rate.take(origin, now):
                 self._refuse_rate(peer_id, origin, now)
                 return None
@@ -218,6 +240,15 @@ class RouterIntake:
             return None
         dealers.by_ident[ident] = peer_id
         return peer_id
+
+    def _refuse_dial(self, peer_id: str, origin: str, now: float) -> None:
+        """Drop a frame whose dial-back is past the rate of its identity or host:
+        counted, and logged at warning at most once per ``_DROP_LOG_WINDOW_S``."""
+        self._drop(DIAL_RATE_LIMITED, f": {peer_id} from {origin}")
+        self._rate_log.emit(log.warning, "frames past the dial-back rate",
+                            "dial-backs past their rate: dropped a connect of %s from %s "
+                            "(at most %d a second per identity)", peer_id, origin,
+                            DIAL_BACKS_PER_ID_S, now=now)
 
     def _refuse_rate(self, peer_id: str, origin: str, now: float) -> None:
         """Drop a new identity past ``max_new_peers_per_s``: counted, and logged at

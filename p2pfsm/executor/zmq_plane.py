@@ -48,7 +48,7 @@ from p2pfsm.executor.curve import CurveKeys, Gatekeeper
 from p2pfsm.executor.dealers import Dealers
 from p2pfsm.executor.monitors import HANDSHAKE_FAILURES_MASK, fd_of
 from p2pfsm.executor.peer_ids import ip_of, parse_peer_id
-from p2pfsm.executor.router_intake import RATE_LIMITED, RouterIntake
+from p2pfsm.executor.router_intake import DIAL_RATE_LIMITED, RATE_LIMITED, RouterIntake
 from p2pfsm.executor.waker import Waker
 from p2pfsm.executor.zmq_heartbeats import ROUTER_PING_FACTOR, Heartbeats
 
@@ -251,8 +251,10 @@ class ControlPlane:
 
     @property
     def rate_limited(self) -> int:
-        """How many frames of new identities ``max_new_peers_per_s`` dropped so far."""
-        return self._intake.drops.get(RATE_LIMITED, 0)
+        """How many frames were dropped so far for a rate: of new identities
+        (``max_new_peers_per_s``) and of dial-backs (per identity, per host)."""
+        drops = self._intake.drops
+        return drops.get(RATE_LIMITED, 0) + drops.get(DIAL_RATE_LIMITED, 0)
 
     def is_connected(self, peer_id: str) -> bool:
         """True once the DEALER to ``peer_id`` completed its ZMTP handshake."""

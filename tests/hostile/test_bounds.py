@@ -8,13 +8,19 @@ and RSS read from /proc.
 
 from __future__ import annotations
 
+import time
+import urllib.request
+from pathlib import Path
+
 import pytest
 from helpers.polling import wait_for
+from helpers.serve_process import ServeProcess
 
 from p2pfsm.bench import procstat
+from p2pfsm.executor.router_intake import DIAL_BACKS_PER_ID_S
 
 from .conftest import Hostile, legit_fetch
-from .wire import BLOCK_LEN, connect_msg
+from .wire import BLOCK_LEN, SERVED_BLOCKS, RawPeer, connect_msg, free_port, pack
 
 TERMINAL_ROUNDS = 3
 TERMINAL_FETCHES = 6000
@@ -95,6 +101,61 @@ def test_a_connect_of_a_million_blocks_costs_little_and_a_huge_layout_logs_littl
     assert spent < BIG_CONNECTS * CPU_PER_BIG_CONNECT_S, spent
     hostile.react(f"{BIG_CONNECTS} connects of 2**20 blocks refused in {spent:.2f} s of "
                   f"CPU; longest log line {longest} characters")
+    hostile.verify()
+
+
+RESENT_CONNECTS = 1000
+RESEND_EVERY_S = 0.004
+
+
+def _metrics(port: int) -> dict[str, float]:
+    """The serve process's Prometheus counters, by name."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("p2pfsm_") and " " in line:
+            name, _, value = line.partition(" ")
+            out[name.partition("{")[0]] = float(value)
+    return out
+
+
+def test_a_connect_resent_in_a_loop_is_dialled_back_at_a_bounded_rate(
+        hostile: Hostile, tmp_path: Path) -> None:
+    """One identity naming a port nobody listens on sends its connect 1,000 times, one
+    every 4 ms (4 s or more), to a server of its own (with metrics): each dial-back is
+    refused at once, so without a bound every copy was dialled back (a DEALER, a
+    refusal, a session that dies, a WARNING line) and the server's sessions died by the
+    hundred. The server dials the identity back at most twice a second (a burst of
+    two), drops the other copies at the door (counted), logs a few lines, and serves a
+    legitimate client byte-exact afterwards."""
+    port = free_port()
+    srv = ServeProcess(tmp_path / "serve.log", SERVED_BLOCKS, BLOCK_LEN,
+                       ("--connect-timeout", "2", "--metrics", f"127.0.0.1:{port}"))
+    hostile.on_close(srv.stop)
+    plane = hostile.agent()
+    ident = f"127.0.0.1:{free_port()}"
+    peer = RawPeer(hostile.ctx, srv.addr, identity=ident.encode(), bind=False)
+    hostile.on_close(peer.close)
+    frame = pack(connect_msg(ident, plane.metadata, plane.base_addr))
+    started = time.monotonic()
+    for _ in range(RESENT_CONNECTS):
+        peer.send_raw(frame)
+        time.sleep(RESEND_EVERY_S)  # the attacker's pace: copies keep coming after refusals
+    # Every copy is read once the counters account for all of them (bounded wait).
+    wait_for(lambda: (lambda m: m.get("p2pfsm_deaths_total", 0)
+                      + m.get("p2pfsm_identities_rate_limited_total", 0))(_metrics(port))
+             >= RESENT_CONNECTS - 20, 60.0, "the server read the copies")
+    elapsed = time.monotonic() - started
+    legit_fetch(srv.addr, host="127.0.0.2")
+    counts = _metrics(port)
+    deaths = counts.get("p2pfsm_deaths_total", 0) - 1  # the legitimate client's close
+    with open(srv.log_path, encoding="utf-8", errors="replace") as f:
+        lines = f.read().splitlines()
+    assert deaths <= DIAL_BACKS_PER_ID_S * (elapsed + 1) + 2, (deaths, elapsed, counts)
+    assert len(lines) < 100, lines[:20]
+    hostile.react(f"{RESENT_CONNECTS} copies of one connect in {elapsed:.1f} s: {deaths:.0f} "
+                  f"dial-backs, {len(lines)} log lines")
     hostile.verify()
 
 
