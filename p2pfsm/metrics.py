@@ -36,6 +36,8 @@ Counters (monotonic ints; :meth:`NodeMetrics.count`):
 - ``results_dropped``: results for which the host held nothing (should stay 0).
 - ``foreign_frames``: frames under a live session's peer id that came on another
   connection than the session's and not as a connect (dropped; the session closed).
+- ``restarts_refused``: connects of a peer whose session ended, dropped because it
+  came back more often than allowed (a few at once, then one per 5 s).
 - ``tombstones_dropped``: per-request tombstones dropped before their lifetime, past
   ``max_tombstones`` or ``max_node_tombstones``.
 - ``host_errors``: exceptions raised by the host's callbacks (``on_fetch``, ``on_lookup``,
@@ -94,6 +96,8 @@ COUNTERS: Final[dict[str, str]] = {
     "results_dropped": "Results for which the host held nothing (should stay 0).",
     "foreign_frames": "Frames under a live session's peer id from another connection than "
                       "its own, not a connect (dropped; the session closed).",
+    "restarts_refused": "Connects of a peer whose session ended, dropped: it came back more "
+                        "often than allowed (a few at once, then one per 5 s).",
     "tombstones_dropped": "Per-request tombstones dropped before their lifetime, past "
                           "max_tombstones (a session) or max_node_tombstones (the node).",
     "host_errors": "Exceptions raised by the host's callbacks (each logged; what it was "

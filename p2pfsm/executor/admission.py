@@ -56,14 +56,22 @@ class NewPeerRate:
     again one second after its last use; such buckets are forgotten (a fresh one is the
     same), so the table holds only the hosts seen in the last second, and at most
     ``max_hosts`` of them (past that the least recently used goes, and that host starts
-    afresh: more lenient, never stricter).
+    afresh: more lenient, never stricter). ``refill``: tokens a second when not
+    ``rate`` (a burst of ``rate``, then ``refill`` a second); any key may stand for a
+    host (a peer id, for a bucket per identity).
     """
 
-    __slots__ = ("_hosts", "_max_hosts", "rate")
+    __slots__ = ("_full_after", "_hosts", "_max_hosts", "_refill", "rate")
 
-    def __init__(self, rate: int, max_hosts: int = _RATE_HOSTS_MAX) -> None:
+    def __init__(self, rate: int, max_hosts: int = _RATE_HOSTS_MAX,
+                 refill: float | None = None) -> None:
         self.rate = check_int("max_new_peers_per_s", rate, 1)
         self._max_hosts = check_int("max_hosts", max_hosts, 1)
+        # Tokens a second (default ``rate``: the bucket is full one second after use).
+        self._refill = float(rate) if refill is None else refill
+        if not self._refill > 0:
+            raise ConfigError(f"refill must be > 0, got {refill!r}")
+        self._full_after = self.rate / self._refill
         # host -> [tokens, when they were counted], least recently used first
         self._hosts: OrderedDict[str, list[float]] = OrderedDict()
 
@@ -72,7 +80,7 @@ class NewPeerRate:
         entry = self._hosts.get(host)
         if entry is None:
             return float(self.rate)
-        return min(float(self.rate), entry[0] + max(0.0, now - entry[1]) * self.rate)
+        return min(float(self.rate), entry[0] + max(0.0, now - entry[1]) * self._refill)
 
     def take(self, host: str, now: float) -> bool:
         """Charge one new identity to ``host``: True when its bucket held one (taken),
@@ -92,7 +100,7 @@ class NewPeerRate:
         # Forget the hosts whose bucket is full again (unused for a second).
         while hosts:
             oldest = next(iter(hosts.values()))
-            if now - oldest[1] < 1.0 and len(hosts) <= self._max_hosts:
+            if now - oldest[1] < self._full_after and len(hosts) <= self._max_hosts:
                 break
             hosts.popitem(last=False)
         return taken

@@ -43,14 +43,14 @@ from concurrent.futures import Future
 from typing import Any
 
 from p2pfsm.errors import ConfigError, LocalProtocolError, TransportError
-from p2pfsm.executor.admission import is_connect_from
+from p2pfsm.executor.admission import NewPeerRate, is_connect_from
 from p2pfsm.executor.bindings import Bindings
 from p2pfsm.executor.config import NodeConfig, fingerprint
 from p2pfsm.executor.driver import Driver
 from p2pfsm.executor.jobs import JobFuture, LookupAsk, OpenJobs, OpenLoad, copy_outcome
 from p2pfsm.executor.nixl_plane import DataPlane
 from p2pfsm.executor.node_effects import NodeEffects
-from p2pfsm.executor.node_sessions import NodeSessions
+from p2pfsm.executor.node_sessions import RESTART_BURST, RESTART_PERIOD_S, NodeSessions
 from p2pfsm.executor.node_state import LookupAnswer, as_int, as_ints
 from p2pfsm.executor.node_threads import DrivingThreads
 from p2pfsm.executor.peer_policy import EndedSessions, IdleInbound, ViolationBudget
@@ -167,6 +167,8 @@ class Node(NodeSessions, NodeEffects):
         # Lines a peer can make fire at will (refused handshakes and registrations,
         # sessions that die before their handshake): one window for them all.
         self._hostile_log = LogWindow(10, 10.0)
+        # New sessions of an identity whose last one ended (NodeSessions._may_come_back).
+        self._restarts = NewPeerRate(RESTART_BURST, refill=1.0 / RESTART_PERIOD_S)
         self._bindings = Bindings()
         self._violations = ViolationBudget(config.max_violations)  # of the live session
         self._live: set[str] = set()  # peers whose session is alive (O(1) gauges per turn)

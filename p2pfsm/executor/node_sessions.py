@@ -34,6 +34,11 @@ log = logging.getLogger("p2pfsm.node")
 _TERMINAL = machine("session").terminal  # closed: nothing more to do
 
 
+RESTART_BURST = 3
+RESTART_PERIOD_S = 5.0
+"""How often one identity may open a new session after its last one ended (a restart, a
+reconnect): ``RESTART_BURST`` at once, then one per ``RESTART_PERIOD_S``."""
+
 FRAME_LIMITS = DEFAULT_LIMITS
 """The limits every session of a node decodes its frames with, and the node too where it
 must see whether a frame is a connect (it hands that decoded message on)."""
@@ -98,7 +103,8 @@ class NodeSessions(NodeState):
             # mismatch): restarting on it would make two incompatible peers restart
             # each other's sessions forever, so it goes to the old session (ignored).
             msg = _decoded(frame)
-            if not isinstance(msg, Connect):
+            if not isinstance(msg, Connect) or (
+                    session is not None and not self._may_come_back(peer_id)):
                 if session is not None:
                     self._queue(peer_id, FrameReceived(frame, msg))
                 return
@@ -237,10 +243,26 @@ class NodeSessions(NodeState):
         session, once the old one has reported all its work and left the data plane."""
         if self._closed or self.control.closed or self.sessions.get(peer_id) is not old:
             return
+        if not self._may_come_back(peer_id):
+            return  # the connect is dropped; the peer's next one is judged again
         self._new_session(peer_id)
         self._idle.opened_by_peer(peer_id)
         self._idle.heard(peer_id, time.monotonic())
         self._queue(peer_id, FrameReceived(encode(connect), connect))
+
+    def _may_come_back(self, peer_id: str) -> bool:
+        """A peer whose session ended (or that restarted) may open a new one: at most
+        ``RESTART_BURST`` at once, then one per ``RESTART_PERIOD_S``, per identity (each
+        may bring a new NIXL agent to load, and a load costs a descriptor for as long as
+        the peer's agent lives). Past it the connect is dropped, counted and logged."""
+        if self._restarts.take(peer_id, time.monotonic()):
+            return True
+        self.metrics.count("restarts_refused")
+        self._hostile_log.emit(log.warning, HOSTILE_LINES,
+                               "peer %s: comes back more often than %d at once and one per "
+                               "%.0f s: its connect dropped", peer_id, RESTART_BURST,
+                               RESTART_PERIOD_S)
+        return False
 
     def _prune_ended(self) -> None:
         """Drop ended sessions with nothing left to do beyond ``history`` of them."""

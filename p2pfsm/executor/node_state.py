@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from p2pfsm.errors import LocalProtocolError
+from p2pfsm.executor.admission import NewPeerRate
 from p2pfsm.executor.bindings import Bindings
 from p2pfsm.executor.config import NodeConfig
 from p2pfsm.executor.core import Executor
@@ -117,6 +118,7 @@ class NodeState(Driven, Executor):
     _host_error_log: LogWindow
     _foreign_log: LogWindow
     _hostile_log: LogWindow
+    _restarts: NewPeerRate
     _tombstones: TombstoneBudget
     _bindings: Bindings
     _violations: ViolationBudget

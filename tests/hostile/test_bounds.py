@@ -17,6 +17,7 @@ from helpers.polling import wait_for
 from helpers.serve_process import ServeProcess
 
 from p2pfsm.bench import procstat
+from p2pfsm.executor.node_sessions import RESTART_BURST, RESTART_PERIOD_S
 from p2pfsm.executor.router_intake import DIAL_BACKS_PER_ID_S
 
 from .conftest import Hostile, legit_fetch
@@ -156,6 +157,44 @@ def test_a_connect_resent_in_a_loop_is_dialled_back_at_a_bounded_rate(
     assert len(lines) < 100, lines[:20]
     hostile.react(f"{RESENT_CONNECTS} copies of one connect in {elapsed:.1f} s: {deaths:.0f} "
                   f"dial-backs, {len(lines)} log lines")
+    hostile.verify()
+
+
+RENAMED_RESTARTS = 12
+
+
+def test_restarts_with_renamed_agents_cost_a_bounded_number_of_descriptors(
+        hostile: Hostile) -> None:
+    """One identity restarts 12 times in a row, each time as a new incarnation with a
+    NIXL agent of a new name (all kept alive): each agent the server loads costs it a
+    descriptor for as long as that agent lives. The server opens a new session for a
+    few restarts at once and then one per ``RESTART_PERIOD_S`` (the others' connects
+    are dropped), and unloads the agent a restart replaced; its descriptors grow by at
+    most the restarts it served. A legitimate client is served byte-exact after."""
+    srv = hostile.server
+    first = hostile.agent()
+    peer = hostile.peer()
+    peer.handshake(first.metadata, first.base_addr, incarnation=999)
+    base = srv.steady_fds()
+    started = time.monotonic()
+    served = 0
+    for i in range(RENAMED_RESTARTS):
+        agent = hostile.agent()
+        peer.send(connect_msg(peer.peer_id, agent.metadata, agent.base_addr,
+                              incarnation=1000 + i))
+        for kind in peer.types_within(0.5):  # an observation window, no synchronisation
+            if kind == "connect":  # the server opened a session for this restart
+                served += 1
+                peer.send({"type": "connect_ack", "peer_id": peer.peer_id})
+    served += peer.types_within(1.0).count("connect")
+    elapsed = time.monotonic() - started
+    grown = srv.steady_fds() - base
+    allowed = RESTART_BURST + elapsed / RESTART_PERIOD_S + 1
+    assert served <= allowed, (served, elapsed)
+    assert grown <= allowed + 2, (grown, served)
+    legit_fetch(hostile.addr, host="127.0.0.2")
+    hostile.react(f"{RENAMED_RESTARTS} restarts with renamed agents in {elapsed:.1f} s: "
+                  f"{served} served, fds +{grown}")
     hostile.verify()
 
 

@@ -28,6 +28,7 @@ def test_the_documented_names_are_the_fixed_set() -> None:
         "stale_answers",
         "handshakes", "handshakes_rejected", "identities_rate_limited", "results_dropped",
         "foreign_frames", "host_errors", "fetches_failed_peer_failed", "tombstones_dropped",
+        "restarts_refused",
         "fetches_failed_timeout", "fetches_failed_finished", "fetches_failed_session_ended",
     }
     assert set(GAUGES) == {"peers", "open_loads", "open_stores"}
