@@ -34,8 +34,8 @@ Counters (monotonic ints; :meth:`NodeMetrics.count`):
   rate: new identities past ``max_new_peers_per_s`` from their host, dial-backs past
   their identity's or host's rate.
 - ``results_dropped``: results for which the host held nothing (should stay 0).
-- ``foreign_frames``: frames under a live session's peer id that came on another
-  connection than the session's and not as a connect (dropped; the session closed).
+- ``connections_resumed``: live sessions carried over to a new connection of their
+  peer (its own ended and it connected again from its host).
 - ``restarts_refused``: connects of a peer whose session ended, dropped because it
   came back more often than allowed (a few at once, then one per 5 s).
 - ``tombstones_dropped``: per-request tombstones dropped before their lifetime, past
@@ -94,8 +94,8 @@ COUNTERS: Final[dict[str, str]] = {
                                "new identities past max_new_peers_per_s from their host, "
                                "dial-backs past their identity's or host's rate.",
     "results_dropped": "Results for which the host held nothing (should stay 0).",
-    "foreign_frames": "Frames under a live session's peer id from another connection than "
-                      "its own, not a connect (dropped; the session closed).",
+    "connections_resumed": "Live sessions carried over to a new connection of their peer "
+                           "(its own ended and it connected again from its host).",
     "restarts_refused": "Connects of a peer whose session ended, dropped: it came back more "
                         "often than allowed (a few at once, then one per 5 s).",
     "tombstones_dropped": "Per-request tombstones dropped before their lifetime, past "

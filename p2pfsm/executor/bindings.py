@@ -1,13 +1,14 @@
 """Which inbound connection each peer's session is bound to.
 
-A routing id is only a name ("host:port") that any connection may present, and the
-ROUTER hands an id over to the newest connection presenting it (so that a restarted
-peer whose old connection still looks open can come back). The id alone therefore
-does not say who sent a frame; the connection does. A live session is bound to the
+A routing id is only a name ("host:port") that any connection may present; the ROUTER
+reads only the first connection presenting a live id (a twin's is never read), and a
+new connection under the id only once that one ended. A live session is bound to the
 connection its peer's latest admitted frame came on. A frame under the same id on
-another connection is not the session's unless it is a connect, which the session
-judges as a restart or a reconnect of its peer (a new or the same incarnation);
-anything else never reaches it (:meth:`~p2pfsm.executor.node_sessions.NodeSessions._on_frame`).
+another connection therefore comes after the session's own connection ended, from the
+host it came from (:mod:`p2pfsm.executor.router_intake`): a connect the session judges
+as a restart or a reconnect of its peer (a new or the same incarnation); anything else
+carries the session over to the new connection, as libzmq's own reconnect does
+(:meth:`~p2pfsm.executor.node_sessions.NodeSessions._on_frame`).
 
 Connections are named by the descriptor libzmq read the frame from
 (:attr:`~p2pfsm.executor.zmq_plane.FrameIn.conn`). A descriptor is reused once its

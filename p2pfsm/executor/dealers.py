@@ -88,6 +88,8 @@ class Dealer:
     done_at: float | None = None  # when mark_done came; closed DONE_GRACE_S later
     server_key: bytes | None = None  # CURVE: the key it was dialled with
     origin: str = ""  # the host it counts against in the pending budget (origin_of)
+    conn: int = -1  # the inbound connection its frames last came on (router_intake)
+    source: str | None = None  # the IP that connection came from
 
 
 class Dealers:

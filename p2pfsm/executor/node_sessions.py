@@ -1,8 +1,8 @@
 """A node's peer/session table: sessions opened, fed their frames, ready, dead, opened again.
 
 One :class:`~p2pfsm.session.Session` per peer. A peer's first frame (its connect)
-opens an inbound session; :meth:`Node.connect` opens ours. A frame from another
-connection than the session's is dropped and the session closed
+opens an inbound session; :meth:`Node.connect` opens ours. A frame from a new
+connection of the session's peer (its own ended) carries the session over to it
 (:mod:`p2pfsm.executor.bindings`). A session that dies is remembered
 (``Node.deaths``), leaves the data plane, and is opened again when the host dialled it
 (:mod:`p2pfsm.executor.redial`) or when the peer restarted; idle inbound sessions and
@@ -91,12 +91,13 @@ class NodeSessions(NodeState):
         # is then handed the message and does not decode the frame again.
         msg: Message | None = None
         if session is not None and session.alive and not self._bindings.admits(peer_id, conn):
+            # Not the session's connection (p2pfsm.executor.bindings): the peer's own
+            # connection ended and it connected again from its host (libzmq hands a live
+            # id to no other connection). A connect the session judges as its peer's
+            # restart or reconnect; anything else resumes the session on the new one.
             msg = _decoded(frame)
             if not isinstance(msg, Connect):
-                # Not the session's connection (p2pfsm.executor.bindings): only a connect,
-                # which the session judges as its peer's restart or reconnect, gets through.
-                self._foreign_frame(peer_id, session)
-                return
+                self._resumed(peer_id)
         if session is None or (not session.alive and not session.has_pending_work):
             # A new peer (or a restarted one) opens with its connect. Anything else is a
             # straggler of a session that is over (e.g. the disconnect that follows a
@@ -116,18 +117,14 @@ class NodeSessions(NodeState):
         self._idle.heard(peer_id, time.monotonic())
         self._queue(peer_id, FrameReceived(frame, msg))
 
-    def _foreign_frame(self, peer_id: str, session: Session) -> None:
-        """A frame under ``peer_id`` from another connection than its live session's (one
-        that took the id over: libzmq no longer reads the session's own). Dropped; the
-        session is closed (its disconnect tells the real peer, over our own connection
-        to it, to start over)."""
-        self.metrics.count("foreign_frames")
+    def _resumed(self, peer_id: str) -> None:
+        """A live session's peer sends on a new connection (its own ended: a transport
+        drop its libzmq recovered from): the session carries on there."""
+        self.metrics.count("connections_resumed")
         self._foreign_log.emit(
-            log.warning, "frames from other connections", "peer %s: a frame came on another "
-            "connection than its session's (its id taken over) and not as a connect: "
-            "dropped, the session closed", peer_id)
-        if session.state not in _TERMINAL:
-            self._queue(peer_id, HostClose(), session)
+            log.info, "sessions resumed on a new connection", "peer %s: its connection "
+            "ended and it sent on a new one from its host: the session carries on there",
+            peer_id)
 
     def _on_ready(self, peer_id: str, session: Session) -> None:
         self.control.mark_ready(peer_id)  # out of the pending budget (or refused: full)

@@ -7,6 +7,9 @@ Every message at the ROUTER is ``[routing id, frame]``; the routing id is the se
   IPv6 literal or an RFC 1123 name; port a canonical decimal in 1..65535) and anything
   else is dropped instead of crashing the loop;
 * messages with other than exactly two frames are dropped;
+* a known identity's frames on a new connection (its last one ended: a live id is read
+  on one connection only, a twin's never) are let in only from the IP its last
+  connection came from (else ``"address mismatch"``), unless ``dial_back_any_host``;
 * the number of peers is capped (frames from new identities beyond ``max_peers`` are
   dropped).
 
@@ -87,6 +90,12 @@ _POLLIN: Final = int(zmq.POLLIN)  # plain ints: enum arithmetic costs on every t
 _EVENTS: Final = int(zmq.EVENTS)
 _DROP_LOG_BURST: Final = 10
 _DROP_LOG_WINDOW_S: Final = 10.0
+
+
+def _ip_text(source: str | None) -> str | None:
+    """The IP of a ``Peer-Address``, as text (None when there is none)."""
+    ip = None if source is None else ip_of(source)
+    return None if ip is None else str(ip)
 
 
 class RouterIntake:
@@ -175,6 +184,17 @@ class RouterIntake:
         known = dealers.by_ident.get(ident)
         if known is not None and known in dealers.peers:
             peer = dealers.peers[known]
+            conn = conn_of(message)
+            if conn != peer.conn:
+                # A new connection under a known id (libzmq hands a live id to no other
+                # connection, so the last one ended): let in only from the IP the last
+                # one came from.
+                source = _ip_text(frame_meta(message, "Peer-Address"))
+                if (peer.conn >= 0 and not self._any_host and source != peer.source):
+                    self._drop("address mismatch", f": known identity {known} came from "
+                               f"{source}, its last connection from {peer.source}")
+                    return None
+                peer.conn, peer.source = conn, source
             if peer.done and (self._dial_back_check is None
                               or self._dial_back_check(known, frame)):
                 peer.done = False  # a restarted peer: pending again, not first to go

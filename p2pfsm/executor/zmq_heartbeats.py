@@ -4,7 +4,8 @@ Each DEALER PINGs every ``ivl_ms`` and drops its connection after ``timeout_ms``
 silence; the ROUTER drops an inbound connection whose PINGs stop for their TTL, and
 PINGs itself only ``ROUTER_PING_FACTOR`` times as rarely, for peers that send none. So
 libzmq drops the TCP connection of a frozen peer (a killed peer's kernel closes it at
-once).
+once). The TTL a socket sends always outlasts its own PING interval
+(:meth:`Heartbeats.ttl_for`), so a peer without heartbeats keeps an idle connection.
 """
 
 from __future__ import annotations
@@ -48,6 +49,17 @@ class Heartbeats:
         connection), and libzmq answers every PING with a PONG whatever these options
         say. The ROUTER's own rare PING covers a peer that sends none: one whose DEALER
         sets no heartbeats, or one frozen before its first PING (no TTL armed yet)."""
-        sock.setsockopt(zmq.HEARTBEAT_IVL, min(self.ivl_ms * every, _MAX_IVL_MS))
+        ivl = min(self.ivl_ms * every, _MAX_IVL_MS)
+        sock.setsockopt(zmq.HEARTBEAT_IVL, ivl)
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, self.timeout_ms)
-        sock.setsockopt(zmq.HEARTBEAT_TTL, self.ttl_ms)
+        sock.setsockopt(zmq.HEARTBEAT_TTL, self.ttl_for(ivl))
+
+    def ttl_for(self, ivl_ms: int) -> int:
+        """The TTL a socket PINGing every ``ivl_ms`` sends: ``ttl_ms`` when it outlasts
+        that interval, else the interval plus the timeout. The TTL tells the *peer* how
+        long to wait for our traffic; a peer that sends no heartbeats of its own hears
+        from us only at our PINGs, so a TTL shorter than our interval would make it
+        drop a healthy, idle connection after every PING."""
+        if not ivl_ms or self.ttl_ms > ivl_ms:
+            return self.ttl_ms
+        return min(ivl_ms + self.timeout_ms, MAX_TTL_MS)

@@ -189,12 +189,11 @@ class ControlPlane:
             heartbeats.apply(self._router, ROUTER_PING_FACTOR)
             self._router.setsockopt(zmq.RCVHWM, rcvhwm)
             self._router.setsockopt(zmq.MAXMSGSIZE, max_msg_size)
-            # A restarted peer may present its id while its old connection still looks
-            # open (a host gone silent: no FIN): the new connection takes the id over.
-            # Any connection can present any id, so every frame says which connection
-            # it came on (FrameIn.conn) and the node binds each session to its own: a
-            # frame on another connection reaches it only as a fresh connect.
-            self._router.setsockopt(zmq.ROUTER_HANDOVER, 1)
+            # No ROUTER_HANDOVER (vLLM sets none either): a second connection presenting
+            # a live connection's id is never read, so a twin cannot cut the peer off
+            # (with handover libzmq would stop reading the live one). A restarted peer
+            # whose old connection still looks open (a host gone silent: no FIN) gets
+            # in once heartbeats end that one and it connects again.
             # A burst of connects (hundreds of peers at once, or a flood) must not
             # overflow libzmq's default listen backlog of 100, which stalls even a
             # legitimate peer's TCP connect for seconds of SYN retries.

@@ -51,10 +51,6 @@ pytest.importorskip("torch")
 CONNECT_TIMEOUT_S = 2.0   # serve --connect-timeout: a dial-back that never comes up
 START_TIMEOUT_S = 60.0
 SETTLE_S = 20.0           # fds/RSS back to the baseline within this
-ROUTER_SETTLE_S = 45.0
-"""A connection whose routing id another one took over while it was open stays open until
-the ROUTER's own heartbeat ends it (libzmq reads no more of it, its close included): 6
-DEALER intervals of 5 s plus the 7 s timeout with serve's defaults, and some slack."""
 RSS_TOLERANCE = 96 << 20
 """Bytes above the scenario's starting RSS still counted as "back" for a scenario that
 queues little: handshakes, NIXL registrations and small frames (glibc keeps what it
@@ -261,7 +257,7 @@ class Hostile:
     def verify(self, settle_s: float = SETTLE_S, rss_allowance: int = RSS_TOLERANCE) -> None:
         """The after-checks of every scenario (see the module docstring); ``settle_s``:
         how long fds and RSS may take to come back (a scenario whose residue only the
-        ROUTER's own heartbeat can end passes ``ROUTER_SETTLE_S``); ``rss_allowance``:
+        ROUTER's own heartbeat can end passes a longer one); ``rss_allowance``:
         bytes above the scenario's starting RSS still counted as back."""
         self.verified = True
         self.log = self.server.new_log()  # the attack's own lines, before ours

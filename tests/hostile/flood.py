@@ -9,10 +9,8 @@ client's interpreter. It keeps at most 250 DEALERs open (each closed with a ling
 its frame still goes out) and publishes how many connects it sent in ``sent``; any
 message (or EOF) on ``conn`` stops it.
 
-Every routing id is used once. A second connection under an id whose first one is still
-open takes the id over (ROUTER_HANDOVER), and libzmq then stops reading the first one:
-its close stays unread (CLOSE_WAIT) until the server's heartbeat PING ends it, past the
-after-check's window (docs/reliability.md, Findings).
+Every routing id is used once: a second connection under an id whose first one is still
+open is never read by the server (a twin), so its connect would not count.
 """
 
 from __future__ import annotations

@@ -13,12 +13,15 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import zmq
+import zmq.utils.monitor
 from helpers.polling import wait_for
 from helpers.serve_process import ServeProcess
 
 from p2pfsm.bench import procstat
 from p2pfsm.executor.node_sessions import RESTART_BURST, RESTART_PERIOD_S
 from p2pfsm.executor.router_intake import DIAL_BACKS_PER_ID_S
+from p2pfsm.executor.zmq_plane import ControlPlane, FrameIn
 
 from .conftest import Hostile, legit_fetch
 from .wire import BLOCK_LEN, SERVED_BLOCKS, RawPeer, connect_msg, free_port, pack
@@ -195,6 +198,72 @@ def test_restarts_with_renamed_agents_cost_a_bounded_number_of_descriptors(
     legit_fetch(hostile.addr, host="127.0.0.2")
     hostile.react(f"{RENAMED_RESTARTS} restarts with renamed agents in {elapsed:.1f} s: "
                   f"{served} served, fds +{grown}")
+    hostile.verify()
+
+
+def _disconnects(monitor: zmq.Socket[bytes], seconds: float) -> int:
+    """``EVENT_DISCONNECTED`` a socket monitor reports within ``seconds`` (an
+    observation window)."""
+    count = 0
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        if monitor.poll(int(left * 1000) + 1):
+            event = zmq.utils.monitor.recv_monitor_message(monitor)
+            count += event["event"] == zmq.EVENT_DISCONNECTED
+    return count
+
+
+def test_a_peer_without_heartbeats_keeps_an_idle_connection() -> None:
+    """A ZeroMQ peer that sets no heartbeats of its own (another implementation, a test
+    tool) connects to a control plane PINGing every 100 ms (its ROUTER every 600 ms),
+    sends a frame and idles 3 s. It hears from us only at our ROUTER's PINGs, so the TTL
+    they carry must outlast their interval: a TTL of the timeout (500 ms) made its
+    libzmq drop the connection 500 ms after each PING (at 37 s with the defaults).
+    Its connection stays up and its next frame comes on the same one."""
+    server = ControlPlane("tcp://127.0.0.1:0", heartbeat_ivl_ms=100, heartbeat_timeout_ms=500,
+                          heartbeat_ttl_ms=500)
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    try:
+        dealer = ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.IDENTITY, b"127.0.0.1:9")
+        dealer.setsockopt(zmq.LINGER, 0)
+        monitor = dealer.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        dealer.connect(f"tcp://{server.local_id}")
+        dealer.send(b"hello")
+        seen: list[FrameIn] = []
+        wait_for(lambda: bool(seen.extend(e for e in server.poll(50) if isinstance(e, FrameIn))
+                              or seen), 20.0, "the first frame")
+        drops = 0
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline:  # keep our side's heartbeats turning
+            server.poll(100)
+            drops += _disconnects(monitor, 0.05)
+        dealer.send(b"again")
+        wait_for(lambda: bool(seen.extend(e for e in server.poll(50) if isinstance(e, FrameIn))
+                              or len(seen) > 1), 20.0, "the second frame")
+        assert drops == 0, drops
+        assert seen[0].conn == seen[1].conn >= 0, seen
+        dealer.disable_monitor()
+        monitor.close(0)
+        dealer.close(0)
+    finally:
+        ctx.destroy(linger=0)
+        server.close()
+
+
+@pytest.mark.slow
+def test_a_raw_peer_without_heartbeats_keeps_its_session_past_37_s(hostile: Hostile) -> None:
+    """The full-scale version against ``serve``'s defaults (PINGs every 5 s, its ROUTER
+    every 30 s, timeout 7 s): a raw peer (no heartbeats of its own) handshakes, idles
+    45 s and fetches byte-exact on the same session, never told to disconnect (it used
+    to be dropped at 37 s and its session closed)."""
+    peer, plane = hostile.ready()
+    peer.fetch_ok(plane, "before-idle", range(2))
+    assert peer.types_within(45.0) == []  # the idle stretch: nothing from the server
+    peer.fetch_ok(plane, "after-idle", range(4))
+    kinds = [m.get("type") for m in peer.seen]
+    assert "disconnect" not in kinds and kinds.count("connect") == 1, kinds
+    hostile.react("a peer without heartbeats idled 45 s and fetched on")
     hostile.verify()
 
 

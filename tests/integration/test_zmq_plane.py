@@ -574,12 +574,12 @@ def test_a_flood_never_evicts_a_handshake_whose_dial_back_came_up() -> None:
     _handshake_survives_flood("127.0.0.1", wait_for_zmtp=True)
 
 
-def test_each_frame_names_its_connection_and_a_takeover_shows_as_another() -> None:
+def test_each_frame_names_its_connection_and_a_twin_of_a_live_id_is_never_read() -> None:
     """Every frame says which connection it came on (FrameIn.conn, libzmq's descriptor):
     the same for all frames of one connection. A second connection presenting the routing
-    id of an open one takes the id over (ROUTER_HANDOVER): its frames come under the same
-    peer id and a different conn, which is what lets the node keep them from the first
-    connection's session (tests/hostile: test_identity_takeover_of_a_live_peer)."""
+    id of an open one is never read (no ROUTER_HANDOVER): the first is read on as before.
+    Once the first has closed, a new connection under the id is read (a peer that
+    connected again). tests/hostile: test_a_twin_of_a_live_routing_id."""
     server = ControlPlane("tcp://127.0.0.1:0", connect_timeout_ms=120_000, **FAST_HEARTBEATS)
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     silent = socket.socket()
@@ -596,26 +596,38 @@ def test_each_frame_names_its_connection_and_a_takeover_shows_as_another() -> No
             d.connect(f"tcp://{server.local_id}")
             return d
 
-        def frames(seen: list[ControlEvent], prefix: bytes) -> list[FrameIn]:
+        seen: list[ControlEvent] = []
+
+        def frames(prefix: bytes) -> list[FrameIn]:
             return [e for e in seen if isinstance(e, FrameIn) and e.peer_id == peer_id
                     and e.frame.startswith(prefix)]
+
+        def until(prefix: bytes, count: int, what: str) -> None:
+            wait_until(lambda: seen.extend(server.poll(50)) or seen,
+                       lambda _got: len(frames(prefix)) >= count, 20.0, what)
 
         first = dealer()
         for i in range(3):
             first.send(b"first-%d" % i)
-        seen = wait_until(lambda: server.poll(50), lambda got: len(frames(got, b"first")) == 3,
-                          20.0, "the first connection's frames")
-        conns = {e.conn for e in frames(seen, b"first")}
+        until(b"first", 3, "the first connection's frames")
+        conns = {e.conn for e in frames(b"first")}
         assert len(conns) == 1 and min(conns) >= 0, conns
-        second = dealer()
+        twin = dealer()
         for i in range(3):
-            second.send(b"second-%d" % i)
-        seen = wait_until(lambda: server.poll(50), lambda got: len(frames(got, b"second")) == 3,
-                          20.0, "the second connection's frames")
-        theirs = {e.conn for e in frames(seen, b"second")}
-        assert len(theirs) == 1 and theirs.isdisjoint(conns), (conns, theirs)
+            twin.send(b"twin-%d" % i)
+        # The first is read on after the twin's frames went out; the twin's never are.
+        for i in range(20):
+            first.send(b"first-after-%d" % i)
+        until(b"first-after-", 20, "the first connection's later frames")
+        assert frames(b"twin") == [], frames(b"twin")
+        assert {e.conn for e in frames(b"first")} == conns
+        twin.close()
         first.close()
-        second.close()
+        third = dealer()
+        third.send(b"third")
+        until(b"third", 1, "a new connection's frame once the first closed")
+        assert frames(b"twin") == []
+        third.close()
     finally:
         ctx.destroy(linger=0)
         silent.close()

@@ -27,7 +27,7 @@ def test_the_documented_names_are_the_fixed_set() -> None:
         "violation_closes", "idle_closes", "deaths", "restarts", "reconnects", "redials",
         "stale_answers",
         "handshakes", "handshakes_rejected", "identities_rate_limited", "results_dropped",
-        "foreign_frames", "host_errors", "fetches_failed_peer_failed", "tombstones_dropped",
+        "connections_resumed", "host_errors", "fetches_failed_peer_failed", "tombstones_dropped",
         "restarts_refused",
         "fetches_failed_timeout", "fetches_failed_finished", "fetches_failed_session_ended",
     }
