@@ -132,11 +132,12 @@ _P = TypeVar("_P", bound=PendingDialBack)
 
 def eviction_victim(pending: Sequence[_P], origin: str) -> _P:
     """The dial-back to give up, oldest first in ``pending``, for a newcomer from
-    ``origin``: a session already over, else one of the host holding the most pending
-    dial-backs (the newcomer's own host when it holds as many as any other), the first
-    whose ZMTP handshake has not succeeded, else the oldest. So a host never loses a
-    pending dial-back to a host holding as many, and one whose handshake succeeded goes
-    only when all of its host's have."""
+    ``origin``: a session already over; else, among those of hosts holding more pending
+    dial-backs than the newcomer's (and the newcomer's own), one whose ZMTP handshake
+    has not succeeded, of the host holding the most (the newcomer's own on a tie), the
+    oldest; only when every one of them has succeeded, the oldest of the busiest host.
+    So a host never loses a pending dial-back to a host holding as many, and a
+    handshake that came up outlives every unproven one."""
     victim = next((p for p in pending if p.done), None)
     if victim is not None:
         return victim
@@ -144,6 +145,8 @@ def eviction_victim(pending: Sequence[_P], origin: str) -> _P:
     for p in pending:
         load[p.origin] = load.get(p.origin, 0) + 1
     mine = load.get(origin, 0)
-    # Oldest first (sequence order); min() keeps the first of equal keys.
+    # Oldest first (sequence order); min() keeps the first of equal keys. One whose
+    # handshake came up goes only when no unproven one may: a flood from many hosts
+    # (each holding one) pushes out its own unproven dial-backs, never a progressing one.
     return min((p for p in pending if p.origin == origin or load[p.origin] > mine),
-               key=lambda p: (-load[p.origin], p.origin != origin, p.connected))
+               key=lambda p: (p.connected, -load[p.origin], p.origin != origin))

@@ -53,6 +53,7 @@ from p2pfsm.executor.monitors import (
 )
 from p2pfsm.executor.peer_ids import origin_of
 from p2pfsm.executor.zmq_heartbeats import Heartbeats
+from p2pfsm.logwindow import LogWindow
 
 __all__ = ["DONE_GRACE_S", "Dealer", "Dealers"]
 
@@ -128,6 +129,7 @@ class Dealers:
         self._next_expiry: float | None = None  # earliest connect deadline or done grace
         self._next_sweep = 0.0
         self._look: list[Dealer] = []
+        self._evict_log = LogWindow(10, 10.0)
 
     def settled(self) -> int:
         """Peers counted against ``max_peers``: all of them without a pending budget,
@@ -254,12 +256,23 @@ class Dealers:
         if len(pending) < self._max_pending:
             return
         self.drain_monitors()
+        # Every pending one's own monitor too: its descriptor is edge-triggered, and a
+        # signal missed until the next sweep would leave a dial-back whose handshake
+        # came up looking unproven (first to go).
+        for peer in pending:
+            if self.peers.get(peer.peer_id) is peer:
+                for event, value, _ in monitor_events(peer.monitor):
+                    self._on_monitor_event(peer, event, value)
+                    if self.peers.get(peer.peer_id) is not peer:
+                        break
         pending = self._unfinished()
         if len(pending) < self._max_pending:
             return
         victim = eviction_victim(pending, origin)
-        log.info("evicting %s (from %s): %d dial-backs without a finished handshake",
-                 victim.peer_id, victim.origin, len(pending))
+        self._evict_log.emit(
+            log.warning, "evictions", "evicting %s (from %s): %d dial-backs without a "
+            "finished handshake, %s", victim.peer_id, victim.origin, len(pending),
+            "its handshake had come up" if victim.connected else "its handshake unproven")
         self.lose(victim, EVICTED)
 
     def drain_monitors(self) -> None:

@@ -30,28 +30,32 @@ UNDER_WAY = 1000
 
 
 def flood_main(conn: Connection, server: str, metadata: bytes, base_addr: int,
-               sent: ctypes.c_longlong) -> None:
+               sent: ctypes.c_longlong, hosts: tuple[str, ...] = ("127.0.0.1",)) -> None:
+    """``hosts``: the loopback addresses the flood comes from, in turn (each connection
+    from one, under an id naming it)."""
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     ctx.set(zmq.MAX_SOCKETS, 8192)
     silent: collections.deque[socket.socket] = collections.deque()
     open_peers: collections.deque[RawPeer] = collections.deque()
-    used: set[int] = set()
+    used: set[tuple[str, int]] = set()
     try:
         count = 0
         while not conn.poll(0):
+            host = hosts[count % len(hosts)]
             if count % 2:
                 lst = socket.socket()
                 silent.append(lst)
-                lst.bind(("127.0.0.1", 0))
+                lst.bind((host, 0))
                 lst.listen(8)  # never accepted
                 port = lst.getsockname()[1]
             else:
-                port = free_port()
-            if port in used:
+                port = free_port(host)
+            if (host, port) in used:
                 continue  # every id once (module docstring)
-            used.add(port)
-            ident = f"127.0.0.1:{port}"
-            peer = RawPeer(ctx, server, identity=ident.encode(), bind=False)
+            used.add((host, port))
+            ident = f"{host}:{port}"
+            peer = RawPeer(ctx, server, identity=ident.encode(), bind=False,
+                           source=None if host == "127.0.0.1" else host)
             peer.dealer.setsockopt(zmq.LINGER, 2000)
             peer.send_raw(pack(connect_msg(ident, metadata, base_addr)))
             open_peers.append(peer)

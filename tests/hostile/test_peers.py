@@ -147,6 +147,39 @@ def test_a_flood_from_one_host_never_crowds_out_a_handshake_from_another(
     assert not [ln for ln in hostile.log if "127.0.0.2" in ln and "evicted" in ln], hostile.log
 
 
+FLOOD_HOSTS = tuple(f"127.0.0.{i}" for i in range(10, 130))
+
+
+def test_a_flood_from_many_addresses_never_evicts_a_progressing_handshake(
+        hostile: Hostile) -> None:
+    """The flood comes from 120 loopback addresses in turn (each a host of its own, so
+    no host is busier than the client's: the per-host rule cannot tell them apart),
+    well-formed connects whose handshakes never finish, while a client on 127.0.0.2
+    handshakes and fetches three times, verified. The budget of 32 unfinished
+    handshakes evicts the flood's unproven dial-backs, never the client's once its
+    handshake came up, and says so in the log (an eviction, not a lost transport)."""
+    plane = hostile.agent()
+    sent = multiprocessing.get_context("spawn").Value("q", 0, lock=False)
+    proc, parent = _spawn(hostile, flood_main, hostile.addr, plane.metadata, plane.base_addr,
+                          sent, FLOOD_HOSTS)
+    assert parent.poll(60.0), f"the flood not under way within 60 s (alive: {proc.is_alive()})"
+    assert parent.recv() == "under way"
+    before = sent.value
+    for _ in range(3):
+        assert proc.is_alive(), f"the flood process ended (exit {proc.exitcode})"
+        legit_fetch(hostile.addr, host="127.0.0.2")
+    during = sent.value - before
+    parent.send("stop")
+    proc.join(30)
+    assert proc.exitcode == 0, f"the flood process failed (exit {proc.exitcode})"
+    assert during >= 3 * 64, f"only {during} flood connects during the fetches"
+    lines = hostile.server.new_log()
+    assert not [ln for ln in lines if "127.0.0.2" in ln and "evict" in ln], lines[:20]
+    hostile.react(f"client on 127.0.0.2 served 3 times during {during} connects from "
+                  f"{len(FLOOD_HOSTS)} addresses")
+    hostile.verify(rss_allowance=connections_allowance(2 * sent.value))
+
+
 def test_a_twin_of_a_live_routing_id(hostile: Hostile) -> None:
     """A second connection presents a live peer's routing id and sends a fetch naming
     block 40 of the victim's memory, then garbage. The server never reads the twin's

@@ -79,7 +79,7 @@ class RawPeer:
     """One attacker identity: a bound ROUTER (ours) and a DEALER to the server."""
 
     def __init__(self, ctx: zmq.Context[Any], server: str, *, identity: bytes | None = None,
-                 bind: bool = True, sndhwm: int = 1000) -> None:
+                 bind: bool = True, sndhwm: int = 1000, source: str | None = None) -> None:
         self.ctx = ctx
         self.router: zmq.Socket[bytes] | None = None
         port = 0
@@ -91,6 +91,7 @@ class RawPeer:
         self.identity = identity if identity is not None else self.peer_id.encode()
         self.server = server
         self.sndhwm = sndhwm
+        self.source = source  # the address our DEALER connects from (None: the kernel's)
         self.dealer: zmq.Socket[bytes] = self._dial()
         self.seen: list[dict[str, Any]] = []
 
@@ -99,7 +100,8 @@ class RawPeer:
         dealer.setsockopt(zmq.LINGER, 0)
         dealer.setsockopt(zmq.SNDHWM, self.sndhwm)
         dealer.setsockopt(zmq.IDENTITY, self.identity)
-        dealer.connect(f"tcp://{self.server}")
+        origin = "" if self.source is None else f"{self.source}:0;"
+        dealer.connect(f"tcp://{origin}{self.server}")
         return dealer
 
     def redial(self) -> None:
@@ -189,9 +191,9 @@ class RawPeer:
             self.router.close(0)
 
 
-def free_port() -> int:
-    """A loopback port nobody listens on (bound, then released)."""
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port of ``host`` nobody listens on (bound, then released)."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         port: int = s.getsockname()[1]
     return port

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from p2pfsm.executor.admission import eviction_victim
 from p2pfsm.executor.peer_policy import EndedSessions, IdleInbound, ViolationBudget
 
 
@@ -62,3 +63,25 @@ def test_rejected_frames_are_logged_rate_limited(caplog: pytest.LogCaptureFixtur
         for _ in range(20):
             book.log("p:1", log, "bad frame")
     assert len([r for r in caplog.records if "frame rejected" in r.getMessage()]) == 5
+
+
+@dataclass
+class _Pending:
+    name: str
+    origin: str
+    connected: bool = False
+    done: bool = False
+
+
+def test_eviction_takes_an_unproven_dial_back_before_any_whose_handshake_came_up() -> None:
+    """Host A holds two dial-backs whose handshakes came up, host B one unproven; a
+    newcomer from B: B's own unproven one goes, not A's progressing ones although A is
+    the busier host. Only when every candidate came up does the busiest host's oldest go."""
+    a1, a2 = _Pending("a1", "A", connected=True), _Pending("a2", "A", connected=True)
+    b1 = _Pending("b1", "B")
+    assert eviction_victim([a1, a2, b1], "B") is b1
+    b1.connected = True
+    assert eviction_victim([a1, a2, b1], "B") is a1
+    flood = [_Pending(f"f{i}", f"10.0.0.{i}") for i in range(3)]
+    legit = _Pending("legit", "10.0.1.1", connected=True)
+    assert eviction_victim([legit, *flood], "10.0.0.9") is flood[0]
