@@ -27,10 +27,9 @@ from vllm.v1.kv_offload.tiering.p2p.session import server as vllm_server
 from vllm.v1.kv_offload.tiering.p2p.session.client import LoadResult as VllmLoadResult
 from vllm.v1.kv_offload.tiering.p2p.session.server import StoreResult as VllmStoreResult
 
-from p2pfsm.errors import LocalProtocolError, TransportError
+from p2pfsm.errors import LocalProtocolError
 from p2pfsm.executor.core import Executor
 from p2pfsm.executor.driver import Driver
-from p2pfsm.executor.nixl_agent import describes_same_agent
 from p2pfsm.protocol.validate import to_dict
 from p2pfsm.session import (
     CancelWrite,
@@ -427,13 +426,7 @@ class P2PSession(Executor):
             self._queue(TransportLost(f"send failed: {exc}"))
 
     def start_registration(self, peer: str, out: StartRegistration) -> None:
-        c = out.connect
-        try:  # vLLM's transport would register it: our writes would land in our memory
-            if describes_same_agent(c.agent_metadata, self._agent_metadata):
-                raise TransportError("peer metadata describes this node's own NIXL agent")
-        except TransportError as exc:
-            self._queue(RegistrationFinished(False, str(exc)))
-            return
+        c = out.connect  # which metadata is acceptable is the transport's decision
         try:
             self._registration = self._transport.add_remote_peer_async(
                 self.peer_id, agent_metadata=c.agent_metadata, base_addr=c.base_addr,
