@@ -391,7 +391,9 @@ class P2PSession(Executor):
         self._feed(RegistrationFinished(True))
 
     def _poll_writes(self, escalate: bool = True) -> None:
-        if self._writes:
+        # The peer's scope is polled on every poll() (escalate), as vLLM's session does:
+        # a transport may judge a peer faulty with nothing in flight to it.
+        if self._writes or (escalate and self._fault is None and self._session.alive):
             result = self._transport.poll(self.peer_id)
             if result.peer_fault is not None and self._fault is None:
                 self._fault = str(result.peer_fault)
@@ -437,6 +439,9 @@ class P2PSession(Executor):
         self._poll_registration()  # transports that register inline have finished
 
     def start_write(self, peer: str, out: StartWrite) -> None:
+        if self._fault is not None:  # the transport judged the peer unusable: no new WRITE
+            self._queue(WriteFinished(out.xfer, False))
+            return
         tid = self._transport.write_blocks(self.peer_id, list(out.local_indexes),
                                            list(out.remote_indexes))
         if tid is None:
