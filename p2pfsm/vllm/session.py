@@ -27,10 +27,9 @@ from vllm.v1.kv_offload.tiering.p2p.session import server as vllm_server
 from vllm.v1.kv_offload.tiering.p2p.session.client import LoadResult as VllmLoadResult
 from vllm.v1.kv_offload.tiering.p2p.session.server import StoreResult as VllmStoreResult
 
-from p2pfsm.errors import LocalProtocolError, TransportError
+from p2pfsm.errors import LocalProtocolError
 from p2pfsm.executor.core import Executor
 from p2pfsm.executor.driver import Driver
-from p2pfsm.executor.nixl_agent import describes_same_agent
 from p2pfsm.protocol.validate import to_dict
 from p2pfsm.session import (
     CancelWrite,
@@ -392,7 +391,9 @@ class P2PSession(Executor):
         self._feed(RegistrationFinished(True))
 
     def _poll_writes(self, escalate: bool = True) -> None:
-        if self._writes:
+        # The peer's scope is polled on every poll() (escalate), as vLLM's session does:
+        # a transport may judge a peer faulty with nothing in flight to it.
+        if self._writes or (escalate and self._fault is None and self._session.alive):
             result = self._transport.poll(self.peer_id)
             if result.peer_fault is not None and self._fault is None:
                 self._fault = str(result.peer_fault)
@@ -427,13 +428,7 @@ class P2PSession(Executor):
             self._queue(TransportLost(f"send failed: {exc}"))
 
     def start_registration(self, peer: str, out: StartRegistration) -> None:
-        c = out.connect
-        try:  # vLLM's transport would register it: our writes would land in our memory
-            if describes_same_agent(c.agent_metadata, self._agent_metadata):
-                raise TransportError("peer metadata describes this node's own NIXL agent")
-        except TransportError as exc:
-            self._queue(RegistrationFinished(False, str(exc)))
-            return
+        c = out.connect  # which metadata is acceptable is the transport's decision
         try:
             self._registration = self._transport.add_remote_peer_async(
                 self.peer_id, agent_metadata=c.agent_metadata, base_addr=c.base_addr,
@@ -444,6 +439,9 @@ class P2PSession(Executor):
         self._poll_registration()  # transports that register inline have finished
 
     def start_write(self, peer: str, out: StartWrite) -> None:
+        if self._fault is not None:  # the transport judged the peer unusable: no new WRITE
+            self._queue(WriteFinished(out.xfer, False))
+            return
         tid = self._transport.write_blocks(self.peer_id, list(out.local_indexes),
                                            list(out.remote_indexes))
         if tid is None:

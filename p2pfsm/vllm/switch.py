@@ -6,12 +6,13 @@ session through its module-level name ``P2PSession``, which it imports from
 rebinds that name in the session package (so a manager imported later picks up the
 adapter) and in the manager module if it is imported already; :func:`uninstall` puts
 vLLM's class back in both. :func:`install` also guards vLLM's ZeroMQ transport
-(:mod:`p2pfsm.vllm.guard`) and :func:`uninstall` removes the guard; the full install
-(``transport="p2pfsm"``) rebinds the name ``ZmqTransport`` the same way, in vLLM's
-control package and manager, to :class:`p2pfsm.vllm.control.PlaneTransport`, and the name
-``NixlTransport``, in vLLM's data package and manager, to
-:class:`p2pfsm.vllm.data.PlaneDataTransport`. No vLLM file
-changes and nothing more of vLLM is imported. Both are idempotent; sessions built
+(:mod:`p2pfsm.vllm.guard`) and makes vLLM's NIXL transport refuse a peer presenting
+this node's own agent (:mod:`p2pfsm.vllm.nixl_guard`); :func:`uninstall` removes both.
+The full install (``transport="p2pfsm"``) rebinds the name ``ZmqTransport`` the same way,
+in vLLM's control package and manager, to :class:`p2pfsm.vllm.control.PlaneTransport`,
+and the name ``NixlTransport``, in vLLM's data package and manager, to
+:class:`p2pfsm.vllm.data.PlaneDataTransport`. No vLLM file changes, and nothing of vLLM
+is imported beyond the modules patched. Both are idempotent; sessions built
 before a switch keep the class they were built with.
 """
 
@@ -22,7 +23,7 @@ import os
 import sys
 from typing import Any
 
-from p2pfsm.vllm import guard
+from p2pfsm.vllm import guard, nixl_guard
 
 SESSION_PACKAGE = "vllm.v1.kv_offload.tiering.p2p.session"
 MANAGER_MODULE = "vllm.v1.kv_offload.tiering.p2p.manager"
@@ -66,6 +67,7 @@ def install(transport: str | None = None) -> None:
         guard.install()
     else:
         guard.uninstall()
+    nixl_guard.install()  # the own-agent refusal, on vLLM's NIXL transport
     _use_transport(kind)
 
 
@@ -79,6 +81,7 @@ def uninstall() -> None:
         module.P2PSession = _original
     _original = None
     guard.uninstall()
+    nixl_guard.uninstall()
 
 
 def transport_wanted() -> str:

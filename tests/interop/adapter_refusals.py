@@ -14,6 +14,10 @@ inbound one; the attacker speaks the wire through a transport of the same kind:
   that accepts writes its own block 1 over its block 0 and reports success.
 * ``wrong_peer_id``: a connect naming a peer id other than the one the transport sees.
 
+``p2pfsm`` runs under ``install()`` with the ZeroMQ guard opted out
+(``P2PFSM_VLLM_GUARD=0``): the session refuses the second, and vLLM's NIXL transport,
+as ``install()`` wraps it (:mod:`p2pfsm.vllm.nixl_guard`), the first.
+
 Prints one JSON line per kind: per case, whether the target acked the connect, the session's
 death reason, and (own_memory) whether its block 0 changed and its store's result.
 """
@@ -21,6 +25,7 @@ death reason, and (own_memory) whether its block 0 changed and its store's resul
 from __future__ import annotations
 
 import json
+import os
 import struct
 import sys
 import time
@@ -29,6 +34,7 @@ from typing import Any
 from vllm.v1.kv_offload.tiering.p2p.session import P2PSession as Stock
 
 from p2pfsm.demo.blocks import demo_block, demo_key
+from p2pfsm.vllm import guard
 from p2pfsm.vllm.peer import patches
 from p2pfsm.vllm.peer.common import bind_transport, make_data, make_region, wait_for_frames
 from p2pfsm.vllm.session import P2PSession as Adapter
@@ -143,11 +149,15 @@ def main() -> None:
     for kind in sys.argv[1].split(","):
         if kind == "full":
             pv.install(transport="p2pfsm")
+        elif kind == "p2pfsm":  # the sessions' install without the ZeroMQ guard: the
+            os.environ[guard.ENV_GUARD] = "0"  # NIXL transport's own-agent refusal stays
+            pv.install()
         try:
             print(json.dumps({"kind": kind, **run_kind(kind)}), flush=True)
         finally:
-            if kind == "full":
+            if kind != "vllm":
                 pv.uninstall()
+                os.environ.pop(guard.ENV_GUARD, None)
 
 
 if __name__ == "__main__":

@@ -164,6 +164,30 @@ def run_kinds(script: str, kinds: list[str], key: str, timeout: float) -> dict[s
     return seen
 
 
+def test_foreign_data_transport() -> None:
+    """``foreign_transport.py``: vLLM's sessions and the adapter's over a data transport
+    of the test's own, written from vLLM's ``DataTransport`` interface, whose metadata
+    is not NIXL's (the control plane is vLLM's ZmqTransport): handshake, a fetch met by
+    a store, a store before its fetch, one request's lookups in two messages, and a
+    fetch the producer's host finishes. The two must read the same."""
+    seen = run_kinds("foreign_transport.py", ["vllm", "p2pfsm"], "kind", 180)
+    assert seen["p2pfsm"] == seen["vllm"]
+    got = seen["p2pfsm"]
+    assert got["handshake"]["ready"] is True
+    assert [[r["metadata"] for r in regs] for regs in got["handshake"]["registered"]] == [
+        ["copy:b"], ["copy:a"]]
+    for flow in ("fetch", "store_first", "split_lookup"):
+        assert got[flow]["done"] is True and got[flow]["bytes"] is True, flow
+    lookup = got["split_lookup"]
+    assert (lookup["first"], lookup["partial"], lookup["answers"]) == (
+        [None], [True, None], [True, True])
+    assert got["finish"] == {"done": True, "untouched": True}
+    assert got["loads"] == [[1, "fetch", True], [2, "store_first", True],
+                            [3, "split", True], [4, "finish", False]]
+    assert got["stores"] == [[11, True], [12, True], [1001, True], [1002, True]]
+    assert got["alive"] == [True, True]
+
+
 def test_session_surface() -> None:
     """``session_surface.py`` with vLLM's sessions and with the adapter's: a session that
     never connected and a ready one with a lookup and a load in flight, each closed, as
@@ -249,7 +273,11 @@ def test_adapter_refuses_what_the_node_refuses() -> None:
         own = refused["own_memory"]
         assert own["acked"] is False and not own["alive"] and own["session"]
         assert own["own_block_0_changed"] is False
-        assert "describes this node's own NIXL agent" in own["death_reason"]
+        # Refused by the data transport: vLLM's NIXL transport as install() wraps it
+        # (p2pfsm.vllm.nixl_guard), or the full install's DataPlane.
+        assert own["death_reason"] in (
+            "data-plane registration failed: peer metadata describes this node's own "
+            "NIXL agent", "data-plane registration failed: peer metadata describes this agent")
         assert refused["wrong_peer_id"]["acked"] is False
     assert adapter["wrong_peer_id"]["death_reason"].startswith("incompatible peer: peer_id")
     assert full["wrong_peer_id"] == {"acked": False, "alive": False, "death_reason": None,
