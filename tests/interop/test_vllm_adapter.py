@@ -43,6 +43,8 @@ from test_vllm_interop import (  # type: ignore[import-not-found]
 )
 from test_vllm_interop import pytestmark as _marks  # type: ignore[import-not-found]
 
+from p2pfsm.vllm.releases import UnsupportedVllm
+
 pytestmark = _marks
 
 # A server that serves several clients one after another outlives the default bound
@@ -144,7 +146,7 @@ def test_package_imports_without_vllm() -> None:
     import p2pfsm.vllm  # this venv has no vLLM
 
     assert callable(p2pfsm.vllm.install)
-    with pytest.raises(ModuleNotFoundError):
+    with pytest.raises(UnsupportedVllm, match=r"^vLLM is not installed: .* 0\.33\.0 or 0\.34\.0"):
         p2pfsm.vllm.install()
 
 
