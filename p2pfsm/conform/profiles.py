@@ -26,8 +26,7 @@ DIFFERS: Final[dict[str, dict[str, str]]] = {
                      "the session after 5 s, which releases them before our ack",
     },
     "consumer.stray-abort-ack": {
-        "native": "pass: the frame is a protocol violation; the session ends and the "
-                  "load fails",
+        "native": "pass: the frame is rejected and changes nothing; the round is served",
         "vllm-0.33": "pass: the load fails and the session goes on",
         "vllm-0.34": "fail: every later poll raises, the load never gets a result",
     },

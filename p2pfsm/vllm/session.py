@@ -210,7 +210,8 @@ class P2PSession(Executor):
         self._probed: set[str] = set()  # ids that ran lookups: their loads are symmetric P2P
         self._p2p_due: dict[int, float] = {}  # P2P load job -> its (shorter) deadline
         self._finished_jobs: set[int] = set()  # load jobs whose request the host finished
-        self._aborts: set[tuple[str, int]] = set()  # rounds we sent abort_fetch for
+        self._aborts: dict[tuple[str, int], int | None] = {}  # aborted round -> its job
+        self._abort_of: dict[int, tuple[str, int]] = {}  # load job -> its aborted round
         self._deferred: dict[int, threading.Event] = {}  # failed load job -> its release
         self._write_at: dict[int, float] = {}  # session xfer -> when it was posted
         self._terminal: set[str] = set()
@@ -624,6 +625,9 @@ class P2PSession(Executor):
 
     def load_result(self, peer: str, out: LoadResult) -> None:
         self._p2p_due.pop(out.job_id, None)
+        aborted = self._abort_of.pop(out.job_id, None)
+        if aborted is not None:  # the round is over: no abort of it is sent again
+            self._aborts.pop(aborted, None)
         event = self._deferred.get(out.job_id)
         if event is not None:  # reported failed already: this is its destination's news
             if out.released:
@@ -659,16 +663,18 @@ class P2PSession(Executor):
                 self._death_reason = ABORT_ACK_LOST
             self._queue(HostClose())
             return False
-        self._aborts.add(round_id)
-        if self._release.early_load_failure:
-            rnd = self._session.consumer.loads.get(msg.kv_request_id, {}).get(msg.round_seq)
-            job = None if rnd is None else rnd.job_id
-            if job is not None and self._load_reqs.pop(job, None) is not None:
-                event = threading.Event()
-                self._deferred[job] = event
-                self._p2p_due.pop(job, None)
-                self._loads.append(self._vllm_load(job, msg.kv_request_id, False, event))
-                self._finished_jobs.discard(job)
+        rnd = self._session.consumer.loads.get(msg.kv_request_id, {}).get(msg.round_seq)
+        job = None if rnd is None else int(rnd.job_id)
+        self._aborts[round_id] = job
+        if job is not None:
+            self._abort_of[job] = round_id
+        if (self._release.early_load_failure and job is not None
+                and self._load_reqs.pop(job, None) is not None):
+            event = threading.Event()
+            self._deferred[job] = event
+            self._p2p_due.pop(job, None)
+            self._loads.append(self._vllm_load(job, msg.kv_request_id, False, event))
+            self._finished_jobs.discard(job)
         return True
 
     def store_result(self, peer: str, out: StoreResult) -> None:

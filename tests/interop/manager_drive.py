@@ -224,9 +224,11 @@ def consumer(peer_id: str, kind: str, kv: str) -> ReqContext:
 
 def drive(engine: Engine) -> dict[str, Any]:
     m, out = engine.manager, {}
-    server = Peer("server", "--blocks", "16", "--hold-back", "4,5", "--late-after", "1.0")
+    # Each server outlives the whole drive (minutes on a busy machine).
+    server = Peer("server", "--blocks", "16", "--hold-back", "4,5", "--late-after", "1.0",
+                  "--max-seconds", "900")
     victim = Peer("server", "--blocks", "16", "--hold-back", "0-3", "--late-after", "300",
-                  "--port", str(free_port()))
+                  "--port", str(free_port()), "--max-seconds", "900")
     peers = [server, victim]
     try:
         sid, vid = server.record("ready")["peer_id"], victim.record("ready")["peer_id"]
@@ -261,7 +263,8 @@ def drive(engine: Engine) -> dict[str, Any]:
                        "lookup_after": m.lookup(keys[0], ctx).name}
         m.on_request_finished(ctx)
 
-        restarted = Peer("server", "--blocks", "16", "--port", vid.rsplit(":", 1)[1])
+        restarted = Peer("server", "--blocks", "16", "--port", vid.rsplit(":", 1)[1],
+                         "--max-seconds", "900")
         peers.append(restarted)
         assert restarted.record("ready")["peer_id"] == vid
         ctx = consumer(vid, "remote_prefiller", "kill-2")

@@ -206,7 +206,7 @@ def test_real_tier_manager() -> None:
     assert got["reconnect"] == {"results": [True], "verified": True}
     assert got["produce"] == {"results": [True], "client_verified": True,
                               "client_success": True}
-    assert got["shutdown"] == {"sessions": True}
+    assert got["shutdown"] == {"open": ["native", "server", "victim"]}
     assert got["native_pd"] == {"results": [True], "verified": True}
     assert got["native_sym"] == {"lookups": ["HIT", "HIT", "MISS"], "results": [True],
                                  "verified": True}
@@ -495,7 +495,6 @@ def test_peer_killed_adapter_server(world: World) -> None:
 
 INTENDED: dict[tuple[str, str, str], str] = {
     # (role, flow, field): the row of docs/vllm.md's "Observable differences" table
-    ("server", "nohit", "new_fetch_ids"): "Terminal (empty) fetch from the peer",
     ("client", "kill", "loads"): "A peer dies with a load in flight",
     ("client", "kill", "close"): "A peer dies with a load in flight",
     ("server", "abort", "stores"): "Supply of a round that ended without success",
