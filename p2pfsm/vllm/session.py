@@ -235,9 +235,10 @@ class P2PSession(Executor):
 
     @property
     def has_pending_work(self) -> bool:
+        """As vLLM's: a registration running, a load not yet released (reported or not),
+        or a write in flight. Open lookups and pinned supply are not pending work."""
         return (self._registration is not None or bool(self._writes)
-                or bool(self._load_reqs) or bool(self._deferred)
-                or self._session.has_pending_work)
+                or bool(self._load_reqs) or bool(self._deferred))
 
     @property
     def death_reason(self) -> str:
@@ -477,6 +478,12 @@ class P2PSession(Executor):
         writes = self._session.producer.writes
         return {xfer: frozenset(writes[xfer].jobs) for xfer in self._writes if xfer in writes}
 
+    def _release_deferred(self, job_id: int) -> None:
+        """The destination of load ``job_id``, reported failed early, is free now."""
+        event = self._deferred.pop(job_id, None)
+        if event is not None:
+            event.set()
+
     def _release_all_deferred(self) -> None:
         """Close is the release's release point for every load reported failed early.
 
@@ -628,11 +635,9 @@ class P2PSession(Executor):
         aborted = self._abort_of.pop(out.job_id, None)
         if aborted is not None:  # the round is over: no abort of it is sent again
             self._aborts.pop(aborted, None)
-        event = self._deferred.get(out.job_id)
-        if event is not None:  # reported failed already: this is its destination's news
+        if out.job_id in self._deferred:  # reported failed already: its destination's news
             if out.released:
-                del self._deferred[out.job_id]
-                event.set()
+                self._release_deferred(out.job_id)
             return  # not released: close() is the release's release point
         if self._load_reqs.pop(out.job_id, None) is not None:
             self._loads.append(self._vllm_load(out.job_id, out.kv_request_id, out.success))

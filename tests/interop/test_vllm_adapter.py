@@ -172,7 +172,9 @@ def test_session_surface() -> None:
     """``session_surface.py`` with vLLM's sessions and with the adapter's: a session that
     never connected and a ready one with a lookup and a load in flight, each closed, as
     vLLM's manager sees them (close() results, ``ready`` / ``connected`` / ``alive``, the
-    ``_server._inflight`` its ``shutdown()`` drains). The two must read the same."""
+    ``_server._inflight`` its ``shutdown()`` drains), and on 0.34.0 a cache reset
+    (``abort_loads()``, the deferred release, ``has_pending_work``, ``drain_stores()``,
+    ``retained``). The two must read the same."""
     seen = run_kinds("session_surface.py", ["vllm", "p2pfsm"], "kind", 120)
     assert seen["p2pfsm"] == seen["vllm"]
     never, live = seen["vllm"]["never_connected"], seen["vllm"]["lookup_in_flight"]
@@ -182,6 +184,13 @@ def test_session_surface() -> None:
     assert never["failed_req_ids"] == live["failed_req_ids"] == ["r-load", "r-probe"]
     assert live["ready"] and live["peer_asked"] == 1 and live["probe_again"] is None
     assert live["failed_jobs"] == [9] and never["inflight"] == live["inflight"] == []
+    if VLLM_RELEASE == "0.34.0":  # the cache reset: abort_loads() on a ready session
+        reset = seen["vllm"]["reset"]
+        assert reset["reset_loads"] == [[9, "r-load", False, False]]  # failed at once
+        assert reset["pending_before_ack"] and reset["released"]  # released on the ack
+        assert not reset["pending_after_ack"] and reset["retained"] == {}
+    else:
+        assert "reset" not in seen["vllm"]
 
 
 def test_real_tier_manager() -> None:
