@@ -44,6 +44,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vs-vllm", action="store_true",
                    help="the vLLM/p2pfsm client/server matrix (needs .venv-vllm); with "
                         "--suite all it adds the transfer raws")
+    p.add_argument("--vllm", default="0.33.0", metavar="RELEASE",
+                   help="--vs-vllm: the vLLM release the vLLM side runs, 0.33.0 (.venv-vllm, "
+                        "the default) or 0.34.0 (.venv-vllm-0.34)")
     p.add_argument("--cells", nargs="+", metavar="SERVER/CLIENT", default=None,
                    help="--vs-vllm: the cells to run, each kind one of vllm (vLLM's sessions), "
                         "adapter (p2pfsm's sessions in vLLM: p2pfsm.vllm), p2pfsm (a node); "
@@ -113,6 +116,10 @@ def run(args: argparse.Namespace) -> int:
         from p2pfsm.bench import plot
 
         plot._pyplot()
+    if args.vs_vllm:
+        from p2pfsm.bench import matrix
+
+        matrix.use_release(args.vllm)
     results: dict[str, Any] = {}
     text: list[str] = []
     if args.connect is not None:
@@ -138,8 +145,8 @@ def run(args: argparse.Namespace) -> int:
         results["vs_vllm"] = got = matrix.run(passes=args.passes, repeat=args.repeat,
                                               shapes=args.shapes, cells=args.cells or matrix.CELLS,
                                               progress=progress)
-        text += ["vLLM 0.33.0, the adapter and p2pfsm (separate processes, fresh servers, "
-                 "interleaved):",
+        text += [f"vLLM {matrix.release()}, the adapter and p2pfsm (separate processes, fresh "
+                 "servers, interleaved):",
                  matrix.format_matrix(got)]
     everything = "all" in args.suite
     chosen = tuple(dict.fromkeys(s for name in args.suite

@@ -1,4 +1,7 @@
-"""``p2pfsm bench --vs-vllm``: vLLM 0.33.0, the adapter and p2pfsm, client and server.
+"""``p2pfsm bench --vs-vllm``: vLLM, the adapter and p2pfsm, client and server.
+
+The vLLM release is the interop venv's: ``.venv-vllm`` (0.33.0) by default,
+``.venv-vllm-0.34`` with ``--vllm 0.34.0`` (:func:`use_release`); the results name it.
 
 Every cell is one (server, client) pair of separate processes, each of one of three kinds:
 
@@ -40,7 +43,8 @@ from p2pfsm.bench.report import parse_shape
 from p2pfsm.demo.run import stop_server
 from p2pfsm.errors import ConfigError, TransportError
 
-__all__ = ["CELLS", "KINDS", "SHAPES", "format_matrix", "parse_cells", "run", "vllm_python"]
+__all__ = ["CELLS", "KINDS", "SHAPES", "VENVS", "format_matrix", "parse_cells", "release",
+           "run", "use_release", "vllm_python"]
 
 MARK = "P2PINTEROP "
 SHAPES: dict[str, tuple[int, int]] = {"256x64KiB": (256, 64 * 1024), "1x4KiB": (1, 4096)}
@@ -56,11 +60,30 @@ Progress = Callable[[str], None]
 _CORNER = "server"
 
 
+VENVS = {"0.33.0": ".venv-vllm", "0.34.0": ".venv-vllm-0.34"}
+"""Each supported vLLM release's interop venv (``bash .ci/install-vllm.sh RELEASE``)."""
+_chosen = ["0.33.0"]  # the release every vLLM process of this run uses
+
+
+def use_release(version: str) -> None:
+    """Run the vLLM side of every cell on ``version`` (one of :data:`VENVS`)."""
+    if version not in VENVS:
+        raise ConfigError(f"--vllm: expected one of {', '.join(VENVS)}, got {version!r}")
+    _chosen[0] = version
+
+
+def release() -> str:
+    """The vLLM release the vLLM processes run."""
+    return _chosen[0]
+
+
 def vllm_python(root: Path | None = None) -> Path | None:
-    """The interop venv's python (``.venv-vllm`` at the checkout or cwd), None without it."""
+    """The chosen release's interop venv python (at the checkout or cwd), None without
+    it."""
+    venv = VENVS[_chosen[0]]
     for base in (root, Path.cwd(), Path(__file__).resolve().parents[2]):
-        if base is not None and (base / ".venv-vllm" / "bin" / "python").exists():
-            return base / ".venv-vllm" / "bin" / "python"
+        if base is not None and (base / venv / "bin" / "python").exists():
+            return base / venv / "bin" / "python"
     return None
 
 
@@ -229,8 +252,8 @@ def run(passes: int = 2, repeat: int = 20, warmup: int = 3,
         raise ConfigError("--vs-vllm: need at least one fetch shape")
     vpy = vpy or vllm_python()
     if vpy is None and any(k != "p2pfsm" for pair in pairs for k in pair):
-        raise ConfigError("--vs-vllm needs the interop venv .venv-vllm "
-                          "(bash .ci/install-vllm.sh)")
+        raise ConfigError(f"--vs-vllm needs the interop venv {VENVS[release()]} "
+                          f"(bash .ci/install-vllm.sh {release()})")
     samples: dict[str, dict[str, Any]] = {
         f"{shape} {server}/{client}": {"shape": shape, "server": server, "client": client,
                                        "times": [], "failures": 0, "verify_failures": 0}
@@ -273,7 +296,7 @@ def run(passes: int = 2, repeat: int = 20, warmup: int = 3,
                 add(shape, (server, client), got)
     out = {k: {**{f: v for f, v in c.items() if f != "times"}, "stats": _stats(c["times"]),
                "times_ms": [t * 1e3 for t in c["times"]]} for k, c in samples.items()}
-    return {"cells": out, "passes": passes, "repeat": repeat,
+    return {"cells": out, "passes": passes, "repeat": repeat, "vllm_release": release(),
             "wall_s": time.monotonic() - t0}
 
 

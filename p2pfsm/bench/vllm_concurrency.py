@@ -1,4 +1,5 @@
-"""The vLLM 0.33.0 <-> vLLM cells of the concurrency and throughput suites.
+"""The vLLM <-> vLLM cells of the concurrency and throughput suites (the release of
+``--vllm``, :func:`p2pfsm.bench.matrix.use_release`).
 
 A vLLM server (``python -m p2pfsm.vllm.peer server``, vLLM's own sessions, in the
 interop venv) and one vLLM client process (``client --concurrent``,
@@ -55,7 +56,8 @@ def _client(addr: str, block_len: int, *rest: str) -> dict[str, Any]:
 
 def _need_vllm() -> None:
     if matrix.vllm_python() is None:
-        raise ConfigError("--vs-vllm needs .venv-vllm (vLLM 0.33.0): .ci/install-vllm.sh")
+        raise ConfigError(f"--vs-vllm needs {matrix.VENVS[matrix.release()]} (vLLM "
+                          f"{matrix.release()}): bash .ci/install-vllm.sh {matrix.release()}")
 
 
 def run(widths: tuple[int, ...], rounds: int, progress: Progress | None = None

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from p2pfsm.argtypes import fingerprint_arg, positive
 from p2pfsm.conform.faults import FAULTS, faults_arg
+from p2pfsm.conform.profiles import PROFILES
 from p2pfsm.errors import ConfigError, TransportError
 
 __all__ = ["add_arguments", "run"]
@@ -22,6 +23,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "identity it must present); required unless --list")
     p.add_argument("--role", choices=("producer", "consumer"), default="producer",
                    help="the role tested; the tester takes the other (default: producer)")
+    p.add_argument("--profile", choices=PROFILES, default="native",
+                   help="whose behaviour the target is meant to have: p2pfsm's (native, "
+                        "the default) or a vLLM release's; cases whose expected outcome "
+                        "differs by release are marked with this profile's")
     p.add_argument("--consumer-cmd", default=None, metavar="COMMAND",
                    help="--role consumer: the command that runs the consumer under test "
                         "against our producer, with {addr} (our HOST:PORT), {keys}, {mode} "
@@ -107,6 +112,8 @@ def rerun_command(args: argparse.Namespace, case_id: str) -> str:
              ["p2pfsm", "conform", "--target", args.target, "--role", args.role])
     if case_id:
         words += ["--cases", case_id]
+    if getattr(args, "profile", "native") != "native":
+        words += ["--profile", args.profile]
     for opt, default in (("block_len", 4096), ("hash_seed", "vllm-none-hash"),
                          ("fingerprint", ""), ("target_blocks", 16), ("window", 1.0),
                          ("deadline", 10.0), ("late_blocks", "")):
@@ -167,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
         results, _failed = run_walk_mode(
             args, target, lambda: shlex.split(rerun_command(args, "")), progress)
     else:
-        results = run_cases(target, cases, progress)
+        results = run_cases(target, cases, progress, args.profile)
         for r in results:
             if r.verdict == "fail":
                 print(report.failure_text(r, rerun_command(args, r.case)), file=sys.stderr)
@@ -178,6 +185,9 @@ def run(args: argparse.Namespace) -> int:
         Path(args.json).write_text(report.as_json(args.target, command, results))
     if args.markdown:
         Path(args.markdown).write_text(report.as_markdown(args.target, command, results))
+    if results and results[-1].cannot_test:  # the rest would fail the same way
+        print(results[-1].cannot_test)
+        return 2
     counts = {v: sum(r.verdict == v for r in results) for v in ("pass", "fail", "n/a")}
     print(f"{counts['pass']} pass, {counts['fail']} fail, {counts['n/a']} not applicable "
           f"({len(results)} cases against {args.target})")

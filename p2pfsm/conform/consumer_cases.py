@@ -24,7 +24,7 @@ from p2pfsm.conform import (  # noqa: F401  (their cases come first in the regis
 from p2pfsm.conform.registry import Context, case
 from p2pfsm.conform.tester import Tester
 from p2pfsm.conform.verdict import CaseFailure, NotApplicable
-from p2pfsm.protocol import Fetch, Message, TransferDone
+from p2pfsm.protocol import AbortAck, Fetch, Message, TransferDone
 
 CONSUMER: Final = "consumer"
 _STOP_S: Final = 5.0  # how long a stopped consumer has to exit before it is killed
@@ -391,3 +391,28 @@ def malformed(ctx: Context) -> str:
     rule = "malformed frames dropped, the round goes on"
     _concluded(ctx, c, rule)
     return "exit 0"
+
+
+@case("consumer.stray-abort-ack", CONSUMER, "an abort_ack for the consumer's waiting "
+      "round, which it never aborted, then the round served: its load still gets exactly "
+      "one result (either outcome) and the consumer does not crash",
+      "every job gets exactly one result: an unsolicited abort_ack is a protocol "
+      "violation (client_round: awaiting has no recv_abort_ack); it may fail the round "
+      "or the session, never leave the load without a result")
+def stray_abort_ack(ctx: Context) -> str:
+    t, c = _silent(ctx, "0-3")
+    f = _first_fetch(t, c, "a fetch")
+    # Sent behind our session's back: it aborted nothing, so the ack is off-script.
+    t.send(AbortAck(f.kv_request_id, f.round_seq))
+    t.serve = "supply"
+    for arrived in list(t.arrived):
+        if arrived.kv_request_id == f.kv_request_id:
+            t.answer_fetch(arrived)
+    rule = "the load's one result after an unsolicited abort_ack"
+    rc = c.wait(rule + " (the consumer still waiting means its load got none)", _limit(ctx))
+    out = c.output(2000)
+    if "Traceback (most recent call last)" in out:
+        raise CaseFailure(rule + ": the consumer does not crash",
+                          f"the consumer raised (exit {rc}), so its load got no result: "
+                          f"{out[-600:]!r}; " + t.summary())
+    return f"exit {rc}"

@@ -32,6 +32,8 @@ def as_markdown(target: str, command: str, results: Sequence[CaseResult]) -> str
     for r in results:
         detail = f"expected: {r.expected}; got: {r.got}" if r.verdict is Verdict.FAIL \
             else r.note
+        if r.profile_expects:
+            detail = f"differs by release; this profile: {r.profile_expects}. {detail}"
         lines.append(f"| `{r.case}` | {r.role} | {r.verdict} | {r.seconds:.2f} s | "
                      f"{_cell(detail)} |")
     c = _counts(results)
@@ -42,6 +44,8 @@ def as_markdown(target: str, command: str, results: Sequence[CaseResult]) -> str
 def summary_line(r: CaseResult) -> str:
     """One line per case for the terminal."""
     extra = f" ({r.note})" if r.note else ""
+    if r.profile_expects:
+        extra += f" [differs by release; this profile: {r.profile_expects}]"
     return f"{r.verdict.upper():5} {r.case:28} {r.seconds:6.2f} s{extra}"
 
 

@@ -12,6 +12,8 @@ from p2pfsm.conform import (  # noqa: F401  (register cases)
     producer_cases,
     producer_lookup_cases,
 )
+from p2pfsm.conform.preflight import cannot_test
+from p2pfsm.conform.profiles import expected as profile_expects
 from p2pfsm.conform.registry import CASES, Case, Context
 from p2pfsm.conform.target import Target
 from p2pfsm.conform.verdict import CaseFailure, CaseResult, NotApplicable, Verdict
@@ -38,11 +40,13 @@ def cases_for(role: str, ids: Sequence[str] | None = None) -> list[Case]:
     return [c for c in CASES.values() if c.role == role and (not ids or c.id in ids)]
 
 
-def run_case(target: Target, c: Case) -> CaseResult:
-    """One case with fresh testers; every exception of the tester is its verdict."""
+def run_case(target: Target, c: Case, profile: str = "native") -> CaseResult:
+    """One case with fresh testers; every exception of the tester is its verdict. A
+    failure whose cause is a handshake the tester cannot pass says so
+    (``cannot_test``)."""
     ctx = Context(target)
     started = time.monotonic()
-    expected = got = note = ""
+    expected = got = note = blocked = ""
     try:
         note = c.run(ctx)
         verdict = Verdict.PASS
@@ -58,6 +62,8 @@ def run_case(target: Target, c: Case) -> CaseResult:
                       for t in ctx.testers for f in t.frames)
         calls = sorted((call for t in ctx.testers if isinstance(t, WalkTester)
                         for call in t.calls), key=lambda call: call.at)
+        if verdict is Verdict.FAIL:
+            blocked = cannot_test(target, [f for t in ctx.testers for f in t.frames])
         ctx.close()
     if verdict is Verdict.FAIL and not expected:
         expected = c.rule
@@ -67,15 +73,22 @@ def run_case(target: Target, c: Case) -> CaseResult:
 
         account = render_case(c.id, calls)
     return CaseResult(c.id, c.role, c.description, verdict, time.monotonic() - started,
-                      expected, got, note, trace, account)
+                      expected, got, note, trace, account, profile_expects(c.id, profile),
+                      blocked)
 
 
 def run_cases(target: Target, cases: Sequence[Case],
-              progress: Callable[[CaseResult], None] | None = None) -> list[CaseResult]:
-    """Every case in order; ``progress`` hears each result as it comes."""
+              progress: Callable[[CaseResult], None] | None = None,
+              profile: str = "native") -> list[CaseResult]:
+    """Every case in order; ``progress`` hears each result as it comes. A case that
+    finds the target's handshake cannot be passed is the last: the rest would fail the
+    same way."""
     results = []
     for c in cases:
-        result = run_case(target, c)
+        result = run_case(target, c, profile)
+        if result.cannot_test:
+            results.append(result)
+            break
         if progress is not None:
             progress(result)
         results.append(result)

@@ -43,6 +43,10 @@ class CaseResult:
     counterexample: str = ""
     """A failed directed case: our session's calls in the models' terms (the walk's
     counterexample style)."""
+    profile_expects: str = ""
+    """Where the case's expected outcome differs by profile: the chosen profile's."""
+    cannot_test: str = ""
+    """The tester could not pass the target's handshake: why, and the fix (one line)."""
 
     def as_dict(self) -> dict[str, object]:
         """The JSON form of the result."""
@@ -50,4 +54,6 @@ class CaseResult:
                 "verdict": str(self.verdict), "seconds": round(self.seconds, 3),
                 "expected": self.expected, "got": self.got, "note": self.note,
                 "trace": list(self.trace),
-                **({"counterexample": self.counterexample} if self.counterexample else {})}
+                **({"counterexample": self.counterexample} if self.counterexample else {}),
+                **({"profile_expects": self.profile_expects} if self.profile_expects else {}),
+                **({"cannot_test": self.cannot_test} if self.cannot_test else {})}

@@ -1,4 +1,4 @@
-"""p2pfsm inside vLLM 0.33.0: its P2P tier's sessions, backed by p2pfsm's machines.
+"""p2pfsm inside vLLM (0.33.0, 0.34.0): its P2P tier's sessions, backed by p2pfsm's machines.
 
 ``p2pfsm.vllm.install()`` makes a stock vLLM tier build :class:`p2pfsm.vllm.session.
 P2PSession` wherever it would build its own; ``uninstall()`` undoes it (docs/vllm.md).

@@ -1,4 +1,4 @@
-"""p2pfsm's ZeroMQ control plane behind vLLM 0.33.0's ``ControlTransport`` interface.
+"""p2pfsm's ZeroMQ control plane behind vLLM's ``ControlTransport`` interface (0.33.0, 0.34.0).
 
 :class:`PlaneTransport` has ``ZmqTransport``'s constructor ``(local_id, host, port)`` and
 the surface vLLM's tier manager uses (``connect``, ``poll``, ``close``), and hands out

@@ -1,11 +1,13 @@
-"""p2pfsm's NIXL data plane behind vLLM 0.33.0's ``DataTransport`` interface.
+"""p2pfsm's NIXL data plane behind vLLM's ``DataTransport`` interface (0.33.0, 0.34.0).
 
 :class:`PlaneDataTransport` has ``NixlTransport``'s constructor ``(agent_name, view,
 config_fields, backends, num_threads)`` and the surface vLLM's tier manager and sessions
 use: ``get_agent_metadata``, ``base_addr`` / ``num_blocks`` / ``block_len`` /
 ``config_fingerprint`` (vLLM's own base class computes them from the view, so a peer sees
 the same values), ``add_remote_peer`` / ``add_remote_peer_async``, ``remove_remote_peer``,
-``write_blocks``, ``poll``, ``cancel`` and ``close``. Underneath is
+``write_blocks``, ``poll``, ``cancel``, ``close``, and 0.34.0's ``poll_retired`` /
+``force_release_retired`` (a removed peer's running WRITEs are retired: hidden from
+``poll``, reported once by ``poll_retired`` when they end). Underneath is
 :class:`~p2pfsm.executor.nixl_plane.DataPlane` over the caller's view (registered in
 place, one descriptor per block, as vLLM's): the wire (NIXL metadata, a peer's
 ``base_addr`` / ``num_blocks`` / ``block_len``, one WRITE per batch) is vLLM's, so a
@@ -85,6 +87,8 @@ class PlaneDataTransport(DataTransport):  # type: ignore[misc]
         self._next_id = 0
         self._owner: dict[int, str] = {}  # id not yet reported -> its peer
         self._ready: dict[str, dict[int, bool]] = {}  # peer -> ended ids, in post order
+        self._retired: set[int] = set()  # running ids of removed peers
+        self._retired_ended: list[int] = []  # retired ids that ended since poll_retired
         self._closed = False
         self._polled: set[str | None] = set()  # scopes polled since the last progress step
         _open.add(self)
@@ -128,12 +132,30 @@ class PlaneDataTransport(DataTransport):  # type: ignore[misc]
         self.progress()
 
     def remove_remote_peer(self, peer_id: str) -> None:
-        """Forget ``peer_id``: its running WRITEs are left to end (unreported), its
-        agent stays loaded for reuse. Unknown ids are ignored."""
+        """Forget ``peer_id``: its running WRITEs are retired (left to end, reported only
+        by :meth:`poll_retired`), its agent stays loaded for reuse. Unknown ids are
+        ignored."""
         if self._closed:
             return
+        ended = self._ready.get(peer_id, {})
+        self._retired.update(t for t, p in self._owner.items() if p == peer_id and t not in ended)
         self._drop_reports(peer_id)
         self._plane.remove_peer(peer_id)
+
+    def poll_retired(self) -> list[int]:
+        """The retired WRITEs that ended since the last call (each reported once)."""
+        if self._closed:
+            return []
+        if self._retired:
+            self.poll(None)  # collects what ended, retired ones included
+        ended, self._retired_ended = self._retired_ended, []
+        return ended
+
+    def force_release_retired(self, transfer_ids: Iterable[int]) -> None:
+        """Stop tracking retired WRITEs that have not ended. A running WRITE is still
+        not released early (DataPlane lets it end and drops its report)."""
+        for tid in transfer_ids:
+            self._retired.discard(tid)
 
     def _drop_reports(self, peer_id: str) -> None:
         self._ready.pop(peer_id, None)
@@ -171,6 +193,9 @@ class PlaneDataTransport(DataTransport):  # type: ignore[misc]
         for tid, ok in self._plane.poll():
             if isinstance(tid, int) and (owner := self._owner.get(tid)) is not None:
                 self._ready.setdefault(owner, {})[tid] = ok
+            elif isinstance(tid, int) and tid in self._retired:
+                self._retired.discard(tid)
+                self._retired_ended.append(tid)
         if peer_id is None:
             ended = [(t, ok) for per in self._ready.values() for t, ok in per.items()]
             self._ready.clear()
@@ -216,4 +241,6 @@ class PlaneDataTransport(DataTransport):  # type: ignore[misc]
         _open.discard(self)
         self._owner.clear()
         self._ready.clear()
+        self._retired.clear()
+        self._retired_ended.clear()
         self._plane.close()

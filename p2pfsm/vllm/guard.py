@@ -1,4 +1,4 @@
-"""A guard on vLLM 0.33.0's ZeroMQ control transport, turned on by :func:`p2pfsm.vllm.install`.
+"""A guard on vLLM's ZeroMQ control transport, turned on by :func:`p2pfsm.vllm.install`.
 
 vLLM's ``ZmqTransport`` dials back every routing identity that sends it any frame that
 decodes, and parses the identity as it goes: one frame with a bad identity ends the

@@ -1,6 +1,9 @@
-"""``P2PSession`` for vLLM 0.33.0's P2P tier, decided by p2pfsm's sans-IO :class:`Session`.
+"""``P2PSession`` for vLLM's P2P tier, decided by p2pfsm's sans-IO :class:`Session`.
 
-The class keeps vLLM's constructor and the public surface its tier manager uses. Each
+The class keeps vLLM's constructor and the public surface its tier manager uses, in
+the release installed: what differs between releases (timeouts, when a failed load is
+reported and its destination released, what a missing abort_ack does, the stall timeout,
+retained transfers) is read from that release's :class:`~p2pfsm.vllm.releases.Release`. Each
 call becomes one :class:`~p2pfsm.session.Input`, fed through the shared
 :class:`~p2pfsm.executor.driver.Driver`; each :class:`~p2pfsm.session.Output` is carried
 out on vLLM's own ``ControlConnection`` (dict frames) and ``DataTransport`` (NIXL writes)
@@ -12,8 +15,9 @@ deadlines, aborts and pins are the Session's. Importing this module imports vLLM
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from types import MappingProxyType
 from typing import Any, NamedTuple
@@ -25,11 +29,13 @@ from vllm.v1.kv_offload.base import ReqContext
 from vllm.v1.kv_offload.tiering.p2p.session import client as vllm_client
 from vllm.v1.kv_offload.tiering.p2p.session import server as vllm_server
 from vllm.v1.kv_offload.tiering.p2p.session.client import LoadResult as VllmLoadResult
+from vllm.v1.kv_offload.tiering.p2p.session.protocol import TYPE_KEY, FetchMsg
 from vllm.v1.kv_offload.tiering.p2p.session.server import StoreResult as VllmStoreResult
 
 from p2pfsm.errors import LocalProtocolError
 from p2pfsm.executor.core import Executor
 from p2pfsm.executor.driver import Driver
+from p2pfsm.protocol import AbortFetch
 from p2pfsm.protocol.validate import to_dict
 from p2pfsm.session import (
     CancelWrite,
@@ -61,7 +67,7 @@ from p2pfsm.session import (
     TransportLost,
     WriteFinished,
 )
-from p2pfsm.vllm import guard
+from p2pfsm.vllm import guard, releases
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +75,10 @@ CLOSE_DRAIN_S = 10.0
 """close() waits at most this long for writes it cancelled to stop reading our blocks."""
 CONN_LOST = "control connection lost"
 """vLLM's own wording for a connection its transport marked dead (the death reason)."""
+ABORT_ACK_LOST = "abort ack timed out"
+"""vLLM's wording for a session ended by a missing abort_ack (where the release does so)."""
+RELEASE = releases.installed()
+"""The installed vLLM release: the behaviour this module mirrors."""
 
 
 class SessionPollResult(NamedTuple):
@@ -77,6 +87,8 @@ class SessionPollResult(NamedTuple):
     loads: list[VllmLoadResult]
     stores: list[VllmStoreResult]
     new_fetch_ids: list[str]
+    terminal_fetch_ids: frozenset[str] = frozenset()
+    """Ids whose latest fetch this poll was the terminal (empty) one."""
 
 
 class SessionCloseResult(NamedTuple):
@@ -86,16 +98,40 @@ class SessionCloseResult(NamedTuple):
     failed_req_ids: list[str]
     failed_stores: list[int]
     failed_serves: list[ReqContext]
+    retained: Mapping[int, frozenset[int]] = MappingProxyType({})
+    """Transfers still running at close -> the store jobs they read (left pinned; the
+    release's manager holds them until the transport retires them)."""
+
+
+class StoreDrainResult(NamedTuple):
+    """What drain_stores() failed, as vLLM's manager reads it."""
+
+    stores: list[VllmStoreResult]
+    reaped_pd_ids: set[str]
 
 
 def timeouts_from_vllm() -> Timeouts:
-    """vLLM's deadlines as they are now (a test may have patched its module constants)."""
+    """vLLM's deadlines as they are now (a test may have patched its module constants);
+    the load timeout is the release's PD one (see :func:`p2p_load_timeout`)."""
     return Timeouts(handshake=float(envs.VLLM_P2P_HANDSHAKE_TIMEOUT_S),
-                    load=float(vllm_client._LOAD_TIMEOUT_S),
+                    load=float(getattr(vllm_client, RELEASE.pd_load_timeout)),
                     abort_ack=float(vllm_client._ABORT_ACK_TIMEOUT_S),
                     lookup=float(vllm_client._LOOKUP_TIMEOUT_S),
                     store=float(vllm_server._STORE_TIMEOUT_S),
                     lookup_pending=float(vllm_server._LOOKUP_PENDING_TIMEOUT_S))
+
+
+def p2p_load_timeout() -> float:
+    """The load timeout of a fetch of an id that ran lookups (symmetric P2P)."""
+    return float(getattr(vllm_client, RELEASE.p2p_load_timeout))
+
+
+def stall_timeout() -> float | None:
+    """The producer's transfer stall timeout in seconds, or None (none, or disabled)."""
+    if RELEASE.stall_timeout_env is None:
+        return None
+    value = float(getattr(envs, RELEASE.stall_timeout_env))
+    return value if value > 0 else None
 
 
 class _Served:
@@ -122,7 +158,9 @@ class _ServerRoleView:
 
 
 class P2PSession(Executor):
-    """One peer's session, both roles, with vLLM 0.33.0's constructor and surface."""
+    """One peer's session, both roles, with the installed vLLM's constructor and surface
+    (``RELEASE``: the methods and result fields of every supported release exist; their
+    behaviour is the installed release's)."""
 
     def __init__(self, peer_id: str, local_id: str, transport: Any, local_block_len: int,
                  local_hash_seed: str, conn: Any = None) -> None:
@@ -164,6 +202,18 @@ class P2PSession(Executor):
         self._fault: str | None = None
         self._served_serial = 0
         self._last_activity_at = time.monotonic()
+        self._release = RELEASE
+        self._p2p_load_s = p2p_load_timeout()
+        self._stall_s = stall_timeout()
+        self._stalled = False
+        self._probed: set[str] = set()  # ids that ran lookups: their loads are symmetric P2P
+        self._p2p_due: dict[int, float] = {}  # P2P load job -> its (shorter) deadline
+        self._finished_jobs: set[int] = set()  # load jobs whose request the host finished
+        self._aborts: dict[tuple[str, int], int | None] = {}  # aborted round -> its job
+        self._abort_of: dict[int, tuple[str, int]] = {}  # load job -> its aborted round
+        self._deferred: dict[int, threading.Event] = {}  # failed load job -> its release
+        self._write_at: dict[int, float] = {}  # session xfer -> when it was posted
+        self._terminal: set[str] = set()
         if conn is not None:
             self.attach_connection(conn)
 
@@ -184,8 +234,10 @@ class P2PSession(Executor):
 
     @property
     def has_pending_work(self) -> bool:
+        """As vLLM's: a registration running, a load not yet released (reported or not),
+        or a write in flight. Open lookups and pinned supply are not pending work."""
         return (self._registration is not None or bool(self._writes)
-                or bool(self._load_reqs) or self._session.has_pending_work)
+                or bool(self._load_reqs) or bool(self._deferred))
 
     @property
     def death_reason(self) -> str:
@@ -217,6 +269,8 @@ class P2PSession(Executor):
         self._probes.pop(kv_request_id, None)  # a fetch ends the request's probing
         self._unsent.pop(kv_request_id, None)
         self._load_reqs[job_id] = kv_request_id
+        if kv_request_id in self._probed and self._p2p_load_s < self._session.config.timeouts.load:
+            self._p2p_due[job_id] = time.monotonic() + self._p2p_load_s
         self._host(HostFetch(job_id, kv_request_id, _keys(keys), _indexes(block_ids)))
 
     def add_stored_blocks(self, kv_request_id: str, keys: Sequence[bytes],
@@ -228,11 +282,43 @@ class P2PSession(Executor):
         """The request is over here, in both roles (no-op for an unknown id)."""
         self._probes.pop(kv_request_id, None)
         self._unsent.pop(kv_request_id, None)
+        self._probed.discard(kv_request_id)
+        self._finished_jobs.update(j for j, kv in self._load_reqs.items() if kv == kv_request_id)
+        if self._release.early_load_failure:  # results not yet polled say so too
+            self._loads = [r._replace(request_finished=True)
+                           if r.kv_request_id == kv_request_id else r for r in self._loads]
         self._host(HostFinish(kv_request_id))
+
+    def abort_loads(self) -> None:
+        """Abort every load still open (a cache reset): each is ended as a finish of its
+        request would end it, so it is reported failed at once where the release does
+        so, its destination released on abort_ack, transfer_done or close."""
+        for kv_request_id in dict.fromkeys(self._load_reqs.values()):
+            self._host(HostFinish(kv_request_id))
+
+    def drain_stores(self, kv_request_ids: Iterable[str] | None = None) -> StoreDrainResult:
+        """Withdraw our supply (of ``kv_request_ids``, else of every request the peer
+        asked of us): each round is ended as a finish of its request ends it, the store
+        jobs with nothing in flight fail now, and the PD ids among them are named."""
+        rounds = self._session.producer.rounds
+        ids = list(rounds) if kv_request_ids is None else list(kv_request_ids)
+        mark = len(self._stores)
+        reaped: set[str] = set()
+        for kv_request_id in ids:
+            serving = rounds.get(kv_request_id)
+            if not serving:
+                continue
+            if any(r.origin == "host" for r in serving.values()):
+                reaped.add(kv_request_id)
+            self._host(HostFinish(kv_request_id))
+        stores = self._stores[mark:]
+        del self._stores[mark:]
+        return StoreDrainResult(stores, reaped)
 
     def register_lookup(self, kv_request_id: str, key: bytes) -> bool | None:
         """The peer's answer for ``key`` once known; None (and the key queued) before."""
         probes = self._probes.setdefault(kv_request_id, {})
+        self._probed.add(kv_request_id)
         key = bytes(key)
         if key in probes:
             return probes[key]
@@ -290,18 +376,48 @@ class P2PSession(Executor):
             if messages:
                 self._last_activity_at = time.monotonic()
             for msg in messages:
+                self._note_fetch(msg)
                 self._feed(FrameReceived(_pack(msg)))
             self._poll_registration()
             self._poll_writes()
-            for timer in self._session.due_timers(time.monotonic()):
+            now = time.monotonic()
+            for timer in self._session.due_timers(now):
                 self._feed(TimerFired(timer))
+            self._expire_p2p_loads(now)
             if not conn.alive and self._session.alive:
                 self._death_reason = self._death_reason or CONN_LOST
                 self._feed(TransportLost(CONN_LOST))
         loads, self._loads = self._loads, []
         stores, self._stores = self._stores, []
         fetch_ids, self._fetch_ids = self._fetch_ids, []
-        return SessionPollResult(loads, stores, fetch_ids)
+        terminal, self._terminal = frozenset(self._terminal), set()
+        return SessionPollResult(loads, stores, fetch_ids, terminal)
+
+    def _note_fetch(self, msg: object) -> None:
+        """A fetch frame names its id among the poll's new fetch ids (a terminal one,
+        which the Session answers without the host, among the terminal ones too)."""
+        if not isinstance(msg, dict) or msg.get(TYPE_KEY) != FetchMsg.TYPE:
+            return
+        kv_request_id = msg.get(FetchMsg.KV_REQUEST_ID)
+        if not isinstance(kv_request_id, str):
+            return
+        if msg.get(FetchMsg.BLOCK_INDEXES):
+            self._terminal.discard(kv_request_id)
+        else:
+            self._terminal.add(kv_request_id)
+            self._fetch_ids.append(kv_request_id)
+
+    def _expire_p2p_loads(self, now: float) -> None:
+        """A symmetric P2P load past the release's shorter load timeout is ended as a
+        finish of its request would end it (abort_fetch on the wire, as the timeout's)."""
+        if not self._p2p_due:
+            return
+        due = [job for job, at in self._p2p_due.items() if at <= now]
+        for job in due:
+            del self._p2p_due[job]
+            kv_request_id = self._load_reqs.get(job)
+            if kv_request_id is not None:
+                self._host(HostFinish(kv_request_id))
 
     def close(self) -> SessionCloseResult:
         """End the session: every open job's result, and what the manager must release.
@@ -320,8 +436,16 @@ class P2PSession(Executor):
         if self._registration is not None:
             self._registration.cancel()
             self._registration = None
+        retained: dict[int, frozenset[int]] = {}
         if self._conn is not None:
+            reads = self._write_jobs()
             self._feed(HostClose())
+            if self._release.retains_transfers:  # the manager holds them, pins and all
+                retained = {tid: reads.get(xfer, frozenset())
+                            for xfer, tid in self._writes.items()}
+                self._writes.clear()
+                self._by_tid.clear()
+                self._write_at.clear()
             end = time.monotonic() + CLOSE_DRAIN_S
             while self._writes and time.monotonic() < end:
                 self._poll_writes()  # a pin is released only once its writes stopped
@@ -330,6 +454,8 @@ class P2PSession(Executor):
                 log.warning("P2PSession %s: write %d still running at close", self.peer_id,
                             xfer)
                 self._finish_write(xfer, False)
+        if self._release.close_releases_destinations:
+            self._release_all_deferred()
         # Results not yet polled are given here, as failures: the manager reads no poll
         # after close(), and a failure is always safe for it (fall back, release pins).
         loads, self._loads = self._loads, []
@@ -343,7 +469,31 @@ class P2PSession(Executor):
         if self._conn is not None:
             self._conn.close()
             self._conn = None
-        return SessionCloseResult(failed_jobs, failed_reqs, failed_stores, serves)
+        return SessionCloseResult(failed_jobs, failed_reqs, failed_stores, serves,
+                                  MappingProxyType(retained))
+
+    def _write_jobs(self) -> dict[int, frozenset[int]]:
+        """Each running write -> the store jobs whose pins it reads."""
+        writes = self._session.producer.writes
+        return {xfer: frozenset(writes[xfer].jobs) for xfer in self._writes if xfer in writes}
+
+    def _release_deferred(self, job_id: int) -> None:
+        """The destination of load ``job_id``, reported failed early, is free now."""
+        event = self._deferred.pop(job_id, None)
+        if event is not None:
+            event.set()
+
+    def _release_all_deferred(self) -> None:
+        """Close is the release's release point for every load reported failed early.
+
+        Where p2pfsm's Session reported such a load's destination not released (the
+        session was lost while a write could land), this follows vLLM's rule, not the
+        Session's: the release notice of a destination that became safe is what would
+        make it exact."""
+        for job, event in self._deferred.items():
+            log.debug("P2PSession %s: load %d released at close", self.peer_id, job)
+            event.set()
+        self._deferred.clear()
 
     # ------------------------------------------------------------------ plumbing
     def _host(self, event: Input) -> None:
@@ -401,10 +551,22 @@ class P2PSession(Executor):
                 self._finish_tid(int(tid), True)
             for tid in result.failed:
                 self._finish_tid(int(tid), False)
+            self._check_stall()
         conn = self._conn
-        if (escalate and self._fault is not None and not self._writes and self._session.alive
+        if (escalate and self._fault is not None and (not self._writes or self._stalled)
+                and self._session.alive
                 and conn is not None and conn.alive):  # as vLLM: a dead conn says so itself
             self._feed(TransportLost(f"data plane: {self._fault}"))
+
+    def _check_stall(self) -> None:
+        """A write older than the release's stall timeout is a peer fault that ends the
+        session at once (waiting for it buys nothing; close() retains it)."""
+        if self._stall_s is None or self._fault is not None or not self._write_at:
+            return
+        age = time.monotonic() - min(self._write_at.values())
+        if age >= self._stall_s:
+            self._fault = f"transfer stalled for {age:.0f}s"
+            self._stalled = True
 
     def _finish_tid(self, tid: int, ok: bool) -> None:
         xfer = self._by_tid.get(tid)
@@ -414,12 +576,15 @@ class P2PSession(Executor):
     def _finish_write(self, xfer: int, ok: bool) -> None:
         tid = self._writes.pop(xfer)
         del self._by_tid[tid]
+        self._write_at.pop(xfer, None)
         self._feed(WriteFinished(xfer, ok))
 
     # ------------------------------------------------------- Executor: the outputs
     def send_frame(self, peer: str, out: SendFrame) -> None:
         conn = self._conn
         if conn is None:
+            return
+        if isinstance(out.message, AbortFetch) and not self._aborting(out.message):
             return
         try:
             conn.send(to_dict(out.message))
@@ -449,6 +614,7 @@ class P2PSession(Executor):
             return
         self._writes[out.xfer] = int(tid)
         self._by_tid[int(tid)] = out.xfer
+        self._write_at[out.xfer] = time.monotonic()
         self._posted = True
 
     def cancel_write(self, peer: str, out: CancelWrite) -> None:
@@ -459,11 +625,60 @@ class P2PSession(Executor):
         if tid not in still:  # stopped: it reads our blocks no more
             del self._writes[out.xfer]
             del self._by_tid[tid]
+            self._write_at.pop(out.xfer, None)
             self._queue(WriteFinished(out.xfer, False))
 
     def load_result(self, peer: str, out: LoadResult) -> None:
+        self._p2p_due.pop(out.job_id, None)
+        aborted = self._abort_of.pop(out.job_id, None)
+        if aborted is not None:  # the round is over: no abort of it is sent again
+            self._aborts.pop(aborted, None)
+        if out.job_id in self._deferred:  # reported failed already: its destination's news
+            if out.released:
+                self._release_deferred(out.job_id)
+            return  # not released: close() is the release's release point
         if self._load_reqs.pop(out.job_id, None) is not None:
-            self._loads.append(VllmLoadResult(out.job_id, out.kv_request_id, out.success))
+            self._loads.append(self._vllm_load(out.job_id, out.kv_request_id, out.success))
+        self._finished_jobs.discard(out.job_id)
+
+    def _vllm_load(self, job_id: int, kv_request_id: str, success: bool,
+                   release: threading.Event | None = None) -> VllmLoadResult:
+        """vLLM's LoadResult of the installed release."""
+        if not self._release.early_load_failure:
+            return VllmLoadResult(job_id, kv_request_id, success)
+        return VllmLoadResult(job_id, kv_request_id, success, deferred_release=release,
+                              request_finished=job_id in self._finished_jobs)
+
+    def _aborting(self, msg: AbortFetch) -> bool:
+        """An abort_fetch the Session sends: whether it goes on the wire.
+
+        The first one of a round, where the release reports a load failed when its abort
+        is sent, reports it now with its release deferred. A second one of the round
+        (the Session re-sends when the abort_ack timer fires) ends the session instead,
+        where the release does so."""
+        round_id = (msg.kv_request_id, msg.round_seq)
+        if round_id in self._aborts:
+            if not self._release.abort_ack_timeout_ends_session:
+                return True
+            if self._fault is None:
+                self._fault = ABORT_ACK_LOST
+            if self._death_reason is None:
+                self._death_reason = ABORT_ACK_LOST
+            self._queue(HostClose())
+            return False
+        rnd = self._session.consumer.loads.get(msg.kv_request_id, {}).get(msg.round_seq)
+        job = None if rnd is None else int(rnd.job_id)
+        self._aborts[round_id] = job
+        if job is not None:
+            self._abort_of[job] = round_id
+        if (self._release.early_load_failure and job is not None
+                and self._load_reqs.pop(job, None) is not None):
+            event = threading.Event()
+            self._deferred[job] = event
+            self._p2p_due.pop(job, None)
+            self._loads.append(self._vllm_load(job, msg.kv_request_id, False, event))
+            self._finished_jobs.discard(job)
+        return True
 
     def store_result(self, peer: str, out: StoreResult) -> None:
         self._stores.append(VllmStoreResult(out.job_id, out.success))

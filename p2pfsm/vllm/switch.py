@@ -1,4 +1,4 @@
-"""The switch: make vLLM 0.33.0's P2P tier build p2pfsm's sessions, and undo it.
+"""The switch: make vLLM's P2P tier (0.33.0 or 0.34.0) build p2pfsm's sessions, and undo it.
 
 vLLM's tier manager (``vllm.v1.kv_offload.tiering.p2p.manager``) builds each peer's
 session through its module-level name ``P2PSession``, which it imports from
@@ -13,7 +13,9 @@ in vLLM's control package and manager, to :class:`p2pfsm.vllm.control.PlaneTrans
 and the name ``NixlTransport``, in vLLM's data package and manager, to
 :class:`p2pfsm.vllm.data.PlaneDataTransport`. No vLLM file changes, and nothing of vLLM
 is imported beyond the modules patched. Both are idempotent; sessions built
-before a switch keep the class they were built with.
+before a switch keep the class they were built with. :func:`install` first checks
+the installed vLLM against :mod:`p2pfsm.vllm.releases`: a missing vLLM, or a release
+p2pfsm was not taught, is refused with one line before anything changes.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import os
 import sys
 from typing import Any
 
-from p2pfsm.vllm import guard, nixl_guard
+from p2pfsm.vllm import guard, nixl_guard, releases
 
 SESSION_PACKAGE = "vllm.v1.kv_offload.tiering.p2p.session"
 MANAGER_MODULE = "vllm.v1.kv_offload.tiering.p2p.manager"
@@ -53,6 +55,7 @@ def install(transport: str | None = None) -> None:
     transports are p2pfsm's ControlPlane too (:mod:`p2pfsm.vllm.control`), and new data
     transports p2pfsm's DataPlane (:mod:`p2pfsm.vllm.data`)."""
     global _original
+    releases.installed()  # refuses a missing or unknown vLLM before anything changes
     from p2pfsm.vllm.session import P2PSession
 
     kind = transport if transport is not None else transport_wanted()

@@ -1,6 +1,6 @@
-"""vLLM 0.33.0's own ``P2PSecondaryTierManager``, driven as an engine drives it.
+"""vLLM's own ``P2PSecondaryTierManager`` (0.33.0 or 0.34.0), driven as an engine drives it.
 
-Run by ``test_vllm_adapter.py::test_real_tier_manager`` with ``.venv-vllm``'s Python;
+Run by ``test_vllm_adapter.py::test_real_tier_manager`` with a vLLM venv's Python;
 argv: ``vllm`` (vLLM's sessions), ``p2pfsm`` (``p2pfsm.vllm.install()`` first) or
 ``full`` (``install(transport="p2pfsm")``: p2pfsm's control and data transports too), or
 several, comma-separated: one after the other in this process (one vLLM import), each
@@ -16,6 +16,9 @@ this script starts and stops by PID. Flows, in order:
 * ``kill``: a load whose peer is SIGKILLed while it waits for held-back blocks: the job
   fails once, the session is reaped, the request falls back (``lookup`` is MISS);
 * ``reconnect``: the peer restarted on the same port: a new request loads from it;
+* ``reset`` (where vLLM's session has ``abort_loads``, 0.34.0): a load of a block the
+  peer never stores, then ``drain_jobs()`` (the cache reset): the load is aborted, fails
+  once, and its deferred release is set when ``drain_jobs()`` returns;
 * ``native``: PD and symmetric loads from a p2pfsm node (``p2pfsm serve``);
 * ``produce``: a prefiller request (``remote_decoder``): a store submitted before any
   peer asked, fetched by a stock vLLM client: one store result, the client verifies;
@@ -169,10 +172,14 @@ class Engine:
             Spec(CONFIG), memoryview(self.region.data), host=HOST, port=self.port)
         self.parent = Parent()
         self.results: dict[int, list[bool]] = {}  # job id -> every result it got
+        self.released: dict[int, bool] = {}  # job id -> its deferred release was set
 
     def step(self) -> None:
         for result in self.manager.get_finished_jobs():
             self.results.setdefault(int(result.job_id), []).append(bool(result.success))
+            event = getattr(result, "deferred_release", None)  # 0.34.0's field
+            if event is not None:
+                self.released[int(result.job_id)] = event.is_set()
         self.manager.serve_external_requests(self.parent)
         self.manager.on_schedule_end(ScheduleEndContext(new_req_ids=[], preempted_req_ids=[]))
         wait_for_frames(self.manager._control)
@@ -217,9 +224,11 @@ def consumer(peer_id: str, kind: str, kv: str) -> ReqContext:
 
 def drive(engine: Engine) -> dict[str, Any]:
     m, out = engine.manager, {}
-    server = Peer("server", "--blocks", "16", "--hold-back", "4,5", "--late-after", "1.0")
+    # Each server outlives the whole drive (minutes on a busy machine).
+    server = Peer("server", "--blocks", "16", "--hold-back", "4,5", "--late-after", "1.0",
+                  "--max-seconds", "900")
     victim = Peer("server", "--blocks", "16", "--hold-back", "0-3", "--late-after", "300",
-                  "--port", str(free_port()))
+                  "--port", str(free_port()), "--max-seconds", "900")
     peers = [server, victim]
     try:
         sid, vid = server.record("ready")["peer_id"], victim.record("ready")["peer_id"]
@@ -254,7 +263,8 @@ def drive(engine: Engine) -> dict[str, Any]:
                        "lookup_after": m.lookup(keys[0], ctx).name}
         m.on_request_finished(ctx)
 
-        restarted = Peer("server", "--blocks", "16", "--port", vid.rsplit(":", 1)[1])
+        restarted = Peer("server", "--blocks", "16", "--port", vid.rsplit(":", 1)[1],
+                         "--max-seconds", "900")
         peers.append(restarted)
         assert restarted.record("ready")["peer_id"] == vid
         ctx = consumer(vid, "remote_prefiller", "kill-2")
@@ -262,6 +272,19 @@ def drive(engine: Engine) -> dict[str, Any]:
         verified = engine.load(4, ctx, list(range(8, 12)), list(range(20, 24)))
         m.on_request_finished(ctx)
         out["reconnect"] = {"results": engine.results[4], "verified": verified}
+
+        if hasattr(Stock, "abort_loads"):  # the release's cache reset aborts loads
+            ctx = consumer(sid, "remote_prefiller", "reset-1")
+            m.on_new_request(ctx)
+            m.submit_load(TransferJob(job_id=9, keys=[demo_key(0), demo_key(MISSING)],
+                                      chunk_ids=np.arange(30, 32), is_promotion=True,
+                                      req_context=ctx))
+            engine.step()  # the fetch goes out; the server waits for block 9999
+            m.drain_jobs()  # returns once the abort is acknowledged
+            engine.until(lambda: 9 in engine.results, "the reset load's result")
+            m.on_request_finished(ctx)
+            out["reset"] = {"results": engine.results[9], "released": engine.released.get(9),
+                            "idle_after": not m.has_pending_work()}
 
         cli = str(Path(sys.executable).with_name("p2pfsm"))  # p2pfsm's own CLI
         native = Peer("", argv=[cli, "serve", "-q", "--bind", f"tcp://{HOST}:0", "--blocks",
@@ -320,7 +343,8 @@ def drive(engine: Engine) -> dict[str, Any]:
                                  "client_verified": report["verified"]}
         # Shut down with the servers' sessions still open (``shutdown()`` reads them all;
         # the clients' may still be there too, if their end is not seen yet).
-        out["shutdown"] = {"sessions": {sid, vid, nid} <= set(m._sessions)}
+        names = {sid: "server", vid: "victim", nid: "native"}
+        out["shutdown"] = {"open": sorted(names[p] for p in m._sessions if p in names)}
         m.shutdown()  # raises where the manager cannot read a session
     finally:
         for peer in peers:

@@ -1,6 +1,6 @@
-"""What vLLM 0.33.0's tier manager reads off a session, for vLLM's sessions and p2pfsm's.
+"""What vLLM's tier manager reads off a session, for vLLM's sessions and p2pfsm's.
 
-Run by ``test_vllm_adapter.py::test_session_surface`` with ``.venv-vllm``'s Python: every
+Run by ``test_vllm_adapter.py::test_session_surface`` with a vLLM venv's Python: every
 case runs once per session class (argv: ``vllm``, ``p2pfsm`` or both, comma-separated:
 one process, one vLLM import) on vLLM's real ``ZmqTransport`` and ``NixlTransport``, and
 prints one JSON line per class of what the manager would see. The peer, where a case has
@@ -18,6 +18,7 @@ from typing import Any
 from vllm.v1.kv_offload.base import LookupResult, ReqContext
 from vllm.v1.kv_offload.tiering.base import ParentManager
 from vllm.v1.kv_offload.tiering.p2p.session import P2PSession as Stock
+from vllm.v1.kv_offload.tiering.p2p.session import session as stock_session
 
 from p2pfsm.vllm.peer import patches
 from p2pfsm.vllm.peer.common import bind_transport, make_data, make_region
@@ -25,6 +26,7 @@ from p2pfsm.vllm.session import P2PSession as Adapter
 
 BLOCK_LEN, BLOCKS, SEED = 4096, 8, "surface-seed"
 BOUND_S = 30.0  # every wait below ends on its event; this only bounds a broken run
+RETAINS = "retained" in stock_session.SessionCloseResult._fields  # 0.34.0's close result
 
 
 class Holding(ParentManager):  # type: ignore[misc]
@@ -51,7 +53,9 @@ def close_result(session: Any) -> dict[str, Any]:
     return {"failed_jobs": sorted(closed.failed_jobs),
             "failed_req_ids": sorted(closed.failed_req_ids),
             "failed_stores": sorted(closed.failed_stores),
-            "failed_serves": len(closed.failed_serves)}
+            "failed_serves": len(closed.failed_serves),
+            **({"retained": {str(t): sorted(j) for t, j in closed.retained.items()}}
+               if RETAINS else {})}
 
 
 def never_connected(cls: type) -> dict[str, Any]:
@@ -70,8 +74,10 @@ def never_connected(cls: type) -> dict[str, Any]:
         data.close()
 
 
-def lookup_in_flight(cls: type) -> dict[str, Any]:
-    """A ready session with a lookup the peer is still answering, and a load, at close()."""
+def lookup_in_flight(cls: type, reset: bool = False) -> dict[str, Any]:
+    """A ready session with a lookup the peer is still answering, and a load, at close().
+    With ``reset`` (0.34.0's manager: a cache reset), ``abort_loads()`` first: the load's
+    result, its deferred release, and ``has_pending_work`` until the peer's ack."""
     ours, our_id = bind_transport()
     theirs, their_id = bind_transport()
     our_data = make_data(make_region(BLOCKS, BLOCK_LEN), None)
@@ -104,6 +110,18 @@ def lookup_in_flight(cls: type) -> dict[str, Any]:
         seen = {"ready": ready, "peer_asked": len(parent.asked), "probe": probe,
                 "probe_again": s.register_lookup("r-probe", b"k3"),
                 "inflight": list(s._server._inflight)}
+        if reset:
+            s.abort_loads()
+            loads = list(s.poll().loads)
+            pending = s.has_pending_work
+            while loads and not loads[0].deferred_release.is_set() and time.monotonic() < end:
+                step()
+            seen.update(reset_loads=[(r.job_id, r.kv_request_id, r.success,
+                                      r.request_finished) for r in loads],
+                        pending_before_ack=pending,
+                        released=bool(loads) and loads[0].deferred_release.is_set(),
+                        pending_after_ack=s.has_pending_work,
+                        drained=[list(x) for x in s.drain_stores()])
         return {**seen, **close_result(s)}
     finally:
         for peer in peers.values():
@@ -115,6 +133,8 @@ def lookup_in_flight(cls: type) -> dict[str, Any]:
 
 
 CASES = {"never_connected": never_connected, "lookup_in_flight": lookup_in_flight}
+if hasattr(Stock, "abort_loads"):  # 0.34.0's manager resets caches through the sessions
+    CASES["reset"] = lambda cls: lookup_in_flight(cls, reset=True)
 
 
 def main() -> None:

@@ -1,8 +1,9 @@
-"""``p2pfsm conform`` against vLLM 0.33.0 (vLLM's own sessions): the producer cases
+"""``p2pfsm conform`` against vLLM (the peer venv's release, vLLM's own sessions, held to
+that release's profile with ``--profile``): the producer cases
 against its node (``python -m p2pfsm.vllm.peer server``), which must survive the suite
 and exit cleanly, and the consumer cases against its client (``... client``, one per
 case). Each role gives a verdict for every case, and the cases vLLM fails are exactly
-those docs/conformance.md lists as its known failures (a failure of vLLM is a finding,
+those docs/conformance.md lists as that release's known failures (a failure of vLLM is a finding,
 not a failure of this test; a change in which cases fail is)."""
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from test_vllm_interop import (  # type: ignore[import-not-found]
     FP,
     ROOT,
     VLLM_PYTHON,
+    VLLM_RELEASE,
     PeerProcess,
     _opt_in,  # noqa: F401  (the suite's opt-in, autouse here too)
     procs,  # noqa: F401  (fixture)
@@ -34,7 +36,8 @@ from tests.helpers.conform_consumer import import_this_checkout
 pytestmark = _marks
 
 DOC = ROOT / "docs" / "conformance.md"
-SECTION = "## Report: vLLM 0.33.0"
+SECTION = f"## Report: vLLM {VLLM_RELEASE}"
+PROFILE = "vllm-" + ".".join(str(VLLM_RELEASE).split(".")[:2])  # e.g. vllm-0.34
 
 
 def documented_failures(role: str = "producer") -> tuple[set[str], set[str]]:
@@ -93,7 +96,7 @@ def test_conform_against_vllm(procs: list[PeerProcess], tmp_path: Path,  # noqa:
                                      "--hold-back", "16-19", "--late-after", "1")
     report = tmp_path / "vllm.json"
     table = tmp_path / "vllm.md"
-    rc = main(["conform", "--target", f"tcp://{peer}", "--fingerprint", FP,
+    rc = main(["conform", "--target", f"tcp://{peer}", "--fingerprint", FP, "--profile", PROFILE,
                "--late-blocks", "16-19", "--json", str(report), "--markdown", str(table)])
     out = capsys.readouterr()
     with capsys.disabled():
@@ -118,7 +121,7 @@ def test_conform_consumer_against_vllm(tmp_path: Path, monkeypatch: pytest.Monke
     client = _vllm_client(monkeypatch)
     report = tmp_path / "vllm-consumer.json"
     table = tmp_path / "vllm-consumer.md"
-    rc = main(["conform", "--role", "consumer", "--consumer-cmd", client,
+    rc = main(["conform", "--role", "consumer", "--consumer-cmd", client, "--profile", PROFILE,
                "--fingerprint", FP, "--json", str(report), "--markdown", str(table)])
     out = capsys.readouterr()
     with capsys.disabled():

@@ -1,7 +1,8 @@
 # ruff: noqa: F811  (the fixtures imported from test_vllm_interop are parameters here)
-"""p2pfsm's sessions inside vLLM 0.33.0 (``p2pfsm.vllm``): a drop-in for vLLM's own.
+"""p2pfsm's sessions inside vLLM (``p2pfsm.vllm``): a drop-in for vLLM's own.
 
-Each vLLM process is ``python -m p2pfsm.vllm.peer`` from ``.venv-vllm``, with vLLM's real
+Each vLLM process is ``python -m p2pfsm.vllm.peer`` from the peer venv (0.33.0 or 0.34.0,
+``VLLM_RELEASE``), with vLLM's real
 ``ZmqTransport`` / ``ZmqConnection`` and ``NixlTransport``; ``--adapter`` makes it run
 p2pfsm's sessions through :func:`p2pfsm.vllm.install`. The adapter plays against a stock
 vLLM process in both roles and, as a client, against a p2pfsm node; every byte is checked
@@ -26,6 +27,7 @@ from test_vllm_interop import (  # type: ignore[import-not-found]
     MISSING,
     START_TIMEOUT,
     VLLM_PYTHON,
+    VLLM_RELEASE,
     P2pfsmServer,
     PeerProcess,
     _opt_in,  # noqa: F401  (the suite's opt-in, autouse here too)
@@ -42,6 +44,8 @@ from test_vllm_interop import (  # type: ignore[import-not-found]
     vllm_frames,
 )
 from test_vllm_interop import pytestmark as _marks  # type: ignore[import-not-found]
+
+from p2pfsm.vllm.releases import UnsupportedVllm
 
 pytestmark = _marks
 
@@ -144,7 +148,7 @@ def test_package_imports_without_vllm() -> None:
     import p2pfsm.vllm  # this venv has no vLLM
 
     assert callable(p2pfsm.vllm.install)
-    with pytest.raises(ModuleNotFoundError):
+    with pytest.raises(UnsupportedVllm, match=r"^vLLM is not installed: .* 0\.33\.0 or 0\.34\.0"):
         p2pfsm.vllm.install()
 
 
@@ -192,7 +196,9 @@ def test_session_surface() -> None:
     """``session_surface.py`` with vLLM's sessions and with the adapter's: a session that
     never connected and a ready one with a lookup and a load in flight, each closed, as
     vLLM's manager sees them (close() results, ``ready`` / ``connected`` / ``alive``, the
-    ``_server._inflight`` its ``shutdown()`` drains). The two must read the same."""
+    ``_server._inflight`` its ``shutdown()`` drains), and on 0.34.0 a cache reset
+    (``abort_loads()``, the deferred release, ``has_pending_work``, ``drain_stores()``,
+    ``retained``). The two must read the same."""
     seen = run_kinds("session_surface.py", ["vllm", "p2pfsm"], "kind", 120)
     assert seen["p2pfsm"] == seen["vllm"]
     never, live = seen["vllm"]["never_connected"], seen["vllm"]["lookup_in_flight"]
@@ -202,16 +208,24 @@ def test_session_surface() -> None:
     assert never["failed_req_ids"] == live["failed_req_ids"] == ["r-load", "r-probe"]
     assert live["ready"] and live["peer_asked"] == 1 and live["probe_again"] is None
     assert live["failed_jobs"] == [9] and never["inflight"] == live["inflight"] == []
+    if VLLM_RELEASE == "0.34.0":  # the cache reset: abort_loads() on a ready session
+        reset = seen["vllm"]["reset"]
+        assert reset["reset_loads"] == [[9, "r-load", False, False]]  # failed at once
+        assert reset["pending_before_ack"] and reset["released"]  # released on the ack
+        assert not reset["pending_after_ack"] and reset["retained"] == {}
+    else:
+        assert "reset" not in seen["vllm"]
 
 
 def test_real_tier_manager() -> None:
-    """vLLM 0.33.0's own ``P2PSecondaryTierManager`` (``manager_drive.py``) with vLLM's
+    """vLLM's own ``P2PSecondaryTierManager`` (``manager_drive.py``) with vLLM's
     sessions, with the adapter's, and with the full install (p2pfsm's control and
     data transports), against stock vLLM peers in both roles and a p2pfsm node: PD and
     symmetric loads (pending keys included), a load whose peer is killed (reaped, the
-    request falls back), a reconnect to the restarted peer, a store fetched by a peer,
-    and ``shutdown()`` with sessions open. Each job gets exactly one result; the three
-    read the same."""
+    request falls back), a reconnect to the restarted peer, on 0.34.0 a cache reset
+    (``drain_jobs()``: ``drain_stores`` and ``abort_loads`` on every session) with a load
+    in flight, a store fetched by a peer, and ``shutdown()`` with sessions open. Each job
+    gets exactly one result; the three read the same."""
     # One after the other, each with a manager and peers of its own, the install undone
     # after it.
     seen = run_kinds("manager_drive.py", ["vllm", "p2pfsm", "full"], "sessions", 600)
@@ -225,12 +239,18 @@ def test_real_tier_manager() -> None:
     assert got["reconnect"] == {"results": [True], "verified": True}
     assert got["produce"] == {"results": [True], "client_verified": True,
                               "client_success": True}
-    assert got["shutdown"] == {"sessions": True}
+    assert got["shutdown"] == {"open": ["native", "server", "victim"]}
     assert got["native_pd"] == {"results": [True], "verified": True}
     assert got["native_sym"] == {"lookups": ["HIT", "HIT", "MISS"], "results": [True],
                                  "verified": True}
     assert got["native_produce"] == {"results": [True], "rc": 0, "client_verified": True}
-    assert got["jobs_once"] == {str(j): 1 for j in range(1, 9)}
+    jobs = range(1, 9)
+    if VLLM_RELEASE == "0.34.0":  # the reset fails the load at once, released on its ack
+        assert got["reset"] == {"results": [False], "released": True, "idle_after": True}
+        jobs = range(1, 10)
+    else:
+        assert "reset" not in got
+    assert got["jobs_once"] == {str(j): 1 for j in jobs}
 
 
 def test_full_install_data_transport() -> None:
@@ -512,7 +532,6 @@ def test_peer_killed_adapter_server(world: World) -> None:
 
 INTENDED: dict[tuple[str, str, str], str] = {
     # (role, flow, field): the row of docs/vllm.md's "Observable differences" table
-    ("server", "nohit", "new_fetch_ids"): "Terminal (empty) fetch from the peer",
     ("client", "kill", "loads"): "A peer dies with a load in flight",
     ("client", "kill", "close"): "A peer dies with a load in flight",
     ("server", "abort", "stores"): "Supply of a round that ended without success",

@@ -1,7 +1,9 @@
-"""Interop with vLLM 0.33.0: every protocol flow, in both directions, every byte verified.
+"""Interop with vLLM: every protocol flow, in both directions, every byte verified.
 
-The vLLM side is the package ``p2pfsm/vllm/peer/`` (``python -m p2pfsm.vllm.peer``), run by the
-separate venv ``.venv-vllm`` (``bash .ci/install-vllm.sh``), in its own process: vLLM's
+The vLLM side is the package ``p2pfsm/vllm/peer/`` (``python -m p2pfsm.vllm.peer``), run by a
+separate venv (``.venv-vllm``: 0.33.0, from ``bash .ci/install-vllm.sh``;
+``P2PFSM_VLLM_PYTHON`` names another, e.g. ``.venv-vllm-0.34/bin/python`` from
+``bash .ci/install-vllm.sh 0.34.0``), in its own process: vLLM's
 own ``P2PSession``, ZMQ control transport and NIXL data transport. The p2pfsm side is a
 :class:`~p2pfsm.executor.node.Node` driven from this process (and, for one smoke test per
 direction, the ``p2pfsm serve`` / ``p2pfsm fetch`` CLI). Both derive keys and block
@@ -47,11 +49,25 @@ ROOT = Path(__file__).resolve().parents[2]
 PEER_MODULE = "p2pfsm.vllm.peer"
 VLLM_PYTHON = Path(os.environ.get("P2PFSM_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
 
+
+def _vllm_release() -> str | None:
+    """The vLLM version of the peer venv (None without one)."""
+    if not VLLM_PYTHON.is_file():
+        return None
+    done = subprocess.run([str(VLLM_PYTHON), "-c", "from importlib.metadata import version; "
+                           "print(version('vllm'))"], capture_output=True, text=True, timeout=120)
+    return done.stdout.strip().split("+", 1)[0] or None
+
+
+VLLM_RELEASE = _vllm_release()
+"""The release the suite runs against: where an outcome differs by release, the tests
+expect that release's."""
+
 pytestmark = [
     pytest.mark.interop,
     pytest.mark.skipif(
         not VLLM_PYTHON.is_file(),
-        reason=f"no vLLM 0.33.0 peer venv at {VLLM_PYTHON}: run `bash .ci/install-vllm.sh`",
+        reason=f"no vLLM peer venv at {VLLM_PYTHON}: run `bash .ci/install-vllm.sh`",
     ),
     pytest.mark.skipif(
         importlib.util.find_spec("nixl") is None and importlib.util.find_spec("nixl_cu12") is None,

@@ -1,7 +1,8 @@
-"""A vLLM 0.33.0 P2P peer: vLLM's own session, ZMQ and NIXL code, driven as its tier does.
+"""A vLLM P2P peer: vLLM's own session, ZMQ and NIXL code, driven as its tier does.
 
 Run it as ``python -m p2pfsm.vllm.peer server|client ...`` with a Python that has vLLM
-0.33.0 (``.venv-vllm``, built by ``.ci/install-vllm.sh``); the interop suite and
+0.33.0 or 0.34.0 (``.venv-vllm`` / ``.venv-vllm-0.34``, built by ``.ci/install-vllm.sh
+RELEASE``); the interop suite and
 ``p2pfsm bench --vs-vllm`` start it that way. Besides vLLM it imports only p2pfsm's shared
 demo block model (``p2pfsm.demo.blocks``). It drives ``P2PSession`` directly, the way vLLM's
 ``P2PSecondaryTierManager`` does (``vllm/v1/kv_offload/tiering/p2p/manager.py`` in the wheel):
@@ -28,7 +29,7 @@ Two roles:
     Connects to ``--connect HOST:PORT``, fetches ``--keys`` (``pd``: directly; ``sym``:
     lookup first, then fetch the hits, then ``finish_request``), verifies every byte it
     received against the block model, and prints one ``result`` line. ``--load-timeout``
-    patches vLLM's ``_LOAD_TIMEOUT_S`` (the capture harness did the same with 3 s).
+    patches the release's load timeout constants (the capture harness did the same with 3 s).
     With ``--plan FILE`` it waits for that JSON file and runs its steps instead, one
     session each (:func:`~p2pfsm.vllm.peer.plans.run_plan`), switching between vLLM's
     sessions and p2pfsm's per step; ``kill`` steps keep fetches in flight until a process

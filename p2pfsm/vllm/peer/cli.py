@@ -66,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--keys", default="0-7")
     c.add_argument("--mode", choices=("pd", "sym"), default="pd")
     c.add_argument("--request-id", default=f"vllm-interop-{uuid.uuid4().hex[:12]}")
-    c.add_argument("--load-timeout", type=float, default=30.0, help="patches _LOAD_TIMEOUT_S")
+    c.add_argument("--load-timeout", type=float, default=30.0,
+                   help="patches the release's load timeout constants")
     c.add_argument("--abort-ack-timeout", type=float, default=10.0)
     c.add_argument("--handshake-timeout", type=float, default=30.0)
     c.add_argument("--lookup-timeout", type=float, default=30.0)

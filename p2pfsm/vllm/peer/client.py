@@ -173,6 +173,16 @@ def one_attempt(args: argparse.Namespace, link: Link, blocks: list[int],
             return {**out, "success": False, "verified": False,
                     "error": f"no load result in {limit} s"}
         success = bool(result.success)
+        # vLLM 0.34.0 reports an aborted load failed at once and frees its blocks only
+        # once this event is set, as its tiering manager does: so does the harness,
+        # before a next attempt reuses them.
+        release = getattr(result, "deferred_release", None)
+        while (release is not None and not release.is_set() and session.alive
+               and time.monotonic() < end and not STOP):
+            link.pump()
+            wait_for_frames(link.transport)
+        if release is not None:
+            out["released"] = release.is_set()
     out["seconds"] = round(time.monotonic() - t0, 4)
     if args.mode == "sym":
         session.finish_request(kv)

@@ -1,4 +1,4 @@
-"""The two changes the harness makes to vLLM 0.33.0, applied only when asked and undone.
+"""The two changes the harness makes to vLLM, applied only when asked and undone.
 
 * :func:`apply` replaces ``ZmqConnection.close`` with one that stops the connection's
   monitor first. vLLM's closes the monitor's PAIR socket, then the DEALER: the DEALER's
@@ -8,7 +8,8 @@
   :func:`p2pfsm.vllm.install`, whose guard keeps whatever ``close`` it finds and puts it
   back on uninstall.
 * :func:`set_client_timeouts` sets vLLM's client-side load and abort-ack timeouts
-  (``--load-timeout``, ``--abort-ack-timeout``; the capture harness did the same).
+  (``--load-timeout``, ``--abort-ack-timeout``; the capture harness did the same): each
+  load timeout constant of the installed release (:mod:`p2pfsm.vllm.releases`).
 
 :func:`undo` restores every original. Nothing here runs when the module is imported.
 """
@@ -21,6 +22,8 @@ from typing import Any
 import zmq
 from vllm.v1.kv_offload.tiering.p2p.control.zmq import ZmqConnection
 from vllm.v1.kv_offload.tiering.p2p.session import client as vllm_client
+
+from p2pfsm.vllm import releases
 
 _originals: dict[str, Any] = {}
 _stock_close: Any = None  # vLLM's close, kept for a patched close still referenced later
@@ -45,9 +48,11 @@ def apply() -> None:
 
 
 def set_client_timeouts(load_s: float, abort_ack_s: float | None = None) -> None:
-    """vLLM's client load timeout (and abort-ack timeout, when given), in seconds."""
-    _originals.setdefault("load", vllm_client._LOAD_TIMEOUT_S)
-    vllm_client._LOAD_TIMEOUT_S = load_s
+    """vLLM's client load timeouts (and abort-ack timeout, when given), in seconds."""
+    release = releases.installed()
+    for name in dict.fromkeys((release.pd_load_timeout, release.p2p_load_timeout)):
+        _originals.setdefault(name, getattr(vllm_client, name))
+        setattr(vllm_client, name, load_s)
     if abort_ack_s is not None:
         _originals.setdefault("abort_ack", vllm_client._ABORT_ACK_TIMEOUT_S)
         vllm_client._ABORT_ACK_TIMEOUT_S = abort_ack_s
@@ -57,7 +62,7 @@ def undo() -> None:
     """vLLM's ``close`` and timeouts as they were (idempotent)."""
     if "close" in _originals:
         ZmqConnection.close = _originals.pop("close")
-    if "load" in _originals:
-        vllm_client._LOAD_TIMEOUT_S = _originals.pop("load")
+    for name in [n for n in _originals if n.endswith("LOAD_TIMEOUT_S")]:
+        setattr(vllm_client, name, _originals.pop(name))
     if "abort_ack" in _originals:
         vllm_client._ABORT_ACK_TIMEOUT_S = _originals.pop("abort_ack")
