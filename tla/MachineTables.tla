@@ -269,6 +269,18 @@ MachineTransitions ==
          <<"registering_acked", "timer_handshake", "ended">>,
          <<"registering_acked", "transport_lost", "dead">>}
 
+\* The behaviour profiles of models/profiles/: atSend (report_failed_load =
+\* at_abort_send), ackEnds (abort_ack_timeout = end_session), hold (a bounded
+\* hold of a destination a lost peer may still write).
+ProfileNames == {"native",
+                "vllm-0.33",
+                "vllm-0.34"}
+
+ProfileBehaviour ==
+       "native" :> [atSend |-> FALSE, ackEnds |-> FALSE, hold |-> FALSE]
+    @@ "vllm-0.33" :> [atSend |-> FALSE, ackEnds |-> FALSE, hold |-> FALSE]
+    @@ "vllm-0.34" :> [atSend |-> TRUE, ackEnds |-> TRUE, hold |-> TRUE]
+
 \* A machine step <<machine, trigger, source, dest>> (the spec's `fired`) is a
 \* transition of models/.
 Declared(f) == f[1] \in Machines /\ <<f[3], f[2], f[4]>> \in MachineTransitions[f[1]]

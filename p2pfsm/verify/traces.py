@@ -265,6 +265,8 @@ CONSTANTS
     BugP5 = FALSE
     BugSilentLoss = FALSE
     BugNoImplicitAck = FALSE
+    BugReleaseEarly = FALSE
+    Profile = "native"
     TrackFired = TRUE
     TrackAct = TRUE
 INVARIANT FiredDeclared

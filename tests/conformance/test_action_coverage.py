@@ -38,6 +38,8 @@ CONSTANTS
     BugP5 = FALSE
     BugSilentLoss = FALSE
     BugNoImplicitAck = FALSE
+    BugReleaseEarly = FALSE
+    Profile = "native"
     TrackFired = TRUE
     TrackAct = FALSE
 INVARIANTS
