@@ -46,13 +46,18 @@ def _bool(flag: bool) -> str:
     return "TRUE" if flag else "FALSE"
 
 
-def _behaviour(prof: Profile) -> str:
-    """What the spec reads of a profile: its guards' choices and whether a held
-    destination may be released on the clock (a bounded hold)."""
+def behaviour_of(prof: Profile) -> tuple[bool, bool, bool]:
+    """What the spec reads of a profile: (atSend, ackEnds, hold), its guards' choices
+    and whether a held destination may be released on the clock (a bounded hold)."""
     b = prof.behaviour
-    return (f"[atSend |-> {_bool(b.report_failed_load is ReportFailedLoad.AT_ABORT_SEND)}, "
-            f"ackEnds |-> {_bool(b.abort_ack_timeout is AbortAckTimeout.END_SESSION)}, "
-            f"hold |-> {_bool('hold' in prof.timeouts)}]")
+    return (b.report_failed_load is ReportFailedLoad.AT_ABORT_SEND,
+            b.abort_ack_timeout is AbortAckTimeout.END_SESSION, "hold" in prof.timeouts)
+
+
+def _behaviour(prof: Profile) -> str:
+    at_send, ack_ends, hold = behaviour_of(prof)
+    return (f"[atSend |-> {_bool(at_send)}, ackEnds |-> {_bool(ack_ends)}, "
+            f"hold |-> {_bool(hold)}]")
 
 
 def to_tla(specs: dict[str, MachineSpec], profs: dict[str, Profile] | None = None) -> str:
