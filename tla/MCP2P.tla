@@ -74,7 +74,10 @@ GateScenarios == <<
     \* 13. a producer that splits and coalesces its lookup answers: two lookups of a
     \*     request, keys settled one by one, parts after a lookup's deadline
     [Quiet EXCEPT !.lookups = 2, !.stores = 2, !.faults = {"split"},
-                  !.timers = {"lookup", "lookup_pending"}, !.lks = AnyKeys]
+                  !.timers = {"lookup", "lookup_pending"}, !.lks = AnyKeys],
+    \* 14. the connection is cut mid-transfer: the load's destination is held until the
+    \*     data plane proves the producer's writes over (PeerGone), then released
+    [Quiet EXCEPT !.loads = 1, !.stores = 1, !.faults = {"cut", "gone"}]
 >>
 
 \* ------------------------------------------------------------------ gate, vllm-0.34
@@ -89,7 +92,7 @@ Gate034Scenarios == <<
     [Quiet EXCEPT !.loads = 1, !.stores = 1, !.fin = Fin(1, 1),
                   !.timers = {"load", "abort_ack", "hold"}],
     \* 2. the same when the connection is cut or the session closed
-    [Quiet EXCEPT !.loads = 1, !.stores = 1, !.faults = {"cut", "close"},
+    [Quiet EXCEPT !.loads = 1, !.stores = 1, !.faults = {"cut", "close", "gone"},
                   !.timers = {"load", "hold"}],
     \* 3. before the handshake completes: an abort that never left the queue releases its
     \*    destination when the session ends; a missing abort_ack ends it too
@@ -170,6 +173,6 @@ MustFailLostAck == <<[Quiet EXCEPT !.ready = FALSE, !.loads = 1, !.stores = 1,
 \* A held destination released while the write may land: at the abort's sending
 \* (vllm-0.34 reports the load then), or at the session's end without proof (native).
 MustFailAtSend == <<[Quiet EXCEPT !.loads = 1, !.stores = 1, !.timers = {"load"}]>>
-MustFailUnproven == <<[Quiet EXCEPT !.loads = 1, !.stores = 1, !.faults = {"halfcut"}]>>
+MustFailUnproven == <<[Quiet EXCEPT !.loads = 1, !.stores = 1, !.faults = {"halfcut", "gone"}]>>
 MustFailP10 == <<[Quiet EXCEPT !.loads = 1, !.timers = AllTimers \ {"load", "demand"}]>>
 =============================================================================

@@ -77,13 +77,15 @@ CONSTANTS
 
 \* Fault kinds a scenario may allow.
 FaultKinds == {"cut", "drop", "dup", "close", "regfail", "hstimer", "incompat", "wfail",
-               "restart", "halfcut", "corrupt", "ackloss", "finlife", "split"}
+               "restart", "halfcut", "corrupt", "ackloss", "finlife", "split", "gone"}
 \* "finlife" is no fault and is not counted against MaxFaults: where a scenario lists it,
 \* the host's finish of a request, and the peer's (its terminal fetch), may be forgotten
 \* after a frame lifetime (NetworkFrameLifetime), as Session._finished and
 \* Session._peer_finished forget them.
 \* "split" is no fault either: where a scenario lists it, the producer may split and
 \* coalesce its lookup answers, as the protocol allows (SettleLookups).
+\* "gone" is no fault either: where a scenario lists it, the executor may tell a session
+\* that is over that the peer's writes are over (ClientRoundPeerGone, PeerGone).
 \* Role timers a scenario lets fire (the handshake timer is the fault "hstimer").
 TimerKinds == {"load", "abort_ack", "lookup", "store", "lookup_pending", "demand", "hold"}
 
@@ -1085,7 +1087,7 @@ WritesOver(p, j) == sess[Other(p)] \notin Live /\ \A w \in wr[Other(p)] : w.dst 
 HeldJobs(p) == {cr[p][k].job : k \in {x \in DOMAIN cr[p] : cr[p][x].st = "orphaned"}}
 
 ClientRoundPeerGone(p) ==
-    /\ sess[p] \notin Live /\ HeldJobs(p) # {}
+    /\ "gone" \in S.faults /\ sess[p] \notin Live /\ HeldJobs(p) # {}
     /\ BugReleaseEarly \/ \A j \in HeldJobs(p) : WritesOver(p, j)
     /\ Commit(p, ReleaseHeld(Load(p, "ClientRoundPeerGone")))
 
