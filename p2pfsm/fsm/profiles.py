@@ -20,7 +20,7 @@ from types import MappingProxyType
 from typing import TypeVar
 
 from p2pfsm.errors import ModelError
-from p2pfsm.fsm.registry import models_directory
+from p2pfsm.fsm import registry
 from p2pfsm.fsm.spec import read_model_file
 
 PROFILES_DIR = "profiles"
@@ -157,7 +157,7 @@ def load_profiles(models: Path) -> dict[str, Profile]:
 @cache
 def profiles() -> Mapping[str, Profile]:
     """Every profile this install knows, loaded once."""
-    return MappingProxyType(load_profiles(models_directory()))
+    return MappingProxyType(load_profiles(registry.models_directory()))
 
 
 def profile(name: str) -> Profile:
