@@ -30,6 +30,7 @@ from p2pfsm.executor.node import LookupAnswer, Node
 from p2pfsm.executor.threadsafe import ThreadSafeNode
 from p2pfsm.metrics import NodeMetrics
 from p2pfsm.session import (
+    DestinationReleased,
     FetchArrived,
     LoadResult,
     LookupResult,
@@ -85,9 +86,10 @@ class AsyncNode:
         on_fetch: Callable[[str, FetchArrived], None] | None = None,
         on_result: Callable[[str, LoadResult | StoreResult | LookupResult], None] | None = None,
         on_round_ended: Callable[[str, RoundEnded], None] | None = None,
+        on_released: Callable[[str, DestinationReleased], None] | None = None,
     ) -> None:
         self.node = Node(config, on_lookup=on_lookup, on_fetch=on_fetch, on_result=on_result,
-                         on_round_ended=on_round_ended)
+                         on_round_ended=on_round_ended, on_released=on_released)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._fd: int | None = None
@@ -158,6 +160,16 @@ class AsyncNode:
         job.add_done_callback(lambda f: copy_outcome(f, final))
         self._wake()
         return FetchHandle(job, final, self._wake)
+
+    async def released(self, job_id: int) -> DestinationReleased:
+        """Wait for the release of a load's destination its result held
+        (``released=False``; ``Node.release_of``)."""
+        notice: DestinationReleased = await self._await(self.node.release_of(job_id))
+        return notice
+
+    def held_destinations(self) -> dict[str, int]:
+        """Per peer, destinations held until their release notice (``Node``'s)."""
+        return self.node.held_destinations()
 
     async def lookup(self, peer_id: str, kv_request_id: str,
                      keys: Iterable[bytes]) -> LookupResult:

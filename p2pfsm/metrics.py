@@ -28,6 +28,7 @@ Counters (monotonic ints; :meth:`NodeMetrics.count`):
 - ``redials``: sessions the node opened again to a peer its host connected to, after
   the last one died (``NodeConfig.reconnect_backoff_s``).
 - ``stale_answers``: disconnects a dead session sent to a peer that still held it live.
+- ``destinations_released``: held destinations released later (DestinationReleased).
 - ``handshakes``: sessions that became ready.
 - ``handshakes_rejected``: handshakes refused (mismatched configuration).
 - ``identities_rate_limited``: frames of peer identities dropped at the door for a
@@ -48,6 +49,8 @@ Gauges (floats; :meth:`NodeMetrics.set_gauge`):
 - ``peers``: live sessions.
 - ``open_loads``: loads in flight.
 - ``open_stores``: stores in flight.
+- ``destinations_held``: destinations of failed loads (``released=False``) whose
+  DestinationReleased has not come yet (per peer: ``Node.held_destinations()``).
 
 Histograms (seconds; :meth:`NodeMetrics.observe`), with the fixed bounds
 :data:`BUCKETS` (50 µs to 60 s, plus an implicit ``+Inf`` bucket):
@@ -74,6 +77,7 @@ COUNTERS: Final[dict[str, str]] = {
     "fetches_failed_finished": "Failed fetches whose request the host finished or cancelled.",
     "fetches_failed_session_ended": "Failed fetches whose session died or was closed.",
     "fetch_bytes": "Bytes loaded from peers.",
+    "destinations_released": "Held destinations released later (DestinationReleased).",
     "served_bytes": "Bytes written to peers.",
     "lookups_started": "Lookups the host asked for.",
     "lookups_served": "Lookups from peers that were answered.",
@@ -109,6 +113,8 @@ GAUGES: Final[dict[str, str]] = {
     "peers": "Live sessions.",
     "open_loads": "Loads in flight.",
     "open_stores": "Stores in flight.",
+    "destinations_held": "Destinations of failed loads (released=False) whose release "
+                         "notice has not come yet (per peer: Node.held_destinations()).",
 }
 
 #: Histogram name -> what it times (always in seconds).

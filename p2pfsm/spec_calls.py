@@ -22,6 +22,7 @@ from p2pfsm.session import (
     HostAnswerLookup,
     HostClose,
     Input,
+    PeerGone,
     RegistrationFinished,
     TimerFired,
     TransportLost,
@@ -94,6 +95,8 @@ def call_action(state: str, event: Input, records: Sequence[TraceRecord]) -> str
         return None  # a stale timer (disarmed or re-armed): it fires nothing
     if isinstance(event, HostAnswerLookup) and not records:
         return None  # the lookup had ended: the host's pins go back, no machine moves
+    if isinstance(event, PeerGone) and not records:
+        return None  # a live session, or nothing held: no destination is released
     if isinstance(event, FrameReceived) and any(
             (r.machine, r.trigger) == ("session", _TABLE.stale) for r in records):
         return action_name("session", _TABLE.stale)  # a dead session's answer (or not)

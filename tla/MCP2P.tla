@@ -74,7 +74,30 @@ GateScenarios == <<
     \* 13. a producer that splits and coalesces its lookup answers: two lookups of a
     \*     request, keys settled one by one, parts after a lookup's deadline
     [Quiet EXCEPT !.lookups = 2, !.stores = 2, !.faults = {"split"},
-                  !.timers = {"lookup", "lookup_pending"}, !.lks = AnyKeys]
+                  !.timers = {"lookup", "lookup_pending"}, !.lks = AnyKeys],
+    \* 14. the connection is cut mid-transfer: the load's destination is held until the
+    \*     data plane proves the producer's writes over (PeerGone), then released
+    [Quiet EXCEPT !.loads = 1, !.stores = 1, !.faults = {"cut", "gone"}]
+>>
+
+\* ------------------------------------------------------------------ gate, vllm-0.34
+\* gate_vllm034.cfg: the profile vllm-0.34 (an aborted load is reported at its abort's
+\* sending and its destination released later; a missing abort_ack ends the session; a
+\* bounded hold). With the gate (native), these reach every transition of models/ the
+\* profiles add (tests/conformance/test_models_vs_spec.py takes the union).
+Gate034Scenarios == <<
+    \* 1. a load that times out or is finished while its write may land: reported at the
+    \*    abort, released by the abort_ack or a racing transfer_done; a missing abort_ack
+    \*    ends the session and the held destination waits for a proof or the hold
+    [Quiet EXCEPT !.loads = 1, !.stores = 1, !.fin = Fin(1, 1),
+                  !.timers = {"load", "abort_ack", "hold"}],
+    \* 2. the same when the connection is cut or the session closed
+    [Quiet EXCEPT !.loads = 1, !.stores = 1, !.faults = {"cut", "close", "gone"},
+                  !.timers = {"load", "hold"}],
+    \* 3. before the handshake completes: an abort that never left the queue releases its
+    \*    destination when the session ends; a missing abort_ack ends it too
+    [Quiet EXCEPT !.ready = FALSE, !.loads = 1, !.faults = {"cut"},
+                  !.timers = {"load", "abort_ack"}]
 >>
 
 \* ------------------------------------------------------------------ large
@@ -147,5 +170,9 @@ MustFailOneSided == <<[Quiet EXCEPT !.loads = 1, !.stores = 1, !.faults = {"half
 \* served but every reply stays queued.
 MustFailLostAck == <<[Quiet EXCEPT !.ready = FALSE, !.loads = 1, !.stores = 1,
                                    !.faults = {"ackloss"}, !.timers = {"load", "abort_ack"}]>>
+\* A held destination released while the write may land: at the abort's sending
+\* (vllm-0.34 reports the load then), or at the session's end without proof (native).
+MustFailAtSend == <<[Quiet EXCEPT !.loads = 1, !.stores = 1, !.timers = {"load"}]>>
+MustFailUnproven == <<[Quiet EXCEPT !.loads = 1, !.stores = 1, !.faults = {"halfcut", "gone"}]>>
 MustFailP10 == <<[Quiet EXCEPT !.loads = 1, !.timers = AllTimers \ {"load", "demand"}]>>
 =============================================================================

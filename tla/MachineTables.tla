@@ -21,7 +21,9 @@ MachineStates ==
          "done",
          "loading",
          "new",
-         "orphaned"}
+         "orphaned",
+         "released",
+         "reported"}
     @@ "server_lookup" :> {"answered",
          "dropped",
          "new",
@@ -60,7 +62,7 @@ MachineTerminal ==
          "discarded"}
     @@ "client_round" :> {"aborted",
          "done",
-         "orphaned"}
+         "released"}
     @@ "server_lookup" :> {"answered",
          "dropped"}
     @@ "server_round" :> {"done"}
@@ -86,11 +88,21 @@ MachineTransitions ==
          <<"aborting", "session_lost_unsent", "done">>,
          <<"aborting", "timer_abort_ack", "aborting">>,
          <<"loading", "host_finish", "aborting">>,
+         <<"loading", "host_finish", "reported">>,
          <<"loading", "recv_transfer_done", "done">>,
          <<"loading", "session_lost", "orphaned">>,
          <<"loading", "session_lost_unsent", "done">>,
          <<"loading", "timer_load", "aborting">>,
-         <<"new", "host_fetch", "loading">>}
+         <<"loading", "timer_load", "reported">>,
+         <<"new", "host_fetch", "loading">>,
+         <<"orphaned", "peer_gone", "released">>,
+         <<"orphaned", "timer_hold", "released">>,
+         <<"reported", "host_finish", "reported">>,
+         <<"reported", "recv_abort_ack", "released">>,
+         <<"reported", "recv_transfer_done", "released">>,
+         <<"reported", "session_lost", "orphaned">>,
+         <<"reported", "session_lost_unsent", "released">>,
+         <<"reported", "timer_abort_ack", "reported">>}
     @@ "server_lookup" :> {<<"new", "recv_lookup", "resolving">>,
          <<"resolving", "host_answer", "resolving">>,
          <<"resolving", "request_closed", "dropped">>,
@@ -186,7 +198,8 @@ MachineTransitions ==
          <<"supply_closed", "session_lost", "draining_silent">>,
          <<"supply_closed", "settle", "supply_closed">>,
          <<"supply_closed", "timer_store", "done">>}
-    @@ "session" :> {<<"awaiting_ack", "finish_lookup_round", "awaiting_ack">>,
+    @@ "session" :> {<<"awaiting_ack", "abort_ack_expired", "ended">>,
+         <<"awaiting_ack", "finish_lookup_round", "awaiting_ack">>,
          <<"awaiting_ack", "host_close", "closed">>,
          <<"awaiting_ack", "recv_bad_fetch", "awaiting_ack">>,
          <<"awaiting_ack", "recv_connect", "dead">>,
@@ -199,6 +212,7 @@ MachineTransitions ==
          <<"closed", "host_fetch_over", "closed">>,
          <<"closed", "host_lookup_over", "closed">>,
          <<"closed", "host_supply_over", "closed">>,
+         <<"connecting", "abort_ack_expired", "ended">>,
          <<"connecting", "finish_lookup_round", "connecting">>,
          <<"connecting", "host_close", "closed">>,
          <<"connecting", "recv_connect", "ended">>,
@@ -219,6 +233,7 @@ MachineTransitions ==
          <<"ended", "host_supply_over", "ended">>,
          <<"idle", "host_close", "closed">>,
          <<"idle", "host_start", "connecting">>,
+         <<"ready", "abort_ack_expired", "ended">>,
          <<"ready", "finish_lookup_round", "ready">>,
          <<"ready", "host_close", "closed">>,
          <<"ready", "recv_bad_fetch", "ready">>,
@@ -231,6 +246,7 @@ MachineTransitions ==
          <<"ready", "recv_response", "ready">>,
          <<"ready", "recv_unknown_abort", "ready">>,
          <<"ready", "transport_lost", "dead">>,
+         <<"registering", "abort_ack_expired", "ended">>,
          <<"registering", "finish_lookup_round", "registering">>,
          <<"registering", "host_close", "closed">>,
          <<"registering", "recv_connect", "dead">>,
@@ -241,6 +257,7 @@ MachineTransitions ==
          <<"registering", "registration_failed", "ended">>,
          <<"registering", "timer_handshake", "ended">>,
          <<"registering", "transport_lost", "dead">>,
+         <<"registering_acked", "abort_ack_expired", "ended">>,
          <<"registering_acked", "finish_lookup_round", "registering_acked">>,
          <<"registering_acked", "host_close", "closed">>,
          <<"registering_acked", "recv_connect", "dead">>,
@@ -251,6 +268,18 @@ MachineTransitions ==
          <<"registering_acked", "registration_failed", "ended">>,
          <<"registering_acked", "timer_handshake", "ended">>,
          <<"registering_acked", "transport_lost", "dead">>}
+
+\* The behaviour profiles of models/profiles/: atSend (report_failed_load =
+\* at_abort_send), ackEnds (abort_ack_timeout = end_session), hold (a bounded
+\* hold of a destination a lost peer may still write).
+ProfileNames == {"native",
+                "vllm-0.33",
+                "vllm-0.34"}
+
+ProfileBehaviour ==
+       "native" :> [atSend |-> FALSE, ackEnds |-> FALSE, hold |-> FALSE]
+    @@ "vllm-0.33" :> [atSend |-> FALSE, ackEnds |-> FALSE, hold |-> FALSE]
+    @@ "vllm-0.34" :> [atSend |-> TRUE, ackEnds |-> TRUE, hold |-> TRUE]
 
 \* A machine step <<machine, trigger, source, dest>> (the spec's `fired`) is a
 \* transition of models/.

@@ -38,9 +38,20 @@
 (*                                                                         *)
 (* Bug switches (tla/mustfail/*.cfg) re-introduce vLLM bugs P1, P3, P4 and *)
 (* P5 (each cfg names the vLLM issue or PR it comes from); BugSilentLoss   *)
-(* brings back p2pfsm's own design before one-sided losses were modelled.  *)
+(* brings back p2pfsm's own design before one-sided losses were modelled;  *)
+(* BugReleaseEarly releases a held destination without proof.              *)
+(*                                                                         *)
+(* Profiles. The constant Profile names a behaviour profile of             *)
+(* models/profiles/; ProfileBehaviour (MachineTables, generated from those *)
+(* files) says what it changes: atSend (an aborted load is reported when   *)
+(* its abort is sent, its destination held until the abort_ack or a racing *)
+(* transfer_done), ackEnds (a missing abort_ack ends the whole session),   *)
+(* hold (a held destination may be released by the host's bounded hold).   *)
+(* A result with released=False ("orphan") is followed by one release      *)
+(* ("freed"), a step of its round: every invariant, NoFreeWhileWriteInv    *)
+(* first, holds for each profile.                                          *)
 (***************************************************************************)
-EXTENDS Naturals, Integers, Sequences, FiniteSets, TLC, Channel
+EXTENDS Naturals, Integers, Sequences, FiniteSets, TLC, Channel, MachineTables
 
 CONSTANTS
     Peers,          \* the two node names
@@ -58,20 +69,25 @@ CONSTANTS
     BugP5,          \* an unanswered abort is given up and the destination freed
     BugSilentLoss,  \* a dead session ignores its peer's frames (the design before issue 11)
     BugNoImplicitAck, \* a request in awaiting_ack does not stand for the peer's lost ack
+    BugReleaseEarly, \* a held destination is released while a write may land (at abort
+                     \* send, or at the session's end without proof)
+    Profile,        \* the behaviour profile (models/profiles/) the sessions run
     TrackFired,     \* record `fired` (off: a smaller state space)
     TrackAct        \* record `act` (liveness: fairness is checked on it)
 
 \* Fault kinds a scenario may allow.
 FaultKinds == {"cut", "drop", "dup", "close", "regfail", "hstimer", "incompat", "wfail",
-               "restart", "halfcut", "corrupt", "ackloss", "finlife", "split"}
+               "restart", "halfcut", "corrupt", "ackloss", "finlife", "split", "gone"}
 \* "finlife" is no fault and is not counted against MaxFaults: where a scenario lists it,
 \* the host's finish of a request, and the peer's (its terminal fetch), may be forgotten
 \* after a frame lifetime (NetworkFrameLifetime), as Session._finished and
 \* Session._peer_finished forget them.
 \* "split" is no fault either: where a scenario lists it, the producer may split and
 \* coalesce its lookup answers, as the protocol allows (SettleLookups).
+\* "gone" is no fault either: where a scenario lists it, the executor may tell a session
+\* that is over that the peer's writes are over (ClientRoundPeerGone, PeerGone).
 \* Role timers a scenario lets fire (the handshake timer is the fault "hstimer").
-TimerKinds == {"load", "abort_ack", "lookup", "store", "lookup_pending", "demand"}
+TimerKinds == {"load", "abort_ack", "lookup", "store", "lookup_pending", "demand", "hold"}
 
 \* ready: the behaviour starts with the handshake done (both sessions ready).
 ScenarioType ==
@@ -82,6 +98,10 @@ ScenarioType ==
 ASSUME Cardinality(Peers) = 2 /\ LoadPeers \subseteq Peers /\ SupplyPeers \subseteq Peers
 ASSUME MaxRounds \in Nat \ {0} /\ MaxAborts \in Nat \ {0} /\ MaxFaults \in Nat
 ASSUME \A i \in DOMAIN Scenarios : Scenarios[i] \in ScenarioType
+ASSUME Profile \in ProfileNames
+
+\* What the profile changes (ProfileBehaviour: atSend, ackEnds, hold).
+PB == ProfileBehaviour[Profile]
 
 -----------------------------------------------------------------------------
 (* Vocabulary *)
@@ -106,15 +126,19 @@ SessionStates == {"idle", "closed"} \cup Ended \cup Live
 MsgTypes == Handshake \cup {"fetch", "lookup", "abort_fetch", "transfer_done",
                             "abort_ack", "lookup_resp", "bad_fetch"}
 \* Resting states. "new" is never observed between actions (a host call or frame
-\* creates an instance and fires its first trigger at once), "done", "aborted", "orphaned",
-\* "answered", "discarded", "cancelled" and "dropped" end the instance.
-CRStates == {"loading", "aborting"}
+\* creates an instance and fires its first trigger at once), "done", "aborted", "released",
+\* "answered", "discarded", "cancelled" and "dropped" end the instance. A round in
+\* "reported" or "orphaned" has its result (released=False) and holds its destination.
+CRStates == {"loading", "aborting", "reported", "orphaned"}
+Holding == {"reported", "orphaned"}
 CLStates == {"probing", "expired"}
 \* A draining serve round is in the state named by the reply it owes.
 Draining == {"draining_abort", "draining_failed", "draining_silent"}
 SRStates == {"supplied", "supply_closed", "pinned", "pinned_closed", "serving", "finishing"}
             \cup Draining
-LoadResults == {"pending", "ok", "fail", "orphan", "twice"}
+\* "orphan": failed, destination held (released=False); "freed": then released;
+\* "lost": the peer's own process died with the job (nothing is owed to it).
+LoadResults == {"pending", "ok", "fail", "orphan", "freed", "lost", "twice"}
 StoreStates == {"pinned", "released", "twice"}
 
 Max(S) == CHOOSE x \in S : \A y \in S : y <= x
@@ -323,12 +347,13 @@ FireCR(L, k, t, d) == Fire([L EXCEPT !.cr[k].st = d], "client_round", t, L.cr[k]
 Report(L, j, r, by) ==
     [L EXCEPT !.lres[j] = [r |-> IF @.r = "pending" THEN r ELSE "twice", by |-> by]]
 
-\* Session.forget_load: a round that ended `aborted` raises the request's round floor,
-\* since a late duplicate abort_ack of it may still arrive. BugP4: no floor, round
-\* numbers restart as soon as the request's rounds are pruned (vLLM G4, PR #56471).
+\* Session.forget_load: a round that ended `aborted` (or `released`) raises the request's
+\* round floor, since a late duplicate abort_ack of it may still arrive. BugP4: no floor,
+\* round numbers restart as soon as the request's rounds are pruned (vLLM G4, PR #56471).
 Forget(L, k) ==
     LET req == k[1]
-        floor == IF L.cr[k].st = "aborted" /\ ~BugP4 THEN Max({L.fl[req], k[2] + 1}) ELSE L.fl[req]
+        floor == IF L.cr[k].st \in {"aborted", "released"} /\ ~BugP4
+                 THEN Max({L.fl[req], k[2] + 1}) ELSE L.fl[req]
     IN [L EXCEPT !.cr = MapDel(@, k), !.fl[req] = floor]
 
 \* Session._alloc_round: the floor, or above every live load round of the request.
@@ -344,19 +369,45 @@ SendAbort(L, k) == Send(L, AbortFrame(L, k))
 \* ClientRound: a result reported and the round forgotten.
 Complete(L, k, t, d, r, by) == Forget(Report(FireCR(L, k, t, d), L.cr[k].job, r, by), k)
 
-\* session_lost (t) on one load round (Session._end_roles): orphaned, or released when
-\* the session was never ready (session_lost_unsent: the fetch never left the queue).
+\* ClientRound.report_released: the held destination is free (DestinationReleased).
+Free(L, j, by) == [L EXCEPT !.lres[j] = [r |-> IF @.r = "orphan" THEN "freed" ELSE "twice",
+                                           by |-> by]]
+Release(L, k, t, by) == Forget(Free(FireCR(L, k, t, "released"), L.cr[k].job, by), k)
+
+\* The failed result of an abort reported at its sending (atSend): the destination is
+\* held. BugReleaseEarly: reported released instead.
+HeldResult == IF BugReleaseEarly THEN "fail" ELSE "orphan"
+
+\* session_lost (t) on one load round (Session._end_roles): orphaned (its destination
+\* held), or done when the session was never ready (session_lost_unsent: the fetch never
+\* left the queue; a reported round's held destination is released then).
 LoseRound(L, k, t) ==
-    IF CSt(L, k) \in CRStates
-    THEN IF t = "session_lost" THEN Complete(L, k, t, "orphaned", "orphan", 0)
-         ELSE Complete(L, k, t, "done", "fail", 0)
-    ELSE L
+    CASE CSt(L, k) \in {"loading", "aborting"} /\ t = "session_lost" ->
+             Report(FireCR(L, k, t, "orphaned"), L.cr[k].job, "orphan", 0)
+      [] CSt(L, k) \in {"loading", "aborting"} -> Complete(L, k, t, "done", "fail", 0)
+      [] CSt(L, k) = "reported" /\ t = "session_lost" -> FireCR(L, k, t, "orphaned")
+      [] CSt(L, k) = "reported" -> Release(L, k, t, 0)
+      [] OTHER -> L
+
+\* Abort a loading round (its deadline, or the host's finish: t): wait for the peer's
+\* confirmation, or (atSend) report the failure now and hold the destination.
+AbortLoad(L, k, t) ==
+    IF PB.atSend
+    THEN SendAbort(Report(FireCR(L, k, t, "reported"), L.cr[k].job, HeldResult, 0), k)
+    ELSE SendAbort(FireCR(L, k, t, "aborting"), k)
+
+\* Session.release_held (consumer): every destination held past the session's end is
+\* released (peer_gone on each orphaned round, in key order).
+ReleaseOne(L, k) == IF CSt(L, k) = "orphaned" THEN Release(L, k, "peer_gone", 0) ELSE L
+RECURSIVE ReleaseFrom(_, _)
+ReleaseFrom(L, ks) == IF ks = <<>> THEN L ELSE ReleaseFrom(ReleaseOne(L, Head(ks)), Tail(ks))
+ReleaseHeld(L) == ReleaseFrom(L, AllCKeys)
 
 \* host_finish on one load round. BugP3: the round is dropped without a result (PR #52571).
 FinishLoad(L, k) ==
     CASE CSt(L, k) = "loading" /\ BugP3 -> [SendAbort(L, k) EXCEPT !.cr = MapDel(@, k)]
-      [] CSt(L, k) = "loading" -> SendAbort(FireCR(L, k, "host_finish", "aborting"), k)
-      [] CSt(L, k) = "aborting" -> FireCR(L, k, "host_finish", "aborting")
+      [] CSt(L, k) = "loading" -> AbortLoad(L, k, "host_finish")
+      [] CSt(L, k) \in {"aborting", "reported"} -> FireCR(L, k, "host_finish", CSt(L, k))
       [] OTHER -> L
 
 \* host_finish or session_lost (trigger t) on one lookup.
@@ -756,6 +807,8 @@ SessionRecvConnect(p) ==
        IN
        Commit(p, IF L.sess = "connecting" /\ L.compat
                  THEN FireS(L, "recv_connect", "registering")
+                 ELSE IF restarted /\ L.sess = "ready"
+                 THEN ReleaseHeld(Die(FireS(L, "recv_connect", "dead"), L.sess))
                  ELSE IF L.sess # "connecting" /\ (restarted \/ L.sess = "ready")
                  THEN Die(FireS(L, "recv_connect", "dead"), L.sess)
                  ELSE Die(Send(FireS(L, "recv_connect", "ended"), Ctl("disconnect")), L.sess))
@@ -898,6 +951,8 @@ ClientRoundRecvTransferDone(p) ==
        IN Commit(p,
             IF ~CanRespond(L0) THEN Reject(Load(p, "ClientRoundRecvTransferDone"))
             ELSE IF k \notin DOMAIN L0.cr THEN L0
+            ELSE IF L0.cr[k].st = "reported"
+            THEN Release(GateResponse(L0), k, "recv_transfer_done", m.dst)
             ELSE Complete(GateResponse(L0), k, "recv_transfer_done",
                           IF L0.cr[k].st = "aborting" THEN "aborted" ELSE "done",
                           IF m.ok THEN "ok" ELSE "fail", m.dst))
@@ -911,6 +966,8 @@ ClientRoundRecvAbortAck(p) ==
        IN Commit(p,
             IF ~CanRespond(L0) \/ CSt(L0, k) = "loading" THEN Reject(Load(p, "ClientRoundRecvAbortAck"))
             ELSE IF k \notin DOMAIN L0.cr THEN L0
+            ELSE IF L0.cr[k].st = "reported"
+            THEN Release(GateResponse(L0), k, "recv_abort_ack", m.dst)
             ELSE Complete(GateResponse(L0), k, "recv_abort_ack", "aborted", "fail", m.dst))
 
 \* Session._on_lookup_resp: each key of the answer on its own (a producer may split and
@@ -996,14 +1053,16 @@ ClientRoundTimerLoad(p) ==
     \E k \in DOMAIN cr[p] : Timer("load") /\
        /\ cr[p][k].st = "loading"
        /\ LET L == Load(p, "ClientRoundTimerLoad") IN
-          Commit(p, SendAbort(FireCR(L, k, "timer_load", "aborting"), k))
+          Commit(p, AbortLoad(L, k, "timer_load"))
 
-\* Re-send the abort (bounded by MaxAborts frames of this round in flight).
+\* Re-send the abort (bounded by MaxAborts frames of this round in flight); under a
+\* profile that ends the session on a missing abort_ack (ackEnds), end it instead.
 \* BugP5: give up instead, fail the job and free its destination (vLLM G1-G4).
 CanResend(p, k) ==
     /\ Timer("abort_ack")
-    /\ cr[p][k].st = "aborting"
+    /\ cr[p][k].st \in {"aborting", "reported"}
     /\ \/ BugP5
+       \/ PB.ackEnds
        \/ CountRound(chan[p] \o queue[p], "abort_fetch", k[1], k[2])
           + CountRound(chan[Other(p)] \o queue[Other(p)], "abort_ack", k[1], k[2]) < MaxAborts
 
@@ -1011,9 +1070,35 @@ ClientRoundTimerAbortAck(p) ==
     \E k \in DOMAIN cr[p] :
        /\ CanResend(p, k)
        /\ LET L == Load(p, "ClientRoundTimerAbortAck") IN
-          Commit(p, IF BugP5
+          Commit(p, IF BugP5 /\ L.cr[k].st = "aborting"
                        THEN Complete(L, k, "timer_abort_ack", "aborted", "fail", 0)
-                       ELSE SendAbort(FireCR(L, k, "timer_abort_ack", "aborting"), k))
+                       ELSE IF PB.ackEnds
+                       THEN Die(Send(FireS(FireCR(L, k, "timer_abort_ack", L.cr[k].st),
+                                           "abort_ack_expired", "ended"), Ctl("disconnect")),
+                                L.sess)
+                       ELSE SendAbort(FireCR(L, k, "timer_abort_ack", L.cr[k].st), k))
+
+\* The peer's writes into the destinations a session that is over holds are proven over
+\* (PeerGone: its data-plane agent gone and its transfers ended; the spec's proof is
+\* that the peer's session is over too, so it starts no write, and none of its writes
+\* in flight targets a held destination). Every held destination is released.
+\* BugReleaseEarly: released at the session's end whatever the peer still writes.
+WritesOver(p, j) == sess[Other(p)] \notin Live /\ \A w \in wr[Other(p)] : w.dst # j
+HeldJobs(p) == {cr[p][k].job : k \in {x \in DOMAIN cr[p] : cr[p][x].st = "orphaned"}}
+
+ClientRoundPeerGone(p) ==
+    /\ "gone" \in S.faults /\ sess[p] \notin Live /\ HeldJobs(p) # {}
+    /\ BugReleaseEarly \/ \A j \in HeldJobs(p) : WritesOver(p, j)
+    /\ Commit(p, ReleaseHeld(Load(p, "ClientRoundPeerGone")))
+
+\* The host's bounded hold of one held destination ends (a profile with a hold). The
+\* host vouches that no write of the lost peer outlives the hold: the spec lets it fire
+\* only once that is so (WritesOver); BugReleaseEarly drops that bound.
+ClientRoundTimerHold(p) ==
+    \E k \in DOMAIN cr[p] :
+       /\ PB.hold /\ Timer("hold") /\ cr[p][k].st = "orphaned"
+       /\ BugReleaseEarly \/ WritesOver(p, cr[p][k].job)
+       /\ Commit(p, Release(Load(p, "ClientRoundTimerHold"), k, "timer_hold", 0))
 
 \* probing: all-MISS and wait one more period for a late answer; expired: stop waiting.
 ClientLookupTimerLookup(p) ==
@@ -1164,7 +1249,8 @@ NetworkRestart(p) ==
     /\ sl' = [sl EXCEPT ![p] = [q \in Reqs |-> <<>>]]
     /\ wr' = [wr EXCEPT ![p] = {}]
     /\ lres' = [lres EXCEPT ![p] = [j \in DOMAIN @ |->
-                    IF @[j].r = "pending" THEN [@[j] EXCEPT !.r = "orphan"] ELSE @[j]]]
+                    IF @[j].r \in {"pending", "orphan"} THEN [@[j] EXCEPT !.r = "lost"]
+                    ELSE @[j]]]
     /\ sres' = [sres EXCEPT ![p] = [j \in DOMAIN @ |->
                     IF @[j].st = "pinned" THEN [@[j] EXCEPT !.st = "released"] ELSE @[j]]]
     /\ chan' = [x \in Peers |-> IF x = p
@@ -1243,6 +1329,7 @@ NextReceive(p) ==
     \/ ClientLookupRecvLookupResp(p)
 
 NextExecutor(p) ==
+    \/ ClientRoundPeerGone(p)
     \/ SessionRegistrationDone(p)
     \/ SessionRegistrationFailed(p)
     \/ ServerRoundWriteDone(p)
@@ -1253,6 +1340,7 @@ NextTimer(p) ==
     \/ SessionTimerHandshake(p)
     \/ ClientRoundTimerLoad(p)
     \/ ClientRoundTimerAbortAck(p)
+    \/ ClientRoundTimerHold(p)
     \/ ClientLookupTimerLookup(p)
     \/ ServerRoundTimerStore(p)
     \/ ServerRoundTimerDemand(p)
@@ -1337,14 +1425,18 @@ FairSpec == Spec /\ Fairness
 -----------------------------------------------------------------------------
 (* Safety properties (docs/verification.md lists each and what backs it) *)
 
-Released(p, j) == lres[p][j].r \in {"ok", "fail"}
+Released(p, j) == lres[p][j].r \in {"ok", "fail", "freed"}
 
 \* Every submitted load job gets exactly one result: never two, and while it has
-\* none an open round still owns it (vLLM P3 dropped the round instead).
+\* none an open round still owns it (vLLM P3 dropped the round instead). A result with
+\* its destination held is followed by exactly one release: until then a round holds
+\* the job ("reported" or "orphaned"), and no job is released twice.
 OneLoadResultInv ==
     \A p \in Peers : \A j \in 1 .. Len(lres[p]) :
         /\ lres[p][j].r # "twice"
         /\ lres[p][j].r = "pending" => \E k \in DOMAIN cr[p] : cr[p][k].job = j
+        /\ lres[p][j].r = "orphan" =>
+               \E k \in DOMAIN cr[p] : cr[p][k].job = j /\ cr[p][k].st \in Holding
 
 \* Every store job gets exactly one result; while it has none exactly one round pins it.
 OneStoreResultInv ==

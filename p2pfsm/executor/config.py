@@ -10,7 +10,11 @@ from typing import TYPE_CHECKING, Any
 
 from p2pfsm.errors import ConfigError
 from p2pfsm.session import DEFAULT_HASH_SEED, Timeouts
-from p2pfsm.session.config import DEFAULT_MAX_LOOKUPS_PER_REQUEST
+from p2pfsm.session.config import (
+    DEFAULT_MAX_LOOKUPS_PER_REQUEST,
+    PROFILE_TIMEOUTS,
+    profile_timeouts,
+)
 
 if TYPE_CHECKING:
     from p2pfsm.executor.curve import CurveKeys
@@ -87,6 +91,9 @@ class NodeConfig:
         answer_lookups_in_parts: answer each served lookup's keys as the host resolves
             them (one lookup_resp for what it resolves at once, one per later answer),
             not in one lookup_resp once every key is settled (SessionConfig).
+        profile: the behaviour profile every session of the node runs
+            (``models/profiles/``: "native", "vllm-0.33", "vllm-0.34"); ``timeouts``,
+            when left out, are its deadlines.
         reconnect_backoff_s: a session the host opened (``connect``) that dies is opened
             again, first at once, then (while each attempt fails before it is ready)
             after a wait that starts at the first number and doubles up to the second
@@ -135,7 +142,7 @@ class NodeConfig:
     hash_seed: str = DEFAULT_HASH_SEED
     model_config: Mapping[str, Any] | None = None
     fingerprint: str | None = None
-    timeouts: Timeouts = field(default_factory=Timeouts)
+    timeouts: Timeouts = PROFILE_TIMEOUTS
     device: str | None = None
     memory: Any = field(default=None, compare=False, repr=False)
     heartbeat_ivl_ms: int = 5000
@@ -158,8 +165,11 @@ class NodeConfig:
     reconnect_backoff_s: tuple[float, float] | None = (0.1, 5.0)
     max_tombstones: int = 4096
     max_node_tombstones: int = 65_536
+    profile: str = "native"
 
     def __post_init__(self) -> None:
+        if isinstance(self.timeouts, Timeouts):  # else refused below, with the others
+            object.__setattr__(self, "timeouts", profile_timeouts(self.profile, self.timeouts))
         if not isinstance(self.bind, str) or not self.bind.startswith("tcp://"):
             raise ConfigError(f"bind: expected 'tcp://HOST:PORT', got {self.bind!r}")
         _int_in("num_blocks", self.num_blocks, 1, MAX_BLOCKS)

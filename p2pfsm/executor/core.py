@@ -19,6 +19,7 @@ from typing import Any
 
 from p2pfsm.session import (
     CancelWrite,
+    DestinationReleased,
     FetchArrived,
     FrameIgnored,
     LoadResult,
@@ -53,6 +54,7 @@ _HANDLERS: dict[type, str] = {
     ProtocolViolation: "protocol_violation",
     FrameIgnored: "frame_ignored",
     SessionDead: "session_dead",
+    DestinationReleased: "destination_released",
 }
 """Output type -> the :class:`Executor` method that carries it out."""
 
@@ -61,9 +63,9 @@ class Executor:
     """Carries out one endpoint's session outputs; ``peer`` names the session.
 
     Subclasses implement every method below except those with a default
-    (``frame_ignored``, ``lookup_closed`` and ``round_ended`` need no action from most
-    executors; ``send_to_lost_peer`` is ``send_frame`` unless the executor drops a lost
-    peer's connection).
+    (``frame_ignored``, ``lookup_closed``, ``round_ended`` and ``destination_released``
+    need no action from most executors; ``send_to_lost_peer`` is ``send_frame`` unless
+    the executor drops a lost peer's connection).
     """
 
     def apply(self, peer: str, out: Output) -> None:
@@ -116,6 +118,9 @@ class Executor:
 
     def session_dead(self, peer: str, out: SessionDead) -> None:
         raise NotImplementedError
+
+    def destination_released(self, peer: str, out: DestinationReleased) -> None:
+        """A destination reported held is free now (nothing to do by default)."""
 
     # Not outputs: what the driver tells the effects after a call (nothing by default).
     def session_ready(self, peer: str, session: Session) -> None:

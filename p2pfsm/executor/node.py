@@ -63,6 +63,7 @@ from p2pfsm.fsm import machine
 from p2pfsm.logwindow import LogWindow
 from p2pfsm.metrics import NodeMetrics
 from p2pfsm.session import (
+    DestinationReleased,
     FailReason,
     FetchArrived,
     HostAnswerLookup,
@@ -116,6 +117,7 @@ class Node(NodeSessions, NodeEffects):
         on_result: Callable[[str, LoadResult | StoreResult | LookupResult], None] | None = None,
         on_round_ended: Callable[[str, RoundEnded], None] | None = None,
         call_hook: CallHook | None = None,
+        on_released: Callable[[str, DestinationReleased], None] | None = None,
     ) -> None:
         if not isinstance(config, NodeConfig):
             raise ConfigError(f"config: expected a NodeConfig, got {config!r}")
@@ -124,6 +126,7 @@ class Node(NodeSessions, NodeEffects):
         self.on_fetch = on_fetch
         self.on_result = on_result
         self.on_round_ended = on_round_ended
+        self.on_released = on_released
         self.metrics = NodeMetrics()
         self.control = ControlPlane(config.bind, heartbeat_ivl_ms=config.heartbeat_ivl_ms,
                                     heartbeat_timeout_ms=config.heartbeat_timeout_ms,
@@ -150,6 +153,9 @@ class Node(NodeSessions, NodeEffects):
         self.incarnation = secrets.randbits(63)
         self.sessions: dict[str, Session] = {}
         self.deaths: OrderedDict[str, SessionDead] = OrderedDict()
+        self._holders: dict[str, list[Session]] = {}  # replaced sessions holding destinations
+        # Each held destination's release, by job (kept a while after it resolves).
+        self._releases: OrderedDict[int, JobFuture[DestinationReleased]] = OrderedDict()
         self.violations: deque[tuple[str, ProtocolViolation]] = deque(maxlen=config.history)
         self._ended = EndedSessions(config.history)  # peers whose session ended
         # Every session's tombstones together (SessionConfig.tombstone_budget).
@@ -257,6 +263,22 @@ class Node(NodeSessions, NodeEffects):
             raise
         self.metrics.count("fetches_started")
         self.data.expect_inbound(_INBOUND_GRACE_S, prompt=True)
+        return fut
+
+    def release_of(self, job_id: int) -> JobFuture[DestinationReleased]:
+        """The release of load job ``job_id``'s destination, whose LoadResult said
+        ``released=False``: the future resolves with its DestinationReleased (the cause
+        says what proved the peer's writes over), exactly once. Ask for it once the
+        result came (resolved ones are kept for ``history`` more).
+
+        Raises:
+            LocalProtocolError: no such result of this node held its destination.
+        """
+        fut = self._releases.get(job_id)
+        if fut is None:
+            raise LocalProtocolError(f"release_of: load job {job_id} has no held destination "
+                                     "(its result said released=True, is not in yet, or is "
+                                     "too old)")
         return fut
 
     def lookup(self, peer_id: str, kv_request_id: str,
@@ -579,3 +601,4 @@ class Node(NodeSessions, NodeEffects):
         self.metrics.set_gauge("peers", len(self._live))
         self.metrics.set_gauge("open_loads", len(self._jobs.loads))
         self.metrics.set_gauge("open_stores", len(self._jobs.stores))
+        self.metrics.set_gauge("destinations_held", sum(self.held_destinations().values()))

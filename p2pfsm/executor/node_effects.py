@@ -27,6 +27,7 @@ from p2pfsm.logwindow import clip
 from p2pfsm.protocol import AbortFetch, encode
 from p2pfsm.session import (
     CancelWrite,
+    DestinationReleased,
     FailReason,
     FetchArrived,
     HostAnswerLookup,
@@ -142,6 +143,35 @@ class NodeEffects(NodeState):
     def session_dead(self, peer: str, out: SessionDead) -> None:
         self._on_death(peer, out)
 
+    def destination_released(self, peer: str, out: DestinationReleased) -> None:
+        self.metrics.count("destinations_released")
+        log.info("load job %d (%s): destination released (%s)", out.job_id,
+                 out.kv_request_id, out.cause.value)
+        fut = self._release_future(out.job_id)
+        if not fut.done():
+            fut.set_result(out)
+        on_released = self.on_released
+        if on_released is not None:
+            self._driver.defer(lambda: self._call_on_released(on_released, peer, out))
+
+    def _release_future(self, job_id: int) -> JobFuture[DestinationReleased]:
+        """The future of a held destination's release (made at its failed result, or at
+        the notice); the oldest resolved ones are forgotten past ``history``."""
+        fut = self._releases.get(job_id)
+        if fut is None:
+            fut = self._releases[job_id] = JobFuture(self)
+            done = [j for j, f in self._releases.items() if f.done()]
+            for old in done[:max(0, len(done) - self.config.history)]:
+                del self._releases[old]
+        return fut
+
+    def _call_on_released(self, on_released: Callable[[str, DestinationReleased], None],
+                          peer_id: str, out: DestinationReleased) -> None:
+        try:
+            on_released(peer_id, out)
+        except Exception as exc:  # the notice is in its future already
+            self._host_failed("on_released", peer_id, f"job {out.job_id}", exc)
+
     def protocol_violation(self, peer: str, out: ProtocolViolation) -> None:
         self._on_violation(peer, out)
 
@@ -191,6 +221,8 @@ class NodeEffects(NodeState):
                     self.metrics.count(f"fetches_failed_{res.reason.value}")
                 log.info("load job %d (%s) failed: %s; destination released: %s",
                          res.job_id, res.kv_request_id, res.detail, res.released)
+            if not res.released:
+                self._release_future(res.job_id)  # what Node.release_of hands out
         self._deliver(peer_id, None if load is None else load.future, res)
 
     def _fail_detail(self, peer_id: str, res: LoadResult | LookupResult) -> str:

@@ -24,6 +24,7 @@ from p2pfsm.session import (
     FrameReceived,
     HostClose,
     HostStart,
+    PeerGone,
     Session,
     SessionConfig,
     SessionDead,
@@ -75,7 +76,13 @@ class NodeSessions(NodeState):
             limits=FRAME_LIMITS,
             max_tombstones=cfg.max_tombstones,
             tombstone_budget=self._tombstones,
+            profile=cfg.profile,
         ), None if self._hook is None else self._hook.tracer)
+        old = self.sessions.get(peer_id)
+        if old is not None and old.held_destinations:
+            # Replaced while it holds destinations: kept for their release notice (its
+            # timers still run on the driver's clock; PeerGone still reaches it).
+            self._holders.setdefault(peer_id, []).append(old)
         self.sessions[peer_id] = session
         self._live.add(peer_id)
         self._violations.new_session(peer_id)
@@ -104,6 +111,8 @@ class NodeSessions(NodeState):
             # mismatch): restarting on it would make two incompatible peers restart
             # each other's sessions forever, so it goes to the old session (ignored).
             msg = _decoded(frame)
+            if isinstance(msg, Connect) and session is not None:
+                self._release_if_restarted(peer_id, session, msg)
             if not isinstance(msg, Connect) or (
                     session is not None and not self._may_come_back(peer_id)):
                 if session is not None:
@@ -116,6 +125,49 @@ class NodeSessions(NodeState):
         self._bindings.bind(peer_id, conn)
         self._idle.heard(peer_id, time.monotonic())
         self._queue(peer_id, FrameReceived(frame, msg))
+
+    def _release_if_restarted(self, peer_id: str, session: Session | None,
+                              connect: Connect) -> None:
+        """A connect of a new incarnation of the peer reaches a session of it that is
+        over, or a new session of it became ready with one: the process that could write
+        into what the older sessions hold is gone."""
+        older = [] if session is None else [session]
+        for old in [*older, *self._holders.get(peer_id, ())]:
+            known = None if old.peer is None else old.peer.incarnation
+            if (old.held_destinations and known is not None
+                    and connect.incarnation not in (None, known)):
+                self._feed(peer_id, PeerGone("peer_restarted"), session=old)
+
+    def release_held(self, peer_id: str, cause: str = "data_plane") -> int:
+        """The host (its data plane) proves that ``peer_id`` can no longer write into our
+        memory (its agent is gone and every transfer of it ended): each session of the
+        peer that is over releases what it holds; a DestinationReleased follows for each.
+        Returns how many destinations were released."""
+        self._check_thread("release_held")
+        released = 0
+        current = self.sessions.get(peer_id)
+        for old in [*([current] if current is not None else []),
+                    *self._holders.get(peer_id, ())]:
+            if not old.alive and old.held_destinations:
+                before = old.held_destinations
+                self._feed(peer_id, PeerGone(cause), session=old)
+                released += before - old.held_destinations
+        return released
+
+    def held_destinations(self) -> dict[str, int]:
+        """Per peer, destinations whose failed load said ``released=False`` and whose
+        DestinationReleased has not come yet."""
+        out: dict[str, int] = {}
+        for peer_id, session in self.sessions.items():
+            if session.held_destinations:
+                out[peer_id] = session.held_destinations
+        for peer_id, olds in list(self._holders.items()):
+            olds[:] = [s for s in olds if s.held_destinations]
+            if not olds:
+                del self._holders[peer_id]
+                continue
+            out[peer_id] = out.get(peer_id, 0) + sum(s.held_destinations for s in olds)
+        return out
 
     def _resumed(self, peer_id: str) -> None:
         """A live session's peer sends on a new connection (its own ended: a transport
@@ -134,6 +186,8 @@ class NodeSessions(NodeState):
         self.metrics.count("handshakes")
         self._redials.ready(peer_id)
         log.info("peer %s ready", peer_id)
+        if session.peer is not None:
+            self._release_if_restarted(peer_id, None, session.peer)
         for fut in self._jobs.ready_waiters.pop(peer_id, ()):
             if not fut.done():
                 fut.set_result(session)
@@ -264,7 +318,9 @@ class NodeSessions(NodeState):
     def _prune_ended(self) -> None:
         """Drop ended sessions with nothing left to do beyond ``history`` of them."""
         for peer_id in self._ended.to_drop(self.sessions):
-            del self.sessions[peer_id]
+            old = self.sessions.pop(peer_id)
+            if old.held_destinations:  # kept for the release notice it still owes
+                self._holders.setdefault(peer_id, []).append(old)
             self._bindings.forget(peer_id)
 
     def _evict_idle(self, now: float) -> None:

@@ -25,7 +25,7 @@ from p2pfsm.executor.bindings import Bindings
 from p2pfsm.executor.config import NodeConfig
 from p2pfsm.executor.core import Executor
 from p2pfsm.executor.driver import Driver
-from p2pfsm.executor.jobs import Driven, LookupAsk, OpenJobs
+from p2pfsm.executor.jobs import Driven, JobFuture, LookupAsk, OpenJobs
 from p2pfsm.executor.nixl_plane import DataPlane
 from p2pfsm.executor.node_threads import DrivingThreads
 from p2pfsm.executor.peer_policy import EndedSessions, IdleInbound, ViolationBudget
@@ -36,6 +36,7 @@ from p2pfsm.executor.zmq_plane import ControlPlane
 from p2pfsm.logwindow import LogWindow
 from p2pfsm.metrics import NodeMetrics
 from p2pfsm.session import (
+    DestinationReleased,
     FailReason,
     FetchArrived,
     HostDecline,
@@ -101,6 +102,7 @@ class NodeState(Driven, Executor):
     on_fetch: Callable[[str, FetchArrived], None] | None
     on_result: Callable[[str, LoadResult | StoreResult | LookupResult], None] | None
     on_round_ended: Callable[[str, RoundEnded], None] | None
+    on_released: Callable[[str, DestinationReleased], None] | None
     metrics: NodeMetrics
     control: ControlPlane
     data: DataPlane
@@ -108,6 +110,8 @@ class NodeState(Driven, Executor):
     incarnation: int
     sessions: dict[str, Session]
     deaths: OrderedDict[str, SessionDead]
+    _holders: dict[str, list[Session]]
+    _releases: OrderedDict[int, JobFuture[DestinationReleased]]
     violations: deque[tuple[str, ProtocolViolation]]
     _ended: EndedSessions
     _submitted: deque[Callable[[], None]]

@@ -5,21 +5,36 @@ a :class:`MachineSpec`; :mod:`.compiled` turns it into a frozen
 ``(state, trigger) -> candidates`` table used on the hot path; :mod:`.build`
 builds the equivalent ``transitions.Machine`` (tests prove both agree on every
 edge); :mod:`.trace` records every fired transition; :mod:`.inputs` reads the
-input table (which machine and trigger each input of a session reaches).
+input table (which machine and trigger each input of a session reaches); :mod:`.profiles`
+reads the behaviour profiles (``models/profiles/``).
 """
 
 from p2pfsm.fsm.compiled import CompiledMachine, FsmObject, check_writes, writes
 from p2pfsm.fsm.inputs import InputSpec, InputTable
+from p2pfsm.fsm.profiles import (
+    DEFAULT_PROFILE,
+    AbortAckTimeout,
+    Behaviour,
+    Profile,
+    ReportFailedLoad,
+    profile,
+    profiles,
+)
 from p2pfsm.fsm.registry import input_table, machine, machines
 from p2pfsm.fsm.spec import MachineSpec, TransitionSpec, load_spec, models_dir
 from p2pfsm.fsm.trace import TraceCursor, Tracer, TraceRecord
 
 __all__ = [
+    "DEFAULT_PROFILE",
+    "AbortAckTimeout",
+    "Behaviour",
     "CompiledMachine",
     "FsmObject",
     "InputSpec",
     "InputTable",
     "MachineSpec",
+    "Profile",
+    "ReportFailedLoad",
     "TraceCursor",
     "TraceRecord",
     "Tracer",
@@ -30,5 +45,7 @@ __all__ = [
     "machine",
     "machines",
     "models_dir",
+    "profile",
+    "profiles",
     "writes",
 ]

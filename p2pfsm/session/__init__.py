@@ -13,6 +13,7 @@ from p2pfsm.session.inputs import (
     HostStart,
     HostSupply,
     Input,
+    PeerGone,
     RegistrationFinished,
     TimerFired,
     TimerId,
@@ -21,6 +22,7 @@ from p2pfsm.session.inputs import (
 )
 from p2pfsm.session.outputs import (
     CancelWrite,
+    DestinationReleased,
     FailReason,
     FetchArrived,
     FrameIgnored,
@@ -30,6 +32,7 @@ from p2pfsm.session.outputs import (
     LookupResult,
     Output,
     ProtocolViolation,
+    ReleaseCause,
     RoundEnded,
     SendFrame,
     SendToLostPeer,
@@ -42,6 +45,7 @@ from p2pfsm.session.outputs import (
 __all__ = [
     "DEFAULT_HASH_SEED",
     "CancelWrite",
+    "DestinationReleased",
     "FailReason",
     "FetchArrived",
     "FrameIgnored",
@@ -60,8 +64,10 @@ __all__ = [
     "LookupRequest",
     "LookupResult",
     "Output",
+    "PeerGone",
     "ProtocolViolation",
     "RegistrationFinished",
+    "ReleaseCause",
     "RoundEnded",
     "SendFrame",
     "SendToLostPeer",

@@ -14,7 +14,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import count
 
-from p2pfsm.fsm import Tracer
+from p2pfsm.fsm import Behaviour, Tracer, profile
+from p2pfsm.fsm.profiles import DEFAULT_PROFILE
 from p2pfsm.protocol import Message
 from p2pfsm.session.config import Timeouts
 from p2pfsm.session.inputs import TimerId
@@ -84,8 +85,24 @@ class EndRoles:
     load_trigger: str
 
 
+@dataclass(frozen=True, slots=True)
+class EndSession:
+    """A child's deadline ends the whole session: the owner fires the session machine's
+    ``trigger`` (its actions end every role)."""
+
+    trigger: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseHeld:
+    """The peer can no longer write into us (``cause``): every destination the session
+    holds past its end is released (each round's ``peer_gone``)."""
+
+    cause: str
+
+
 ChildOutput = (Output | Send | Arm | Disarm | HoldJob | PinHits | ExpireLookupRound | BindRound
-               | EndRoles)
+               | EndRoles | EndSession | ReleaseHeld)
 """One item of a step's outbox."""
 
 
@@ -94,10 +111,12 @@ class ChildEnv:
     """What the session gives each child: the outbox, the deadlines, the tracer (the
     session's: setting ``Session.tracer`` sets it), the session-wide write ids (an
     id a raising step took is skipped, never reused) and whether served lookups are
-    answered in parts (``SessionConfig.answer_lookups_in_parts``)."""
+    answered in parts (``SessionConfig.answer_lookups_in_parts``) and the behaviour
+    profile's choices the guards read (``SessionConfig.profile``)."""
 
     timeouts: Timeouts
     tracer: Tracer | None
     lookup_parts: bool = False
+    behaviour: Behaviour = field(default_factory=lambda: profile(DEFAULT_PROFILE).behaviour)
     outbox: list[ChildOutput] = field(default_factory=list)
     xfers: Iterator[int] = field(default_factory=count)

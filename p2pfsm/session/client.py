@@ -14,27 +14,34 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from p2pfsm.fsm import CompiledMachine, Tracer, machine, writes
-from p2pfsm.protocol import AbortFetch, Fetch, Lookup, TransferDone
-from p2pfsm.session.child import Arm, ChildEnv, ChildOutput, Disarm, Send
-from p2pfsm.session.inputs import HostFinish, TimerFired, TimerId
-from p2pfsm.session.outputs import FailReason, LoadResult, LookupResult
+from p2pfsm.fsm import AbortAckTimeout, CompiledMachine, ReportFailedLoad, Tracer, machine, writes
+from p2pfsm.protocol import AbortAck, AbortFetch, Fetch, Lookup, TransferDone
+from p2pfsm.session.child import Arm, ChildEnv, ChildOutput, Disarm, EndSession, Send
+from p2pfsm.session.inputs import HostFinish, PeerGone, TimerFired, TimerId
+from p2pfsm.session.outputs import (
+    DestinationReleased,
+    FailReason,
+    LoadResult,
+    LookupResult,
+    ReleaseCause,
+)
 
 
 class ClientRound:
     """One load job: a fetch for (kv_request_id, round_seq)."""
 
     __slots__ = ("cause", "dest_indexes", "env", "fsm_state", "job_id", "keys",
-                 "kv_request_id", "round_seq")
+                 "kv_request_id", "probed", "round_seq")
 
     fsm_data = ("cause",)
     """What this round's actions write (restored should one raise)."""
 
     def __init__(
         self, env: ChildEnv, job_id: int, kv_request_id: str, round_seq: int,
-        keys: tuple[bytes, ...], dest_indexes: tuple[int, ...],
+        keys: tuple[bytes, ...], dest_indexes: tuple[int, ...], probed: bool = False,
     ) -> None:
         self.env = env
+        self.probed = probed  # the request ran lookups first (its load deadline may differ)
         self.fsm_state = CLIENT_ROUND.spec.initial
         self.job_id = job_id
         self.kv_request_id = kv_request_id
@@ -61,6 +68,13 @@ class ClientRound:
     def _timer(self, kind: str) -> TimerId:
         return TimerId(kind, (self.kv_request_id, self.round_seq))
 
+    # guards: the session's behaviour profile
+    def reports_at_abort_send(self, _ev: object) -> bool:
+        return self.env.behaviour.report_failed_load is ReportFailedLoad.AT_ABORT_SEND
+
+    def ack_timeout_ends_session(self, _ev: object) -> bool:
+        return self.env.behaviour.abort_ack_timeout is AbortAckTimeout.END_SESSION
+
     # actions
     @writes()
     def send_fetch(self, _ev: object) -> None:
@@ -68,7 +82,7 @@ class ClientRound:
 
     @writes()
     def arm_load_timer(self, _ev: object) -> None:
-        self._emit(Arm(self._timer("load"), self.env.timeouts.load))
+        self._emit(Arm(self._timer("load"), self.env.timeouts.load_for(self.probed)))
 
     @writes()
     def disarm_load_timer(self, _ev: object) -> None:
@@ -104,8 +118,47 @@ class ClientRound:
                        "round was aborted and the peer acknowledged it")
         else:
             self._fail(FailReason.TIMEOUT, f"no transfer_done within the load timeout "
-                       f"({self.env.timeouts.load:g} s); the round was aborted and the peer "
-                       "acknowledged it")
+                       f"({self.env.timeouts.load_for(self.probed):g} s); the round was "
+                       "aborted and the peer acknowledged it")
+
+    @writes()
+    def report_aborted_held(self, _ev: object) -> None:
+        if self.cause is FailReason.FINISHED:
+            why = "the host finished the request while it loaded"
+        else:
+            why = (f"no transfer_done within the load timeout "
+                   f"({self.env.timeouts.load_for(self.probed):g} s)")
+        assert self.cause is not None  # send_abort ran first
+        self._fail(self.cause, f"{why}; the round is being aborted: the destination is "
+                   "released later (DestinationReleased)", released=False)
+
+    @writes()
+    def end_session_ack_expired(self, _ev: object) -> None:
+        self._emit(EndSession("abort_ack_expired"))
+
+    @writes()
+    def arm_hold_timer(self, _ev: object) -> None:
+        hold = self.env.timeouts.hold
+        if hold is not None:  # no bounded hold: only a proof releases the destination
+            self._emit(Arm(self._timer("hold"), hold))
+
+    @writes()
+    def disarm_hold_timer(self, _ev: object) -> None:
+        self._emit(Disarm(self._timer("hold")))
+
+    @writes()
+    def report_released(self, ev: object) -> None:
+        if isinstance(ev, AbortAck):
+            cause = ReleaseCause.ABORT_ACK
+        elif isinstance(ev, TransferDone):
+            cause = ReleaseCause.TRANSFER_DONE
+        elif isinstance(ev, TimerFired):
+            cause = ReleaseCause.HOLD_EXPIRED
+        elif isinstance(ev, PeerGone):
+            cause = ReleaseCause(ev.cause)
+        else:  # session_lost_unsent: the fetch never left the queue
+            cause = ReleaseCause.NEVER_SENT
+        self._emit(DestinationReleased(self.job_id, self.kv_request_id, self.round_seq, cause))
 
     @writes()
     def report_orphaned(self, _ev: object) -> None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from p2pfsm.errors import ConfigError
+from p2pfsm.errors import ConfigError, ModelError
+from p2pfsm.fsm import DEFAULT_PROFILE, Behaviour, Profile, profile
 from p2pfsm.protocol import DEFAULT_LIMITS, Limits
 from p2pfsm.session.tombstones import DEFAULT_MAX_TOMBSTONES, TombstoneBudget
 
@@ -17,7 +18,11 @@ DEFAULT_MAX_LOOKUPS_PER_REQUEST = 32
 
 @dataclass(frozen=True, slots=True)
 class Timeouts:
-    """Deadlines in seconds; defaults are vLLM 0.33.0's."""
+    """Deadlines in seconds; defaults are the native profile's (vLLM 0.33.0's).
+
+    ``load_probed``: the load deadline of a fetch of a request that ran lookups (None: the
+    same as ``load``). ``hold``: how long a destination a lost peer may still write is
+    held before it is released on the clock (None: never; only a proof releases it)."""
 
     handshake: float = 30.0
     load: float = 30.0
@@ -29,13 +34,44 @@ class Timeouts:
     """The producer fails a fetch still unmet this long (the consumer aborts far earlier)."""
     tombstone: float = 120.0
     """How long per-request round memory outlives the request (the assumed frame lifetime)."""
+    load_probed: float | None = None
+    hold: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("handshake", "load", "abort_ack", "store", "lookup", "lookup_pending",
-                     "demand", "tombstone"):
+                     "demand", "tombstone", "load_probed", "hold"):
             value = getattr(self, name)
+            if value is None and name in ("load_probed", "hold"):
+                continue
             if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
                 raise ConfigError(f"timeouts.{name}: expected a positive number, got {value!r}")
+
+    @classmethod
+    def of_profile(cls, prof: Profile) -> Timeouts:
+        """The profile's deadlines (the others at their defaults)."""
+        return cls(**prof.timeouts)
+
+    def load_for(self, probed: bool) -> float:
+        """The load deadline of a fetch (``probed``: its request ran lookups)."""
+        return self.load_probed if probed and self.load_probed is not None else self.load
+
+
+PROFILE_TIMEOUTS = Timeouts()
+"""The default of ``timeouts`` in :class:`SessionConfig` (and the node's config): this
+very object stands for "the profile's deadlines"."""
+
+
+def resolve_profile(name: object) -> Profile:
+    """The profile ``name``; an unknown name is a :class:`ConfigError` naming the known."""
+    try:
+        return profile(name)  # type: ignore[arg-type]
+    except ModelError as exc:
+        raise ConfigError(f"profile: {exc}") from None
+
+
+def profile_timeouts(name: str, timeouts: Timeouts) -> Timeouts:
+    """``timeouts``, or the profile's when it is :data:`PROFILE_TIMEOUTS` (left out)."""
+    return Timeouts.of_profile(resolve_profile(name)) if timeouts is PROFILE_TIMEOUTS else timeouts
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +108,9 @@ class SessionConfig:
             past it the oldest goes early (counted in ``tombstone_budget``).
         tombstone_budget: the entries all sessions of a node hold together (shared);
             None: no such bound.
+        profile: the behaviour profile (``models/profiles/``): when an aborted load is
+            reported, what a missing abort_ack does, and the deadlines ``timeouts``
+            takes when it is left out.
     """
 
     local_id: str
@@ -82,7 +121,7 @@ class SessionConfig:
     hash_seed: str = DEFAULT_HASH_SEED
     config_fingerprint: str = ""
     expected_peer_id: str | None = None
-    timeouts: Timeouts = field(default_factory=Timeouts)
+    timeouts: Timeouts = PROFILE_TIMEOUTS
     limits: Limits = DEFAULT_LIMITS
     incarnation: int | None = None
     layout: tuple[tuple[int, int, int], ...] | None = None
@@ -90,8 +129,10 @@ class SessionConfig:
     answer_lookups_in_parts: bool = False
     max_tombstones: int = DEFAULT_MAX_TOMBSTONES
     tombstone_budget: TombstoneBudget | None = field(default=None, compare=False)
+    profile: str = DEFAULT_PROFILE
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "timeouts", profile_timeouts(self.profile, self.timeouts))
         if not self.local_id:
             raise ConfigError("local_id: must not be empty")
         for name in ("num_blocks", "block_len"):
@@ -115,3 +156,8 @@ class SessionConfig:
         if type(self.answer_lookups_in_parts) is not bool:
             raise ConfigError("answer_lookups_in_parts: expected a bool, got "
                               f"{self.answer_lookups_in_parts!r}")
+
+    @property
+    def behaviour(self) -> Behaviour:
+        """The profile's choices the machines' guards read."""
+        return resolve_profile(self.profile).behaviour

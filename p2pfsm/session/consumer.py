@@ -25,13 +25,14 @@ from p2pfsm.session.client import (
     LookupPart,
 )
 from p2pfsm.session.config import SessionConfig
-from p2pfsm.session.inputs import HostFetch, HostFinish, HostLookup
+from p2pfsm.session.inputs import HostFetch, HostFinish, HostLookup, PeerGone
 from p2pfsm.session.outputs import FrameIgnored, LoadResult, LookupResult
 from p2pfsm.session.owner import Owner
 from p2pfsm.session.tombstones import Tombstones
 
 # Named state sets of the models (their [sets]); the code spells no state name.
 _MOVES_FLOOR = CLIENT_ROUND.state_set("moves_floor")
+_HELD_PAST_SESSION = CLIENT_ROUND.state_set("held_past_session")
 _REPORTING = CLIENT_LOOKUP.state_set("reporting")
 
 
@@ -58,11 +59,31 @@ class ConsumerPart:
         self.lookups: dict[str, list[ClientLookup]] = {}
         self.lookup_by_serial: dict[int, ClientLookup] = {}
         self.lookup_serial = 0
+        # Rounds whose job has its result (released=False) and whose session is over:
+        # their destinations wait for a proof or the bounded hold.
+        self.held: dict[tuple[str, int], ClientRound] = {}
 
     @property
     def busy(self) -> bool:
         """True while a load or lookup is open."""
         return bool(self.loads or self.lookups)
+
+    def round_at(self, kv_request_id: str, round_seq: int) -> ClientRound:
+        """The load round (open or held past the session) of a timer's key."""
+        rnd = self._client_round(kv_request_id, round_seq)
+        return self.held[kv_request_id, round_seq] if rnd is None else rnd
+
+    def note(self, rnd: ClientRound) -> None:
+        """A round stepped: one now held past the session leaves the open rounds."""
+        if rnd.fsm_state in _HELD_PAST_SESSION and (rnd.kv_request_id, rnd.round_seq) \
+                not in self.held:
+            self._unlist(rnd)
+            self.held[rnd.kv_request_id, rnd.round_seq] = rnd
+
+    def release_held(self, ev: PeerGone) -> None:
+        """The peer's writes are proven over: every held destination is released."""
+        for rnd in list(self.held.values()):
+            self.owner.step(CLIENT_ROUND, rnd, "peer_gone", ev)
 
     def purge(self, now: float) -> None:
         """Forget the tombstones older than a frame lifetime."""
@@ -80,6 +101,10 @@ class ConsumerPart:
             floor = self.round_floor.get(rnd.kv_request_id) or 0
             self.round_floor.put(rnd.kv_request_id, max(floor, rnd.round_seq + 1),
                                  self.owner.now)
+        if self.held.pop((rnd.kv_request_id, rnd.round_seq), None) is None:
+            self._unlist(rnd)
+
+    def _unlist(self, rnd: ClientRound) -> None:
         rounds = self.loads[rnd.kv_request_id]
         del rounds[rnd.round_seq]
         if not rounds:
@@ -148,9 +173,11 @@ class ConsumerPart:
             owner.emit(LoadResult(ev.job_id, ev.kv_request_id, True, True))
             return
         seq = self.lookup_round.pop(ev.kv_request_id, None)
+        probed = seq is not None
         if seq is None:
             seq = self._alloc_round(ev.kv_request_id)
-        rnd = ClientRound(self.env, ev.job_id, ev.kv_request_id, seq, ev.keys, ev.dest_indexes)
+        rnd = ClientRound(self.env, ev.job_id, ev.kv_request_id, seq, ev.keys, ev.dest_indexes,
+                          probed)
         self.loads.setdefault(ev.kv_request_id, {})[seq] = rnd
         self.load_count += 1
         self.load_jobs.add(ev.job_id)

@@ -50,9 +50,11 @@ from p2pfsm.session.child import (
     ChildEnv,
     Disarm,
     EndRoles,
+    EndSession,
     ExpireLookupRound,
     HoldJob,
     PinHits,
+    ReleaseHeld,
     Send,
 )
 from p2pfsm.session.client import ClientLookup, ClientRound
@@ -64,6 +66,7 @@ from p2pfsm.session.inputs import (
     HostLookup,
     HostSupply,
     Input,
+    PeerGone,
     RegistrationFinished,
     TimerId,
     TransportLost,
@@ -96,6 +99,7 @@ from p2pfsm.session.view import SessionView
 __all__ = ["LIVE_STATES", "SESSION", "Session"]
 
 _HANDSHAKE_TYPES = (Connect, ConnectAck, Disconnect)
+_HOLDING = machine("client_round").state_set("holding")
 _OVER = "the session is not alive"
 """Why a job of a host call on a session that is over fails (its result's detail)."""
 
@@ -123,7 +127,8 @@ class Session:
         self._queue: list[Message] = []
         self._timers: TimerTable[TimerId] = TimerTable()
         # What the children's actions asked for (applied after each step).
-        self._env = ChildEnv(config.timeouts, tracer, config.answer_lookups_in_parts)
+        self._env = ChildEnv(config.timeouts, tracer, config.answer_lookups_in_parts,
+                             config.behaviour)
         self.consumer: ConsumerPart = ConsumerPart(self, config, self._env)
         self.producer: ProducerPart = ProducerPart(self, config, self._env)
         self._view = SessionView(self)
@@ -200,6 +205,15 @@ class Session:
     @property
     def alive(self) -> bool:
         return self.fsm_state in LIVE_STATES
+
+    @property
+    def held_destinations(self) -> int:
+        """Load jobs reported with ``released=False`` whose DestinationReleased is still
+        to come (their destinations held)."""
+        consumer = self.consumer
+        return len(consumer.held) + sum(
+            1 for rounds in consumer.loads.values() for r in rounds.values()
+            if r.fsm_state in _HOLDING)
 
     @property
     def has_pending_work(self) -> bool:
@@ -332,6 +346,8 @@ class Session:
             return
         if dest in m.spec.terminal:
             self._retire(obj)
+        elif type(obj) is ClientRound:
+            self.consumer.note(obj)
         self.producer.note(m, obj, trigger, dest)
 
     def _apply_outbox(self, obj: Any) -> None:
@@ -359,6 +375,10 @@ class Session:
                 self.producer.bind_round(obj)
             elif kind is EndRoles:
                 self._end_roles(item.load_trigger)  # type: ignore[union-attr]
+            elif kind is EndSession:
+                SESSION.fire(self, item.trigger, item)  # type: ignore[union-attr]
+            elif kind is ReleaseHeld:
+                self.consumer.release_held(PeerGone(item.cause))  # type: ignore[union-attr]
             else:
                 self._out.append(item)  # type: ignore[arg-type]  # an executor output
 
@@ -378,10 +398,12 @@ class Session:
 
     def _end_roles(self, load_trigger: str) -> None:
         """Every machine of both parts learns that the session is gone (the session
-        applies the EndRoles an ``end_work_*`` action, always the last, leaves)."""
+        applies the EndRoles an ``end_work_*`` action leaves). A timer the ending arms (a
+        held destination's bounded hold) stays armed."""
+        doomed = [t for t in self._timers if TIMER_MACHINES[t.kind] != "server_round"]
         self.consumer.end(load_trigger)
         self.producer.end()
-        for timer in [t for t in self._timers if TIMER_MACHINES[t.kind] != "server_round"]:
+        for timer in doomed:
             self.disarm(timer)
 
     # ---------------------------------------- the session machine: guards
@@ -504,6 +526,14 @@ class Session:
         assert isinstance(ev, Connect)
         self.death_reason = "peer reconnected"
         self.emit(SessionDead(self.death_reason, restarted_by=ev))
+
+    def die_abort_ack_timeout(self, _ev: object) -> None:
+        self._die("abort ack timed out")
+
+    def release_held_restarted(self, _ev: object) -> None:
+        """The peer's new incarnation connected: its old process, the one that could
+        write into the destinations this session holds, is gone."""
+        self._env.outbox.append(ReleaseHeld("peer_restarted"))
 
     def die_registration_failed(self, ev: object) -> None:
         assert isinstance(ev, RegistrationFinished)

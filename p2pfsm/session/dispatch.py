@@ -56,13 +56,14 @@ from p2pfsm.session.inputs import (
     HostLookup,
     HostStart,
     HostSupply,
+    PeerGone,
     RegistrationFinished,
     TimerFired,
     TransportLost,
     WriteFinished,
 )
 from p2pfsm.session.machine import LIVE_STATES
-from p2pfsm.session.outputs import FrameIgnored, ProtocolViolation
+from p2pfsm.session.outputs import FrameIgnored, ProtocolViolation, ReleaseCause
 from p2pfsm.session.server import SERVER_LOOKUP, SERVER_ROUND
 
 if TYPE_CHECKING:
@@ -215,6 +216,19 @@ def _on_result_write(s: Session, ev: WriteFinished) -> None:
     s.producer.on_write(ev)
 
 
+def _on_result_peer_gone(s: Session, ev: PeerGone) -> None:
+    """The peer's writes are proven over: a session that is over releases what it holds
+    (a live one holds nothing past its end: its loads still hear from the peer)."""
+    if ev.cause not in _GONE_CAUSES:
+        raise LocalProtocolError(f"peer_gone: cause must be one of {sorted(_GONE_CAUSES)}, "
+                                 f"got {ev.cause!r}")
+    if not s.alive:
+        s.consumer.release_held(ev)
+
+
+_GONE_CAUSES = frozenset({ReleaseCause.PEER_RESTARTED.value, ReleaseCause.DATA_PLANE.value})
+
+
 def _on_transport_lost(s: Session, ev: TransportLost) -> None:
     if s.alive:
         s.machine_fire(_ROWS["TransportLost"].trigger, ev)
@@ -231,6 +245,7 @@ _HOST: dict[str, Callable[[Session, Any], None]] = {
     "host_finish": _on_host_finish,
     "result_registration": _on_result_registration,
     "result_write": _on_result_write,
+    "result_peer_gone": _on_result_peer_gone,
     "transport_lost": _on_transport_lost,
 }
 """``<kind>_<name>`` of each row that is neither a frame nor a timer -> its handler."""
@@ -260,7 +275,7 @@ Finder = Callable[["Session", tuple[str | int, ...]], object]
 _FINDERS: dict[tuple[str, tuple[str, ...]], Finder] = {
     ("session", ()): lambda s, _k: s,
     ("client_round", ("kv_request_id", "round_seq")):
-        lambda s, k: s.consumer.loads[str(k[0])][int(k[1])],
+        lambda s, k: s.consumer.round_at(str(k[0]), int(k[1])),
     ("client_lookup", ("serial",)): lambda s, k: s.consumer.lookup_by_serial[int(k[0])],
     ("server_round", ("serial",)): lambda s, k: s.producer.round_by_serial[int(k[0])],
     ("server_lookup", ("token",)): lambda s, k: s.producer.tokens[int(k[0])],

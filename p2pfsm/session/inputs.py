@@ -71,6 +71,16 @@ class TransportLost:
 
 
 @dataclass(frozen=True, slots=True)
+class PeerGone:
+    """The peer can no longer write into our memory: its new incarnation connected, or
+    the data plane reports its agent gone and every transfer of it ended (``cause``:
+    "peer_restarted" or "data_plane"). A session that is over releases every destination
+    it holds; a live one ignores it."""
+
+    cause: str
+
+
+@dataclass(frozen=True, slots=True)
 class HostStart:
     """Open the session: send our connect."""
 
@@ -142,7 +152,7 @@ class HostClose:
 
 
 Input = (
-    FrameReceived | TimerFired | RegistrationFinished | WriteFinished | TransportLost
+    FrameReceived | TimerFired | RegistrationFinished | WriteFinished | TransportLost | PeerGone
     | HostStart | HostFetch | HostLookup | HostSupply | HostAnswerLookup | HostFinish | HostDecline
     | HostClose
 )

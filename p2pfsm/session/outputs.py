@@ -2,7 +2,8 @@
 
 Ordering obligations: SendFrame outputs must reach the wire in order;
 StartWrite must be started before any later CancelWrite of the same ``xfer``;
-results are final (each job gets exactly one LoadResult or StoreResult).
+results are final (each job gets exactly one LoadResult or StoreResult; a LoadResult
+with ``released=False`` is followed by exactly one DestinationReleased).
 """
 
 from __future__ import annotations
@@ -75,6 +76,8 @@ class LoadResult:
 
     ``released`` is True when the peer can no longer write into the job's destination
     blocks (transfer_done or abort_ack arrived): only then may the host reuse them.
+    When False, exactly one :class:`DestinationReleased` of the job follows once they
+    are free.
     A failed result says why: ``reason`` and a human ``detail`` (neither is compared).
     """
 
@@ -84,6 +87,34 @@ class LoadResult:
     released: bool
     reason: FailReason | None = field(default=None, compare=False)
     detail: str = field(default="", compare=False)
+
+
+class ReleaseCause(enum.StrEnum):
+    """Why a held destination (a LoadResult with ``released=False``) became free."""
+
+    ABORT_ACK = "abort_ack"
+    """The peer acknowledged the abort reported at its sending."""
+    TRANSFER_DONE = "transfer_done"
+    """The peer's transfer_done raced the abort reported at its sending."""
+    NEVER_SENT = "never_sent"
+    """The session ended before it was ready: the fetch never left the queue."""
+    PEER_RESTARTED = "peer_restarted"
+    """A new incarnation of the peer connected: the process that could write is gone."""
+    DATA_PLANE = "data_plane"
+    """The data plane proved the peer's writes over (its agent gone, transfers ended)."""
+    HOLD_EXPIRED = "hold_expired"
+    """The host's bounded hold (``Timeouts.hold``) ended."""
+
+
+@dataclass(frozen=True, slots=True)
+class DestinationReleased:
+    """The destination of load job ``job_id``, reported with ``released=False``, is free
+    now: no write of the peer can land in it. Exactly one follows each such result."""
+
+    job_id: int
+    kv_request_id: str
+    round_seq: int
+    cause: ReleaseCause
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,4 +237,5 @@ Output = (
     SendFrame | SendToLostPeer | StartRegistration | StartWrite | CancelWrite
     | LoadResult | StoreResult | LookupResult | LookupRequest | LookupClosed
     | FetchArrived | RoundEnded | ProtocolViolation | FrameIgnored | SessionDead
+    | DestinationReleased
 )

@@ -73,6 +73,12 @@ class SessionView:
         """Open load rounds: kv_request_id -> round_seq -> round."""
         return MappingProxyType(self._s.consumer.loads)
 
+    @property
+    def held(self) -> Mapping[tuple[str, int], ClientRound]:
+        """Load rounds held past the session's end: (kv_request_id, round_seq) -> round
+        (its job has its result, released=False; its DestinationReleased is to come)."""
+        return MappingProxyType(self._s.consumer.held)
+
     def load(self, kv_request_id: str, round_seq: int) -> ClientRound | None:
         """The open load round of (kv_request_id, round_seq), if any."""
         return self._s.consumer.loads.get(kv_request_id, {}).get(round_seq)

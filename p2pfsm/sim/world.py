@@ -63,6 +63,7 @@ from p2pfsm.session import (
     TransportLost,
     WriteFinished,
 )
+from p2pfsm.session.config import PROFILE_TIMEOUTS
 
 _UNSTARTED = machine("session").state_set("unstarted")
 """Session states before HostStart (models/session.toml [sets])."""
@@ -191,14 +192,14 @@ class SimWorld(Executor):
                 base_addr=0x1000 * (1 + self.NODES.index(n)),
                 num_blocks=num_blocks,
                 block_len=block_len,
-                timeouts=timeouts or Timeouts(),
+                timeouts=timeouts or PROFILE_TIMEOUTS,  # None: the profile's
                 **extra,  # type: ignore[arg-type]
             )
             self.sessions[n] = Session(cfg, tracer)
         self.channels: dict[tuple[str, str], list[bytes]] = {("a", "b"): [], ("b", "a"): []}
         self.sent_at: dict[tuple[str, str], list[float]] = {("a", "b"): [], ("b", "a"): []}
         # Frames live at most half a tombstone period (the sessions' stated assumption).
-        self.max_delay = (timeouts or Timeouts()).tombstone / 2
+        self.max_delay = (timeouts or PROFILE_TIMEOUTS).tombstone / 2
         self.registrations: set[str] = set()
         self.writes: dict[tuple[str, int], SimWrite] = {}
         self.registered: dict[str, bool] = {n: False for n in self.NODES}

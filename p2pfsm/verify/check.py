@@ -256,7 +256,7 @@ def check_main(argv: Sequence[str], out: TextIO | None = None) -> int:
             return EXIT_ERROR
         verdict, code = _verdict(cfg, result, expect_failure=args.config == "mustfail")
         vacuous = [] if counts is None or cfg.must_fail or result.violated else (
-            coverage.never_fired(counts, actions))
+            coverage.never_fired(counts, names.enabled_actions(actions, cfg.profile)))
         if vacuous and code == EXIT_OK:
             verdict, code = "VACUOUS (a Next disjunct never fires: " + ", ".join(vacuous) + ")", (
                 EXIT_FAILED)

@@ -1,6 +1,7 @@
 """Where the TLA+ spec lives and which TLC configs ``p2pfsm check`` knows.
 
-Configs are files under ``tla/``: ``gate.cfg`` (the PR gate), ``large.cfg`` (bigger
+Configs are files under ``tla/``: ``gate.cfg`` (the PR gate; ``gate_<profile>.cfg`` the
+gate of another behaviour profile), ``large.cfg`` (bigger
 workloads; .ci/run), ``live.cfg`` (liveness under fairness), ``live_ci.cfg`` (the same
 properties over smaller scenarios; .ci/run) and ``mustfail/*.cfg`` (each re-introduces a
 known bug and must give a counterexample). All of them check module ``MCP2P``.
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SPEC_MODULE = "MCP2P"
-NAMED = ("gate", "large", "live", "live_ci")
+NAMED = ("gate", "gate_vllm034", "large", "live", "live_ci")
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +26,8 @@ class Config:
     must_fail: bool
     comment: str
     temporal: bool
+    profile: str = "native"
+    """The behaviour profile it checks (its ``Profile`` constant)."""
 
     @property
     def tlc_args(self) -> tuple[str, ...]:
@@ -54,6 +57,7 @@ def _comment(text: str) -> str:
     return " ".join(lines)
 
 
+_PROFILE = re.compile(r'^\s*Profile\s*=\s*"([^"]+)"', re.MULTILINE)
 _TEMPORAL = re.compile(r"^\s*PROPERT(Y|IES)\b", re.MULTILINE)
 
 
@@ -69,9 +73,11 @@ def config(directory: Path, name: str) -> Config:
         if path.is_file() and path.suffix == ".cfg":
             stem = path.relative_to(directory).with_suffix("").as_posix()
             text = path.read_text()
+            found = _PROFILE.search(text)
             return Config(stem, path.relative_to(directory).as_posix(),
                           stem.startswith("mustfail/"), _comment(text),
-                          _TEMPORAL.search(text) is not None)
+                          _TEMPORAL.search(text) is not None,
+                          found.group(1) if found else "native")
     raise FileNotFoundError(f"no TLC config {name!r} in {directory}")
 
 

@@ -19,14 +19,26 @@ import re
 from pathlib import Path
 
 from p2pfsm.fsm import MachineSpec, machines
+from p2pfsm.fsm import profile as load_profile
 from p2pfsm.spec_calls import action_name as action_name
 from p2pfsm.spec_calls import pascal as pascal
+from p2pfsm.verify.tables import behaviour_of
 
 ENVIRONMENT_ACTIONS: frozenset[str] = frozenset(
     {"NetworkCut", "NetworkDrop", "NetworkDuplicate", "NetworkDiscard", "NetworkFrameLifetime",
      "NetworkRestart", "NetworkHalfCut", "NetworkCorrupt"}
 )
 """Spec actions that start no machine step."""
+
+PROFILE_ACTIONS: dict[str, int] = {"ClientRoundTimerHold": 2}
+"""Spec actions only some behaviour profiles enable: action -> the index of the flag of
+:func:`p2pfsm.verify.tables.behaviour_of` (atSend, ackEnds, hold) that enables it."""
+
+
+def enabled_actions(actions: list[str], profile: str) -> list[str]:
+    """``actions`` less those ``profile`` never enables (its ProfileBehaviour)."""
+    flags = behaviour_of(load_profile(profile))
+    return [a for a in actions if a not in PROFILE_ACTIONS or flags[PROFILE_ACTIONS[a]]]
 
 
 def action_map(specs: dict[str, MachineSpec] | None = None) -> dict[str, tuple[str, str]]:

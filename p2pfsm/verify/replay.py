@@ -22,6 +22,7 @@ tombstones end only at ``NetworkFrameLifetime`` (the peer's clock jumps past the
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -31,7 +32,7 @@ import msgpack
 
 from p2pfsm.demo.blocks import demo_key
 from p2pfsm.errors import LocalProtocolError, MalformedFrame
-from p2pfsm.fsm import input_table
+from p2pfsm.fsm import DEFAULT_PROFILE, input_table
 from p2pfsm.protocol import Disconnect, Fetch, decode, fetch_round
 from p2pfsm.session import (
     HostAnswerLookup,
@@ -39,12 +40,14 @@ from p2pfsm.session import (
     Input,
     LookupRequest,
     Output,
+    PeerGone,
     SendFrame,
     Timeouts,
     TimerFired,
     TimerId,
     TransportLost,
 )
+from p2pfsm.session.config import resolve_profile
 from p2pfsm.session.machine import OPEN_STATES, STALE_ANSWER_INTERVAL_S
 from p2pfsm.sim.world import SafetyViolation
 from p2pfsm.spec_calls import FRAME_ACTIONS, STALE_STATES, TIMER_ACTIONS, action_name
@@ -89,6 +92,13 @@ and no process that could restart (the restart is checked by the spec's invarian
 by tests/scenarios/test_scenario_restart.py)."""
 
 
+def replay_timeouts(profile: str) -> Timeouts:
+    """The replay's deadlines under ``profile``: every one 1 s, and a bounded hold only
+    where the profile has one (the spec's PB.hold)."""
+    has_hold = resolve_profile(profile).timeouts.get("hold") is not None
+    return dataclasses.replace(REPLAY_TIMEOUTS, hold=1.0 if has_hold else None)
+
+
 class ReplayWorld(TracingWorld):
     """A TracingWorld driven one explicit choice at a time.
 
@@ -97,17 +107,18 @@ class ReplayWorld(TracingWorld):
     session is told (``lost``); each peer has its own clock.
     """
 
-    def __init__(self, *, compatible: bool = True, parts: bool = False) -> None:
+    def __init__(self, *, compatible: bool = True, parts: bool = False,
+                 profile: str = DEFAULT_PROFILE) -> None:
         # Each session carries an incarnation, as a Node's does (the spec's peers are
         # p2pfsm nodes: a second connect on a ready session is the peer reconnecting).
-        configs: dict[str, dict[str, object]] = {"a": {"incarnation": 1},
-                                                 "b": {"incarnation": 2}}
+        configs: dict[str, dict[str, object]] = {"a": {"incarnation": 1, "profile": profile},
+                                                 "b": {"incarnation": 2, "profile": profile}}
         if not compatible:
             configs["b"]["hash_seed"] = "another-seed"
         if parts:
             configs["b"]["answer_lookups_in_parts"] = True
         super().__init__(0, held={"a": (0, 1), "b": (0, 1)}, num_blocks=8,
-                         timeouts=REPLAY_TIMEOUTS, configs=configs)
+                         timeouts=replay_timeouts(profile), configs=configs)
         self.clock = {n: 0.0 for n in self.NODES}
         self.is_cut = False
         self.unanswered: dict[tuple[str, int], frozenset[int]] = {}
@@ -168,6 +179,8 @@ def apply(w: ReplayWorld, op: Op) -> None:
         w.complete(node, xfer, fail=not ok)
     elif kind == "lost":
         w.feed(node, TransportLost("replayed cut"))
+    elif kind == "peer_gone":
+        w.feed(node, PeerGone("data_plane"))
     elif kind == "timer":
         w.fire_timer(node, args[1])  # type: ignore[arg-type]
     elif kind == "halfcut":
@@ -238,7 +251,7 @@ def candidates(w: ReplayWorld, action: str) -> Iterator[Op]:
                 for src, xfer in sorted(w.writes):
                     if src == p:
                         yield (op, p, xfer, ok)
-            elif op == "lost":
+            elif op in ("lost", "peer_gone"):
                 yield (op, p)
         elif action in _TIMER_KIND:
             for timer in sorted(w.timers[p], key=repr):
@@ -358,7 +371,9 @@ def code_abstract(w: ReplayWorld) -> Abstract:
     for p in w.NODES:
         parts.append(tuple(_code_frame(f) for f in w.channels[(p, w.other(p))]))
     for p in w.NODES:
-        loads = w.sessions[p].view.loads.get(_REQ, {})
+        view = w.sessions[p].view
+        loads = {**view.loads.get(_REQ, {}),
+                 **{seq: r for (req, seq), r in view.held.items() if req == _REQ}}
         parts.append(tuple(sorted((seq, r.fsm_state) for seq, r in loads.items())))
     for p in w.NODES:
         rounds = w.sessions[p].view.rounds.get(_REQ, {})
@@ -434,10 +449,12 @@ class ReplayResult:
         return frozenset(s for e in self.trace for s in e.steps)
 
 
-def initial_world(state: dict[str, str], *, parts: bool = False) -> ReplayWorld:
+def initial_world(state: dict[str, str], *, parts: bool = False,
+                  profile: str = DEFAULT_PROFILE) -> ReplayWorld:
     """A ReplayWorld in the spec's initial state (handshake done when it says ready);
-    ``parts``: the producer answers lookups in parts."""
-    w = ReplayWorld(compatible=state["compat"] == "TRUE", parts=parts)
+    ``parts``: the producer answers lookups in parts; ``profile``: the sessions' (the
+    spec config's Profile)."""
+    w = ReplayWorld(compatible=state["compat"] == "TRUE", parts=parts, profile=profile)
     if all(s in OPEN_STATES for s in _per_peer(state["sess"])):
         w.start()
         w.stabilize()
@@ -445,13 +462,14 @@ def initial_world(state: dict[str, str], *, parts: bool = False) -> ReplayWorld:
     return w
 
 
-def replay(graph: StateGraph, path: SpecPath, *, max_tries: int = 5_000) -> ReplayResult:
-    """Make two real sessions follow ``path``: with the producer answering in one frame,
-    else in parts (the module docstring)."""
-    first = _replay(graph, path, max_tries=max_tries, parts=False)
+def replay(graph: StateGraph, path: SpecPath, *, max_tries: int = 5_000,
+           profile: str = DEFAULT_PROFILE) -> ReplayResult:
+    """Make two real sessions of ``profile`` follow ``path``: with the producer answering
+    in one frame, else in parts (the module docstring)."""
+    first = _replay(graph, path, max_tries=max_tries, parts=False, profile=profile)
     if first.ok:
         return first
-    second = _replay(graph, path, max_tries=max_tries, parts=True)
+    second = _replay(graph, path, max_tries=max_tries, parts=True, profile=profile)
     if second.ok:
         return second
     return ReplayResult(False, (), (), f"{first.failure}; answering lookups in parts: "
@@ -459,7 +477,7 @@ def replay(graph: StateGraph, path: SpecPath, *, max_tries: int = 5_000) -> Repl
 
 
 def _replay(graph: StateGraph, path: SpecPath, *, max_tries: int,
-            parts: bool) -> ReplayResult:
+            parts: bool, profile: str) -> ReplayResult:
     """One replay of ``path`` (``parts``: the producer answers lookups in parts).
 
     Worlds are rebuilt from the inputs chosen so far (sessions are cheap to re-run and
@@ -468,7 +486,7 @@ def _replay(graph: StateGraph, path: SpecPath, *, max_tries: int,
     init = graph.state(path.initial)
 
     def rebuild(inputs: tuple[Op, ...]) -> ReplayWorld:
-        w = initial_world(init, parts=parts)
+        w = initial_world(init, parts=parts, profile=profile)
         for op in inputs:
             apply(w, op)
         return w
@@ -528,8 +546,10 @@ def describe(path: SpecPath) -> str:
     return " -> ".join(a for a, _n in path.steps) or "(initial state)"
 
 
-def replay_all(index: PathIndex, steps: Iterable[Step]) -> dict[Step, ReplayResult]:
-    """Replay the shortest path to each step (a failure for a step the spec never takes)."""
+def replay_all(index: PathIndex, steps: Iterable[Step], *,
+               profile: str = DEFAULT_PROFILE) -> dict[Step, ReplayResult]:
+    """Replay the shortest path to each step (a failure for a step the spec never takes)
+    with sessions of ``profile``."""
     never = ReplayResult(False, (), (), "the spec never takes this transition")
-    return {step: replay(index.graph, index.path_to(step)) if step in index.witness else never
-            for step in steps}
+    return {step: replay(index.graph, index.path_to(step), profile=profile)
+            if step in index.witness else never for step in steps}

@@ -7,6 +7,10 @@ its trace-validation run checks the invariant ``FiredDeclared``: every machine s
 behaviour of the spec takes is a row of these tables. The file is checked fresh by
 ``p2pfsm diagrams --check`` and the conformance tests; ``p2pfsm diagrams`` rewrites it.
 
+It also holds the behaviour profiles of ``models/profiles/`` as the spec reads them
+(``ProfileBehaviour``): the spec's ``Profile`` constant selects one, so the spec checks
+the very choices a session of that profile makes.
+
     python -m p2pfsm.verify.tables [--check]
 """
 
@@ -16,6 +20,7 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
+from p2pfsm.fsm.profiles import AbortAckTimeout, Profile, ReportFailedLoad, profiles
 from p2pfsm.fsm.spec import MachineSpec
 
 MODULE = "MachineTables"
@@ -37,8 +42,27 @@ def _table(name: str, rows: dict[str, str]) -> list[str]:
     return [f"{name} ==", f"       {body}", ""]
 
 
-def to_tla(specs: dict[str, MachineSpec]) -> str:
-    """The module text (deterministic: machines and rows sorted)."""
+def _bool(flag: bool) -> str:
+    return "TRUE" if flag else "FALSE"
+
+
+def behaviour_of(prof: Profile) -> tuple[bool, bool, bool]:
+    """What the spec reads of a profile: (atSend, ackEnds, hold), its guards' choices
+    and whether a held destination may be released on the clock (a bounded hold)."""
+    b = prof.behaviour
+    return (b.report_failed_load is ReportFailedLoad.AT_ABORT_SEND,
+            b.abort_ack_timeout is AbortAckTimeout.END_SESSION, "hold" in prof.timeouts)
+
+
+def _behaviour(prof: Profile) -> str:
+    at_send, ack_ends, hold = behaviour_of(prof)
+    return (f"[atSend |-> {_bool(at_send)}, ackEnds |-> {_bool(ack_ends)}, "
+            f"hold |-> {_bool(hold)}]")
+
+
+def to_tla(specs: dict[str, MachineSpec], profs: dict[str, Profile] | None = None) -> str:
+    """The module text (deterministic: machines, profiles and rows sorted)."""
+    profs = dict(profiles()) if profs is None else profs
     names = sorted(specs)
     edges = {m: _set((f"<<{_s(s)}, {_s(t)}, {_s(d)}>>" for s, t, d in specs[m].edges()),
                      " " * 8) for m in names}
@@ -54,6 +78,11 @@ def to_tla(specs: dict[str, MachineSpec]) -> str:
                                         for m in names})
     lines += ["\\* (source, trigger, dest) of every transition, internal ones included."]
     lines += _table("MachineTransitions", edges)
+    lines += ["\\* The behaviour profiles of models/profiles/: atSend (report_failed_load =",
+              "\\* at_abort_send), ackEnds (abort_ack_timeout = end_session), hold (a bounded",
+              "\\* hold of a destination a lost peer may still write).",
+              f"ProfileNames == {_set((_s(n) for n in sorted(profs)), ' ' * 15)}", ""]
+    lines += _table("ProfileBehaviour", {n: _behaviour(profs[n]) for n in sorted(profs)})
     lines += ["\\* A machine step <<machine, trigger, source, dest>> (the spec's `fired`) is a",
               "\\* transition of models/.",
               "Declared(f) == f[1] \\in Machines /\\ <<f[3], f[2], f[4]>> \\in "

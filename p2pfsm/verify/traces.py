@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from p2pfsm.fsm import TraceCursor, Tracer
-from p2pfsm.session import Input, Output
+from p2pfsm.fsm import DEFAULT_PROFILE, TraceCursor, Tracer
+from p2pfsm.session import Input, Output, PeerGone
 from p2pfsm.session.machine import UNSTARTED_STATES
 from p2pfsm.sim.world import SimWorld
 from p2pfsm.spec_calls import Step, call_action, steps_of
@@ -72,19 +72,23 @@ class Chooser(Protocol):
     def __call__(self, options: Sequence[_T], /) -> _T: ...
 
 
-def random_trace(seed: int, steps: int = 40) -> list[TraceEvent]:
+def random_trace(seed: int, steps: int = 40, profile: str = DEFAULT_PROFILE) -> list[TraceEvent]:
     """A seeded random run of two sessions within TraceP2P's bounds (see drive_trace)."""
-    return drive_trace(random.Random(seed).choice, seed, steps)
+    return drive_trace(random.Random(seed).choice, seed, steps, profile)
 
 
-def drive_trace(choose: Chooser, seed: int = 0, steps: int = 40) -> list[TraceEvent]:
+def drive_trace(choose: Chooser, seed: int = 0, steps: int = 40,
+                profile: str = DEFAULT_PROFILE) -> list[TraceEvent]:
     """A run of two sessions within TraceP2P's bounds, every choice made by ``choose``.
 
     One request ``r1`` and one key (block 0, held by both nodes); each node fetches,
     looks up, supplies and finishes at most twice; at most one fault (a lost frame, a
-    cut, a failed write or a close); frames are delivered in order.
+    cut, a failed write or a close); frames are delivered in order. Both sessions run
+    ``profile``; a session that is over and holds destinations may be told that the
+    peer's writes are over (PeerGone).
     """
-    w = TracingWorld(seed, held={"a": (0,), "b": (0,)}, num_blocks=8)
+    w = TracingWorld(seed, held={"a": (0,), "b": (0,)}, num_blocks=8,
+                     configs={n: {"profile": profile} for n in ("a", "b")})
     w.start()
     budget = {(n, op): 2 for n in w.NODES for op in ("fetch", "lookup", "supply", "finish")}
     fault = choose([None, None, "drop", "cut", "wfail", "close"])
@@ -103,9 +107,16 @@ def drive_trace(choose: Chooser, seed: int = 0, steps: int = 40) -> list[TraceEv
         for n in w.NODES:
             if w.sessions[n].state not in UNSTARTED_STATES:
                 moves += [(op, (n,)) for (m, op), left in budget.items() if m == n and left]
+            # The peer's writes are over: what a bounded hold assumes of its clock (the
+            # spec's WritesOver), and what the data plane proves (PeerGone).
+            peer = w.other(n)
+            over = (not w.sessions[peer].alive
+                    and not any(src == peer for src, _x in w.writes))
             for timer in w.timers[n]:
-                if timer[0] != "handshake":
+                if timer[0] != "handshake" and (timer[0] != "hold" or over):
                     moves.append(("timer", (n, repr(timer))))
+            if w.sessions[n].view.held and over:
+                moves.append(("gone", (n,)))
         if fault in ("cut", "close"):
             moves.append((fault, (choose(w.NODES),)))
         if not moves:
@@ -213,6 +224,8 @@ def _apply(w: TracingWorld, kind: str, args: tuple[str, ...],
         w.cut()
     elif kind == "close":
         w.close(args[0])
+    elif kind == "gone":
+        w.feed(args[0], PeerGone("data_plane"))
     else:
         node = args[0]
         budget[(node, kind)] -= 1
@@ -265,10 +278,13 @@ CONSTANTS
     BugP5 = FALSE
     BugSilentLoss = FALSE
     BugNoImplicitAck = FALSE
+    BugReleaseEarly = FALSE
+    Profile = "{profile}"
     TrackFired = TRUE
     TrackAct = TRUE
 INVARIANT FiredDeclared
 """
+"""The trace run's config (``{profile}``: the sessions' profile, the spec's Profile)."""
 
 _SPEC_FILES = ("P2P.tla", "Channel.tla", "MCP2P.tla", "TraceP2P.tla", "MachineTables.tla")
 # In a dot node label (escaped): ...\n/\\ t = 3\n... ; also as the label's first line.
@@ -299,7 +315,8 @@ class TraceValidation:
 
 
 def validate(traces: Sequence[Sequence[TraceEvent]], *, workers: int | None = None,
-             timeout: float | None = 600.0, source: Path | None = None) -> TraceValidation:
+             timeout: float | None = 600.0, source: Path | None = None,
+             profile: str = DEFAULT_PROFILE) -> TraceValidation:
     """Check every trace in one TLC run (traces are numbered from 1).
 
     TLC explores TraceP2P and dumps the reachable graph; trace i is accepted when every
@@ -320,7 +337,7 @@ def validate(traces: Sequence[Sequence[TraceEvent]], *, workers: int | None = No
         for name in _SPEC_FILES:
             shutil.copy(source / name, work / name)
         (work / "TraceData.tla").write_text(to_tla(traces))
-        (work / "TraceP2P.cfg").write_text(TRACE_CFG)
+        (work / "TraceP2P.cfg").write_text(TRACE_CFG.replace("{profile}", profile))
         dot = work / "trace.dot"
         result = tlc.run(work, "TraceP2P", "TraceP2P.cfg", workers=workers, timeout=timeout,
                          dump_dot=dot)

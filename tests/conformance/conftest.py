@@ -64,6 +64,37 @@ def gate_graph(gate_run: tlc.TlcResult) -> StateGraph:
     return load_dot(gate_run.dump)
 
 
+PROFILE_GATES = {"native": "gate", "vllm-0.34": "gate_vllm034"}
+"""The gate config of each behaviour profile the spec tells apart (vllm-0.33's
+ProfileBehaviour is native's: test_profiles_the_spec_reads)."""
+
+
+@pytest.fixture(scope="session")
+def profile_gate_runs(gate_run: tlc.TlcResult, spec_dir: Path,
+                      tmp_path_factory: pytest.TempPathFactory) -> dict[str, tlc.TlcResult]:
+    """Each profile's gate config, checked once, its reachable graph dumped."""
+    runs = {"native": gate_run}
+    for profile, name in PROFILE_GATES.items():
+        if profile not in runs:
+            cfg = configs.config(spec_dir, name)
+            dot = tmp_path_factory.mktemp("tlc") / f"{name}.dot"
+            runs[profile] = tlc.run(spec_dir, configs.SPEC_MODULE, cfg.path, dump_dot=dot,
+                                    timeout=TLC_TIMEOUT, extra=cfg.tlc_args)
+    return runs
+
+
+@pytest.fixture(scope="session")
+def profile_graphs(profile_gate_runs: dict[str, tlc.TlcResult],
+                   gate_graph: StateGraph) -> dict[str, StateGraph]:
+    """Each profile's gate graph (native's is ``gate_graph``)."""
+    out = {"native": gate_graph}
+    for profile, run in profile_gate_runs.items():
+        if profile not in out:
+            assert run.dump is not None, f"TLC wrote no graph: {run.errors}"
+            out[profile] = load_dot(run.dump)
+    return out
+
+
 @pytest.fixture(scope="session")
 def must_fail_runs(spec_dir: Path) -> dict[str, tlc.TlcResult]:
     """Every must-fail config, checked once, by one TLC worker: with several, which of the

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from p2pfsm.fsm import machines
-from p2pfsm.verify import configs, names, tlc
+from p2pfsm.fsm import machines, profiles
+from p2pfsm.verify import configs, names, tables, tlc
 from p2pfsm.verify.graph import StateGraph
 from p2pfsm.verify.unreachable import BEYOND_GATE, KNOWN_UNREACHABLE, excluded
 
+from .conftest import PROFILE_GATES
 from .verdicts import assert_passed
 
 Edge = tuple[str, str, str]
@@ -47,16 +48,35 @@ TRIGGERS_WITHOUT_ACTION: frozenset[tuple[str, str]] = frozenset({
 
 
 @pytest.fixture(scope="module")
-def projection(gate_graph: StateGraph) -> dict[str, set[Edge]]:
-    return gate_graph.projection()
+def projection(profile_graphs: dict[str, StateGraph]) -> dict[str, set[Edge]]:
+    """The union over the profiles' gates: each profile takes its own transitions."""
+    out: dict[str, set[Edge]] = {}
+    for graph in profile_graphs.values():
+        for name, edges in graph.projection().items():
+            out.setdefault(name, set()).update(edges)
+    return out
 
 
-def test_gate_config_passes(gate_run: tlc.TlcResult) -> None:
-    assert gate_run.errors == ()
-    assert gate_run.violated is None, f"{gate_run.violated}: {gate_run.counterexample}"
-    assert gate_run.ok
-    assert gate_run.distinct_states and gate_run.distinct_states > 1000
-    assert gate_run.left_on_queue == 0
+@pytest.mark.parametrize("profile", sorted(PROFILE_GATES))
+def test_gate_config_passes(profile: str, profile_gate_runs: dict[str, tlc.TlcResult],
+                            conformance_report: list[str]) -> None:
+    run = profile_gate_runs[profile]
+    assert run.errors == ()
+    assert run.violated is None, f"{run.violated}: {run.counterexample}"
+    assert run.ok
+    assert run.distinct_states and run.distinct_states > 1000
+    assert run.left_on_queue == 0
+    conformance_report.append(f"gate of profile {profile}: {run.distinct_states:,} states, "
+                              f"{run.seconds:.1f} s")
+
+
+def test_profiles_the_spec_reads() -> None:
+    """MachineTables' ProfileBehaviour (what P2P.tla reads of Profile) is generated from
+    models/profiles/; a profile without a gate of its own reads as one that has one."""
+    behaviour = {name: tables.behaviour_of(prof) for name, prof in profiles().items()}
+    gated = {behaviour[name] for name in PROFILE_GATES}
+    assert set(behaviour.values()) <= gated, behaviour
+    assert len(gated) == len(PROFILE_GATES)  # no two gates check the same thing
 
 
 @pytest.mark.parametrize("name", sorted(machines()))
@@ -115,10 +135,13 @@ def test_every_trigger_has_an_action_or_fires_inside_one(spec_dir: Path) -> None
     assert every - own == TRIGGERS_WITHOUT_ACTION
 
 
-def test_graph_actions_map_and_fire_their_trigger(gate_graph: StateGraph) -> None:
+@pytest.mark.parametrize("profile", sorted(PROFILE_GATES))
+def test_graph_actions_map_and_fire_their_trigger(
+    profile: str, profile_graphs: dict[str, StateGraph],
+) -> None:
     mapping = names.action_map()
     fired_by: dict[str, set[tuple[str, str]]] = {}
-    for _src, _dst, action, steps in gate_graph.steps():
+    for _src, _dst, action, steps in profile_graphs[profile].steps():
         assert action in names.ENVIRONMENT_ACTIONS or action in mapping, action
         fired_by.setdefault(action, set()).update((m, t) for m, t, _s, _d in steps)
     for action, triggers in fired_by.items():

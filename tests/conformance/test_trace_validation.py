@@ -278,3 +278,28 @@ def test_traces_exercise_most_transitions(recorded: Recorded) -> None:
     declared = {(name, edge) for name, spec in machines().items() for edge in spec.edges()}
     assert seen <= declared
     assert len(seen) >= len(declared) // 2, f"{len(seen)}/{len(declared)} transitions"
+
+
+PROFILE_SEEDS = range(12)
+
+
+def test_sim_traces_of_the_vllm_034_profile_are_behaviours_of_its_spec(
+    require_tlc: None, conformance_report: list[str],
+) -> None:
+    """Sessions of the vllm-0.34 profile, checked against the spec with that Profile:
+    each trace is explained, and the profile's own steps (a load reported at its abort,
+    its destination released later) are among them."""
+    traces = [random_trace(seed, profile="vllm-0.34") for seed in PROFILE_SEEDS]
+    result = validate(traces, profile="vllm-0.34")
+    missing = _unexplained(result, range(1, len(traces) + 1), traces)
+    assert not missing, "no behaviour of the spec explains:\n" + "\n".join(missing)
+    steps = {s for t in traces for e in t for s in e.steps}
+    assert ("client_round", "timer_load", "loading", "reported") in steps
+    conformance_report.append(
+        f"trace validation, profile vllm-0.34: {len(traces)} sim traces "
+        f"({sum(map(len, traces))} calls), {result.result.distinct_states} states, "
+        f"{result.result.seconds:.1f} s: all explained")
+    # The same traces against the native spec: a load reported at its abort is no
+    # behaviour of it.
+    wrong = validate(traces, profile="native")
+    assert wrong.rejected

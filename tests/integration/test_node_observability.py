@@ -59,7 +59,8 @@ def test_metrics_count_real_fetches_and_time_them(children: list[Child]) -> None
         assert all(f.result().success for f in loads) and not missing.result().success
         node.step(0)
         snap = node.metrics.snapshot()
-        assert snap["gauges"] == {"peers": 1, "open_loads": 0, "open_stores": 0}
+        assert snap["gauges"] == {"peers": 1, "open_loads": 0, "open_stores": 0,
+                                  "destinations_held": 0}
     c = snap["counters"]
     assert (c["fetches_started"], c["fetches_succeeded"], c["fetches_failed"]) == (4, 3, 1)
     assert c["fetches_failed_timeout"] == 1 and c["fetches_failed_peer_failed"] == 0

@@ -154,6 +154,8 @@ def write_models(mutant: TomlMutant, target: Path, models: Path = MODELS) -> Non
     """``models`` copied into ``target`` with ``mutant`` applied to its machine."""
     for path in models.glob("*.toml"):
         shutil.copy2(path, target / path.name)
+    if (models / "profiles").is_dir():  # the behaviour profiles, as they are
+        shutil.copytree(models / "profiles", target / "profiles", dirs_exist_ok=True)
     data = read_model_file(models / f"{mutant.machine}.toml", "model file")
     (target / f"{mutant.machine}.toml").write_text(to_toml(mutant.apply(data)))
 

@@ -30,8 +30,9 @@ def test_the_documented_names_are_the_fixed_set() -> None:
         "connections_resumed", "host_errors", "fetches_failed_peer_failed", "tombstones_dropped",
         "restarts_refused",
         "fetches_failed_timeout", "fetches_failed_finished", "fetches_failed_session_ended",
+        "destinations_released",
     }
-    assert set(GAUGES) == {"peers", "open_loads", "open_stores"}
+    assert set(GAUGES) == {"peers", "open_loads", "open_stores", "destinations_held"}
     assert set(HISTOGRAMS) == {"fetch_seconds", "handshake_seconds"}
     doc = metrics_module.__doc__ or ""
     undocumented = [n for n in [*COUNTERS, *GAUGES, *HISTOGRAMS] if f"``{n}``" not in doc]
@@ -118,7 +119,8 @@ def test_gauges_hold_the_last_value_set() -> None:
     m.set_gauge("peers", 2)
     m.set_gauge("open_loads", 5.5)
     gauges = m.snapshot()["gauges"]
-    assert gauges == {"peers": 2.0, "open_loads": 5.5, "open_stores": 0.0}
+    assert gauges == {"peers": 2.0, "open_loads": 5.5, "open_stores": 0.0,
+                      "destinations_held": 0.0}
     assert isinstance(gauges["peers"], float)
 
 

@@ -1,0 +1,169 @@
+"""Behaviour profiles: ``models/profiles/<name>.toml`` read into a checked :class:`Profile`.
+
+A profile holds what differs between implementations of one wire and is behaviour, not
+bytes: deadlines, when an aborted load is reported, what a missing abort_ack does, how
+long a destination a lost peer may still write is held. The machines' guards read its
+:class:`Behaviour`; the session's deadlines come from its ``timeouts``. A profile names
+the wire it speaks (``wire``), so a later wire is one more profile file with its own
+wire name, not a branch in code.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from types import MappingProxyType
+from typing import TypeVar
+
+from p2pfsm.errors import ModelError
+from p2pfsm.fsm import registry
+from p2pfsm.fsm.spec import read_model_file
+
+PROFILES_DIR = "profiles"
+"""The folder of ``models/`` that holds one file per profile."""
+
+DEFAULT_PROFILE = "native"
+"""The profile a node or session runs unless told otherwise."""
+
+WIRES = frozenset({"vllm-p2p"})
+"""Wires this build speaks (a profile naming another is refused at load)."""
+
+TIMEOUT_KEYS = frozenset({"handshake", "load", "load_probed", "abort_ack", "lookup", "hold"})
+"""Deadlines a profile may set (seconds, positive); ``load_probed`` and ``hold`` may be
+left out (the load deadline; no bounded hold)."""
+
+_REQUIRED_TIMEOUTS = frozenset({"handshake", "load", "abort_ack", "lookup"})
+_KEYS = frozenset({"name", "doc", "wire", "behaviour", "timeouts"})
+_E = TypeVar("_E", bound=enum.StrEnum)
+
+
+class ReportFailedLoad(enum.StrEnum):
+    """When an aborted load (deadline or host finish) gets its one result."""
+
+    AT_ABORT_ACK = "at_abort_ack"
+    """Once the peer acknowledged the abort (or raced it with transfer_done): the result
+    says ``released=True``."""
+    AT_ABORT_SEND = "at_abort_send"
+    """When the abort is sent, ``released=False``; a DestinationReleased follows."""
+
+
+class AbortAckTimeout(enum.StrEnum):
+    """What an abort_ack missing past its deadline does."""
+
+    RESEND_ABORT = "resend_abort"
+    """The abort is sent again; the round waits on (a timeout proves nothing)."""
+    END_SESSION = "end_session"
+    """The whole peer session ends ("abort ack timed out"); its loads are orphaned."""
+
+
+@dataclass(frozen=True, slots=True)
+class Behaviour:
+    """The choices the machines' guards read."""
+
+    report_failed_load: ReportFailedLoad
+    abort_ack_timeout: AbortAckTimeout
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """One named profile of ``models/profiles/``."""
+
+    name: str
+    doc: str
+    wire: str
+    behaviour: Behaviour
+    timeouts: Mapping[str, float]
+    """Deadlines in seconds, by :data:`TIMEOUT_KEYS` name (only those the file sets)."""
+
+
+def _enum(kind: type[_E], raw: Mapping[str, object], key: str, origin: str) -> _E:
+    value = raw.get(key)
+    try:
+        return kind(str(value) if isinstance(value, str) else "")
+    except ValueError:
+        allowed = ", ".join(repr(m.value) for m in kind)
+        raise ModelError(f"{origin}: behaviour.{key}: expected one of {allowed}, "
+                         f"got {value!r}") from None
+
+
+def _timeouts(raw: object, origin: str) -> Mapping[str, float]:
+    if not isinstance(raw, dict):
+        raise ModelError(f"{origin}: [timeouts] must be a table")
+    unknown = raw.keys() - TIMEOUT_KEYS
+    if unknown:
+        raise ModelError(f"{origin}: unknown timeouts {sorted(unknown)} "
+                         f"(known: {sorted(TIMEOUT_KEYS)})")
+    missing = _REQUIRED_TIMEOUTS - raw.keys()
+    if missing:
+        raise ModelError(f"{origin}: timeouts {sorted(missing)} missing")
+    out: dict[str, float] = {}
+    for key, value in raw.items():
+        if (not isinstance(value, int | float) or isinstance(value, bool)
+                or not math.isfinite(value) or value <= 0):
+            raise ModelError(f"{origin}: timeouts.{key}: expected a positive number of "
+                             f"seconds, got {value!r}")
+        out[key] = float(value)
+    return MappingProxyType(out)
+
+
+def parse_profile(data: Mapping[str, object], origin: str) -> Profile:
+    """A checked :class:`Profile` from a profile file's table (``origin`` names it in
+    errors); anything unknown, missing or out of range is a :class:`ModelError`."""
+    unknown = data.keys() - _KEYS
+    if unknown:
+        raise ModelError(f"{origin}: unknown keys {sorted(unknown)}")
+    name, doc, wire = data.get("name"), data.get("doc"), data.get("wire")
+    for key, value in (("name", name), ("doc", doc), ("wire", wire)):
+        if not isinstance(value, str) or not value:
+            raise ModelError(f"{origin}: {key} must be a non-empty string")
+    assert isinstance(name, str) and isinstance(doc, str) and isinstance(wire, str)
+    if wire not in WIRES:
+        raise ModelError(f"{origin}: wire {wire!r} is not one this build speaks "
+                         f"({sorted(WIRES)})")
+    raw = data.get("behaviour")
+    if not isinstance(raw, dict):
+        raise ModelError(f"{origin}: [behaviour] must be a table")
+    extra = raw.keys() - {"report_failed_load", "abort_ack_timeout"}
+    if extra:
+        raise ModelError(f"{origin}: unknown behaviour keys {sorted(extra)}")
+    behaviour = Behaviour(_enum(ReportFailedLoad, raw, "report_failed_load", origin),
+                          _enum(AbortAckTimeout, raw, "abort_ack_timeout", origin))
+    return Profile(name, doc, wire, behaviour, _timeouts(data.get("timeouts"), origin))
+
+
+def profiles_dir(models: Path) -> Path:
+    """The profile folder of a models directory."""
+    return models / PROFILES_DIR
+
+
+def load_profiles(models: Path) -> dict[str, Profile]:
+    """Every profile of ``models/profiles/``, by name (sorted); a file whose ``name``
+    is not its stem is a :class:`ModelError`."""
+    out: dict[str, Profile] = {}
+    for path in sorted(profiles_dir(models).glob("*.toml")):
+        prof = parse_profile(read_model_file(path, "profile file"), path.name)
+        if prof.name != path.stem:
+            raise ModelError(f"{path}: declares name {prof.name!r}, expected {path.stem!r}")
+        out[prof.name] = prof
+    if DEFAULT_PROFILE not in out:
+        raise ModelError(f"{profiles_dir(models)}: no {DEFAULT_PROFILE!r} profile")
+    return out
+
+
+@cache
+def profiles() -> Mapping[str, Profile]:
+    """Every profile this install knows, loaded once."""
+    return MappingProxyType(load_profiles(registry.models_directory()))
+
+
+def profile(name: str) -> Profile:
+    """The profile ``name``; an unknown one is a :class:`ModelError` naming the known."""
+    known = profiles()
+    try:
+        return known[name]
+    except (KeyError, TypeError):
+        raise ModelError(f"unknown profile {name!r} (known: {sorted(known)})") from None

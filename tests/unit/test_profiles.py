@@ -1,0 +1,62 @@
+"""Behaviour profiles (models/profiles/): loaded, checked, and refused when malformed."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from p2pfsm.errors import ModelError
+from p2pfsm.fsm import AbortAckTimeout, ReportFailedLoad, profile, profiles
+from p2pfsm.fsm.profiles import load_profiles, parse_profile
+from p2pfsm.fsm.registry import models_directory
+from p2pfsm.session import Timeouts
+
+NATIVE = (models_directory() / "profiles" / "native.toml").read_text()
+
+
+def test_the_three_profiles_and_what_differs_between_them() -> None:
+    assert set(profiles()) == {"native", "vllm-0.33", "vllm-0.34"}
+    native, v33, v34 = profile("native"), profile("vllm-0.33"), profile("vllm-0.34")
+    assert native.behaviour == v33.behaviour
+    assert native.behaviour.report_failed_load is ReportFailedLoad.AT_ABORT_ACK
+    assert v34.behaviour.report_failed_load is ReportFailedLoad.AT_ABORT_SEND
+    assert v34.behaviour.abort_ack_timeout is AbortAckTimeout.END_SESSION
+    t34 = Timeouts.of_profile(v34)
+    assert (t34.load, t34.load_for(True), t34.abort_ack, t34.lookup, t34.hold) == (
+        30.0, 10.0, 5.0, 8.0, 30.0)
+    # native's deadlines are the defaults (what a session has always run with)
+    assert Timeouts.of_profile(native) == Timeouts() == Timeouts.of_profile(v33)
+
+
+@pytest.mark.parametrize(("patch", "message"), [
+    (('report_failed_load = "at_abort_ack"', 'report_failed_load = "later"'),
+     "behaviour.report_failed_load: expected one of 'at_abort_ack', 'at_abort_send', "
+     "got 'later'"),
+    (('abort_ack = 10.0', 'abort_ack = -1'), "timeouts.abort_ack: expected a positive"),
+    (('lookup = 30.0', 'lookup = 30.0\nstall = 20.0'), "unknown timeouts ['stall']"),
+    (('load = 30.0\n', ''), "timeouts ['load'] missing"),
+    (('wire = "vllm-p2p"', 'wire = "g5"'), "wire 'g5' is not one this build speaks"),
+    (('wire = "vllm-p2p"', 'wire = "vllm-p2p"\nextra = 1'), "unknown keys ['extra']"),
+])
+def test_a_malformed_profile_is_a_clear_error(patch: tuple[str, str], message: str) -> None:
+    assert patch[0] in NATIVE
+    with pytest.raises(ModelError) as err:
+        parse_profile(tomllib.loads(NATIVE.replace(*patch, 1)), "native.toml")
+    assert message in str(err.value)
+
+
+def test_a_file_must_carry_its_own_name_and_native_must_exist(tmp_path: Path) -> None:
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles" / "other.toml").write_text(NATIVE)
+    with pytest.raises(ModelError, match="declares name 'native', expected 'other'"):
+        load_profiles(tmp_path)
+    (tmp_path / "profiles" / "other.toml").unlink()
+    with pytest.raises(ModelError, match="no 'native' profile"):
+        load_profiles(tmp_path)
+
+
+def test_an_unknown_name_lists_the_known() -> None:
+    with pytest.raises(ModelError, match=r"unknown profile 'x' \(known: \['native'"):
+        profile("x")
