@@ -99,7 +99,7 @@ class NodeEffects(NodeState):
         c = out.connect
         try:
             self.data.add_peer(peer, c.agent_metadata, c.base_addr, c.num_blocks, c.block_len,
-                               c.layout)
+                               c.layout, c.layout_names)
             result = RegistrationFinished(True)
         except (TransportError, ConfigError) as exc:
             log.warning("peer %s: cannot register its memory: %s", peer, exc)

@@ -64,6 +64,7 @@ class NodeSessions(NodeState):
             timeouts=cfg.timeouts,
             incarnation=self.incarnation,
             layout=self.data.layout.wire(),
+            layout_names=self.data.layout.names,
             max_lookups_per_request=cfg.max_lookups_per_request,
             answer_lookups_in_parts=cfg.answer_lookups_in_parts,
             limits=FRAME_LIMITS,

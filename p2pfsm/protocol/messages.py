@@ -40,6 +40,10 @@ class Connect:
             ``block_len`` is the sum of the slices. None: absent from the wire, the
             region is the one ``base_addr``, ``num_blocks`` and ``block_len`` describe
             (the only layout vLLM 0.33.0 knows; it ignores the field).
+        layout_names: optional, p2pfsm only: a name for each region, in the order of
+            ``layout`` (one name when ``layout`` is absent: the plain region). Two
+            peers that both name their regions pair them by name, not by position.
+            None: absent from the wire (vLLM sends and reads no names).
     """
 
     TYPE: ClassVar[str] = names.CONNECT
@@ -53,6 +57,7 @@ class Connect:
     hash_seed: str
     incarnation: int | None = None
     layout: tuple[tuple[int, int, int], ...] | None = None
+    layout_names: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

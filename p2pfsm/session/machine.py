@@ -37,6 +37,33 @@ def _said(layout: tuple[tuple[int, int, int], ...] | None) -> str:
     return f"{len(layout)} regions of slices {[entry[2] for entry in layout]}"
 
 
+def names_differ(ours: tuple[str, ...], theirs: tuple[str, ...]) -> tuple[str, str] | None:
+    """The region names only we have and only the peer has (sorted, comma-separated),
+    or None when both name the same set."""
+    only_ours, only_theirs = set(ours) - set(theirs), set(theirs) - set(ours)
+    if not only_ours and not only_theirs:
+        return None
+    return (f"names the peer lacks: [{', '.join(sorted(only_ours))}]",
+            f"names we lack: [{', '.join(sorted(only_theirs))}]")
+
+
+def _named_mismatch(cfg: SessionConfig, peer: Connect) -> HandshakeMismatch | None:
+    """Regions paired by name (both sides named theirs): the same names, and each
+    region's slice length that of its namesake."""
+    ours, theirs = cfg.layout_names, peer.layout_names
+    assert ours is not None and theirs is not None
+    differ = names_differ(ours, theirs)
+    if differ is not None:
+        return HandshakeMismatch("layout_names", *differ)
+    our_slices = _slices(cfg.layout) or (cfg.block_len,)
+    their_slices = dict(zip(theirs, _slices(peer.layout) or (peer.block_len,), strict=True))
+    for name, length in zip(ours, our_slices, strict=True):
+        if their_slices[name] != length:
+            return HandshakeMismatch("layout", f"region {name}: {length} bytes a block",
+                                     f"region {name}: {their_slices[name]} bytes a block")
+    return None
+
+
 def handshake_mismatch(cfg: SessionConfig, peer: Connect) -> HandshakeMismatch | None:
     """Why ``peer``'s connect cannot pair with our config, or None when it can."""
     checks: list[tuple[str, object, object]] = [
@@ -49,7 +76,11 @@ def handshake_mismatch(cfg: SessionConfig, peer: Connect) -> HandshakeMismatch |
     for name, ours, theirs in checks:
         if ours != theirs:
             return HandshakeMismatch(name, ours, theirs)
-    if _slices(cfg.layout) != _slices(peer.layout):
+    if cfg.layout_names is not None and peer.layout_names is not None:
+        named = _named_mismatch(cfg, peer)
+        if named is not None:
+            return named
+    elif _slices(cfg.layout) != _slices(peer.layout):
         return HandshakeMismatch("layout", _said(cfg.layout), _said(peer.layout))
     if peer.agent_metadata == cfg.agent_metadata or peer.peer_id == cfg.local_id:
         return HandshakeMismatch("agent_metadata", "ours", "ours (a peer posing as us)")
