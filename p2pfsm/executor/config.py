@@ -49,7 +49,8 @@ class NodeConfig:
     """Everything a node needs; see ``docs/api.md``. Every field is checked here.
 
     Args:
-        bind: ``tcp://HOST:PORT`` of our ROUTER (port 0: any free port).
+        bind: ``HOST:PORT`` (or ``tcp://HOST:PORT``, the same) of our ROUTER (port 0:
+            any free port); kept in the ``tcp://`` form.
         num_blocks, block_len: our block region (``num_blocks * block_len`` bytes).
         hash_seed: prefix-cache hash seed; peers must match (vLLM's default).
         model_config: dict whose fingerprint peers must match (or pass ``fingerprint``).
@@ -153,8 +154,12 @@ class NodeConfig:
     reconnect_backoff_s: tuple[float, float] | None = (0.1, 5.0)
 
     def __post_init__(self) -> None:
+        if isinstance(self.bind, str) and not self.bind.startswith("tcp://") \
+                and ":" in self.bind and "/" not in self.bind:
+            object.__setattr__(self, "bind", f"tcp://{self.bind}")  # "HOST:PORT" alike
         if not isinstance(self.bind, str) or not self.bind.startswith("tcp://"):
-            raise ConfigError(f"bind: expected 'tcp://HOST:PORT', got {self.bind!r}")
+            raise ConfigError(f"bind: expected 'HOST:PORT' or 'tcp://HOST:PORT', "
+                              f"got {self.bind!r}")
         _int_in("num_blocks", self.num_blocks, 1, MAX_BLOCKS)
         _int_in("block_len", self.block_len, 1, MAX_REGION_BYTES)
         if self.num_blocks * self.block_len > MAX_REGION_BYTES:

@@ -53,6 +53,7 @@ from p2pfsm.executor.node_effects import NodeEffects
 from p2pfsm.executor.node_sessions import NodeSessions
 from p2pfsm.executor.node_state import LookupAnswer, as_int, as_ints
 from p2pfsm.executor.node_threads import DrivingThreads
+from p2pfsm.executor.peer_ids import peer_address
 from p2pfsm.executor.peer_policy import EndedSessions, IdleInbound, ViolationBudget
 from p2pfsm.executor.redial import Redials
 from p2pfsm.executor.served_lookups import ServedLookups
@@ -199,7 +200,9 @@ class Node(NodeSessions, NodeEffects):
         return self._closed
 
     def connect(self, peer_id: str) -> Session:
-        """Open (or return) the session to ``peer_id`` ("host:port")."""
+        """Open (or return) the session to ``peer_id`` ("host:port"; "tcp://host:port" is
+        the same peer, as is every host call's ``peer_id``)."""
+        peer_id = peer_address(peer_id)
         self._check_open()
         self._check_thread("connect")
         session = self.sessions.get(peer_id)
@@ -216,6 +219,7 @@ class Node(NodeSessions, NodeEffects):
     def when_ready(self, peer_id: str) -> JobFuture[Session]:
         """A future of the session to ``peer_id`` once it is ready; a
         :class:`TransportError` naming the reason if it dies first."""
+        peer_id = peer_address(peer_id)
         session = self.session(peer_id)
         fut: JobFuture[Session] = JobFuture(self)
         if session.ready:
@@ -233,6 +237,7 @@ class Node(NodeSessions, NodeEffects):
         ``cancel()`` on the future finishes the request (aborting a round in flight); the
         future still resolves with the final LoadResult.
         """
+        peer_id = peer_address(peer_id)
         self._check_thread("fetch")  # before anything changes
         keys = tuple(keys)
         job = self.new_job_id()
@@ -253,6 +258,7 @@ class Node(NodeSessions, NodeEffects):
     def lookup(self, peer_id: str, kv_request_id: str,
                keys: Iterable[bytes]) -> JobFuture[LookupResult]:
         """Ask the peer which keys it holds; one result."""
+        peer_id = peer_address(peer_id)
         self._check_thread("lookup")
         fut: JobFuture[LookupResult] = JobFuture(self)
         self._jobs.add_lookup(peer_id, kv_request_id, fut)
@@ -267,6 +273,7 @@ class Node(NodeSessions, NodeEffects):
     def supply(self, peer_id: str, kv_request_id: str, keys: Iterable[bytes],
                local_indexes: Iterable[int]) -> JobFuture[StoreResult]:
         """Offer stored blocks to the peer; they stay pinned until the result."""
+        peer_id = peer_address(peer_id)
         self._check_thread("supply")
         job = self.new_job_id()
         fut: JobFuture[StoreResult] = JobFuture(self)
@@ -283,6 +290,7 @@ class Node(NodeSessions, NodeEffects):
     def finish(self, peer_id: str, kv_request_id: str) -> None:
         """The host is done with the request (both roles): a load in flight is aborted
         (its result still comes), a demand that cannot be met is answered."""
+        peer_id = peer_address(peer_id)
         self._host(peer_id, HostFinish(kv_request_id))
 
     def decline(self, peer_id: str, kv_request_id: str, round_seq: int) -> None:
@@ -290,6 +298,7 @@ class Node(NodeSessions, NodeEffects):
         more supply: it fails (transfer_done(false) once its writes have landed), and the
         request goes on: a later round of it is served as usual. A round that ended
         meanwhile takes nothing; one no fetch has named yet raises LocalProtocolError."""
+        peer_id = peer_address(peer_id)
         self._host(peer_id, HostDecline(kv_request_id, round_seq))
 
     def resolve_lookup(self, peer_id: str, token: int, hits: Mapping[bytes, int] | None = None,
@@ -306,6 +315,7 @@ class Node(NodeSessions, NodeEffects):
         ``on_lookup``, one of another peer, a key both hit and pending, a key not
         pending, or an index outside our region.
         """
+        peer_id = peer_address(peer_id)
         self._check_open()
         self._check_thread("resolve_lookup")
         hits = {k: as_int(v) for k, v in (hits or {}).items()}

@@ -27,6 +27,7 @@ from p2pfsm.executor.driver import Driver
 from p2pfsm.executor.jobs import Driven, LookupAsk, OpenJobs
 from p2pfsm.executor.nixl_plane import DataPlane
 from p2pfsm.executor.node_threads import DrivingThreads
+from p2pfsm.executor.peer_ids import peer_address
 from p2pfsm.executor.peer_policy import EndedSessions, IdleInbound, ViolationBudget
 from p2pfsm.executor.redial import Parked, Redials
 from p2pfsm.executor.served_lookups import ServedLookups
@@ -139,7 +140,7 @@ class NodeState(Driven, Executor):
 
     def session(self, peer_id: str) -> Session:
         try:
-            return self.sessions[peer_id]
+            return self.sessions[peer_address(peer_id)]
         except KeyError:
             raise LocalProtocolError(f"no session to {peer_id}; connect first") from None
 

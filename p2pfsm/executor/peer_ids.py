@@ -13,7 +13,7 @@ from typing import Final
 
 from p2pfsm.errors import TransportError
 
-__all__ = ["host_is_valid", "ip_of", "origin_of", "parse_peer_id"]
+__all__ = ["host_is_valid", "ip_of", "origin_of", "parse_peer_id", "peer_address"]
 
 _MAX_HOSTNAME_LEN: Final = 253
 _MAX_PEER_ID_LEN: Final = _MAX_HOSTNAME_LEN + 1 + 5
@@ -45,6 +45,15 @@ def host_is_valid(host: str) -> bool:
         if label[0] == "-" or label[-1] == "-":
             return False
     return True
+
+
+def peer_address(text: str) -> str:
+    """A peer's address as the host gives it, ``"host:port"`` or ``"tcp://host:port"``,
+    as its peer id ``"host:port"`` (anything else is returned as it is, for the call
+    that takes it to refuse)."""
+    if isinstance(text, str) and text.startswith("tcp://"):
+        return text[len("tcp://"):]
+    return text
 
 
 def parse_peer_id(raw: str | bytes, *, allow_port_zero: bool = False) -> tuple[str, int]:

@@ -85,11 +85,12 @@ def test_named_regions_in_another_order_exchange_the_right_bytes(producer: Child
     whole = torch.full((NB, len(order), SLICE), UNTOUCHED, dtype=torch.uint8)
     regions = {name: whole[:, r] for r, name in enumerate(order)}
     wanted = {3: 0, 11: 1, 5: 9, 0: 11}  # producer block -> our block
-    with Node(NodeConfig("tcp://127.0.0.1:0", NB, BLOCK, memory=regions)) as node:
-        session = node.connect(peer)
+    with Node(NodeConfig("127.0.0.1:0", NB, BLOCK, memory=regions)) as node:
+        session = node.connect(f"tcp://{peer}")  # the same peer as "host:port"
+        assert node.connect(peer) is session and node.session(f"tcp://{peer}") is session
         drive(node, lambda: session.ready or not session.alive, 60.0, "handshake")
         assert session.ready, node.deaths
-        load = node.fetch(peer, "named-1", [key(b) for b in wanted], list(wanted.values()))
+        load = node.fetch(f"tcp://{peer}", "named-1", [key(b) for b in wanted], list(wanted.values()))
         drive(node, load.done, 60.0, "the fetch's result")
         result = load.result()
         assert result.success and result.released, result

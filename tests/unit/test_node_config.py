@@ -30,7 +30,8 @@ def test_defaults_are_valid_and_fingerprint_is_vllms() -> None:
 
 
 @pytest.mark.parametrize(("field", "value"), [
-    ("bind", "127.0.0.1:5555"),
+    ("bind", "udp://127.0.0.1:5555"),
+    ("bind", "127.0.0.1"),
     ("bind", 5555),
     ("num_blocks", 0),
     ("num_blocks", True),
@@ -69,6 +70,14 @@ def test_defaults_are_valid_and_fingerprint_is_vllms() -> None:
 def test_a_bad_field_is_named_at_construction(field: str, value: object) -> None:
     with pytest.raises(ConfigError, match=field):
         make(**{field: value})
+
+
+def test_bind_takes_host_port_with_or_without_tcp() -> None:
+    from p2pfsm.executor.peer_ids import peer_address
+
+    assert make(bind="127.0.0.1:5555").bind == "tcp://127.0.0.1:5555"
+    assert make(bind="tcp://127.0.0.1:5555").bind == "tcp://127.0.0.1:5555"
+    assert peer_address("tcp://10.0.0.1:80") == peer_address("10.0.0.1:80") == "10.0.0.1:80"
 
 
 def test_a_region_too_large_to_exist_is_refused_before_any_allocation() -> None:
