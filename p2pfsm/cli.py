@@ -375,7 +375,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_demo)
 
     p = command("serve", help="serve the demo block model until stopped")
-    p.add_argument("--bind", required=True, help="HOST:PORT or tcp://HOST:PORT (port 0: any free port)")
+    p.add_argument("--bind", required=True,
+                   help="HOST:PORT or tcp://HOST:PORT (port 0: any free port)")
     p.add_argument("--blocks", type=positive(int), default=256,
                    help="blocks held (0..N-1); blocks x (block-len + 512 B) must fit in "
                         "the memory available, and N <= 2**31")

@@ -90,7 +90,8 @@ def test_named_regions_in_another_order_exchange_the_right_bytes(producer: Child
         assert node.connect(peer) is session and node.session(f"tcp://{peer}") is session
         drive(node, lambda: session.ready or not session.alive, 60.0, "handshake")
         assert session.ready, node.deaths
-        load = node.fetch(f"tcp://{peer}", "named-1", [key(b) for b in wanted], list(wanted.values()))
+        load = node.fetch(f"tcp://{peer}", "named-1", [key(b) for b in wanted],
+                          list(wanted.values()))
         drive(node, load.done, 60.0, "the fetch's result")
         result = load.result()
         assert result.success and result.released, result
