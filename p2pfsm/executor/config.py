@@ -91,7 +91,8 @@ class NodeConfig:
         reconnect_backoff_s: a session the host opened (``connect``) that dies is opened
             again, first at once, then (while each attempt fails before it is ready)
             after a wait that starts at the first number and doubles up to the second
-            (default (0.1, 5.0)); counted in ``redials``, each attempt logged. A fetch or
+            (default (0.1, 1.0)), each wait drawn at random between half of it and all of
+            it; counted in ``redials``, each attempt logged. A fetch or
             lookup to the peer meanwhile waits for the new session up to its own
             deadline, or fails with SESSION_ENDED saying why; a session the peer opens to
             us meanwhile (it restarted and connected first) takes the redial's place at
@@ -151,7 +152,8 @@ class NodeConfig:
     curve_peer_key: str | None = None
     max_lookups_per_request: int = DEFAULT_MAX_LOOKUPS_PER_REQUEST
     answer_lookups_in_parts: bool = False
-    reconnect_backoff_s: tuple[float, float] | None = (0.1, 5.0)
+    reconnect_backoff_s: tuple[float, float] | None = (0.1, 1.0)
+    reconnect_max_attempts: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.bind, str) and not self.bind.startswith("tcp://") \
@@ -210,6 +212,8 @@ class NodeConfig:
                 and 0 < backoff[0] <= backoff[1] <= 3600):
             raise ConfigError(f"reconnect_backoff_s: expected None or (first, most) seconds "
                               f"with 0 < first <= most <= 3600, got {backoff!r}")
+        if self.reconnect_max_attempts is not None:
+            _int_in("reconnect_max_attempts", self.reconnect_max_attempts, 1, 1_000_000)
         for name in ("dial_back_any_host", "answer_lookups_in_parts"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name}: expected a bool, got {getattr(self, name)!r}")

@@ -115,6 +115,7 @@ class Node(NodeSessions, NodeEffects):
         on_fetch: Callable[[str, FetchArrived], None] | None = None,
         on_result: Callable[[str, LoadResult | StoreResult | LookupResult], None] | None = None,
         on_round_ended: Callable[[str, RoundEnded], None] | None = None,
+        on_peer_state: Callable[[str, str, str], None] | None = None,
         call_hook: CallHook | None = None,
     ) -> None:
         if not isinstance(config, NodeConfig):
@@ -124,6 +125,7 @@ class Node(NodeSessions, NodeEffects):
         self.on_fetch = on_fetch
         self.on_result = on_result
         self.on_round_ended = on_round_ended
+        self.on_peer_state = on_peer_state
         self.metrics = NodeMetrics()
         self.control = ControlPlane(config.bind, heartbeat_ivl_ms=config.heartbeat_ivl_ms,
                                     heartbeat_timeout_ms=config.heartbeat_timeout_ms,
@@ -169,7 +171,8 @@ class Node(NodeSessions, NodeEffects):
         self._closed = False
         self._threads = DrivingThreads()
         self._close_request: tuple[float, Future[None]] | None = None
-        self._redials = Redials(config.reconnect_backoff_s)  # sessions opened again
+        self._redials = Redials(config.reconnect_backoff_s,  # sessions opened again
+                                config.reconnect_max_attempts)
         self._unsent_death: Session | None = None  # died before ready, being redialled
         self._threadsafe: ThreadSafeNode | None = None
         self._hook = call_hook
@@ -213,8 +216,36 @@ class Node(NodeSessions, NodeEffects):
         self._bindings.forget(peer_id)  # a new session: bound by the peer's first frame
         session = self._new_session(peer_id)
         self._idle.ours(peer_id)  # never evicted for idleness
+        self._peer_state(peer_id, "connecting", "")
         self._feed_parked(peer_id, session)
         return session
+
+    def disconnect(self, peer_id: str) -> None:
+        """Close the session to ``peer_id`` and forget the peer: it is not opened again,
+        and the calls that waited for it fail (SESSION_ENDED), as do the open jobs of
+        the session it closes. ``connect`` opens it again. A peer with no session is
+        only forgotten."""
+        peer_id = peer_address(peer_id)
+        self._check_open()
+        self._check_thread("disconnect")
+        ours = self._redials.dialled(peer_id)
+        for ev in self._redials.forget(peer_id):
+            self._fail_parked(peer_id, ev, FailReason.SESSION_ENDED,
+                              "the host disconnected from the peer")
+        session = self.sessions.get(peer_id)
+        if session is not None and session.state not in _TERMINAL:
+            self._queue(peer_id, HostClose(), session)
+        if ours:
+            self._peer_state(peer_id, "given up", "disconnected by the host")
+        self._drain()
+
+    def redial_now(self, peer_id: str) -> bool:
+        """Open the session to ``peer_id`` again at the next turn instead of after its
+        backoff (the host knows the peer is back); False when no redial of it waits."""
+        peer_id = peer_address(peer_id)
+        self._check_open()
+        self._check_thread("redial_now")
+        return self._redials.now(peer_id, time.monotonic())
 
     def when_ready(self, peer_id: str) -> JobFuture[Session]:
         """A future of the session to ``peer_id`` once it is ready; a

@@ -30,6 +30,7 @@ from p2pfsm.session import (
     FetchArrived,
     HostAnswerLookup,
     HostFetch,
+    HostLookup,
     LoadResult,
     LookupClosed,
     LookupRequest,
@@ -113,6 +114,14 @@ class NodeEffects(NodeState):
         self._deliver(peer, self._jobs.stores.pop(out.job_id, None), out)
 
     def lookup_result(self, peer: str, out: LookupResult) -> None:
+        if (out.reason is FailReason.SESSION_ENDED and self._unsent_death is not None
+                and self._driver.applying is self._unsent_death
+                and self._redials.waiting(peer)):
+            # Never sent (its session died before ready, and opens again): it waits for
+            # the next session, as a fetch does.
+            self._redials.park(peer, time.monotonic() + self.config.timeouts.lookup,
+                               HostLookup(out.kv_request_id, out.keys))
+            return
         if out.reason is not None:
             out = dataclasses.replace(out, detail=self._fail_detail(peer, out))
         self._deliver(peer, self._jobs.take_lookup(peer, out.kv_request_id), out)

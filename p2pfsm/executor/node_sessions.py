@@ -16,6 +16,7 @@ import time
 
 from p2pfsm.errors import RemoteProtocolError, TransportError
 from p2pfsm.executor.node_state import NodeState
+from p2pfsm.executor.peer_ids import misnamed_dials
 from p2pfsm.fsm import machine
 from p2pfsm.protocol import DEFAULT_LIMITS, Connect, Message, decode, encode
 from p2pfsm.session import (
@@ -26,6 +27,7 @@ from p2pfsm.session import (
     Session,
     SessionConfig,
     SessionDead,
+    TransportLost,
 )
 
 log = logging.getLogger("p2pfsm.node")
@@ -100,6 +102,7 @@ class NodeSessions(NodeState):
                 if session is not None:
                     self._queue(peer_id, FrameReceived(frame, msg))
                 return
+            self._misnamed_dials(peer_id)
             self._new_session(peer_id)
             self._idle.opened_by_peer(peer_id)  # subject to idle eviction
             if self._redials.waiting(peer_id):
@@ -107,6 +110,22 @@ class NodeSessions(NodeState):
         self._bindings.bind(peer_id, conn)
         self._idle.heard(peer_id, time.monotonic())
         self._queue(peer_id, FrameReceived(frame, msg))
+
+    def _misnamed_dials(self, peer_id: str) -> None:
+        """A peer opened a session as ``peer_id`` while a session we dialled to the same
+        address under another name (``connect("localhost:P")`` to a peer that calls
+        itself ``127.0.0.1:P``) waits for its handshake, which can never come: that
+        session dies at once saying which id to connect to, and is not redialled."""
+        for other in misnamed_dials(peer_id, [p for p, s in self.sessions.items()
+                                              if s.alive and not s.ready
+                                              and self._redials.dialled(p)]):
+            why = (f"the peer at {other} calls itself {peer_id}: a peer id is the "
+                   f"host:port the peer names itself by; connect to {peer_id!r}")
+            log.warning("peer %s: %s", other, why)
+            for ev in self._redials.forget(other):
+                self._fail_parked(other, ev, FailReason.SESSION_ENDED, why)
+            self._peer_state(other, "given up", why)
+            self._queue(other, TransportLost(why), self.sessions[other])
 
     def _foreign_frame(self, peer_id: str, session: Session) -> None:
         """A frame under ``peer_id`` from another connection than its live session's (one
@@ -128,6 +147,8 @@ class NodeSessions(NodeState):
             self.metrics.observe("handshake_seconds", time.monotonic() - started)
         self.metrics.count("handshakes")
         self._redials.ready(peer_id)
+        if self._redials.dialled(peer_id):
+            self._peer_state(peer_id, "ready", "")
         log.info("peer %s ready", peer_id)
         for fut in self._jobs.ready_waiters.pop(peer_id, ()):
             if not fut.done():
@@ -169,9 +190,23 @@ class NodeSessions(NodeState):
         elif self._redials.may_redial(peer_id, dead, self._closed):
             wait = self._redials.schedule(peer_id, time.monotonic())
             log.info("peer %s: opening the session again in %.1f s", peer_id, wait)
+            self._peer_state(peer_id, "lost", dead.reason)
             if never_ready:
                 # Its fetches never left the queue: they wait for the next session.
                 self._unsent_death = self._driver.applying
+        elif self._redials.dialled(peer_id):
+            self._given_up(peer_id, dead)
+
+    def _given_up(self, peer_id: str, dead: SessionDead) -> None:
+        """A session the host opened died and is not opened again."""
+        why = dead.reason
+        if self._redials.exhausted(peer_id):
+            why = (f"{self._redials.attempts(peer_id)} attempts in a row failed; the last: "
+                   f"{dead.reason}")
+            log.warning("peer %s given up: %s", peer_id, why)
+            for ev in self._redials.forget(peer_id):  # a later connect() starts afresh
+                self._fail_parked(peer_id, ev, FailReason.SESSION_ENDED, f"given up: {why}")
+        self._peer_state(peer_id, "given up", why)
 
     def _redial_due(self, now: float) -> None:
         """Open the sessions whose redial is due; fail the calls that waited past their

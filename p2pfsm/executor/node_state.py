@@ -96,6 +96,7 @@ class NodeState(Driven, Executor):
     on_fetch: Callable[[str, FetchArrived], None] | None
     on_result: Callable[[str, LoadResult | StoreResult | LookupResult], None] | None
     on_round_ended: Callable[[str, RoundEnded], None] | None
+    on_peer_state: Callable[[str, str, str], None] | None
     metrics: NodeMetrics
     control: ControlPlane
     data: DataPlane
@@ -186,6 +187,21 @@ class NodeState(Driven, Executor):
     def _death_reason(self, peer_id: str) -> str:
         dead = self.deaths.get(peer_id)
         return f"session to {peer_id} died: {dead.reason if dead else 'unknown'}"
+
+    def _peer_state(self, peer_id: str, state: str, detail: str) -> None:
+        """Tell ``on_peer_state`` that a peer the host connected to is ``state``
+        (``"connecting"``, ``"ready"``, ``"lost"``: a redial follows, ``"given up"``:
+        none does), after the current step."""
+        callback = self.on_peer_state
+        if callback is None:
+            return
+
+        def call() -> None:
+            try:
+                callback(peer_id, state, detail)
+            except Exception as exc:  # logged and counted; nothing depends on it
+                self._host_failed("on_peer_state", peer_id, f"state {state!r}", exc)
+        self._driver.defer(call)
 
     def _host_failed(self, callback: str, peer_id: str, what: str, exc: Exception) -> None:
         """A host callback raised: counted and logged (with its traceback, rate-limited);

@@ -103,6 +103,14 @@ class ThreadSafeNode:
             return done
         return self._job(start)
 
+    def disconnect(self, peer_id: str) -> SubmittedFuture[None]:
+        """:meth:`Node.disconnect` on the driving thread (no more redials of the peer)."""
+        return self._call(lambda: self._node.disconnect(peer_id))
+
+    def redial_now(self, peer_id: str) -> SubmittedFuture[bool]:
+        """:meth:`Node.redial_now` on the driving thread; resolves with what it returns."""
+        return self._call(lambda: self._node.redial_now(peer_id))
+
     def close(self, timeout: float = 5.0) -> SubmittedFuture[None]:
         """Close the node on the driving thread after its current turn; the loop that
         drives it (``serve``, ``run_until``) then returns."""

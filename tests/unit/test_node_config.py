@@ -25,7 +25,7 @@ def test_defaults_are_valid_and_fingerprint_is_vllms() -> None:
     assert len(cfg.config_fingerprint) == 16
     assert make(fingerprint="abc").config_fingerprint == "abc"
     # Peers that come back: a session the host opened is opened again by default.
-    assert cfg.reconnect_backoff_s == (0.1, 5.0)
+    assert cfg.reconnect_backoff_s == (0.1, 1.0) and cfg.reconnect_max_attempts is None
     assert make(reconnect_backoff_s=None).reconnect_backoff_s is None  # the off switch
 
 
@@ -66,6 +66,8 @@ def test_defaults_are_valid_and_fingerprint_is_vllms() -> None:
     ("reconnect_backoff_s", (5.0, 1.0)),
     ("reconnect_backoff_s", [0.1, 5.0]),
     ("reconnect_backoff_s", 0.1),
+    ("reconnect_max_attempts", 0),
+    ("reconnect_max_attempts", True),
 ])
 def test_a_bad_field_is_named_at_construction(field: str, value: object) -> None:
     with pytest.raises(ConfigError, match=field):
