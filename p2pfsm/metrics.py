@@ -78,7 +78,8 @@ COUNTERS: Final[dict[str, str]] = {
     "violation_closes": "Sessions closed for sending more rejected frames than allowed.",
     "idle_closes": "Inbound sessions closed after idle_timeout_s without traffic.",
     "deaths": "Sessions that died.",
-    "restarts": "Sessions ended because their peer came back as a new incarnation.",
+    "restarts": "Peers that came back as a new incarnation (a new process): a session "
+                "ended by its connect, or a new session ready with it.",
     "reconnects": "Sessions ended because their peer, having lost its side, connected again.",
     "redials": "Sessions the node opened again to a peer its host connected to, after the "
                "last one died (NodeConfig.reconnect_backoff_s).",

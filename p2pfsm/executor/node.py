@@ -174,6 +174,7 @@ class Node(NodeSessions, NodeEffects):
         self._redials = Redials(config.reconnect_backoff_s,  # sessions opened again
                                 config.reconnect_max_attempts)
         self._unsent_death: Session | None = None  # died before ready, being redialled
+        self._incarnations: OrderedDict[str, int | None] = OrderedDict()  # peers' last seen
         self._threadsafe: ThreadSafeNode | None = None
         self._hook = call_hook
         if call_hook is None and config.trace is not None:

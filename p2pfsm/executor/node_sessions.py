@@ -147,6 +147,7 @@ class NodeSessions(NodeState):
             self.metrics.observe("handshake_seconds", time.monotonic() - started)
         self.metrics.count("handshakes")
         self._redials.ready(peer_id)
+        self._note_incarnation(peer_id, session)
         if self._redials.dialled(peer_id):
             self._peer_state(peer_id, "ready", "")
         log.info("peer %s ready", peer_id)
@@ -185,6 +186,7 @@ class NodeSessions(NodeState):
         restart = dead.restarted_by
         if restart is not None:
             self.metrics.count("restarts" if dead.reason == "peer restarted" else "reconnects")
+            self._incarnations[peer_id] = restart.incarnation  # counted here
             old = self.sessions.get(peer_id)
             self._driver.defer(lambda: self._serve_restart(peer_id, old, restart))
         elif self._redials.may_redial(peer_id, dead, self._closed):
@@ -196,6 +198,20 @@ class NodeSessions(NodeState):
                 self._unsent_death = self._driver.applying
         elif self._redials.dialled(peer_id):
             self._given_up(peer_id, dead)
+
+    def _note_incarnation(self, peer_id: str, session: Session) -> None:
+        """Count a restart the session's end did not tell (the peer died, and its new
+        process connected to a new session): a ready peer whose incarnation differs
+        from the one last seen."""
+        new = None if session.peer is None else session.peer.incarnation
+        if new is None:
+            return
+        known = self._incarnations.pop(peer_id, None)
+        if known is not None and known != new:
+            self.metrics.count("restarts")
+        self._incarnations[peer_id] = new
+        while len(self._incarnations) > self.config.history:
+            self._incarnations.popitem(last=False)
 
     def _given_up(self, peer_id: str, dead: SessionDead) -> None:
         """A session the host opened died and is not opened again."""

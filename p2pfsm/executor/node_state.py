@@ -122,6 +122,7 @@ class NodeState(Driven, Executor):
     _threads: DrivingThreads
     _redials: Redials
     _unsent_death: Session | None
+    _incarnations: OrderedDict[str, int | None]
     _hook: CallHook | None
     _driver: Driver
 

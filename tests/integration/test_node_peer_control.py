@@ -76,6 +76,7 @@ def test_a_lookup_waits_through_failed_redials_and_disconnect_stops_them(
         assert result.answered and result.hits == (True, False), result
         assert states.names()[-1] == "ready"
         assert set(states.names()) == {"connecting", "ready", "lost"}
+        assert node.metrics.snapshot()["counters"]["restarts"] == 1  # a new process
 
         server.kill()
         assert node.run_until(lambda: states.names()[-1] == "lost", WAIT_S), states.seen
