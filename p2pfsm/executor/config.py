@@ -30,6 +30,16 @@ def fingerprint(model_config: Mapping[str, Any] | None) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def config_digests(model_config: Mapping[str, Any] | None
+                   ) -> tuple[tuple[str, str], ...] | None:
+    """``(field, digest)`` of each field of ``model_config``, sorted: the fingerprint's
+    digest of ``{field: value}`` alone (None without a model config)."""
+    if not model_config:
+        return None
+    return tuple((str(key), fingerprint({key: model_config[key]}))
+                 for key in sorted(model_config, key=str))
+
+
 def _int_in(name: str, value: object, low: int, high: int) -> None:
     if type(value) is not int or not low <= value <= high:
         raise ConfigError(f"{name}: expected an int in [{low}, {high}], got {value!r}")
@@ -241,6 +251,12 @@ class NodeConfig:
         from p2pfsm.executor.curve import load_curve_keys
 
         return load_curve_keys(self.curve_secret_key, allow, self.curve_peer_key)
+
+    @property
+    def config_digests(self) -> tuple[tuple[str, str], ...] | None:
+        """Per-field digests of ``model_config`` for our connect (None when an explicit
+        ``fingerprint`` is given or there is no model config)."""
+        return None if self.fingerprint is not None else config_digests(self.model_config)
 
     @property
     def config_fingerprint(self) -> str:

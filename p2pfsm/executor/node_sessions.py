@@ -67,6 +67,7 @@ class NodeSessions(NodeState):
             incarnation=self.incarnation,
             layout=self.data.layout.wire(),
             layout_names=self.data.layout.names,
+            config_digests=cfg.config_digests,
             max_lookups_per_request=cfg.max_lookups_per_request,
             answer_lookups_in_parts=cfg.answer_lookups_in_parts,
             limits=FRAME_LIMITS,

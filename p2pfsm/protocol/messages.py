@@ -44,6 +44,10 @@ class Connect:
             ``layout`` (one name when ``layout`` is absent: the plain region). Two
             peers that both name their regions pair them by name, not by position.
             None: absent from the wire (vLLM sends and reads no names).
+        config_digests: optional, p2pfsm only: ``(field, digest)`` for each field of the
+            sender's model configuration (sorted by field; the digest as the
+            fingerprint's, of that field's value alone), so that a fingerprint mismatch
+            can name the fields that differ. None: absent from the wire (vLLM).
     """
 
     TYPE: ClassVar[str] = names.CONNECT
@@ -58,6 +62,7 @@ class Connect:
     incarnation: int | None = None
     layout: tuple[tuple[int, int, int], ...] | None = None
     layout_names: tuple[str, ...] | None = None
+    config_digests: tuple[tuple[str, str], ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

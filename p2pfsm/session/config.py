@@ -59,6 +59,10 @@ class SessionConfig:
             plain region), sent in our connect's ``layout_names`` field (None: left
             out). When the peer names its regions too, regions pair by name: the names
             must be the same set, and each region's slice length that of its namesake.
+        config_digests: ``(field, digest)`` of each field of our model configuration,
+            sent in our connect's ``config_digests`` (None: left out); a fingerprint
+            mismatch then names the fields that differ (or, with a peer that sends
+            none, the fields the fingerprint covers).
         incarnation: sent in our connect (None: left out, as vLLM does); a node draws
             one at start, so that its peers recognise a restart on its first frame.
         max_lookups_per_request: unanswered lookups the peer may have open for one
@@ -85,6 +89,7 @@ class SessionConfig:
     incarnation: int | None = None
     layout: tuple[tuple[int, int, int], ...] | None = None
     layout_names: tuple[str, ...] | None = None
+    config_digests: tuple[tuple[str, str], ...] | None = None
     max_lookups_per_request: int = DEFAULT_MAX_LOOKUPS_PER_REQUEST
     answer_lookups_in_parts: bool = False
 

@@ -64,6 +64,26 @@ def _named_mismatch(cfg: SessionConfig, peer: Connect) -> HandshakeMismatch | No
     return None
 
 
+def _fingerprint_said(cfg: SessionConfig, peer: Connect) -> str:
+    """Our fingerprint, and the model-config fields it covers that differ from the
+    peer's (both sent per-field digests) or, when the peer sent none, all of them."""
+    ours = cfg.config_fingerprint
+    if cfg.config_digests is None:
+        return ours
+    mine = dict(cfg.config_digests)
+    if peer.config_digests is None:
+        return (f"{ours} (of model_config fields {', '.join(sorted(mine))}; the peer sends "
+                f"only its hash: compare these fields with its config)")
+    theirs = dict(peer.config_digests)
+    differ = sorted(k for k in mine.keys() & theirs.keys() if mine[k] != theirs[k])
+    parts = [f"fields that differ: {', '.join(differ)}"] if differ else []
+    if mine.keys() - theirs.keys():
+        parts.append(f"only ours: {', '.join(sorted(mine.keys() - theirs.keys()))}")
+    if theirs.keys() - mine.keys():
+        parts.append(f"only the peer's: {', '.join(sorted(theirs.keys() - mine.keys()))}")
+    return f"{ours} (model_config {'; '.join(parts) or 'fields equal'})"
+
+
 def handshake_mismatch(cfg: SessionConfig, peer: Connect) -> HandshakeMismatch | None:
     """Why ``peer``'s connect cannot pair with our config, or None when it can."""
     checks: list[tuple[str, object, object]] = [
@@ -75,6 +95,8 @@ def handshake_mismatch(cfg: SessionConfig, peer: Connect) -> HandshakeMismatch |
         checks.append(("peer_id", cfg.expected_peer_id, peer.peer_id))
     for name, ours, theirs in checks:
         if ours != theirs:
+            if name == "config_fingerprint":
+                return HandshakeMismatch(name, _fingerprint_said(cfg, peer), theirs)
             return HandshakeMismatch(name, ours, theirs)
     if cfg.layout_names is not None and peer.layout_names is not None:
         named = _named_mismatch(cfg, peer)

@@ -97,6 +97,7 @@ def connects(draw: st.DrawFn) -> Message:
             ("layout", ((0x9000, 8, 8), (0x9008, 16, 8))),
             # Region names (ours are unnamed, so they pair by position).
             ("layout_names", ("kv",)),
+            ("config_digests", (("dtype", "ab12"), ("model", "cd34"))),
         ]))
         over[name] = value
     if "layout_names" not in over and draw(st.booleans()):

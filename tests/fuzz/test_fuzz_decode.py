@@ -91,6 +91,10 @@ def assert_within_limits(msg: Message, limits: Limits) -> None:
             assert type(msg.layout_names) is tuple and len(msg.layout_names) == regions
             assert len(set(msg.layout_names)) == regions
             assert all(_text_ok(n, limits, nonempty=True) for n in msg.layout_names)
+        if msg.config_digests is not None:
+            assert type(msg.config_digests) is tuple and len(msg.config_digests) <= 1024
+            assert all(_text_ok(n, limits, nonempty=True) and _text_ok(d, limits, nonempty=True)
+                       for n, d in msg.config_digests)
     elif isinstance(msg, ConnectAck):
         assert _text_ok(msg.peer_id, limits, nonempty=True)
     elif isinstance(msg, Disconnect):

@@ -164,3 +164,21 @@ def test_a_dial_under_another_name_of_the_peer_fails_at_once_saying_so() -> None
     finally:
         client.close(timeout=1.0)
         server.close(timeout=1.0)
+
+
+def test_a_fingerprint_mismatch_names_the_fields_on_both_sides() -> None:
+    server = DemoServer(NodeConfig("tcp://127.0.0.1:0", HELD, BLOCK,
+                                   model_config={"model": "m", "dtype": "fp16"})).node
+    client = Node(NodeConfig("tcp://127.0.0.1:0", 4, BLOCK,
+                             model_config={"model": "m", "dtype": "bf16", "tp": 2}))
+    try:
+        session = client.connect(server.local_id)
+        drive_nodes([client, server], lambda: not session.alive and client.local_id
+                    in server.deaths, "both ends' deaths", WAIT_S)
+        for node, only in ((client, "only ours: tp"), (server, "only the peer's: tp")):
+            dead = next(iter(node.deaths.values()))
+            assert dead.mismatch is not None and dead.mismatch.field == "config_fingerprint"
+            assert "fields that differ: dtype" in dead.reason and only in dead.reason, dead
+    finally:
+        client.close(timeout=1.0)
+        server.close(timeout=1.0)

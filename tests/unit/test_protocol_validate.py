@@ -628,3 +628,37 @@ def test_a_session_config_needs_one_distinct_name_per_region() -> None:
     for bad in (("kv",), ("a", "a"), ("a", ""), ["a", "b"]):
         with pytest.raises(ConfigError, match="layout_names"):
             _session_config(tuple(map(tuple, TWO_REGIONS)), bad)
+
+
+def test_config_digests_round_trip_and_bad_ones_are_rejected() -> None:
+    raw = wire(names.CONNECT, config_digests=[["dtype", "ab12"], ["model", "cd34"]])
+    msg = from_dict(raw)
+    assert isinstance(msg, Connect)
+    assert msg.config_digests == (("dtype", "ab12"), ("model", "cd34"))
+    assert from_dict(to_dict(msg)) == msg
+    for bad, field in ((7, "config_digests"), ([["dtype"]], "config_digests[0]"),
+                       ([["", "x"]], "config_digests[0]"),
+                       ([["a", "x"], ["a", "y"]], "config_digests")):
+        rejects(wire(names.CONNECT, config_digests=bad), field)
+
+
+def test_a_fingerprint_mismatch_names_the_model_config_fields_that_differ() -> None:
+    import dataclasses
+
+    from p2pfsm.executor.config import config_digests, fingerprint
+    from p2pfsm.session.machine import handshake_mismatch
+
+    ours_cfg = {"model": "m", "dtype": "bf16", "tp": 1}
+    theirs_cfg = {"model": "m", "dtype": "fp16", "pp": 2}
+    base = _session_config(None, None)
+    ours = dataclasses.replace(base, config_fingerprint=fingerprint(ours_cfg),  # type: ignore[type-var]
+                               config_digests=config_digests(ours_cfg))
+    peer = from_dict(wire(names.CONNECT, config_fingerprint=fingerprint(theirs_cfg),
+                          config_digests=[list(p) for p in config_digests(theirs_cfg) or ()]))
+    assert isinstance(peer, Connect)
+    mismatch = handshake_mismatch(ours, peer)  # type: ignore[arg-type]
+    assert mismatch is not None and mismatch.field == "config_fingerprint"
+    assert "fields that differ: dtype; only ours: tp; only the peer's: pp" in str(mismatch)
+    vllm_like = dataclasses.replace(peer, config_digests=None)
+    said = str(handshake_mismatch(ours, vllm_like))  # type: ignore[arg-type]
+    assert "of model_config fields dtype, model, tp; the peer sends only its hash" in said
