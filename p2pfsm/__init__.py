@@ -6,7 +6,8 @@ The machines live in ``models/``; :mod:`p2pfsm.session` runs them sans-IO;
 The host API an engine imports is here, each name loaded on first use (so that
 ``import p2pfsm`` stays cheap): ``Node``, ``NodeConfig``, ``AsyncNode``,
 ``HostRegion``, ``DataPlane``, the results and callbacks' events, the metrics
-(``NodeMetrics``, ``MetricsCollector``, ``serve_metrics``) and the host helpers
+(``NodeMetrics``; ``MetricsCollector`` and ``serve_metrics``, which need
+``prometheus_client``, are left out of ``__all__``) and the host helpers
 (``BlockHasher``, ``PinnedBlocks``).
 """
 
@@ -33,7 +34,8 @@ if TYPE_CHECKING:
     from p2pfsm.executor.nixl_plane import DataPlane
     from p2pfsm.executor.node import LookupAnswer, LookupAsk, Node, NodeConfig, fingerprint
     from p2pfsm.metrics import NodeMetrics
-    from p2pfsm.prometheus import MetricsCollector, serve_metrics
+    from p2pfsm.prometheus import MetricsCollector as MetricsCollector
+    from p2pfsm.prometheus import serve_metrics as serve_metrics
     from p2pfsm.session import (
         FailReason,
         FetchArrived,
@@ -126,5 +128,4 @@ __all__ = [
     "UnknownMessageType",
     "__version__",
     "fingerprint",
-    "serve_metrics",
 ]

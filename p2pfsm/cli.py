@@ -210,7 +210,7 @@ def _start_metrics(node: Any, address: tuple[str, int]) -> Any:
         raise ConfigError("--metrics: this node keeps no metrics")
     host, port = address
     try:
-        return serve_metrics(source, host, port, node_label=node.local_id)
+        return serve_metrics(node, host, port)  # labelled node=<local_id>, as a library
     except OSError as exc:
         raise ConfigError(f"--metrics: cannot serve on {host}:{port}: {exc}") from None
 

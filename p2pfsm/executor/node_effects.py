@@ -124,7 +124,14 @@ class NodeEffects(NodeState):
             return
         if out.reason is not None:
             out = dataclasses.replace(out, detail=self._fail_detail(peer, out))
-        self._deliver(peer, self._jobs.take_lookup(peer, out.kv_request_id), out)
+        fut = self._jobs.take_lookup(peer, out.kv_request_id)
+        if fut is not None:
+            self.metrics.observe("lookup_seconds", time.monotonic() - fut.started)
+            hits = sum(out.hits)
+            self.metrics.count("lookup_keys_hit", hits)
+            self.metrics.count("lookup_keys_missed", len(out.hits) - hits)
+            self.metrics.count("lookups_answered" if out.answered else "lookups_failed")
+        self._deliver(peer, fut, out)
 
     def lookup_request(self, peer: str, out: LookupRequest) -> None:
         session = self._driver.applying

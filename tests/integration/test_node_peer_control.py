@@ -76,7 +76,12 @@ def test_a_lookup_waits_through_failed_redials_and_disconnect_stops_them(
         assert result.answered and result.hits == (True, False), result
         assert states.names()[-1] == "ready"
         assert set(states.names()) == {"connecting", "ready", "lost"}
-        assert node.metrics.snapshot()["counters"]["restarts"] == 1  # a new process
+        snap = node.metrics.snapshot()
+        assert snap["counters"]["restarts"] == 1  # a new process
+        assert [snap["counters"][n] for n in ("lookups_answered", "lookups_failed",
+                                              "lookup_keys_hit", "lookup_keys_missed")] \
+            == [1, 0, 1, 1]
+        assert snap["histograms"]["lookup_seconds"]["count"] == 1
 
         server.kill()
         assert node.run_until(lambda: states.names()[-1] == "lost", WAIT_S), states.seen

@@ -29,9 +29,10 @@ def test_the_documented_names_are_the_fixed_set() -> None:
         "handshakes", "handshakes_rejected", "identities_rate_limited", "results_dropped",
         "foreign_frames", "host_errors", "fetches_failed_peer_failed",
         "fetches_failed_timeout", "fetches_failed_finished", "fetches_failed_session_ended",
+        "lookups_answered", "lookups_failed", "lookup_keys_hit", "lookup_keys_missed",
     }
     assert set(GAUGES) == {"peers", "open_loads", "open_stores"}
-    assert set(HISTOGRAMS) == {"fetch_seconds", "handshake_seconds"}
+    assert set(HISTOGRAMS) == {"fetch_seconds", "handshake_seconds", "lookup_seconds"}
     doc = metrics_module.__doc__ or ""
     undocumented = [n for n in [*COUNTERS, *GAUGES, *HISTOGRAMS] if f"``{n}``" not in doc]
     assert undocumented == []
