@@ -37,12 +37,11 @@ import itertools
 import operator
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeAlias, cast
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from p2pfsm.errors import NIXL_INSTALL_HINT, ConfigError, TransportError
 from p2pfsm.executor.layout import Layout, WireLayout
 from p2pfsm.executor.memory import (
-    HostRegion,
     MemoryDesc,
     RegionsDesc,
     describe_memory,
@@ -110,9 +109,8 @@ class DataPlane:
             of tensors or HostRegions: a cache laid out in several regions, e.g. a
             tensor per layer, block ``i`` being a slice of each
             (:func:`~p2pfsm.executor.memory.describe_regions` says what each must be);
-            its slices sum to ``block_len``; regions pair with a peer's by position.
-            A mapping ``name -> tensor | HostRegion``: the same, with named regions,
-            which pair with a peer's by name when the peer names its regions too.
+            its slices sum to ``block_len`` (paired with a peer's by position). A mapping
+            ``name -> tensor | HostRegion``: named regions, paired by name.
         busy_progress_ms, idle_progress_ms, warmup_s, prompt_s: the pace of progress
             (:mod:`p2pfsm.executor.nixl_pace`).
         max_peer_blocks: most descriptors a peer's announcement may cost: its
@@ -137,8 +135,7 @@ class DataPlane:
         block_len: int,
         device: str | None = None,
         *,
-        memory: (torch.Tensor | HostRegion | Sequence[torch.Tensor | HostRegion]
-                 | Mapping[str, torch.Tensor | HostRegion] | None) = None,
+        memory: Any = None,
         busy_progress_ms: int = 1,
         idle_progress_ms: int = IDLE_PROGRESS_MS,
         warmup_s: float = 1.0,
@@ -165,8 +162,7 @@ class DataPlane:
             if isinstance(memory, list | tuple | Mapping):
                 given = describe_regions(memory, self._num_blocks, self._block_len)
             else:
-                given = describe_memory(cast("torch.Tensor | HostRegion", memory),
-                                        self._num_blocks, self._block_len)
+                given = describe_memory(memory, self._num_blocks, self._block_len)
             mem_type, dev_id = given.mem_type, given.dev_id
             if device is not None and parse_device(device) != (mem_type, dev_id):
                 raise ConfigError(

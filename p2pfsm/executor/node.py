@@ -49,10 +49,11 @@ from p2pfsm.executor.config import NodeConfig, fingerprint
 from p2pfsm.executor.driver import Driver
 from p2pfsm.executor.jobs import JobFuture, LookupAsk, OpenJobs, OpenLoad, copy_outcome
 from p2pfsm.executor.nixl_plane import DataPlane
-from p2pfsm.executor.node_effects import NodeEffects
+from p2pfsm.executor.node_effects import NodeEffects, NodeOutputs
 from p2pfsm.executor.node_sessions import NodeSessions
 from p2pfsm.executor.node_state import LookupAnswer, as_int, as_ints
 from p2pfsm.executor.node_threads import DrivingThreads
+from p2pfsm.executor.peer_control import PeerControl
 from p2pfsm.executor.peer_ids import peer_address
 from p2pfsm.executor.peer_policy import EndedSessions, IdleInbound, ViolationBudget
 from p2pfsm.executor.redial import Redials
@@ -98,7 +99,7 @@ _TERMINAL = machine("session").terminal  # closed: nothing more to do
 _UNSTARTED = machine("session").state_set("unstarted")
 
 
-class Node(NodeSessions, NodeEffects):
+class Node(PeerControl, NodeSessions, NodeEffects):
     """One process's endpoint: bind, connect to peers, move blocks.
 
     One thread drives it (``serve``, ``run_until``, ``step``, or an asyncio loop through
@@ -186,8 +187,8 @@ class Node(NodeSessions, NodeEffects):
                 self.data.close()
                 self.control.close()
                 raise ConfigError(f"cannot write the trace log {config.trace}: {exc}") from exc
-        # Queues inputs, carries out outputs through this node's Executor methods.
-        self._driver = Driver(self, time.monotonic, self._hook)
+        # Queues inputs, carries out outputs through this node's (private) Executor methods.
+        self._driver = Driver(NodeOutputs(self), time.monotonic, self._hook)
         log.info("node %s up: %d blocks of %d bytes", self.local_id, config.num_blocks,
                  config.block_len)
 
@@ -220,33 +221,6 @@ class Node(NodeSessions, NodeEffects):
         self._peer_state(peer_id, "connecting", "")
         self._feed_parked(peer_id, session)
         return session
-
-    def disconnect(self, peer_id: str) -> None:
-        """Close the session to ``peer_id`` and forget the peer: it is not opened again,
-        and the calls that waited for it fail (SESSION_ENDED), as do the open jobs of
-        the session it closes. ``connect`` opens it again. A peer with no session is
-        only forgotten."""
-        peer_id = peer_address(peer_id)
-        self._check_open()
-        self._check_thread("disconnect")
-        ours = self._redials.dialled(peer_id)
-        for ev in self._redials.forget(peer_id):
-            self._fail_parked(peer_id, ev, FailReason.SESSION_ENDED,
-                              "the host disconnected from the peer")
-        session = self.sessions.get(peer_id)
-        if session is not None and session.state not in _TERMINAL:
-            self._queue(peer_id, HostClose(), session)
-        if ours:
-            self._peer_state(peer_id, "given up", "disconnected by the host")
-        self._drain()
-
-    def redial_now(self, peer_id: str) -> bool:
-        """Open the session to ``peer_id`` again at the next turn instead of after its
-        backoff (the host knows the peer is back); False when no redial of it waits."""
-        peer_id = peer_address(peer_id)
-        self._check_open()
-        self._check_thread("redial_now")
-        return self._redials.now(peer_id, time.monotonic())
 
     def when_ready(self, peer_id: str) -> JobFuture[Session]:
         """A future of the session to ``peer_id`` once it is ready; a

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 from p2pfsm.errors import LocalProtocolError
 from p2pfsm.executor.bindings import Bindings
 from p2pfsm.executor.config import NodeConfig
-from p2pfsm.executor.core import Executor
 from p2pfsm.executor.driver import Driver
 from p2pfsm.executor.jobs import Driven, LookupAsk, OpenJobs
 from p2pfsm.executor.nixl_plane import DataPlane
@@ -88,7 +87,7 @@ def as_ints(values: Iterable[Any]) -> tuple[Any, ...]:
 _JUST_INT = {int}
 
 
-class NodeState(Driven, Executor):
+class NodeState(Driven):
     """A node's fields and shared plumbing (see the module docstring)."""
 
     config: NodeConfig

@@ -72,3 +72,13 @@ def test_the_host_api_is_at_the_top_level() -> None:
     assert all(hasattr(p2pfsm, name) for name in p2pfsm.__all__)
     with pytest.raises(AttributeError):
         _ = p2pfsm.NoSuchThing  # type: ignore[attr-defined]
+
+
+def test_a_nodes_public_namespace_holds_host_calls_only() -> None:
+    from p2pfsm.executor.core import handler_names
+    from p2pfsm.executor.node import Node
+
+    public = {name for name in dir(Node) if not name.startswith("_")}
+    assert not public & {*handler_names(), "apply"}, public & {*handler_names(), "apply"}
+    assert {"connect", "disconnect", "redial_now", "fetch", "lookup", "supply", "finish",
+            "decline", "resolve_lookup", "serve", "step", "close"} <= public
