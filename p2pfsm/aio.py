@@ -87,9 +87,11 @@ class AsyncNode:
         on_result: Callable[[str, LoadResult | StoreResult | LookupResult], None] | None = None,
         on_round_ended: Callable[[str, RoundEnded], None] | None = None,
         on_released: Callable[[str, DestinationReleased], None] | None = None,
+        on_peer_state: Callable[[str, str, str], None] | None = None,
     ) -> None:
         self.node = Node(config, on_lookup=on_lookup, on_fetch=on_fetch, on_result=on_result,
-                         on_round_ended=on_round_ended, on_released=on_released)
+                         on_round_ended=on_round_ended, on_released=on_released,
+                         on_peer_state=on_peer_state)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._fd: int | None = None
@@ -184,16 +186,31 @@ class AsyncNode:
             self.node.supply(peer_id, kv_request_id, keys, local_indexes))
         return result
 
+    def disconnect(self, peer_id: str) -> None:
+        """Close the session to the peer and stop redialling it (``Node.disconnect``)."""
+        self.node.disconnect(peer_id)
+        self._wake()
+
+    def redial_now(self, peer_id: str) -> bool:
+        """Open the peer's session again without waiting out its backoff
+        (``Node.redial_now``); False when no redial of it waits."""
+        due = self.node.redial_now(peer_id)
+        self._wake()
+        return due
+
     def finish(self, peer_id: str, kv_request_id: str) -> None:
+        """The host is done with the request (``Node.finish``)."""
         self.node.finish(peer_id, kv_request_id)
         self._wake()
 
     def decline(self, peer_id: str, kv_request_id: str, round_seq: int) -> None:
+        """Decline a round the host cannot serve (``Node.decline``)."""
         self.node.decline(peer_id, kv_request_id, round_seq)
         self._wake()
 
     def resolve_lookup(self, peer_id: str, token: int, hits: Mapping[bytes, int] | None = None,
                        pending: Iterable[bytes] = ()) -> JobFuture[StoreResult] | None:
+        """Answer a served lookup's pending keys (``Node.resolve_lookup``)."""
         result = self.node.resolve_lookup(peer_id, token, hits, pending)
         self._wake()
         return result

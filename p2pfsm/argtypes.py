@@ -26,10 +26,12 @@ def positive(kind: type[int] | type[float]) -> Callable[[str], Any]:
 
 
 def peer_of(url: str) -> str:
-    """``tcp://HOST:PORT`` -> ``HOST:PORT`` (a ConfigError for anything else)."""
-    if not url.startswith("tcp://") or ":" not in url[6:]:
-        raise ConfigError(f"--connect: expected tcp://HOST:PORT, got {url!r}")
-    return url[len("tcp://"):]
+    """``tcp://HOST:PORT`` or ``HOST:PORT`` -> ``HOST:PORT`` (a ConfigError for anything
+    else)."""
+    peer = url[len("tcp://"):] if url.startswith("tcp://") else url
+    if ":" not in peer or "/" in peer:
+        raise ConfigError(f"--connect: expected HOST:PORT or tcp://HOST:PORT, got {url!r}")
+    return peer
 
 
 def fingerprint_arg(text: str) -> str:

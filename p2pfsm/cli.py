@@ -210,7 +210,7 @@ def _start_metrics(node: Any, address: tuple[str, int]) -> Any:
         raise ConfigError("--metrics: this node keeps no metrics")
     host, port = address
     try:
-        return serve_metrics(source, host, port, node_label=node.local_id)
+        return serve_metrics(node, host, port)  # labelled node=<local_id>, as a library
     except OSError as exc:
         raise ConfigError(f"--metrics: cannot serve on {host}:{port}: {exc}") from None
 
@@ -375,7 +375,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_demo)
 
     p = command("serve", help="serve the demo block model until stopped")
-    p.add_argument("--bind", required=True, help="tcp://HOST:PORT (port 0: any free port)")
+    p.add_argument("--bind", required=True,
+                   help="HOST:PORT or tcp://HOST:PORT (port 0: any free port)")
     p.add_argument("--blocks", type=positive(int), default=256,
                    help="blocks held (0..N-1); blocks x (block-len + 512 B) must fit in "
                         "the memory available, and N <= 2**31")
@@ -406,7 +407,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_serve)
 
     p = command("fetch", help="fetch demo blocks from a server and verify them")
-    p.add_argument("--connect", required=True, help="tcp://HOST:PORT of the server")
+    p.add_argument("--connect", required=True, help="HOST:PORT or tcp://HOST:PORT of the server")
     p.add_argument("--keys", default="0-15",
                    help="block numbers, e.g. 0-15 or 0-3,9999 (at most 65536 keys)")
     p.add_argument("--mode", choices=("pd", "sym"), default="pd",

@@ -16,6 +16,11 @@ Counters (monotonic ints; :meth:`NodeMetrics.count`):
 - ``fetch_bytes``: bytes we loaded from peers.
 - ``served_bytes``: bytes we wrote to peers.
 - ``lookups_started``: lookups the host asked for.
+- ``lookups_answered``: host lookups whose every key the peer answered.
+- ``lookups_failed``: host lookups that ended with keys unanswered (deadline, finish,
+  session end; ``LookupResult.answered`` False).
+- ``lookup_keys_hit``, ``lookup_keys_missed``: keys of host lookups answered as held,
+  and not (an unanswered key counts as missed).
 - ``lookups_served``: lookups from peers that we answered.
 - ``stores_started``: stores the host asked for.
 - ``aborts_sent``: aborts we sent to peers.
@@ -57,6 +62,7 @@ Histograms (seconds; :meth:`NodeMetrics.observe`), with the fixed bounds
 
 - ``fetch_seconds``: host fetch to LoadResult.
 - ``handshake_seconds``: session start to ready.
+- ``lookup_seconds``: host lookup to LookupResult.
 """
 
 from __future__ import annotations
@@ -80,6 +86,11 @@ COUNTERS: Final[dict[str, str]] = {
     "destinations_released": "Held destinations released later (DestinationReleased).",
     "served_bytes": "Bytes written to peers.",
     "lookups_started": "Lookups the host asked for.",
+    "lookups_answered": "Host lookups whose every key the peer answered.",
+    "lookups_failed": "Host lookups that ended with keys unanswered (deadline, finish, "
+                      "session end).",
+    "lookup_keys_hit": "Keys of host lookups answered as held.",
+    "lookup_keys_missed": "Keys of host lookups not held or not answered.",
     "lookups_served": "Lookups from peers that were answered.",
     "stores_started": "Stores the host asked for.",
     "aborts_sent": "Aborts sent to peers.",
@@ -87,7 +98,8 @@ COUNTERS: Final[dict[str, str]] = {
     "violation_closes": "Sessions closed for sending more rejected frames than allowed.",
     "idle_closes": "Inbound sessions closed after idle_timeout_s without traffic.",
     "deaths": "Sessions that died.",
-    "restarts": "Sessions ended because their peer came back as a new incarnation.",
+    "restarts": "Peers that came back as a new incarnation (a new process): a session "
+                "ended by its connect, or a new session ready with it.",
     "reconnects": "Sessions ended because their peer, having lost its side, connected again.",
     "redials": "Sessions the node opened again to a peer its host connected to, after the "
                "last one died (NodeConfig.reconnect_backoff_s).",
@@ -121,6 +133,7 @@ GAUGES: Final[dict[str, str]] = {
 HISTOGRAMS: Final[dict[str, str]] = {
     "fetch_seconds": "Seconds from a host fetch to its LoadResult.",
     "handshake_seconds": "Seconds from session start to ready.",
+    "lookup_seconds": "Seconds from a host lookup to its LookupResult.",
 }
 
 #: Upper bounds (``le``, seconds) of the finite histogram buckets, ascending.

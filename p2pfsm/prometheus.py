@@ -128,13 +128,17 @@ class MetricsServer:
 
 
 def serve_metrics(
-    source: NodeMetrics | Snapshot,
+    source: NodeMetrics | Snapshot | Any,
     host: str,
     port: int,
     *,
     node_label: str | None = None,
 ) -> MetricsServer:
     """Serve Prometheus text for ``source`` on ``http://host:port/metrics``.
+
+    ``source`` is a :class:`NodeMetrics`, a snapshot callable, or a node (a ``Node`` or
+    ``AsyncNode``: its ``metrics``, labelled ``node=<its local_id>`` unless
+    ``node_label`` says otherwise, as ``p2pfsm serve --metrics`` labels them).
 
     ``host`` is bound exactly as given (pass a loopback address unless you mean
     otherwise; ``""`` is refused); ``port`` 0 picks a free port (see
@@ -148,7 +152,15 @@ def serve_metrics(
         raise ConfigError("metrics host: expected an explicit address such as 127.0.0.1")
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
         raise ConfigError(f"metrics port: expected an int in 0..65535, got {port!r}")
+    held = getattr(source, "metrics", None)
+    if not isinstance(source, NodeMetrics) and isinstance(held, NodeMetrics):
+        if node_label is None:
+            node_label = str(getattr(source, "local_id", ""))
+        source = held
     snapshot = source.snapshot if isinstance(source, NodeMetrics) else source
+    if not callable(snapshot):
+        raise ConfigError(f"metrics source: expected a node, a NodeMetrics or a snapshot "
+                          f"callable, got {type(source).__name__}")
     registry = CollectorRegistry(auto_describe=False)
     registry.register(MetricsCollector(snapshot, node_label=node_label))
     server_class = _Server6 if ":" in host else _Server4

@@ -78,12 +78,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _target_addr(url: str) -> tuple[str, str, int]:
-    if not url.startswith("tcp://"):
-        raise ConfigError(f"--target: expected tcp://HOST:PORT, got {url!r}")
-    addr = url[len("tcp://"):]
+    addr = url[len("tcp://"):] if url.startswith("tcp://") else url
     host, sep, port = addr.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(f"--target: expected tcp://HOST:PORT, got {url!r}")
+    if not sep or not host or "/" in host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"--target: expected HOST:PORT or tcp://HOST:PORT, got {url!r}")
     return addr, host.strip("[]"), int(port)
 
 

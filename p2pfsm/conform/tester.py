@@ -235,7 +235,8 @@ class Tester:
     def _register(self, connect: Connect) -> RegistrationFinished:
         try:
             self.data.add_peer(self.peer, connect.agent_metadata, connect.base_addr,
-                               connect.num_blocks, connect.block_len, connect.layout)
+                               connect.num_blocks, connect.block_len, connect.layout,
+                               connect.layout_names)
         except TransportError as exc:
             return RegistrationFinished(False, str(exc))
         return RegistrationFinished(True)

@@ -34,6 +34,16 @@ def fingerprint(model_config: Mapping[str, Any] | None) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def config_digests(model_config: Mapping[str, Any] | None
+                   ) -> tuple[tuple[str, str], ...] | None:
+    """``(field, digest)`` of each field of ``model_config``, sorted: the fingerprint's
+    digest of ``{field: value}`` alone (None without a model config)."""
+    if not model_config:
+        return None
+    return tuple((str(key), fingerprint({key: model_config[key]}))
+                 for key in sorted(model_config, key=str))
+
+
 def _int_in(name: str, value: object, low: int, high: int) -> None:
     if type(value) is not int or not low <= value <= high:
         raise ConfigError(f"{name}: expected an int in [{low}, {high}], got {value!r}")
@@ -53,7 +63,8 @@ class NodeConfig:
     """Everything a node needs; see ``docs/api.md``. Every field is checked here.
 
     Args:
-        bind: ``tcp://HOST:PORT`` of our ROUTER (port 0: any free port).
+        bind: ``HOST:PORT`` (or ``tcp://HOST:PORT``, the same) of our ROUTER (port 0:
+            any free port); kept in the ``tcp://`` form.
         num_blocks, block_len: our block region (``num_blocks * block_len`` bytes).
         hash_seed: prefix-cache hash seed; peers must match (vLLM's default).
         model_config: dict whose fingerprint peers must match (or pass ``fingerprint``).
@@ -97,7 +108,8 @@ class NodeConfig:
         reconnect_backoff_s: a session the host opened (``connect``) that dies is opened
             again, first at once, then (while each attempt fails before it is ready)
             after a wait that starts at the first number and doubles up to the second
-            (default (0.1, 5.0)); counted in ``redials``, each attempt logged. A fetch or
+            (default (0.1, 1.0)), each wait drawn at random between half of it and all of
+            it; counted in ``redials``, each attempt logged. A fetch or
             lookup to the peer meanwhile waits for the new session up to its own
             deadline, or fails with SESSION_ENDED saying why; a session the peer opens to
             us meanwhile (it restarted and connected first) takes the redial's place at
@@ -162,16 +174,21 @@ class NodeConfig:
     curve_peer_key: str | None = None
     max_lookups_per_request: int = DEFAULT_MAX_LOOKUPS_PER_REQUEST
     answer_lookups_in_parts: bool = False
-    reconnect_backoff_s: tuple[float, float] | None = (0.1, 5.0)
+    reconnect_backoff_s: tuple[float, float] | None = (0.1, 1.0)
+    reconnect_max_attempts: int | None = None
     max_tombstones: int = 4096
     max_node_tombstones: int = 65_536
     profile: str = "native"
 
     def __post_init__(self) -> None:
+        if isinstance(self.bind, str) and not self.bind.startswith("tcp://") \
+                and ":" in self.bind and "/" not in self.bind:
+            object.__setattr__(self, "bind", f"tcp://{self.bind}")  # "HOST:PORT" alike
         if isinstance(self.timeouts, Timeouts):  # else refused below, with the others
             object.__setattr__(self, "timeouts", profile_timeouts(self.profile, self.timeouts))
         if not isinstance(self.bind, str) or not self.bind.startswith("tcp://"):
-            raise ConfigError(f"bind: expected 'tcp://HOST:PORT', got {self.bind!r}")
+            raise ConfigError(f"bind: expected 'HOST:PORT' or 'tcp://HOST:PORT', "
+                              f"got {self.bind!r}")
         _int_in("num_blocks", self.num_blocks, 1, MAX_BLOCKS)
         _int_in("block_len", self.block_len, 1, MAX_REGION_BYTES)
         if self.num_blocks * self.block_len > MAX_REGION_BYTES:
@@ -224,6 +241,8 @@ class NodeConfig:
                 and 0 < backoff[0] <= backoff[1] <= 3600):
             raise ConfigError(f"reconnect_backoff_s: expected None or (first, most) seconds "
                               f"with 0 < first <= most <= 3600, got {backoff!r}")
+        if self.reconnect_max_attempts is not None:
+            _int_in("reconnect_max_attempts", self.reconnect_max_attempts, 1, 1_000_000)
         for name in ("dial_back_any_host", "answer_lookups_in_parts"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name}: expected a bool, got {getattr(self, name)!r}")
@@ -251,6 +270,12 @@ class NodeConfig:
         from p2pfsm.executor.curve import load_curve_keys
 
         return load_curve_keys(self.curve_secret_key, allow, self.curve_peer_key)
+
+    @property
+    def config_digests(self) -> tuple[tuple[str, str], ...] | None:
+        """Per-field digests of ``model_config`` for our connect (None when an explicit
+        ``fingerprint`` is given or there is no model config)."""
+        return None if self.fingerprint is not None else config_digests(self.model_config)
 
     @property
     def config_fingerprint(self) -> str:

@@ -30,7 +30,8 @@ class PeerLost:
     """The connection to ``peer_id`` is gone; its DEALER has been closed.
 
     Reported once per loss. ``reason`` is one of ``"disconnected"``, ``"closed"``,
-    ``"handshake failed"``, ``"connection refused"`` (the TCP connect failed: refused, or
+    ``"handshake failed: CAUSE"`` (the cause as :func:`~p2pfsm.executor.curve.handshake_cause`
+    tells it), ``"connection refused"`` (the TCP connect failed: refused, or
     the host is unreachable), ``"connection closed before handshake"``,
     ``"connect timeout"``, ``"send queue full"``, ``"send failed: ..."`` or
     ``"not connected"`` (a send to an id with no DEALER).

@@ -130,6 +130,12 @@ class Executor:
         """A call left ``session`` no longer alive (told after every such call)."""
 
 
+def handler_names() -> tuple[str, ...]:
+    """The :class:`Executor` method of every output type, and the two that are told of
+    sessions (``session_ready``, ``session_over``)."""
+    return (*_HANDLERS.values(), "session_ready", "session_over")
+
+
 def bound_handlers(effects: Executor) -> dict[type, Callable[[str, Any], None]] | None:
     """``effects``' handler of each output type, bound (what :meth:`Executor.apply`
     looks up per output); None when its class overrides ``apply``."""

@@ -21,7 +21,8 @@ from zmq.auth.thread import ThreadAuthenticator
 from p2pfsm.errors import ConfigError, TransportError
 from p2pfsm.executor.monitors import EV_AUTH_FAILED, EV_HANDSHAKE_NO_DETAIL, monitor_events
 
-__all__ = ["CurveKeys", "Gatekeeper", "load_curve_keys", "refusal_of", "router_refusals"]
+__all__ = ["CurveKeys", "Gatekeeper", "handshake_cause", "load_curve_keys", "refusal_of",
+           "router_refusals"]
 
 log = logging.getLogger("p2pfsm.zmq")
 
@@ -122,6 +123,20 @@ class Gatekeeper(ThreadAuthenticator):
         log.warning("refused a connection from %s: CURVE key %s is not in the allow-list",
                     self._address, key.decode("ascii", "replace"))
         return False
+
+
+def handshake_cause(event: int, value: int, curve: bool) -> str:
+    """Why our connection's ZMTP handshake failed, for the session's death reason:
+    :func:`refusal_of` when we speak CURVE, else what a NULL-security dealer can tell."""
+    if curve:
+        return refusal_of(event, value)
+    if value == _MECHANISM_MISMATCH:
+        return ("the peer requires CURVE and we have none (curve_secret_key / "
+                "--secret-key)")
+    if event == EV_HANDSHAKE_NO_DETAIL:
+        return ("the peer closed the connection during the handshake (a CURVE peer "
+                "refuses a client without CURVE so)")
+    return f"ZMTP handshake failed (libzmq error {value:#x})"
 
 
 def refusal_of(event: int, value: int) -> str:

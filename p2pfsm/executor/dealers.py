@@ -37,7 +37,7 @@ import zmq
 from p2pfsm.errors import TransportError
 from p2pfsm.executor.admission import EVICTED, eviction_victim
 from p2pfsm.executor.control_events import ControlEvent, PeerLost
-from p2pfsm.executor.curve import CurveKeys, refusal_of
+from p2pfsm.executor.curve import CurveKeys, handshake_cause
 from p2pfsm.executor.descriptors import require_headroom
 from p2pfsm.executor.monitors import (
     DEALER_MASK,
@@ -304,10 +304,10 @@ class Dealers:
             peer.connected = True
             peer.deadline = None
         elif event in EV_HANDSHAKE_FAILED:
+            cause = handshake_cause(event, value, self._curve is not None)
             if self._curve is not None:
-                log.warning("%s refused our connection: %s", peer.peer_id,
-                            refusal_of(event, value))
-            self.lose(peer, "handshake failed")
+                log.warning("%s refused our connection: %s", peer.peer_id, cause)
+            self.lose(peer, f"handshake failed: {cause}")
         elif peer.connected and event == EV_DISCONNECTED:
             self.lose(peer, "disconnected")
         elif peer.connected and event == EV_CLOSED:

@@ -16,6 +16,7 @@ A :class:`JobFuture` is a :class:`concurrent.futures.Future` with two changes:
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -62,6 +63,8 @@ class JobFuture(Future[T], Generic[T]):
         super().__init__()
         self._node = node
         self._on_cancel = on_cancel
+        self.started = time.monotonic()
+        """When the job was made (``time.monotonic()``), for its latency."""
 
     def cancel(self) -> bool:
         """Never cancels; a fetch's request is finished instead (its result still comes)."""

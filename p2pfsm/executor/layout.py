@@ -17,6 +17,12 @@ that lie back to back on both sides into one transfer (measured: 256 blocks as 6
 regions of 1 KiB slices WRITE as fast as one 64 KiB-block region; block-major order,
 16,384 separate slices, was 16x slower).
 
+Regions may have names (a host that passes its memory as a mapping names them). Two
+peers that both name their regions pair them by name: the peer's layout is put in our
+order (:meth:`Layout.paired_with`) before any descriptor is built, so that our region
+``r`` always meets its namesake, whatever order each side listed them in. Unnamed
+regions pair by position.
+
 The plain layout, one region with ``stride == slice_len == block_len``, is the one
 ``base_addr``, ``num_blocks`` and ``block_len`` in a connect already describe, and the
 only one vLLM 0.33.0 knows; any other layout travels in connect's optional ``layout``.
@@ -59,19 +65,33 @@ class Layout:
 
     num_blocks: int
     regions: tuple[Region, ...]
+    names: tuple[str, ...] | None = None  # one per region, in region order; None: unnamed
 
     @classmethod
-    def plain(cls, base_addr: int, num_blocks: int, block_len: int) -> Layout:
+    def plain(cls, base_addr: int, num_blocks: int, block_len: int,
+              names: tuple[str, ...] | None = None) -> Layout:
         """One contiguous, block-major region (what vLLM 0.33.0 registers)."""
-        return cls(num_blocks, (Region(base_addr, block_len, block_len),))
+        return cls(num_blocks, (Region(base_addr, block_len, block_len),), names)
 
     @classmethod
     def announced(cls, base_addr: int, num_blocks: int, block_len: int,
-                  wire: WireLayout | None) -> Layout:
-        """The layout a connect describes: its ``layout`` field, or the plain region."""
+                  wire: WireLayout | None, names: tuple[str, ...] | None = None) -> Layout:
+        """The layout a connect describes: its ``layout`` field, or the plain region,
+        with its ``layout_names``."""
         if wire is None:
-            return cls.plain(base_addr, num_blocks, block_len)
-        return cls(num_blocks, tuple(Region(*entry) for entry in wire))
+            return cls.plain(base_addr, num_blocks, block_len, names)
+        return cls(num_blocks, tuple(Region(*entry) for entry in wire), names)
+
+    def paired_with(self, ours: Layout) -> Layout:
+        """This (a peer's) layout with its regions in the order of their namesakes in
+        ``ours``, when both are named and name the same regions; else itself
+        (positional pairing, or names that differ, which the caller refuses)."""
+        if (self.names is None or ours.names is None or self.names == ours.names
+                or set(self.names) != set(ours.names)):
+            return self
+        where = {name: r for r, name in enumerate(self.names)}
+        order = [where[name] for name in ours.names]
+        return Layout(self.num_blocks, tuple(self.regions[r] for r in order), ours.names)
 
     @property
     def block_len(self) -> int:

@@ -10,7 +10,9 @@ never imported here unless a CUDA device has to be checked.
 
 from __future__ import annotations
 
+import logging
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
@@ -21,6 +23,11 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     import torch
+
+log = logging.getLogger(__name__)
+
+MAX_REGION_NAME = 256
+"""Longest region name, in characters."""
 
 __all__ = [
     "HostRegion",
@@ -140,8 +147,29 @@ def describe_memory(
             f"memory tensor holds {size} bytes ({tensor.numel()} x {tensor.element_size()}), "
             f"but {num_blocks} blocks x {block_len} bytes need exactly {expected}"
         )
+    if tensor.dim() >= 2 and tensor.shape[0] != num_blocks:
+        raise ConfigError(
+            f"memory tensor of shape {tuple(tensor.shape)}: one tensor is read block-major "
+            f"(block i is bytes [i * block_len, (i + 1) * block_len)), so its first "
+            f"dimension must be the block count, {num_blocks}. A cache laid out per layer "
+            f"or with K and V apart is several regions: pass a mapping of named views, "
+            f"e.g. {{'L0.K': cache[0, 0], 'L0.V': cache[0, 1], ...}}, each with the "
+            f"blocks first (or a flat 1-D tensor if the bytes really are block-major)")
+    _warn_ambiguous(tensor, num_blocks, "memory tensor")
     base, mem_type, dev_id = _placed(tensor, "memory tensor")
     return MemoryDesc(base, size, mem_type, dev_id, tensor)
+
+
+def _warn_ambiguous(tensor: torch.Tensor, num_blocks: int, what: str) -> None:
+    """Log a warning when a later dimension of ``tensor`` also equals the block count:
+    the blocks may not be the first dimension after all (a ``(layers, 2, blocks, ...)``
+    cache whose layer count equals its block count reads as garbage)."""
+    shape = tuple(tensor.shape)
+    if num_blocks > 1 and num_blocks in shape[1:min(3, len(shape) - 1)]:
+        log.warning("%s of shape %s: its first dimension is read as the %d blocks, but a "
+                    "later dimension is %d too; if the blocks are not the first dimension, "
+                    "pass one view per layer and K/V with the blocks first", what,
+                    shape, num_blocks, num_blocks)
 
 
 def _dense(tensor: torch.Tensor, torch_mod: Any, what: str) -> torch.Tensor:
@@ -183,9 +211,16 @@ class RegionsDesc:
 
 
 def describe_regions(
-    memories: Sequence[torch.Tensor | HostRegion], num_blocks: int, block_len: int
+    memories: Sequence[torch.Tensor | HostRegion] | Mapping[str, torch.Tensor | HostRegion],
+    num_blocks: int, block_len: int,
 ) -> RegionsDesc:
-    """Check a list of regions for ``num_blocks`` blocks of ``block_len`` bytes in all.
+    """Check a list (or a mapping name -> region) of regions for ``num_blocks`` blocks of
+    ``block_len`` bytes in all.
+
+    A mapping names the regions (non-empty str names of at most
+    :data:`MAX_REGION_NAME` characters); block ``i``'s slices are in the mapping's
+    order, and a peer that names its regions too pairs them by name. A list is
+    positional: region ``r`` pairs with the peer's region ``r``.
 
     Block ``i`` is a slice in every region. A tensor's first dimension is the block
     dimension: it must have ``num_blocks`` rows, each row (``tensor[i]``) contiguous;
@@ -197,29 +232,42 @@ def describe_regions(
     """
     if isinstance(memories, str | bytes) or len(memories) == 0:
         raise ConfigError("memory: a list of regions needs at least one tensor or HostRegion")
+    names = _region_names(memories) if isinstance(memories, Mapping) else None
+    values = list(memories.values()) if isinstance(memories, Mapping) else list(memories)
     regions: list[Region] = []
     tensors: list[torch.Tensor] = []
     devices: set[tuple[str, int]] = set()
-    for r, memory in enumerate(memories):
+    for r, memory in enumerate(values):
         try:
             region, device, tensor = _one_region(memory, num_blocks)
         except ConfigError as exc:
-            raise ConfigError(f"memory region {r}: {exc}") from None
+            which = r if names is None else repr(names[r])
+            raise ConfigError(f"memory region {which}: {exc}") from None
         regions.append(region)
         devices.add(device)
         if tensor is not None:
             tensors.append(tensor)
     if len(devices) > 1:
-        names = sorted(device_name(*d) for d in devices)
-        raise ConfigError(f"memory regions are on several devices ({', '.join(names)}); "
+        where = sorted(device_name(*d) for d in devices)
+        raise ConfigError(f"memory regions are on several devices ({', '.join(where)}); "
                           f"one data plane registers one device")
-    layout = Layout(num_blocks, tuple(regions))
+    layout = Layout(num_blocks, tuple(regions), names)
     if layout.block_len != block_len:
         raise ConfigError(f"memory regions give {layout.block_len} bytes per block "
                           f"({len(regions)} slices), but block_len is {block_len}")
     layout.check_disjoint()
     (mem_type, dev_id), = devices
     return RegionsDesc(layout, mem_type, dev_id, tuple(tensors))
+
+
+def _region_names(memories: Mapping[Any, object]) -> tuple[str, ...]:
+    names: list[str] = []
+    for name in memories:
+        if not isinstance(name, str) or not name or len(name) > MAX_REGION_NAME:
+            raise ConfigError(f"memory: region names must be non-empty str of at most "
+                              f"{MAX_REGION_NAME} characters, got {name!r}")
+        names.append(name)
+    return tuple(names)
 
 
 def _one_region(memory: object, num_blocks: int
@@ -236,7 +284,10 @@ def _one_region(memory: object, num_blocks: int
     tensor = _dense(memory, torch_mod, "tensor")
     if tensor.dim() == 0 or tensor.shape[0] != num_blocks:
         raise ConfigError(f"a tensor's first dimension is the block dimension: expected "
-                          f"{num_blocks} rows, got shape {tuple(tensor.shape)}")
+                          f"{num_blocks} rows, got shape {tuple(tensor.shape)}; pass a view "
+                          f"with the blocks first (e.g. cache[layer, 0] of a "
+                          f"(layers, 2, blocks, ...) cache)")
+    _warn_ambiguous(tensor, num_blocks, "tensor")
     if not tensor[0].is_contiguous():
         raise ConfigError(f"each block's row must be contiguous (shape "
                           f"{tuple(tensor.shape)}, strides {tensor.stride()})")

@@ -15,6 +15,7 @@ from typing import Final
 from p2pfsm.errors import ConfigError, TransportError
 from p2pfsm.executor.layout import Layout, WireLayout
 from p2pfsm.protocol.validate import ints_within
+from p2pfsm.session.machine import names_differ
 
 __all__ = ["ADDR_LIMIT", "MAX_INDEX", "announced_layout", "block_indexes", "positive_int"]
 
@@ -32,14 +33,15 @@ def positive_int(name: str, value: object, high: int) -> int:
 def announced_layout(
     ours: Layout, our_block_len: int, max_peer_blocks: int, *, peer_id: object,
     metadata: object, base_addr: int, num_blocks: int, block_len: int,
-    layout: WireLayout | None,
+    layout: WireLayout | None, names: tuple[str, ...] | None = None,
 ) -> Layout:
     """A peer's memory as its connect announced it, checked against ours (``ours``,
     whose blocks are ``our_block_len`` bytes).
 
     Raises :class:`TransportError` for an empty or non-str ``peer_id``, metadata that
     is not bytes, a size that is not a positive int, a ``block_len`` other than ours,
-    regions that do not pair up with ours (their number, or a slice length), more
+    regions that do not pair up with ours (their number, or a slice length; by name
+    when both sides named them, and then the names must be the same), more
     descriptors than ``max_peer_blocks`` (or our own count, when larger) or than NIXL
     indexes, or a region that would wrap past 2**64.
     """
@@ -56,7 +58,13 @@ def announced_layout(
             raise TransportError(f"{field} must be a positive int, got {value!r}")
     if block_len != our_block_len:
         raise TransportError(f"block_len {block_len} differs from ours ({our_block_len})")
-    theirs = Layout.announced(base_addr, num_blocks, block_len, layout)
+    theirs = Layout.announced(base_addr, num_blocks, block_len, layout, names)
+    if theirs.names is not None and ours.names is not None:
+        differ = names_differ(ours.names, theirs.names)
+        if differ is not None:
+            raise TransportError(f"the peer's regions are not ours by name: {differ[0]}; "
+                                 f"{differ[1]}")
+        theirs = theirs.paired_with(ours)
     if theirs.slices != ours.slices:
         raise TransportError(_unpaired(theirs, ours))
     width = len(theirs.regions)

@@ -42,7 +42,6 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from p2pfsm.errors import NIXL_INSTALL_HINT, ConfigError, TransportError
 from p2pfsm.executor.layout import Layout, WireLayout
 from p2pfsm.executor.memory import (
-    HostRegion,
     MemoryDesc,
     RegionsDesc,
     describe_memory,
@@ -110,7 +109,8 @@ class DataPlane:
             of tensors or HostRegions: a cache laid out in several regions, e.g. a
             tensor per layer, block ``i`` being a slice of each
             (:func:`~p2pfsm.executor.memory.describe_regions` says what each must be);
-            its slices sum to ``block_len``.
+            its slices sum to ``block_len`` (paired with a peer's by position). A mapping
+            ``name -> tensor | HostRegion``: named regions, paired by name.
         busy_progress_ms, idle_progress_ms, warmup_s, prompt_s: the pace of progress
             (:mod:`p2pfsm.executor.nixl_pace`).
         max_peer_blocks: most descriptors a peer's announcement may cost: its
@@ -135,7 +135,7 @@ class DataPlane:
         block_len: int,
         device: str | None = None,
         *,
-        memory: torch.Tensor | HostRegion | None = None,
+        memory: Any = None,
         busy_progress_ms: int = 1,
         idle_progress_ms: int = IDLE_PROGRESS_MS,
         warmup_s: float = 1.0,
@@ -159,7 +159,7 @@ class DataPlane:
         if memory is None:
             mem_type, dev_id = parse_device("cpu" if device is None else device)
         else:
-            if isinstance(memory, list | tuple):
+            if isinstance(memory, list | tuple | Mapping):
                 given = describe_regions(memory, self._num_blocks, self._block_len)
             else:
                 given = describe_memory(memory, self._num_blocks, self._block_len)
@@ -293,11 +293,13 @@ class DataPlane:
 
     def add_peer(
         self, peer_id: str, metadata: bytes, base_addr: int, num_blocks: int, block_len: int,
-        layout: WireLayout | None = None,
+        layout: WireLayout | None = None, names: tuple[str, ...] | None = None,
     ) -> None:
         """Load a peer's NIXL metadata and prep the descriptors of its blocks.
 
-        ``layout`` is the peer's connect field (None: one plain region). Re-adding
+        ``layout`` and ``names`` are the peer's connect fields (None: one plain region;
+        unnamed regions). When both sides named their regions they pair by name (the
+        same names, in any order), else by position. Re-adding
         ``peer_id`` removes its old registration first (:meth:`remove_peer`: a transfer
         still running to it is left to end).
         An agent kept loaded with the same metadata is reused while NIXL holds it.
@@ -312,7 +314,7 @@ class DataPlane:
         theirs = announced_layout(
             self._layout, self._block_len, self._max_peer_blocks, peer_id=peer_id,
             metadata=metadata, base_addr=base_addr, num_blocks=num_blocks,
-            block_len=block_len, layout=layout)
+            block_len=block_len, layout=layout, names=names)
         agent_name, tail = agent_name_of(metadata)
         if agent_name == self._name or tail == self._metadata_tail:
             raise TransportError("peer metadata describes this agent")

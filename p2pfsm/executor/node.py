@@ -49,10 +49,12 @@ from p2pfsm.executor.config import NodeConfig, fingerprint
 from p2pfsm.executor.driver import Driver
 from p2pfsm.executor.jobs import JobFuture, LookupAsk, OpenJobs, OpenLoad, copy_outcome
 from p2pfsm.executor.nixl_plane import DataPlane
-from p2pfsm.executor.node_effects import NodeEffects
+from p2pfsm.executor.node_effects import NodeEffects, NodeOutputs
 from p2pfsm.executor.node_sessions import RESTART_BURST, RESTART_PERIOD_S, NodeSessions
 from p2pfsm.executor.node_state import LookupAnswer, as_int, as_ints
 from p2pfsm.executor.node_threads import DrivingThreads
+from p2pfsm.executor.peer_control import PeerControl
+from p2pfsm.executor.peer_ids import peer_address
 from p2pfsm.executor.peer_policy import EndedSessions, IdleInbound, ViolationBudget
 from p2pfsm.executor.redial import Redials
 from p2pfsm.executor.served_lookups import ServedLookups
@@ -99,7 +101,7 @@ _TERMINAL = machine("session").terminal  # closed: nothing more to do
 _UNSTARTED = machine("session").state_set("unstarted")
 
 
-class Node(NodeSessions, NodeEffects):
+class Node(PeerControl, NodeSessions, NodeEffects):
     """One process's endpoint: bind, connect to peers, move blocks.
 
     One thread drives it (``serve``, ``run_until``, ``step``, or an asyncio loop through
@@ -116,6 +118,7 @@ class Node(NodeSessions, NodeEffects):
         on_fetch: Callable[[str, FetchArrived], None] | None = None,
         on_result: Callable[[str, LoadResult | StoreResult | LookupResult], None] | None = None,
         on_round_ended: Callable[[str, RoundEnded], None] | None = None,
+        on_peer_state: Callable[[str, str, str], None] | None = None,
         call_hook: CallHook | None = None,
         on_released: Callable[[str, DestinationReleased], None] | None = None,
     ) -> None:
@@ -127,6 +130,7 @@ class Node(NodeSessions, NodeEffects):
         self.on_result = on_result
         self.on_round_ended = on_round_ended
         self.on_released = on_released
+        self.on_peer_state = on_peer_state
         self.metrics = NodeMetrics()
         self.control = ControlPlane(config.bind, heartbeat_ivl_ms=config.heartbeat_ivl_ms,
                                     heartbeat_timeout_ms=config.heartbeat_timeout_ms,
@@ -183,8 +187,10 @@ class Node(NodeSessions, NodeEffects):
         self._closed = False
         self._threads = DrivingThreads()
         self._close_request: tuple[float, Future[None]] | None = None
-        self._redials = Redials(config.reconnect_backoff_s)  # sessions opened again
+        self._redials = Redials(config.reconnect_backoff_s,  # sessions opened again
+                                config.reconnect_max_attempts)
         self._unsent_death: Session | None = None  # died before ready, being redialled
+        self._incarnations: OrderedDict[str, int | None] = OrderedDict()  # peers' last seen
         self._threadsafe: ThreadSafeNode | None = None
         self._hook = call_hook
         if call_hook is None and config.trace is not None:
@@ -196,8 +202,8 @@ class Node(NodeSessions, NodeEffects):
                 self.data.close()
                 self.control.close()
                 raise ConfigError(f"cannot write the trace log {config.trace}: {exc}") from exc
-        # Queues inputs, carries out outputs through this node's Executor methods.
-        self._driver = Driver(self, time.monotonic, self._hook)
+        # Queues inputs, carries out outputs through this node's (private) Executor methods.
+        self._driver = Driver(NodeOutputs(self), time.monotonic, self._hook)
         log.info("node %s up: %d blocks of %d bytes", self.local_id, config.num_blocks,
                  config.block_len)
 
@@ -214,7 +220,9 @@ class Node(NodeSessions, NodeEffects):
         return self._closed
 
     def connect(self, peer_id: str) -> Session:
-        """Open (or return) the session to ``peer_id`` ("host:port")."""
+        """Open (or return) the session to ``peer_id`` ("host:port"; "tcp://host:port" is
+        the same peer, as is every host call's ``peer_id``)."""
+        peer_id = peer_address(peer_id)
         self._check_open()
         self._check_thread("connect")
         session = self.sessions.get(peer_id)
@@ -225,12 +233,14 @@ class Node(NodeSessions, NodeEffects):
         self._bindings.forget(peer_id)  # a new session: bound by the peer's first frame
         session = self._new_session(peer_id)
         self._idle.ours(peer_id)  # never evicted for idleness
+        self._peer_state(peer_id, "connecting", "")
         self._feed_parked(peer_id, session)
         return session
 
     def when_ready(self, peer_id: str) -> JobFuture[Session]:
         """A future of the session to ``peer_id`` once it is ready; a
         :class:`TransportError` naming the reason if it dies first."""
+        peer_id = peer_address(peer_id)
         session = self.session(peer_id)
         fut: JobFuture[Session] = JobFuture(self)
         if session.ready:
@@ -248,6 +258,7 @@ class Node(NodeSessions, NodeEffects):
         ``cancel()`` on the future finishes the request (aborting a round in flight); the
         future still resolves with the final LoadResult.
         """
+        peer_id = peer_address(peer_id)
         self._check_thread("fetch")  # before anything changes
         keys = tuple(keys)
         job = self.new_job_id()
@@ -284,6 +295,7 @@ class Node(NodeSessions, NodeEffects):
     def lookup(self, peer_id: str, kv_request_id: str,
                keys: Iterable[bytes]) -> JobFuture[LookupResult]:
         """Ask the peer which keys it holds; one result."""
+        peer_id = peer_address(peer_id)
         self._check_thread("lookup")
         fut: JobFuture[LookupResult] = JobFuture(self)
         self._jobs.add_lookup(peer_id, kv_request_id, fut)
@@ -298,6 +310,7 @@ class Node(NodeSessions, NodeEffects):
     def supply(self, peer_id: str, kv_request_id: str, keys: Iterable[bytes],
                local_indexes: Iterable[int]) -> JobFuture[StoreResult]:
         """Offer stored blocks to the peer; they stay pinned until the result."""
+        peer_id = peer_address(peer_id)
         self._check_thread("supply")
         job = self.new_job_id()
         fut: JobFuture[StoreResult] = JobFuture(self)
@@ -314,6 +327,7 @@ class Node(NodeSessions, NodeEffects):
     def finish(self, peer_id: str, kv_request_id: str) -> None:
         """The host is done with the request (both roles): a load in flight is aborted
         (its result still comes), a demand that cannot be met is answered."""
+        peer_id = peer_address(peer_id)
         self._host(peer_id, HostFinish(kv_request_id))
 
     def decline(self, peer_id: str, kv_request_id: str, round_seq: int) -> None:
@@ -321,6 +335,7 @@ class Node(NodeSessions, NodeEffects):
         more supply: it fails (transfer_done(false) once its writes have landed), and the
         request goes on: a later round of it is served as usual. A round that ended
         meanwhile takes nothing; one no fetch has named yet raises LocalProtocolError."""
+        peer_id = peer_address(peer_id)
         self._host(peer_id, HostDecline(kv_request_id, round_seq))
 
     def resolve_lookup(self, peer_id: str, token: int, hits: Mapping[bytes, int] | None = None,
@@ -337,6 +352,7 @@ class Node(NodeSessions, NodeEffects):
         ``on_lookup``, one of another peer, a key both hit and pending, a key not
         pending, or an index outside our region.
         """
+        peer_id = peer_address(peer_id)
         self._check_open()
         self._check_thread("resolve_lookup")
         hits = {k: as_int(v) for k, v in (hits or {}).items()}

@@ -1,7 +1,8 @@
 """How a node carries out its sessions' outputs, and hands results to the host.
 
 The :class:`~p2pfsm.executor.core.Executor` methods of a
-:class:`~p2pfsm.executor.node.Node`: frames go to the control plane, writes and
+:class:`~p2pfsm.executor.node.Node`, private to it (``_send_frame``, ...) and handed to
+its driver through :class:`NodeOutputs`: frames go to the control plane, writes and
 registrations to the data plane (:mod:`p2pfsm.executor.writes`); results resolve their
 :class:`~p2pfsm.executor.jobs.JobFuture`; host callbacks (``on_lookup``, ``on_fetch``,
 ``on_result``, ``on_round_ended``) are deferred through the driver, so they run after
@@ -19,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from p2pfsm.errors import ConfigError, LocalProtocolError, TransportError
+from p2pfsm.executor.core import Executor, handler_names
 from p2pfsm.executor.jobs import JobFuture, LookupAsk
 from p2pfsm.executor.node_state import HOSTILE_LINES, NodeState, as_int
 from p2pfsm.executor.redial import Parked
@@ -32,6 +34,7 @@ from p2pfsm.session import (
     FetchArrived,
     HostAnswerLookup,
     HostFetch,
+    HostLookup,
     LoadResult,
     LookupClosed,
     LookupRequest,
@@ -53,17 +56,30 @@ from p2pfsm.session import (
 log = logging.getLogger("p2pfsm.node")
 
 
+class NodeOutputs(Executor):
+    """What the node's driver carries each output out with: the node's own private
+    method of the same name (``_send_frame`` for ``send_frame``, ...), bound here once,
+    so that the node's public namespace holds host calls only. A method the node does
+    not define keeps :class:`Executor`'s default."""
+
+    def __init__(self, node: NodeEffects) -> None:
+        for name in handler_names():
+            own = getattr(node, f"_{name}", None)
+            if own is not None:
+                setattr(self, name, own)
+
+
 class NodeEffects(NodeState):
     """The node's effects: each output of a session, carried out."""
 
-    def session_ready(self, peer: str, session: Session) -> None:
+    def _session_ready(self, peer: str, session: Session) -> None:
         self._on_ready(peer, session)
 
-    def session_over(self, peer: str, session: Session) -> None:
+    def _session_over(self, peer: str, session: Session) -> None:
         if peer in self._live and self.sessions.get(peer) is session:
             self._live.discard(peer)  # died or closed
 
-    def send_frame(self, peer: str, out: SendFrame) -> None:
+    def _send_frame(self, peer: str, out: SendFrame) -> None:
         if not self.control.send(peer, encode(out.message)):
             self._queue(peer, TransportLost("send failed"), self._driver.applying)
         elif isinstance(out.message, AbortFetch):
@@ -71,11 +87,11 @@ class NodeEffects(NodeState):
             log.info("peer %s: aborting %s round %d", peer, out.message.kv_request_id,
                      out.message.round_seq)
 
-    def send_to_lost_peer(self, peer: str, out: SendToLostPeer) -> None:
+    def _send_to_lost_peer(self, peer: str, out: SendToLostPeer) -> None:
         """A dead session tells a peer that may still hold it live that it is over: over
         our connection to it while it lasts, else the control plane dials it back."""
         if peer in self.control.peers:
-            self.send_frame(peer, out)
+            self._send_frame(peer, out)
             return
         if self.control.answer(peer, encode(out.message)):
             self.metrics.count("stale_answers")
@@ -83,7 +99,7 @@ class NodeEffects(NodeState):
             log.info("peer %s: told that its session is over (%s)", peer,
                      None if sender is None else sender.death_reason)
 
-    def start_write(self, peer: str, out: StartWrite) -> None:
+    def _start_write(self, peer: str, out: StartWrite) -> None:
         session = self._driver.applying
         assert session is not None  # outputs are applied only from the driver's feed
         try:
@@ -92,16 +108,16 @@ class NodeEffects(NodeState):
             log.warning("write to %s failed to start: %s", peer, clip(exc))
             self._queue(peer, WriteFinished(out.xfer, False), session)
 
-    def cancel_write(self, peer: str, out: CancelWrite) -> None:
+    def _cancel_write(self, peer: str, out: CancelWrite) -> None:
         write = self._writes.cancel(self._driver.applying, out.xfer)
         if write is not None:
             self._queue(peer, WriteFinished(out.xfer, False), write.session)
 
-    def start_registration(self, peer: str, out: StartRegistration) -> None:
+    def _start_registration(self, peer: str, out: StartRegistration) -> None:
         c = out.connect
         try:
             self.data.add_peer(peer, c.agent_metadata, c.base_addr, c.num_blocks, c.block_len,
-                               c.layout)
+                               c.layout, c.layout_names)
             result = RegistrationFinished(True)
         except (TransportError, ConfigError) as exc:
             self._hostile_log.emit(log.warning, HOSTILE_LINES,
@@ -109,41 +125,56 @@ class NodeEffects(NodeState):
             result = RegistrationFinished(False, clip(exc))
         self._queue(peer, result, self._driver.applying)
 
-    def load_result(self, peer: str, out: LoadResult) -> None:
+    def _load_result(self, peer: str, out: LoadResult) -> None:
         self._on_load_result(peer, out)
 
-    def store_result(self, peer: str, out: StoreResult) -> None:
+    def _store_result(self, peer: str, out: StoreResult) -> None:
         self._deliver(peer, self._jobs.stores.pop(out.job_id, None), out)
 
-    def lookup_result(self, peer: str, out: LookupResult) -> None:
+    def _lookup_result(self, peer: str, out: LookupResult) -> None:
+        if (out.reason is FailReason.SESSION_ENDED and self._unsent_death is not None
+                and self._driver.applying is self._unsent_death
+                and self._redials.waiting(peer)):
+            # Never sent (its session died before ready, and opens again): it waits for
+            # the next session, as a fetch does.
+            self._redials.park(peer, time.monotonic() + self.config.timeouts.lookup,
+                               HostLookup(out.kv_request_id, out.keys))
+            return
         if out.reason is not None:
             out = dataclasses.replace(out, detail=self._fail_detail(peer, out))
-        self._deliver(peer, self._jobs.take_lookup(peer, out.kv_request_id), out)
+        fut = self._jobs.take_lookup(peer, out.kv_request_id)
+        if fut is not None:
+            self.metrics.observe("lookup_seconds", time.monotonic() - fut.started)
+            hits = sum(out.hits)
+            self.metrics.count("lookup_keys_hit", hits)
+            self.metrics.count("lookup_keys_missed", len(out.hits) - hits)
+            self.metrics.count("lookups_answered" if out.answered else "lookups_failed")
+        self._deliver(peer, fut, out)
 
-    def lookup_request(self, peer: str, out: LookupRequest) -> None:
+    def _lookup_request(self, peer: str, out: LookupRequest) -> None:
         session = self._driver.applying
         assert session is not None  # outputs are applied only from _feed
         self._driver.defer(lambda: self._answer(peer, session, out))
 
-    def lookup_closed(self, peer: str, out: LookupClosed) -> None:
+    def _lookup_closed(self, peer: str, out: LookupClosed) -> None:
         token = self._served.token_of(peer, out.token)
         if token is not None:
             self._served.forget(token)
 
-    def fetch_arrived(self, peer: str, out: FetchArrived) -> None:
+    def _fetch_arrived(self, peer: str, out: FetchArrived) -> None:
         on_fetch = self.on_fetch
         if on_fetch is not None:
             self._driver.defer(lambda: self._call_on_fetch(on_fetch, peer, out))
 
-    def round_ended(self, peer: str, out: RoundEnded) -> None:
+    def _round_ended(self, peer: str, out: RoundEnded) -> None:
         on_round_ended = self.on_round_ended
         if on_round_ended is not None:
             self._driver.defer(lambda: self._call_on_round_ended(on_round_ended, peer, out))
 
-    def session_dead(self, peer: str, out: SessionDead) -> None:
+    def _session_dead(self, peer: str, out: SessionDead) -> None:
         self._on_death(peer, out)
 
-    def destination_released(self, peer: str, out: DestinationReleased) -> None:
+    def _destination_released(self, peer: str, out: DestinationReleased) -> None:
         self.metrics.count("destinations_released")
         log.info("load job %d (%s): destination released (%s)", out.job_id,
                  out.kv_request_id, out.cause.value)
@@ -172,7 +203,7 @@ class NodeEffects(NodeState):
         except Exception as exc:  # the notice is in its future already
             self._host_failed("on_released", peer_id, f"job {out.job_id}", exc)
 
-    def protocol_violation(self, peer: str, out: ProtocolViolation) -> None:
+    def _protocol_violation(self, peer: str, out: ProtocolViolation) -> None:
         self._on_violation(peer, out)
 
     def _call_on_fetch(self, on_fetch: Callable[[str, FetchArrived], None], peer_id: str,
@@ -259,7 +290,7 @@ class NodeEffects(NodeState):
             self._on_load_result(peer_id, LoadResult(
                 ev.job_id, ev.kv_request_id, False, True, reason, why))
         else:
-            self.lookup_result(peer_id, LookupResult(
+            self._lookup_result(peer_id, LookupResult(
                 ev.kv_request_id, ev.keys, (False,) * len(ev.keys), False, reason, why))
 
     def _on_violation(self, peer_id: str, violation: ProtocolViolation) -> None:

@@ -16,6 +16,7 @@ import time
 
 from p2pfsm.errors import RemoteProtocolError, TransportError
 from p2pfsm.executor.node_state import HOSTILE_LINES, NodeState
+from p2pfsm.executor.peer_ids import misnamed_dials
 from p2pfsm.fsm import machine
 from p2pfsm.logwindow import clip
 from p2pfsm.protocol import DEFAULT_LIMITS, Connect, Message, decode, encode
@@ -28,6 +29,7 @@ from p2pfsm.session import (
     Session,
     SessionConfig,
     SessionDead,
+    TransportLost,
 )
 
 log = logging.getLogger("p2pfsm.node")
@@ -71,6 +73,8 @@ class NodeSessions(NodeState):
             timeouts=cfg.timeouts,
             incarnation=self.incarnation,
             layout=self.data.layout.wire(),
+            layout_names=self.data.layout.names,
+            config_digests=cfg.config_digests,
             max_lookups_per_request=cfg.max_lookups_per_request,
             answer_lookups_in_parts=cfg.answer_lookups_in_parts,
             limits=FRAME_LIMITS,
@@ -118,6 +122,7 @@ class NodeSessions(NodeState):
                 if session is not None:
                     self._queue(peer_id, FrameReceived(frame, msg))
                 return
+            self._misnamed_dials(peer_id)
             self._new_session(peer_id)
             self._idle.opened_by_peer(peer_id)  # subject to idle eviction
             if self._redials.waiting(peer_id):
@@ -169,6 +174,22 @@ class NodeSessions(NodeState):
             out[peer_id] = out.get(peer_id, 0) + sum(s.held_destinations for s in olds)
         return out
 
+    def _misnamed_dials(self, peer_id: str) -> None:
+        """A peer opened a session as ``peer_id`` while a session we dialled to the same
+        address under another name (``connect("localhost:P")`` to a peer that calls
+        itself ``127.0.0.1:P``) waits for its handshake, which can never come: that
+        session dies at once saying which id to connect to, and is not redialled."""
+        for other in misnamed_dials(peer_id, [p for p, s in self.sessions.items()
+                                              if s.alive and not s.ready
+                                              and self._redials.dialled(p)]):
+            why = (f"the peer at {other} calls itself {peer_id}: a peer id is the "
+                   f"host:port the peer names itself by; connect to {peer_id!r}")
+            log.warning("peer %s: %s", other, why)
+            for ev in self._redials.forget(other):
+                self._fail_parked(other, ev, FailReason.SESSION_ENDED, why)
+            self._peer_state(other, "given up", why)
+            self._queue(other, TransportLost(why), self.sessions[other])
+
     def _resumed(self, peer_id: str) -> None:
         """A live session's peer sends on a new connection (its own ended: a transport
         drop its libzmq recovered from): the session carries on there."""
@@ -185,6 +206,9 @@ class NodeSessions(NodeState):
             self.metrics.observe("handshake_seconds", time.monotonic() - started)
         self.metrics.count("handshakes")
         self._redials.ready(peer_id)
+        self._note_incarnation(peer_id, session)
+        if self._redials.dialled(peer_id):
+            self._peer_state(peer_id, "ready", "")
         log.info("peer %s ready", peer_id)
         if session.peer is not None:
             self._release_if_restarted(peer_id, None, session.peer)
@@ -231,14 +255,43 @@ class NodeSessions(NodeState):
         restart = dead.restarted_by
         if restart is not None:
             self.metrics.count("restarts" if dead.reason == "peer restarted" else "reconnects")
+            self._incarnations[peer_id] = restart.incarnation  # counted here
             old = self.sessions.get(peer_id)
             self._driver.defer(lambda: self._serve_restart(peer_id, old, restart))
         elif self._redials.may_redial(peer_id, dead, self._closed):
             wait = self._redials.schedule(peer_id, time.monotonic())
             log.info("peer %s: opening the session again in %.1f s", peer_id, wait)
+            self._peer_state(peer_id, "lost", dead.reason)
             if never_ready:
                 # Its fetches never left the queue: they wait for the next session.
                 self._unsent_death = self._driver.applying
+        elif self._redials.dialled(peer_id):
+            self._given_up(peer_id, dead)
+
+    def _note_incarnation(self, peer_id: str, session: Session) -> None:
+        """Count a restart the session's end did not tell (the peer died, and its new
+        process connected to a new session): a ready peer whose incarnation differs
+        from the one last seen."""
+        new = None if session.peer is None else session.peer.incarnation
+        if new is None:
+            return
+        known = self._incarnations.pop(peer_id, None)
+        if known is not None and known != new:
+            self.metrics.count("restarts")
+        self._incarnations[peer_id] = new
+        while len(self._incarnations) > self.config.history:
+            self._incarnations.popitem(last=False)
+
+    def _given_up(self, peer_id: str, dead: SessionDead) -> None:
+        """A session the host opened died and is not opened again."""
+        why = dead.reason
+        if self._redials.exhausted(peer_id):
+            why = (f"{self._redials.attempts(peer_id)} attempts in a row failed; the last: "
+                   f"{dead.reason}")
+            log.warning("peer %s given up: %s", peer_id, why)
+            for ev in self._redials.forget(peer_id):  # a later connect() starts afresh
+                self._fail_parked(peer_id, ev, FailReason.SESSION_ENDED, f"given up: {why}")
+        self._peer_state(peer_id, "given up", why)
 
     def _redial_due(self, now: float) -> None:
         """Open the sessions whose redial is due; fail the calls that waited past their

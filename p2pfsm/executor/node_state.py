@@ -23,11 +23,11 @@ from p2pfsm.errors import LocalProtocolError
 from p2pfsm.executor.admission import NewPeerRate
 from p2pfsm.executor.bindings import Bindings
 from p2pfsm.executor.config import NodeConfig
-from p2pfsm.executor.core import Executor
 from p2pfsm.executor.driver import Driver
 from p2pfsm.executor.jobs import Driven, JobFuture, LookupAsk, OpenJobs
 from p2pfsm.executor.nixl_plane import DataPlane
 from p2pfsm.executor.node_threads import DrivingThreads
+from p2pfsm.executor.peer_ids import peer_address
 from p2pfsm.executor.peer_policy import EndedSessions, IdleInbound, ViolationBudget
 from p2pfsm.executor.redial import Parked, Redials
 from p2pfsm.executor.served_lookups import ServedLookups
@@ -94,7 +94,7 @@ def as_ints(values: Iterable[Any]) -> tuple[Any, ...]:
 _JUST_INT = {int}
 
 
-class NodeState(Driven, Executor):
+class NodeState(Driven):
     """A node's fields and shared plumbing (see the module docstring)."""
 
     config: NodeConfig
@@ -103,6 +103,7 @@ class NodeState(Driven, Executor):
     on_result: Callable[[str, LoadResult | StoreResult | LookupResult], None] | None
     on_round_ended: Callable[[str, RoundEnded], None] | None
     on_released: Callable[[str, DestinationReleased], None] | None
+    on_peer_state: Callable[[str, str, str], None] | None
     metrics: NodeMetrics
     control: ControlPlane
     data: DataPlane
@@ -133,6 +134,7 @@ class NodeState(Driven, Executor):
     _threads: DrivingThreads
     _redials: Redials
     _unsent_death: Session | None
+    _incarnations: OrderedDict[str, int | None]
     _hook: CallHook | None
     _driver: Driver
 
@@ -152,7 +154,7 @@ class NodeState(Driven, Executor):
 
     def session(self, peer_id: str) -> Session:
         try:
-            return self.sessions[peer_id]
+            return self.sessions[peer_address(peer_id)]
         except KeyError:
             raise LocalProtocolError(f"no session to {peer_id}; connect first") from None
 
@@ -198,6 +200,21 @@ class NodeState(Driven, Executor):
     def _death_reason(self, peer_id: str) -> str:
         dead = self.deaths.get(peer_id)
         return f"session to {peer_id} died: {dead.reason if dead else 'unknown'}"
+
+    def _peer_state(self, peer_id: str, state: str, detail: str) -> None:
+        """Tell ``on_peer_state`` that a peer the host connected to is ``state``
+        (``"connecting"``, ``"ready"``, ``"lost"``: a redial follows, ``"given up"``:
+        none does), after the current step."""
+        callback = self.on_peer_state
+        if callback is None:
+            return
+
+        def call() -> None:
+            try:
+                callback(peer_id, state, detail)
+            except Exception as exc:  # logged and counted; nothing depends on it
+                self._host_failed("on_peer_state", peer_id, f"state {state!r}", exc)
+        self._driver.defer(call)
 
     def _host_failed(self, callback: str, peer_id: str, what: str, exc: Exception) -> None:
         """A host callback raised: counted and logged (with its traceback, rate-limited);

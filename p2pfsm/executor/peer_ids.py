@@ -9,11 +9,13 @@ name, and a canonical decimal port.
 from __future__ import annotations
 
 import ipaddress
+import socket
 from typing import Final
 
 from p2pfsm.errors import TransportError
 
-__all__ = ["host_is_valid", "ip_of", "origin_of", "parse_peer_id"]
+__all__ = ["host_is_valid", "ip_of", "misnamed_dials", "origin_of", "parse_peer_id",
+           "peer_address"]
 
 _MAX_HOSTNAME_LEN: Final = 253
 _MAX_PEER_ID_LEN: Final = _MAX_HOSTNAME_LEN + 1 + 5
@@ -45,6 +47,15 @@ def host_is_valid(host: str) -> bool:
         if label[0] == "-" or label[-1] == "-":
             return False
     return True
+
+
+def peer_address(text: str) -> str:
+    """A peer's address as the host gives it, ``"host:port"`` or ``"tcp://host:port"``,
+    as its peer id ``"host:port"`` (anything else is returned as it is, for the call
+    that takes it to refuse)."""
+    if isinstance(text, str) and text.startswith("tcp://"):
+        return text[len("tcp://"):]
+    return text
 
 
 def parse_peer_id(raw: str | bytes, *, allow_port_zero: bool = False) -> tuple[str, int]:
@@ -103,3 +114,26 @@ def origin_of(host: str, source: str | None) -> str:
     if ip is None:
         ip = ip_of(host)
     return host.lower() if ip is None else str(ip)
+
+
+def misnamed_dials(peer_id: str, dialled: list[str]) -> list[str]:
+    """Of the peer ids we ``dialled``, those that name ``peer_id``'s address by another
+    host text: the same port, and a host name (not an IP literal) that resolves to
+    ``peer_id``'s IP (``localhost:5555`` for ``127.0.0.1:5555``). Resolves only such
+    names (from the hosts file or DNS)."""
+    host, _, port = peer_id.rpartition(":")
+    ip = ip_of(host)
+    if ip is None:
+        return []
+    found: list[str] = []
+    for other in dialled:
+        other_host, _, other_port = other.rpartition(":")
+        if other == peer_id or other_port != port or ip_of(other_host) is not None:
+            continue
+        try:
+            infos = socket.getaddrinfo(other_host, None, proto=socket.IPPROTO_TCP)
+        except (OSError, UnicodeError):
+            continue
+        if any(ip_of(str(info[4][0])) == ip for info in infos):
+            found.append(other)
+    return found

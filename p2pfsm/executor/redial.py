@@ -2,14 +2,19 @@
 
 A session the host opened with ``connect()`` that dies (not closed by us, no mismatch)
 is opened again: at once, then with doubling backoff while attempts fail
-(``NodeConfig.reconnect_backoff_s``). Fetches and lookups made meanwhile are parked
-here with their deadline and go to the next session, or fail when the deadline passes
-first. This module only keeps that book; time is an input (every call that needs it
-takes ``now``) and the node carries out what it says.
+(``NodeConfig.reconnect_backoff_s``), each wait drawn at random between half of it and
+all of it (so that the peers of a restarted node do not all dial it at one instant),
+and at most ``NodeConfig.reconnect_max_attempts`` times in a row without a ready
+session. The host may forget a peer (no more redials) or have it redialled now.
+Fetches and lookups made meanwhile are parked here with their deadline and go to the
+next session, or fail when the deadline passes first. This module only keeps that
+book; time is an input (every call that needs it takes ``now``) and the node carries
+out what it says.
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 
 from p2pfsm.session import HostFetch, HostLookup, SessionDead
@@ -25,12 +30,20 @@ class Redials:
 
     Args:
         backoff: ``(first, most)`` seconds between attempts; None: never redial.
+        max_attempts: most attempts in a row that fail before the session is ready
+            (then the peer is given up); None: no limit.
+        rng: the jitter's random source.
     """
 
-    __slots__ = ("_at", "_backoff", "_dialled", "_parked", "backoff")
+    __slots__ = ("_at", "_attempts", "_backoff", "_dialled", "_parked", "_rng", "backoff",
+                 "max_attempts")
 
-    def __init__(self, backoff: tuple[float, float] | None) -> None:
+    def __init__(self, backoff: tuple[float, float] | None, max_attempts: int | None = None,
+                 rng: random.Random | None = None) -> None:
         self.backoff = backoff
+        self.max_attempts = max_attempts
+        self._rng = rng or random.Random()
+        self._attempts: dict[str, int] = {}  # peer -> redials since it was last ready
         self._dialled: set[str] = set()  # peers the host connect()ed: re-opened on death
         self._at: dict[str, float] = {}  # peer -> when to open it again
         self._backoff: dict[str, float] = {}  # peer -> the next wait, while attempts fail
@@ -49,11 +62,42 @@ class Redials:
         self._dialled.add(peer_id)
         self._at.pop(peer_id, None)
 
+    def dialled(self, peer_id: str) -> bool:
+        """The host opened the session to ``peer_id`` (and has not forgotten it)."""
+        return peer_id in self._dialled
+
     def may_redial(self, peer_id: str, dead: SessionDead, closing: bool) -> bool:
-        """Open a dead session of ours again: not after our own close, a mismatch, or
-        with the node closing."""
+        """Open a dead session of ours again: not after our own close, a mismatch, with
+        the node closing, or once ``max_attempts`` attempts in a row have failed."""
         return (self.backoff is not None and peer_id in self._dialled
-                and dead.mismatch is None and dead.reason != "closed" and not closing)
+                and dead.mismatch is None and dead.reason != "closed" and not closing
+                and not self.exhausted(peer_id))
+
+    def exhausted(self, peer_id: str) -> bool:
+        """``max_attempts`` redials of ``peer_id`` in a row failed before it was ready."""
+        return (self.max_attempts is not None
+                and self._attempts.get(peer_id, 0) >= self.max_attempts)
+
+    def attempts(self, peer_id: str) -> int:
+        """Redials of ``peer_id`` since its session was last ready."""
+        return self._attempts.get(peer_id, 0)
+
+    def forget(self, peer_id: str) -> list[Parked]:
+        """The host gave ``peer_id`` up: never redialled again (until it connects it
+        again); returns the calls that waited for it (they leave the book)."""
+        self._dialled.discard(peer_id)
+        self._at.pop(peer_id, None)
+        self._backoff.pop(peer_id, None)
+        self._attempts.pop(peer_id, None)
+        return self.take(peer_id)
+
+    def now(self, peer_id: str, now: float) -> bool:
+        """Open ``peer_id`` again at ``now`` instead of after its wait; False when no
+        redial of it is due."""
+        if peer_id not in self._at:
+            return False
+        self._at[peer_id] = now
+        return True
 
     def schedule(self, peer_id: str, now: float) -> float:
         """Open ``peer_id`` again after the wait returned: none after a session that had
@@ -62,12 +106,15 @@ class Redials:
         wait = self._backoff.get(peer_id)  # None: the session had become ready
         first, most = self.backoff
         self._backoff[peer_id] = first if wait is None else min(2 * wait, most)
-        self._at[peer_id] = now + (wait or 0.0)
-        return wait or 0.0
+        self._attempts[peer_id] = self._attempts.get(peer_id, 0) + 1
+        drawn = 0.0 if wait is None else wait * (0.5 + 0.5 * self._rng.random())
+        self._at[peer_id] = now + drawn
+        return drawn
 
     def ready(self, peer_id: str) -> None:
         """The session became ready: the next death redials at once again."""
         self._backoff.pop(peer_id, None)
+        self._attempts.pop(peer_id, None)
 
     def cancel(self, peer_id: str) -> None:
         """No redial of ``peer_id`` any more (another session replaced it)."""

@@ -38,11 +38,32 @@ T = TypeVar("T")
 
 class SubmittedFuture(Future[T]):
     """The future of a submitted call; ``cancel()`` never cancels it (a fetch's
-    request is finished instead, and its result still comes)."""
+    request is finished instead, and its result still comes). A wait that times out
+    raises a ``TimeoutError`` saying why, when the node can tell (nothing drives it, or
+    the wait is on the thread that should)."""
 
-    def __init__(self, on_cancel: Callable[[], None] | None = None) -> None:
+    def __init__(self, on_cancel: Callable[[], None] | None = None,
+                 node: Node | None = None) -> None:
         super().__init__()
         self._on_cancel = on_cancel
+        self._node = node
+
+    def result(self, timeout: float | None = None) -> T:
+        try:
+            return super().result(timeout)
+        except TimeoutError:
+            raise self._timed_out(timeout) from None
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        try:
+            return super().exception(timeout)
+        except TimeoutError:
+            raise self._timed_out(timeout) from None
+
+    def _timed_out(self, timeout: float | None) -> TimeoutError:
+        problem = None if self._node is None else self._node.wait_problem()
+        return TimeoutError(f"no result within {timeout} s: "
+                            f"{problem or 'the node has not finished the call yet'}")
 
     def cancel(self) -> bool:
         action, self._on_cancel = self._on_cancel, None
@@ -98,22 +119,30 @@ class ThreadSafeNode:
         def start() -> SubmittedFuture[None]:
             self._node.connect(peer_id)
             ready = self._node.when_ready(peer_id)
-            done: SubmittedFuture[None] = SubmittedFuture()
+            done: SubmittedFuture[None] = SubmittedFuture(node=self._node)
             ready.add_done_callback(lambda f: copy_outcome(f, done, lambda _session: None))
             return done
         return self._job(start)
 
+    def disconnect(self, peer_id: str) -> SubmittedFuture[None]:
+        """:meth:`Node.disconnect` on the driving thread (no more redials of the peer)."""
+        return self._call(lambda: self._node.disconnect(peer_id))
+
+    def redial_now(self, peer_id: str) -> SubmittedFuture[bool]:
+        """:meth:`Node.redial_now` on the driving thread; resolves with what it returns."""
+        return self._call(lambda: self._node.redial_now(peer_id))
+
     def close(self, timeout: float = 5.0) -> SubmittedFuture[None]:
         """Close the node on the driving thread after its current turn; the loop that
         drives it (``serve``, ``run_until``) then returns."""
-        done: SubmittedFuture[None] = SubmittedFuture()
+        done: SubmittedFuture[None] = SubmittedFuture(node=self._node)
         self._node.request_close(timeout, done)
         return done
 
     # ------------------------------------------------------------ internals
     def _call(self, call: Callable[[], T]) -> SubmittedFuture[T]:
         """Run ``call`` on the driving thread; the future of what it returns."""
-        out: SubmittedFuture[T] = SubmittedFuture()
+        out: SubmittedFuture[T] = SubmittedFuture(node=self._node)
 
         def run() -> None:
             try:
@@ -138,7 +167,8 @@ class ThreadSafeNode:
                 inner[0].cancel()
 
         out: SubmittedFuture[T] = SubmittedFuture(
-            (lambda: self._node.call_soon_threadsafe(cancel)) if cancellable else None)
+            (lambda: self._node.call_soon_threadsafe(cancel)) if cancellable else None,
+            self._node)
 
         def run() -> None:
             try:

@@ -40,6 +40,14 @@ class Connect:
             ``block_len`` is the sum of the slices. None: absent from the wire, the
             region is the one ``base_addr``, ``num_blocks`` and ``block_len`` describe
             (the only layout vLLM 0.33.0 knows; it ignores the field).
+        layout_names: optional, p2pfsm only: a name for each region, in the order of
+            ``layout`` (one name when ``layout`` is absent: the plain region). Two
+            peers that both name their regions pair them by name, not by position.
+            None: absent from the wire (vLLM sends and reads no names).
+        config_digests: optional, p2pfsm only: ``(field, digest)`` for each field of the
+            sender's model configuration (sorted by field; the digest as the
+            fingerprint's, of that field's value alone), so that a fingerprint mismatch
+            can name the fields that differ. None: absent from the wire (vLLM).
     """
 
     TYPE: ClassVar[str] = names.CONNECT
@@ -53,6 +61,8 @@ class Connect:
     hash_seed: str
     incarnation: int | None = None
     layout: tuple[tuple[int, int, int], ...] | None = None
+    layout_names: tuple[str, ...] | None = None
+    config_digests: tuple[tuple[str, str], ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

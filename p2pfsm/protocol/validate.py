@@ -223,6 +223,12 @@ def _parse_connect(obj: Mapping[str, object], limits: Limits) -> Connect:
     raw_layout = obj.get("layout")
     layout = (None if raw_layout is None
               else _check_layout(raw_layout, base_addr, num_blocks, block_len, limits))
+    raw_names = obj.get("layout_names")
+    layout_names = (None if raw_names is None
+                    else _check_layout_names(raw_names, 1 if layout is None else len(layout),
+                                             limits))
+    raw_digests = obj.get("config_digests")
+    digests = None if raw_digests is None else _check_config_digests(raw_digests, limits)
     return Connect(
         peer_id=peer_id,
         agent_metadata=metadata,
@@ -233,6 +239,8 @@ def _parse_connect(obj: Mapping[str, object], limits: Limits) -> Connect:
         hash_seed=hash_seed,
         incarnation=incarnation,
         layout=layout,
+        layout_names=layout_names,
+        config_digests=digests,
     )
 
 
@@ -262,6 +270,41 @@ def _check_layout(value: object, base_addr: int, num_blocks: int, block_len: int
     if sum(r[2] for r in regions) != block_len:
         raise MalformedFrame("layout", "the slices do not sum to block_len")
     return tuple(regions)
+
+
+def _check_layout_names(value: object, regions: int, limits: Limits) -> tuple[str, ...]:
+    """Connect's optional ``layout_names``: one distinct, non-empty str per region."""
+    if not isinstance(value, list | tuple):
+        raise MalformedFrame("layout_names", f"expected array, got {_tname(value)}")
+    if len(value) != regions:
+        raise MalformedFrame("layout_names", f"{len(value)} names for {regions} regions")
+    checked = tuple(_check_text(name, f"layout_names[{n}]", limits, nonempty=True)
+                    for n, name in enumerate(value))
+    if len(set(checked)) != len(checked):
+        raise MalformedFrame("layout_names", "a name appears twice")
+    return checked
+
+
+_MAX_CONFIG_FIELDS: Final = 1024
+
+
+def _check_config_digests(value: object, limits: Limits) -> tuple[tuple[str, str], ...]:
+    """Connect's optional ``config_digests``: at most 1024 ``[field, digest]`` pairs of
+    non-empty str, fields distinct."""
+    if not isinstance(value, list | tuple):
+        raise MalformedFrame("config_digests", f"expected array, got {_tname(value)}")
+    if len(value) > _MAX_CONFIG_FIELDS:
+        raise MalformedFrame("config_digests", f"more than {_MAX_CONFIG_FIELDS} fields")
+    pairs: list[tuple[str, str]] = []
+    for n, entry in enumerate(value):
+        field = f"config_digests[{n}]"
+        if not isinstance(entry, list | tuple) or len(entry) != 2:
+            raise MalformedFrame(field, "expected [field, digest]")
+        pairs.append((_check_text(entry[0], field, limits, nonempty=True),
+                      _check_text(entry[1], field, limits, nonempty=True)))
+    if len({name for name, _ in pairs}) != len(pairs):
+        raise MalformedFrame("config_digests", "a field appears twice")
+    return tuple(pairs)
 
 
 def _parse_connect_ack(obj: Mapping[str, object], limits: Limits) -> ConnectAck:

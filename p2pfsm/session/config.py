@@ -92,6 +92,14 @@ class SessionConfig:
             describe). The peer's regions must pair up with ours (same count, same
             slice lengths), and a peer that sends no layout only pairs with a node
             that sends none.
+        layout_names: a name for each of our regions, in ``layout`` order (one for the
+            plain region), sent in our connect's ``layout_names`` field (None: left
+            out). When the peer names its regions too, regions pair by name: the names
+            must be the same set, and each region's slice length that of its namesake.
+        config_digests: ``(field, digest)`` of each field of our model configuration,
+            sent in our connect's ``config_digests`` (None: left out); a fingerprint
+            mismatch then names the fields that differ (or, with a peer that sends
+            none, the fields the fingerprint covers).
         incarnation: sent in our connect (None: left out, as vLLM does); a node draws
             one at start, so that its peers recognise a restart on its first frame.
         max_lookups_per_request: unanswered lookups the peer may have open for one
@@ -125,6 +133,8 @@ class SessionConfig:
     limits: Limits = DEFAULT_LIMITS
     incarnation: int | None = None
     layout: tuple[tuple[int, int, int], ...] | None = None
+    layout_names: tuple[str, ...] | None = None
+    config_digests: tuple[tuple[str, str], ...] | None = None
     max_lookups_per_request: int = DEFAULT_MAX_LOOKUPS_PER_REQUEST
     answer_lookups_in_parts: bool = False
     max_tombstones: int = DEFAULT_MAX_TOMBSTONES
@@ -146,6 +156,14 @@ class SessionConfig:
         inc = self.incarnation
         if inc is not None and (type(inc) is not int or not 0 <= inc < 2**64):
             raise ConfigError(f"incarnation: expected None or an int in [0, 2**64), got {inc!r}")
+        names = self.layout_names
+        if names is not None:
+            regions = 1 if self.layout is None else len(self.layout)
+            if (not isinstance(names, tuple) or len(names) != regions
+                    or not all(isinstance(n, str) and n for n in names)
+                    or len(set(names)) != len(names)):
+                raise ConfigError(f"layout_names: expected {regions} distinct non-empty "
+                                  f"names, got {names!r}")
         most = self.max_lookups_per_request
         if type(most) is not int or not 1 <= most <= 1_000_000:
             raise ConfigError(f"max_lookups_per_request: expected an int in [1, 1000000], "

@@ -472,7 +472,8 @@ class Session:
         cfg = self.config
         self.send(Connect(cfg.local_id, cfg.agent_metadata, cfg.base_addr, cfg.num_blocks,
                           cfg.block_len, cfg.config_fingerprint, cfg.hash_seed,
-                          cfg.incarnation, cfg.layout))
+                          cfg.incarnation, cfg.layout, cfg.layout_names,
+                          cfg.config_digests))
 
     def arm_handshake_timer(self, _ev: object) -> None:
         self.arm(TimerId("handshake"), self.config.timeouts.handshake)

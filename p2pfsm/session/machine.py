@@ -37,6 +37,53 @@ def _said(layout: tuple[tuple[int, int, int], ...] | None) -> str:
     return f"{len(layout)} regions of slices {[entry[2] for entry in layout]}"
 
 
+def names_differ(ours: tuple[str, ...], theirs: tuple[str, ...]) -> tuple[str, str] | None:
+    """The region names only we have and only the peer has (sorted, comma-separated),
+    or None when both name the same set."""
+    only_ours, only_theirs = set(ours) - set(theirs), set(theirs) - set(ours)
+    if not only_ours and not only_theirs:
+        return None
+    return (f"names the peer lacks: [{', '.join(sorted(only_ours))}]",
+            f"names we lack: [{', '.join(sorted(only_theirs))}]")
+
+
+def _named_mismatch(cfg: SessionConfig, peer: Connect) -> HandshakeMismatch | None:
+    """Regions paired by name (both sides named theirs): the same names, and each
+    region's slice length that of its namesake."""
+    ours, theirs = cfg.layout_names, peer.layout_names
+    assert ours is not None and theirs is not None
+    differ = names_differ(ours, theirs)
+    if differ is not None:
+        return HandshakeMismatch("layout_names", *differ)
+    our_slices = _slices(cfg.layout) or (cfg.block_len,)
+    their_slices = dict(zip(theirs, _slices(peer.layout) or (peer.block_len,), strict=True))
+    for name, length in zip(ours, our_slices, strict=True):
+        if their_slices[name] != length:
+            return HandshakeMismatch("layout", f"region {name}: {length} bytes a block",
+                                     f"region {name}: {their_slices[name]} bytes a block")
+    return None
+
+
+def _fingerprint_said(cfg: SessionConfig, peer: Connect) -> str:
+    """Our fingerprint, and the model-config fields it covers that differ from the
+    peer's (both sent per-field digests) or, when the peer sent none, all of them."""
+    ours = cfg.config_fingerprint
+    if cfg.config_digests is None:
+        return ours
+    mine = dict(cfg.config_digests)
+    if peer.config_digests is None:
+        return (f"{ours} (of model_config fields {', '.join(sorted(mine))}; the peer sends "
+                f"only its hash: compare these fields with its config)")
+    theirs = dict(peer.config_digests)
+    differ = sorted(k for k in mine.keys() & theirs.keys() if mine[k] != theirs[k])
+    parts = [f"fields that differ: {', '.join(differ)}"] if differ else []
+    if mine.keys() - theirs.keys():
+        parts.append(f"only ours: {', '.join(sorted(mine.keys() - theirs.keys()))}")
+    if theirs.keys() - mine.keys():
+        parts.append(f"only the peer's: {', '.join(sorted(theirs.keys() - mine.keys()))}")
+    return f"{ours} (model_config {'; '.join(parts) or 'fields equal'})"
+
+
 def handshake_mismatch(cfg: SessionConfig, peer: Connect) -> HandshakeMismatch | None:
     """Why ``peer``'s connect cannot pair with our config, or None when it can."""
     checks: list[tuple[str, object, object]] = [
@@ -48,8 +95,14 @@ def handshake_mismatch(cfg: SessionConfig, peer: Connect) -> HandshakeMismatch |
         checks.append(("peer_id", cfg.expected_peer_id, peer.peer_id))
     for name, ours, theirs in checks:
         if ours != theirs:
+            if name == "config_fingerprint":
+                return HandshakeMismatch(name, _fingerprint_said(cfg, peer), theirs)
             return HandshakeMismatch(name, ours, theirs)
-    if _slices(cfg.layout) != _slices(peer.layout):
+    if cfg.layout_names is not None and peer.layout_names is not None:
+        named = _named_mismatch(cfg, peer)
+        if named is not None:
+            return named
+    elif _slices(cfg.layout) != _slices(peer.layout):
         return HandshakeMismatch("layout", _said(cfg.layout), _said(peer.layout))
     if peer.agent_metadata == cfg.agent_metadata or peer.peer_id == cfg.local_id:
         return HandshakeMismatch("agent_metadata", "ours", "ours (a peer posing as us)")

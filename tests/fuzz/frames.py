@@ -95,8 +95,17 @@ def connects(draw: st.DrawFn) -> Message:
             # Layouts (p2pfsm only): ours is the plain region, so each is a mismatch.
             ("layout", ((0x9000, 16, 16),)), ("layout", ((0x9000, 32, 16),)),
             ("layout", ((0x9000, 8, 8), (0x9008, 16, 8))),
+            # Region names (ours are unnamed, so they pair by position).
+            ("layout_names", ("kv",)),
+            ("config_digests", (("dtype", "ab12"), ("model", "cd34"))),
         ]))
         over[name] = value
+    if "layout_names" not in over and draw(st.booleans()):
+        regions = len(over.get("layout") or ((0,),))  # type: ignore[arg-type]
+        over["layout_names"] = draw(st.sampled_from([
+            tuple(f"L{r}.{half}" for r in range(regions) for half in "KV")[:regions],
+            tuple(f"r{r}" for r in reversed(range(regions))),
+        ]))
     return peer_connect(**over)
 
 

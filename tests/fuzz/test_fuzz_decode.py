@@ -86,6 +86,15 @@ def assert_within_limits(msg: Message, limits: Limits) -> None:
         assert msg.base_addr + msg.num_blocks * msg.block_len < 2**64
         assert _text_ok(msg.config_fingerprint, limits, nonempty=False)
         assert _text_ok(msg.hash_seed, limits, nonempty=True)
+        if msg.layout_names is not None:
+            regions = 1 if msg.layout is None else len(msg.layout)
+            assert type(msg.layout_names) is tuple and len(msg.layout_names) == regions
+            assert len(set(msg.layout_names)) == regions
+            assert all(_text_ok(n, limits, nonempty=True) for n in msg.layout_names)
+        if msg.config_digests is not None:
+            assert type(msg.config_digests) is tuple and len(msg.config_digests) <= 1024
+            assert all(_text_ok(n, limits, nonempty=True) and _text_ok(d, limits, nonempty=True)
+                       for n, d in msg.config_digests)
     elif isinstance(msg, ConnectAck):
         assert _text_ok(msg.peer_id, limits, nonempty=True)
     elif isinstance(msg, Disconnect):

@@ -37,7 +37,6 @@ from p2pfsm.protocol import decode
 from p2pfsm.session import (
     FetchArrived,
     LoadResult,
-    Output,
     Session,
     StoreResult,
 )
@@ -64,10 +63,13 @@ class RecordingNode(Node):
             self.received[peer_id].append("?")
         super()._on_frame(peer_id, frame, conn)
 
-    def apply(self, peer: str, out: Output) -> None:
-        if isinstance(out, LoadResult | StoreResult):
-            self.results.append(out)
-        super().apply(peer, out)
+    def _load_result(self, peer: str, out: LoadResult) -> None:
+        self.results.append(out)
+        super()._load_result(peer, out)
+
+    def _store_result(self, peer: str, out: StoreResult) -> None:
+        self.results.append(out)
+        super()._store_result(peer, out)
 
 
 @dataclass

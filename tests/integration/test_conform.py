@@ -111,7 +111,8 @@ def test_late_supply_cases_need_late_blocks(serve: ServeProcess, tmp_path: Path,
 
 @pytest.mark.parametrize("args, message", [
     (["--target", "tcp://127.0.0.1:1"], "cannot reach tcp://127.0.0.1:1"),
-    (["--target", "127.0.0.1:1"], "--target: expected tcp://HOST:PORT"),
+    (["--target", "127.0.0.1"], "--target: expected HOST:PORT or tcp://HOST:PORT"),
+    (["--target", "127.0.0.1:1"], "cannot reach 127.0.0.1:1"),
     (["--target", "tcp://127.0.0.1:1", "--cases", "nope"], "unknown case(s) nope"),
     (["--target", "tcp://127.0.0.1:1", "--cases", "consumer.handshake"],
      "consumer.handshake test(s) another role"),

@@ -272,3 +272,40 @@ def test_a_port_probe_is_not_logged_as_a_refusal(keys: Path, zmq_log: Records) -
         assert any("ended before its CURVE handshake did" in line for line in zmq_log.lines)
     finally:
         node.close()
+
+
+@pytest.mark.parametrize(("client", "cause"), [
+    ({"curve_secret_key": "stranger", "curve_allow": ("server",)},
+     "our CURVE key is not in its allow-list"),
+    ({"curve_secret_key": "client", "curve_allow": ("stranger",)},
+     "its key is not the server key we hold for it"),
+    ({}, "the peer"),  # no CURVE: "requires CURVE" or "closed ... during the handshake"
+])
+def test_a_refused_handshake_says_why_in_the_death_and_the_results(
+        keys: Path, client: dict[str, Any], cause: str) -> None:
+    """The cause of a CURVE refusal is in SessionDead.reason and in the result of a
+    fetch that waited for the session, not only in a log line."""
+    server = Node(NodeConfig("tcp://127.0.0.1:0", 16, BLOCK, hash_seed=SEED,
+                             curve_secret_key=sec(keys, "server"),
+                             curve_allow=(pub(keys, "client"),)))
+    curve = {"curve_secret_key": sec(keys, client["curve_secret_key"]),
+             "curve_allow": tuple(pub(keys, n) for n in client["curve_allow"])} if client else {}
+    node = Node(NodeConfig("tcp://127.0.0.1:0", 16, BLOCK, hash_seed=SEED,
+                           connect_timeout_ms=5000, reconnect_backoff_s=None, **curve))
+    try:
+        session = node.connect(server.local_id)
+        load = node.fetch(server.local_id, "req-1", [b"k"], [0])
+        deadline = time.monotonic() + 30.0
+        while session.alive and time.monotonic() < deadline:
+            node.step(0.01)
+            server.step(0.01)
+        reason = node.deaths[server.local_id].reason
+        assert reason.startswith("transport lost: handshake failed: "), reason
+        assert cause in reason, reason
+        if not client:
+            assert "requires CURVE" in reason or "during the handshake" in reason, reason
+        drive(node, load.done, 10.0, "the fetch's result")
+        assert not load.result().success and cause in load.result().detail, load.result()
+    finally:
+        node.close(timeout=1.0)
+        server.close(timeout=1.0)

@@ -64,7 +64,7 @@ class CoalescingNode(Node):
         self.held_back: dict[str, LookupResp] = {}
         self.coalesced = 0
 
-    def send_frame(self, peer: str, out: SendFrame) -> None:
+    def _send_frame(self, peer: str, out: SendFrame) -> None:
         msg = out.message
         if isinstance(msg, LookupResp):
             first = self.held_back.pop(msg.kv_request_id, None)
@@ -74,7 +74,7 @@ class CoalescingNode(Node):
             self.coalesced += 1
             out = SendFrame(LookupResp(msg.kv_request_id, first.keys + msg.keys,
                                        first.hits + msg.hits))
-        super().send_frame(peer, out)
+        super()._send_frame(peer, out)
 
 
 class Pair:

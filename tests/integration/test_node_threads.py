@@ -238,6 +238,10 @@ def test_a_submission_runs_when_the_node_is_driven() -> None:
     try:
         fut = node.threadsafe.finish("127.0.0.1:9", "x")
         assert not fut.done()
+        with pytest.raises(TimeoutError, match=r"nothing drives the node: call node\.run_until"):
+            fut.result(0.01)  # a wait that cannot end says why
+        with pytest.raises(TimeoutError, match="nothing drives the node"):
+            fut.exception(0.01)
         node.step(0)
         with pytest.raises(LocalProtocolError, match="no session"):
             fut.result(WAIT_S)

@@ -194,3 +194,20 @@ def test_a_busy_port_is_a_transport_error_and_close_frees_it() -> None:
 def test_bad_addresses_are_config_errors(host: str, port: int) -> None:
     with pytest.raises(ConfigError):
         serve_metrics(NodeMetrics(), host, port)
+
+
+def test_a_node_is_served_labelled_with_its_id_as_serve_metrics_labels_it() -> None:
+    from p2pfsm import Node, NodeConfig
+
+    with Node(NodeConfig("127.0.0.1:0", 4, 4096)) as node:
+        node.metrics.count("lookups_answered", 3)
+        node.metrics.observe("lookup_seconds", 0.002)
+        with serve_metrics(node, LOOPBACK, 0) as srv:
+            samples, types = _scrape(srv.url)
+        label = frozenset({("node", node.local_id)})
+        assert samples[("p2pfsm_lookups_answered_total", label)] == 3
+        assert samples[("p2pfsm_lookup_seconds_count", label)] == 1
+        assert types["p2pfsm_lookup_seconds"] == "histogram"
+        assert all(("node", node.local_id) in lbls for _, lbls in samples)
+    with pytest.raises(ConfigError, match="metrics source"):
+        serve_metrics(object(), LOOPBACK, 0)

@@ -40,3 +40,14 @@ def test_a_missing_numpy_under_nixl_is_the_error_shown() -> None:
     pytest.importorskip("nixl_cu12")
     text = probe("numpy")
     assert "numpy" in text and "pip install 'p2pfsm[nixl]'" in text, text
+
+
+def test_vllm_install_without_vllm_says_vllm_is_missing() -> None:
+    code = ("import sys\nsys.modules['vllm'] = None\nimport p2pfsm.vllm\n"
+            "try:\n    p2pfsm.vllm.install()\nexcept ModuleNotFoundError as exc:\n"
+            "    print(exc.name, exc)\n")
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.startswith("vllm vLLM is not installed"), ran.stdout
+    assert "pip install vllm" in ran.stdout

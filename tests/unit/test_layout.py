@@ -155,3 +155,61 @@ def test_bad_regions_are_refused_naming_the_region(make: object, words: str) -> 
     assert callable(make)
     with pytest.raises(ConfigError, match=words):
         describe_regions(make(), NB, 32)
+
+
+# -- named regions ----------------------------------------------------------------------
+
+
+def test_a_mapping_names_its_regions_in_its_order() -> None:
+    cache = torch.zeros((2, 2, NB, 16), dtype=torch.uint8)  # (layers, K/V, blocks, bytes)
+    named = {f"L{n}.{h}": cache[n, i] for n in range(2) for i, h in enumerate("KV")}
+    desc = describe_regions(named, NB, 64)
+    assert desc.layout.names == ("L0.K", "L0.V", "L1.K", "L1.V")
+    assert [r.base_addr for r in desc.layout.regions] == [t.data_ptr() for t in named.values()]
+
+
+@pytest.mark.parametrize("name", ["", 7, "x" * 257])
+def test_a_region_name_must_be_a_short_nonempty_str(name: object) -> None:
+    with pytest.raises(ConfigError, match="region names must be non-empty str"):
+        describe_regions({name: torch.zeros((NB, 8), dtype=torch.uint8)}, NB, 8)
+
+
+def test_a_named_region_that_is_wrong_is_named() -> None:
+    named = {"L0.K": torch.zeros((NB, 8), dtype=torch.uint8),
+             "L0.V": torch.zeros((2, NB, 8), dtype=torch.uint8)}
+    with pytest.raises(ConfigError, match=r"memory region 'L0.V': .* blocks first"):
+        describe_regions(named, NB, 16)
+
+
+def test_a_peers_named_regions_are_put_in_our_order() -> None:
+    ours = Layout(NB, (Region(100, 8, 8), Region(900, 16, 16)), ("K", "V"))
+    theirs = Layout(NB, (Region(5000, 16, 16), Region(7000, 8, 8)), ("V", "K"))
+    paired = theirs.paired_with(ours)
+    assert paired.names == ("K", "V") and paired.slices == ours.slices
+    assert paired.regions == (Region(7000, 8, 8), Region(5000, 16, 16))
+    unnamed = Layout(NB, theirs.regions)
+    assert unnamed.paired_with(ours) is unnamed  # positional
+    other = Layout(NB, theirs.regions, ("V", "Q"))
+    assert other.paired_with(ours) is other  # names that differ: refused by the caller
+
+
+def test_one_tensor_whose_first_dimension_is_not_the_blocks_is_refused() -> None:
+    from p2pfsm.executor.memory import describe_memory
+
+    cache = torch.zeros((4, 2, NB, 16), dtype=torch.uint8)  # (layers, K/V, blocks, bytes)
+    with pytest.raises(ConfigError, match=r"first dimension must be the block count, 8\. "
+                                          r".* pass a mapping of named views"):
+        describe_memory(cache, NB, 4 * 2 * 16)
+    assert describe_memory(cache.reshape(-1), NB, 128).size == 4 * 2 * NB * 16  # flat: bytes
+
+
+def test_a_later_dimension_equal_to_the_block_count_is_warned_about(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from p2pfsm.executor.memory import describe_memory
+
+    cache = torch.zeros((NB, 2, NB, 4), dtype=torch.uint8)  # layers == blocks == 8
+    describe_memory(cache, NB, 2 * NB * 4)
+    assert "a later dimension is 8 too" in caplog.text
+    caplog.clear()
+    describe_memory(torch.zeros((NB, 2, 4, NB), dtype=torch.uint8), NB, 2 * 4 * NB)
+    assert caplog.text == ""  # the innermost dimension is a row's bytes, not blocks

@@ -31,9 +31,10 @@ def test_the_documented_names_are_the_fixed_set() -> None:
         "restarts_refused",
         "fetches_failed_timeout", "fetches_failed_finished", "fetches_failed_session_ended",
         "destinations_released",
+        "lookups_answered", "lookups_failed", "lookup_keys_hit", "lookup_keys_missed",
     }
     assert set(GAUGES) == {"peers", "open_loads", "open_stores", "destinations_held"}
-    assert set(HISTOGRAMS) == {"fetch_seconds", "handshake_seconds"}
+    assert set(HISTOGRAMS) == {"fetch_seconds", "handshake_seconds", "lookup_seconds"}
     doc = metrics_module.__doc__ or ""
     undocumented = [n for n in [*COUNTERS, *GAUGES, *HISTOGRAMS] if f"``{n}``" not in doc]
     assert undocumented == []

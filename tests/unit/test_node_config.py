@@ -25,12 +25,13 @@ def test_defaults_are_valid_and_fingerprint_is_vllms() -> None:
     assert len(cfg.config_fingerprint) == 16
     assert make(fingerprint="abc").config_fingerprint == "abc"
     # Peers that come back: a session the host opened is opened again by default.
-    assert cfg.reconnect_backoff_s == (0.1, 5.0)
+    assert cfg.reconnect_backoff_s == (0.1, 1.0) and cfg.reconnect_max_attempts is None
     assert make(reconnect_backoff_s=None).reconnect_backoff_s is None  # the off switch
 
 
 @pytest.mark.parametrize(("field", "value"), [
-    ("bind", "127.0.0.1:5555"),
+    ("bind", "udp://127.0.0.1:5555"),
+    ("bind", "127.0.0.1"),
     ("bind", 5555),
     ("num_blocks", 0),
     ("num_blocks", True),
@@ -65,10 +66,20 @@ def test_defaults_are_valid_and_fingerprint_is_vllms() -> None:
     ("reconnect_backoff_s", (5.0, 1.0)),
     ("reconnect_backoff_s", [0.1, 5.0]),
     ("reconnect_backoff_s", 0.1),
+    ("reconnect_max_attempts", 0),
+    ("reconnect_max_attempts", True),
 ])
 def test_a_bad_field_is_named_at_construction(field: str, value: object) -> None:
     with pytest.raises(ConfigError, match=field):
         make(**{field: value})
+
+
+def test_bind_takes_host_port_with_or_without_tcp() -> None:
+    from p2pfsm.executor.peer_ids import peer_address
+
+    assert make(bind="127.0.0.1:5555").bind == "tcp://127.0.0.1:5555"
+    assert make(bind="tcp://127.0.0.1:5555").bind == "tcp://127.0.0.1:5555"
+    assert peer_address("tcp://10.0.0.1:80") == peer_address("10.0.0.1:80") == "10.0.0.1:80"
 
 
 def test_a_region_too_large_to_exist_is_refused_before_any_allocation() -> None:

@@ -433,6 +433,31 @@ def test_layout_region_count_follows_limits() -> None:
     rejects(wire(names.CONNECT, layout=four), "layout", Limits(max_layout_regions=3))
 
 
+def test_layout_names_are_read_and_written_back_in_layout_order() -> None:
+    raw = wire(names.CONNECT, layout=TWO_REGIONS, layout_names=["L0.V", "L0.K"])
+    msg = from_dict(raw)
+    assert isinstance(msg, Connect) and msg.layout_names == ("L0.V", "L0.K")
+    assert to_dict(msg)["layout_names"] == ["L0.V", "L0.K"]
+    assert from_dict(to_dict(msg)) == msg
+    plain = from_dict(wire(names.CONNECT, layout_names=["kv"]))  # the plain region, named
+    assert isinstance(plain, Connect) and plain.layout is None and plain.layout_names == ("kv",)
+    assert "layout_names" not in to_dict(from_dict(wire(names.CONNECT, layout=TWO_REGIONS)))
+
+
+@pytest.mark.parametrize(("layout_names", "field", "words"), [
+    ("L0.K", "layout_names", "expected array"),
+    (["L0.K"], "layout_names", "1 names for 2 regions"),
+    (["L0.K", "L0.V", "L1.K"], "layout_names", "3 names for 2 regions"),
+    (["L0.K", ""], "layout_names[1]", "must not be empty"),
+    (["L0.K", 7], "layout_names[1]", "expected str"),
+    (["L0.K", "L0.K"], "layout_names", "appears twice"),
+])
+def test_malformed_layout_names_are_rejected(layout_names: object, field: str,
+                                             words: str) -> None:
+    e = rejects(wire(names.CONNECT, layout=TWO_REGIONS, layout_names=layout_names), field)
+    assert words in str(e)
+
+
 def test_block_len_must_be_positive() -> None:
     rejects(wire(names.CONNECT, block_len=0), "block_len")
     rejects(wire(names.CONNECT, block_len=-4096), "block_len")
@@ -569,3 +594,71 @@ def test_a_frame_that_is_no_map_or_names_an_empty_id_says_so() -> None:
     assert rejects([1], "").reason == "expected a map, got list"
     assert rejects(wire(names.FETCH, kv_request_id=""), "kv_request_id").reason == (
         "must not be empty")
+
+
+def _session_config(layout: object, region_names: object) -> object:
+    from p2pfsm.session.config import SessionConfig
+
+    peer = wire(names.CONNECT)
+    return SessionConfig("127.0.0.1:1", b"ours", 94302290403008, 8, 4096,
+                         hash_seed=peer["hash_seed"],  # type: ignore[arg-type]
+                         config_fingerprint=peer["config_fingerprint"],  # type: ignore[arg-type]
+                         layout=layout, layout_names=region_names)  # type: ignore[arg-type]
+
+
+def test_named_regions_pair_by_name_in_the_handshake() -> None:
+    from p2pfsm.session.machine import handshake_mismatch
+
+    ours = _session_config(tuple(map(tuple, TWO_REGIONS)), ("L0.K", "L0.V"))
+    swapped = [[94302290403008, 2048, 2048], [94302290503008, 4096, 2048]]
+    peer = from_dict(wire(names.CONNECT, layout=swapped, layout_names=["L0.V", "L0.K"]))
+    assert isinstance(peer, Connect)
+    assert handshake_mismatch(ours, peer) is None  # type: ignore[arg-type]
+    other = from_dict(wire(names.CONNECT, layout=swapped, layout_names=["L0.V", "L1.K"]))
+    assert isinstance(other, Connect)
+    mismatch = handshake_mismatch(ours, other)  # type: ignore[arg-type]
+    assert mismatch is not None and mismatch.field == "layout_names"
+    assert mismatch.ours == "names the peer lacks: [L0.K]"
+    assert mismatch.theirs == "names we lack: [L1.K]"
+
+
+def test_a_session_config_needs_one_distinct_name_per_region() -> None:
+    from p2pfsm.errors import ConfigError
+
+    for bad in (("kv",), ("a", "a"), ("a", ""), ["a", "b"]):
+        with pytest.raises(ConfigError, match="layout_names"):
+            _session_config(tuple(map(tuple, TWO_REGIONS)), bad)
+
+
+def test_config_digests_round_trip_and_bad_ones_are_rejected() -> None:
+    raw = wire(names.CONNECT, config_digests=[["dtype", "ab12"], ["model", "cd34"]])
+    msg = from_dict(raw)
+    assert isinstance(msg, Connect)
+    assert msg.config_digests == (("dtype", "ab12"), ("model", "cd34"))
+    assert from_dict(to_dict(msg)) == msg
+    for bad, field in ((7, "config_digests"), ([["dtype"]], "config_digests[0]"),
+                       ([["", "x"]], "config_digests[0]"),
+                       ([["a", "x"], ["a", "y"]], "config_digests")):
+        rejects(wire(names.CONNECT, config_digests=bad), field)
+
+
+def test_a_fingerprint_mismatch_names_the_model_config_fields_that_differ() -> None:
+    import dataclasses
+
+    from p2pfsm.executor.config import config_digests, fingerprint
+    from p2pfsm.session.machine import handshake_mismatch
+
+    ours_cfg = {"model": "m", "dtype": "bf16", "tp": 1}
+    theirs_cfg = {"model": "m", "dtype": "fp16", "pp": 2}
+    base = _session_config(None, None)
+    ours = dataclasses.replace(base, config_fingerprint=fingerprint(ours_cfg),  # type: ignore[type-var]
+                               config_digests=config_digests(ours_cfg))
+    peer = from_dict(wire(names.CONNECT, config_fingerprint=fingerprint(theirs_cfg),
+                          config_digests=[list(p) for p in config_digests(theirs_cfg) or ()]))
+    assert isinstance(peer, Connect)
+    mismatch = handshake_mismatch(ours, peer)  # type: ignore[arg-type]
+    assert mismatch is not None and mismatch.field == "config_fingerprint"
+    assert "fields that differ: dtype; only ours: tp; only the peer's: pp" in str(mismatch)
+    vllm_like = dataclasses.replace(peer, config_digests=None)
+    said = str(handshake_mismatch(ours, vllm_like))  # type: ignore[arg-type]
+    assert "of model_config fields dtype, model, tp; the peer sends only its hash" in said
