@@ -64,6 +64,8 @@ LOSSES = ("consumer closes", "producer closes", "cut", "consumer's link down",
 connection is cut (both sides learn it), or one side alone sees its transport go."""
 LOSS_AFTER = 10
 """Steps an example takes before a loss rule may end its sessions."""
+TIMEOUTS = Timeouts(handshake=50, load=5, abort_ack=2, store=8, lookup=4, lookup_pending=1,
+                    tombstone=60)
 HOSTILE_RID = "rx"
 """The request a hostile peer's out-of-region fetch names (no host loads it)."""
 
@@ -104,14 +106,14 @@ class TwoSessions(RuleBasedStateMachine):
         # Each node stores 0..5 (a) or 6..11 (b); both can serve and load.
         self.oracle = Oracle({n: frozenset(demo_key(i) for i in HELD[n]) for n in HELD},
                              exact_lookups="parts" not in swarm,
-                             fifo=self.CHECK_DESTINATIONS)
+                             fifo=self.CHECK_DESTINATIONS, clock=lambda: self.world.now,
+                             tombstone=TIMEOUTS.tombstone)
         self.world = CheckedWorld(0, block_len=8, num_blocks=48,
                                   check_destinations=self.CHECK_DESTINATIONS,
                                   check_rounds=self.CHECK_DESTINATIONS,
                                   cancelled_writes_land=late_cancel, retries=retries,
                                   held=HELD, parts="parts" in swarm,
-                                  timeouts=Timeouts(handshake=50, load=5, abort_ack=2, store=8,
-                                                    lookup=4, lookup_pending=1, tombstone=60),
+                                  timeouts=TIMEOUTS,
                                   tracer=self.tracer, hook=self.oracle)
         self.fault_budget = faults
         self.fatal_budget = int(fatal)

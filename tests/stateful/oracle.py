@@ -42,8 +42,9 @@ part answers), it accepts any that fits.
 from __future__ import annotations
 
 import re
+import time
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from p2pfsm.protocol import AbortAck, AbortFetch, Fetch, Lookup, Message, TransferDone, decode
@@ -57,6 +58,7 @@ from p2pfsm.session import (
     HostFetch,
     HostFinish,
     HostLookup,
+    HostStart,
     HostSupply,
     Input,
     LoadResult,
@@ -117,8 +119,9 @@ class ONode:
     asked: Counter[tuple[str, int]] = field(default_factory=Counter)
     """(request, round) -> fetches and abort_fetches received (what a reply answers)."""
     replied: Counter[tuple[str, int]] = field(default_factory=Counter)
-    finished: set[str] = field(default_factory=set)
-    finished_ever: set[str] = field(default_factory=set)
+    finished: dict[str, float] = field(default_factory=dict)
+    """Requests the host finished -> when (the session forgets a finish after the
+    tombstone lifetime, not before)."""
     dead: bool = False
 
 
@@ -153,20 +156,33 @@ class Oracle:
             may defer or hold back answers until a deadline makes them MISS).
         fifo: frames are neither duplicated nor reordered (a duplicated fetch may open
             its round again: off, a round may be heard of twice).
+        clock, tombstone: the sessions' clock and ``Timeouts.tombstone``: a finish is
+            remembered at least that long.
+        by_peer: the hook names the remote peer of one node's sessions (a real
+            :class:`~p2pfsm.executor.node.Node`), not the node: ``holds`` is keyed by that
+            peer, and a new session with it (``HostStart``) starts afresh.
     """
 
     def __init__(self, holds: dict[str, frozenset[bytes]], exact_lookups: bool = True,
-                 fifo: bool = True) -> None:
+                 fifo: bool = True, by_peer: bool = False,
+                 clock: Callable[[], float] = time.monotonic, tombstone: float = 60.0) -> None:
         self.holds = holds
+        self.clock = clock
+        self.tombstone = tombstone
         self.exact_lookups = exact_lookups
         self.fifo = fifo
-        self.nodes = {n: ONode() for n in holds}
+        self.by_peer = by_peer
+        self.nodes: dict[str, ONode] = {} if by_peer else {n: ONode() for n in holds}
         self.calls = 0
         self.checked: Counter[str] = Counter()
         self.recent: deque[tuple[str, Input, list[Output]]] = deque(maxlen=12)
 
     def other(self, node: str) -> str:
         return next(n for n in self.nodes if n != node)
+
+    def truth(self, node: str) -> frozenset[bytes]:
+        """The keys ``node``'s peer holds."""
+        return self.holds.get(node if self.by_peer else self.other(node), frozenset())
 
     def fail(self, node: str, event: Input, what: str) -> None:
         calls = "\n".join(f"  {n}: {type(e).__name__} {_brief(e)} -> "
@@ -178,10 +194,15 @@ class Oracle:
     def discard(self) -> None:
         """A call raised: it changed nothing."""
 
+    def close(self) -> None:
+        """The node closed (a node's call hook is closed with it)."""
+
     def record(self, peer_id: str, state_before: str, event: Input, started_ns: int,
                outputs: Sequence[Output]) -> None:
         self.calls += 1
         self.recent.append((peer_id, event, list(outputs)))
+        if self.by_peer and (peer_id not in self.nodes or isinstance(event, HostStart)):
+            self.nodes[peer_id] = ONode()
         node = self.nodes[peer_id]
         msg = _message(event)
         if isinstance(msg, Fetch | AbortFetch):
@@ -199,10 +220,6 @@ class Oracle:
 
     # ---------------------------------------------------------- inputs
     def _host_input(self, name: str, node: ONode, event: Input) -> None:
-        if isinstance(event, HostFetch | HostLookup):
-            # The host takes the request up again: its finish no longer holds (the
-            # session may announce the peer's rounds of it again).
-            node.finished.discard(event.kv_request_id)
         if isinstance(event, HostFetch):
             node.loads[event.job_id] = OLoad(event.job_id, event.kv_request_id, event.keys,
                                              event.dest_indexes)
@@ -214,8 +231,7 @@ class Oracle:
         elif isinstance(event, HostAnswerLookup) and event.job_id is not None:
             node.stores[event.job_id] = None
         elif isinstance(event, HostFinish):
-            node.finished.add(event.kv_request_id)
-            node.finished_ever.add(event.kv_request_id)
+            node.finished[event.kv_request_id] = self.clock()
 
     # ---------------------------------------------------------- frames
     def _frames_out(self, name: str, node: ONode, event: Input,
@@ -234,7 +250,7 @@ class Oracle:
                 load.round = m.round_seq
                 load.sent = True
             elif isinstance(m, Fetch):
-                if m.kv_request_id not in node.finished_ever:  # maybe queued meanwhile
+                if m.kv_request_id not in node.finished:
                     self.fail(name, event, f"a terminal fetch of {m.kv_request_id}, which "
                               "the host never finished")
             elif isinstance(m, AbortFetch):
@@ -338,7 +354,7 @@ class Oracle:
     # ---------------------------------------------------------- lookups
     def _lookup_results(self, name: str, node: ONode, event: Input, died: bool,
                         outputs: Sequence[Output]) -> None:
-        truth = self.holds[self.other(name)]
+        truth = self.truth(name)
         cause = (FailReason.SESSION_ENDED if died or node.dead else
                  FailReason.FINISHED if isinstance(event, HostFinish) else
                  FailReason.TIMEOUT if isinstance(event, TimerFired)
@@ -418,7 +434,8 @@ class Oracle:
             self.fail(name, event, f"FetchArrived no fetch frame carried: {out}")
         if not set(out.supplied) <= set(out.keys):
             self.fail(name, event, f"FetchArrived supplied keys it did not fetch: {out}")
-        if out.kv_request_id in node.finished:
+        when = node.finished.get(out.kv_request_id)
+        if when is not None and self.clock() < when + self.tombstone:
             self.fail(name, event, f"FetchArrived for {out.kv_request_id}, which the host "
                       "finished")
         if self.fifo and key in node.heard:
