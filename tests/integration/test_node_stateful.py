@@ -35,6 +35,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pytest
 
 pytest.importorskip("torch")
@@ -54,6 +55,7 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
+from stateful.oracle import Oracle
 
 from p2pfsm.demo.blocks import demo_block, demo_key
 from p2pfsm.demo.host import fill_demo_region
@@ -95,10 +97,14 @@ def sentinel(index: int) -> bytes:
 
 class Recorded(Node):
     """A node that records every peer it opens a session for, every result it hands
-    out (through ``on_result``) and the type of every frame it receives."""
+    out (through ``on_result``) and the type of every frame it receives; the oracle
+    (``tests/stateful/oracle.py``) judges every call of its sessions."""
 
-    def __init__(self, config: NodeConfig, **kw: Any) -> None:
-        super().__init__(config, on_result=self._record, **kw)
+    def __init__(self, config: NodeConfig, holds: dict[str, frozenset[bytes]] | None = None,
+                 **kw: Any) -> None:
+        self.oracle = Oracle(holds if holds is not None else {}, by_peer=True,
+                             tombstone=TIMEOUTS.tombstone)
+        super().__init__(config, on_result=self._record, call_hook=self.oracle, **kw)
         self.opened: list[str] = []
         self.heard: list[LoadResult | StoreResult | LookupResult] = []
         self.received: list[str] = []  # the type of every frame that reached the node
@@ -141,6 +147,7 @@ class Fetch:
     future: JobFuture[LoadResult]
     node: Recorded  # the consumer that fetched
     settled: bool = False
+    via: str = "node"  # "threadsafe": submitted through node.threadsafe
 
 
 def config(**kw: Any) -> NodeConfig:
@@ -169,6 +176,9 @@ class NodesMachine(RuleBasedStateMachine):
         self.free = list(range(DEST))  # destination blocks no fetch may write
         self.quarantined: set[int] = set()  # released=False: the peer could still write
         self.serial = 0
+        self.holds: dict[str, frozenset[bytes]] = {}  # what each node holds (the oracle's)
+        self.expect: dict[int, int | None] = {}  # consumer block -> demo block it may get
+        self.shadows: dict[str, bytes] = {}  # each producer's region, as it must stay
         try:
             self.consumer = self._node(config())
             self.producers = [self._producer() for _ in range(2)]
@@ -183,6 +193,7 @@ class NodesMachine(RuleBasedStateMachine):
         self.consumer = node
         self.free = list(range(DEST))
         self.quarantined.clear()
+        self.expect.clear()
         region = node.region.numpy()
         for b in self.free:
             region[b] = memoryview(sentinel(b))
@@ -191,7 +202,7 @@ class NodesMachine(RuleBasedStateMachine):
                     lambda: all(s.ready for s in sessions), "the handshakes", QUIET_S)
 
     def _node(self, cfg: NodeConfig, **kw: Any) -> Recorded:
-        node = Recorded(cfg, **kw)
+        node = Recorded(cfg, self.holds, **kw)
         self.nodes.append(node)
         return node
 
@@ -215,6 +226,8 @@ class NodesMachine(RuleBasedStateMachine):
         node = self._node(config(), on_fetch=on_fetch, on_lookup=on_lookup)
         prod = Producer(node)
         fill_demo_region(node, HELD)
+        self.holds[node.local_id] = frozenset(index)
+        self.shadows[node.local_id] = node.region.numpy().tobytes()
         return prod
 
     def _supply(self, prod: Producer, peer_id: str, rid: str, keys: tuple[bytes, ...]) -> None:
@@ -239,7 +252,8 @@ class NodesMachine(RuleBasedStateMachine):
     @precondition(lambda self: len(self.free) >= 1)
     @rule(target=fetches, which=st.integers(0, 1), first=st.integers(0, HELD - 1),
           count=st.integers(1, 4), hold=st.booleans(), absent=st.booleans())
-    def fetch(self, which: int, first: int, count: int, hold: bool, absent: bool) -> Fetch:
+    def fetch(self, which: int, first: int, count: int, hold: bool, absent: bool,
+              via: str = "node", cancel_at_once: bool = False) -> Fetch:
         prod = self.producers[which]
         count = min(count, len(self.free))
         blocks = [(first + i) % HELD for i in range(count)]
@@ -253,14 +267,29 @@ class NodesMachine(RuleBasedStateMachine):
         del self.free[:count]
         keys = tuple(demo_key(b) for b in blocks)
         try:
-            fut = self.consumer.fetch(prod.id, rid, keys, dest)
+            fut: Any = (self.consumer.threadsafe.fetch(prod.id, rid, keys, dest)
+                        if via == "threadsafe" else self.consumer.fetch(prod.id, rid, keys, dest))
         except LocalProtocolError:  # the session is over (its producer closed)
             self.free.extend(dest)
             return Fetch(rid, prod.id, keys, dest, tuple(blocks), JobFuture(self.consumer),
                          self.consumer, settled=True)
-        job = Fetch(rid, prod.id, keys, dest, tuple(blocks), fut, self.consumer)
+        for b, d in zip(blocks, dest, strict=True):
+            self.expect[d] = b if b < HELD else None
+        job = Fetch(rid, prod.id, keys, dest, tuple(blocks), fut, self.consumer, via=via)
         self.open.append(job)
+        if cancel_at_once:  # before the driving thread has even started it
+            assert fut.cancel() is False, "a submitted fetch's future said it was cancelled"
         return job
+
+    @precondition(lambda self: len(self.free) >= 1)
+    @rule(target=fetches, which=st.integers(0, 1), first=st.integers(0, HELD - 1),
+          count=st.integers(1, 4), hold=st.booleans(), absent=st.booleans(),
+          cancel_at_once=st.booleans())
+    def fetch_from_another_thread(self, which: int, first: int, count: int, hold: bool,
+                                  absent: bool, cancel_at_once: bool) -> Fetch:
+        """A fetch submitted through ``node.threadsafe`` (carried out at the node's next
+        turn), maybe cancelled through its submitted future before it started."""
+        return self.fetch(which, first, count, hold, absent, "threadsafe", cancel_at_once)
 
     # Each example starts with a fetch from each producer in flight, whichever rules
     # hypothesis' swarm switches off for it: the others interleave with work.
@@ -378,6 +407,9 @@ class NodesMachine(RuleBasedStateMachine):
             self.done.append(job)
             assert not job.future.cancelled(), f"{job.rid}: its future was cancelled"
             exc = job.future.exception()
+            if isinstance(exc, LocalProtocolError) and job.via == "threadsafe":
+                self.free.extend(job.dest)  # refused when it started: the session was over
+                continue
             if exc is not None:  # only a job no session held, when its node closed
                 assert job.node.closed and "node closed" in str(exc), f"{job.rid}: {exc!r}"
                 continue
@@ -397,6 +429,7 @@ class NodesMachine(RuleBasedStateMachine):
                     if region is not None:
                         region[d] = memoryview(sentinel(d))
                     self.free.append(d)
+                    self.expect.pop(d, None)
             else:
                 self.quarantined.update(job.dest)
 
@@ -424,6 +457,27 @@ class NodesMachine(RuleBasedStateMachine):
         region = self.consumer.region.numpy()
         for b in self.free:
             assert bytes(region[b]) == sentinel(b), f"block {b} written while free"
+
+    @invariant()
+    def memory_equals_its_shadow(self) -> None:
+        """Bytes, block for block, region for region: a producer's region never changes
+        (nothing writes into it); each consumer block not free holds, byte by byte,
+        its sentinel or the demo block its fetch named (a write in flight may have
+        landed in part): never another block's bytes, nor anything for a key the
+        producer lacks."""
+        for prod in self.producers:
+            if not prod.node.closed:
+                assert prod.node.region.numpy().tobytes() == self.shadows[prod.id], (
+                    f"{prod.id}: its own memory changed")
+        if self.consumer.closed:
+            return
+        region = self.consumer.region.numpy()
+        for d, b in self.expect.items():
+            got = np.frombuffer(bytes(region[d]), dtype=np.uint8)
+            ok = got == np.frombuffer(sentinel(d), dtype=np.uint8)
+            if b is not None:
+                ok |= got == np.frombuffer(demo_block(b, BLOCK), dtype=np.uint8)
+            assert ok.all(), f"block {d}: bytes of neither its sentinel nor demo block {b}"
 
     @invariant()
     def no_dial_back_to_a_stranger(self) -> None:

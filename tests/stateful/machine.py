@@ -33,6 +33,7 @@ from p2pfsm.fsm import Tracer
 from p2pfsm.protocol import AbortAck, AbortFetch, Fetch, TransferDone, decode
 from p2pfsm.session import HostAnswerLookup, Timeouts, TimerId
 
+from .oracle import Oracle
 from .world import CheckedWorld
 
 NODES = st.sampled_from(("a", "b"))
@@ -63,6 +64,8 @@ LOSSES = ("consumer closes", "producer closes", "cut", "consumer's link down",
 connection is cut (both sides learn it), or one side alone sees its transport go."""
 LOSS_AFTER = 10
 """Steps an example takes before a loss rule may end its sessions."""
+TIMEOUTS = Timeouts(handshake=50, load=5, abort_ack=2, store=8, lookup=4, lookup_pending=1,
+                    tombstone=60)
 HOSTILE_RID = "rx"
 """The request a hostile peer's out-of-region fetch names (no host loads it)."""
 
@@ -101,14 +104,17 @@ class TwoSessions(RuleBasedStateMachine):
         note(f"swarm: {sorted(swarm)}, requests {self.rids}, late cancel {late_cancel}, "
              f"retries {retries}, contended {contended}")
         # Each node stores 0..5 (a) or 6..11 (b); both can serve and load.
+        self.oracle = Oracle({n: frozenset(demo_key(i) for i in HELD[n]) for n in HELD},
+                             exact_lookups="parts" not in swarm,
+                             fifo=self.CHECK_DESTINATIONS, clock=lambda: self.world.now,
+                             tombstone=TIMEOUTS.tombstone)
         self.world = CheckedWorld(0, block_len=8, num_blocks=48,
                                   check_destinations=self.CHECK_DESTINATIONS,
                                   check_rounds=self.CHECK_DESTINATIONS,
                                   cancelled_writes_land=late_cancel, retries=retries,
                                   held=HELD, parts="parts" in swarm,
-                                  timeouts=Timeouts(handshake=50, load=5, abort_ack=2, store=8,
-                                                    lookup=4, lookup_pending=1, tombstone=60),
-                                  tracer=self.tracer)
+                                  timeouts=TIMEOUTS,
+                                  tracer=self.tracer, hook=self.oracle)
         self.fault_budget = faults
         self.fatal_budget = int(fatal)
         self.lost = False  # a loss rule ended the sessions (one per example)
@@ -714,6 +720,7 @@ class TwoSessions(RuleBasedStateMachine):
         consumer = data.draw(st.sampled_from(self._lookup_would_reach()))
         producer = self.world.other(consumer)
         held = len(self.world.held)
+        self.oracle.exact_lookups = False  # the answer may come after lookup_pending
         self.world.lookup(consumer, self._rid(data), _blocks(producer, picks), hold=True)
         while self.world.channels[(consumer, producer)] and len(self.world.held) == held:
             self._deliver_one(consumer)
@@ -842,6 +849,7 @@ class TwoSessions(RuleBasedStateMachine):
         else:
             raise AssertionError("no quiescence within 2000 rounds")
         world.check_no_protocol_errors() if self.CHECK_DESTINATIONS else None
+        self.oracle.check_quiet()
         for node, host in world.hosts.items():
             assert host.quiet, (node, host.loads.keys() - host.load_results.keys(),
                                 host.store_jobs.keys() - host.store_results.keys())
