@@ -217,7 +217,8 @@ def _one(side: str, count: int, warmup: int, block_len: int, work: Path) -> tupl
     raw = side.startswith("raw")
     out = work / f"{side.replace(' ', '-')}-{count}" / "cg.out"
     out.parent.mkdir(parents=True)
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    # One hash seed for every run: set and dict orders (and so the instructions) repeat.
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONHASHSEED="0")
     base = ["--block-len", str(block_len)] + (["--raw"] if raw else [])
     measured_producer = side.endswith("producer")
     serve_argv = _worker_argv("serve", base)
