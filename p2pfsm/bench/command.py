@@ -21,7 +21,8 @@ _ISSUE29 = {"concurrency", "large", "throughput"}
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``p2pfsm bench``."""
     p.add_argument("--suite", choices=("fsm", "transfer", "sweep", "workloads", "layouts",
-                                       "peers", "concurrency", "large", "throughput", "all"),
+                                       "peers", "concurrency", "large", "throughput",
+                                       "instructions", "all"),
                    default=["all"], nargs="+",
                    help="fsm: control events through the machines vs open rounds; transfer: "
                         "fetches between two processes vs raw NIXL and ZeroMQ; sweep: GB/s "
@@ -32,8 +33,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "peers on one serve; concurrency: C concurrent fetches on one "
                         "session vs one fetch of all their blocks, C consumer processes on "
                         "one producer; large: 16 MiB to 512 MiB fetches vs the raw WRITE; "
-                        "throughput: fetches per second per core at saturation; all: fsm and "
-                        "transfer; several may be given")
+                        "throughput: fetches per second per core at saturation; instructions: "
+                        "instructions per 1-block fetch on each side vs the raw job, counted "
+                        "by callgrind (needs valgrind); all: fsm and transfer; several may "
+                        "be given")
     p.add_argument("--peers", type=positive(int), default=128,
                    help="peers: how many idle clients")
     p.add_argument("--connect", metavar="tcp://HOST:PORT", default=None,
@@ -99,6 +102,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="throughput: how the consumer drives its nodes, a row each: wait "
                         "(step until no news, then wait on their descriptors, as vLLM's "
                         "client waits on its sockets) or spin (step(0) in a tight loop)")
+    p.add_argument("--instructions-fetches", type=positive(int), default=100,
+                   help="instructions: timed fetches N of each callgrind run (N and 2N)")
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -280,3 +285,11 @@ def _run_issue29_suites(args: argparse.Namespace, suites: tuple[str, ...],
                 fetches=args.throughput_fetches, progress=progress))
         results["throughput"] = rows
         text += ["", throughput.format_throughput(rows)]
+    if "instructions" in suites:
+        from p2pfsm.bench import instructions
+
+        progress("instructions: each side under callgrind, N and 2N fetches (minutes)")
+        counts = instructions.measure(fetches=args.instructions_fetches)
+        results["instructions"] = [c.__dict__ for c in counts]
+        text += ["", "instructions per 1 x 4 KiB fetch, callgrind (difference of N and 2N):",
+                 instructions.format_counts(counts)]
