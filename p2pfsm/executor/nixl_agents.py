@@ -27,8 +27,9 @@ from typing import Any
 
 from p2pfsm.errors import TransportError
 from p2pfsm.executor.descriptors import require_headroom
+from p2pfsm.executor.layout import Layout
 
-__all__ = ["LoadedAgents", "nixl_holds"]
+__all__ = ["LoadedAgents", "nixl_covers", "nixl_holds"]
 
 
 def nixl_holds(agent: Any, agent_name: str, descs: Any = None) -> bool:
@@ -41,6 +42,19 @@ def nixl_holds(agent: Any, agent_name: str, descs: Any = None) -> bool:
         return bool(agent.check_remote_metadata(agent_name, descs))
     except Exception:
         return False
+
+
+def nixl_covers(agent: Any, agent_name: str, layout: Layout) -> bool:
+    """NIXL's ``agent`` holds ``agent_name``'s metadata covering every block of
+    ``layout``: checked by each region's whole span, one descriptor per region, so an
+    announcement of a million blocks the agent did not register costs a few rows (the
+    descriptor per block is built only for one it did)."""
+    rows = [(r.base_addr, r.extent(layout.num_blocks), 0) for r in layout.regions]
+    try:
+        spans = agent.get_xfer_descs(rows, "DRAM")
+    except Exception:
+        return False
+    return nixl_holds(agent, agent_name, spans)
 
 
 class LoadedAgents:
@@ -56,10 +70,6 @@ class LoadedAgents:
     def names(self) -> list[str]:
         """The loaded agents' names, least recently used first."""
         return list(self._loaded)
-
-    def owned_by(self, peer_id: str) -> list[str]:
-        """The loaded agents ``peer_id`` was the last to load or reuse."""
-        return [name for name, owner in self._owner.items() if owner == peer_id]
 
     def load(self, agent: Any, peer_id: str, agent_name: str, metadata: bytes) -> bool:
         """Make ``agent_name`` loaded with exactly ``metadata``; True when it was loaded
@@ -88,6 +98,15 @@ class LoadedAgents:
         self._loaded[agent_name] = metadata
         self._owner[agent_name] = peer_id
         return True
+
+    def unload_replaced(self, agent: Any, peer_id: str, agent_name: str,
+                        used: Set[str]) -> None:
+        """``peer_id`` registered ``agent_name``: the agents it loaded before (a replaced
+        incarnation's) are unloaded unless in ``used``, so a peer holds one loaded agent
+        however often it comes back with a new one."""
+        for name in [n for n, owner in self._owner.items() if owner == peer_id]:
+            if name != agent_name and name not in used:
+                self.forget(agent, name)
 
     def trim(self, agent: Any, used: Set[str]) -> None:
         """Unload the least recently used agents not in ``used``, beyond ``keep``."""

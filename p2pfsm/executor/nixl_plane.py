@@ -51,7 +51,7 @@ from p2pfsm.executor.memory import (
     require_device,
 )
 from p2pfsm.executor.nixl_agent import agent_name_of, import_nixl
-from p2pfsm.executor.nixl_agents import LoadedAgents, nixl_holds
+from p2pfsm.executor.nixl_agents import LoadedAgents, nixl_covers
 from p2pfsm.executor.nixl_checks import (
     ADDR_LIMIT,
     MAX_INDEX,
@@ -324,20 +324,11 @@ class DataPlane:
 
         if peer_id in self._peers:
             self.remove_peer(peer_id)
-        try:
-            # One descriptor per region first (its whole span): what the agent must
-            # have registered is checked before a descriptor per block is built, so an
-            # announcement of a million blocks it did not register costs a few rows.
-            spans = self._agent.get_xfer_descs(
-                [(r.base_addr, r.extent(theirs.num_blocks), 0) for r in theirs.regions],
-                "DRAM")
-        except Exception as exc:
-            raise TransportError(f"cannot describe the blocks of {peer_id!r}: {exc!r}") from exc
         self._agents.load(self._agent, peer_id, agent_name, metadata)
         # A refused announcement leaves the agent loaded (kept, as after remove_peer):
         # unloading it would make the next connect carrying it load it again, and every
         # load of a live agent leaves a UCX connection behind (nixl_agents).
-        if not nixl_holds(self._agent, agent_name, spans):
+        if not nixl_covers(self._agent, agent_name, theirs):  # by spans: a row a region
             self._keep_agents()
             raise TransportError(f"{peer_id!r} announces blocks its agent {agent_name!r} "
                                  f"did not register")
@@ -348,7 +339,7 @@ class DataPlane:
             self._keep_agents()
             raise TransportError(f"cannot prep descriptors of {peer_id!r}: {exc!r}") from exc
         self._peers[peer_id] = _Peer(peer_id, agent_name, theirs, dlist)
-        self._unload_replaced(peer_id, agent_name)
+        self._agents.unload_replaced(self._agent, peer_id, agent_name, self._used_agents())
         self._pace.warm_up()
 
     def remove_peer(self, peer_id: str) -> None:
@@ -581,21 +572,14 @@ class DataPlane:
             return False
         return True
 
+    def _used_agents(self) -> set[str]:
+        used = {peer.agent_name for peer in self._peers.values()}
+        used.update(x.peer.agent_name for x in self._inflight.values())
+        return used
+
     def _keep_agents(self) -> None:
         """Unload the least recently used agents that no peer uses, beyond ``keep_agents``."""
-        used = {peer.agent_name for peer in self._peers.values()}
-        used.update(x.peer.agent_name for x in self._inflight.values())
-        self._agents.trim(self._agent, used)
-
-    def _unload_replaced(self, peer_id: str, agent_name: str) -> None:
-        """``peer_id`` is registered with ``agent_name`` now: the agents it registered
-        before (a replaced incarnation's) are unloaded unless in use, so a peer holds
-        one loaded agent however often it comes back with a new one."""
-        used = {peer.agent_name for peer in self._peers.values()}
-        used.update(x.peer.agent_name for x in self._inflight.values())
-        for name in self._agents.owned_by(peer_id):
-            if name != agent_name and name not in used:
-                self._forget_agent(name)
+        self._agents.trim(self._agent, self._used_agents())
 
     def _forget_agent(self, agent_name: str) -> None:
         self._agents.forget(self._agent, agent_name)

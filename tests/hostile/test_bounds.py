@@ -146,13 +146,10 @@ def test_a_connect_resent_in_a_loop_is_dialled_back_at_a_bounded_rate(
     for _ in range(RESENT_CONNECTS):
         peer.send_raw(frame)
         time.sleep(RESEND_EVERY_S)  # the attacker's pace: copies keep coming after refusals
-    # Every copy is read once the counters account for all of them (bounded wait).
-    wait_for(lambda: (lambda m: m.get("p2pfsm_deaths_total", 0)
-                      + m.get("p2pfsm_identities_rate_limited_total", 0))(_metrics(port))
-             >= RESENT_CONNECTS - 20, 60.0, "the server read the copies")
-    elapsed = time.monotonic() - started
     legit_fetch(srv.addr, host="127.0.0.2")
+    # However many copies the server has read by now, it read them since ``started``.
     counts = _metrics(port)
+    elapsed = time.monotonic() - started
     deaths = counts.get("p2pfsm_deaths_total", 0) - 1  # the legitimate client's close
     with open(srv.log_path, encoding="utf-8", errors="replace") as f:
         lines = f.read().splitlines()
