@@ -31,7 +31,6 @@ every ``Session.handle`` call (``NodeConfig.trace`` installs the spec trace log)
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import secrets
@@ -274,22 +273,6 @@ class Node(PeerControl, NodeSessions, NodeEffects):
             raise
         self.metrics.count("fetches_started")
         self.data.expect_inbound(_INBOUND_GRACE_S, prompt=True)
-        return fut
-
-    def release_of(self, job_id: int) -> JobFuture[DestinationReleased]:
-        """The release of load job ``job_id``'s destination, whose LoadResult said
-        ``released=False``: the future resolves with its DestinationReleased (the cause
-        says what proved the peer's writes over), exactly once. Ask for it once the
-        result came (resolved ones are kept for ``history`` more).
-
-        Raises:
-            LocalProtocolError: no such result of this node held its destination.
-        """
-        fut = self._releases.get(job_id)
-        if fut is None:
-            raise LocalProtocolError(f"release_of: load job {job_id} has no held destination "
-                                     "(its result said released=True, is not in yet, or is "
-                                     "too old)")
         return fut
 
     def lookup(self, peer_id: str, kv_request_id: str,
@@ -576,19 +559,6 @@ class Node(PeerControl, NodeSessions, NodeEffects):
         self._threads.aio = thread_id
 
     # ------------------------------------------------------------ the loop's parts
-    def _finish_quietly(self, peer_id: str, kv_request_id: str) -> None:
-        """A cancelled fetch: finish its request unless the session is already over (a
-        fetch still waiting for its session to open again fails at once)."""
-        for ev in self._redials.take_request(peer_id, kv_request_id):
-            self._fail_parked(peer_id, ev, FailReason.FINISHED,
-                              "cancelled while it waited for the session to open again")
-        session = self.sessions.get(peer_id)
-        if self._closed or session is None or not session.alive:
-            return
-        with contextlib.suppress(LocalProtocolError):  # ended meanwhile: result on its way
-            self.finish(peer_id, kv_request_id)
-        log.info("fetch of %s from %s cancelled: request finished", kv_request_id, peer_id)
-
     def _handle_all(self) -> None:
         """Handle every queued event, and the writes that this finished at once: over
         CMA a WRITE usually completes inside ``transfer()``, and waiting for the next

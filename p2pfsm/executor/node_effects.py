@@ -174,6 +174,22 @@ class NodeEffects(NodeState):
     def _session_dead(self, peer: str, out: SessionDead) -> None:
         self._on_death(peer, out)
 
+    def release_of(self, job_id: int) -> JobFuture[DestinationReleased]:
+        """The release of load job ``job_id``'s destination, whose LoadResult said
+        ``released=False``: the future resolves with its DestinationReleased (the cause
+        says what proved the peer's writes over), exactly once. Ask for it once the
+        result came (resolved ones are kept for ``history`` more).
+
+        Raises:
+            LocalProtocolError: no such result of this node held its destination.
+        """
+        fut = self._releases.get(job_id)
+        if fut is None:
+            raise LocalProtocolError(f"release_of: load job {job_id} has no held destination "
+                                     "(its result said released=True, is not in yet, or is "
+                                     "too old)")
+        return fut
+
     def _destination_released(self, peer: str, out: DestinationReleased) -> None:
         self.metrics.count("destinations_released")
         log.info("load job %d (%s): destination released (%s)", out.job_id,

@@ -11,10 +11,11 @@ ones past their rejected-frame budget are closed (:mod:`p2pfsm.executor.peer_pol
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 
-from p2pfsm.errors import RemoteProtocolError, TransportError
+from p2pfsm.errors import LocalProtocolError, RemoteProtocolError, TransportError
 from p2pfsm.executor.node_state import HOSTILE_LINES, NodeState
 from p2pfsm.executor.peer_ids import misnamed_dials
 from p2pfsm.fsm import machine
@@ -386,6 +387,19 @@ class NodeSessions(NodeState):
     def _close_for_violations(self, peer_id: str, session: Session) -> None:
         if self.sessions.get(peer_id) is session and session.state not in _TERMINAL:
             self._feed(peer_id, HostClose(), session=session)
+
+    def _finish_quietly(self, peer_id: str, kv_request_id: str) -> None:
+        """A cancelled fetch: finish its request unless the session is already over (a
+        fetch still waiting for its session to open again fails at once)."""
+        for ev in self._redials.take_request(peer_id, kv_request_id):
+            self._fail_parked(peer_id, ev, FailReason.FINISHED,
+                              "cancelled while it waited for the session to open again")
+        session = self.sessions.get(peer_id)
+        if self._closed or session is None or not session.alive:
+            return
+        with contextlib.suppress(LocalProtocolError):  # ended meanwhile: result on its way
+            self.finish(peer_id, kv_request_id)
+        log.info("fetch of %s from %s cancelled: request finished", kv_request_id, peer_id)
 
     def _holds_ended_session(self, peer_id: str) -> bool:
         """We keep a session of ``peer_id`` that is over: its peer's frames still reach
