@@ -1,4 +1,4 @@
-"""docs/conformance.md keeps up with the suite: its case lists (one per role) name every
+"""docs/reference/conformance.md keeps up with the suite: its case lists (one per role) name every
 case with its description, and the p2pfsm report lists every case as passing (the
 integration tests measure that against ``p2pfsm serve`` and ``p2pfsm fetch``)."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 from p2pfsm.conform.registry import CASES
 from p2pfsm.conform.runner import cases_for
 
-DOC = (Path(__file__).resolve().parents[2] / "docs" / "conformance.md").read_text()
+DOC = (Path(__file__).resolve().parents[2] / "docs" / "reference" / "conformance.md").read_text()
 
 
 def _section(title: str) -> str:
