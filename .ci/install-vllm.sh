@@ -10,7 +10,7 @@
 #     own tier manager (...p2p.manager: vllm.config, pydantic, transformers, ...) needs;
 #   * p2pfsm itself, editable and without its test extras, so the peer script can
 #     import p2pfsm.demo.blocks (the shared block model).
-# Re-running it reuses an existing .venv-vllm. Measured: see docs/interop.md.
+# Re-running it reuses an existing .venv-vllm. Measured: see docs/howto/interop.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${P2PFSM_VLLM_VENV:-.venv-vllm}

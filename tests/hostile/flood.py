@@ -12,7 +12,7 @@ message (or EOF) on ``conn`` stops it.
 Every routing id is used once. A second connection under an id whose first one is still
 open takes the id over (ROUTER_HANDOVER), and libzmq then stops reading the first one:
 its close stays unread (CLOSE_WAIT) until the server's heartbeat PING ends it, past the
-after-check's window (docs/reliability.md, Findings).
+after-check's window (docs/explanation/reliability.md, Findings).
 """
 
 from __future__ import annotations

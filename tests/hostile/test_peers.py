@@ -96,7 +96,7 @@ def test_thousands_of_identities(hostile: Hostile) -> None:
                 # Each id once: a second connection under an id whose first is still
                 # open takes it over (ROUTER_HANDOVER) and libzmq stops reading the
                 # first, whose close then waits for the server's PING (tens of seconds:
-                # docs/reliability.md, Findings), past the after-check's window.
+                # docs/explanation/reliability.md, Findings), past the after-check's window.
                 continue
             frame_of[ident] = pack(connect_msg(ident, plane.metadata, plane.base_addr))
             p = RawPeer(hostile.ctx, hostile.addr, identity=ident.encode(), bind=False)
