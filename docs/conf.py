@@ -46,3 +46,4 @@ napoleon_use_ivar = True
 html_theme = "furo"
 html_title = "p2pfsm"
 html_static_path = ["_static"]
+html_css_files = ["p2pfsm.css"]
