@@ -4,7 +4,8 @@ Serves ``docs/_build/html`` on a free loopback port and loads each page with
 ``chromium --headless --dump-dom``: the page must log nothing to the console (an error,
 a failed load, a mermaid parse failure all log), every ``<pre class="mermaid">`` must
 hold the SVG mermaid drew, and the page's ``data-mermaid`` mark must say "done" or
-"none". Screenshots of the tutorial and of the session diagram go to ``docs-artifacts/``.
+"none"; no file the page asks for may be missing (the server's 4xx answers). Screenshots
+of the tutorial and of the session diagram go to ``docs-artifacts/``.
 
     python .ci/docs_browser.py [--html docs/_build/html] [--out docs-artifacts]
 
@@ -48,10 +49,16 @@ _CONSOLE = re.compile(r":CONSOLE[:(]\d*\)?\] (.*)")
 _MERMAID_BLOCK = re.compile(r'<pre class="mermaid"[^>]*>(.*?)</pre>', re.DOTALL)
 
 
+MISSING: list[str] = []
+"""What the site's server answered with a 4xx since the last page was checked."""
+
+
 def check_page(base: str, page: str) -> list[str]:
-    """The problems of one page: console messages, undrawn diagrams, no mark."""
+    """The problems of one page: console messages, missing files, undrawn diagrams."""
+    MISSING.clear()
     ran = _browser(f"{base}/{page}", "--dump-dom")
     problems = [f"{page}: console: {m}" for m in _CONSOLE.findall(ran.stderr)]
+    problems += [f"{page}: missing: {m}" for m in MISSING]
     dom = ran.stdout
     mark = re.search(r'data-mermaid="(\w+)"', dom)
     if mark is None or mark.group(1) not in ("done", "none"):
@@ -64,6 +71,25 @@ def check_page(base: str, page: str) -> list[str]:
     return problems
 
 
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    """Serves the site silently, noting every 4xx answer in :data:`MISSING`."""
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        if str(code).isdigit() and int(code) >= 400 and self.path != "/favicon.ico":
+            MISSING.append(f"{self.path} ({code})")
+
+
+def serve(html: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
+    """The site served on a free loopback port, from a thread; the server and its URL."""
+    handler = functools.partial(_Quiet, directory=str(html))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--html", type=Path, default=ROOT / "docs" / "_build" / "html")
@@ -72,15 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     pages = sorted(str(p.relative_to(args.html)) for p in args.html.rglob("*.html")
                    if not p.relative_to(args.html).parts[0].startswith("_")
                    and p.name not in ("genindex.html", "search.html", "py-modindex.html"))
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, *_: object) -> None:
-            pass
-
-    handler = functools.partial(Quiet, directory=str(args.html))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    base = f"http://127.0.0.1:{server.server_address[1]}"
+    server, base = serve(args.html)
     problems: list[str] = []
     try:
         for page in pages:

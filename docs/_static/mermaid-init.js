@@ -15,6 +15,6 @@ window.addEventListener("DOMContentLoaded", function () {
     document.body.dataset.mermaid = "done";
   }, function (err) {
     document.body.dataset.mermaid = "error";
-    console.error("mermaid: " + err);
+    console.error("mermaid: " + ((err && (err.message || err.str)) || String(err)));
   });
 });
