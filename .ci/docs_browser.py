@@ -15,6 +15,7 @@ Exit 0 when every page passes; 1 with one line per failure otherwise.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import functools
 import http.server
 import re
@@ -22,10 +23,13 @@ import shutil
 import subprocess
 import sys
 import threading
+import urllib.parse
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE_TIMEOUT = 120
+WORKERS = 2
+"""Browsers at once (one per core of the CI machine)."""
 SCREENSHOTS = {"tutorial.png": ("tutorial.html", "1200,2400"),
                "session-diagram.png": ("explanation/session-diagram.html", "1400,1800")}
 
@@ -49,16 +53,15 @@ _CONSOLE = re.compile(r":CONSOLE[:(]\d*\)?\] (.*)")
 _MERMAID_BLOCK = re.compile(r'<pre class="mermaid"[^>]*>(.*?)</pre>', re.DOTALL)
 
 
-MISSING: list[str] = []
-"""What the site's server answered with a 4xx since the last page was checked."""
+MISSING: dict[str, list[str]] = {}
+"""What the site's server answered with a 4xx, by the page that asked (its Referer)."""
 
 
 def check_page(base: str, page: str) -> list[str]:
     """The problems of one page: console messages, missing files, undrawn diagrams."""
-    MISSING.clear()
     ran = _browser(f"{base}/{page}", "--dump-dom")
     problems = [f"{page}: console: {m}" for m in _CONSOLE.findall(ran.stderr)]
-    problems += [f"{page}: missing: {m}" for m in MISSING]
+    problems += [f"{page}: missing: {m}" for m in MISSING.pop(page, [])]
     dom = ran.stdout
     mark = re.search(r'data-mermaid="(\w+)"', dom)
     if mark is None or mark.group(1) not in ("done", "none"):
@@ -79,7 +82,8 @@ class _Quiet(http.server.SimpleHTTPRequestHandler):
 
     def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
         if str(code).isdigit() and int(code) >= 400 and self.path != "/favicon.ico":
-            MISSING.append(f"{self.path} ({code})")
+            page = urllib.parse.urlsplit(self.headers.get("Referer", "")).path.lstrip("/")
+            MISSING.setdefault(page, []).append(f"{self.path} ({code})")
 
 
 def serve(html: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
@@ -101,10 +105,11 @@ def main(argv: list[str] | None = None) -> int:
     server, base = serve(args.html)
     problems: list[str] = []
     try:
-        for page in pages:
-            found = check_page(base, page)
-            print(f"{'FAIL' if found else 'ok  '} {page}", flush=True)
-            problems += found
+        with concurrent.futures.ThreadPoolExecutor(WORKERS) as pool:
+            for page, found in zip(pages, pool.map(lambda p: check_page(base, p), pages),
+                                   strict=True):
+                print(f"{'FAIL' if found else 'ok  '} {page}", flush=True)
+                problems += found
         args.out.mkdir(parents=True, exist_ok=True)
         for name, (page, size) in SCREENSHOTS.items():
             shot = args.out / name
