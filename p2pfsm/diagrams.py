@@ -154,7 +154,7 @@ def to_mermaid_folded(spec: MachineSpec) -> str | None:
     lines = [f"%% {spec.name}, folded: the transitions {FOLD_AT_LEAST} or more states share "
              f"drawn once (generated from models/{spec.name}.toml; every transition: "
              f"{spec.name}.mmd)", "stateDiagram-v2",
-             f'    state "{name}" as {box} {{']
+             f'    state "{name if name in spec.sets else "any of these"}" as {box} {{']
     lines.extend(f"        {s}" for s in order)
     for (source, dest), labels in inner.items():
         lines.append(f"        {source} --> {dest} : {'<br/>'.join(dict.fromkeys(labels))}")
