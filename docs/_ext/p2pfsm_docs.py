@@ -2,8 +2,9 @@
 
 Before the build it writes ``reference/api.md`` (the host API, autodoc), ``cli.md``
 (every command's ``--help``, from the argparse parsers), ``wire.md`` (the nine messages,
-their fields and the frame limits, from :mod:`p2pfsm.protocol`) and ``models.md`` (every
-machine's states and transitions, from ``models/``). Those files are git-ignored: the code
+their fields and the frame limits, from :mod:`p2pfsm.protocol`), ``models.md`` (every
+machine's states and transitions, from ``models/``) and ``cases.md`` (the conformance
+suite's directed cases, from :mod:`p2pfsm.conform`). Those files are git-ignored: the code
 and the models are their only source. ``mermaid`` fences become ``<pre class="mermaid">``
 blocks, drawn in the browser by the mermaid.js of the npm package that ``.ci/docs.sh``
 unpacks into ``_static/mermaid`` (no network at view time).
@@ -22,7 +23,7 @@ from typing import Any
 
 DOCS = Path(__file__).resolve().parent.parent
 MERMAID_JS = DOCS / "_static" / "mermaid" / "mermaid.min.js"
-GENERATED = ("api", "cli", "wire", "models")
+GENERATED = ("api", "cli", "wire", "models", "cases")
 
 # The host API, in reading order: (section, [(module, [names])]). Each name is documented
 # once, under ``p2pfsm.NAME`` when the top-level package exports that very object, under
@@ -257,7 +258,30 @@ def models_page() -> str:
     return "\n".join(out)
 
 
-PAGES = {"api": api_page, "cli": cli_page, "wire": wire_page, "models": models_page}
+def cases_page() -> str:
+    """``reference/cases.md``: the directed cases of ``p2pfsm conform``, per role."""
+    from p2pfsm.conform.registry import CASES
+    from p2pfsm.conform.runner import cases_for
+
+    out = ["# Conformance cases\n",
+           "Generated from `p2pfsm.conform`: every directed case `p2pfsm conform` runs, in "
+           "the order it runs them, with what it does and the rule of `models/` it holds the "
+           "target to (`--cases ID,...` picks some). How to run them: [Test an "
+           "implementation](../howto/conform.md); the reports for p2pfsm and vLLM 0.33.0: "
+           "[Conformance reports](conformance.md).\n"]
+    for role, tester in (("producer", "the tester is the consumer"),
+                         ("consumer", "the tester is the producer")):
+        cases = cases_for(role)
+        out.append(f"## Cases ({role} role)\n\n{len(cases)} cases; {tester}.\n")
+        rows = ["| case | what it does | the rule (models) |", "|---|---|---|"]
+        rows += [f"| `{c.id}` | {_cell(c.description)} | {_cell(c.rule)} |" for c in cases]
+        out.append("\n".join(rows) + "\n")
+    assert len(CASES) == sum(len(cases_for(r)) for r in ("producer", "consumer"))
+    return "\n".join(out)
+
+
+PAGES = {"api": api_page, "cli": cli_page, "wire": wire_page, "models": models_page,
+         "cases": cases_page}
 
 
 def write_generated(docs: Path = DOCS) -> list[Path]:

@@ -2,7 +2,7 @@
 number, a work stop or a branch, and no hand-written page runs past ~400 lines.
 
 How the project was made lives in git and CHANGELOG.md. The pages the docs build
-generates from code and models (docs/reference/{api,cli,wire,models}.md, git-ignored)
+generates from code and models (docs/reference/{api,cli,wire,models,cases}.md, git-ignored)
 and the one ``p2pfsm diagrams`` writes (docs/machines.md) are exempt from the length
 rule; they are checked for history all the same when present.
 """
