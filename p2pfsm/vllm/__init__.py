@@ -8,23 +8,21 @@ works without vLLM installed; the functions and submodules that need it import i
 
 from __future__ import annotations
 
-import importlib.util
-
 
 def _require_vllm() -> None:
-    """ModuleNotFoundError saying so when vLLM is not installed (before any import of
-    it, or of what it brings, fails on a name that does not say vLLM)."""
-    if importlib.util.find_spec("vllm") is None:
-        raise ModuleNotFoundError(
-            "vLLM is not installed: p2pfsm.vllm runs inside vLLM's P2P KV tier "
-            "(pip install vllm==0.33.0)", name="vllm")
+    """:class:`~p2pfsm.vllm.releases.UnsupportedVllm` naming the supported releases when
+    vLLM is missing or a release p2pfsm was not taught (before an import of vLLM, or of
+    what it brings, fails on a name that does not say vLLM)."""
+    from p2pfsm.vllm import releases
+
+    releases.installed()
 
 
 def install(transport: str | None = None) -> None:
     """New sessions of vLLM's P2P tier are p2pfsm's (see :mod:`p2pfsm.vllm.switch`);
     ``transport="p2pfsm"`` (or ``P2PFSM_VLLM_TRANSPORT=p2pfsm``) also puts p2pfsm's
     control and data planes behind vLLM's control and data transports (the full
-    install). ModuleNotFoundError naming vLLM when it is not installed."""
+    install). UnsupportedVllm when vLLM is missing or of an unknown release."""
     _require_vllm()
     from p2pfsm.vllm.switch import install as _install
 
