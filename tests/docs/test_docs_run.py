@@ -12,10 +12,12 @@ Every process is waited for with a deadline and stopped by its PID.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import re
 import select
+import signal
 import socket
 import subprocess
 import sys
@@ -37,7 +39,7 @@ NOT_RUN = {
 }
 """Pages whose Python blocks this test does not run, and why."""
 BACKGROUND = "<!-- docs-run: background -->"
-BLOCK_TIMEOUT = 120.0
+BLOCK_TIMEOUT = 300.0
 _FENCE = re.compile(r"(?P<marker><!-- docs-run: background -->\n)?```python\n(?P<code>.*?)```",
                     re.DOTALL)
 
@@ -143,6 +145,13 @@ def producers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, st
             proc.wait(timeout=10)
 
 
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    """Kill a block's process group (its process group id is its PID): a block that
+    starts processes of its own (multiprocessing) leaves none behind holding its pipe."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
 @dataclass(frozen=True)
 class Ran:
     code: int | None
@@ -160,7 +169,7 @@ def runs(producers: dict[str, str], tmp_path_factory: pytest.TempPathFactory) ->
             script.write_text(block.code, encoding="utf-8")
             started[block.name] = subprocess.Popen(
                 [sys.executable, str(script)], cwd=where, stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, text=True,
+                stderr=subprocess.STDOUT, text=True, start_new_session=True,
                 env=_env(P2PFSM_PEER=producers[producer_of(block.doc)]))
         deadline = time.monotonic() + BLOCK_TIMEOUT
         ran: dict[str, Ran] = {}
@@ -169,15 +178,14 @@ def runs(producers: dict[str, str], tmp_path_factory: pytest.TempPathFactory) ->
                 out, _ = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
                 ran[name] = Ran(proc.returncode, out)
             except subprocess.TimeoutExpired:
-                proc.kill()
+                _kill_group(proc)
                 out, _ = proc.communicate(timeout=10)
                 ran[name] = Ran(None, f"still running after {BLOCK_TIMEOUT:.0f} s\n{out}")
         return ran
     finally:
         for proc in started.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=10)
+            _kill_group(proc)
+            proc.wait(timeout=10)
 
 
 @needs_data_plane
