@@ -38,13 +38,18 @@ API: tuple[tuple[str, str, tuple[tuple[str, tuple[str, ...]], ...]], ...] = (
     ("Memory", "The memory a node registers: its own, the host's, or a cache laid out "
      "per layer.",
      (("p2pfsm.executor.memory", ("HostRegion",)),
-      ("p2pfsm.executor.layout", ("Layout", "Region")))),
+      ("p2pfsm.executor.layout", ("Layout", "Region")),
+      ("p2pfsm.executor.nixl_plane", ("DataPlane",)))),
     ("Results and producer callbacks", "What a job ends with, and what a producer is "
      "asked.",
      (("p2pfsm.session.outputs", ("LoadResult", "StoreResult", "LookupResult",
-                                  "RoundEnded", "FetchArrived", "FailReason")),
+                                  "DestinationReleased", "RoundEnded", "FetchArrived",
+                                  "LookupRequest", "SessionDead", "FailReason")),
       ("p2pfsm.executor.jobs", ("JobFuture", "LookupAsk")),
       ("p2pfsm.executor.node", ("LookupAnswer",)))),
+    ("Host helpers", "A prompt's block keys as vLLM computes them, and a producer's index "
+     "of the blocks it holds.",
+     (("p2pfsm.blocks", ("BlockHasher", "PinnedBlocks")),)),
     ("Metrics", "A node's counters and histograms, and their Prometheus exposition.",
      (("p2pfsm.metrics", ("NodeMetrics", "COUNTERS", "GAUGES", "HISTOGRAMS", "BUCKETS")),
       ("p2pfsm.prometheus", ("serve_metrics", "MetricsServer", "MetricsCollector")))),
