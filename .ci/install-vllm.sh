@@ -13,7 +13,7 @@
 #     the same pins satisfy both releases' requirements;
 #   * p2pfsm itself, editable and without its test extras, so the peer script can
 #     import p2pfsm.demo.blocks (the shared block model).
-# Re-running it reuses an existing venv. Measured: see docs/interop.md.
+# Re-running it reuses an existing venv. Measured: see docs/howto/interop.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RELEASE=${1:-0.33.0}

@@ -73,6 +73,101 @@ def to_mermaid(spec: MachineSpec) -> str:
     return "\n".join(lines) + "\n"
 
 
+FOLD_AT_LEAST = 3
+"""A transition shared by this many states or more is drawn once, from their group."""
+
+
+def _moves(spec: MachineSpec) -> dict[tuple[str, str], list[str]]:
+    """(dest, edge label) -> the states that move there by that transition, in order."""
+    moves: dict[tuple[str, str], list[str]] = {}
+    for t in spec.transitions:
+        for source in t.sources:
+            dest = t.dest_from(source)
+            if dest != source:
+                moves.setdefault((dest, _edge_label(t)), []).append(source)
+    return moves
+
+
+def fold_group(spec: MachineSpec) -> tuple[str, frozenset[str]] | None:
+    """The states whose shared transitions the folded diagram draws once, and its name.
+
+    Candidates are the model's declared sets and every set of states that take one
+    transition together; the one chosen saves the most arrows (each transition that
+    :data:`FOLD_AT_LEAST` or more of its states share, to a state outside it, becomes
+    one arrow per destination). It is named after the declared set when it is one.
+    None when nothing is saved.
+    """
+    moves = _moves(spec)
+    candidates = [*spec.sets.values(), *(frozenset(s) for s in moves.values())]
+    best: tuple[int, frozenset[str]] | None = None
+    for group in dict.fromkeys(c for c in candidates if len(c) >= FOLD_AT_LEAST):
+        removed, dests = 0, set()
+        for (dest, _), sources in moves.items():
+            shared = [x for x in sources if x in group]
+            if dest not in group and len(shared) >= FOLD_AT_LEAST:
+                removed += len(shared)
+                dests.add(dest)
+        saved = removed - len(dests)
+        if saved > 0 and (best is None or saved > best[0]):
+            best = (saved, group)
+    if best is None:
+        return None
+    group = best[1]
+    name = next((n for n, members in spec.sets.items() if members == group), "shared")
+    return name, group
+
+
+def _which(group_order: list[str], sources: list[str]) -> str:
+    """``sources`` of the group, said the short way: all, all but some, or only some."""
+    rest = [s for s in group_order if s not in sources]
+    if not rest:
+        return ""
+    if len(rest) < len(sources):
+        return f" (not from {', '.join(rest)})"
+    return f" (from {', '.join(sources)})"
+
+
+def to_mermaid_folded(spec: MachineSpec) -> str | None:
+    """The machine with the transitions several states share drawn once: the states of
+    :func:`fold_group` inside one composite state, and one arrow from it per destination
+    carrying each shared transition (with the states it leaves out, if any). States are
+    shown by name only and transitions that stay in their state are left out; the full
+    diagram (:func:`to_mermaid`) has every edge and every state's description. None
+    when the machine has nothing to fold."""
+    found = fold_group(spec)
+    if found is None:
+        return None
+    name, group = found
+    order = [s for s in spec.states if s in group]
+    folded: dict[str, list[str]] = {}
+    inner: dict[tuple[str, str], list[str]] = {}
+    outer: dict[tuple[str, str], list[str]] = {}
+    for (dest, label), sources in _moves(spec).items():
+        shared = [s for s in sources if s in group]
+        if dest not in group and len(shared) >= FOLD_AT_LEAST:
+            folded.setdefault(dest, []).append(label + _which(order, shared))
+            sources = [s for s in sources if s not in group]
+        for source in sources:
+            into = inner if source in group and dest in group else outer
+            into.setdefault((source, dest), []).append(label)
+    box = f"fold_{name}"
+    lines = [f"%% {spec.name}, folded: the transitions {FOLD_AT_LEAST} or more states share "
+             f"drawn once (generated from models/{spec.name}.toml; every transition: "
+             f"{spec.name}.mmd)", "stateDiagram-v2",
+             f'    state "{name if name in spec.sets else "any of these"}" as {box} {{']
+    lines.extend(f"        {s}" for s in order)
+    for (source, dest), labels in inner.items():
+        lines.append(f"        {source} --> {dest} : {'<br/>'.join(dict.fromkeys(labels))}")
+    lines.append("    }")
+    lines.append(f"    [*] --> {spec.initial}")
+    for dest, labels in folded.items():
+        lines.append(f"    {box} --> {dest} : {'<br/>'.join(dict.fromkeys(labels))}")
+    for (source, dest), labels in outer.items():
+        lines.append(f"    {source} --> {dest} : {'<br/>'.join(dict.fromkeys(labels))}")
+    lines.extend(f"    {s} --> [*]" for s in sorted(spec.terminal))
+    return "\n".join(lines) + "\n"
+
+
 def to_dot(spec: MachineSpec) -> str:
     """The machine as graphviz DOT text."""
     lines = [f'digraph "{spec.name}" {{', "  rankdir=LR;", '  node [shape=box, style=rounded];',
@@ -89,11 +184,16 @@ def to_dot(spec: MachineSpec) -> str:
 
 
 def render(specs: dict[str, MachineSpec], out: Path, page: Path | None = None) -> dict[Path, str]:
-    """The generated files, by path: one ``.mmd`` per machine and ``overview.mmd`` under
+    """The generated files, by path: one ``.mmd`` per machine (and ``NAME.folded.mmd``
+    where :func:`to_mermaid_folded` folds shared transitions) and ``overview.mmd`` under
     ``out``, the page of :func:`machines_page` (``page``, default ``out/machines.md``)
     and, when that page is the checkout's ``docs/machines.md``, the checkout's
     ``tla/MachineTables.tla`` (:mod:`p2pfsm.verify.tables`)."""
     files = {out / f"{name}.mmd": to_mermaid(spec) for name, spec in specs.items()}
+    for name, spec in specs.items():
+        folded = to_mermaid_folded(spec)
+        if folded is not None:
+            files[out / f"{name}.folded.mmd"] = folded
     files[out / "overview.mmd"] = to_overview(specs)
     files[page or out / "machines.md"] = machines_page(specs)
     root = checkout_root()
@@ -253,8 +353,16 @@ def machines_page(specs: dict[str, MachineSpec]) -> str:
     parts += ["## Machines\n",
               "One arrow per pair of states, one line per transition on it: "
               "`trigger [guards] / actions that send a frame or report a result`; "
-              "transitions that stay in their state are listed in a note.\n"]
+              "transitions that stay in their state are listed in a note. Where "
+              f"{FOLD_AT_LEAST} or more states share a transition (the session's "
+              "`host_close`, `transport_lost`, `recv_disconnect`, ...), the machine is "
+              "drawn twice: first folded, those states in one box and each shared "
+              "transition one arrow from it, then in full, every edge drawn.\n"]
     for name, spec in specs.items():
-        parts += [f"### {name}\n", f"{spec.doc} (`models/{name}.toml`)\n",
-                  _fence(to_mermaid(spec))]
+        parts += [f"### {name}\n", f"{spec.doc} (`models/{name}.toml`)\n"]
+        folded = to_mermaid_folded(spec)
+        if folded is not None:
+            parts += [f"Folded (`{name}.folded.mmd`):\n", _fence(folded),
+                      f"Every transition (`{name}.mmd`):\n"]
+        parts.append(_fence(to_mermaid(spec)))
     return "\n".join(parts)

@@ -6,7 +6,7 @@ The compiled build turns the modules of :data:`SOURCES` into C extension modules
 ``.py`` files stay beside them, and Python imports an extension module before a source
 file of the same name, so where the extensions exist they are used, and where they do
 not (another platform, a plain install) everything runs as pure Python. Both builds
-pass the same suites and give the same behaviour digest (``docs/performance.md``,
+pass the same suites and give the same behaviour digest (``docs/explanation/performance.md``,
 "Compiled build").
 
     python -m p2pfsm.native build    # in place, next to the sources (git-ignored)
@@ -73,7 +73,7 @@ LEFT_OUT: dict[str, str] = {
     "p2pfsm/session/core.py": "tests and the mutation harness replace Session methods on the "
                               "class (handle, arm), which compiled callers inside the class "
                               "would bypass; and compiling it measured 1-3 us per fetch, "
-                              "inside the noise (docs/performance.md)",
+                              "inside the noise (docs/explanation/performance.md)",
     "p2pfsm/session/inputs.py": "the inputs are dataclasses the executor and host build: "
                                 "compiled, a field of the wrong type would raise TypeError "
                                 "when built instead of the session's LocalProtocolError",

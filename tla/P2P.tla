@@ -1152,7 +1152,7 @@ NetworkCut ==
 \* A frame p sent is lost. Fault "drop": any frame. Fault "ackloss": only a consumer's
 \* connect_ack to a peer that took its connect already, as ZeroMQ's ROUTER_HANDOVER loses
 \* what an established connection of a peer whose routing id was taken over still had
-\* in flight (docs/reliability.md).
+\* in flight (docs/explanation/reliability.md).
 NetworkDrop(p) ==
     /\ chan[p] # <<>>
     /\ \/ CanFault("drop")
@@ -1423,7 +1423,7 @@ Spec == Init /\ [][Next]_vars
 FairSpec == Spec /\ Fairness
 
 -----------------------------------------------------------------------------
-(* Safety properties (docs/verification.md lists each and what backs it) *)
+(* Safety properties (docs/explanation/verification.md lists each and what backs it) *)
 
 Released(p, j) == lres[p][j].r \in {"ok", "fail", "freed"}
 

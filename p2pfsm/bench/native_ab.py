@@ -5,7 +5,7 @@
 4-key fetch frame and of a ``transfer_done`` frame (the frames of one fetch) and of
 ``CompiledMachine.fire`` (one guard, one action, one ``fsm_data`` attribute), the median
 of N samples. Run it once per tree, alternating, to compare the pure and the compiled
-build (``docs/performance.md``, "Compiled build"); the digest's calls per CPU second
+build (``docs/explanation/performance.md``, "Compiled build"); the digest's calls per CPU second
 come from ``tests.helpers.run_digest`` the same way.
 """
 

@@ -49,7 +49,7 @@ __all__ = ["CONSUMER_FAULTS", "run_consumer_walk"]
 
 CONSUMER_FAULTS: Final = frozenset({"delay", "pause"})
 """The faults a consumer walk draws (``reorder`` and ``restart`` are the producer
-walk's: see docs/conformance.md)."""
+walk's: see docs/howto/conform.md)."""
 DEFAULT_LAUNCH: Final[dict[str, Any]] = {"do": "consumer", "mode": "pd",
                                          "blocks": [0, 1, 2, 3]}
 MAX_FETCHES: Final = 12

@@ -13,7 +13,7 @@ carries the session over to the new connection, as libzmq's own reconnect does
 Connections are named by the descriptor libzmq read the frame from
 (:attr:`~p2pfsm.executor.zmq_plane.FrameIn.conn`). A descriptor is reused once its
 connection has ended, so a connection opened after the session's own ended may be
-given the same one: that residue is described in docs/reliability.md.
+given the same one: that residue is described in docs/explanation/reliability.md.
 """
 
 from __future__ import annotations

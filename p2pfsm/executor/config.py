@@ -60,7 +60,7 @@ def _device_ok(device: object) -> bool:
 
 @dataclass(frozen=True)
 class NodeConfig:
-    """Everything a node needs; see ``docs/api.md``. Every field is checked here.
+    """Everything a node needs; see ``docs/howto/engine.md``. Every field is checked here.
 
     Args:
         bind: ``HOST:PORT`` (or ``tcp://HOST:PORT``, the same) of our ROUTER (port 0:
@@ -122,7 +122,7 @@ class NodeConfig:
             :class:`p2pfsm.spec_log.CallLog`.
         max_pending_peers: peers that opened a connection to us with a connect but have
             not finished the handshake: at most this many (one is dropped for a newer
-            one, from the source host holding the most: see docs/api.md); ready peers
+            one, from the source host holding the most: see docs/howto/curve.md); ready peers
             count against ``max_peers`` instead.
         max_new_peers_per_s: new peer identities admitted per source host (the address
             a connection comes from) and second, with a burst of as many at once; past

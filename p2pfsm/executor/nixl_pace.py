@@ -14,7 +14,7 @@ event loop, which already wakes up for the control plane: it calls ``progress()`
 * 0 (progress on every turn, the loop does not sleep) for the first ``prompt_s`` after a
   WRITE of ours is posted and after ``expect_inbound()`` is asked for promptness (a
   client does when it sends a fetch). The default is 0 (no such window): measured here
-  (docs/performance.md), a loop blocked in epoll on the control plane for up to 1 ms,
+  (docs/explanation/performance.md), a loop blocked in epoll on the control plane for up to 1 ms,
   waking for every frame, fetched faster and with a third of the CPU of one that spins,
   on a box with more runnable threads than cores;
 * ``busy_progress_ms`` (1 ms) while our own WRITEs are in flight after that, for

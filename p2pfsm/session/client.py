@@ -7,7 +7,7 @@ the guards and actions those files name. Actions only append to the step's outbo
 (:mod:`~p2pfsm.session.child`); the session applies it and retires an instance once its
 machine reaches a terminal state. Round numbers are chosen by ``ConsumerPart._alloc_round``
 so that two rounds that could both still receive frames never share one (see
-docs/architecture.md).
+docs/explanation/architecture.md).
 """
 
 from __future__ import annotations

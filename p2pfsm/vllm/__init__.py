@@ -1,7 +1,7 @@
 """p2pfsm inside vLLM (0.33.0, 0.34.0): its P2P tier's sessions, backed by p2pfsm's machines.
 
 ``p2pfsm.vllm.install()`` makes a stock vLLM tier build :class:`p2pfsm.vllm.session.
-P2PSession` wherever it would build its own; ``uninstall()`` undoes it (docs/vllm.md).
+P2PSession` wherever it would build its own; ``uninstall()`` undoes it (docs/explanation/vllm.md).
 Nothing here imports vLLM when this package is imported, so ``import p2pfsm.vllm``
 works without vLLM installed; the functions and submodules that need it import it then.
 """

@@ -8,7 +8,7 @@ ControlPlane` as ``p2pfsm serve`` configures it: dial-back only for a well-forme
 from its own address, a pending-handshake budget, a per-host rate of new identities, a
 connect timeout, frame size limit, heartbeats, and CURVE when keys are given.
 :func:`p2pfsm.vllm.install` with ``transport="p2pfsm"`` makes vLLM's manager build it
-(docs/vllm.md). Frames are dicts, msgpack-encoded as vLLM's own transport does.
+(docs/explanation/vllm.md). Frames are dicts, msgpack-encoded as vLLM's own transport does.
 Importing this module imports vLLM.
 """
 

@@ -12,7 +12,7 @@ the same values), ``add_remote_peer`` / ``add_remote_peer_async``, ``remove_remo
 place, one descriptor per block, as vLLM's): the wire (NIXL metadata, a peer's
 ``base_addr`` / ``num_blocks`` / ``block_len``, one WRITE per batch) is vLLM's, so a
 stock vLLM peer interoperates in both roles. :func:`p2pfsm.vllm.install` with
-``transport="p2pfsm"`` makes vLLM's manager build it (docs/vllm.md).
+``transport="p2pfsm"`` makes vLLM's manager build it (docs/explanation/vllm.md).
 
 What DataPlane changes for a vLLM node: a registration is refused when the metadata
 describes this node's own agent, names an agent already registered under another peer id,

@@ -24,7 +24,7 @@ back) so that a node on the adapter refuses what p2pfsm's own node refuses:
 * a connection's DEALER monitor is detached before its PAIR socket is closed (closing
   the PAIR first can wedge libzmq's I/O thread and with it every new peer).
 
-Settings come from the environment when :func:`install` runs (docs/vllm.md);
+Settings come from the environment when :func:`install` runs (docs/explanation/vllm.md);
 ``P2PFSM_VLLM_GUARD=0`` makes :func:`p2pfsm.vllm.install` leave vLLM's transport as it
 is (the adapter's sessions still bound ``num_blocks``).
 """

@@ -1,6 +1,6 @@
 """Campaign settings, the slow switch and the "p2pfsm fault campaigns" summary.
 
-Environment (see docs/reliability.md):
+Environment (see docs/explanation/reliability.md):
 
 * ``P2PFSM_CAMPAIGN_TRIALS``: trials per fault kind (default 10; 100 for ``-m slow``).
 * ``P2PFSM_CAMPAIGN_CHURN``: fetches / clients of the churn campaign (default 200;

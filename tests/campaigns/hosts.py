@@ -7,7 +7,7 @@ array (starts in ~1.5 s instead of ~5 s), the test process may pass a torch tens
 * :class:`Producer` serves demo blocks ``0..held-1`` at their own index. ``on_fetch``
   parks the missing keys and supplies them after a seeded random delay (the demand path:
   rounds stay open across a fault); ``on_round_ended`` drops the parked supply of a round
-  that ended first (docs/api.md: a supply given later is taken for a later round and
+  that ended first (docs/howto/engine.md: a supply given later is taken for a later round and
   waits for its fetch, pinned until the store deadline: after a session to the same
   peer died and a new one opened, nobody fetches it); ``on_lookup`` pins the hits it
   holds. It keeps every supply future and every lookup-pin future, so a test can check

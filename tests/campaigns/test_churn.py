@@ -37,7 +37,7 @@ SETTLE_S = 15.0
 RSS_TOLERANCE = 16 << 20
 """Bytes of VmRSS growth still counted as flat. The server keeps the last ``history``
 (1000) ended sessions and per-request tombstones for ``Timeouts.tombstone``; glibc keeps
-freed heap. Measured growth is printed in the summary (docs/reliability.md)."""
+freed heap. Measured growth is printed in the summary (docs/explanation/reliability.md)."""
 
 
 class Serve(ServeProcess):

@@ -11,7 +11,7 @@ the consumer child namespace b; both run UCX over TCP only (``UCX_TLS=tcp``,
 control message crosses the forwarder, and the two kernels' TCP stacks see the faults.
 
 This kernel has no ``sch_netem`` (nor tc classifiers/actions, iptables or nft): the
-forwarder stands in for it (docs/reliability.md, section 2).
+forwarder stands in for it (docs/explanation/reliability.md, section 2).
 
 Phases, with fetches running through each (one result per fetch, bytes verified for
 successes, no write after free, canaries intact), each proved by the forwarder's counters

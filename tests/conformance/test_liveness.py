@@ -3,7 +3,7 @@ live_ci.cfg (what .ci/run checks) passes with each property exercised.
 
 "Exercised": a ``P ~> Q`` property holds vacuously in a scenario that never reaches
 ``P``. The live_ci run dumps its reachable graph and each scenario must reach the
-antecedent of every property :data:`EXERCISES` names for it (docs/verification.md,
+antecedent of every property :data:`EXERCISES` names for it (docs/explanation/verification.md,
 "Liveness in CI"). The must-fail configs with a temporal property (P10, lost ack,
 one-sided loss) show that the properties can fail at all (tests/conformance/test_mustfail.py).
 """

@@ -117,7 +117,7 @@ def test_a_broken_target_fails_and_its_shrunk_case_replays(
     assert len(doc["steps"]) < doc["original_steps"], doc
     assert sum(s["do"] == "fetch" for s in doc["steps"]) == LIE_AT, doc["steps"]
     assert f"--replay {replay}" in err
-    with capsys.disabled():  # the shrink, recorded in the test log (docs/conformance.md)
+    with capsys.disabled():  # the shrink, recorded in the test log (docs/howto/conform.md)
         print(f"\nbroken target: {case['note']}; {case['seconds']:.1f} s")
 
     again = tmp_path / "again.json"

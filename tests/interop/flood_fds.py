@@ -1,4 +1,4 @@
-"""Where a target's descriptors go after the 800-identity flood (docs/vllm.md).
+"""Where a target's descriptors go after the 800-identity flood (docs/explanation/vllm.md).
 
 ``P2PFSM_INTEROP=1 .venv/bin/python tests/interop/flood_fds.py KIND`` (KIND: ``vllm``,
 ``sessions``, ``full`` or ``serve``) starts one target as ``test_vllm_hostile.py`` does,

@@ -3,8 +3,8 @@ that release's profile with ``--profile``): the producer cases
 against its node (``python -m p2pfsm.vllm.peer server``), which must survive the suite
 and exit cleanly, and the consumer cases against its client (``... client``, one per
 case). Each role gives a verdict for every case, and the cases vLLM fails are exactly
-those docs/conformance.md lists as that release's known failures (a failure of vLLM is a finding,
-not a failure of this test; a change in which cases fail is)."""
+those docs/reference/conformance.md lists as that release's known failures (a failure of
+vLLM is a finding, not a failure of this test; a change in which cases fail is)."""
 
 from __future__ import annotations
 
@@ -35,13 +35,13 @@ from tests.helpers.conform_consumer import import_this_checkout
 
 pytestmark = _marks
 
-DOC = ROOT / "docs" / "conformance.md"
+DOC = ROOT / "docs" / "reference" / "conformance.md"
 SECTION = f"## Report: vLLM {VLLM_RELEASE}"
 PROFILE = "vllm-" + ".".join(str(VLLM_RELEASE).split(".")[:2])  # e.g. vllm-0.34
 
 
 def documented_failures(role: str = "producer") -> tuple[set[str], set[str]]:
-    """The ``role`` case ids docs/conformance.md's vLLM report marks ``fail`` (always)
+    """The ``role`` case ids docs/reference/conformance.md's vLLM report marks ``fail`` (always)
     and ``fail (race)`` (fails or passes, depending on timing inside vLLM)."""
     text = DOC.read_text()
     section = text[text.index(SECTION):]
@@ -108,7 +108,7 @@ def test_conform_against_vllm(procs: list[PeerProcess], tmp_path: Path,  # noqa:
     failed = {case for case, v in verdicts.items() if v == "fail"}
     assert rc == (1 if failed else 0), out.err
     always, racy = documented_failures()
-    assert always, "docs/conformance.md lists no vLLM failure: the parse is broken"
+    assert always, "the vLLM report lists no failure: the parse is broken"
     assert always <= failed <= always | racy, (
         f"vLLM's failures changed: now {sorted(failed)}, documented {sorted(always)} "
         f"(and maybe {sorted(racy)})\n{out.err}")
@@ -132,7 +132,7 @@ def test_conform_consumer_against_vllm(tmp_path: Path, monkeypatch: pytest.Monke
     failed = {case for case, v in verdicts.items() if v == "fail"}
     assert rc == (1 if failed else 0), out.err
     always, racy = documented_failures("consumer")
-    assert always, "docs/conformance.md lists no vLLM consumer failure: the parse is broken"
+    assert always, "the vLLM consumer report lists no failure: the parse is broken"
     assert always <= failed <= always | racy, (
         f"vLLM's consumer failures changed: now {sorted(failed)}, documented "
         f"{sorted(always)} (and maybe {sorted(racy)})\n{out.err}")

@@ -8,7 +8,7 @@ p2pfsm's sessions through :func:`p2pfsm.vllm.install`. The adapter plays against
 vLLM process in both roles and, as a client, against a p2pfsm node; every byte is checked
 against ``p2pfsm.demo.blocks``. One set of long-lived processes (the ``world`` fixture)
 serves every flow, both directions, a peer killed mid-transfer in both directions, and
-the run-both-and-compare of vLLM's sessions against the adapter's; docs/vllm.md's
+the run-both-and-compare of vLLM's sessions against the adapter's; docs/explanation/vllm.md's
 "Tests" section lists which test proves which flow.
 """
 
@@ -283,7 +283,7 @@ def test_adapter_refuses_what_the_node_refuses() -> None:
     # Each with its own target and attacker; the full install is undone after its run.
     seen = run_kinds("adapter_refusals.py", ["vllm", "p2pfsm", "full"], "kind", 180)
     stock, adapter, full = seen["vllm"], seen["p2pfsm"], seen["full"]
-    # vLLM 0.33.0 as it ships (if this changes, vLLM fixed it: update docs/vllm.md).
+    # vLLM 0.33.0 as it ships (if this changes, vLLM fixed it: update docs/explanation/vllm.md).
     assert stock["own_memory"] == {"acked": True, "stores": [True], "alive": True,
                                    "own_block_0_changed": True, "death_reason": None,
                                    "session": True}
@@ -527,11 +527,11 @@ def test_peer_killed_adapter_server(world: World) -> None:
 # --------------------------------------------------------------- run both, compare
 #
 # The same script driven once with vLLM's sessions and once with the adapter, against
-# the same peer: what a tier manager sees must be equal, except where docs/vllm.md's
+# the same peer: what a tier manager sees must be equal, except where docs/explanation/vllm.md's
 # table of observable differences says otherwise. Each entry names its row there.
 
 INTENDED: dict[tuple[str, str, str], str] = {
-    # (role, flow, field): the row of docs/vllm.md's "Observable differences" table
+    # (role, flow, field): the row of docs/explanation/vllm.md's "Observable differences" table
     ("client", "kill", "loads"): "A peer dies with a load in flight",
     ("client", "kill", "close"): "A peer dies with a load in flight",
     ("server", "abort", "stores"): "Supply of a round that ended without success",
@@ -568,7 +568,7 @@ def until_end(trace: dict[str, Any], clean: bool) -> dict[str, Any]:
 def _gone(reason: str) -> str:
     """A killed peer is seen by whichever transport notices first: the control
     connection, or (with a write to it in flight) the adapter's data plane. Either
-    means the peer's process is gone (docs/vllm.md, the death_reason row)."""
+    means the peer's process is gone (docs/explanation/vllm.md, the death_reason row)."""
     if reason == "control connection lost" or reason.startswith("transport lost: data plane:"):
         return "peer gone"
     return reason
@@ -585,7 +585,7 @@ def compare(role: str, name: str, stock: dict[str, Any], adapter: dict[str, Any]
         row = INTENDED.get((role, name, field_))
         if row is not None and same:
             wrong.append(f"{role} {name} {field_}: the intended difference ({row!r}) is "
-                         "gone: update docs/vllm.md and INTENDED")
+                         "gone: update docs/explanation/vllm.md and INTENDED")
         elif row is None and not same:
             wrong.append(f"{role} {name}: {field_} differs\n  vLLM:    {stock.get(field_)}"
                          f"\n  adapter: {adapter.get(field_)}")

@@ -12,7 +12,7 @@ attacks from), and its descriptors (``/proc/PID/fd``) and resident memory (``VmR
 must be within a bound of what it had before the attack.
 
 ``python tests/interop/test_vllm_hostile.py`` (with ``P2PFSM_INTEROP=1``) runs every
-scenario against every target and prints the table docs/vllm.md gives.
+scenario against every target and prints the table docs/explanation/vllm.md gives.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ FLOOD_FD_BOUND = 256
 """The same after the flood, for a node on vLLM's data plane (``vllm``, ``sessions``).
 Every flood connect carries the same real NIXL agent, and vLLM's ``NixlTransport``
 loads it for each registration the flood's sessions began and unloads it when they are
-evicted; each load leaves UCX sockets behind (docs/vllm.md: +95 a minute later in a
+evicted; each load leaves UCX sockets behind (docs/explanation/vllm.md: +95 a minute later in a
 ``sessions`` run). A dial-back kept per identity would be over 1600 (two sockets each),
 and vLLM's ZeroMQ context dies at 1023 sockets. The full install (p2pfsm's data plane
 keeps one loaded agent for them all) and ``p2pfsm serve`` get ``FD_BOUND``."""
@@ -80,7 +80,7 @@ all of it: alive at its end, descriptors counted then."""
 TARGET_NOFILE_ENV = "P2PFSM_HOSTILE_TARGET_NOFILE"
 """When set (e.g. 1024, a usual default), each target's soft descriptor limit is lowered
 to it once the target is up: the flood then meets a limit as such a host would
-(docs/reliability.md, the full install killed by the flood)."""
+(docs/explanation/reliability.md, the full install killed by the flood)."""
 HUGE_BLOCKS = 2_000_000
 """A connect's num_blocks above the guard's default bound (2**20)."""
 GARBAGE = 10 << 20
@@ -333,7 +333,7 @@ STOCK_FAILS = {
     "fetch before connect": lambda o: bool(o.dialled_back),
     "10 MiB garbage frame": lambda o: bool(o.dialled_back),
     # The flood is not listed: it ended a stock node in 4 of 6 runs, depending on how fast
-    # it worked through the connects (docs/vllm.md).
+    # it worked through the connects (docs/explanation/vllm.md).
     f"connect with num_blocks={HUGE_BLOCKS}": lambda o: o.rss_delta_mib * (1 << 20) > RSS_BOUND,
 }
 

@@ -866,7 +866,7 @@ def test_cli_serve_against_vllm_client(procs: list[PeerProcess]) -> None:
 # vLLM 0.33.0 restarts a request's round_seq at 0 once its client state is pruned (no
 # load or probe left), and its PD producer supplies round 0 only (add_stored_blocks has
 # no round). p2pfsm does the same whenever no frame of an earlier round can still arrive
-# (docs/architecture.md), so all four directions serve the second use of the id.
+# (docs/explanation/architecture.md), so all four directions serve the second use of the id.
 
 
 def test_reuse_pd_vllm_client_p2pfsm_server(procs: list[PeerProcess],

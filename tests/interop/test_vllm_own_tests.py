@@ -1,6 +1,6 @@
 """vLLM's own P2P session and tier-manager tests against the drop-in (``vllm_own_tests.py``).
 
-Needs vLLM's source tree of the installed release in ``P2PFSM_VLLM_SRC`` (docs/vllm.md,
+Needs vLLM's source tree of the installed release in ``P2PFSM_VLLM_SRC`` (docs/explanation/vllm.md,
 "vLLM's own tests"); skipped without it. Every test the drop-in fails must be one of the
 documented differences (or read vLLM's session internals), and every documented
 difference must still fail: a row that passes is stale.

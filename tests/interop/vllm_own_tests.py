@@ -41,7 +41,7 @@ import pytest
 sys.exit(pytest.main({args!r}))
 """
 
-# Why each vLLM test the drop-in fails does: its docs/vllm.md reason. "internals": the
+# Why each vLLM test the drop-in fails does: its docs/explanation/vllm.md reason. "internals": the
 # test reads or sets a private attribute of vLLM's session (its client and server
 # roles, their tables, its clocks), which the adapter does not have.
 PRIVATE = "internals"

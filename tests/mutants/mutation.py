@@ -3,7 +3,7 @@
     PYTHONPATH=. .venv/bin/python -m tests.mutants.mutation --sample 200 --seed 0 \\
         --models-sample 40 --jobs 2
 
-(needs ``pip install -e '.[mutation]'``; docs/verification.md, "Mutation score").
+(needs ``pip install -e '.[mutation]'``; docs/explanation/verification.md, "Mutation score").
 
 Source mutants: mutmut 3 (``[tool.mutmut]`` in pyproject.toml says what it mutates and
 which tests run) copies the package into ``mutants/`` with every mutant behind a

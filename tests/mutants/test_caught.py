@@ -5,7 +5,7 @@ two-session state machine runs with the CI profile's settings (no shrinking: fin
 the failure is the point) from a fixed hypothesis seed, so the outcome is the same on
 every run, and it must fail a named check (an AssertionError; a hypothesis error is not
 a catch). ``python -m tests.mutants --seeds 10`` gives the catch rate over seeds 0-9
-(docs/verification.md, "Mutants"); ``python -m tests.mutants`` the other suites.
+(docs/explanation/verification.md, "Mutants"); ``python -m tests.mutants`` the other suites.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """CI's share of the mutation score: a fixed few mutants, each of which must be killed.
 
-The whole measure (``python -m tests.mutants.mutation``, docs/verification.md, "Mutation
+The whole measure (``python -m tests.mutants.mutation``, docs/explanation/verification.md, "Mutation
 score") takes an hour; this runs a handful on every CI run so that a change which
 weakens the fast suites shows here. Each mutant runs the scenario and stateful suites in
 a pytest subprocess (``-x``, under :mod:`mutants.mutation_plugin`) and must make them

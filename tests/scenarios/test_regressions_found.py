@@ -36,7 +36,7 @@ from p2pfsm.session import (
 
 
 def test_supply_after_host_finish_of_a_serving_round_is_refused() -> None:
-    # A finished request takes no more supply (docs/reliability.md, Findings): the round
+    # A finished request takes no more supply (docs/explanation/reliability.md, Findings): the round
     # keeps finishing with what it had, the late supply raises and changes nothing.
     d = ready_driver()
     d.recv(Fetch("r1", keys([1, 2]), (5, 6), 0))

@@ -1,31 +1,38 @@
-"""docs/conformance.md keeps up with the suite: its case lists (one per role) name every
-case with its description, and the p2pfsm report lists every case as passing (the
-integration tests measure that against ``p2pfsm serve`` and ``p2pfsm fetch``)."""
+"""The conformance docs keep up with the suite: the generated case lists (one per role,
+docs/reference/cases.md) name every case with its description and rule, and the p2pfsm
+report (docs/reference/conformance.md) lists every case as passing (the integration tests
+measure that against ``p2pfsm serve`` and ``p2pfsm fetch``)."""
 
 from __future__ import annotations
 
+import importlib
 import re
+import sys
 from pathlib import Path
 
 from p2pfsm.conform.registry import CASES
 from p2pfsm.conform.runner import cases_for
 
-DOC = (Path(__file__).resolve().parents[2] / "docs" / "conformance.md").read_text()
+ROOT = Path(__file__).resolve().parents[2]
+DOC = (ROOT / "docs" / "reference" / "conformance.md").read_text()
+sys.path.insert(0, str(ROOT / "docs" / "_ext"))
+CASES_PAGE = importlib.import_module("p2pfsm_docs").cases_page()
 
 
-def _section(title: str) -> str:
-    start = DOC.index(title)
-    end = DOC.find("\n## ", start + len(title))
-    return DOC[start:] if end < 0 else DOC[start:end]
+def _section(title: str, doc: str = DOC) -> str:
+    start = doc.index(title)
+    end = doc.find("\n## ", start + len(title))
+    return doc[start:] if end < 0 else doc[start:end]
 
 
 def test_the_case_list_is_the_registry() -> None:
     listed = [row for role in ("producer", "consumer")
-              for row in re.findall(r"^\| `([^`]+)` \| (.+?) \| .+ \|$",
-                                    _section(f"## Cases ({role} role)"), re.M)]
-    assert [case for case, _ in listed] == list(CASES)
-    for case, description in listed:
-        assert description == CASES[case].description, case
+              for row in re.findall(r"^\| `([^`]+)` \| (.+?) \| (.+) \|$",
+                                    _section(f"## Cases ({role} role)", CASES_PAGE), re.M)]
+    assert [case for case, _, _ in listed] == list(CASES)
+    for case, description, rule in listed:
+        assert description == CASES[case].description.replace("|", "\\|"), case
+        assert rule == CASES[case].rule.replace("|", "\\|"), case
 
 
 def test_the_p2pfsm_report_passes_every_case() -> None:

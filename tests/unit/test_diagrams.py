@@ -37,6 +37,40 @@ def test_one_arrow_per_state_pair_and_every_transition_drawn(name: str) -> None:
                     assert action in where, (source, t.trigger, action)
 
 
+def test_the_session_folds_its_live_states_shared_endings() -> None:
+    spec = machines()["session"]
+    assert diagrams.fold_group(spec) == ("live", spec.state_set("live"))
+    text = diagrams.to_mermaid_folded(spec)
+    assert text is not None and 'state "live" as fold_live {' in text
+    folded = dict(re.findall(r"^    fold_live --> (\w+) : (.*)$", text, re.MULTILINE))
+    assert set(folded) == {"dead", "ended", "closed"}
+    assert "transport_lost" in folded["dead"] and "host_close" in folded["closed"]
+    assert "recv_disconnect" in folded["ended"]
+    assert not re.search(r"^ +(ready|awaiting_ack) --> closed", text, re.MULTILINE)
+
+
+@pytest.mark.parametrize("name", sorted(machines()))
+def test_the_folded_diagram_draws_every_transition_that_moves(name: str) -> None:
+    spec = machines()[name]
+    text = diagrams.to_mermaid_folded(spec)
+    if text is None:
+        assert diagrams.fold_group(spec) is None
+        return
+    group_name, group = diagrams.fold_group(spec) or ("", frozenset())
+    arrows = re.findall(r"^ +(\w+) --> (\w+) : (.*)$", text, re.MULTILINE)
+    assert len(arrows) == len({(s, d) for s, d, _ in arrows}), "two arrows between one pair"
+    for t in spec.transitions:
+        for source in t.sources:
+            dest = t.dest_from(source)
+            if dest == source:
+                continue
+            labels = [lbl for s, d, lbl in arrows
+                      if d == dest and s in (source, f"fold_{group_name}")]
+            assert any(t.trigger in lbl for lbl in labels), (source, t.trigger, dest)
+            if source in group and dest not in group:
+                assert source in text.split(" {\n", 1)[1].split("\n    }", 1)[0]
+
+
 @pytest.mark.parametrize("flow", sorted(diagram_flows.FLOWS))
 def test_each_flow_is_recorded_from_the_sessions(flow: str) -> None:
     events = diagram_flows.record(flow)
@@ -65,8 +99,13 @@ def test_the_page_embeds_every_diagram_in_mermaid_fences(tmp_path: Path) -> None
     files = diagrams.render(machines(), tmp_path)
     page = files[tmp_path / "machines.md"]
     blocks = re.findall(r"```mermaid\n(.*?)```", page, re.DOTALL)
-    assert len(blocks) == 1 + len(diagram_flows.FLOWS) + len(machines())
+    folded = [n for n, spec in machines().items() if diagrams.to_mermaid_folded(spec)]
+    assert folded and "session" in folded
+    assert len(blocks) == 1 + len(diagram_flows.FLOWS) + len(machines()) + len(folded)
     assert sum(b.startswith("%% flow ") for b in blocks) == len(diagram_flows.FLOWS)
+    assert sum(", folded:" in b.split("\n", 1)[0] for b in blocks) == len(folded)
+    for name in folded:
+        assert tmp_path / f"{name}.folded.mmd" in files
 
 
 def test_check_finds_a_stale_page_and_a_stale_machine(tmp_path: Path) -> None:
