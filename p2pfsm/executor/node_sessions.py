@@ -53,6 +53,7 @@ class NodeSessions(NodeState):
 
     def _new_session(self, peer_id: str) -> Session:
         cfg = self.config
+        profile, timeouts = cfg.session_profile(peer_id)
         session = Session(SessionConfig(
             local_id=self.local_id,
             agent_metadata=self.data.metadata,
@@ -62,13 +63,13 @@ class NodeSessions(NodeState):
             hash_seed=cfg.hash_seed,
             config_fingerprint=cfg.config_fingerprint,
             expected_peer_id=peer_id,
-            timeouts=cfg.timeouts,
+            timeouts=timeouts,
             incarnation=self.incarnation,
             layout=self.data.layout.wire(),
             max_lookups_per_request=cfg.max_lookups_per_request,
             answer_lookups_in_parts=cfg.answer_lookups_in_parts,
             limits=FRAME_LIMITS,
-            profile=cfg.profile,
+            profile=profile,
         ), None if self._hook is None else self._hook.tracer)
         old = self.sessions.get(peer_id)
         if old is not None and old.held_destinations:
