@@ -56,8 +56,8 @@ _SESSION_STATE = ("its classes hold a Session's state, which `p2pfsm conform` "
 
 LEFT_OUT: dict[str, str] = {
     "p2pfsm/fsm/__init__.py": "re-exports only; nothing runs there per event",
-    "p2pfsm/fsm/profiles.py": "read from models/profiles/ when a config is built, never "
-                              "per event: nothing to gain",
+    "p2pfsm/fsm/profiles.py": "the behaviour profiles are read once, when a config is "
+                              "built; nothing runs there per event",
     "p2pfsm/protocol/__init__.py": "re-exports only; nothing runs there per event",
     "p2pfsm/protocol/limits.py": "a compiled dataclass converts its int fields when built "
                                  "(True -> 1, 1.5 -> TypeError) before __post_init__ could "

@@ -87,8 +87,13 @@ def run(open_counts: tuple[int, ...] = (0, 100, 10_000), number: int = 2000,
     decode_ns = _median_ns(lambda: msgpack.unpackb(done_frame, raw=False), repeat, number)
 
     class Model:
-        def reports_at_abort_send(self, *_args: object) -> bool:
-            return False  # the native profile: a load ends when its abort is acked
+        """The native profile's answers to the load round's guards."""
+
+        def reports_at_abort_send(self, *_args: object, **_kw: object) -> bool:
+            return False
+
+        def ack_timeout_ends_session(self, *_args: object, **_kw: object) -> bool:
+            return False
 
     spec = machine("client_round")
     model = Model()

@@ -105,6 +105,9 @@ class NodeConfig:
         profile: the behaviour profile every session of the node runs
             (``models/profiles/``: "native", "vllm-0.33", "vllm-0.34"); ``timeouts``,
             when left out, are its deadlines.
+        peer_profiles: ``peer_id -> profile`` for the peers whose sessions run another
+            profile than ``profile`` (with that profile's deadlines, unless ``timeouts``
+            is given).
         reconnect_backoff_s: a session the host opened (``connect``) that dies is opened
             again, first at once, then (while each attempt fails before it is ready)
             after a wait that starts at the first number and doubles up to the second
@@ -179,13 +182,22 @@ class NodeConfig:
     max_tombstones: int = 4096
     max_node_tombstones: int = 65_536
     profile: str = "native"
+    peer_profiles: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if isinstance(self.bind, str) and not self.bind.startswith("tcp://") \
                 and ":" in self.bind and "/" not in self.bind:
             object.__setattr__(self, "bind", f"tcp://{self.bind}")  # "HOST:PORT" alike
+        # Whether timeouts were given (they then hold for every profile of the node).
+        object.__setattr__(self, "_own_timeouts", self.timeouts is not PROFILE_TIMEOUTS)
         if isinstance(self.timeouts, Timeouts):  # else refused below, with the others
             object.__setattr__(self, "timeouts", profile_timeouts(self.profile, self.timeouts))
+        if not isinstance(self.peer_profiles, Mapping):
+            raise ConfigError(f"peer_profiles: expected a mapping, got {self.peer_profiles!r}")
+        for peer_id, name in self.peer_profiles.items():
+            if not isinstance(peer_id, str) or not peer_id:
+                raise ConfigError(f"peer_profiles: expected peer ids, got {peer_id!r}")
+            profile_timeouts(name, PROFILE_TIMEOUTS)  # an unknown profile: ConfigError
         if not isinstance(self.bind, str) or not self.bind.startswith("tcp://"):
             raise ConfigError(f"bind: expected 'HOST:PORT' or 'tcp://HOST:PORT', "
                               f"got {self.bind!r}")
@@ -247,6 +259,13 @@ class NodeConfig:
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name}: expected a bool, got {getattr(self, name)!r}")
         self.curve_keys()  # reads and checks the key files now
+
+    def session_profile(self, peer_id: str) -> tuple[str, Timeouts]:
+        """The profile a session to ``peer_id`` runs, and its deadlines."""
+        name = self.peer_profiles.get(peer_id, self.profile)
+        if name == self.profile or getattr(self, "_own_timeouts", True):
+            return name, self.timeouts
+        return name, profile_timeouts(name, PROFILE_TIMEOUTS)
 
     def curve_keys(self) -> CurveKeys | None:
         """The CURVE keys read from the key files (None: NULL security); ConfigError

@@ -62,6 +62,7 @@ class NodeSessions(NodeState):
 
     def _new_session(self, peer_id: str) -> Session:
         cfg = self.config
+        profile, timeouts = cfg.session_profile(peer_id)
         session = Session(SessionConfig(
             local_id=self.local_id,
             agent_metadata=self.data.metadata,
@@ -71,7 +72,7 @@ class NodeSessions(NodeState):
             hash_seed=cfg.hash_seed,
             config_fingerprint=cfg.config_fingerprint,
             expected_peer_id=peer_id,
-            timeouts=cfg.timeouts,
+            timeouts=timeouts,
             incarnation=self.incarnation,
             layout=self.data.layout.wire(),
             layout_names=self.data.layout.names,
@@ -81,7 +82,7 @@ class NodeSessions(NodeState):
             limits=FRAME_LIMITS,
             max_tombstones=cfg.max_tombstones,
             tombstone_budget=self._tombstones,
-            profile=cfg.profile,
+            profile=profile,
         ), None if self._hook is None else self._hook.tracer)
         old = self.sessions.get(peer_id)
         if old is not None and old.held_destinations:

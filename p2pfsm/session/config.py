@@ -70,8 +70,10 @@ def resolve_profile(name: object) -> Profile:
 
 
 def profile_timeouts(name: str, timeouts: Timeouts) -> Timeouts:
-    """``timeouts``, or the profile's when it is :data:`PROFILE_TIMEOUTS` (left out)."""
-    return Timeouts.of_profile(resolve_profile(name)) if timeouts is PROFILE_TIMEOUTS else timeouts
+    """``timeouts``, or the profile's when it is :data:`PROFILE_TIMEOUTS` (left out); an
+    unknown profile is a :class:`ConfigError` either way."""
+    prof = resolve_profile(name)
+    return Timeouts.of_profile(prof) if timeouts is PROFILE_TIMEOUTS else timeouts
 
 
 @dataclass(frozen=True, slots=True)

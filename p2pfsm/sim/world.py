@@ -32,6 +32,7 @@ from p2pfsm.fsm import Tracer, machine
 from p2pfsm.protocol import encode
 from p2pfsm.session import (
     CancelWrite,
+    DestinationReleased,
     FetchArrived,
     FrameReceived,
     HostAnswerLookup,
@@ -107,6 +108,8 @@ class SimHost:
     owner: dict[int, int] = field(default_factory=dict)
     loads: dict[int, Load] = field(default_factory=dict)
     load_results: dict[int, LoadResult] = field(default_factory=dict)
+    released_later: dict[int, DestinationReleased] = field(default_factory=dict)
+    """Held destinations released after their result (DestinationReleased)."""
     store_jobs: dict[int, tuple[int, ...]] = field(default_factory=dict)
     store_results: dict[int, StoreResult] = field(default_factory=dict)
     lookups_sent: int = 0
@@ -240,6 +243,17 @@ class SimWorld(Executor):
     def load_result(self, peer: str, out: LoadResult) -> None:
         self._on_load_result(self.hosts[peer], out)
 
+    def destination_released(self, peer: str, out: DestinationReleased) -> None:
+        host = self.hosts[peer]
+        res = host.load_results.get(out.job_id)
+        if res is None or res.released:
+            raise SafetyViolation(f"{peer}: release notice for job {out.job_id}, whose "
+                                  f"result did not hold its destination: {res}")
+        if out.job_id in host.released_later:
+            raise SafetyViolation(f"{peer}: second release notice for job {out.job_id}")
+        host.released_later[out.job_id] = out
+        self._free(host, host.loads[out.job_id].dest)
+
     def store_result(self, peer: str, out: StoreResult) -> None:
         self._on_store_result(peer, self.hosts[peer], out)
 
@@ -369,9 +383,14 @@ class SimWorld(Executor):
                     raise SafetyViolation(
                         f"{host.name}: job {res.job_id} block {d} has wrong bytes")
         if res.released:
-            for d in load.dest:
-                if host.owner.pop(d, None) is not None:
-                    host.free.append(d)
+            self._free(host, load.dest)
+
+    @staticmethod
+    def _free(host: SimHost, dest: tuple[int, ...]) -> None:
+        """The host reuses these blocks: a write landing in one later is a violation."""
+        for d in dest:
+            if host.owner.pop(d, None) is not None:
+                host.free.append(d)
 
     def _on_store_result(self, node: str, host: SimHost, res: StoreResult) -> None:
         if res.job_id in host.store_results:

@@ -1,4 +1,4 @@
-"""Transitions ``models/`` declares that the gate config's spec never takes, and why.
+"""Transitions ``models/`` declares that no profile's gate config takes, and why.
 
 :data:`KNOWN_UNREACHABLE`: the session code can never take them. :data:`BEYOND_GATE`:
 the code can take them, but only in behaviours larger than the gate config's bounds

@@ -274,3 +274,22 @@ def test_an_unanswered_lookup_is_counted_open_on_both_sides() -> None:
     assert len(w.held["b"]) == 1  # the producer's host holds its answer
     assert (w.counts("a")["client_lookup"], w.counts("b")["server_lookup"]) == (1, 1)
     assert w.counts("a")["server_lookup"] == w.counts("b")["client_lookup"] == 0
+
+
+def test_a_fetch_of_pins_whose_request_the_host_finished_stops_their_store_deadline() -> None:
+    """Lookup pins of a request the producer's host then finished (pinned_closed): the
+    fetch that takes them writes them and ends the round; the pins' store deadline is
+    over (the demand deadline bounds the round now)."""
+    w = ready_world()
+    w.lookup("a", "r1", [8, 9])
+    w.stabilize()
+    assert [t.kind for t in w.timers["b"]].count("store") == 1
+    w.finish("b", "r1")
+    assert [t.kind for t in w.timers["b"]].count("store") == 1  # the pins wait for a fetch
+    job = w.load("a", "r1", [8, 9])
+    w.deliver("a")
+    only(w.out("b", StartWrite))
+    assert [t.kind for t in w.timers["b"] if t.kind == "store"] == []
+    w.finish_writes("b")
+    w.deliver_all("b")
+    assert w.result("a", job).success

@@ -173,3 +173,8 @@ def test_explicit_timeouts_win_over_the_profiles() -> None:
     cfg = local_config(profile="vllm-0.34", timeouts=Timeouts(load=3.0))
     assert cfg.timeouts.load == 3.0 and cfg.timeouts.hold is None
     assert local_config(profile="vllm-0.34").timeouts.hold == 30.0
+
+
+def test_an_unknown_profile_is_refused_with_explicit_timeouts_too() -> None:
+    with pytest.raises(ConfigError, match="unknown profile 'nope'"):
+        local_config(profile="nope", timeouts=Timeouts())

@@ -91,3 +91,28 @@ def test_timeouts_are_checked_by_their_own_type() -> None:
     with pytest.raises(ConfigError, match=r"timeouts\.load"):
         Timeouts(load=0)
     assert make(timeouts=Timeouts(load=1)).timeouts.load == 1
+
+
+def test_the_profile_gives_the_deadlines_left_out_and_an_unknown_one_is_refused() -> None:
+    v34 = NodeConfig("tcp://127.0.0.1:0", 4, 4096, profile="vllm-0.34")
+    assert (v34.timeouts.abort_ack, v34.timeouts.load_probed, v34.timeouts.hold) == (5.0, 10.0,
+                                                                                    30.0)
+    assert NodeConfig("tcp://127.0.0.1:0", 4, 4096).timeouts == Timeouts()
+    mine = Timeouts(load=3.0)
+    assert NodeConfig("tcp://127.0.0.1:0", 4, 4096, profile="vllm-0.34",
+                      timeouts=mine).timeouts is mine
+    with pytest.raises(ConfigError, match="unknown profile 'x'"):
+        NodeConfig("tcp://127.0.0.1:0", 4, 4096, profile="x")
+
+
+def test_a_peer_may_run_another_profile_with_its_deadlines() -> None:
+    cfg = NodeConfig("tcp://127.0.0.1:0", 4, 4096, peer_profiles={"10.0.0.2:5000": "vllm-0.34"})
+    assert cfg.session_profile("10.0.0.9:5000") == ("native", Timeouts())
+    name, t = cfg.session_profile("10.0.0.2:5000")
+    assert (name, t.abort_ack, t.hold) == ("vllm-0.34", 5.0, 30.0)
+    mine = Timeouts(load=3.0)
+    own = NodeConfig("tcp://127.0.0.1:0", 4, 4096, timeouts=mine,
+                     peer_profiles={"10.0.0.2:5000": "vllm-0.34"})
+    assert own.session_profile("10.0.0.2:5000") == ("vllm-0.34", mine)
+    with pytest.raises(ConfigError, match="unknown profile 'old'"):
+        NodeConfig("tcp://127.0.0.1:0", 4, 4096, peer_profiles={"x:1": "old"})
