@@ -123,6 +123,9 @@ class ONode:
     """Requests the host finished -> when (the session forgets a finish after the
     tombstone lifetime, not before)."""
     dead: bool = False
+    pending_why: dict[tuple[str, int], FailReason] = field(default_factory=dict)
+    """Load deadlines that fired for a round whose fetch is still queued among several
+    of its request (which load it is shows when the fetch goes out)."""
 
 
 def _message(event: Input) -> Message | None:
@@ -175,6 +178,7 @@ class Oracle:
         self.nodes: dict[str, ONode] = {} if by_peer else {n: ONode() for n in holds}
         self.calls = 0
         self.checked: Counter[str] = Counter()
+        self.tracer = None  # a node's call hook may lend its sessions a tracer: none
         self.recent: deque[tuple[str, Input, list[Output]]] = deque(maxlen=12)
 
     def other(self, node: str) -> str:
@@ -249,6 +253,8 @@ class Oracle:
                     return
                 load.round = m.round_seq
                 load.sent = True
+                if (m.kv_request_id, m.round_seq) in node.pending_why:
+                    load.why = node.pending_why.pop((m.kv_request_id, m.round_seq))
             elif isinstance(m, Fetch):
                 if m.kv_request_id not in node.finished:
                     self.fail(name, event, f"a terminal fetch of {m.kv_request_id}, which "
@@ -273,9 +279,18 @@ class Oracle:
         must: set[tuple[str, int]] = set()
         if isinstance(event, TimerFired) and event.timer.kind in ("load", "abort_ack"):
             key = (str(event.timer.key[0]), int(event.timer.key[1]))
-            load = self._load_of(node, key) or next(
-                (ld for ld in node.loads.values() if not ld.sent and ld.round is None
-                 and ld.rid == key[0]), None)  # its fetch still queued
+            load = self._load_of(node, key)
+            if load is None:  # its fetch is still queued: which load is it?
+                unsent = [ld for ld in node.loads.values()
+                          if not ld.sent and ld.round is None and ld.rid == key[0]]
+                if len(unsent) > 1 or key in node.pending_why:
+                    # Known once its fetch goes out (rounds are the session's to number).
+                    if event.timer.kind == "load":
+                        if key in node.pending_why:
+                            self.fail(name, event, f"the load deadline of {key} fired twice")
+                        node.pending_why[key] = FailReason.TIMEOUT
+                    return
+                load = unsent[0] if unsent else None
             if load is None:
                 self.fail(name, event, f"a {event.timer.kind} deadline of {key}, which no "
                           "open load's fetch went out in")
