@@ -93,10 +93,11 @@ class TwoSessions(RuleBasedStateMachine):
                 requests=st.integers(1, len(REQUEST_IDS)),
                 late_cancel=st.sampled_from((True, True, False)),
                 retries=st.sampled_from((0, 2, 5)),
-                contended=st.lists(st.sampled_from(CONTENDED), min_size=1, max_size=2))
+                contended=st.lists(st.sampled_from(CONTENDED), min_size=1, max_size=2),
+                incarnations=st.sampled_from((True, True, False)))
     def setup(self, faults: int, fatal: bool, handshake_first: bool, swarm: frozenset[str],
               requests: int, late_cancel: bool, retries: int,
-              contended: list[str]) -> None:
+              contended: list[str], incarnations: bool = True) -> None:
         self.tracer = Tracer()
         self.swarm = swarm
         self.rids = REQUEST_IDS[:requests]
@@ -113,6 +114,7 @@ class TwoSessions(RuleBasedStateMachine):
                                   check_rounds=self.CHECK_DESTINATIONS,
                                   cancelled_writes_land=late_cancel, retries=retries,
                                   held=HELD, parts="parts" in swarm,
+                                  incarnations=incarnations,
                                   timeouts=TIMEOUTS,
                                   tracer=self.tracer, hook=self.oracle)
         self.fault_budget = faults
@@ -726,6 +728,17 @@ class TwoSessions(RuleBasedStateMachine):
             self._deliver_one(consumer)
         if len(self.world.held) > held:
             self._end_held_lookup(self.world.held[-1], how, lost)
+
+    @precondition(lambda self: self._may_lose() and all(
+        n in self.world.connects for n in "ab"))
+    @rule(node=NODES, restarted=st.booleans())
+    def peer_connects_again(self, node: str, restarted: bool) -> None:
+        """``node`` hears its peer connect again: the same incarnation (the peer lost its
+        side and reconnects) or a new one (it restarted): ``node``'s session ends with
+        every job's result, as the oracle says (its reason names which)."""
+        self.lost = True
+        self.stats["connects again"] += 1
+        self.world.connect_again(node, restarted)
 
     @precondition(_on("malformed"))
     @rule(node=NODES, offsets=st.lists(st.integers(0, 5), min_size=1, max_size=3, unique=True),

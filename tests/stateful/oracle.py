@@ -47,7 +47,17 @@ from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from p2pfsm.protocol import AbortAck, AbortFetch, Fetch, Lookup, Message, TransferDone, decode
+from p2pfsm.protocol import (
+    AbortAck,
+    AbortFetch,
+    Connect,
+    ConnectAck,
+    Fetch,
+    Lookup,
+    Message,
+    TransferDone,
+    decode,
+)
 from p2pfsm.session import (
     FailReason,
     FetchArrived,
@@ -123,6 +133,10 @@ class ONode:
     """Requests the host finished -> when (the session forgets a finish after the
     tombstone lifetime, not before)."""
     dead: bool = False
+    acked_in: bool = False
+    acked_out: bool = False
+    incarnation: int | None = None
+    """The peer's incarnation, from its first connect."""
     pending_why: dict[tuple[str, int], FailReason] = field(default_factory=dict)
     """Load deadlines that fired for a round whose fetch is still queued among several
     of its request (which load it is shows when the fetch goes out)."""
@@ -219,6 +233,7 @@ class Oracle:
         self._load_results(peer_id, node, event, msg, died, outputs)
         self._lookup_results(peer_id, node, event, died, outputs)
         self._producer(peer_id, node, event, msg, died, outputs)
+        self._handshake(peer_id, node, event, msg, outputs)
         if died:
             node.dead = True
 
@@ -501,6 +516,37 @@ class Oracle:
         if not cause_ok.get(why, False):
             self.fail(name, event, f"RoundEnded {key} why={why!r}: not this step's cause")
         self.checked["rounds ended"] += 1
+
+    # ---------------------------------------------------------- handshake
+    def _handshake(self, name: str, node: ONode, event: Input, msg: Message | None,
+                   outputs: Sequence[Output]) -> None:
+        """A peer's connect on a ready session: its incarnation says whether the peer
+        restarted (a new one) or connects again after losing its side (the same); either
+        ends the session, and says which (``SessionDead``)."""
+        if any(isinstance(m, ConnectAck) for m in _sent(outputs)):
+            node.acked_out = True
+        if isinstance(msg, ConnectAck):
+            node.acked_in = True
+        if not isinstance(msg, Connect):
+            return
+        ready = node.acked_in and node.acked_out and not node.dead
+        known, node.incarnation = node.incarnation, (
+            msg.incarnation if node.incarnation is None else node.incarnation)
+        deaths = [o for o in outputs if isinstance(o, SessionDead)]
+        if ready and (known is None or msg.incarnation is None):
+            # No incarnation to tell by: a second connect is the duplicate-connect error.
+            if any(d.restarted_by is not None for d in deaths):
+                self.fail(name, event, f"a second connect without incarnations taken for "
+                          f"a restart or a reconnect: {deaths}")
+            return
+        if not ready:
+            return
+        want = "peer restarted" if msg.incarnation != known else "peer reconnected"
+        if len(deaths) != 1 or deaths[0].reason != want or deaths[0].restarted_by != msg:
+            self.fail(name, event, f"a connect of incarnation {msg.incarnation} (known "
+                      f"{known}) on a ready session: expected one SessionDead({want!r}, "
+                      f"restarted_by=that connect), got {deaths}")
+        self.checked["connects again"] += 1
 
     # ---------------------------------------------------------- the end
     def check_quiet(self) -> None:
