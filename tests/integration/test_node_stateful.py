@@ -20,7 +20,14 @@ example starts with a fetch from each producer in flight. After every step:
   ``released``) is filled with a sentinel that must stay intact until a new fetch takes
   the block; a successful fetch's blocks hold exactly the demo blocks it named;
 * who is dialled back: no node opens a session to, or holds a connection for, an
-  identity that never completed a valid connect.
+  identity that never completed a valid connect;
+* what each host is told: every node's sessions are judged call by call by the oracle
+  of ``tests/stateful/oracle.py`` (its call hook);
+* bytes: shadow memory. A producer's region never changes; each consumer block a fetch
+  holds has, byte for byte, its sentinel or the demo block that fetch named.
+
+Fetches are started directly or submitted through ``node.threadsafe`` (some cancelled
+through the submitted future before the driving thread started them).
 
 Bounded: a few examples of a few dozen steps (``SETTINGS``), every wait has a deadline
 and names what it waited for, no sleeps, and every node and socket is closed at the end

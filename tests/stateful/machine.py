@@ -8,7 +8,8 @@ round of a request answered before the first, a cancelled write that still lands
 its cancel completes, the session lost while work is in flight (an abort whose write may
 still land, a draining round, a lookup whose answer the host holds back), idle time within a
 frame's lifetime while frames are on the wire, a host's lookup answer held back past the
-lookup's end, a hostile fetch naming the block one past the region; and examples start
+lookup's end, a hostile fetch naming the block one past the region, the peer's connect
+heard again (same incarnation, a new one, or none at all); and examples start
 in such contended states (:data:`CONTENDED`).
 Each example first draws a *swarm* (a random subset of the
 optional rule families, the number of request ids, whether cancelled writes land) so
@@ -21,6 +22,7 @@ What is checked is described in ``tests/stateful/world.py`` and
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from typing import Any
 
@@ -29,6 +31,7 @@ from hypothesis import note, target
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from p2pfsm.demo.blocks import demo_key
+from p2pfsm.errors import LocalProtocolError
 from p2pfsm.fsm import Tracer
 from p2pfsm.protocol import AbortAck, AbortFetch, Fetch, TransferDone, decode
 from p2pfsm.session import HostAnswerLookup, Timeouts, TimerId
@@ -444,7 +447,7 @@ class TwoSessions(RuleBasedStateMachine):
     @precondition(lambda self: bool(self._deadlines_while_writing()))
     @rule(data=st.data(), how=st.sampled_from(("deadline", "deadline", "host finishes")),
           then=st.sampled_from(("nothing", "abort_ack deadline", "abort arrives",
-                                "abort arrives", "session lost")),
+                                "abort arrives", "session lost", "abort arrives, supply")),
           lost=st.sampled_from(LOSSES))
     def give_up_while_writing(self, data: st.DataObject, how: str, then: str,
                               lost: str) -> None:
@@ -452,7 +455,8 @@ class TwoSessions(RuleBasedStateMachine):
         its deadline passes or its host finishes the request; then the abort_ack deadline
         passes too (the abort is re-sent), the abort reaches the producer (which must
         cancel and wait for the cancel before it answers), or the session is lost
-        (``lost``) while the write may still land."""
+        (``lost``) while the write may still land, or the abort arrives and the producer's
+        host supplies the round again while it drains."""
         _, _, consumer, key = data.draw(st.sampled_from(self._deadlines_while_writing()))
         self._count_race()
         if how == "host finishes":
@@ -463,10 +467,22 @@ class TwoSessions(RuleBasedStateMachine):
             timer = TimerId("abort_ack", key)
             if any(t == timer for _, _, t in self._firable(consumer)):
                 self.world.fire_timer(consumer, timer)
-        elif then == "abort arrives":
+        elif then.startswith("abort arrives"):
             self._deliver_until(consumer, AbortFetch, key)
+            if then.endswith("supply"):  # more supply for the draining round: refused
+                self._supply_round_again(consumer, key)
         elif then == "session lost" and self._may_lose():
             self._lose_session(consumer, lost)
+
+    def _supply_round_again(self, consumer: str, key: tuple[str, int]) -> None:
+        """The producer's host supplies the keys of ``consumer``'s round ``key`` once
+        more (the round is draining: the supply fails at once, its pins released)."""
+        host = self.world.hosts[consumer]
+        jobs = [j for j, r in sorted(self.world.load_round[consumer].items()) if r == key]
+        if jobs:
+            self.stats["supplies while draining"] += 1
+            with contextlib.suppress(LocalProtocolError):
+                self.world.supply(self.world.other(consumer), key[0], host.loads[jobs[-1]].key_ids)
 
     def _deliver_until(self, src: str, kind: type, key: tuple[str, int]) -> None:
         """Deliver ``src``'s frames in order up to the first ``kind`` frame of ``key``."""
