@@ -474,6 +474,22 @@ class TwoSessions(RuleBasedStateMachine):
         elif then == "session lost" and self._may_lose():
             self._lose_session(consumer, lost)
 
+    @precondition(lambda self: bool(self._deadlines_while_writing()))
+    @rule(data=st.data(), how=st.sampled_from(("deadline", "host finishes")))
+    def supply_while_the_round_drains(self, data: st.DataObject, how: str) -> None:
+        """A consumer gives up on a load while the producer writes into it (deadline or
+        finish); the abort reaches the producer, whose round drains its write; then the
+        producer's host supplies that round's keys again: refused at once (a failed
+        StoreResult with its reason), nothing else changes."""
+        _, _, consumer, key = data.draw(st.sampled_from(self._deadlines_while_writing()))
+        self._count_race()
+        if how == "host finishes":
+            self.world.finish(consumer, key[0])
+        else:
+            self.world.fire_timer(consumer, TimerId("load", key))
+        self._deliver_until(consumer, AbortFetch, key)
+        self._supply_round_again(consumer, key)
+
     def _supply_round_again(self, consumer: str, key: tuple[str, int]) -> None:
         """The producer's host supplies the keys of ``consumer``'s round ``key`` once
         more (the round is draining: the supply fails at once, its pins released)."""
