@@ -111,5 +111,6 @@ def test_an_executor_mutant_is_killed_by_the_node_stateful_test(name: str) -> No
     compiled(slip)
     code, first = toml_mutator.run_suite(None, EXECUTOR_SUITE, timeout=600, env={
         "P2PFSM_SLIP": json.dumps([slip.module, slip.qualname, slip.old, slip.new])})
-    assert code == 1 and "::" in first, f"{name}: {slip.old!r} -> {slip.new!r}: ({code}) {first}"
+    # Exit 1: tests ran and one failed (its first line may be a logged callback error).
+    assert code == 1, f"{name}: {slip.old!r} -> {slip.new!r} survived ({code}): {first}"
     print(f"{name}: killed by {first}")
