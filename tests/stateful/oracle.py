@@ -52,8 +52,10 @@ from p2pfsm.protocol import (
     AbortFetch,
     Connect,
     ConnectAck,
+    Disconnect,
     Fetch,
     Lookup,
+    LookupResp,
     Message,
     TransferDone,
     decode,
@@ -77,11 +79,15 @@ from p2pfsm.session import (
     Output,
     RoundEnded,
     SendFrame,
+    SendToLostPeer,
     SessionDead,
     StoreResult,
     TimerFired,
     WriteFinished,
 )
+
+_STALE = (Fetch, AbortFetch, Lookup, LookupResp, TransferDone, AbortAck)
+"""A peer's requests and responses (what a dead session answers)."""
 
 
 class OracleMismatch(AssertionError):
@@ -137,6 +143,7 @@ class ONode:
     acked_out: bool = False
     incarnation: int | None = None
     """The peer's incarnation, from its first connect."""
+    last_disconnect: float = float("-inf")
     pending_why: dict[tuple[str, int], FailReason] = field(default_factory=dict)
     """Load deadlines that fired for a round whose fetch is still queued among several
     of its request (which load it is shows when the fetch goes out)."""
@@ -234,6 +241,7 @@ class Oracle:
         self._lookup_results(peer_id, node, event, died, outputs)
         self._producer(peer_id, node, event, msg, died, outputs)
         self._handshake(peer_id, node, event, msg, outputs)
+        self._stale(peer_id, node, state_before, event, msg, outputs)
         if died:
             node.dead = True
 
@@ -547,6 +555,26 @@ class Oracle:
                       f"{known}) on a ready session: expected one SessionDead({want!r}, "
                       f"restarted_by=that connect), got {deaths}")
         self.checked["connects again"] += 1
+
+    def _stale(self, name: str, node: ONode, state_before: str, event: Input,
+               msg: Message | None, outputs: Sequence[Output]) -> None:
+        """A dead session answers a request or response of a peer that may still hold it
+        live with a disconnect, at most one a second (models/session.toml, recv_stale)."""
+        now = self.clock()
+        answered = any(isinstance(o, SendToLostPeer) and isinstance(o.message, Disconnect)
+                       for o in outputs)
+        if state_before == "dead" and isinstance(msg, _STALE):
+            since = now - node.last_disconnect
+            if since > 1.25 and not answered:  # slack: the node reads its clock apart
+                self.fail(name, event, f"a dead session left a peer's {msg.TYPE} unanswered "
+                          f"({since:.2f} s after its last disconnect)")
+            if since < 0.75 and answered:
+                self.fail(name, event, f"a dead session answered a {msg.TYPE} with a second "
+                          f"disconnect within a second ({since:.2f} s)")
+            self.checked["stale frames"] += 1
+        if any(isinstance(o, SendFrame) and isinstance(o.message, Disconnect)
+               for o in outputs):
+            node.last_disconnect = now
 
     # ---------------------------------------------------------- the end
     def check_quiet(self) -> None:
