@@ -515,6 +515,7 @@ class Node(PeerControl, NodeSessions, NodeEffects):
         if self._closed:
             return
         self._check_thread("close")
+        self._handle_all()  # calls submitted before the close are carried out first
         for peer in list(self.sessions):
             if self.sessions[peer].state not in _TERMINAL:
                 self._queue(peer, HostClose())

@@ -20,7 +20,14 @@ example starts with a fetch from each producer in flight. After every step:
   ``released``) is filled with a sentinel that must stay intact until a new fetch takes
   the block; a successful fetch's blocks hold exactly the demo blocks it named;
 * who is dialled back: no node opens a session to, or holds a connection for, an
-  identity that never completed a valid connect.
+  identity that never completed a valid connect;
+* what each host is told: every node's sessions are judged call by call by the oracle
+  of ``tests/stateful/oracle.py`` (its call hook);
+* bytes: shadow memory. A producer's region never changes; each consumer block a fetch
+  holds has, byte for byte, its sentinel or the demo block that fetch named.
+
+Fetches are started directly or submitted through ``node.threadsafe`` (some cancelled
+through the submitted future before the driving thread started them).
 
 Bounded: a few examples of a few dozen steps (``SETTINGS``), every wait has a deadline
 and names what it waited for, no sleeps, and every node and socket is closed at the end
@@ -255,6 +262,11 @@ class NodesMachine(RuleBasedStateMachine):
     def fetch(self, which: int, first: int, count: int, hold: bool, absent: bool,
               via: str = "node", cancel_at_once: bool = False) -> Fetch:
         prod = self.producers[which]
+        if prod.id == self.consumer.local_id or (via == "threadsafe" and prod.node.closed):
+            # A closed producer's port taken by the new consumer (the OS reuses it); a
+            # submitted fetch waits for a live producer only.
+            return Fetch("", prod.id, (), (), (), JobFuture(self.consumer), self.consumer,
+                         settled=True)
         count = min(count, len(self.free))
         blocks = [(first + i) % HELD for i in range(count)]
         if absent:
@@ -566,6 +578,26 @@ def test_an_abort_leaves_a_stalled_write_running() -> None:
         state.no_write_after_release()
         assert job.future.result().reason is not None
         state.teardown()
+    finally:
+        state._close_all()
+
+
+def test_a_fetch_submitted_just_before_the_node_closes_gets_its_result() -> None:
+    """A fetch submitted through ``node.threadsafe`` (and cancelled through its
+    submitted future) that the driving thread has not started when the node closes is
+    carried out by the close, and gets its one result like every job the close ends.
+    Found by this file's search: the close dropped the submitted call, and the future
+    never resolved."""
+    state = NodesMachine()
+    try:
+        job = state.fetch(which=0, first=1, count=2, hold=True, absent=False,
+                          via="threadsafe", cancel_at_once=True)
+        plain = state.fetch(which=1, first=2, count=1, hold=False, absent=False,
+                            via="threadsafe")
+        state.consumer.close(timeout=5.0)
+        assert job.future.done() and plain.future.done(), "a submitted fetch got no result"
+        state._settle()
+        assert not state.open
     finally:
         state._close_all()
 

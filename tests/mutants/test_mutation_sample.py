@@ -10,13 +10,17 @@ fail:
   as :class:`~mutants.slips.Slip` s so that CI needs no mutmut (planted in memory in the
   subprocess, never on disk);
 * model mutants: :data:`MODELS_DRAWN` of ``models/*.toml``'s mutants that the loader
-  takes, drawn with :data:`SEED` (:mod:`mutants.toml_mutator`).
+  takes, drawn with :data:`SEED` (:mod:`mutants.toml_mutator`);
+* executor mutants: the executor's slips (``catalogue.EXECUTOR_SLIPS``), each of which
+  the node-level stateful test alone (:data:`EXECUTOR_SUITE`: real nodes, ZeroMQ and
+  NIXL) must fail on.
 
 The draw is fixed, so the outcome is the same on every run.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import random
 import tempfile
@@ -27,11 +31,13 @@ import pytest
 from p2pfsm.errors import ModelError
 
 from . import toml_mutator
+from .catalogue import EXECUTOR_SLIPS
 from .slips import Slip, compiled
 
 pytestmark = pytest.mark.mutation  # .ci/run: pytest -m mutation tests/mutants
 
 SUITE = ("tests/scenarios", "tests/stateful")
+EXECUTOR_SUITE = ("tests/integration/test_node_stateful.py",)
 SEED = 0
 MODELS_DRAWN = 5
 
@@ -93,3 +99,18 @@ def test_a_model_mutant_is_killed(mutant: toml_mutator.TomlMutant) -> None:
     assert verdict.status == "killed" and "::" in verdict.by, (
         f"{mutant.name}: {verdict.status} {verdict.by}")
     print(f"{mutant.name}: killed by {verdict.by} in {verdict.seconds:.1f} s")
+
+
+@pytest.mark.parametrize("name", [e.name for e in EXECUTOR_SLIPS])
+def test_an_executor_mutant_is_killed_by_the_node_stateful_test(name: str) -> None:
+    pytest.importorskip("torch")
+    if importlib.util.find_spec("nixl") is None and importlib.util.find_spec("nixl_cu12") is None:
+        pytest.skip("NIXL is not installed (.ci/install.sh installs it)")
+    slip = next(e.slip for e in EXECUTOR_SLIPS if e.name == name)
+    assert slip is not None
+    compiled(slip)
+    code, first = toml_mutator.run_suite(None, EXECUTOR_SUITE, timeout=600, env={
+        "P2PFSM_SLIP": json.dumps([slip.module, slip.qualname, slip.old, slip.new])})
+    # Exit 1: tests ran and one failed (its first line may be a logged callback error).
+    assert code == 1, f"{name}: {slip.old!r} -> {slip.new!r} survived ({code}): {first}"
+    print(f"{name}: killed by {first}")

@@ -8,7 +8,8 @@ round of a request answered before the first, a cancelled write that still lands
 its cancel completes, the session lost while work is in flight (an abort whose write may
 still land, a draining round, a lookup whose answer the host holds back), idle time within a
 frame's lifetime while frames are on the wire, a host's lookup answer held back past the
-lookup's end, a hostile fetch naming the block one past the region; and examples start
+lookup's end, a hostile fetch naming the block one past the region, the peer's connect
+heard again (same incarnation, a new one, or none at all); and examples start
 in such contended states (:data:`CONTENDED`).
 Each example first draws a *swarm* (a random subset of the
 optional rule families, the number of request ids, whether cancelled writes land) so
@@ -21,6 +22,7 @@ What is checked is described in ``tests/stateful/world.py`` and
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from typing import Any
 
@@ -29,6 +31,7 @@ from hypothesis import note, target
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from p2pfsm.demo.blocks import demo_key
+from p2pfsm.errors import LocalProtocolError
 from p2pfsm.fsm import Tracer
 from p2pfsm.protocol import AbortAck, AbortFetch, Fetch, TransferDone, decode
 from p2pfsm.session import HostAnswerLookup, Timeouts, TimerId
@@ -93,10 +96,11 @@ class TwoSessions(RuleBasedStateMachine):
                 requests=st.integers(1, len(REQUEST_IDS)),
                 late_cancel=st.sampled_from((True, True, False)),
                 retries=st.sampled_from((0, 2, 5)),
-                contended=st.lists(st.sampled_from(CONTENDED), min_size=1, max_size=2))
+                contended=st.lists(st.sampled_from(CONTENDED), min_size=1, max_size=2),
+                incarnations=st.sampled_from((True, True, False)))
     def setup(self, faults: int, fatal: bool, handshake_first: bool, swarm: frozenset[str],
               requests: int, late_cancel: bool, retries: int,
-              contended: list[str]) -> None:
+              contended: list[str], incarnations: bool = True) -> None:
         self.tracer = Tracer()
         self.swarm = swarm
         self.rids = REQUEST_IDS[:requests]
@@ -113,6 +117,7 @@ class TwoSessions(RuleBasedStateMachine):
                                   check_rounds=self.CHECK_DESTINATIONS,
                                   cancelled_writes_land=late_cancel, retries=retries,
                                   held=HELD, parts="parts" in swarm,
+                                  incarnations=incarnations,
                                   timeouts=TIMEOUTS,
                                   tracer=self.tracer, hook=self.oracle)
         self.fault_budget = faults
@@ -442,7 +447,7 @@ class TwoSessions(RuleBasedStateMachine):
     @precondition(lambda self: bool(self._deadlines_while_writing()))
     @rule(data=st.data(), how=st.sampled_from(("deadline", "deadline", "host finishes")),
           then=st.sampled_from(("nothing", "abort_ack deadline", "abort arrives",
-                                "abort arrives", "session lost")),
+                                "abort arrives", "session lost", "abort arrives, supply")),
           lost=st.sampled_from(LOSSES))
     def give_up_while_writing(self, data: st.DataObject, how: str, then: str,
                               lost: str) -> None:
@@ -450,7 +455,8 @@ class TwoSessions(RuleBasedStateMachine):
         its deadline passes or its host finishes the request; then the abort_ack deadline
         passes too (the abort is re-sent), the abort reaches the producer (which must
         cancel and wait for the cancel before it answers), or the session is lost
-        (``lost``) while the write may still land."""
+        (``lost``) while the write may still land, or the abort arrives and the producer's
+        host supplies the round again while it drains."""
         _, _, consumer, key = data.draw(st.sampled_from(self._deadlines_while_writing()))
         self._count_race()
         if how == "host finishes":
@@ -461,10 +467,38 @@ class TwoSessions(RuleBasedStateMachine):
             timer = TimerId("abort_ack", key)
             if any(t == timer for _, _, t in self._firable(consumer)):
                 self.world.fire_timer(consumer, timer)
-        elif then == "abort arrives":
+        elif then.startswith("abort arrives"):
             self._deliver_until(consumer, AbortFetch, key)
+            if then.endswith("supply"):  # more supply for the draining round: refused
+                self._supply_round_again(consumer, key)
         elif then == "session lost" and self._may_lose():
             self._lose_session(consumer, lost)
+
+    @precondition(lambda self: bool(self._deadlines_while_writing()))
+    @rule(data=st.data(), how=st.sampled_from(("deadline", "host finishes")))
+    def supply_while_the_round_drains(self, data: st.DataObject, how: str) -> None:
+        """A consumer gives up on a load while the producer writes into it (deadline or
+        finish); the abort reaches the producer, whose round drains its write; then the
+        producer's host supplies that round's keys again: refused at once (a failed
+        StoreResult with its reason), nothing else changes."""
+        _, _, consumer, key = data.draw(st.sampled_from(self._deadlines_while_writing()))
+        self._count_race()
+        if how == "host finishes":
+            self.world.finish(consumer, key[0])
+        else:
+            self.world.fire_timer(consumer, TimerId("load", key))
+        self._deliver_until(consumer, AbortFetch, key)
+        self._supply_round_again(consumer, key)
+
+    def _supply_round_again(self, consumer: str, key: tuple[str, int]) -> None:
+        """The producer's host supplies the keys of ``consumer``'s round ``key`` once
+        more (the round is draining: the supply fails at once, its pins released)."""
+        host = self.world.hosts[consumer]
+        jobs = [j for j, r in sorted(self.world.load_round[consumer].items()) if r == key]
+        if jobs:
+            self.stats["supplies while draining"] += 1
+            with contextlib.suppress(LocalProtocolError):
+                self.world.supply(self.world.other(consumer), key[0], host.loads[jobs[-1]].key_ids)
 
     def _deliver_until(self, src: str, kind: type, key: tuple[str, int]) -> None:
         """Deliver ``src``'s frames in order up to the first ``kind`` frame of ``key``."""
@@ -726,6 +760,17 @@ class TwoSessions(RuleBasedStateMachine):
             self._deliver_one(consumer)
         if len(self.world.held) > held:
             self._end_held_lookup(self.world.held[-1], how, lost)
+
+    @precondition(lambda self: self._may_lose() and all(
+        n in self.world.connects for n in "ab"))
+    @rule(node=NODES, restarted=st.booleans())
+    def peer_connects_again(self, node: str, restarted: bool) -> None:
+        """``node`` hears its peer connect again: the same incarnation (the peer lost its
+        side and reconnects) or a new one (it restarted): ``node``'s session ends with
+        every job's result, as the oracle says (its reason names which)."""
+        self.lost = True
+        self.stats["connects again"] += 1
+        self.world.connect_again(node, restarted)
 
     @precondition(_on("malformed"))
     @rule(node=NODES, offsets=st.lists(st.integers(0, 5), min_size=1, max_size=3, unique=True),

@@ -47,7 +47,19 @@ from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from p2pfsm.protocol import AbortAck, AbortFetch, Fetch, Lookup, Message, TransferDone, decode
+from p2pfsm.protocol import (
+    AbortAck,
+    AbortFetch,
+    Connect,
+    ConnectAck,
+    Disconnect,
+    Fetch,
+    Lookup,
+    LookupResp,
+    Message,
+    TransferDone,
+    decode,
+)
 from p2pfsm.session import (
     FailReason,
     FetchArrived,
@@ -67,11 +79,15 @@ from p2pfsm.session import (
     Output,
     RoundEnded,
     SendFrame,
+    SendToLostPeer,
     SessionDead,
     StoreResult,
     TimerFired,
     WriteFinished,
 )
+
+_STALE = (Fetch, AbortFetch, Lookup, LookupResp, TransferDone, AbortAck)
+"""A peer's requests and responses (what a dead session answers)."""
 
 
 class OracleMismatch(AssertionError):
@@ -123,6 +139,14 @@ class ONode:
     """Requests the host finished -> when (the session forgets a finish after the
     tombstone lifetime, not before)."""
     dead: bool = False
+    acked_in: bool = False
+    acked_out: bool = False
+    incarnation: int | None = None
+    """The peer's incarnation, from its first connect."""
+    last_disconnect: float = float("-inf")
+    pending_why: dict[tuple[str, int], FailReason] = field(default_factory=dict)
+    """Load deadlines that fired for a round whose fetch is still queued among several
+    of its request (which load it is shows when the fetch goes out)."""
 
 
 def _message(event: Input) -> Message | None:
@@ -175,6 +199,7 @@ class Oracle:
         self.nodes: dict[str, ONode] = {} if by_peer else {n: ONode() for n in holds}
         self.calls = 0
         self.checked: Counter[str] = Counter()
+        self.tracer = None  # a node's call hook may lend its sessions a tracer: none
         self.recent: deque[tuple[str, Input, list[Output]]] = deque(maxlen=12)
 
     def other(self, node: str) -> str:
@@ -215,6 +240,8 @@ class Oracle:
         self._load_results(peer_id, node, event, msg, died, outputs)
         self._lookup_results(peer_id, node, event, died, outputs)
         self._producer(peer_id, node, event, msg, died, outputs)
+        self._handshake(peer_id, node, event, msg, outputs)
+        self._stale(peer_id, node, state_before, event, msg, outputs)
         if died:
             node.dead = True
 
@@ -249,6 +276,8 @@ class Oracle:
                     return
                 load.round = m.round_seq
                 load.sent = True
+                if (m.kv_request_id, m.round_seq) in node.pending_why:
+                    load.why = node.pending_why.pop((m.kv_request_id, m.round_seq))
             elif isinstance(m, Fetch):
                 if m.kv_request_id not in node.finished:
                     self.fail(name, event, f"a terminal fetch of {m.kv_request_id}, which "
@@ -273,9 +302,18 @@ class Oracle:
         must: set[tuple[str, int]] = set()
         if isinstance(event, TimerFired) and event.timer.kind in ("load", "abort_ack"):
             key = (str(event.timer.key[0]), int(event.timer.key[1]))
-            load = self._load_of(node, key) or next(
-                (ld for ld in node.loads.values() if not ld.sent and ld.round is None
-                 and ld.rid == key[0]), None)  # its fetch still queued
+            load = self._load_of(node, key)
+            if load is None:  # its fetch is still queued: which load is it?
+                unsent = [ld for ld in node.loads.values()
+                          if not ld.sent and ld.round is None and ld.rid == key[0]]
+                if len(unsent) > 1 or key in node.pending_why:
+                    # Known once its fetch goes out (rounds are the session's to number).
+                    if event.timer.kind == "load":
+                        if key in node.pending_why:
+                            self.fail(name, event, f"the load deadline of {key} fired twice")
+                        node.pending_why[key] = FailReason.TIMEOUT
+                    return
+                load = unsent[0] if unsent else None
             if load is None:
                 self.fail(name, event, f"a {event.timer.kind} deadline of {key}, which no "
                           "open load's fetch went out in")
@@ -486,6 +524,59 @@ class Oracle:
         if not cause_ok.get(why, False):
             self.fail(name, event, f"RoundEnded {key} why={why!r}: not this step's cause")
         self.checked["rounds ended"] += 1
+
+    # ---------------------------------------------------------- handshake
+    def _handshake(self, name: str, node: ONode, event: Input, msg: Message | None,
+                   outputs: Sequence[Output]) -> None:
+        """A peer's connect on a ready session: its incarnation says whether the peer
+        restarted (a new one) or connects again after losing its side (the same); either
+        ends the session, and says which (``SessionDead``)."""
+        if any(isinstance(m, ConnectAck) for m in _sent(outputs)):
+            node.acked_out = True
+        if isinstance(msg, ConnectAck):
+            node.acked_in = True
+        if not isinstance(msg, Connect):
+            return
+        ready = node.acked_in and node.acked_out and not node.dead
+        known, node.incarnation = node.incarnation, (
+            msg.incarnation if node.incarnation is None else node.incarnation)
+        deaths = [o for o in outputs if isinstance(o, SessionDead)]
+        if ready and (known is None or msg.incarnation is None):
+            # No incarnation to tell by: a second connect is the duplicate-connect error.
+            if any(d.restarted_by is not None for d in deaths):
+                self.fail(name, event, f"a second connect without incarnations taken for "
+                          f"a restart or a reconnect: {deaths}")
+            return
+        if not ready:
+            return
+        want = "peer restarted" if msg.incarnation != known else "peer reconnected"
+        if len(deaths) != 1 or deaths[0].reason != want or deaths[0].restarted_by != msg:
+            self.fail(name, event, f"a connect of incarnation {msg.incarnation} (known "
+                      f"{known}) on a ready session: expected one SessionDead({want!r}, "
+                      f"restarted_by=that connect), got {deaths}")
+        self.checked["connects again"] += 1
+
+    def _stale(self, name: str, node: ONode, state_before: str, event: Input,
+               msg: Message | None, outputs: Sequence[Output]) -> None:
+        """A dead session answers a request or response of a peer that may still hold it
+        live with a disconnect, at most one a second (models/session.toml, recv_stale)."""
+        now = self.clock()
+        answered = any(isinstance(o, SendToLostPeer) and isinstance(o.message, Disconnect)
+                       for o in outputs)
+        if state_before == "dead" and isinstance(msg, _STALE) and not self.by_peer:
+            # (Simulated sessions only: a real node's clock is read apart from its
+            # session's, and its control plane may answer a lost peer itself.)
+            since = now - node.last_disconnect
+            if since > 1.25 and not answered:  # slack: the node reads its clock apart
+                self.fail(name, event, f"a dead session left a peer's {msg.TYPE} unanswered "
+                          f"({since:.2f} s after its last disconnect)")
+            if since < 0.75 and answered:
+                self.fail(name, event, f"a dead session answered a {msg.TYPE} with a second "
+                          f"disconnect within a second ({since:.2f} s)")
+            self.checked["stale frames"] += 1
+        if any(isinstance(o, SendFrame) and isinstance(o.message, Disconnect)
+               for o in outputs):
+            node.last_disconnect = now
 
     # ---------------------------------------------------------- the end
     def check_quiet(self) -> None:

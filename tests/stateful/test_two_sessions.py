@@ -16,6 +16,10 @@ channels that may lose frames or be cut:
 * a supply for a request whose consumer finished it (its terminal fetch arrived) has its
   result in that step, its pins released, instead of waiting for the store deadline;
 * a malformed frame changes nothing.
+* the oracle (tests/stateful/oracle.py), on every session call: each result, its
+  reason and whether it is released, each round notice and how often, the frames that
+  go out, and how a session ends when its peer connects again, as a reference model
+  written from the models' tables predicts them.
 Checked once the run is quiet (faults off, everything delivered, timers fired):
 * every job has exactly one result, every pin is released, no machine is left open.
 

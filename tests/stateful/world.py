@@ -34,12 +34,13 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
 from p2pfsm.demo.blocks import demo_key
 from p2pfsm.errors import LocalProtocolError
-from p2pfsm.protocol import AbortAck, AbortFetch, Fetch, TransferDone, decode, encode
+from p2pfsm.protocol import AbortAck, AbortFetch, Connect, Fetch, TransferDone, decode, encode
 from p2pfsm.session import (
     FrameReceived,
     HostAnswerLookup,
@@ -60,6 +61,7 @@ class CheckedWorld(SimWorld):
             duplicated or reordered: the wire cannot tell generations apart then).
         retries: how many failed loads the host loads again at once, same request and
             keys (a host reusing a request id: a new round right after the old one ended).
+        incarnations: both sessions carry one (else neither does, as a vLLM peer).
         parts: both producers answer lookups in parts (``answer_lookups_in_parts``) and
             each host finds a lookup's first held key at once and the others only when
             :meth:`resolve_deferred` says so (the keys stay pending until then, or until
@@ -68,7 +70,7 @@ class CheckedWorld(SimWorld):
     """
 
     def __init__(self, seed: int = 0, *, check_rounds: bool = True, retries: int = 0,
-                 parts: bool = False, **kwargs: Any) -> None:
+                 parts: bool = False, incarnations: bool = True, **kwargs: Any) -> None:
         self.check_rounds = check_rounds
         self.retries = retries
         self.parts = parts
@@ -77,8 +79,17 @@ class CheckedWorld(SimWorld):
         self.hold_next: dict[str, list[bool]] = {"a": [], "b": []}
         """Per producer, in lookup order: whether its host holds that answer back."""
         self.deferred: list[tuple[str, int, dict[bytes, int]]] = []
-        if parts:
-            kwargs["configs"] = {n: {"answer_lookups_in_parts": True} for n in self.NODES}
+        # Both carry an incarnation, so that a peer's connect again is told apart from
+        # a restart (``connect_again``).
+        configs: dict[str, dict[str, object]] = {
+            n: {"incarnation": 7 + i} if incarnations else {}
+            for i, n in enumerate(self.NODES)}
+        for n in self.NODES:
+            if parts:
+                configs[n]["answer_lookups_in_parts"] = True
+        kwargs["configs"] = configs
+        self.connects: dict[str, Connect] = {}
+        """The connect each node sent."""
         self._retry: list[tuple[str, str, tuple[int, ...]]] = []
         self.ghosts: dict[tuple[str, str], list[int | None]] = {("a", "b"): [], ("b", "a"): []}
         self.served: dict[str, dict[tuple[str, int], int | None]] = {"a": {}, "b": {}}
@@ -110,6 +121,8 @@ class CheckedWorld(SimWorld):
 
     def send_frame(self, peer: str, out: SendFrame) -> None:
         msg = out.message
+        if isinstance(msg, Connect):
+            self.connects.setdefault(peer, msg)
         if self.check_rounds and isinstance(msg, Fetch) and msg.keys:
             self._check_round_fresh(peer, msg)
         super().send_frame(peer, out)
@@ -150,6 +163,16 @@ class CheckedWorld(SimWorld):
                     raise SafetyViolation(
                         f"{node}: fetch {key[0]}/{key[1]} reused a round whose {old.TYPE} "
                         "is still on the wire (its reply would be taken for the new round's)")
+
+    def connect_again(self, node: str, restarted: bool) -> None:
+        """``node`` hears its peer's connect once more: of the same incarnation (the peer
+        lost its side of the session and connects again) or of a new one (it
+        restarted). Either ends ``node``'s session with every job's result. Without
+        incarnations it is the same connect again."""
+        first = self.connects[self.other(node)]
+        again = first if first.incarnation is None else replace(
+            first, incarnation=first.incarnation + restarted)
+        self.inject(node, encode(again))
 
     def drop(self, src: str, index: int = 0) -> None:
         super().drop(src, index)
