@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import zmq
 from hostile.wire import demo_block, demo_key, fetch_msg, pack
 from test_vllm_hostile import (  # type: ignore[import-not-found]
     RSS_BOUND,
@@ -180,15 +181,19 @@ def _flood(seconds: float) -> Callable[[Attack, Any, Result], None]:
             flooders.append((p, plane))
         keys = [demo_key(b) for b in range(BLOCKS)]
         stop = threading.Event()
-        served = {"fetches": 0, "done": 0, "ok": 0}
+        served = {"fetches": 0, "queue full": 0, "done": 0, "ok": 0}
 
         def run() -> None:  # the flooders' sockets and agents are used by this thread only
             n = 0
             while not stop.is_set():
                 for p, plane in flooders:
                     n += 1
-                    p.send(fetch_msg(f"flood-{n}", keys, list(range(BLOCKS))))
-                    served["fetches"] += 1
+                    try:  # never blocks: a full queue (the node reads its share) skips
+                        p.dealer.send(pack(fetch_msg(f"flood-{n}", keys, list(range(BLOCKS)))),
+                                      zmq.NOBLOCK)
+                        served["fetches"] += 1
+                    except zmq.Again:
+                        served["queue full"] += 1
                     plane.progress()
                     while (msg := p.recv(0)) is not None:
                         if msg.get("type") == "transfer_done":
