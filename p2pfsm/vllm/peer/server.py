@@ -31,10 +31,7 @@ from p2pfsm.vllm.peer.common import (
     session_kind,
     wait_for_frames,
 )
-from p2pfsm.vllm.peer.recording import MAX_FRAMES, RecordingConnection, Trace
-
-MAX_RECORDS = 10 * MAX_FRAMES
-"""Events and store results the server records; a flood past it is not recorded."""
+from p2pfsm.vllm.peer.recording import RecordingConnection, Trace
 
 
 class DemoStore:
@@ -55,10 +52,7 @@ class DemoStore:
             self.region[i] = np.frombuffer(demo_block(i, self.block_len), dtype=np.uint8)
 
     def seen(self, request: str) -> float:
-        """When the server first saw ``request`` (now, the first time it is asked); kept
-        only while some keys are held back (nothing else reads it)."""
-        if not self.held_back:
-            return time.monotonic()
+        """When the server first saw ``request`` (now, the first time it is asked)."""
         return self.first_seen.setdefault(request, time.monotonic())
 
     def holds(self, key: bytes) -> bool:
@@ -133,8 +127,6 @@ class Server:
         return self.job
 
     def note(self, what: str, **fields: Any) -> None:
-        if len(self.events) >= MAX_RECORDS:  # a flooding peer: the harness stays bounded
-            return
         self.events.append({"event": what, "t_ms": round((time.monotonic() - self.t0) * 1000, 1),
                             **fields})
 
@@ -162,7 +154,7 @@ class Server:
             trace.polled(session, result)
             for kv in result.new_fetch_ids:
                 self.on_fetch(peer, session, rec, kv)
-            for store in result.stores[:max(0, MAX_RECORDS - len(self.store_results))]:
+            for store in result.stores:
                 self.store_results.append({"job_id": store.job_id, "success": store.success})
             session.serve_external_requests(self.parent)
             trace.observe(session)
@@ -173,7 +165,7 @@ class Server:
 
     def on_fetch(self, peer: str, session: P2PSession, rec: RecordingConnection,
                  kv: str) -> None:
-        keys = [OffloadKey(k) for k in rec.fetches.pop(kv, [])]
+        keys = [OffloadKey(k) for k in rec.fetches.get(kv, [])]
         if not keys:
             self.note("fetch_terminal_empty", peer_id=peer, kv_request_id=kv)
             return
@@ -189,9 +181,6 @@ class Server:
             session.add_stored_blocks(kv, held, idxs, job)
             self.note("add_stored_blocks", kv_request_id=kv, job_id=job, blocks=idxs,
                       why="fetch")
-        if not waiting and (self.args.finish_after is None
-                            or not kv.startswith(self.args.finish_prefix)):
-            return  # nothing left to do for it (every step walks the demands)
         self.demands[(peer, kv)] = {"t": time.monotonic(), "waiting": waiting,
                                     "finished": False,
                                     "late_at": self.store.seen(request) + self.args.late_after}
