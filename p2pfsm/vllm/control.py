@@ -106,7 +106,7 @@ class PlaneTransport(ControlTransport):  # type: ignore[misc]
             connect_timeout_ms=_env_int(ENV_CONNECT_TIMEOUT, 10_000),
             dial_back_check=_is_connect_from, dial_back_any_host=cfg.dial_back_any_host,
             max_pending=cfg.max_pending, max_new_peers_per_s=_env_int(ENV_RATE, 500),
-            curve=curve)
+            max_batch=guard.FRAMES_PER_POLL, curve=curve)
         if self._plane.local_id != local_id:
             self._plane.close()
             raise ValueError(f"PlaneTransport: bound as {self._plane.local_id}, "

@@ -55,8 +55,13 @@ ENV_MAX_FRAME = "P2PFSM_VLLM_MAX_FRAME_BYTES"
 ENV_MAX_BLOCKS = "P2PFSM_VLLM_MAX_PEER_BLOCKS"
 ENV_ANY_HOST = "P2PFSM_VLLM_DIAL_BACK_ANY_HOST"
 ENV_GUARD = "P2PFSM_VLLM_GUARD"
-FRAMES_PER_POLL = 10_000
-"""Most frames one poll reads off the ROUTER; the rest wait for the next poll."""
+FRAMES_PER_POLL = 256
+"""Most frames one poll reads off the ROUTER; the rest wait in ZeroMQ's per-peer queues
+(bounded by their high-water marks) for the next poll. vLLM's tier manager handles what
+one poll read before it polls again, so this bounds one tick's work: a peer flooding
+frames is read in turn with every other (the ROUTER queues per peer, fairly) instead of
+making each tick, and with it a newcomer's handshake, wait behind thousands of its
+frames."""
 
 
 @dataclass(frozen=True)

@@ -1,18 +1,23 @@
-"""The own-agent refusal on vLLM's ``NixlTransport``, turned on by :func:`p2pfsm.vllm.install`.
+"""Agent refusals on vLLM's ``NixlTransport``, turned on by :func:`p2pfsm.vllm.install`.
 
 A connect carrying this node's own NIXL agent metadata (under its name or renamed) makes
-vLLM's ``NixlTransport`` register the node as its own peer: a fetch then writes the node's
-blocks over its own blocks, and the store reports a success. Which metadata a data
-transport accepts is that transport's decision, so the refusal lives here, on the NIXL
-transport, and not in the session (which serves any ``DataTransport``). :func:`install`
-wraps ``NixlTransport.add_remote_peer_async`` (vLLM's ``add_remote_peer`` goes through
-it) so that metadata describing the transport's own agent gives a failed future, which
-the session takes as a failed registration; everything else goes to vLLM's method as it
-is (metadata that is not NIXL's included: vLLM's transport refuses what NIXL cannot
-load). p2pfsm's own data transport (the full install, :mod:`p2pfsm.vllm.data`) refuses
-the same in its :class:`~p2pfsm.executor.nixl_plane.DataPlane`, and a transport of
-another kind decides for itself. Nothing is patched at import time; :func:`uninstall`
-puts vLLM's method back.
+vLLM's ``NixlTransport`` register the node as its own peer: a fetch then writes the
+node's blocks over its own blocks, and the store reports a success. A connect carrying
+another registered peer's agent (a victim's metadata, ``base_addr`` and ``num_blocks``)
+makes it write into the victim's memory on the sender's behalf, and the sender's removal
+unloads the victim's agent. Which metadata a data transport accepts is that transport's
+decision, so the refusals live here, on the NIXL transport, and not in the session
+(which serves any ``DataTransport``). :func:`install` wraps
+``NixlTransport.add_remote_peer_async`` (vLLM's ``add_remote_peer`` goes through it):
+metadata describing the transport's own agent, or an agent another peer id registered or
+is registering on it, gives a failed future, which the session takes as a failed
+registration; ``remove_remote_peer`` frees a peer id's claim. Everything else goes to
+vLLM's method as it is (metadata that is not NIXL's included: vLLM's transport refuses
+what NIXL cannot load). p2pfsm's own data transport (the full install,
+:mod:`p2pfsm.vllm.data`) refuses the same in its
+:class:`~p2pfsm.executor.nixl_plane.DataPlane`, and a transport of another kind decides
+for itself. Nothing is patched at import time; :func:`uninstall` puts vLLM's methods
+back.
 """
 
 from __future__ import annotations
@@ -22,10 +27,11 @@ from concurrent.futures import Future
 from typing import Any
 
 from p2pfsm.errors import TransportError
-from p2pfsm.executor.nixl_agent import describes_same_agent
+from p2pfsm.executor.nixl_agent import agent_name_of, describes_same_agent
 
 NIXL_MODULE = "vllm.v1.kv_offload.tiering.p2p.data.nixl"
 OWN_AGENT = "peer metadata describes this node's own NIXL agent"
+OTHER_PEER = "peer metadata describes a NIXL agent registered under another peer id"
 
 _originals: dict[str, Any] = {}
 
@@ -39,16 +45,58 @@ def own_agent(metadata: bytes, own: bytes) -> bool:
         return False
 
 
+def _claims(transport: Any) -> dict[str, bytes]:
+    """The NIXL metadata each peer id registered (or is registering) on ``transport``."""
+    claims = transport.__dict__.get("_p2pfsm_claims")
+    if claims is None:
+        claims = transport.__dict__["_p2pfsm_claims"] = {}
+    return claims  # type: ignore[no-any-return]
+
+
+def _refused(reason: str) -> Future[None]:
+    refused: Future[None] = Future()
+    refused.set_exception(TransportError(reason))
+    return refused
+
+
 def _add_remote_peer_async(self: Any, peer_id: str, agent_metadata: bytes, base_addr: int,
                            num_blocks: int, block_len: int) -> Future[None]:
-    """vLLM's registration, refused for this transport's own agent (module docstring)."""
-    if own_agent(agent_metadata, self.get_agent_metadata()):
-        refused: Future[None] = Future()
-        refused.set_exception(TransportError(OWN_AGENT))
-        return refused
+    """vLLM's registration, refused for this transport's own agent and for an agent
+    another peer id registered (module docstring)."""
+    metadata = bytes(agent_metadata)
+    if own_agent(metadata, self.get_agent_metadata()):
+        return _refused(OWN_AGENT)
+    claims = _claims(self)
+    taken = next((p for p, m in claims.items() if p != peer_id and own_agent(metadata, m)),
+                 None)
+    if taken is not None:
+        return _refused(f"{OTHER_PEER} ({taken})")
     future: Future[None] = _originals["add_remote_peer_async"](
         self, peer_id, agent_metadata, base_addr, num_blocks, block_len)
+    if is_nixl(metadata):
+        claims[peer_id] = metadata
+
+        def settle(done: Future[None]) -> None:  # a failed registration claims nothing
+            if done.exception() is not None and claims.get(peer_id) is metadata:
+                del claims[peer_id]
+
+        future.add_done_callback(settle)
     return future
+
+
+def _remove_remote_peer(self: Any, peer_id: str) -> None:
+    """vLLM's removal; the peer id's agent is free for another peer id again."""
+    _claims(self).pop(peer_id, None)
+    _originals["remove_remote_peer"](self, peer_id)
+
+
+def is_nixl(metadata: bytes) -> bool:
+    """Whether ``metadata`` is NIXL's serialised agent metadata."""
+    try:
+        agent_name_of(metadata)
+    except TransportError:
+        return False
+    return True
 
 
 def install() -> None:
@@ -56,8 +104,11 @@ def install() -> None:
     if _originals:
         return
     module: Any = importlib.import_module(NIXL_MODULE)
-    _originals["add_remote_peer_async"] = module.NixlTransport.add_remote_peer_async
-    module.NixlTransport.add_remote_peer_async = _add_remote_peer_async
+    cls = module.NixlTransport
+    _originals.update(add_remote_peer_async=cls.add_remote_peer_async,
+                      remove_remote_peer=cls.remove_remote_peer)
+    cls.add_remote_peer_async = _add_remote_peer_async
+    cls.remove_remote_peer = _remove_remote_peer
 
 
 def uninstall() -> None:
@@ -66,6 +117,7 @@ def uninstall() -> None:
         return
     module: Any = importlib.import_module(NIXL_MODULE)
     module.NixlTransport.add_remote_peer_async = _originals.pop("add_remote_peer_async")
+    module.NixlTransport.remove_remote_peer = _originals.pop("remove_remote_peer")
 
 
 def installed() -> bool:

@@ -132,7 +132,10 @@ class PeerProcess:
                                          stdin=subprocess.DEVNULL, env=env)
 
     def lines(self) -> list[str]:
-        return self.out_path.read_text(errors="replace").splitlines()
+        """The complete lines written so far (a last one still being written is left
+        for the next read)."""
+        text = self.out_path.read_text(errors="replace")
+        return text[:text.rfind("\n") + 1].splitlines()
 
     def records(self, kind: str | None = None) -> list[dict[str, Any]]:
         out = []

@@ -11,6 +11,9 @@ from typing import Any
 from vllm.v1.kv_offload.tiering.p2p.control.base import ControlConnection
 from vllm.v1.kv_offload.tiering.p2p.session import P2PSession
 
+MAX_FRAMES = 10_000
+"""Frames recorded per connection; a peer that sends more (a flood) is counted only."""
+
 
 def summarize(msg: Any) -> dict[str, Any]:
     """One control frame, as the test wants to see it (no NIXL blob, no key bytes)."""
@@ -34,11 +37,15 @@ class RecordingConnection(ControlConnection):  # type: ignore[misc]
         super().__init__(inner.peer_id)
         self.inner = inner
         self.frames: list[dict[str, Any]] = []
+        self.dropped = 0  # frames past MAX_FRAMES, not recorded
         self.fetches: dict[str, list[bytes]] = {}
         self.lookups: set[str] = set()
         self.t0 = time.monotonic()
 
     def _note(self, way: str, msg: Any) -> None:
+        if len(self.frames) >= MAX_FRAMES:  # a flooding peer: the harness stays bounded
+            self.dropped += 1
+            return
         entry = summarize(msg)
         entry["dir"] = way
         entry["t_ms"] = round((time.monotonic() - self.t0) * 1000, 1)
@@ -58,8 +65,10 @@ class RecordingConnection(ControlConnection):  # type: ignore[misc]
             self._note("in", msg)
             if isinstance(msg, dict) and isinstance(msg.get("kv_request_id"), str):
                 rid = msg["kv_request_id"]
-                if msg.get("type") == "fetch" and isinstance(msg.get("keys"), list):
-                    self.fetches[rid] = [bytes(k) for k in msg["keys"]]
+                keys = msg.get("keys")
+                if (msg.get("type") == "fetch" and isinstance(keys, list)
+                        and all(isinstance(k, bytes) for k in keys)):  # a hostile peer's
+                    self.fetches[rid] = list(keys)  # malformed keys are the session's to refuse
                 elif msg.get("type") == "lookup":
                     self.lookups.add(rid)
         return msgs
@@ -101,6 +110,9 @@ class Trace:
                     self.transitions.append(["death_reason", session.death_reason])
 
     def polled(self, session: P2PSession, result: Any) -> None:
+        if len(self.loads) + len(self.stores) + len(self.new_fetch_ids) >= MAX_FRAMES:
+            self.observe(session)  # a flooding peer: its results are not recorded
+            return
         self.loads += [[self.job(r.job_id), bool(r.success)] for r in result.loads]
         self.stores += [[self.job(r.job_id), bool(r.success)] for r in result.stores]
         self.new_fetch_ids += list(result.new_fetch_ids)
