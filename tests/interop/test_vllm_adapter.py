@@ -509,9 +509,11 @@ INTENDED: dict[tuple[str, str, str], str] = {
     ("client", "kill", "close"): "A peer dies with a load in flight",
     ("server", "abort", "stores"): "Supply of a round that ended without success",
     ("server", "finish", "stores"): "Supply of a round that ended without success",
+    ("server", "kill", "stores"): "Supply of a round that ended without success",
 }
-if VLLM_RELEASE != "0.34.0":  # 0.34.0 fails that store too (its close retains, then fails)
-    INTENDED[("server", "kill", "stores")] = "Supply of a round that ended without success"
+# Intended differences that vLLM 0.34.0 shows in some runs only: it fails that store too
+# when the consumer's death reaches it before the write's completion (a race in vLLM).
+RACY = {("server", "kill", "stores")} if VLLM_RELEASE == "0.34.0" else set()
 # Both kinds: a session's end. vLLM keeps ``ready`` True once the session died, the
 # adapter lets it fall with ``alive`` (row "ready after the end"); a clean disconnect reads
 # "peer disconnected" or "control connection lost" in both, depending on whether the
@@ -558,6 +560,8 @@ def compare(role: str, name: str, stock: dict[str, Any], adapter: dict[str, Any]
     for field_ in sorted(set(stock) | set(adapter)):
         same = stock.get(field_) == adapter.get(field_)
         row = INTENDED.get((role, name, field_))
+        if row is not None and (role, name, field_) in RACY:
+            continue  # either outcome is vLLM's
         if row is not None and same:
             wrong.append(f"{role} {name} {field_}: the intended difference ({row!r}) is "
                          "gone: update docs/vllm.md and INTENDED")
