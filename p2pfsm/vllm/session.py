@@ -17,19 +17,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import Any
 
-import msgspec
-from vllm import envs
 from vllm.v1.kv_offload.base import LookupResult as VllmLookup
 from vllm.v1.kv_offload.base import ReqContext
-from vllm.v1.kv_offload.tiering.p2p.session import client as vllm_client
-from vllm.v1.kv_offload.tiering.p2p.session import server as vllm_server
 from vllm.v1.kv_offload.tiering.p2p.session.client import LoadResult as VllmLoadResult
-from vllm.v1.kv_offload.tiering.p2p.session.protocol import TYPE_KEY, FetchMsg
 from vllm.v1.kv_offload.tiering.p2p.session.server import StoreResult as VllmStoreResult
 
 from p2pfsm.errors import LocalProtocolError
@@ -62,12 +57,29 @@ from p2pfsm.session import (
     StartRegistration,
     StartWrite,
     StoreResult,
-    Timeouts,
     TimerFired,
     TransportLost,
     WriteFinished,
 )
-from p2pfsm.vllm import guard, releases
+from p2pfsm.vllm import guard
+from p2pfsm.vllm.aborts import Aborts
+from p2pfsm.vllm.load_ends import LoadEnds
+from p2pfsm.vllm.surface import (
+    RELEASE,
+    Served,
+    ServerRoleView,
+    SessionCloseResult,
+    SessionPollResult,
+    fetch_of,
+    indexes_of,
+    keys_of,
+    p2p_load_timeout,
+    pack,
+    stall_timeout,
+    stalled,
+    timeouts_from_vllm,
+    vllm_load,
+)
 
 log = logging.getLogger(__name__)
 
@@ -77,87 +89,7 @@ CONN_LOST = "control connection lost"
 """vLLM's own wording for a connection its transport marked dead (the death reason)."""
 ABORT_ACK_LOST = "abort ack timed out"
 """vLLM's wording for a session ended by a missing abort_ack (where the release does so)."""
-RELEASE = releases.installed()
-"""The installed vLLM release: the behaviour this module mirrors."""
-
-
-class SessionPollResult(NamedTuple):
-    """One poll's news, as vLLM's manager reads it."""
-
-    loads: list[VllmLoadResult]
-    stores: list[VllmStoreResult]
-    new_fetch_ids: list[str]
-    terminal_fetch_ids: frozenset[str] = frozenset()
-    """Ids whose latest fetch this poll was the terminal (empty) one."""
-
-
-class SessionCloseResult(NamedTuple):
-    """What close() leaves the manager to fail or release, as vLLM's manager reads it."""
-
-    failed_jobs: list[int]
-    failed_req_ids: list[str]
-    failed_stores: list[int]
-    failed_serves: list[ReqContext]
-    retained: Mapping[int, frozenset[int]] = MappingProxyType({})
-    """Transfers still running at close -> the store jobs they read (left pinned; the
-    release's manager holds them until the transport retires them)."""
-
-
-class StoreDrainResult(NamedTuple):
-    """What drain_stores() failed, as vLLM's manager reads it."""
-
-    stores: list[VllmStoreResult]
-    reaped_pd_ids: set[str]
-
-
-def timeouts_from_vllm() -> Timeouts:
-    """vLLM's deadlines as they are now (a test may have patched its module constants);
-    the load timeout is the release's PD one (see :func:`p2p_load_timeout`)."""
-    return Timeouts(handshake=float(envs.VLLM_P2P_HANDSHAKE_TIMEOUT_S),
-                    load=float(getattr(vllm_client, RELEASE.pd_load_timeout)),
-                    abort_ack=float(vllm_client._ABORT_ACK_TIMEOUT_S),
-                    lookup=float(vllm_client._LOOKUP_TIMEOUT_S),
-                    store=float(vllm_server._STORE_TIMEOUT_S),
-                    lookup_pending=float(vllm_server._LOOKUP_PENDING_TIMEOUT_S))
-
-
-def p2p_load_timeout() -> float:
-    """The load timeout of a fetch of an id that ran lookups (symmetric P2P)."""
-    return float(getattr(vllm_client, RELEASE.p2p_load_timeout))
-
-
-def stall_timeout() -> float | None:
-    """The producer's transfer stall timeout in seconds, or None (none, or disabled)."""
-    if RELEASE.stall_timeout_env is None:
-        return None
-    value = float(getattr(envs, RELEASE.stall_timeout_env))
-    return value if value > 0 else None
-
-
-class _Served:
-    """A peer's lookup being answered from the tier manager (``serve_external_requests``)."""
-
-    def __init__(self, req: LookupRequest, ctx: ReqContext) -> None:
-        self.req = req
-        self.ctx = ctx
-        self.asked = False
-        self.pending: set[bytes] = set(req.keys)
-
-
-class _ServerRoleView:
-    """The one piece of vLLM's server role its tier manager reads from outside:
-    ``shutdown()`` drains ``session._server._inflight``, the transport ids of the writes
-    still reading our blocks, before it closes the data transport."""
-
-    def __init__(self, by_tid: dict[int, int]) -> None:
-        self._inflight: Mapping[int, int] = MappingProxyType(by_tid)
-
-    @property
-    def has_inflight_transfers(self) -> bool:
-        return bool(self._inflight)
-
-
-class P2PSession(Executor):
+class P2PSession(LoadEnds, Executor):
     """One peer's session, both roles, with the installed vLLM's constructor and surface
     (``RELEASE``: the methods and result fields of every supported release exist; their
     behaviour is the installed release's)."""
@@ -184,7 +116,7 @@ class P2PSession(Executor):
         self._registration: Future[None] | None = None
         self._writes: dict[int, int] = {}  # session xfer -> transport transfer id
         self._by_tid: dict[int, int] = {}  # transport transfer id -> session xfer
-        self._server = _ServerRoleView(self._by_tid)
+        self._server = ServerRoleView(self._by_tid)
         self._posted = False  # a write was posted during the current _feed
         # Queues the Session's inputs and carries out its outputs through the methods below.
         self._driver = Driver(self, time.monotonic)
@@ -195,7 +127,7 @@ class P2PSession(Executor):
         self._probes: dict[str, dict[bytes, bool | None]] = {}
         self._unsent: dict[str, list[bytes]] = {}
         self._lookup_keys: dict[str, list[tuple[bytes, ...]]] = {}
-        self._served: dict[int, _Served] = {}
+        self._served: dict[int, Served] = {}
         self._finished_ctxs: list[ReqContext] = []
         self._held: list[Input] = []  # host calls made before a connection is attached
         self._death_reason: str | None = None
@@ -209,9 +141,7 @@ class P2PSession(Executor):
         self._probed: set[str] = set()  # ids that ran lookups: their loads are symmetric P2P
         self._p2p_due: dict[int, float] = {}  # P2P load job -> its (shorter) deadline
         self._finished_jobs: set[int] = set()  # load jobs whose request the host finished
-        self._aborts: dict[tuple[str, int], int | None] = {}  # aborted round -> its job
-        self._abort_of: dict[int, tuple[str, int]] = {}  # load job -> its aborted round
-        self._deferred: dict[int, threading.Event] = {}  # failed load job -> its release
+        self._aborts = Aborts()  # aborted rounds; loads reported failed, not yet released
         self._write_at: dict[int, float] = {}  # session xfer -> when it was posted
         self._terminal: set[str] = set()
         if conn is not None:
@@ -237,7 +167,7 @@ class P2PSession(Executor):
         """As vLLM's: a registration running, a load not yet released (reported or not),
         or a write in flight. Open lookups and pinned supply are not pending work."""
         return (self._registration is not None or bool(self._writes)
-                or bool(self._load_reqs) or bool(self._deferred))
+                or bool(self._load_reqs) or self._aborts.waiting)
 
     @property
     def death_reason(self) -> str:
@@ -271,12 +201,12 @@ class P2PSession(Executor):
         self._load_reqs[job_id] = kv_request_id
         if kv_request_id in self._probed and self._p2p_load_s < self._session.config.timeouts.load:
             self._p2p_due[job_id] = time.monotonic() + self._p2p_load_s
-        self._host(HostFetch(job_id, kv_request_id, _keys(keys), _indexes(block_ids)))
+        self._host(HostFetch(job_id, kv_request_id, keys_of(keys), indexes_of(block_ids)))
 
     def add_stored_blocks(self, kv_request_id: str, keys: Sequence[bytes],
                           block_ids: Sequence[int], job_id: int) -> None:
         """Offer stored blocks to the peer (one StoreResult in a later poll)."""
-        self._host(HostSupply(job_id, kv_request_id, _keys(keys), _indexes(block_ids)))
+        self._host(HostSupply(job_id, kv_request_id, keys_of(keys), indexes_of(block_ids)))
 
     def finish_request(self, kv_request_id: str) -> None:
         """The request is over here, in both roles (no-op for an unknown id)."""
@@ -288,32 +218,6 @@ class P2PSession(Executor):
             self._loads = [r._replace(request_finished=True)
                            if r.kv_request_id == kv_request_id else r for r in self._loads]
         self._host(HostFinish(kv_request_id))
-
-    def abort_loads(self) -> None:
-        """Abort every load still open (a cache reset): each is ended as a finish of its
-        request would end it, so it is reported failed at once where the release does
-        so, its destination released on abort_ack, transfer_done or close."""
-        for kv_request_id in dict.fromkeys(self._load_reqs.values()):
-            self._host(HostFinish(kv_request_id))
-
-    def drain_stores(self, kv_request_ids: Iterable[str] | None = None) -> StoreDrainResult:
-        """Withdraw our supply (of ``kv_request_ids``, else of every request the peer
-        asked of us): each round is ended as a finish of its request ends it, the store
-        jobs with nothing in flight fail now, and the PD ids among them are named."""
-        rounds = self._session.producer.rounds
-        ids = list(rounds) if kv_request_ids is None else list(kv_request_ids)
-        mark = len(self._stores)
-        reaped: set[str] = set()
-        for kv_request_id in ids:
-            serving = rounds.get(kv_request_id)
-            if not serving:
-                continue
-            if any(r.origin == "host" for r in serving.values()):
-                reaped.add(kv_request_id)
-            self._host(HostFinish(kv_request_id))
-        stores = self._stores[mark:]
-        del self._stores[mark:]
-        return StoreDrainResult(stores, reaped)
 
     def register_lookup(self, kv_request_id: str, key: bytes) -> bool | None:
         """The peer's answer for ``key`` once known; None (and the key queued) before."""
@@ -347,7 +251,7 @@ class P2PSession(Executor):
         for ctx in finished:
             parent.on_request_finished(ctx)
 
-    def _ask(self, token: int, served: _Served, parent: Any) -> None:
+    def _ask(self, token: int, served: Served, parent: Any) -> None:
         hits: list[bytes] = []
         pending: set[bytes] = set()
         for key in [k for k in served.req.keys if k in served.pending]:
@@ -377,7 +281,7 @@ class P2PSession(Executor):
                 self._last_activity_at = time.monotonic()
             for msg in messages:
                 self._note_fetch(msg)
-                self._feed(FrameReceived(_pack(msg)))
+                self._feed(FrameReceived(pack(msg)))
             self._poll_registration()
             self._poll_writes()
             now = time.monotonic()
@@ -394,30 +298,14 @@ class P2PSession(Executor):
         return SessionPollResult(loads, stores, fetch_ids, terminal)
 
     def _note_fetch(self, msg: object) -> None:
-        """A fetch frame names its id among the poll's new fetch ids (a terminal one,
-        which the Session answers without the host, among the terminal ones too)."""
-        if not isinstance(msg, dict) or msg.get(TYPE_KEY) != FetchMsg.TYPE:
-            return
-        kv_request_id = msg.get(FetchMsg.KV_REQUEST_ID)
-        if not isinstance(kv_request_id, str):
-            return
-        if msg.get(FetchMsg.BLOCK_INDEXES):
-            self._terminal.discard(kv_request_id)
-        else:
-            self._terminal.add(kv_request_id)
-            self._fetch_ids.append(kv_request_id)
-
-    def _expire_p2p_loads(self, now: float) -> None:
-        """A symmetric P2P load past the release's shorter load timeout is ended as a
-        finish of its request would end it (abort_fetch on the wire, as the timeout's)."""
-        if not self._p2p_due:
-            return
-        due = [job for job, at in self._p2p_due.items() if at <= now]
-        for job in due:
-            del self._p2p_due[job]
-            kv_request_id = self._load_reqs.get(job)
-            if kv_request_id is not None:
-                self._host(HostFinish(kv_request_id))
+        """A terminal fetch (the Session answers it without the host) is among the
+        poll's new fetch ids and its terminal ones; a later full fetch of the id is not."""
+        fetch = fetch_of(msg)
+        if fetch is not None and fetch[1]:
+            self._terminal.add(fetch[0])
+            self._fetch_ids.append(fetch[0])
+        elif fetch is not None:
+            self._terminal.discard(fetch[0])
 
     def close(self) -> SessionCloseResult:
         """End the session: every open job's result, and what the manager must release.
@@ -455,7 +343,8 @@ class P2PSession(Executor):
                             xfer)
                 self._finish_write(xfer, False)
         if self._release.close_releases_destinations:
-            self._release_all_deferred()
+            for job in self._aborts.release_all():  # vLLM's rule; see _release_notice
+                log.debug("P2PSession %s: load %d released at close", self.peer_id, job)
         # Results not yet polled are given here, as failures: the manager reads no poll
         # after close(), and a failure is always safe for it (fall back, release pins).
         loads, self._loads = self._loads, []
@@ -477,23 +366,15 @@ class P2PSession(Executor):
         writes = self._session.producer.writes
         return {xfer: frozenset(writes[xfer].jobs) for xfer in self._writes if xfer in writes}
 
-    def _release_deferred(self, job_id: int) -> None:
-        """The destination of load ``job_id``, reported failed early, is free now."""
-        event = self._deferred.pop(job_id, None)
-        if event is not None:
-            event.set()
+    def _release_notice(self, job_id: int) -> None:
+        """The destination of load ``job_id`` is free now (its abort_ack or transfer_done).
 
-    def _release_all_deferred(self) -> None:
-        """Close is the release's release point for every load reported failed early.
-
-        Where p2pfsm's Session reported such a load's destination not released (the
-        session was lost while a write could land), this follows vLLM's rule, not the
-        Session's: the release notice of a destination that became safe is what would
-        make it exact."""
-        for job, event in self._deferred.items():
-            log.debug("P2PSession %s: load %d released at close", self.peer_id, job)
-            event.set()
-        self._deferred.clear()
+        Close is vLLM 0.34.0's release point for every load reported failed early; where
+        p2pfsm's Session reported such a load's destination not released (the session
+        was lost while a write could land), close() follows vLLM's rule, not the
+        Session's. A Session output telling that such a destination became safe belongs
+        here."""
+        self._aborts.release(job_id)
 
     # ------------------------------------------------------------------ plumbing
     def _host(self, event: Input) -> None:
@@ -561,12 +442,9 @@ class P2PSession(Executor):
     def _check_stall(self) -> None:
         """A write older than the release's stall timeout is a peer fault that ends the
         session at once (waiting for it buys nothing; close() retains it)."""
-        if self._stall_s is None or self._fault is not None or not self._write_at:
-            return
-        age = time.monotonic() - min(self._write_at.values())
-        if age >= self._stall_s:
-            self._fault = f"transfer stalled for {age:.0f}s"
-            self._stalled = True
+        if self._fault is None:
+            self._fault = stalled(self._write_at.values(), self._stall_s, time.monotonic())
+            self._stalled = self._fault is not None
 
     def _finish_tid(self, tid: int, ok: bool) -> None:
         xfer = self._by_tid.get(tid)
@@ -630,12 +508,10 @@ class P2PSession(Executor):
 
     def load_result(self, peer: str, out: LoadResult) -> None:
         self._p2p_due.pop(out.job_id, None)
-        aborted = self._abort_of.pop(out.job_id, None)
-        if aborted is not None:  # the round is over: no abort of it is sent again
-            self._aborts.pop(aborted, None)
-        if out.job_id in self._deferred:  # reported failed already: its destination's news
+        self._aborts.round_over(out.job_id)
+        if self._aborts.deferred(out.job_id):  # reported failed already: destination news
             if out.released:
-                self._release_deferred(out.job_id)
+                self._release_notice(out.job_id)
             return  # not released: close() is the release's release point
         if self._load_reqs.pop(out.job_id, None) is not None:
             self._loads.append(self._vllm_load(out.job_id, out.kv_request_id, out.success))
@@ -643,11 +519,8 @@ class P2PSession(Executor):
 
     def _vllm_load(self, job_id: int, kv_request_id: str, success: bool,
                    release: threading.Event | None = None) -> VllmLoadResult:
-        """vLLM's LoadResult of the installed release."""
-        if not self._release.early_load_failure:
-            return VllmLoadResult(job_id, kv_request_id, success)
-        return VllmLoadResult(job_id, kv_request_id, success, deferred_release=release,
-                              request_finished=job_id in self._finished_jobs)
+        return vllm_load(job_id, kv_request_id, success, release,
+                         job_id in self._finished_jobs)
 
     def _aborting(self, msg: AbortFetch) -> bool:
         """An abort_fetch the Session sends: whether it goes on the wire.
@@ -656,8 +529,9 @@ class P2PSession(Executor):
         is sent, reports it now with its release deferred. A second one of the round
         (the Session re-sends when the abort_ack timer fires) ends the session instead,
         where the release does so."""
-        round_id = (msg.kv_request_id, msg.round_seq)
-        if round_id in self._aborts:
+        rnd = self._session.consumer.loads.get(msg.kv_request_id, {}).get(msg.round_seq)
+        job = None if rnd is None else int(rnd.job_id)
+        if not self._aborts.first((msg.kv_request_id, msg.round_seq), job):
             if not self._release.abort_ack_timeout_ends_session:
                 return True
             if self._fault is None:
@@ -666,15 +540,9 @@ class P2PSession(Executor):
                 self._death_reason = ABORT_ACK_LOST
             self._queue(HostClose())
             return False
-        rnd = self._session.consumer.loads.get(msg.kv_request_id, {}).get(msg.round_seq)
-        job = None if rnd is None else int(rnd.job_id)
-        self._aborts[round_id] = job
-        if job is not None:
-            self._abort_of[job] = round_id
         if (self._release.early_load_failure and job is not None
                 and self._load_reqs.pop(job, None) is not None):
-            event = threading.Event()
-            self._deferred[job] = event
+            event = self._aborts.defer(job)
             self._p2p_due.pop(job, None)
             self._loads.append(self._vllm_load(job, msg.kv_request_id, False, event))
             self._finished_jobs.discard(job)
@@ -699,7 +567,7 @@ class P2PSession(Executor):
     def lookup_request(self, peer: str, out: LookupRequest) -> None:
         self._served_serial += 1
         ctx = ReqContext(req_id=f"p2p:{self.peer_id}:{out.kv_request_id}:lu{out.token}")
-        self._served[out.token] = _Served(out, ctx)
+        self._served[out.token] = Served(out, ctx)
 
     def lookup_closed(self, peer: str, out: LookupClosed) -> None:
         served = self._served.pop(out.token, None)
@@ -720,38 +588,3 @@ class P2PSession(Executor):
             self._death_reason = out.reason
         if self._conn is not None:
             self._conn.mark_dead()
-
-
-def _pack(msg: object) -> bytes:
-    """A frame vLLM's connection already decoded, encoded again for the Session to check
-    (msgspec, as vLLM's connection encodes: the same bytes as msgpack, a few times faster)."""
-    try:
-        frame: bytes = _ENCODE(msg)
-    except (TypeError, ValueError, OverflowError):
-        return b""  # not encodable: the Session rejects it as malformed
-    return frame
-
-
-_ENCODE = msgspec.msgpack.Encoder().encode
-
-
-def _keys(keys: Sequence[bytes]) -> tuple[bytes, ...]:
-    """vLLM's keys (``OffloadKey`` is ``bytes``) as the Session takes them, at C speed:
-    taken as they are when every one is exactly ``bytes`` (one C pass over their types)."""
-    if set(map(type, keys)) <= _BYTES:
-        return tuple(keys)
-    return tuple(map(bytes, keys))
-
-
-def _indexes(block_ids: Sequence[int]) -> tuple[int, ...]:
-    """Block ids (a list, or a numpy array as vLLM's jobs hold them) as Python ints."""
-    tolist = getattr(block_ids, "tolist", None)
-    if callable(tolist):
-        return tuple(tolist())
-    if set(map(type, block_ids)) <= _INT:
-        return tuple(block_ids)
-    return tuple(map(int, block_ids))
-
-
-_BYTES = frozenset((bytes,))
-_INT = frozenset((int,))

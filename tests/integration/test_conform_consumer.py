@@ -53,6 +53,23 @@ def test_a_consumer_that_never_connects_fails(tmp_path: Path,
     assert "--cases consumer.handshake" in err
 
 
+def test_a_handshake_the_tester_cannot_pass_is_said_once(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A consumer whose fingerprint is not the one the tester was told: one line naming
+    it and the option that fixes it, exit 2, the cases after the first not run."""
+    report = tmp_path / "report.json"
+    rc = conform_consumer(FETCH, "--fingerprint", "0000000000000000", "--cases",
+                          "consumer.handshake,consumer.pd-round", "--json", str(report))
+    out = capsys.readouterr().out
+    assert rc == 2
+    line = ("cannot test: the target's fingerprint is '' (the tester's is "
+            "'0000000000000000'): pass --fingerprint ''")
+    assert out.count("cannot test:") == 1 and line in out, out
+    cases = json.loads(report.read_text())["cases"]
+    assert [(c["case"], c["verdict"], c["cannot_test"]) for c in cases] == [
+        ("consumer.handshake", "fail", line)]
+
+
 @pytest.mark.parametrize("mode, case, got", [
     ("frees", "consumer.abort-quiescence", "fetch(round_seq=1) into the same blocks before "
      "our abort_ack"),

@@ -1,12 +1,13 @@
 """The full install's data transport against vLLM's own, in one process.
 
-Run by ``test_vllm_adapter.py::test_full_install_data_transport`` with ``.venv-vllm``'s
+Run by ``test_vllm_adapter.py::test_full_install_data_transport`` with a vLLM venv's
 Python. Three regions of demo blocks: one behind vLLM's ``NixlTransport`` (``stock``),
 two behind :class:`p2pfsm.vllm.data.PlaneDataTransport` (``ours``, ``other``). WRITEs go
 each way between ours and stock and between ours and other; every byte landed is checked
 against ``p2pfsm.demo.blocks``. Then what the manager and the sessions rely on:
 scoped polls, each transfer reported once, ``cancel`` in both modes, a removed peer's
-reports dropped, a re-registration, one UCX progress step per manager tick, and the
+reports dropped (its running WRITE retired, reported by ``poll_retired``), a
+re-registration, one UCX progress step per manager tick, and the
 refusals. Prints one JSON line of checks.
 """
 
@@ -138,6 +139,14 @@ def main() -> None:
         seen = settle(ours, "other", {f}, other) if f is not None else {}
         out["remove_and_again"] = (e is not None and seen == {f: True}
                                    and landed(r_other, [7], [7]))
+        # the removed peer's WRITE still running then was retired (0.34.0's surface):
+        # poll_retired() reports it once, when it has ended
+        retired: list[int] = []
+        end = time.monotonic() + BOUND_S
+        while e not in retired and time.monotonic() < end:
+            retired += ours.poll_retired()
+            other.progress()
+        out["removed_write_retired"] = retired == [e] and ours.poll_retired() == []
 
         # refusals: nothing posted, nothing registered
         out["write_unknown_peer"] = ours.write_blocks("nobody", [0], [0]) is None

@@ -257,8 +257,9 @@ def test_full_install_data_transport() -> None:
     """``data_transport_drive.py``: the full install's data transport (p2pfsm's DataPlane
     behind vLLM's ``DataTransport``) next to vLLM's ``NixlTransport``: WRITEs both ways
     and between two of ours land byte for byte; polls are scoped to their peer and report
-    each transfer once; ``cancel`` in both modes; a removed peer's reports are dropped and
-    it registers again; one UCX progress step per manager tick (not one more per
+    each transfer once; ``cancel`` in both modes; a removed peer's reports are dropped (a
+    WRITE still running is retired and reported once by ``poll_retired``) and it registers
+    again; one UCX progress step per manager tick (not one more per
     peer polled); a registration of our own metadata, of an agent already another
     peer's, or of too many blocks fails its future."""
     script = Path(__file__).with_name("data_transport_drive.py")
@@ -267,7 +268,7 @@ def test_full_install_data_transport() -> None:
     assert done.returncode == 0, done.stdout + done.stderr[-5000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
     refused = got.pop("refused")
-    assert got == dict.fromkeys(got, True) and len(got) == 12, got
+    assert got == dict.fromkeys(got, True) and len(got) == 13, got
     assert refused == {"own_metadata": "TransportError",
                        "agent_of_another_peer": "TransportError",
                        "num_blocks_over_bound": "TransportError"}
@@ -538,6 +539,10 @@ INTENDED: dict[tuple[str, str, str], str] = {
     ("server", "finish", "stores"): "Supply of a round that ended without success",
     ("server", "kill", "stores"): "Supply of a round that ended without success",
 }
+# Intended differences that vLLM shows in some runs only: it fails that store too when
+# the consumer's death reaches it before the write's completion (a race inside vLLM, seen
+# with both releases on a loaded machine).
+RACY = {("server", "kill", "stores")}
 # Both kinds: a session's end. vLLM keeps ``ready`` True once the session died, the
 # adapter lets it fall with ``alive`` (row "ready after the end"); a clean disconnect reads
 # "peer disconnected" or "control connection lost" in both, depending on whether the
@@ -569,7 +574,8 @@ def _gone(reason: str) -> str:
     """A killed peer is seen by whichever transport notices first: the control
     connection, or (with a write to it in flight) the adapter's data plane. Either
     means the peer's process is gone (docs/explanation/vllm.md, the death_reason row)."""
-    if reason == "control connection lost" or reason.startswith("transport lost: data plane:"):
+    if (reason == "control connection lost" or reason.startswith("transport lost: data plane:")
+            or reason.startswith("data plane: NIXL_ERR_REMOTE_DISCONNECT")):  # 0.34.0's
         return "peer gone"
     return reason
 
@@ -583,6 +589,8 @@ def compare(role: str, name: str, stock: dict[str, Any], adapter: dict[str, Any]
     for field_ in sorted(set(stock) | set(adapter)):
         same = stock.get(field_) == adapter.get(field_)
         row = INTENDED.get((role, name, field_))
+        if row is not None and (role, name, field_) in RACY:
+            continue  # either outcome is vLLM's
         if row is not None and same:
             wrong.append(f"{role} {name} {field_}: the intended difference ({row!r}) is "
                          "gone: update docs/explanation/vllm.md and INTENDED")

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from importlib import metadata
+from pathlib import Path
 
 import pytest
 
 import p2pfsm.vllm
+from p2pfsm.errors import ConfigError
 from p2pfsm.vllm import releases
 from p2pfsm.vllm.releases import RELEASES, UnsupportedVllm
 
@@ -52,3 +54,20 @@ def test_install_refuses_an_unknown_release(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(releases.metadata, "version", lambda name: "0.32.1")
     with pytest.raises(UnsupportedVllm, match=r"the installed vLLM is 0\.32\.1$"):
         p2pfsm.vllm.install()
+
+
+def test_bench_runs_the_vllm_side_on_the_release_chosen(tmp_path: Path) -> None:
+    from p2pfsm.bench import matrix
+
+    with pytest.raises(ConfigError, match=r"--vllm: expected one of 0\.33\.0, 0\.34\.0"):
+        matrix.use_release("0.35.0")
+    venv = tmp_path / ".venv-vllm-0.34" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "python").write_text("")
+    try:
+        matrix.use_release("0.34.0")
+        assert matrix.release() == "0.34.0"
+        assert matrix.vllm_python(tmp_path) == venv / "python"
+    finally:
+        matrix.use_release("0.33.0")
+    assert matrix.release() == "0.33.0"

@@ -1,0 +1,68 @@
+"""The ways p2pfsm's adapter ends loads and supply that no Session input names.
+
+vLLM 0.34.0's manager resets its cache through the sessions (``abort_loads()``,
+``drain_stores()``), and gives a symmetric P2P load a shorter load timeout than a PD one.
+p2pfsm's Session has one load timeout and no such calls, so :class:`LoadEnds` (a part of
+:class:`~p2pfsm.vllm.session.P2PSession`) ends each such load or request the way the
+host's finish of its request does: the same ``abort_fetch`` (or ``transfer_done(false)``)
+on the wire, and each job's one result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from vllm.v1.kv_offload.tiering.p2p.session.server import StoreResult as VllmStoreResult
+
+from p2pfsm.session import HostFinish, Input, Session
+from p2pfsm.vllm.surface import StoreDrainResult
+
+
+class LoadEnds:
+    """``abort_loads``, ``drain_stores`` and the per-load timeout of symmetric P2P loads."""
+
+    _session: Session
+    _load_reqs: dict[int, str]  # open load job -> kv_request_id
+    _stores: list[VllmStoreResult]
+    _p2p_due: dict[int, float]  # symmetric P2P load job -> its deadline
+
+    def _host(self, event: Input) -> None:
+        raise NotImplementedError  # the session's
+
+    def abort_loads(self) -> None:
+        """Abort every load still open (a cache reset): each is ended as a finish of its
+        request would end it, so it is reported failed at once where the release does
+        so, its destination released on abort_ack, transfer_done or close."""
+        for kv_request_id in dict.fromkeys(self._load_reqs.values()):
+            self._host(HostFinish(kv_request_id))
+
+    def drain_stores(self, kv_request_ids: Iterable[str] | None = None) -> StoreDrainResult:
+        """Withdraw our supply (of ``kv_request_ids``, else of every request the peer
+        asked of us): each round is ended as a finish of its request ends it, the store
+        jobs with nothing in flight fail now, and the PD ids among them are named."""
+        rounds = self._session.producer.rounds
+        ids = list(rounds) if kv_request_ids is None else list(kv_request_ids)
+        mark = len(self._stores)
+        reaped: set[str] = set()
+        for kv_request_id in ids:
+            serving = rounds.get(kv_request_id)
+            if not serving:
+                continue
+            if any(r.origin == "host" for r in serving.values()):
+                reaped.add(kv_request_id)
+            self._host(HostFinish(kv_request_id))
+        stores = self._stores[mark:]
+        del self._stores[mark:]
+        return StoreDrainResult(stores, reaped)
+
+    def _expire_p2p_loads(self, now: float) -> None:
+        """A symmetric P2P load past the release's shorter load timeout is ended as a
+        finish of its request would end it (abort_fetch on the wire, as the timeout's)."""
+        if not self._p2p_due:
+            return
+        due = [job for job, at in self._p2p_due.items() if at <= now]
+        for job in due:
+            del self._p2p_due[job]
+            kv_request_id = self._load_reqs.get(job)
+            if kv_request_id is not None:
+                self._host(HostFinish(kv_request_id))
