@@ -217,7 +217,11 @@ def test_a_peer_that_connects_again_resumes_its_session(hostile: Hostile) -> Non
     than the session's used to close the session.)"""
     peer, plane = hostile.ready()
     peer.fetch_ok(plane, "before-the-drop", range(3))
-    peer.redial()
+    held = hostile.server.fds()
+    # The new connection dials once the server has let the old one go: until then the
+    # ROUTER keeps the id for the old connection and refuses a second one (no handover).
+    peer.redial(lambda: wait_for(lambda: hostile.server.fds() < held, 60.0,
+                                 "the server let the old connection go"))
     peer.fetch_ok(plane, "after-the-drop", range(4), timeout=15.0)
     kinds = [m.get("type") for m in peer.seen]
     assert "disconnect" not in kinds and kinds.count("connect") == 1, kinds

@@ -104,9 +104,12 @@ class RawPeer:
         dealer.connect(f"tcp://{origin}{self.server}")
         return dealer
 
-    def redial(self) -> None:
-        """A new DEALER under the same identity (a reconnect)."""
+    def redial(self, between: Callable[[], None] | None = None) -> None:
+        """A new DEALER under the same identity (a reconnect); ``between`` runs after the
+        old one is closed, before the new one dials."""
         self.dealer.close(0)
+        if between is not None:
+            between()
         self.dealer = self._dial()
 
     def send(self, obj: Any) -> None:

@@ -294,7 +294,9 @@ def test_a_flood_from_one_host_never_evicts_a_handshake_from_another(
         assert all(bytes(client.region[i].numpy()) == demo_block(i, BLOCK) for i in range(4))
         assert server.sessions[client.local_id].ready
         evicted = [r.args[0] for r in caplog.records if r.msg.startswith("evicting")]
-        assert len(evicted) >= 12, f"the flood hardly filled the budget: {evicted}"
+        # The flood pressed the budget: more of it was evicted than the budget holds (a
+        # host's dial-backs in flight are capped too, so not every connect gets that far).
+        assert len(evicted) > 4, f"the flood hardly filled the budget: {evicted}"
         assert set(evicted) <= set(flood), evicted
         assert len(server.control.peers) <= 4 + 1 + 1  # pending, the client, done grace
     finally:
@@ -343,11 +345,11 @@ def test_300_unfinished_handshakes_do_not_lock_a_legitimate_peer_out(
         for lst in silent:
             dealer(zctx, ident_of(lst), server).send(connect_frame(ident_of(lst)))
         # The server evicts an unfinished handshake for each new one past 32 (here the
-        # oldest: one host, no dial-back up): wait for those, so the legitimate peer
-        # comes after the whole flood. (With
+        # oldest: one host, no dial-back up); eviction lines are rate-limited, so wait for
+        # the first: the flood is past the budget when the legitimate peer comes. (With
         # libzmq's default listen backlog of 100, some of these 600 simultaneous
         # connects stalled for tens of seconds: the ROUTER's backlog is 1024.)
-        log = read_until(err, lambda t: t.count("evicting 127.0.0.1:") >= 300 - 32, 60.0,
+        log = read_until(err, lambda t: "evicting 127.0.0.1:" in t, 60.0,
                          "evictions of the flood")
 
         started = time.monotonic()
