@@ -571,11 +571,14 @@ def until_end(trace: dict[str, Any], clean: bool) -> dict[str, Any]:
 
 
 def _gone(reason: str) -> str:
-    """A killed peer is seen by whichever transport notices first: the control
-    connection, or (with a write to it in flight) the adapter's data plane. Either
-    means the peer's process is gone (docs/explanation/vllm.md, the death_reason row)."""
+    """A killed peer is seen by whichever notices first: the control connection, a
+    send on it that finds it closed, or (with a write to it in flight) the adapter's data
+    plane. Each means the peer's process is gone (docs/explanation/vllm.md, the
+    death_reason row)."""
     if (reason == "control connection lost" or reason.startswith("transport lost: data plane:")
-            or reason.startswith("data plane: NIXL_ERR_REMOTE_DISCONNECT")):  # 0.34.0's
+            or reason.startswith("data plane: NIXL_ERR_REMOTE_DISCONNECT")  # 0.34.0's
+            or (reason.startswith("transport lost: send failed:")
+                and "send on closed connection" in reason)):
         return "peer gone"
     return reason
 
