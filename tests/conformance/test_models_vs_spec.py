@@ -43,6 +43,8 @@ TRIGGERS_WITHOUT_ACTION: frozenset[tuple[str, str]] = frozenset({
     ("session", "host_fetch_over"),     # ClientRoundHostFetch on a session that is over
     ("session", "host_lookup_over"),    # ClientLookupHostLookup on a session that is over
     ("session", "host_supply_over"),    # ServerRoundHostSupply on a session that is over
+    ("session", "abort_ack_expired"),   # ClientRoundTimerAbortAck under a profile that ends
+                                        # the session on a missing abort_ack
 })
 """Triggers fired only as part of another action (one Session.handle call)."""
 
