@@ -136,10 +136,14 @@ class NodeEffects(NodeState):
                 and self._driver.applying is self._unsent_death
                 and self._redials.waiting(peer)):
             # Never sent (its session died before ready, and opens again): it waits for
-            # the next session, as a fetch does.
-            self._redials.park(peer, time.monotonic() + self.config.timeouts.lookup,
-                               HostLookup(out.kv_request_id, out.keys))
-            return
+            # the next session, as a fetch does, until the deadline it had when the host
+            # asked (each failed attempt must not start it anew).
+            waiting = self._jobs.lookups.get((peer, out.kv_request_id))
+            asked = waiting[0].started if waiting else time.monotonic()
+            deadline = asked + self.config.timeouts.lookup
+            if deadline > time.monotonic():
+                self._redials.park(peer, deadline, HostLookup(out.kv_request_id, out.keys))
+                return
         if out.reason is not None:
             out = dataclasses.replace(out, detail=self._fail_detail(peer, out))
         fut = self._jobs.take_lookup(peer, out.kv_request_id)
