@@ -21,7 +21,7 @@ from p2pfsm.executor.node import Node, NodeConfig
 from p2pfsm.session import FailReason, Timeouts
 from tests.helpers.serve_process import ServeProcess
 
-from . import drive_nodes
+from . import drive_nodes, free_port
 
 pytest.importorskip("torch")
 if importlib.util.find_spec("nixl") is None and importlib.util.find_spec("nixl_cu12") is None:
@@ -31,12 +31,6 @@ BLOCK = 4096
 HELD = 16
 WAIT_S = 60.0
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class States:

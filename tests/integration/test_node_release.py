@@ -10,7 +10,6 @@ destinations goes back to zero. A real Node in this process against
 from __future__ import annotations
 
 import importlib.util
-import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -21,7 +20,7 @@ from p2pfsm.errors import LocalProtocolError
 from p2pfsm.executor.node import Node, NodeConfig
 from p2pfsm.session import DestinationReleased, FailReason, ReleaseCause, Timeouts
 
-from . import Child
+from . import Child, free_port
 from .node_peers import peer_main
 
 pytest.importorskip("torch")
@@ -32,12 +31,6 @@ BLOCK = 4096
 HELD = 16
 WAIT_S = 60.0
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _producer(children: list[Child], port: int, withhold: tuple[int, ...]) -> str:
@@ -55,7 +48,7 @@ def _drive(node: Node, done: Callable[[], bool], what: str) -> None:
 
 def test_a_killed_producers_destination_is_released_when_it_comes_back(
         children: list[Child]) -> None:
-    port = _free_port()
+    port = free_port()
     peer = _producer(children, port, withhold=(2,))
     notices: list[tuple[str, DestinationReleased]] = []
 
