@@ -489,6 +489,13 @@ def test_restarted_peer_whose_old_connection_looks_alive_gets_in_once_it_ends(
         os.kill(victim.pid, signal.SIGKILL)
         drive(node, parked.done, 20.0, "the parked load's result")
         assert not old.alive
+        # The restarted process listens at the old address again (the node dials it
+        # back there) and connects from a fresh connection; the twin's connection ends
+        # with it, so no other connection holds the identity in libzmq.
+        twin.close(0)
+        listener = ctx.socket(zmq.ROUTER)
+        listener.setsockopt(zmq.LINGER, 0)
+        listener.bind(f"tcp://{victim.id}")
         came_back = dealer()
         try:
             came_back.send(encode(restart))
@@ -496,6 +503,7 @@ def test_restarted_peer_whose_old_connection_looks_alive_gets_in_once_it_ends(
                   == restart, 20.0, "a fresh session with the restarted peer")
         finally:
             came_back.close(0)
+            listener.close(0)
     finally:
         twin.close(0)
         ctx.term()
