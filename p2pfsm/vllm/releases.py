@@ -28,8 +28,9 @@ class Release:
         pd_load_timeout: the client module constant of a PD fetch's load timeout.
         p2p_load_timeout: the constant of a fetch of an id that ran lookups (the same
             constant as ``pd_load_timeout`` where the release has one load timeout).
-        stall_timeout_env: the ``vllm.envs`` name of the producer's transfer stall
-            timeout (seconds, <= 0 disables), or None where the release has none.
+        stall_timeout_env: the ``vllm.envs`` name of vLLM's setting of the producer's
+            transfer stall deadline (seconds, <= 0 disables), or None where the release
+            has none; its default is the profile's ``stall``.
         retains_transfers: close() leaves writes the transport has not stopped running,
             returned as ``retained`` (their store jobs stay pinned); otherwise close()
             waits for them a bounded time and then fails their jobs.

@@ -75,10 +75,14 @@ def timeouts_from_vllm() -> Timeouts:
 
 
 def stall_timeout() -> float | None:
-    """The producer's transfer stall timeout in seconds, or None (none, or disabled)."""
-    if RELEASE.stall_timeout_env is None:
+    """The producer's transfer stall deadline in seconds, or None (none, or disabled): the
+    release's profile states whether it has one (``stall``); vLLM's setting of it, where
+    the release names one, is taken over the profile's default, as vLLM does."""
+    default = profile(RELEASE.profile).stall
+    if default is None:
         return None
-    value = float(getattr(envs, RELEASE.stall_timeout_env))
+    env = RELEASE.stall_timeout_env
+    value = default if env is None else float(getattr(envs, env))
     return value if value > 0 else None
 
 
