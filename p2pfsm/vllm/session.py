@@ -1,9 +1,10 @@
 """``P2PSession`` for vLLM's P2P tier, decided by p2pfsm's sans-IO :class:`Session`.
 
 The class keeps vLLM's constructor and the public surface its tier manager uses, in
-the release installed: what differs between releases (timeouts, when a failed load is
-reported and its destination released, what a missing abort_ack does, the stall timeout,
-retained transfers) is read from that release's :class:`~p2pfsm.vllm.releases.Release`. Each
+the release installed: what differs between releases is that release's
+:class:`~p2pfsm.vllm.releases.Release` (its constants, retained transfers) and its
+behaviour profile, which the Session runs (when a failed load is reported and its
+destination released, what a missing abort_ack does, the deadlines, the stall). Each
 call becomes one :class:`~p2pfsm.session.Input`, fed through the shared
 :class:`~p2pfsm.executor.driver.Driver`; each :class:`~p2pfsm.session.Output` is carried
 out on vLLM's own ``ControlConnection`` (dict frames) and ``DataTransport`` (NIXL writes)
