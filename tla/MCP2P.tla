@@ -100,6 +100,17 @@ Gate034Scenarios == <<
                   !.timers = {"load", "abort_ack"}]
 >>
 
+\* ------------------------------------------------------------------ gate, vllm-0.33
+\* gate_vllm033.cfg: the profile vllm-0.33. Its ProfileBehaviour is native's (only its
+\* deadlines differ, and the spec has no clock), so the gate covers it; this small gate
+\* checks the spec under its own Profile name where a profile matters (a load's deadline,
+\* the host's finish, an unanswered abort, the session's loss), and the spec->code replay
+\* of its steps runs with sessions of that profile.
+Gate033Scenarios == <<
+    [Quiet EXCEPT !.loads = 1, !.stores = 1, !.fin = Fin(1, 0), !.faults = {"cut"},
+                  !.timers = {"load", "abort_ack"}]
+>>
+
 \* ------------------------------------------------------------------ large
 \* The gate's scenarios with every role timer armed (large.cfg also allows two faults per
 \* behaviour, three rounds and three aborts per request).

@@ -255,11 +255,12 @@ def _run_issue29_suites(args: argparse.Namespace, suites: tuple[str, ...],
             consumers=tuple(args.fanout_consumers), fanout_fetches=args.fanout_fetches,
             progress=progress, memory_check=not args.no_memory_check)
         if args.vs_vllm:
-            from p2pfsm.bench import vllm_concurrency
+            from p2pfsm.bench import matrix, vllm_concurrency
 
             got_c["vllm"] = vllm_concurrency.run(
                 widths=concurrency.parse_widths(args.widths), rounds=args.rounds,
                 progress=progress)
+            got_c["vllm_release"] = matrix.release()  # the figures name it
         text += ["", concurrency.format_concurrency(got_c)]
     if "large" in suites:
         from p2pfsm.bench import large

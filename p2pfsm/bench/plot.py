@@ -10,7 +10,20 @@ from typing import Any
 
 from p2pfsm.errors import ConfigError
 
-__all__ = ["write_all"]
+__all__ = ["kind_label", "vllm_label", "write_all"]
+
+
+def vllm_label(section: dict[str, Any]) -> str:
+    """"vLLM <release>" for a result section that names the release it measured
+    (``vllm_release``), else "vLLM (release not recorded)"."""
+    release = section.get("vllm_release")
+    return f"vLLM {release}" if isinstance(release, str) and release else (
+        "vLLM (release not recorded)")
+
+
+def kind_label(kind: str, section: dict[str, Any]) -> str:
+    """A matrix side's name in a legend: vLLM's with its release, the others as they are."""
+    return vllm_label(section) if kind == "vllm" else kind
 
 
 def _pyplot() -> Any:
@@ -30,14 +43,16 @@ def write_all(results: dict[str, Any], directory: str) -> list[Path]:
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     paths: list[Path] = []
-    cells = results.get("vs_vllm", {}).get("cells", {})
+    matrix = results.get("vs_vllm", {})
+    cells = matrix.get("cells", {})
     for shape in sorted({c["shape"] for c in cells.values()}):
         fig, ax = plt.subplots(figsize=(6, 4))
         for _key, c in sorted(cells.items()):
             if c["shape"] == shape and c["times_ms"]:
                 xs = sorted(c["times_ms"])
                 ax.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))],
-                        label=f"{c['server']} server / {c['client']} client")
+                        label=f"{kind_label(c['server'], matrix)} server / "
+                              f"{kind_label(c['client'], matrix)} client")
         ax.set(xscale="log", xlabel="fetch latency [ms]", ylabel="fraction of fetches",
                title=f"{shape} fetch: latency CDF")
         ax.xaxis.set_minor_formatter(plt.NullFormatter())
@@ -98,7 +113,7 @@ def _issue29(plt: Any, results: dict[str, Any], out: Path) -> list[Path]:
         if conc.get("vllm"):
             ax.plot([r["width"] for r in conc["vllm"]],
                     [r["aggregate_gbps"] for r in conc["vllm"]], marker="s",
-                    label="vLLM 0.33.0: C concurrent fetches")
+                    label=f"{vllm_label(conc)}: C concurrent fetches")
         ax.set(xscale="log", xlabel="concurrent fetches of 4 x 64 KiB (C)",
                ylabel="aggregate GB/s", title="GB/s vs concurrency (one session)", ylim=(0, None))
         ax.legend(fontsize=8)

@@ -32,9 +32,15 @@ DEFAULT_PROFILE = "native"
 WIRES = frozenset({"vllm-p2p"})
 """Wires this build speaks (a profile naming another is refused at load)."""
 
-TIMEOUT_KEYS = frozenset({"handshake", "load", "load_probed", "abort_ack", "lookup", "hold"})
-"""Deadlines a profile may set (seconds, positive); ``load_probed`` and ``hold`` may be
-left out (the load deadline; no bounded hold)."""
+EXECUTOR_TIMEOUT_KEYS = frozenset({"stall"})
+"""Deadlines an executor keeps, not the Session: ``stall``, the age at which a write still
+running is a peer fault that ends the session (the vLLM drop-in's sessions, as vLLM
+0.34.0's producer; p2pfsm's node has no such rule: a pin waits for its write's end)."""
+
+TIMEOUT_KEYS = frozenset({"handshake", "load", "load_probed", "abort_ack", "lookup", "hold",
+                          *EXECUTOR_TIMEOUT_KEYS})
+"""Deadlines a profile may set (seconds, positive); ``load_probed``, ``hold`` and
+``stall`` may be left out (the load deadline; no bounded hold; no stall rule)."""
 
 _REQUIRED_TIMEOUTS = frozenset({"handshake", "load", "abort_ack", "lookup"})
 _KEYS = frozenset({"name", "doc", "wire", "behaviour", "timeouts"})
@@ -78,6 +84,11 @@ class Profile:
     behaviour: Behaviour
     timeouts: Mapping[str, float]
     """Deadlines in seconds, by :data:`TIMEOUT_KEYS` name (only those the file sets)."""
+
+    @property
+    def stall(self) -> float | None:
+        """The stall deadline of a running write in seconds, or None (no such rule)."""
+        return self.timeouts.get("stall")
 
 
 def _enum(kind: type[_E], raw: Mapping[str, object], key: str, origin: str) -> _E:

@@ -21,6 +21,7 @@ from p2pfsm.session.inputs import (
     WriteFinished,
 )
 from p2pfsm.session.outputs import (
+    ABORT_ACK_TIMED_OUT,
     CancelWrite,
     DestinationReleased,
     FailReason,
@@ -43,6 +44,7 @@ from p2pfsm.session.outputs import (
 )
 
 __all__ = [
+    "ABORT_ACK_TIMED_OUT",
     "DEFAULT_HASH_SEED",
     "CancelWrite",
     "DestinationReleased",

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from p2pfsm.errors import ConfigError, ModelError
 from p2pfsm.fsm import DEFAULT_PROFILE, Behaviour, Profile, profile
+from p2pfsm.fsm.profiles import EXECUTOR_TIMEOUT_KEYS
 from p2pfsm.protocol import DEFAULT_LIMITS, Limits
 from p2pfsm.session.tombstones import DEFAULT_MAX_TOMBSTONES, TombstoneBudget
 
@@ -48,8 +49,10 @@ class Timeouts:
 
     @classmethod
     def of_profile(cls, prof: Profile) -> Timeouts:
-        """The profile's deadlines (the others at their defaults)."""
-        return cls(**prof.timeouts)
+        """The profile's session deadlines (the others at their defaults; its executor
+        deadlines, :data:`~p2pfsm.fsm.profiles.EXECUTOR_TIMEOUT_KEYS`, are not the
+        Session's)."""
+        return cls(**{k: v for k, v in prof.timeouts.items() if k not in EXECUTOR_TIMEOUT_KEYS})
 
     def load_for(self, probed: bool) -> float:
         """The load deadline of a fetch (``probed``: its request ran lookups)."""

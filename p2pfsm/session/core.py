@@ -79,6 +79,7 @@ from p2pfsm.session.machine import (
     handshake_mismatch,
 )
 from p2pfsm.session.outputs import (
+    ABORT_ACK_TIMED_OUT,
     FailReason,
     LoadResult,
     LookupResult,
@@ -529,7 +530,7 @@ class Session:
         self.emit(SessionDead(self.death_reason, restarted_by=ev))
 
     def die_abort_ack_timeout(self, _ev: object) -> None:
-        self._die("abort ack timed out")
+        self._die(ABORT_ACK_TIMED_OUT)
 
     def release_held_restarted(self, _ev: object) -> None:
         """The peer's new incarnation connected: its old process, the one that could

@@ -233,6 +233,11 @@ class SessionDead:
     restarted_by: Connect | None = None
 
 
+ABORT_ACK_TIMED_OUT = "abort ack timed out"
+"""The ``SessionDead.reason`` of a session its profile ended on a missing abort_ack
+(``abort_ack_timeout = "end_session"``; vLLM 0.34.0's wording)."""
+
+
 Output = (
     SendFrame | SendToLostPeer | StartRegistration | StartWrite | CancelWrite
     | LoadResult | StoreResult | LookupResult | LookupRequest | LookupClosed

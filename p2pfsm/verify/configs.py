@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SPEC_MODULE = "MCP2P"
-NAMED = ("gate", "gate_vllm034", "large", "live", "live_ci")
+NAMED = ("gate", "gate_vllm033", "gate_vllm034", "large", "live", "live_ci")
 
 
 @dataclass(frozen=True, slots=True)

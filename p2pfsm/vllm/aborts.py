@@ -1,67 +1,65 @@
-"""The adapter's book of aborted load rounds and of loads whose destination waits.
+"""The adapter's book of loads reported failed whose destination is not released yet.
 
-vLLM 0.34.0 reports a load failed when its abort is sent and frees its destination
-blocks only once ``LoadResult.deferred_release`` is set. :class:`Aborts` keeps, per
-session, which rounds had their ``abort_fetch`` sent (so a second one, the Session's
-re-send on the abort-ack timeout, is recognised) and each such load's event until its
-destination is free.
+Where the profile reports an aborted load when its abort is sent (vLLM 0.34.0), the
+Session's LoadResult says ``released=False`` and a DestinationReleased follows once the
+peer can no longer write. vLLM's manager waits instead on ``LoadResult.deferred_release``,
+a ``threading.Event``: :class:`Aborts` keeps each such load's event until its release
+(the Session's notice, or a release point of the release such as close), and, as vLLM's
+session keeps such a load with its request, whether the host finished that request.
 """
 
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass, field
 
-Round = tuple[str, int]
-"""(kv_request_id, round_seq)."""
+
+@dataclass(slots=True)
+class _Waiting:
+    kv_request_id: str
+    finished: bool
+    event: threading.Event = field(default_factory=threading.Event)
 
 
 class Aborts:
-    """Aborted rounds, and the release events of loads reported failed early."""
+    """The release events of loads reported failed before their destination was free."""
 
     def __init__(self) -> None:
-        self._rounds: dict[Round, int | None] = {}  # aborted round -> its load job
-        self._round_of: dict[int, Round] = {}  # load job -> its aborted round
-        self._events: dict[int, threading.Event] = {}  # load job -> its release
+        self._waiting: dict[int, _Waiting] = {}  # load job -> its request and release
 
-    def first(self, rnd: Round, job: int | None) -> bool:
-        """Record the abort of ``rnd`` (load ``job``); False when it was sent before."""
-        if rnd in self._rounds:
-            return False
-        self._rounds[rnd] = job
-        if job is not None:
-            self._round_of[job] = rnd
-        return True
+    def defer(self, job: int, kv_request_id: str, finished: bool) -> threading.Event:
+        """The event set once load ``job``'s destination is free (``finished``: the host
+        finished its request already)."""
+        waiting = self._waiting[job] = _Waiting(kv_request_id, finished)
+        return waiting.event
 
-    def round_over(self, job: int) -> None:
-        """Load ``job``'s round ended: no abort of it is sent again."""
-        rnd = self._round_of.pop(job, None)
-        if rnd is not None:
-            self._rounds.pop(rnd, None)
+    def finish(self, kv_request_id: str) -> None:
+        """The host finished ``kv_request_id``: its waiting loads say so."""
+        for waiting in self._waiting.values():
+            if waiting.kv_request_id == kv_request_id:
+                waiting.finished = True
 
-    def defer(self, job: int) -> threading.Event:
-        """The event set once load ``job``'s destination is free."""
-        event = self._events[job] = threading.Event()
-        return event
-
-    def deferred(self, job: int) -> bool:
-        """Whether load ``job`` was reported failed and waits for its release."""
-        return job in self._events
+    def unfinished_requests(self) -> list[str]:
+        """The requests of waiting loads the host has not finished (what vLLM's close
+        lists as failed: the manager falls back for them)."""
+        return list(dict.fromkeys(w.kv_request_id for w in self._waiting.values()
+                                  if not w.finished))
 
     def release(self, job: int) -> None:
-        """Load ``job``'s destination is free."""
-        event = self._events.pop(job, None)
-        if event is not None:
-            event.set()
+        """Load ``job``'s destination is free (no-op for a job not waiting)."""
+        waiting = self._waiting.pop(job, None)
+        if waiting is not None:
+            waiting.event.set()
 
     def release_all(self) -> list[int]:
         """Free every waiting destination (a release point such as close); their jobs."""
-        jobs = list(self._events)
-        for event in self._events.values():
-            event.set()
-        self._events.clear()
+        jobs = list(self._waiting)
+        for waiting in self._waiting.values():
+            waiting.event.set()
+        self._waiting.clear()
         return jobs
 
     @property
     def waiting(self) -> bool:
         """True while a load reported failed waits for its release."""
-        return bool(self._events)
+        return bool(self._waiting)

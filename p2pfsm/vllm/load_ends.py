@@ -1,11 +1,11 @@
 """The ways p2pfsm's adapter ends loads and supply that no Session input names.
 
 vLLM 0.34.0's manager resets its cache through the sessions (``abort_loads()``,
-``drain_stores()``), and gives a symmetric P2P load a shorter load timeout than a PD one.
-p2pfsm's Session has one load timeout and no such calls, so :class:`LoadEnds` (a part of
+``drain_stores()``). p2pfsm's Session has no such calls, so :class:`LoadEnds` (a part of
 :class:`~p2pfsm.vllm.session.P2PSession`) ends each such load or request the way the
 host's finish of its request does: the same ``abort_fetch`` (or ``transfer_done(false)``)
-on the wire, and each job's one result.
+on the wire, and each job's one result. (The shorter deadline of a symmetric P2P load is
+the profile's ``load_probed``, kept by the Session's load rounds.)
 """
 
 from __future__ import annotations
@@ -19,12 +19,11 @@ from p2pfsm.vllm.surface import StoreDrainResult
 
 
 class LoadEnds:
-    """``abort_loads``, ``drain_stores`` and the per-load timeout of symmetric P2P loads."""
+    """``abort_loads`` and ``drain_stores``."""
 
     _session: Session
     _load_reqs: dict[int, str]  # open load job -> kv_request_id
     _stores: list[VllmStoreResult]
-    _p2p_due: dict[int, float]  # symmetric P2P load job -> its deadline
 
     def _host(self, event: Input) -> None:
         raise NotImplementedError  # the session's
@@ -54,15 +53,3 @@ class LoadEnds:
         stores = self._stores[mark:]
         del self._stores[mark:]
         return StoreDrainResult(stores, reaped)
-
-    def _expire_p2p_loads(self, now: float) -> None:
-        """A symmetric P2P load past the release's shorter load timeout is ended as a
-        finish of its request would end it (abort_fetch on the wire, as the timeout's)."""
-        if not self._p2p_due:
-            return
-        due = [job for job, at in self._p2p_due.items() if at <= now]
-        for job in due:
-            del self._p2p_due[job]
-            kv_request_id = self._load_reqs.get(job)
-            if kv_request_id is not None:
-                self._host(HostFinish(kv_request_id))

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from importlib import metadata
 
 from p2pfsm.errors import ConfigError
+from p2pfsm.fsm.profiles import AbortAckTimeout, ReportFailedLoad
+from p2pfsm.fsm.profiles import profile as profile_named
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,18 +28,18 @@ class Release:
         pd_load_timeout: the client module constant of a PD fetch's load timeout.
         p2p_load_timeout: the constant of a fetch of an id that ran lookups (the same
             constant as ``pd_load_timeout`` where the release has one load timeout).
-        stall_timeout_env: the ``vllm.envs`` name of the producer's transfer stall
-            timeout (seconds, <= 0 disables), or None where the release has none.
-        early_load_failure: a load is reported failed when its abort is sent, carrying a
-            ``deferred_release`` event set once its destination is free; otherwise the
-            failure is reported once the destination is free (abort_ack or timeout).
-        abort_ack_timeout_ends_session: an abort_ack missing past its timeout ends the
-            peer session (a data-plane fault); otherwise the abort is sent again.
+        stall_timeout_env: the ``vllm.envs`` name of vLLM's setting of the producer's
+            transfer stall deadline (seconds, <= 0 disables), or None where the release
+            has none; its default is the profile's ``stall``.
         retains_transfers: close() leaves writes the transport has not stopped running,
             returned as ``retained`` (their store jobs stay pinned); otherwise close()
             waits for them a bounded time and then fails their jobs.
         close_releases_destinations: close() is the release point of every load
             reported failed whose destination the peer could still write (vLLM's rule).
+
+    When a failed load is reported and what a missing abort_ack does are the profile's
+    (``models/profiles/``): :attr:`early_load_failure` and
+    :attr:`abort_ack_timeout_ends_session` read it, the session machines act on it.
     """
 
     version: str
@@ -45,24 +47,32 @@ class Release:
     pd_load_timeout: str
     p2p_load_timeout: str
     stall_timeout_env: str | None
-    early_load_failure: bool
-    abort_ack_timeout_ends_session: bool
     retains_transfers: bool
     close_releases_destinations: bool
+
+    @property
+    def early_load_failure(self) -> bool:
+        """A load is reported failed when its abort is sent (vLLM's ``LoadResult`` then
+        carries a ``deferred_release`` event, set once its destination is free)."""
+        behaviour = profile_named(self.profile).behaviour
+        return behaviour.report_failed_load is ReportFailedLoad.AT_ABORT_SEND
+
+    @property
+    def abort_ack_timeout_ends_session(self) -> bool:
+        """An abort_ack missing past its deadline ends the peer session."""
+        behaviour = profile_named(self.profile).behaviour
+        return behaviour.abort_ack_timeout is AbortAckTimeout.END_SESSION
 
 
 RELEASES: dict[str, Release] = {
     "0.33.0": Release(
         version="0.33.0", profile="vllm-0.33",
         pd_load_timeout="_LOAD_TIMEOUT_S", p2p_load_timeout="_LOAD_TIMEOUT_S",
-        stall_timeout_env=None, early_load_failure=False,
-        abort_ack_timeout_ends_session=False, retains_transfers=False,
-        close_releases_destinations=False),
+        stall_timeout_env=None, retains_transfers=False, close_releases_destinations=False),
     "0.34.0": Release(
         version="0.34.0", profile="vllm-0.34",
         pd_load_timeout="_PD_LOAD_TIMEOUT_S", p2p_load_timeout="_P2P_LOAD_TIMEOUT_S",
-        stall_timeout_env="VLLM_P2P_TRANSFER_STALL_TIMEOUT_S", early_load_failure=True,
-        abort_ack_timeout_ends_session=True, retains_transfers=True,
+        stall_timeout_env="VLLM_P2P_TRANSFER_STALL_TIMEOUT_S", retains_transfers=True,
         close_releases_destinations=True),
 }
 """Every release the drop-in supports, by version."""

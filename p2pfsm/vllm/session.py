@@ -1,9 +1,10 @@
 """``P2PSession`` for vLLM's P2P tier, decided by p2pfsm's sans-IO :class:`Session`.
 
 The class keeps vLLM's constructor and the public surface its tier manager uses, in
-the release installed: what differs between releases (timeouts, when a failed load is
-reported and its destination released, what a missing abort_ack does, the stall timeout,
-retained transfers) is read from that release's :class:`~p2pfsm.vllm.releases.Release`. Each
+the release installed: what differs between releases is that release's
+:class:`~p2pfsm.vllm.releases.Release` (its constants, retained transfers) and its
+behaviour profile, which the Session runs (when a failed load is reported and its
+destination released, what a missing abort_ack does, the deadlines, the stall). Each
 call becomes one :class:`~p2pfsm.session.Input`, fed through the shared
 :class:`~p2pfsm.executor.driver.Driver`; each :class:`~p2pfsm.session.Output` is carried
 out on vLLM's own ``ControlConnection`` (dict frames) and ``DataTransport`` (NIXL writes)
@@ -30,10 +31,12 @@ from vllm.v1.kv_offload.tiering.p2p.session.server import StoreResult as VllmSto
 from p2pfsm.errors import LocalProtocolError
 from p2pfsm.executor.core import Executor
 from p2pfsm.executor.driver import Driver
-from p2pfsm.protocol import AbortFetch
 from p2pfsm.protocol.validate import to_dict
 from p2pfsm.session import (
+    ABORT_ACK_TIMED_OUT,
     CancelWrite,
+    DestinationReleased,
+    FailReason,
     FetchArrived,
     FrameReceived,
     HostAnswerLookup,
@@ -73,7 +76,6 @@ from p2pfsm.vllm.surface import (
     fetch_of,
     indexes_of,
     keys_of,
-    p2p_load_timeout,
     pack,
     stall_timeout,
     stalled,
@@ -87,8 +89,6 @@ CLOSE_DRAIN_S = 10.0
 """close() waits at most this long for writes it cancelled to stop reading our blocks."""
 CONN_LOST = "control connection lost"
 """vLLM's own wording for a connection its transport marked dead (the death reason)."""
-ABORT_ACK_LOST = "abort ack timed out"
-"""vLLM's wording for a session ended by a missing abort_ack (where the release does so)."""
 class P2PSession(LoadEnds, Executor):
     """One peer's session, both roles, with the installed vLLM's constructor and surface
     (``RELEASE``: the methods and result fields of every supported release exist; their
@@ -110,6 +110,7 @@ class P2PSession(LoadEnds, Executor):
             hash_seed=local_hash_seed,
             config_fingerprint=str(transport.config_fingerprint),
             timeouts=timeouts_from_vllm(),
+            profile=RELEASE.profile,  # when a failed load is reported, a missing ack's end
             expected_peer_id=peer_id,  # the connect must name the peer the transport sees
             limits=guard.limits(),  # num_blocks bounded before vLLM's data plane registers
         ))
@@ -135,13 +136,10 @@ class P2PSession(LoadEnds, Executor):
         self._served_serial = 0
         self._last_activity_at = time.monotonic()
         self._release = RELEASE
-        self._p2p_load_s = p2p_load_timeout()
         self._stall_s = stall_timeout()
         self._stalled = False
-        self._probed: set[str] = set()  # ids that ran lookups: their loads are symmetric P2P
-        self._p2p_due: dict[int, float] = {}  # P2P load job -> its (shorter) deadline
         self._finished_jobs: set[int] = set()  # load jobs whose request the host finished
-        self._aborts = Aborts()  # aborted rounds; loads reported failed, not yet released
+        self._aborts = Aborts()  # loads reported failed at abort send, not yet released
         self._write_at: dict[int, float] = {}  # session xfer -> when it was posted
         self._terminal: set[str] = set()
         if conn is not None:
@@ -199,8 +197,6 @@ class P2PSession(LoadEnds, Executor):
         self._probes.pop(kv_request_id, None)  # a fetch ends the request's probing
         self._unsent.pop(kv_request_id, None)
         self._load_reqs[job_id] = kv_request_id
-        if kv_request_id in self._probed and self._p2p_load_s < self._session.config.timeouts.load:
-            self._p2p_due[job_id] = time.monotonic() + self._p2p_load_s
         self._host(HostFetch(job_id, kv_request_id, keys_of(keys), indexes_of(block_ids)))
 
     def add_stored_blocks(self, kv_request_id: str, keys: Sequence[bytes],
@@ -212,8 +208,8 @@ class P2PSession(LoadEnds, Executor):
         """The request is over here, in both roles (no-op for an unknown id)."""
         self._probes.pop(kv_request_id, None)
         self._unsent.pop(kv_request_id, None)
-        self._probed.discard(kv_request_id)
         self._finished_jobs.update(j for j, kv in self._load_reqs.items() if kv == kv_request_id)
+        self._aborts.finish(kv_request_id)
         if self._release.early_load_failure:  # results not yet polled say so too
             self._loads = [r._replace(request_finished=True)
                            if r.kv_request_id == kv_request_id else r for r in self._loads]
@@ -222,7 +218,6 @@ class P2PSession(LoadEnds, Executor):
     def register_lookup(self, kv_request_id: str, key: bytes) -> bool | None:
         """The peer's answer for ``key`` once known; None (and the key queued) before."""
         probes = self._probes.setdefault(kv_request_id, {})
-        self._probed.add(kv_request_id)
         key = bytes(key)
         if key in probes:
             return probes[key]
@@ -287,7 +282,6 @@ class P2PSession(LoadEnds, Executor):
             now = time.monotonic()
             for timer in self._session.due_timers(now):
                 self._feed(TimerFired(timer))
-            self._expire_p2p_loads(now)
             if not conn.alive and self._session.alive:
                 self._death_reason = self._death_reason or CONN_LOST
                 self._feed(TransportLost(CONN_LOST))
@@ -314,6 +308,7 @@ class P2PSession(LoadEnds, Executor):
         in ``failed_req_ids`` (the manager falls back to local compute for it), and the
         work of a session that never connected fails, its store pins included."""
         unanswered = [kv for kv, probes in self._probes.items() if None in probes.values()]
+        unanswered += self._aborts.unfinished_requests()  # as vLLM's: it still holds them
         held, self._held = self._held, []
         for event in held:  # calls made on a session that never connected
             if isinstance(event, HostFetch):
@@ -367,13 +362,10 @@ class P2PSession(LoadEnds, Executor):
         return {xfer: frozenset(writes[xfer].jobs) for xfer in self._writes if xfer in writes}
 
     def _release_notice(self, job_id: int) -> None:
-        """The destination of load ``job_id`` is free now (its abort_ack or transfer_done).
-
-        Close is vLLM 0.34.0's release point for every load reported failed early; where
-        p2pfsm's Session reported such a load's destination not released (the session
-        was lost while a write could land), close() follows vLLM's rule, not the
-        Session's. A Session output telling that such a destination became safe belongs
-        here."""
+        """The destination of load ``job_id``, reported failed at its abort's sending, is
+        free now (the Session's DestinationReleased: its abort_ack, a racing transfer_done,
+        or a proof the peer can no longer write). Close is the release's other release
+        point (vLLM 0.34.0's rule): there every event still waiting is set."""
         self._aborts.release(job_id)
 
     # ------------------------------------------------------------------ plumbing
@@ -462,8 +454,6 @@ class P2PSession(LoadEnds, Executor):
         conn = self._conn
         if conn is None:
             return
-        if isinstance(out.message, AbortFetch) and not self._aborting(out.message):
-            return
         try:
             conn.send(to_dict(out.message))
             self._last_activity_at = time.monotonic()
@@ -507,46 +497,25 @@ class P2PSession(LoadEnds, Executor):
             self._queue(WriteFinished(out.xfer, False))
 
     def load_result(self, peer: str, out: LoadResult) -> None:
-        self._p2p_due.pop(out.job_id, None)
-        self._aborts.round_over(out.job_id)
-        if self._aborts.deferred(out.job_id):  # reported failed already: destination news
-            if out.released:
-                self._release_notice(out.job_id)
-            return  # not released: close() is the release's release point
-        if self._load_reqs.pop(out.job_id, None) is not None:
-            self._loads.append(self._vllm_load(out.job_id, out.kv_request_id, out.success))
+        kv_request_id = self._load_reqs.pop(out.job_id, None)
+        if kv_request_id is None:
+            return
+        release = None
+        if not out.released and out.reason is not FailReason.SESSION_ENDED:
+            # The profile reports an aborted load at its abort's sending: the manager keeps
+            # the blocks until this event is set (destination_released, or close).
+            release = self._aborts.defer(out.job_id, kv_request_id,
+                                         out.job_id in self._finished_jobs)
+        self._loads.append(self._vllm_load(out.job_id, kv_request_id, out.success, release))
         self._finished_jobs.discard(out.job_id)
+
+    def destination_released(self, peer: str, out: DestinationReleased) -> None:
+        self._release_notice(out.job_id)
 
     def _vllm_load(self, job_id: int, kv_request_id: str, success: bool,
                    release: threading.Event | None = None) -> VllmLoadResult:
         return vllm_load(job_id, kv_request_id, success, release,
                          job_id in self._finished_jobs)
-
-    def _aborting(self, msg: AbortFetch) -> bool:
-        """An abort_fetch the Session sends: whether it goes on the wire.
-
-        The first one of a round, where the release reports a load failed when its abort
-        is sent, reports it now with its release deferred. A second one of the round
-        (the Session re-sends when the abort_ack timer fires) ends the session instead,
-        where the release does so."""
-        rnd = self._session.consumer.loads.get(msg.kv_request_id, {}).get(msg.round_seq)
-        job = None if rnd is None else int(rnd.job_id)
-        if not self._aborts.first((msg.kv_request_id, msg.round_seq), job):
-            if not self._release.abort_ack_timeout_ends_session:
-                return True
-            if self._fault is None:
-                self._fault = ABORT_ACK_LOST
-            if self._death_reason is None:
-                self._death_reason = ABORT_ACK_LOST
-            self._queue(HostClose())
-            return False
-        if (self._release.early_load_failure and job is not None
-                and self._load_reqs.pop(job, None) is not None):
-            event = self._aborts.defer(job)
-            self._p2p_due.pop(job, None)
-            self._loads.append(self._vllm_load(job, msg.kv_request_id, False, event))
-            self._finished_jobs.discard(job)
-        return True
 
     def store_result(self, peer: str, out: StoreResult) -> None:
         self._stores.append(VllmStoreResult(out.job_id, out.success))
@@ -586,5 +555,7 @@ class P2PSession(LoadEnds, Executor):
     def session_dead(self, peer: str, out: SessionDead) -> None:
         if self._death_reason is None:
             self._death_reason = out.reason
+        if out.reason == ABORT_ACK_TIMED_OUT and self._fault is None:
+            self._fault = ABORT_ACK_TIMED_OUT  # as vLLM 0.34.0: a data-plane fault (back-off)
         if self._conn is not None:
             self._conn.mark_dead()

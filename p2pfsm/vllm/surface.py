@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from types import MappingProxyType
 from typing import NamedTuple
 
@@ -22,6 +23,7 @@ from vllm.v1.kv_offload.tiering.p2p.session.client import LoadResult as VllmLoad
 from vllm.v1.kv_offload.tiering.p2p.session.protocol import TYPE_KEY, FetchMsg
 from vllm.v1.kv_offload.tiering.p2p.session.server import StoreResult as VllmStoreResult
 
+from p2pfsm.fsm import profile
 from p2pfsm.session import LookupRequest, Timeouts
 from p2pfsm.vllm import releases
 
@@ -59,26 +61,28 @@ class StoreDrainResult(NamedTuple):
 
 
 def timeouts_from_vllm() -> Timeouts:
-    """vLLM's deadlines as they are now (a test may have patched its module constants);
-    the load timeout is the release's PD one (see :func:`p2p_load_timeout`)."""
-    return Timeouts(handshake=float(envs.VLLM_P2P_HANDSHAKE_TIMEOUT_S),
-                    load=float(getattr(vllm_client, RELEASE.pd_load_timeout)),
-                    abort_ack=float(vllm_client._ABORT_ACK_TIMEOUT_S),
-                    lookup=float(vllm_client._LOOKUP_TIMEOUT_S),
-                    store=float(vllm_server._STORE_TIMEOUT_S),
-                    lookup_pending=float(vllm_server._LOOKUP_PENDING_TIMEOUT_S))
-
-
-def p2p_load_timeout() -> float:
-    """The load timeout of a fetch of an id that ran lookups (symmetric P2P)."""
-    return float(getattr(vllm_client, RELEASE.p2p_load_timeout))
+    """The release's profile's deadlines, each set to vLLM's module constant as it is now
+    (a test may have patched one): the load deadline is the PD one, ``load_probed`` that
+    of a fetch of an id that ran lookups; the profile's ``hold`` stays."""
+    base = Timeouts.of_profile(profile(RELEASE.profile))
+    return replace(base, handshake=float(envs.VLLM_P2P_HANDSHAKE_TIMEOUT_S),
+                   load=float(getattr(vllm_client, RELEASE.pd_load_timeout)),
+                   load_probed=float(getattr(vllm_client, RELEASE.p2p_load_timeout)),
+                   abort_ack=float(vllm_client._ABORT_ACK_TIMEOUT_S),
+                   lookup=float(vllm_client._LOOKUP_TIMEOUT_S),
+                   store=float(vllm_server._STORE_TIMEOUT_S),
+                   lookup_pending=float(vllm_server._LOOKUP_PENDING_TIMEOUT_S))
 
 
 def stall_timeout() -> float | None:
-    """The producer's transfer stall timeout in seconds, or None (none, or disabled)."""
-    if RELEASE.stall_timeout_env is None:
+    """The producer's transfer stall deadline in seconds, or None (none, or disabled): the
+    release's profile states whether it has one (``stall``); vLLM's setting of it, where
+    the release names one, is taken over the profile's default, as vLLM does."""
+    default = profile(RELEASE.profile).stall
+    if default is None:
         return None
-    value = float(getattr(envs, RELEASE.stall_timeout_env))
+    env = RELEASE.stall_timeout_env
+    value = default if env is None else float(getattr(envs, env))
     return value if value > 0 else None
 
 

@@ -15,9 +15,11 @@ import sys
 import time
 from typing import Any
 
+import numpy as np
 from vllm.v1.kv_offload.base import LookupResult, ReqContext
-from vllm.v1.kv_offload.tiering.base import ParentManager
+from vllm.v1.kv_offload.tiering.base import ParentManager, TransferJob
 from vllm.v1.kv_offload.tiering.p2p.session import P2PSession as Stock
+from vllm.v1.kv_offload.tiering.p2p.session import client as stock_client
 from vllm.v1.kv_offload.tiering.p2p.session import session as stock_session
 
 from p2pfsm.vllm.peer import patches
@@ -132,9 +134,88 @@ def lookup_in_flight(cls: type, reset: bool = False) -> dict[str, Any]:
         their_data.close()
 
 
+class Hitting(Holding):
+    """A tier manager that holds every key it is asked about (block 0 pinned for it)."""
+
+    def lookup(self, key: bytes, req_context: ReqContext) -> LookupResult:
+        return LookupResult.HIT
+
+    def create_store_job(self, keys: Any, req_context: ReqContext) -> Any:
+        keys = list(keys)
+        return TransferJob(job_id=70, keys=keys, chunk_ids=np.zeros(len(keys), np.int64),
+                           is_promotion=False, req_context=req_context)
+
+
+def ack_lost(cls: type, probed: bool = False) -> dict[str, Any]:
+    """A load to a peer that stops answering (0.34.0: the load deadline and a missing
+    abort_ack are the release's profile, each shortened here): the load fails at its
+    abort's sending with its release deferred, the abort_ack deadline ends the session,
+    close() releases the destination. ``probed``: the request ran a lookup the peer
+    answered first, so only the symmetric P2P load deadline is short (the PD one outlasts
+    the run)."""
+    ours, our_id = bind_transport()
+    theirs, their_id = bind_transport()
+    our_data = make_data(make_region(BLOCKS, BLOCK_LEN), None)
+    their_data = make_data(make_region(BLOCKS, BLOCK_LEN), None)
+    peers: dict[str, Any] = {}
+    patches.set_client_timeouts(0.2, 0.2)  # read when the session is built (the adapter)
+    if probed:  # (undo() restores it: set_client_timeouts kept the original)
+        stock_client._PD_LOAD_TIMEOUT_S = 2 * BOUND_S
+    try:
+        s = cls(their_id, our_id, our_data, BLOCK_LEN, SEED, ours.connect(their_id))
+        end = time.monotonic() + BOUND_S
+
+        def step(parent: Any = None) -> None:
+            ours.poll()
+            for conn in theirs.poll():
+                peers[conn.peer_id] = Stock(conn.peer_id, their_id, their_data, BLOCK_LEN,
+                                            SEED, conn)
+            for peer in peers.values():
+                peer.poll()
+                if parent is not None:
+                    peer.serve_external_requests(parent)
+            s.poll()
+
+        while not s.ready and time.monotonic() < end:
+            step()
+        ready, hit = s.ready, None
+        if probed:
+            s.register_lookup("r-ack", b"k5")
+            s.flush_pending_lookups()
+            while hit is None and time.monotonic() < end:
+                step(Hitting())
+                hit = s.register_lookup("r-ack", b"k5")
+        s.request_blocks(9, "r-ack", [b"k5"], [5])  # the peer is never polled again
+        loads: list[Any] = []
+        while not loads and time.monotonic() < end:
+            loads = list(s.poll().loads)
+        released_at_report = bool(loads) and loads[0].deferred_release.is_set()
+        while s.alive and time.monotonic() < end:
+            ours.poll()
+            s.poll()
+        seen = {"ready": ready, "hit": hit, "alive": s.alive, "death_reason": s.death_reason,
+                "fault": s.data_plane_fault, "pending": s.has_pending_work,
+                "loads": [(r.job_id, r.kv_request_id, r.success, r.request_finished)
+                          for r in loads], "released_at_report": released_at_report}
+        closed = close_result(s)
+        seen["released_at_close"] = bool(loads) and loads[0].deferred_release.is_set()
+        return {**seen, **closed}
+    finally:
+        patches.undo()  # the timeouts as they were (and vLLM's close: apply it again)
+        patches.apply()
+        for peer in peers.values():
+            peer.close()
+        ours.close()
+        theirs.close()
+        our_data.close()
+        their_data.close()
+
+
 CASES = {"never_connected": never_connected, "lookup_in_flight": lookup_in_flight}
 if hasattr(Stock, "abort_loads"):  # 0.34.0's manager resets caches through the sessions
     CASES["reset"] = lambda cls: lookup_in_flight(cls, reset=True)
+    CASES["ack_lost"] = ack_lost  # (0.33.0 gives up on the load; the adapter re-sends)
+    CASES["probed_ack_lost"] = lambda cls: ack_lost(cls, probed=True)
 
 
 def main() -> None:

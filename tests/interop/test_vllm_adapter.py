@@ -198,7 +198,8 @@ def test_session_surface() -> None:
     vLLM's manager sees them (close() results, ``ready`` / ``connected`` / ``alive``, the
     ``_server._inflight`` its ``shutdown()`` drains), and on 0.34.0 a cache reset
     (``abort_loads()``, the deferred release, ``has_pending_work``, ``drain_stores()``,
-    ``retained``). The two must read the same."""
+    ``retained``) and a load to a peer that stops answering (a PD one, and one after a
+    lookup: its own deadline). The two must read the same."""
     seen = run_kinds("session_surface.py", ["vllm", "p2pfsm"], "kind", 120)
     assert seen["p2pfsm"] == seen["vllm"]
     never, live = seen["vllm"]["never_connected"], seen["vllm"]["lookup_in_flight"]
@@ -213,8 +214,18 @@ def test_session_surface() -> None:
         assert reset["reset_loads"] == [[9, "r-load", False, False]]  # failed at once
         assert reset["pending_before_ack"] and reset["released"]  # released on the ack
         assert not reset["pending_after_ack"] and reset["retained"] == {}
+        # A peer that stops answering: the load (PD, or after a lookup: the shorter P2P
+        # deadline) fails at its abort's sending, the missing abort_ack ends the session,
+        # close() releases the destination.
+        for case in ("ack_lost", "probed_ack_lost"):
+            lost = seen["vllm"][case]
+            assert lost["loads"] == [[9, "r-ack", False, False]], case
+            assert not lost["released_at_report"] and lost["released_at_close"], case
+            assert (lost["death_reason"], lost["fault"]) == ("abort ack timed out",) * 2, case
+            assert lost["failed_req_ids"] == ["r-ack"] and not lost["alive"], case
+        assert seen["vllm"]["probed_ack_lost"]["hit"] is True
     else:
-        assert "reset" not in seen["vllm"]
+        assert "reset" not in seen["vllm"] and "ack_lost" not in seen["vllm"]
 
 
 def test_real_tier_manager() -> None:

@@ -250,3 +250,13 @@ def test_throughput_refuses_an_unknown_drive_before_starting_anything() -> None:
 
     with pytest.raises(ConfigError, match="drive is one of"):
         throughput.run(fetches=64, drive="nap")
+
+
+def test_figures_name_the_vllm_release_measured() -> None:
+    from p2pfsm.bench import plot
+
+    assert plot.vllm_label({"vllm_release": "0.34.0"}) == "vLLM 0.34.0"
+    assert plot.vllm_label({}) == "vLLM (release not recorded)"
+    matrix_result = {"vllm_release": "0.33.0", "cells": {}}
+    assert [plot.kind_label(k, matrix_result) for k in matrix.KINDS] == [
+        "vLLM 0.33.0", "adapter", "p2pfsm"]

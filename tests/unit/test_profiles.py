@@ -28,6 +28,10 @@ def test_the_three_profiles_and_what_differs_between_them() -> None:
         30.0, 10.0, 5.0, 8.0, 30.0)
     # native's deadlines are the defaults (what a session has always run with)
     assert Timeouts.of_profile(native) == Timeouts() == Timeouts.of_profile(v33)
+    # the stall deadline of a running write is vLLM 0.34.0's alone, an executor's (the
+    # drop-in's sessions), not among the Session's deadlines
+    assert (native.stall, v33.stall, v34.stall) == (None, None, 20.0)
+    assert not hasattr(t34, "stall")
 
 
 @pytest.mark.parametrize(("patch", "message"), [
@@ -35,7 +39,15 @@ def test_the_three_profiles_and_what_differs_between_them() -> None:
      "behaviour.report_failed_load: expected one of 'at_abort_ack', 'at_abort_send', "
      "got 'later'"),
     (('abort_ack = 10.0', 'abort_ack = -1'), "timeouts.abort_ack: expected a positive"),
-    (('lookup = 30.0', 'lookup = 30.0\nstall = 20.0'), "unknown timeouts ['stall']"),
+    (('lookup = 30.0', 'lookup = 30.0\nstalled = 20.0'), "unknown timeouts ['stalled']"),
+    (('lookup = 30.0', 'lookup = 30.0\nstall = 0'),
+     "native.toml: timeouts.stall: expected a positive number of seconds, got 0"),
+    (('lookup = 30.0', 'lookup = 30.0\nstall = "20"'),
+     "timeouts.stall: expected a positive number of seconds, got '20'"),
+    (('lookup = 30.0', 'lookup = 30.0\nstall = inf'),
+     "timeouts.stall: expected a positive number of seconds, got inf"),
+    (('lookup = 30.0', 'lookup = 30.0\nstall = true'),
+     "timeouts.stall: expected a positive number of seconds, got True"),
     (('load = 30.0\n', ''), "timeouts ['load'] missing"),
     (('wire = "vllm-p2p"', 'wire = "g5"'), "wire 'g5' is not one this build speaks"),
     (('wire = "vllm-p2p"', 'wire = "vllm-p2p"\nextra = 1'), "unknown keys ['extra']"),

@@ -9,6 +9,7 @@ import pytest
 
 import p2pfsm.vllm
 from p2pfsm.errors import ConfigError
+from p2pfsm.fsm import profile
 from p2pfsm.vllm import releases
 from p2pfsm.vllm.releases import RELEASES, UnsupportedVllm
 
@@ -24,6 +25,9 @@ def test_each_supported_release_has_its_profile_and_constants() -> None:
                                                            "_P2P_LOAD_TIMEOUT_S")
     assert old.stall_timeout_env is None
     assert new.stall_timeout_env == "VLLM_P2P_TRANSFER_STALL_TIMEOUT_S"
+    # vLLM's setting of the stall deadline exists where the profile has one (its default)
+    for r in (old, new):
+        assert (r.stall_timeout_env is None) == (profile(r.profile).stall is None)
     assert not (old.early_load_failure or old.abort_ack_timeout_ends_session
                 or old.retains_transfers or old.close_releases_destinations)
     assert (new.early_load_failure and new.abort_ack_timeout_ends_session
