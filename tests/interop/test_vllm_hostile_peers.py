@@ -135,8 +135,13 @@ def _never_acked(a: Attack, agent: Any, out: Result) -> None:
         p = a.peer()
         p.send(a.connect(p.peer_id, agent, num_blocks=BLOCKS))
         peers.append(p)
-    answered = sum(p.recv(WINDOW_S) is not None for p in peers[:4])
-    out.checks["the connects were taken in"] = answered > 0
+    # Which connects a node takes in is its choice (a ROUTER reads its connections in
+    # turn, and p2pfsm admits a few new identities per host at once): any one answered.
+    poller = zmq.Poller()
+    for p in peers:
+        assert p.router is not None
+        poller.register(p.router, zmq.POLLIN)
+    out.checks["the connects were taken in"] = bool(poller.poll(int(WINDOW_S * 1000)))
 
 
 def _victims_agent(a: Attack, agent: Any, out: Result) -> None:
