@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from vllm.v1.kv_offload.tiering.p2p.data.nixl import NixlTransport
 
-from p2pfsm.demo.blocks import demo_block
+from p2pfsm.demo_blocks import demo_block
 from p2pfsm.vllm.data import PlaneDataTransport, progress_open
 from p2pfsm.vllm.peer.common import make_region
 

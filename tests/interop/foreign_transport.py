@@ -37,7 +37,7 @@ from vllm.v1.kv_offload.tiering.base import ParentManager, TransferJob
 from vllm.v1.kv_offload.tiering.p2p.data.base import DataTransport, PollResult
 from vllm.v1.kv_offload.tiering.p2p.session import P2PSession as Stock
 
-from p2pfsm.demo.blocks import demo_block, demo_key
+from p2pfsm.demo_blocks import demo_block, demo_key
 from p2pfsm.vllm.peer import patches
 from p2pfsm.vllm.peer.common import bind_transport, make_region, wait_for_frames
 from p2pfsm.vllm.session import P2PSession as Adapter

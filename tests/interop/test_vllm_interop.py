@@ -76,8 +76,8 @@ pytestmark = [
 ]
 
 
-from p2pfsm.demo.blocks import demo_block, demo_key  # noqa: E402
 from p2pfsm.demo.host import DemoServer  # noqa: E402
+from p2pfsm.demo_blocks import demo_block, demo_key  # noqa: E402
 from p2pfsm.executor.node import LookupAnswer, Node, NodeConfig, fingerprint  # noqa: E402
 from p2pfsm.session import (  # noqa: E402
     FetchArrived,
