@@ -47,6 +47,7 @@ TOOLS: tuple[str, ...] = (
     "p2pfsm.demo",
     "p2pfsm.diagram_flows",
     "p2pfsm.diagrams",
+    "p2pfsm.doc_facts",
     "p2pfsm.verify",
     "p2pfsm.vllm.peer",
 )
