@@ -12,7 +12,7 @@
 #     own tier manager (...p2p.manager: vllm.config, pydantic, transformers, ...) needs;
 #     the same pins satisfy both releases' requirements;
 #   * p2pfsm itself, editable and without its test extras, so the peer script can
-#     import p2pfsm.demo.blocks (the shared block model).
+#     import p2pfsm.demo_blocks (the shared block model).
 # Re-running it reuses an existing venv. Measured: see docs/howto/interop.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -44,7 +44,7 @@ import vllm.v1.kv_offload.tiering.p2p.session  # noqa: F401
 import vllm.v1.kv_offload.tiering.p2p.control.zmq  # noqa: F401
 import vllm.v1.kv_offload.tiering.p2p.data.nixl  # noqa: F401
 import vllm.v1.kv_offload.tiering.p2p.manager  # noqa: F401
-import p2pfsm.demo.blocks  # noqa: F401
+import p2pfsm.demo_blocks  # noqa: F401
 assert version("vllm") == sys.argv[1], version("vllm")
 print(f"vLLM {sys.argv[1]} P2P tier importable from {sys.argv[2]}")
 PY

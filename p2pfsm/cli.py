@@ -58,7 +58,8 @@ def _cmd_diagrams(args: argparse.Namespace) -> int:
         print(f"diagrams up to date: {len(specs)} machines in {out}")
         return 0
     count, svgs = diagrams.write(specs, out)
-    tables = " and tla/MachineTables.tla" if count > len(specs) + 2 else ""
+    tables = (", tla/MachineTables.tla and the architecture page's fact lists"
+              if count > len(specs) + 2 else "")
     print(f"wrote {count} generated files (diagrams in {out}, the page "
           f"{diagrams.page_path(out)}{tables})"
           + (f" and {len(svgs)} SVGs" if svgs else "; no graphviz `dot`: no SVG"))

@@ -1,8 +1,9 @@
 """Diagrams drawn from ``models/``: per machine a mermaid ``stateDiagram-v2`` (always)
 and SVG (when graphviz's ``dot`` is installed), an overview of which inputs drive which
 machine, and ``docs/machines.md``, which embeds them with one sequence diagram per flow
-recorded from the simulated world (:mod:`p2pfsm.diagram_flows`). Output is deterministic
-so CI can diff it.
+recorded from the simulated world (:mod:`p2pfsm.diagram_flows`); in a checkout also
+``tla/MachineTables.tla`` and the fact lists of ``docs/explanation/architecture.md``
+(:mod:`p2pfsm.doc_facts`). Output is deterministic so CI can diff it.
 
 Without ``--out``, ``p2pfsm diagrams`` writes (or checks) ``docs/diagrams`` of the
 source checkout, and only when run inside it (:func:`default_out`); anywhere else,
@@ -188,7 +189,8 @@ def render(specs: dict[str, MachineSpec], out: Path, page: Path | None = None) -
     where :func:`to_mermaid_folded` folds shared transitions) and ``overview.mmd`` under
     ``out``, the page of :func:`machines_page` (``page``, default ``out/machines.md``)
     and, when that page is the checkout's ``docs/machines.md``, the checkout's
-    ``tla/MachineTables.tla`` (:mod:`p2pfsm.verify.tables`)."""
+    ``tla/MachineTables.tla`` (:mod:`p2pfsm.verify.tables`) and its architecture page
+    with the fact lists filled in (:mod:`p2pfsm.doc_facts`)."""
     files = {out / f"{name}.mmd": to_mermaid(spec) for name, spec in specs.items()}
     for name, spec in specs.items():
         folded = to_mermaid_folded(spec)
@@ -201,7 +203,20 @@ def render(specs: dict[str, MachineSpec], out: Path, page: Path | None = None) -
         from p2pfsm.verify import tables  # the checkout's tla/ gets its generated module
 
         files[tables.path(root / "tla")] = tables.to_tla(specs)
+        files.update(_architecture(specs, root))
     return files
+
+
+def _architecture(specs: dict[str, MachineSpec], root: Path) -> dict[Path, str]:
+    """The checkout's architecture page with its fact lists generated (:mod:`p2pfsm.doc_facts`)."""
+    from p2pfsm import doc_facts
+
+    path = doc_facts.page_path(root)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from exc
+    return {path: doc_facts.fill(text, specs, str(path))}
 
 
 def page_path(out: Path) -> Path:

@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from p2pfsm.demo.blocks import demo_block, demo_key
+from p2pfsm.demo_blocks import demo_block, demo_key
 from p2pfsm.errors import ConfigError, TransportError
 
 __all__ = ["fetch_loop", "main"]

@@ -111,7 +111,7 @@ def _fetch(block_len: int, raw: bool, peer_id: str, router_addr: str, warmup: in
     then close and exit."""
     import zmq
 
-    from p2pfsm.demo.blocks import demo_block, demo_key
+    from p2pfsm.demo_blocks import demo_block, demo_key
     from p2pfsm.errors import TransportError
     from p2pfsm.executor.node import Node
 

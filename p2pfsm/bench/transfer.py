@@ -39,7 +39,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from p2pfsm.bench.child import BenchChild
-from p2pfsm.demo.blocks import demo_block, demo_key
+from p2pfsm.demo_blocks import demo_block, demo_key
 from p2pfsm.errors import ConfigError, TransportError
 from p2pfsm.executor.jobs import JobFuture
 from p2pfsm.executor.node import Node, NodeConfig

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from p2pfsm.bench.procstat import cpu_s, fds, rss
 from p2pfsm.bench.report import quantiles
 from p2pfsm.bench.transfer import Progress, _Fetcher, _node_pair, _Peer
-from p2pfsm.demo.blocks import demo_key
+from p2pfsm.demo_blocks import demo_key
 from p2pfsm.errors import ConfigError, TransportError
 
 if TYPE_CHECKING:

@@ -67,7 +67,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fingerprint", type=fingerprint_arg, default="",
                    help="the target's config fingerprint (16 hex digits, or '')")
     p.add_argument("--target-blocks", type=positive(int), default=16, metavar="N",
-                   help="demo blocks 0..N-1 the target holds (p2pfsm.demo.blocks)")
+                   help="demo blocks 0..N-1 the target holds (p2pfsm.demo_blocks)")
     p.add_argument("--late-blocks", default="", metavar="BLOCKS",
                    help="demo blocks (e.g. 16-19) the target holds but stores only some "
                         "time after a request asks for them (its host's late supply)")

@@ -15,7 +15,7 @@ import msgpack
 from p2pfsm.conform.registry import Context, case
 from p2pfsm.conform.tester import NUM_BLOCKS, Tester, describe
 from p2pfsm.conform.verdict import CaseFailure, NotApplicable
-from p2pfsm.demo.blocks import demo_key
+from p2pfsm.demo_blocks import demo_key
 from p2pfsm.protocol import AbortAck, AbortFetch, Connect, ConnectAck, Fetch, TransferDone
 
 PRODUCER: Final = "producer"

@@ -19,7 +19,7 @@ from p2pfsm.conform.producer_cases import (
 from p2pfsm.conform.registry import Context, case
 from p2pfsm.conform.tester import NUM_BLOCKS, Tester
 from p2pfsm.conform.verdict import CaseFailure, NotApplicable
-from p2pfsm.demo.blocks import demo_key
+from p2pfsm.demo_blocks import demo_key
 from p2pfsm.protocol import Fetch, LookupResp
 from p2pfsm.session import LookupResult
 

@@ -15,7 +15,7 @@ class Target:
         addr: its ``HOST:PORT`` (its ROUTER, and the identity it must present).
         block_len: bytes per block (ours must be equal).
         hash_seed, fingerprint: as the target's model config gives them.
-        blocks: demo blocks ``0..blocks-1`` the target holds (``p2pfsm.demo.blocks``).
+        blocks: demo blocks ``0..blocks-1`` the target holds (``p2pfsm.demo_blocks``).
         window: seconds of an observation window ("the target sends nothing").
         deadline: seconds the target has to answer what it must answer.
         consumer_cmd: for the consumer role (``addr`` is then ""), a command template

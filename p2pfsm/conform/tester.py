@@ -29,7 +29,7 @@ from p2pfsm.conform.describe import describe
 from p2pfsm.conform.target import Target
 from p2pfsm.conform.tester_effects import TesterEffects
 from p2pfsm.conform.verdict import CaseFailure
-from p2pfsm.demo.blocks import demo_block, demo_key
+from p2pfsm.demo_blocks import demo_block, demo_key
 from p2pfsm.errors import MalformedFrame, TransportError
 from p2pfsm.executor.driver import Driver
 from p2pfsm.executor.nixl_plane import DataPlane

@@ -44,7 +44,7 @@ from p2pfsm.conform.target import Target
 from p2pfsm.conform.tester import NUM_BLOCKS
 from p2pfsm.conform.verdict import CaseFailure
 from p2pfsm.conform.walk_tester import Call, WalkTester, step_seconds
-from p2pfsm.demo.blocks import demo_key
+from p2pfsm.demo_blocks import demo_key
 from p2pfsm.errors import LocalProtocolError
 from p2pfsm.fsm import input_table
 from p2pfsm.protocol import AbortFetch, ConnectAck

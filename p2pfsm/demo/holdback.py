@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Final
 
-from p2pfsm.demo.blocks import demo_key
+from p2pfsm.demo_blocks import demo_key
 
 MAX_REQUESTS: Final = 65536
 """Requests whose first sighting is remembered; the oldest are forgotten beyond this."""

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from p2pfsm.demo.blocks import demo_block, demo_key
+from p2pfsm.demo_blocks import demo_block, demo_key
 from p2pfsm.errors import NIXL_INSTALL_HINT, ConfigError, P2PFSMError, TransportError
 from p2pfsm.protocol.validate import Limits
 from p2pfsm.session import FetchArrived

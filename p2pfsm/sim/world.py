@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 
-from p2pfsm.demo.blocks import demo_block, demo_key
+from p2pfsm.demo_blocks import demo_block, demo_key
 from p2pfsm.errors import LocalProtocolError
 from p2pfsm.executor.core import Executor
 from p2pfsm.executor.driver import CallRecorder, Driver

@@ -30,7 +30,7 @@ from itertools import product
 
 import msgpack
 
-from p2pfsm.demo.blocks import demo_key
+from p2pfsm.demo_blocks import demo_key
 from p2pfsm.errors import LocalProtocolError, MalformedFrame
 from p2pfsm.fsm import DEFAULT_PROFILE, input_table
 from p2pfsm.protocol import Disconnect, Fetch, decode, fetch_round

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from p2pfsm.demo.blocks import demo_block, demo_key
+from p2pfsm.demo_blocks import demo_block, demo_key
 from p2pfsm.errors import LocalProtocolError
 from p2pfsm.executor.jobs import JobFuture
 from p2pfsm.executor.node import LookupAnswer, LookupAsk, Node, NodeConfig

@@ -22,7 +22,7 @@ import pytest
 from helpers.polling import poll_until
 from helpers.serve_process import ServeProcess, fd_count, rss
 
-from p2pfsm.demo.blocks import demo_block, demo_key
+from p2pfsm.demo_blocks import demo_block, demo_key
 from p2pfsm.executor.node import Node, NodeConfig
 
 from .conftest import churn

@@ -21,7 +21,7 @@ from __future__ import annotations
 import sys
 import time
 
-from p2pfsm.demo.blocks import demo_key
+from p2pfsm.demo_blocks import demo_key
 from p2pfsm.executor.nixl_plane import DataPlane
 from p2pfsm.executor.zmq_plane import ControlPlane, FrameIn
 from p2pfsm.protocol import (

@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from helpers.world import World
-from p2pfsm.demo.blocks import demo_key
+from p2pfsm.demo_blocks import demo_key
 from p2pfsm.errors import LocalProtocolError, RemoteProtocolError
 from p2pfsm.fsm import Tracer
 from p2pfsm.protocol import (

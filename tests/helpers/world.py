@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from p2pfsm.demo.blocks import demo_key
+from p2pfsm.demo_blocks import demo_key
 from p2pfsm.protocol import Connect, ConnectAck, Message, decode, encode
 from p2pfsm.session import (
     DEFAULT_HASH_SEED,

@@ -7,7 +7,7 @@ identity, the frame parts and the payload bytes are entirely the caller's choice
 every field can be wrong.
 
 The demo block model (key and content of block ``i``) is rebuilt here from its
-documented definition (``p2pfsm/demo/blocks.py`` docstring), so the attacker can ask
+documented definition (``p2pfsm/demo_blocks.py`` docstring), so the attacker can ask
 for real blocks and check the bytes the server wrote into its memory.
 """
 

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
-from p2pfsm.demo.blocks import demo_key
 from p2pfsm.demo.host import fill_demo_region
+from p2pfsm.demo_blocks import demo_key
 from p2pfsm.executor.node import LookupAnswer, LookupAsk, Node, NodeConfig
 from p2pfsm.protocol import decode
 from p2pfsm.session import (

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from p2pfsm.demo.blocks import demo_block
+from p2pfsm.demo_blocks import demo_block
 from p2pfsm.errors import ConfigError, TransportError
 from p2pfsm.executor.memory import HostRegion
 from p2pfsm.executor.nixl_plane import DataPlane

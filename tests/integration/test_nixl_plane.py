@@ -22,7 +22,7 @@ from typing import Any
 import msgpack
 import pytest
 
-from p2pfsm.demo.blocks import demo_block
+from p2pfsm.demo_blocks import demo_block
 from p2pfsm.errors import ConfigError, TransportError
 from p2pfsm.executor.descriptors import HEADROOM
 from p2pfsm.executor.nixl_plane import IDLE_PROGRESS_MS, DataPlane, WriteId

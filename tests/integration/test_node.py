@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from p2pfsm.demo.blocks import demo_block, demo_key
+from p2pfsm.demo_blocks import demo_block, demo_key
 from p2pfsm.errors import ConfigError, TransportError
 from p2pfsm.executor.node import NodeConfig
 from p2pfsm.session import FailReason, LoadResult, Timeouts

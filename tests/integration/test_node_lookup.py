@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from p2pfsm.demo.blocks import demo_block, demo_key
 from p2pfsm.demo.host import fill_demo_region
+from p2pfsm.demo_blocks import demo_block, demo_key
 from p2pfsm.errors import LocalProtocolError
 from p2pfsm.executor.node import LookupAnswer, Node, NodeConfig
 from p2pfsm.protocol import LookupResp

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import pytest
 
-from p2pfsm.demo.blocks import demo_key
+from p2pfsm.demo_blocks import demo_key
 from p2pfsm.executor.node import Node, NodeConfig
 from p2pfsm.protocol import Connect, encode
 from p2pfsm.session import DEFAULT_HASH_SEED, Timeouts

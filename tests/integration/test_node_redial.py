@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from p2pfsm.demo.blocks import demo_block, demo_key
 from p2pfsm.demo.host import DemoServer
+from p2pfsm.demo_blocks import demo_block, demo_key
 from p2pfsm.executor.node import Node, NodeConfig
 from p2pfsm.session import FailReason, Timeouts
 from tests.helpers.serve_process import ServeProcess

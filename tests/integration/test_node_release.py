@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from p2pfsm.demo.blocks import demo_key
+from p2pfsm.demo_blocks import demo_key
 from p2pfsm.errors import LocalProtocolError
 from p2pfsm.executor.node import Node, NodeConfig
 from p2pfsm.session import DestinationReleased, FailReason, ReleaseCause, Timeouts

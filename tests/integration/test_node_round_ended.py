@@ -9,7 +9,7 @@ import importlib.util
 
 import pytest
 
-from p2pfsm.demo.blocks import demo_key
+from p2pfsm.demo_blocks import demo_key
 from p2pfsm.executor.jobs import LookupAsk
 from p2pfsm.executor.node import Node, NodeConfig
 from p2pfsm.session import FailReason, FetchArrived, RoundEnded, Timeouts

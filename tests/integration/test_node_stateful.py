@@ -64,8 +64,8 @@ from hypothesis.stateful import (
 )
 from stateful.oracle import Oracle
 
-from p2pfsm.demo.blocks import demo_block, demo_key
 from p2pfsm.demo.host import fill_demo_region
+from p2pfsm.demo_blocks import demo_block, demo_key
 from p2pfsm.errors import LocalProtocolError
 from p2pfsm.executor.jobs import JobFuture, LookupAsk
 from p2pfsm.executor.node import LookupAnswer, Node, NodeConfig

@@ -22,7 +22,7 @@ from concurrent.futures import Future
 
 import pytest
 
-from p2pfsm.demo.blocks import demo_block, demo_key
+from p2pfsm.demo_blocks import demo_block, demo_key
 from p2pfsm.errors import LocalProtocolError
 from p2pfsm.executor.node import Node, NodeConfig
 from tests.helpers.serve_process import ServeProcess

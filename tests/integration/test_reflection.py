@@ -197,8 +197,8 @@ def test_dial_back_any_host_relaxes_the_source_check(
 def test_a_node_on_another_address_handshakes_and_fetches() -> None:
     """Our DEALERs connect from our bind address: a node bound on 127.0.0.2 is dialled
     back by one on 127.0.0.1 although the kernel would pick 127.0.0.1 as the source."""
-    from p2pfsm.demo.blocks import demo_block, demo_key
     from p2pfsm.demo.host import DemoServer
+    from p2pfsm.demo_blocks import demo_block, demo_key
 
     server = DemoServer(NodeConfig("tcp://127.0.0.1:0", 16, BLOCK, hash_seed=SEED)).node
     client = Node(NodeConfig("tcp://127.0.0.2:0", 16, BLOCK, hash_seed=SEED))
@@ -233,8 +233,8 @@ def test_a_flood_from_one_host_never_evicts_a_handshake_from_another(
     connection came from and a host evicts only its own (or a bigger host's), so the
     client's handshake completes and its fetch verifies. With oldest-first eviction the
     first burst pushed the client's dial-back out (its handshake died: evicted)."""
-    from p2pfsm.demo.blocks import demo_block, demo_key
     from p2pfsm.demo.host import DemoServer
+    from p2pfsm.demo_blocks import demo_block, demo_key
 
     caplog.set_level(logging.INFO, logger="p2pfsm.zmq")
     server = DemoServer(NodeConfig("tcp://127.0.0.1:0", 16, BLOCK, hash_seed=SEED,

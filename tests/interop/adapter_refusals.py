@@ -33,7 +33,7 @@ from typing import Any
 
 from vllm.v1.kv_offload.tiering.p2p.session import P2PSession as Stock
 
-from p2pfsm.demo.blocks import demo_block, demo_key
+from p2pfsm.demo_blocks import demo_block, demo_key
 from p2pfsm.vllm import guard
 from p2pfsm.vllm.peer import patches
 from p2pfsm.vllm.peer.common import bind_transport, make_data, make_region, wait_for_frames

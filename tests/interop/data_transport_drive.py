@@ -4,7 +4,7 @@ Run by ``test_vllm_adapter.py::test_full_install_data_transport`` with a vLLM ve
 Python. Three regions of demo blocks: one behind vLLM's ``NixlTransport`` (``stock``),
 two behind :class:`p2pfsm.vllm.data.PlaneDataTransport` (``ours``, ``other``). WRITEs go
 each way between ours and stock and between ours and other; every byte landed is checked
-against ``p2pfsm.demo.blocks``. Then what the manager and the sessions rely on:
+against ``p2pfsm.demo_blocks``. Then what the manager and the sessions rely on:
 scoped polls, each transfer reported once, ``cancel`` in both modes, a removed peer's
 reports dropped (its running WRITE retired, reported by ``poll_retired``), a
 re-registration, one UCX progress step per manager tick, and the
@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from vllm.v1.kv_offload.tiering.p2p.data.nixl import NixlTransport
 
-from p2pfsm.demo.blocks import demo_block
+from p2pfsm.demo_blocks import demo_block
 from p2pfsm.vllm.data import PlaneDataTransport, progress_open
 from p2pfsm.vllm.peer.common import make_region
 

@@ -19,7 +19,7 @@ prints one JSON line per class of what a tier manager would see:
   on. Then A loads both.
 * ``finish``: A fetches key 3; B's host finishes the request without storing it.
 
-Every load's bytes are compared with ``p2pfsm.demo.blocks``.
+Every load's bytes are compared with ``p2pfsm.demo_blocks``.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from vllm.v1.kv_offload.tiering.base import ParentManager, TransferJob
 from vllm.v1.kv_offload.tiering.p2p.data.base import DataTransport, PollResult
 from vllm.v1.kv_offload.tiering.p2p.session import P2PSession as Stock
 
-from p2pfsm.demo.blocks import demo_block, demo_key
+from p2pfsm.demo_blocks import demo_block, demo_key
 from p2pfsm.vllm.peer import patches
 from p2pfsm.vllm.peer.common import bind_transport, make_region, wait_for_frames
 from p2pfsm.vllm.session import P2PSession as Adapter

@@ -59,7 +59,7 @@ from vllm.v1.kv_offload.tiering.p2p.data.nixl import NixlTransport
 from vllm.v1.kv_offload.tiering.p2p.session import P2PSession as Stock
 
 import p2pfsm.vllm as pv
-from p2pfsm.demo.blocks import demo_block, demo_key
+from p2pfsm.demo_blocks import demo_block, demo_key
 from p2pfsm.vllm.control import PlaneTransport
 from p2pfsm.vllm.data import PlaneDataTransport
 from p2pfsm.vllm.peer import patches

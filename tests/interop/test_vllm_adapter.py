@@ -6,7 +6,7 @@ Each vLLM process is ``python -m p2pfsm.vllm.peer`` from the peer venv (0.33.0 o
 ``ZmqTransport`` / ``ZmqConnection`` and ``NixlTransport``; ``--adapter`` makes it run
 p2pfsm's sessions through :func:`p2pfsm.vllm.install`. The adapter plays against a stock
 vLLM process in both roles and, as a client, against a p2pfsm node; every byte is checked
-against ``p2pfsm.demo.blocks``. One set of long-lived processes (the ``world`` fixture)
+against ``p2pfsm.demo_blocks``. One set of long-lived processes (the ``world`` fixture)
 serves every flow, both directions, a peer killed mid-transfer in both directions, and
 the run-both-and-compare of vLLM's sessions against the adapter's; docs/explanation/vllm.md's
 "Tests" section lists which test proves which flow.

@@ -6,7 +6,7 @@ scenario (``sessions``: vLLM with ``p2pfsm.vllm.install()``, ``full``: with
 ``install(transport="p2pfsm")``, ``serve``: ``p2pfsm serve``), raw pyzmq peers and real
 NIXL agents in this process. The legitimate peer is a raw peer too: it handshakes with an
 agent of its own and fetches demo blocks 0-2, every byte checked against
-``p2pfsm.demo.blocks`` (``RawPeer.fetch_ok``). Scenarios:
+``p2pfsm.demo_blocks`` (``RawPeer.fetch_ok``). Scenarios:
 
 * ``three frames``: one message of three frames, ``[connect, b"frame-2", b"frame-3"]``:
   no session and no dial-back.

@@ -7,7 +7,7 @@ separate venv (``.venv-vllm``: 0.33.0, from ``bash .ci/install-vllm.sh``;
 own ``P2PSession``, ZMQ control transport and NIXL data transport. The p2pfsm side is a
 :class:`~p2pfsm.executor.node.Node` driven from this process (and, for one smoke test per
 direction, the ``p2pfsm serve`` / ``p2pfsm fetch`` CLI). Both derive keys and block
-contents from ``p2pfsm.demo.blocks``, so each receiver checks every byte it was sent.
+contents from ``p2pfsm.demo_blocks``, so each receiver checks every byte it was sent.
 
 Flows (each in both directions):
 
@@ -76,8 +76,8 @@ pytestmark = [
 ]
 
 
-from p2pfsm.demo.blocks import demo_block, demo_key  # noqa: E402
 from p2pfsm.demo.host import DemoServer  # noqa: E402
+from p2pfsm.demo_blocks import demo_block, demo_key  # noqa: E402
 from p2pfsm.executor.node import LookupAnswer, Node, NodeConfig, fingerprint  # noqa: E402
 from p2pfsm.session import (  # noqa: E402
     FetchArrived,

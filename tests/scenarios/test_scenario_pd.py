@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from helpers.world import World, keys, of_type, ready_world, snapshot
 
-from p2pfsm.demo.blocks import demo_block, demo_key
+from p2pfsm.demo_blocks import demo_block, demo_key
 from p2pfsm.errors import LocalProtocolError
 from p2pfsm.protocol import AbortAck, Fetch, TransferDone
 from p2pfsm.session import (

@@ -30,7 +30,7 @@ import hypothesis.strategies as st
 from hypothesis import note, target
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from p2pfsm.demo.blocks import demo_key
+from p2pfsm.demo_blocks import demo_key
 from p2pfsm.errors import LocalProtocolError
 from p2pfsm.fsm import Tracer
 from p2pfsm.protocol import AbortAck, AbortFetch, Fetch, TransferDone, decode

@@ -38,7 +38,7 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
-from p2pfsm.demo.blocks import demo_key
+from p2pfsm.demo_blocks import demo_key
 from p2pfsm.errors import LocalProtocolError
 from p2pfsm.protocol import AbortAck, AbortFetch, Connect, Fetch, TransferDone, decode, encode
 from p2pfsm.session import (

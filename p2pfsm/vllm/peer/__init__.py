@@ -4,7 +4,7 @@ Run it as ``python -m p2pfsm.vllm.peer server|client ...`` with a Python that ha
 0.33.0 or 0.34.0 (``.venv-vllm`` / ``.venv-vllm-0.34``, built by ``.ci/install-vllm.sh
 RELEASE``); the interop suite and
 ``p2pfsm bench --vs-vllm`` start it that way. Besides vLLM it imports only p2pfsm's shared
-demo block model (``p2pfsm.demo.blocks``). It drives ``P2PSession`` directly, the way vLLM's
+demo block model (``p2pfsm.demo_blocks``). It drives ``P2PSession`` directly, the way vLLM's
 ``P2PSecondaryTierManager`` does (``vllm/v1/kv_offload/tiering/p2p/manager.py`` in the wheel):
 ``poll()`` every iteration, ``add_stored_blocks`` for supply, ``request_blocks`` for
 fetches, ``register_lookup`` + ``flush_pending_lookups`` for lookups, and a small

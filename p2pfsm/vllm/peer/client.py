@@ -12,7 +12,7 @@ from typing import Any
 
 from vllm.v1.kv_offload.base import OffloadKey
 
-from p2pfsm.demo.blocks import demo_block, demo_key
+from p2pfsm.demo_blocks import demo_block, demo_key
 from p2pfsm.vllm.peer.common import (
     STOP,
     bind_transport,

@@ -13,7 +13,7 @@ from typing import Any
 
 from vllm.v1.kv_offload.base import OffloadKey
 
-from p2pfsm.demo.blocks import demo_key
+from p2pfsm.demo_blocks import demo_key
 from p2pfsm.vllm.peer.client import Link, one_attempt, run_client, wait_ready
 from p2pfsm.vllm.peer.common import STOP, emit, parse_blocks, wait_for_frames
 from p2pfsm.vllm.peer.patches import set_client_timeouts

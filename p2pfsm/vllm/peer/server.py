@@ -19,7 +19,7 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.tiering.base import ParentManager, TransferJob
 from vllm.v1.kv_offload.tiering.p2p.session import P2PSession
 
-from p2pfsm.demo.blocks import demo_block, demo_key
+from p2pfsm.demo_blocks import demo_block, demo_key
 from p2pfsm.vllm.peer.common import (
     STOP,
     bind_transport,
