@@ -38,6 +38,9 @@ class Release:
             waits for them a bounded time and then fails their jobs.
         close_releases_destinations: close() is the release point of every load
             reported failed whose destination the peer could still write (vLLM's rule).
+        registration_fault: a failed registration of the peer's memory is reported as the
+            session's ``data_plane_fault`` (``peer registration failed: ...``), so the
+            manager counts it and backs off before it reconnects.
     """
 
     version: str
@@ -49,6 +52,7 @@ class Release:
     abort_ack_timeout_ends_session: bool
     retains_transfers: bool
     close_releases_destinations: bool
+    registration_fault: bool
 
 
 RELEASES: dict[str, Release] = {
@@ -57,13 +61,13 @@ RELEASES: dict[str, Release] = {
         pd_load_timeout="_LOAD_TIMEOUT_S", p2p_load_timeout="_LOAD_TIMEOUT_S",
         stall_timeout_env=None, early_load_failure=False,
         abort_ack_timeout_ends_session=False, retains_transfers=False,
-        close_releases_destinations=False),
+        close_releases_destinations=False, registration_fault=False),
     "0.34.0": Release(
         version="0.34.0", profile="vllm-0.34",
         pd_load_timeout="_PD_LOAD_TIMEOUT_S", p2p_load_timeout="_P2P_LOAD_TIMEOUT_S",
         stall_timeout_env="VLLM_P2P_TRANSFER_STALL_TIMEOUT_S", early_load_failure=True,
         abort_ack_timeout_ends_session=True, retains_transfers=True,
-        close_releases_destinations=True),
+        close_releases_destinations=True, registration_fault=True),
 }
 """Every release the drop-in supports, by version."""
 

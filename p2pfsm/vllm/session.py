@@ -417,9 +417,16 @@ class P2PSession(LoadEnds, Executor):
         try:
             fut.result()
         except Exception as exc:
+            self._registration_failed(exc)
             self._feed(RegistrationFinished(False, str(exc)))
             return
         self._feed(RegistrationFinished(True))
+
+    def _registration_failed(self, exc: Exception) -> None:
+        """Where the release does so, a failed registration is the session's data-plane
+        fault (the manager counts it and backs off before it reconnects)."""
+        if self._release.registration_fault and self._fault is None:
+            self._fault = f"peer registration failed: {exc}"
 
     def _poll_writes(self, escalate: bool = True) -> None:
         # The peer's scope is polled on every poll() (escalate), as vLLM's session does:
@@ -477,6 +484,7 @@ class P2PSession(LoadEnds, Executor):
                 self.peer_id, agent_metadata=c.agent_metadata, base_addr=c.base_addr,
                 num_blocks=c.num_blocks, block_len=c.block_len)
         except Exception as exc:
+            self._registration_failed(exc)
             self._queue(RegistrationFinished(False, str(exc)))
             return
         self._poll_registration()  # transports that register inline have finished
