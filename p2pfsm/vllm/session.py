@@ -350,7 +350,9 @@ class P2PSession(LoadEnds, Executor):
         loads, self._loads = self._loads, []
         stores, self._stores = self._stores, []
         failed_jobs = [r.job_id for r in loads]
-        failed_reqs = list(dict.fromkeys([r.kv_request_id for r in loads] + unanswered))
+        # A request the host finished is not failed again (a release whose results say so).
+        open_reqs = [r.kv_request_id for r in loads if not getattr(r, "request_finished", False)]
+        failed_reqs = list(dict.fromkeys(open_reqs + unanswered))
         failed_stores = [r.job_id for r in stores]
         serves = [s.ctx for s in self._served.values() if s.asked] + self._finished_ctxs
         self._served.clear()
