@@ -80,6 +80,7 @@ from p2pfsm.vllm.surface import (
     timeouts_from_vllm,
     vllm_load,
 )
+from p2pfsm.vllm.withdrawn import Withdrawn
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +145,7 @@ class P2PSession(LoadEnds, Executor):
         self._aborts = Aborts()  # aborted rounds; loads reported failed, not yet released
         self._write_at: dict[int, float] = {}  # session xfer -> when it was posted
         self._terminal: set[str] = set()
+        self._withdrawn = Withdrawn()  # store jobs a cache reset failed early
         if conn is not None:
             self.attach_connection(conn)
 
@@ -492,7 +494,8 @@ class P2PSession(LoadEnds, Executor):
         self._poll_registration()  # transports that register inline have finished
 
     def start_write(self, peer: str, out: StartWrite) -> None:
-        if self._fault is not None:  # the transport judged the peer unusable: no new WRITE
+        if self._fault is not None or self._withdrawn.refuses(self._session, out.xfer):
+            # the transport judged the peer unusable, or a reset withdrew the blocks
             self._queue(WriteFinished(out.xfer, False))
             return
         tid = self._transport.write_blocks(self.peer_id, list(out.local_indexes),
@@ -559,6 +562,8 @@ class P2PSession(LoadEnds, Executor):
         return True
 
     def store_result(self, peer: str, out: StoreResult) -> None:
+        if self._withdrawn.settled(out.job_id):
+            return  # failed already, by the cache reset that withdrew it
         self._stores.append(VllmStoreResult(out.job_id, out.success))
 
     def lookup_result(self, peer: str, out: LookupResult) -> None:
