@@ -16,6 +16,7 @@ from vllm.v1.kv_offload.tiering.p2p.session.server import StoreResult as VllmSto
 
 from p2pfsm.session import HostFinish, Input, Session
 from p2pfsm.vllm.surface import StoreDrainResult
+from p2pfsm.vllm.withdrawn import Withdrawn
 
 
 class LoadEnds:
@@ -24,6 +25,7 @@ class LoadEnds:
     _session: Session
     _load_reqs: dict[int, str]  # open load job -> kv_request_id
     _stores: list[VllmStoreResult]
+    _withdrawn: Withdrawn
 
     def _host(self, event: Input) -> None:
         raise NotImplementedError  # the session's
@@ -37,11 +39,13 @@ class LoadEnds:
 
     def drain_stores(self, kv_request_ids: Iterable[str] | None = None) -> StoreDrainResult:
         """Withdraw our supply (of ``kv_request_ids``, else of every request the peer
-        asked of us): each round is ended as a finish of its request ends it, the store
-        jobs with nothing in flight fail now, and the PD ids among them are named."""
+        asked of us): the store jobs of rounds no fetch has named yet fail now
+        (:class:`~p2pfsm.vllm.withdrawn.Withdrawn`), each round is ended as a finish of
+        its request ends it, and the PD ids among them are named."""
         rounds = self._session.producer.rounds
         ids = list(rounds) if kv_request_ids is None else list(kv_request_ids)
         mark = len(self._stores)
+        withdrawn = self._withdrawn.withdraw(self._session, ids)
         reaped: set[str] = set()
         for kv_request_id in ids:
             serving = rounds.get(kv_request_id)
@@ -50,6 +54,6 @@ class LoadEnds:
             if any(r.origin == "host" for r in serving.values()):
                 reaped.add(kv_request_id)
             self._host(HostFinish(kv_request_id))
-        stores = self._stores[mark:]
+        stores = [VllmStoreResult(job, False) for job in withdrawn] + self._stores[mark:]
         del self._stores[mark:]
         return StoreDrainResult(stores, reaped)

@@ -36,6 +36,9 @@ class Release:
             waits for them a bounded time and then fails their jobs.
         close_releases_destinations: close() is the release point of every load
             reported failed whose destination the peer could still write (vLLM's rule).
+        registration_fault: a failed registration of the peer's memory is reported as the
+            session's ``data_plane_fault`` (``peer registration failed: ...``), so the
+            manager counts it and backs off before it reconnects.
 
     When a failed load is reported and what a missing abort_ack does are the profile's
     (``models/profiles/``): :attr:`early_load_failure` and
@@ -49,6 +52,7 @@ class Release:
     stall_timeout_env: str | None
     retains_transfers: bool
     close_releases_destinations: bool
+    registration_fault: bool
 
     @property
     def early_load_failure(self) -> bool:
@@ -68,12 +72,13 @@ RELEASES: dict[str, Release] = {
     "0.33.0": Release(
         version="0.33.0", profile="vllm-0.33",
         pd_load_timeout="_LOAD_TIMEOUT_S", p2p_load_timeout="_LOAD_TIMEOUT_S",
-        stall_timeout_env=None, retains_transfers=False, close_releases_destinations=False),
+        stall_timeout_env=None, retains_transfers=False, close_releases_destinations=False,
+        registration_fault=False),
     "0.34.0": Release(
         version="0.34.0", profile="vllm-0.34",
         pd_load_timeout="_PD_LOAD_TIMEOUT_S", p2p_load_timeout="_P2P_LOAD_TIMEOUT_S",
         stall_timeout_env="VLLM_P2P_TRANSFER_STALL_TIMEOUT_S", retains_transfers=True,
-        close_releases_destinations=True),
+        close_releases_destinations=True, registration_fault=True),
 }
 """Every release the drop-in supports, by version."""
 

@@ -82,6 +82,7 @@ from p2pfsm.vllm.surface import (
     timeouts_from_vllm,
     vllm_load,
 )
+from p2pfsm.vllm.withdrawn import Withdrawn
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +143,7 @@ class P2PSession(LoadEnds, Executor):
         self._aborts = Aborts()  # loads reported failed at abort send, not yet released
         self._write_at: dict[int, float] = {}  # session xfer -> when it was posted
         self._terminal: set[str] = set()
+        self._withdrawn = Withdrawn()  # store jobs a cache reset failed early
         if conn is not None:
             self.attach_connection(conn)
 
@@ -345,7 +347,9 @@ class P2PSession(LoadEnds, Executor):
         loads, self._loads = self._loads, []
         stores, self._stores = self._stores, []
         failed_jobs = [r.job_id for r in loads]
-        failed_reqs = list(dict.fromkeys([r.kv_request_id for r in loads] + unanswered))
+        # A request the host finished is not failed again (a release whose results say so).
+        open_reqs = [r.kv_request_id for r in loads if not getattr(r, "request_finished", False)]
+        failed_reqs = list(dict.fromkeys(open_reqs + unanswered))
         failed_stores = [r.job_id for r in stores]
         serves = [s.ctx for s in self._served.values() if s.asked] + self._finished_ctxs
         self._served.clear()
@@ -409,9 +413,16 @@ class P2PSession(LoadEnds, Executor):
         try:
             fut.result()
         except Exception as exc:
+            self._registration_failed(exc)
             self._feed(RegistrationFinished(False, str(exc)))
             return
         self._feed(RegistrationFinished(True))
+
+    def _registration_failed(self, exc: Exception) -> None:
+        """Where the release does so, a failed registration is the session's data-plane
+        fault (the manager counts it and backs off before it reconnects)."""
+        if self._release.registration_fault and self._fault is None:
+            self._fault = f"peer registration failed: {exc}"
 
     def _poll_writes(self, escalate: bool = True) -> None:
         # The peer's scope is polled on every poll() (escalate), as vLLM's session does:
@@ -467,12 +478,14 @@ class P2PSession(LoadEnds, Executor):
                 self.peer_id, agent_metadata=c.agent_metadata, base_addr=c.base_addr,
                 num_blocks=c.num_blocks, block_len=c.block_len)
         except Exception as exc:
+            self._registration_failed(exc)
             self._queue(RegistrationFinished(False, str(exc)))
             return
         self._poll_registration()  # transports that register inline have finished
 
     def start_write(self, peer: str, out: StartWrite) -> None:
-        if self._fault is not None:  # the transport judged the peer unusable: no new WRITE
+        if self._fault is not None or self._withdrawn.refuses(self._session, out.xfer):
+            # the transport judged the peer unusable, or a reset withdrew the blocks
             self._queue(WriteFinished(out.xfer, False))
             return
         tid = self._transport.write_blocks(self.peer_id, list(out.local_indexes),
@@ -518,6 +531,8 @@ class P2PSession(LoadEnds, Executor):
                          job_id in self._finished_jobs)
 
     def store_result(self, peer: str, out: StoreResult) -> None:
+        if self._withdrawn.settled(out.job_id):
+            return  # failed already, by the cache reset that withdrew it
         self._stores.append(VllmStoreResult(out.job_id, out.success))
 
     def lookup_result(self, peer: str, out: LookupResult) -> None:

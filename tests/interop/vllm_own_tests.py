@@ -52,6 +52,10 @@ BLOCK_BOUND = "block index outside the peer's advertised blocks"
 ROUND_STORES = "store results of a round that failed"
 FAULT = "data-plane fault (death reason and drain)"
 WHOLE_LOOKUP = "a lookup's answers are given once all its keys are answered"
+LOST_LOAD = "a peer dies with a load in flight"
+UNSENT = "a fetch still queued behind the handshake"
+SERVING_RESET = "a cache reset while a fetched round is written"
+POSTED_DONE = "a write the transport finished when it was posted"
 
 S, M = "test_sessions.py::", "test_manager.py::"
 DIFFERENCES: dict[str, str] = {
@@ -85,8 +89,47 @@ DIFFERENCES: dict[str, str] = {
         LOOKUP_OVERDUE,
     M + "TestBidirectionalManager::test_lookup_expiry_allows_zmq_reconnect": LOOKUP_OVERDUE,
 }
-PRIVATE_NAMES = ("_client", "_server", "_ServerRoleView")
-"""A failure whose error names one of these reads vLLM's session internals."""
+DISCONNECT = S + "TestDisconnect::"
+BY_RELEASE: dict[str, dict[str, str]] = {
+    "0.33.0": {},
+    "0.34.0": {
+        **{f"{DISCONNECT}test_buffered_terminal_settles_load_after_disconnect[{d}-{t}]":
+           LOST_LOAD for d in ("False", "True") for t in ("AbortAckMsg", "TransferDoneMsg")},
+        **{f"{DISCONNECT}test_local_protocol_fault_rejects_buffered_success[{d}]": LOST_LOAD
+           for d in ("False", "True")},
+        **{S + f"TestDispatchErrorHandling::test_transfer_done_missing_field_disconnects[{d}]":
+           LOST_LOAD for d in ("False", "True")},
+        **{f"{DISCONNECT}test_unsent_fetch_retires_without_abort[{a}-{f}]": UNSENT
+           for a in ("False", "True") for f in ("False", "True")},
+        DISCONNECT + "test_dead_connection_does_not_flush_unsent_fetch[False]": UNSENT,
+        M + "TestBidirectionalManager::test_retired_unsent_fetch_releases_parked_producer_blocks":
+            UNSENT,
+        **{S + f"test_drain_stores_keeps_inflight_pins_until_transport_finishes[{w}]":
+           SERVING_RESET for w in ("False", "True")},
+        M + "test_drain_rejects_fetch_arriving_mid_poll": POSTED_DONE,
+    },
+}
+"""Differences of one release only, by the release's version (added to DIFFERENCES)."""
+
+
+def release_under_test() -> str:
+    """The version of the vLLM that ``VLLM_PYTHON`` imports (its package metadata)."""
+    done = subprocess.run([str(VLLM_PYTHON), "-c", "from importlib import metadata; "
+                           "print(metadata.version('vllm'))"],
+                          capture_output=True, text=True, timeout=60, check=True)
+    return done.stdout.strip().split("+", 1)[0]
+
+
+def differences(version: str) -> dict[str, str]:
+    """Every documented difference of ``version``: the common ones and its own."""
+    if version not in BY_RELEASE:
+        raise KeyError(f"no DIFFERENCES for vLLM {version}: add a BY_RELEASE entry")
+    return {**DIFFERENCES, **BY_RELEASE[version]}
+
+
+PRIVATE_NAMES = ("_client", "_server", "ServerRoleView", "submitted_at")
+"""A failure whose error names one of these reads vLLM's session internals (its roles,
+the adapter's stand-in for its server role, a transfer record's clock)."""
 
 
 def run(src: Path, dropin: bool, files: tuple[str, ...] = FILES) -> dict[str, str]:
@@ -126,10 +169,11 @@ def outcomes(report: Path) -> dict[str, str]:
     return seen
 
 
-def why(name: str, status: str) -> str | None:
-    """The documented reason the drop-in fails ``name``, or None (a regression)."""
-    if name in DIFFERENCES:
-        return DIFFERENCES[name]
+def why(name: str, status: str, known: dict[str, str] = DIFFERENCES) -> str | None:
+    """The documented reason the drop-in fails ``name`` (``known``: the release's
+    differences), or None (a regression)."""
+    if name in known:
+        return known[name]
     if any(p in status for p in PRIVATE_NAMES):
         return PRIVATE
     return None
@@ -147,11 +191,12 @@ def counts(seen: dict[str, str]) -> dict[str, list[int]]:
 
 def main() -> None:
     src = Path(os.environ[SRC_ENV])
+    known = differences(release_under_test())
     for kind in sys.argv[1:] or ["stock", "dropin"]:
         seen = run(src, kind == "dropin")
         failed = {n: s for n, s in seen.items() if s not in ("passed", "skipped")}
         print(json.dumps({"kind": kind, "counts": counts(seen),
-                          "failed": {n: why(n, s) or s for n, s in sorted(failed.items())}},
+                          "failed": {n: why(n, s, known) or s for n, s in sorted(failed.items())}},
                          indent=1))
 
 
