@@ -14,13 +14,13 @@ for real blocks and check the bytes the server wrote into its memory.
 from __future__ import annotations
 
 import hashlib
-import socket
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import msgpack
 import zmq
+from helpers.ports import free_port as free_port  # re-exported for the tests here
 
 HASH_SEED = "vllm-none-hash"
 BLOCK_LEN = 4096
@@ -192,11 +192,3 @@ class RawPeer:
         self.dealer.close(0)
         if self.router is not None:
             self.router.close(0)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port of ``host`` nobody listens on (bound, then released)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        port: int = s.getsockname()[1]
-    return port

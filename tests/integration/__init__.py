@@ -12,10 +12,11 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import signal
-import socket
 import time
 from collections.abc import Callable
 from typing import Any
+
+from helpers.ports import free_port as free_port  # re-exported for the tests here
 
 _SPAWN = multiprocessing.get_context("spawn")
 
@@ -133,12 +134,3 @@ def drive(node: Any, done: Callable[[], bool], timeout: float, what: str) -> Non
             raise AssertionError(f"no {what} within {timeout:.1f} s; drops="
                                  f"{node.control.drop_counts} deaths={dict(node.deaths)}")
         node.step(min(left, 0.05))
-
-
-def free_port() -> int:
-    """A loopback TCP port free now (for a process that must bind a known port, e.g. a
-    peer restarted on the port it had)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
