@@ -18,7 +18,6 @@ import os
 import re
 import select
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from helpers.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ("README.md", "docs/tutorial.md", "docs/howto/engine.md", "docs/howto/engine-example.md",
@@ -92,12 +92,6 @@ def test_every_python_block_under_docs_is_run_or_says_why_not() -> None:
     assert with_python <= set(DOCS) | set(NOT_RUN), sorted(with_python - set(DOCS))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
@@ -109,7 +103,7 @@ def _start_producer(block: Block, where: Path) -> tuple[subprocess.Popen[str], s
     """Start ``block`` as a server process; it and its "host:port" once it serves."""
     script = where / "producer.py"
     script.write_text(block.code, encoding="utf-8")
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, str(script)], cwd=where, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True,
