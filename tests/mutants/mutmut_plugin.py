@@ -53,7 +53,7 @@ def original(module: ModuleType, cls: str | None, func: str) -> FunctionType:
 
 def mutated_code(key: str, target: FunctionType, mutants_dir: Path = MUTANTS_DIR) -> CodeType:
     """The mutant's body, compiled as ``target`` (its name, its free variables)."""
-    module, cls, func = split(key)
+    module, _, func = split(key)
     path = mutants_dir / Path(*module.split(".")).with_suffix(".py")
     if not path.exists():
         path = mutants_dir / Path(*module.split(".")) / "__init__.py"
