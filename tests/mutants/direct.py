@@ -133,7 +133,10 @@ def run_pytest(mutant: str, paths: tuple[str, ...], timeout: float,
                               capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
         return None, time.monotonic() - start, f"no result within {timeout:.0f} s"
-    return proc.returncode, time.monotonic() - start, _first_failure(proc.stdout + proc.stderr)
+    first = _first_failure(proc.stdout + proc.stderr)
+    if proc.returncode not in (0, 1) or (mutant in ("", "stats") and proc.returncode):
+        first += "\n" + (proc.stdout + proc.stderr)[-3000:]  # not a plain catch: show why
+    return proc.returncode, time.monotonic() - start, first
 
 
 def reached(paths: tuple[str, ...], timeout: float) -> set[str]:
