@@ -11,7 +11,8 @@ stateful``: the stateful tests alone), each in a fresh pytest subprocess:
 3. a reach pass: the suite runs once under ``MUTANT_UNDER_TEST=stats`` and
    :mod:`mutants.hits_plugin` writes every mutated function it called (at import too);
 4. each sampled mutant whose function the suite reaches runs the suite (``-x``, the
-   ``mutation`` hypothesis profile: CI's examples, no shrinking), and counts as killed
+   ``mutation`` hypothesis profile: CI's examples, no shrinking; ``PYTHONHASHSEED=0``,
+   so that set orders, too, are the same in every run), and counts as killed
    when a test fails (or the run passes its time limit); one the suite never reaches
    survives without a run ("not reached"). The mutant is planted in the real package
    by :mod:`mutants.mutmut_plugin` (its function's code swapped, no trampolines: the
@@ -83,7 +84,7 @@ def sync_tests() -> None:
 
 
 def _env(where: Path, **extra: str) -> dict[str, str]:
-    env = dict(os.environ, HYPOTHESIS_PROFILE=PROFILE,
+    env = dict(os.environ, HYPOTHESIS_PROFILE=PROFILE, PYTHONHASHSEED="0",
                PYTHONPATH=os.pathsep.join([str(where), str(where / "tests"),
                                            *os.environ.get("PYTHONPATH", "").split(
                                                os.pathsep)]), **extra)
