@@ -136,7 +136,9 @@ def run_pytest(mutant: str, paths: tuple[str, ...], timeout: float,
         return None, time.monotonic() - start, f"no result within {timeout:.0f} s"
     first = _first_failure(proc.stdout + proc.stderr)
     if proc.returncode not in (0, 1) or (mutant in ("", "stats") and proc.returncode):
-        first += "\n" + (proc.stdout + proc.stderr)[-3000:]  # not a plain catch: show why
+        log = MUTANTS_DIR / f"control-{mutant or 'clean'}.log"  # not a plain catch: why
+        log.write_text(proc.stdout + proc.stderr)
+        first += f" (pytest's output: {log})"
     return proc.returncode, time.monotonic() - start, first
 
 
