@@ -36,6 +36,7 @@ of each example. Shrinking is off: the failing sequence is printed as found.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import importlib.util
@@ -66,9 +67,10 @@ from hypothesis.stateful import (
 )
 from stateful.oracle import Oracle
 
+from p2pfsm.aio import FetchHandle
 from p2pfsm.demo.blocks import demo_block, demo_key
 from p2pfsm.errors import LocalProtocolError
-from p2pfsm.executor.jobs import JobFuture, LookupAsk
+from p2pfsm.executor.jobs import JobFuture, LookupAsk, copy_outcome
 from p2pfsm.executor.memory import HostRegion
 from p2pfsm.executor.nixl_agent import agent_name_of
 from p2pfsm.executor.node import LookupAnswer, Node, NodeConfig
@@ -233,7 +235,8 @@ class Fetch:
     future: JobFuture[LoadResult]
     node: Recorded  # the consumer that fetched
     settled: bool = False
-    via: str = "node"  # "threadsafe": submitted through node.threadsafe
+    via: str = "node"  # "threadsafe": submitted through node.threadsafe; "asyncio"
+    handle: FetchHandle | None = None  # via asyncio: what a coroutine awaits
 
 
 def config(**kw: Any) -> NodeConfig:
@@ -267,6 +270,7 @@ class NodesMachine(RuleBasedStateMachine):
         self.expect: dict[int, int | None] = {}  # consumer block -> demo block it may get
         self.shadows: dict[str, bytes] = {}  # each producer's memory, as it must stay
         self.layout = layout or LAYOUTS[next(_TURN) % len(LAYOUTS)]
+        self.loop = asyncio.new_event_loop()  # runs only the awaits of asyncio fetches
         self.memories: list[Memory] = []  # every node's, alive until the machine ends
         try:
             self.consumer = self._node(config())
@@ -386,10 +390,45 @@ class NodesMachine(RuleBasedStateMachine):
         for b, d in zip(blocks, dest, strict=True):
             self.expect[d] = b if b < HELD else None
         job = Fetch(rid, prod.id, keys, dest, tuple(blocks), fut, self.consumer, via=via)
+        if via == "asyncio":  # as p2pfsm.aio's AsyncNode.fetch hands it out
+            final: asyncio.Future[LoadResult] = self.loop.create_future()
+            fut.add_done_callback(lambda f: copy_outcome(f, final))
+            job.handle = FetchHandle(fut, final, lambda: None)
         self.open.append(job)
-        if cancel_at_once:  # before the driving thread has even started it
+        if cancel_at_once and via == "asyncio":
+            self._cancel_awaiting(job)
+        elif cancel_at_once:  # before the driving thread has even started it
             assert fut.cancel() is False, "a submitted fetch's future said it was cancelled"
         return job
+
+    def _cancel_awaiting(self, job: Fetch) -> None:
+        """Cancel a task awaiting the fetch's handle (asyncio's cancel): it finishes the
+        request, and the one result still comes, to the handle's ``final`` too."""
+        handle = job.handle
+        assert handle is not None
+
+        async def awaiting() -> LoadResult:
+            return await handle
+
+        task = self.loop.create_task(awaiting())
+        self.loop.run_until_complete(asyncio.sleep(0))  # the task now awaits the handle
+        if task.done():
+            return  # the result was there already
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            self.loop.run_until_complete(task)
+        assert task.cancelled(), "the awaiting task was not cancelled"
+        assert not job.future.cancelled(), "asyncio's cancel cancelled the node's future"
+
+    @precondition(lambda self: len(self.free) >= 1)
+    @rule(target=fetches, which=st.integers(0, 1), first=st.integers(0, HELD - 1),
+          count=st.integers(1, 4), hold=st.booleans(), absent=st.booleans(),
+          cancel_at_once=st.booleans())
+    def fetch_through_asyncio(self, which: int, first: int, count: int, hold: bool,
+                              absent: bool, cancel_at_once: bool) -> Fetch:
+        """A fetch handed out as ``p2pfsm.aio`` does (a :class:`FetchHandle`), maybe
+        cancelled at once through a task awaiting it."""
+        return self.fetch(which, first, count, hold, absent, "asyncio", cancel_at_once)
 
     @precondition(lambda self: len(self.free) >= 1)
     @rule(target=fetches, which=st.integers(0, 1), first=st.integers(0, HELD - 1),
@@ -414,6 +453,9 @@ class NodesMachine(RuleBasedStateMachine):
     @rule(job=consumes(fetches))
     def cancel(self, job: Fetch) -> None:
         if job.settled:
+            return
+        if job.handle is not None:
+            self._cancel_awaiting(job)
             return
         assert job.future.cancel() is False, "a fetch's future said it was cancelled"
         assert not job.future.cancelled(), "a fetch's future was cancelled"
@@ -560,6 +602,11 @@ class NodesMachine(RuleBasedStateMachine):
             self.done.append(job)
             assert not job.future.cancelled(), f"{job.rid}: its future was cancelled"
             exc = job.future.exception()
+            if job.handle is not None:  # the awaited outcome is the node's, to the end
+                final = job.handle.final
+                assert final.done() and not final.cancelled(), f"{job.rid}: no final result"
+                assert (final.exception() is exc if exc is not None
+                        else final.result() is job.future.result()), f"{job.rid}: final differs"
             if isinstance(exc, LocalProtocolError) and job.via == "threadsafe":
                 self.free.extend(job.dest)  # refused when it started: the session was over
                 continue
@@ -700,6 +747,7 @@ class NodesMachine(RuleBasedStateMachine):
             if not node.closed:
                 node.close(timeout=5.0)
         self.zctx.destroy(linger=0)
+        self.loop.close()
 
 
 def test_nodes_interleaved() -> None:
