@@ -26,8 +26,18 @@ example starts with a fetch from each producer in flight. After every step:
 * bytes: shadow memory. A producer's region never changes; each consumer block a fetch
   holds has, byte for byte, its sentinel or the demo block that fetch named.
 
-Fetches are started directly or submitted through ``node.threadsafe`` (some cancelled
-through the submitted future before the driving thread started them).
+* deadlines: each node's driver wakes no later than the earliest timer its sessions
+  armed (a deadline that moved earlier, or later, is the driver's too);
+* no node registers its own NIXL agent as a peer's, under its name or another.
+
+Fetches are started directly, submitted through ``node.threadsafe`` (some cancelled
+through the submitted future before the driving thread started them), or handed out as
+``p2pfsm.aio`` does (a ``FetchHandle``, some cancelled through a task awaiting it). Each
+example lays out every node's memory one way in turn (:data:`LAYOUTS`: one region, a
+tensor per layer, named host regions), and shadow memory compares every region. Hostile
+frames come after the handshake too, over a live session's own connection: a fetch
+naming a block index at or past the consumer's region, and a connect of a new
+incarnation carrying the consumer's own NIXL metadata.
 
 Bounded: a few examples of a few dozen steps (``SETTINGS``), every wait has a deadline
 and names what it waited for, no sleeps, and every node and socket is closed at the end
@@ -678,6 +688,19 @@ class NodesMachine(RuleBasedStateMachine):
             if b is not None:
                 ok |= got == np.frombuffer(demo_block(b, BLOCK), dtype=np.uint8)
             assert ok.all(), f"block {d}: bytes of neither its sentinel nor demo block {b}"
+
+    @invariant()
+    def each_node_wakes_by_its_sessions_deadlines(self) -> None:
+        """Deadlines that move earlier as well as later: a node's driver wakes no later
+        than the earliest timer any of its sessions has armed (a session's deadline
+        that moved earlier, by a host call or a frame, is the driver's too)."""
+        for node in self.nodes:
+            if node.closed:
+                continue
+            due = [d for s in node.sessions.values() if (d := s.next_deadline()) is not None]
+            wake = node._driver.next_deadline()
+            assert not due or (wake is not None and wake <= min(due)), (
+                f"{node.local_id} wakes at {wake}, after a session deadline {min(due)}")
 
     @invariant()
     def no_node_registers_its_own_agent(self) -> None:
