@@ -777,6 +777,14 @@ def test_nodes_interleaved() -> None:
     run_state_machine_as_test(NodesMachine, settings=SETTINGS)
 
 
+@pytest.mark.slow
+def test_nodes_interleaved_long() -> None:
+    """The longer search (``pytest -m slow -k interleaved_long``): 60 examples of up to
+    60 steps, twenty in each layout, not derandomized (each run searches afresh)."""
+    run_state_machine_as_test(NodesMachine, settings=settings(
+        SETTINGS, max_examples=60, stateful_step_count=60, derandomize=False))
+
+
 def test_an_abort_leaves_a_stalled_write_running() -> None:
     """The machine's rules in the order that reaches the window the search rarely
     does: the consumer aborts a fetch, the producer's supply then starts the first WRITE
