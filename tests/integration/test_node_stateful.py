@@ -27,7 +27,8 @@ example starts with a fetch from each producer in flight. After every step:
   holds has, byte for byte, its sentinel or the demo block that fetch named.
 
 * deadlines: each node's driver wakes no later than the earliest timer its sessions
-  armed (a deadline that moved earlier, or later, is the driver's too);
+  armed (a deadline that moved earlier, or later, is the driver's too), and no timer is
+  handed to it before its deadline;
 * no node registers its own NIXL agent as a peer's, under its name or another.
 
 Fetches are started directly, submitted through ``node.threadsafe`` (some cancelled
@@ -210,7 +211,19 @@ class Recorded(Node):
 
     def _new_session(self, peer_id: str) -> Session:
         self.opened.append(peer_id)
-        return super()._new_session(peer_id)
+        session = super()._new_session(peer_id)
+        due_timers = session.due_timers
+
+        def due_only(now: float) -> list[Any]:
+            """A timer the driver is handed has reached its deadline."""
+            armed = dict(session.view.timers)
+            due = due_timers(now)
+            early = [t for t in due if t in armed and armed[t] > now]
+            assert not early, f"{peer_id}: timers {early} handed out before their deadlines"
+            return due
+
+        session.due_timers = due_only  # type: ignore[method-assign]
+        return session
 
     def _on_frame(self, peer_id: str, frame: bytes, conn: int = -1) -> None:
         with contextlib.suppress(Exception):  # a bad frame is the session's business
