@@ -609,9 +609,12 @@ class NodesMachine(RuleBasedStateMachine):
                 num_blocks=DEST, block_len=BLOCK, config_fingerprint="", hash_seed=SEED,
                 incarnation=self.serial, layout=layout.wire(), layout_names=layout.names))
         before = len(receiver.received)
-        assert sender.control.send(receiver.local_id, frame), f"the {kind} was not sent"
+        dropped = sum(receiver.control.drop_counts.values())
+        if not sender.control.send(receiver.local_id, frame):
+            return  # the connection failed under it: the sender takes its peer for lost
         drive_nodes([n for n in self.nodes if not n.closed],
-                    lambda: len(receiver.received) > before or receiver.closed,
+                    lambda: len(receiver.received) > before or receiver.closed
+                    or sum(receiver.control.drop_counts.values()) > dropped,
                     f"the hostile {kind} handled", QUIET_S)
         self._run(3)  # what it set off (a registration refused, a disconnect) goes on
         assert not prod.fetched_hostile, f"{prod.id} handed a {kind} to its host"
