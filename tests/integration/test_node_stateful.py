@@ -711,8 +711,8 @@ class NodesMachine(RuleBasedStateMachine):
         than the earliest timer any of its sessions has armed (a session's deadline
         that moved earlier, by a host call or a frame, is the driver's too)."""
         for node in self.nodes:
-            if node.closed:
-                continue
+            if node.closed or node._driver.busy:
+                continue  # inputs still queued (timers handed out): its next turn feeds them
             due = [d for s in node.sessions.values() if (d := s.next_deadline()) is not None]
             wake = node._driver.next_deadline()
             assert not due or (wake is not None and wake <= min(due)), (
