@@ -1,4 +1,5 @@
-"""Shared pytest setup: hypothesis profiles (``ci`` by default; ``long`` documented in README),
+"""Shared pytest setup: hypothesis profiles (``ci`` by default; ``long`` documented in README;
+``mutation``: ``ci`` without shrinking, for the mutation score's runs),
 the ``slow``, ``tlc``, ``mutation`` and ``compiled`` markers (skipped unless the run selects
 them, e.g. ``-m slow``), ``pure_only`` (skipped while p2pfsm's compiled modules are active)
 and ``--rewrite`` (the scenario transcripts' expected blocks). Every machine step taken in
@@ -9,7 +10,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 settings.register_profile(
     "ci",
@@ -29,6 +30,10 @@ settings.register_profile(
     derandomize=False,
     print_blob=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+settings.register_profile(  # CI's examples, no shrinking: a mutant run stops at a find
+    "mutation", settings.get_profile("ci"), print_blob=False,
+    phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 

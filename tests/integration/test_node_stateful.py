@@ -26,8 +26,19 @@ example starts with a fetch from each producer in flight. After every step:
 * bytes: shadow memory. A producer's region never changes; each consumer block a fetch
   holds has, byte for byte, its sentinel or the demo block that fetch named.
 
-Fetches are started directly or submitted through ``node.threadsafe`` (some cancelled
-through the submitted future before the driving thread started them).
+* deadlines: each node's driver wakes no later than the earliest timer its sessions
+  armed (a deadline that moved earlier, or later, is the driver's too), and no timer is
+  handed to it before its deadline;
+* no node registers its own NIXL agent as a peer's, under its name or another.
+
+Fetches are started directly, submitted through ``node.threadsafe`` (some cancelled
+through the submitted future before the driving thread started them), or handed out as
+``p2pfsm.aio`` does (a ``FetchHandle``, some cancelled through a task awaiting it). Each
+example lays out every node's memory one way in turn (:data:`LAYOUTS`: one region, a
+tensor per layer, named host regions), and shadow memory compares every region. Hostile
+frames come after the handshake too, over a live session's own connection: a fetch
+naming a block index at or past the consumer's region, and a connect of a new
+incarnation carrying the consumer's own NIXL metadata.
 
 Bounded: a few examples of a few dozen steps (``SETTINGS``), every wait has a deadline
 and names what it waited for, no sleeps, and every node and socket is closed at the end
@@ -36,8 +47,11 @@ of each example. Shrinking is off: the failing sequence is printed as found.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import dataclasses
 import importlib.util
+import itertools
 import socket
 from dataclasses import dataclass, field
 from typing import Any
@@ -64,12 +78,15 @@ from hypothesis.stateful import (
 )
 from stateful.oracle import Oracle
 
-from p2pfsm.demo.host import fill_demo_region
+from p2pfsm.aio import FetchHandle
 from p2pfsm.demo_blocks import demo_block, demo_key
 from p2pfsm.errors import LocalProtocolError
-from p2pfsm.executor.jobs import JobFuture, LookupAsk
+from p2pfsm.executor.jobs import JobFuture, LookupAsk, copy_outcome
+from p2pfsm.executor.memory import HostRegion
+from p2pfsm.executor.nixl_agent import agent_name_of
 from p2pfsm.executor.node import LookupAnswer, Node, NodeConfig
 from p2pfsm.protocol import AbortFetch, Connect, decode, encode
+from p2pfsm.protocol import Fetch as FetchFrame
 from p2pfsm.session import (
     FetchArrived,
     LoadResult,
@@ -102,6 +119,69 @@ def sentinel(index: int) -> bytes:
     return bytes([0xC0 | (index & 0x0F)]) * BLOCK
 
 
+LAYOUTS = ("one region", "per layer", "host regions")
+"""The region shapes a node accepts; example ``i`` of the search lays out every node's
+memory the ``i % 3``-th way (the same examples, each layout in turn)."""
+SLICES = {"one region": (BLOCK,), "per layer": (BLOCK // 4, 3 * BLOCK // 4),
+          "host regions": (3 * BLOCK // 4, BLOCK // 4)}
+"""Each block's slices, one a region, in the regions' order."""
+_TURN = itertools.count()
+
+
+class Memory:
+    """A node's block memory in one of :data:`LAYOUTS`, read and written a whole block
+    (its slices, region by region, in order) at a time:
+
+    * ``one region``: the node allocates it (one row a block);
+    * ``per layer``: a list of tensors, a consumer's strided views of one tensor (each
+      row a slice), a producer's a tensor per region;
+    * ``host regions``: named :class:`HostRegion` s over buffers the test owns."""
+
+    def __init__(self, layout: str, num_blocks: int, consumer: bool) -> None:
+        import torch
+
+        self.layout = layout
+        self.num_blocks = num_blocks
+        slices = SLICES[layout]
+        self.memory: Any = None
+        self.views: list[np.ndarray[Any, Any]] = []
+        self.keep: list[Any] = []  # what must stay alive while the node uses it
+        if layout == "per layer":
+            if consumer:
+                whole = torch.zeros((num_blocks, BLOCK), dtype=torch.uint8)
+                self.keep.append(whole)
+                tensors = [whole[:, :slices[0]], whole[:, slices[0]:]]
+            else:
+                tensors = [torch.zeros((num_blocks, n), dtype=torch.uint8) for n in slices]
+            self.memory = tensors
+            self.views = [t.numpy() for t in tensors]
+        elif layout == "host regions":
+            buffers = [np.zeros(num_blocks * n, dtype=np.uint8) for n in slices]
+            self.keep += buffers
+            self.memory = {name: HostRegion(b.ctypes.data, b.nbytes)
+                           for name, b in zip(("k", "v"), buffers, strict=True)}
+            self.views = [b.reshape(num_blocks, n) for b, n in zip(buffers, slices, strict=True)]
+
+    def attach(self, node: Node) -> None:
+        """The node allocated its region itself: read it through the node."""
+        if self.memory is None:
+            self.views = [node.region.numpy()]
+
+    def read(self, block: int) -> bytes:
+        return b"".join(v[block].tobytes() for v in self.views)
+
+    def write(self, block: int, data: bytes) -> None:
+        start = 0
+        for v in self.views:
+            n = v.shape[1]
+            v[block] = np.frombuffer(data[start:start + n], dtype=np.uint8)
+            start += n
+
+    def dump(self) -> bytes:
+        """Every byte of every region, block by block."""
+        return b"".join(self.read(b) for b in range(self.num_blocks))
+
+
 class Recorded(Node):
     """A node that records every peer it opens a session for, every result it hands
     out (through ``on_result``) and the type of every frame it receives; the oracle
@@ -112,7 +192,17 @@ class Recorded(Node):
         self.oracle = Oracle(holds if holds is not None else {}, by_peer=True,
                              tombstone=TIMEOUTS.tombstone)
         super().__init__(config, on_result=self._record, call_hook=self.oracle, **kw)
+        self.registered: list[tuple[str, bytes]] = []  # (peer, metadata) add_peer took
+        add_peer = self.data.add_peer
+
+        def registering(peer_id: str, metadata: bytes, *args: Any, **kwargs: Any) -> None:
+            add_peer(peer_id, metadata, *args, **kwargs)  # raises when it refuses
+            self.registered.append((peer_id, bytes(metadata)))
+
+        self.data.add_peer = registering  # type: ignore[method-assign]
         self.opened: list[str] = []
+        self.mem: Memory | None = None  # set by the machine
+        self.own_metadata: bytes | None = None
         self.heard: list[LoadResult | StoreResult | LookupResult] = []
         self.received: list[str] = []  # the type of every frame that reached the node
 
@@ -121,7 +211,19 @@ class Recorded(Node):
 
     def _new_session(self, peer_id: str) -> Session:
         self.opened.append(peer_id)
-        return super()._new_session(peer_id)
+        session = super()._new_session(peer_id)
+        due_timers = session.due_timers
+
+        def due_only(now: float) -> list[Any]:
+            """A timer the driver is handed has reached its deadline."""
+            armed = dict(session.view.timers)
+            due = due_timers(now)
+            early = [t for t in due if t in armed and armed[t] > now]
+            assert not early, f"{peer_id}: timers {early} handed out before their deadlines"
+            return due
+
+        session.due_timers = due_only  # type: ignore[method-assign]
+        return session
 
     def _on_frame(self, peer_id: str, frame: bytes, conn: int = -1) -> None:
         with contextlib.suppress(Exception):  # a bad frame is the session's business
@@ -138,6 +240,8 @@ class Producer:
     withhold: set[str] = field(default_factory=set)
     parked: list[tuple[str, str, tuple[bytes, ...]]] = field(default_factory=list)
     stores: list[JobFuture[StoreResult]] = field(default_factory=list)
+    hostile_rids: set[str] = field(default_factory=set)  # fetches no consumer sent
+    fetched_hostile: list[str] = field(default_factory=list)  # those its host heard of
 
     @property
     def id(self) -> str:
@@ -154,7 +258,8 @@ class Fetch:
     future: JobFuture[LoadResult]
     node: Recorded  # the consumer that fetched
     settled: bool = False
-    via: str = "node"  # "threadsafe": submitted through node.threadsafe
+    via: str = "node"  # "threadsafe": submitted through node.threadsafe; "asyncio"
+    handle: FetchHandle | None = None  # via asyncio: what a coroutine awaits
 
 
 def config(**kw: Any) -> NodeConfig:
@@ -172,7 +277,8 @@ def closed_port(host: str) -> int:
 class NodesMachine(RuleBasedStateMachine):
     fetches = Bundle("fetches")
 
-    def __init__(self) -> None:
+    def __init__(self, layout: str | None = None) -> None:
+        """``layout``: every node's (one of :data:`LAYOUTS`); None: the next in turn."""
         super().__init__()
         self.nodes: list[Recorded] = []
         self.zctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
@@ -185,7 +291,10 @@ class NodesMachine(RuleBasedStateMachine):
         self.serial = 0
         self.holds: dict[str, frozenset[bytes]] = {}  # what each node holds (the oracle's)
         self.expect: dict[int, int | None] = {}  # consumer block -> demo block it may get
-        self.shadows: dict[str, bytes] = {}  # each producer's region, as it must stay
+        self.shadows: dict[str, bytes] = {}  # each producer's memory, as it must stay
+        self.layout = layout or LAYOUTS[next(_TURN) % len(LAYOUTS)]
+        self.loop = asyncio.new_event_loop()  # runs only the awaits of asyncio fetches
+        self.memories: list[Memory] = []  # every node's, alive until the machine ends
         try:
             self.consumer = self._node(config())
             self.producers = [self._producer() for _ in range(2)]
@@ -201,23 +310,38 @@ class NodesMachine(RuleBasedStateMachine):
         self.free = list(range(DEST))
         self.quarantined.clear()
         self.expect.clear()
-        region = node.region.numpy()
         for b in self.free:
-            region[b] = memoryview(sentinel(b))
+            self._mem(node).write(b, sentinel(b))
         sessions = [node.connect(p.id) for p in self._live()]
         drive_nodes([n for n in self.nodes if not n.closed],
                     lambda: all(s.ready for s in sessions), "the handshakes", QUIET_S)
 
-    def _node(self, cfg: NodeConfig, **kw: Any) -> Recorded:
+    def _node(self, cfg: NodeConfig, consumer: bool = True, **kw: Any) -> Recorded:
+        mem = Memory(self.layout, cfg.num_blocks, consumer)
+        self.memories.append(mem)
+        if mem.memory is not None:
+            cfg = dataclasses.replace(cfg, memory=mem.memory)
         node = Recorded(cfg, self.holds, **kw)
+        mem.attach(node)
+        assert node.data.layout.slices == SLICES[self.layout], (  # the layout is in use
+            self.layout, node.data.layout.slices)
+        node.mem = mem
         self.nodes.append(node)
         return node
+
+    @staticmethod
+    def _mem(node: Recorded) -> Memory:
+        assert node.mem is not None
+        return node.mem
 
     def _producer(self) -> Producer:
         index = {demo_key(i): i for i in range(HELD)}
         prod: Producer
 
         def on_fetch(peer_id: str, fetch: FetchArrived) -> None:
+            if fetch.kv_request_id in prod.hostile_rids:
+                prod.fetched_hostile.append(fetch.kv_request_id)
+                return
             keys = fetch.missing
             if fetch.kv_request_id in prod.withhold:
                 prod.parked.append((peer_id, fetch.kv_request_id, keys))
@@ -230,11 +354,12 @@ class NodesMachine(RuleBasedStateMachine):
         def on_lookup(peer_id: str, ask: LookupAsk) -> LookupAnswer:
             return {k: index[k] for k in ask.keys if k in index}, frozenset()
 
-        node = self._node(config(), on_fetch=on_fetch, on_lookup=on_lookup)
+        node = self._node(config(), False, on_fetch=on_fetch, on_lookup=on_lookup)
         prod = Producer(node)
-        fill_demo_region(node, HELD)
+        for i in range(HELD):  # demo blocks 0..HELD-1 at their own index
+            self._mem(node).write(i, demo_block(i, BLOCK))
         self.holds[node.local_id] = frozenset(index)
-        self.shadows[node.local_id] = node.region.numpy().tobytes()
+        self.shadows[node.local_id] = self._mem(node).dump()
         return prod
 
     def _supply(self, prod: Producer, peer_id: str, rid: str, keys: tuple[bytes, ...]) -> None:
@@ -288,10 +413,45 @@ class NodesMachine(RuleBasedStateMachine):
         for b, d in zip(blocks, dest, strict=True):
             self.expect[d] = b if b < HELD else None
         job = Fetch(rid, prod.id, keys, dest, tuple(blocks), fut, self.consumer, via=via)
+        if via == "asyncio":  # as p2pfsm.aio's AsyncNode.fetch hands it out
+            final: asyncio.Future[LoadResult] = self.loop.create_future()
+            fut.add_done_callback(lambda f: copy_outcome(f, final))
+            job.handle = FetchHandle(fut, final, lambda: None)
         self.open.append(job)
-        if cancel_at_once:  # before the driving thread has even started it
+        if cancel_at_once and via == "asyncio":
+            self._cancel_awaiting(job)
+        elif cancel_at_once:  # before the driving thread has even started it
             assert fut.cancel() is False, "a submitted fetch's future said it was cancelled"
         return job
+
+    def _cancel_awaiting(self, job: Fetch) -> None:
+        """Cancel a task awaiting the fetch's handle (asyncio's cancel): it finishes the
+        request, and the one result still comes, to the handle's ``final`` too."""
+        handle = job.handle
+        assert handle is not None
+
+        async def awaiting() -> LoadResult:
+            return await handle
+
+        task = self.loop.create_task(awaiting())
+        self.loop.run_until_complete(asyncio.sleep(0))  # the task now awaits the handle
+        if task.done():
+            return  # the result was there already
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            self.loop.run_until_complete(task)
+        assert task.cancelled(), "the awaiting task was not cancelled"
+        assert not job.future.cancelled(), "asyncio's cancel cancelled the node's future"
+
+    @precondition(lambda self: len(self.free) >= 1)
+    @rule(target=fetches, which=st.integers(0, 1), first=st.integers(0, HELD - 1),
+          count=st.integers(1, 4), hold=st.booleans(), absent=st.booleans(),
+          cancel_at_once=st.booleans())
+    def fetch_through_asyncio(self, which: int, first: int, count: int, hold: bool,
+                              absent: bool, cancel_at_once: bool) -> Fetch:
+        """A fetch handed out as ``p2pfsm.aio`` does (a :class:`FetchHandle`), maybe
+        cancelled at once through a task awaiting it."""
+        return self.fetch(which, first, count, hold, absent, "asyncio", cancel_at_once)
 
     @precondition(lambda self: len(self.free) >= 1)
     @rule(target=fetches, which=st.integers(0, 1), first=st.integers(0, HELD - 1),
@@ -316,6 +476,9 @@ class NodesMachine(RuleBasedStateMachine):
     @rule(job=consumes(fetches))
     def cancel(self, job: Fetch) -> None:
         if job.settled:
+            return
+        if job.handle is not None:
+            self._cancel_awaiting(job)
             return
         assert job.future.cancel() is False, "a fetch's future said it was cancelled"
         assert not job.future.cancelled(), "a fetch's future was cancelled"
@@ -410,6 +573,52 @@ class NodesMachine(RuleBasedStateMachine):
                     lambda: (sum(node.control.drop_counts.values()) > before
                              or ident in node.opened), f"the {kind} frame handled", QUIET_S)
 
+    @rule(which=st.integers(0, 1),
+          kind=st.sampled_from(["fetch at the region's end", "fetch past the region",
+                                "own metadata", "own metadata renamed"]))
+    def hostile_frame_in_session(self, which: int, kind: str) -> None:
+        """A frame after the handshake, over a live session's own connection: a fetch
+        naming a block index at or past the consumer's region (the producer must refuse
+        it: no FetchArrived, no write), or a connect of a new incarnation of the
+        producer carrying the consumer's own NIXL metadata and memory, under the
+        agent's name or another (the consumer must never register its own agent)."""
+        prod = self.producers[which]
+        if prod.node.closed or self.consumer.closed:
+            return
+        sender, receiver = ((self.consumer, prod.node) if kind.startswith("fetch")
+                            else (prod.node, self.consumer))
+        peer = receiver.sessions.get(sender.local_id)
+        if peer is None or not peer.ready or receiver.local_id not in sender.control._dealers.peers:
+            return  # no live session over a connection to send on
+        self.serial += 1
+        if kind.startswith("fetch"):
+            past = DEST + (0 if kind == "fetch at the region's end" else 1 + self.serial)
+            rid = f"hostile{self.serial}"
+            prod.hostile_rids.add(rid)
+            frame = encode(FetchFrame(rid, (demo_key(0), demo_key(1)), (0, past), 0))
+        else:
+            md = self.consumer.data.metadata
+            name, _ = agent_name_of(md)
+            if kind == "own metadata renamed":  # the same length: the header stays valid
+                md = md.replace(name.encode(), name[::-1].encode(), 1)
+                if name[::-1] == name:
+                    return
+            layout = self.consumer.data.layout
+            frame = encode(Connect(
+                peer_id=prod.id, agent_metadata=md, base_addr=layout.base_addr,
+                num_blocks=DEST, block_len=BLOCK, config_fingerprint="", hash_seed=SEED,
+                incarnation=self.serial, layout=layout.wire(), layout_names=layout.names))
+        before = len(receiver.received)
+        dropped = sum(receiver.control.drop_counts.values())
+        if not sender.control.send(receiver.local_id, frame):
+            return  # the connection failed under it: the sender takes its peer for lost
+        drive_nodes([n for n in self.nodes if not n.closed],
+                    lambda: len(receiver.received) > before or receiver.closed
+                    or sum(receiver.control.drop_counts.values()) > dropped,
+                    f"the hostile {kind} handled", QUIET_S)
+        self._run(3)  # what it set off (a registration refused, a disconnect) goes on
+        assert not prod.fetched_hostile, f"{prod.id} handed a {kind} to its host"
+
     # ------------------------------------------------------------- invariants
     def _settle(self) -> None:
         """Take in the fetches that ended: check them, give their blocks back."""
@@ -419,6 +628,11 @@ class NodesMachine(RuleBasedStateMachine):
             self.done.append(job)
             assert not job.future.cancelled(), f"{job.rid}: its future was cancelled"
             exc = job.future.exception()
+            if job.handle is not None:  # the awaited outcome is the node's, to the end
+                final = job.handle.final
+                assert final.done() and not final.cancelled(), f"{job.rid}: no final result"
+                assert (final.exception() is exc if exc is not None
+                        else final.result() is job.future.result()), f"{job.rid}: final differs"
             if isinstance(exc, LocalProtocolError) and job.via == "threadsafe":
                 self.free.extend(job.dest)  # refused when it started: the session was over
                 continue
@@ -426,20 +640,20 @@ class NodesMachine(RuleBasedStateMachine):
                 assert job.node.closed and "node closed" in str(exc), f"{job.rid}: {exc!r}"
                 continue
             res = job.future.result()
-            region = None if job.node.closed else job.node.region.numpy()
+            region = None if job.node.closed else self._mem(job.node)
             assert isinstance(res, LoadResult) and res.kv_request_id == job.rid, (job.rid, res)
             if res.success:
                 assert all(b < HELD for b in job.blocks), f"{job.rid}: a missing key loaded"
                 if region is not None:
                     for b, d in zip(job.blocks, job.dest, strict=True):
-                        assert bytes(region[d]) == demo_block(b, BLOCK), \
+                        assert region.read(d) == demo_block(b, BLOCK), \
                             f"{job.rid}: wrong bytes in block {d}"
             if job.node is not self.consumer:
                 continue  # its blocks went with its node
             if res.released:
                 for d in job.dest:
                     if region is not None:
-                        region[d] = memoryview(sentinel(d))
+                        region.write(d, sentinel(d))
                     self.free.append(d)
                     self.expect.pop(d, None)
             else:
@@ -466,9 +680,9 @@ class NodesMachine(RuleBasedStateMachine):
     def no_write_after_release(self) -> None:
         if self.consumer.closed:
             return
-        region = self.consumer.region.numpy()
+        region = self._mem(self.consumer)
         for b in self.free:
-            assert bytes(region[b]) == sentinel(b), f"block {b} written while free"
+            assert region.read(b) == sentinel(b), f"block {b} written while free"
 
     @invariant()
     def memory_equals_its_shadow(self) -> None:
@@ -479,17 +693,46 @@ class NodesMachine(RuleBasedStateMachine):
         producer lacks."""
         for prod in self.producers:
             if not prod.node.closed:
-                assert prod.node.region.numpy().tobytes() == self.shadows[prod.id], (
+                assert self._mem(prod.node).dump() == self.shadows[prod.id], (
                     f"{prod.id}: its own memory changed")
         if self.consumer.closed:
             return
-        region = self.consumer.region.numpy()
+        region = self._mem(self.consumer)
         for d, b in self.expect.items():
-            got = np.frombuffer(bytes(region[d]), dtype=np.uint8)
+            got = np.frombuffer(region.read(d), dtype=np.uint8)
             ok = got == np.frombuffer(sentinel(d), dtype=np.uint8)
             if b is not None:
                 ok |= got == np.frombuffer(demo_block(b, BLOCK), dtype=np.uint8)
             assert ok.all(), f"block {d}: bytes of neither its sentinel nor demo block {b}"
+
+    @invariant()
+    def each_node_wakes_by_its_sessions_deadlines(self) -> None:
+        """Deadlines that move earlier as well as later: a node's driver wakes no later
+        than the earliest timer any of its sessions has armed (a session's deadline
+        that moved earlier, by a host call or a frame, is the driver's too)."""
+        for node in self.nodes:
+            if node.closed or node._driver.busy:
+                continue  # inputs still queued (timers handed out): its next turn feeds them
+            due = [d for s in node.sessions.values() if (d := s.next_deadline()) is not None]
+            wake = node._driver.next_deadline()
+            assert not due or (wake is not None and wake <= min(due)), (
+                f"{node.local_id} wakes at {wake}, after a session deadline {min(due)}")
+
+    @invariant()
+    def no_node_registers_its_own_agent(self) -> None:
+        """No node's data plane takes its own NIXL agent for a peer's, under any name
+        (a WRITE to that peer would land in its own memory)."""
+        for node in self.nodes:
+            own = agent_name_of(self._own_metadata(node))
+            for peer_id, md in node.registered:
+                theirs = agent_name_of(md)
+                assert theirs[0] != own[0] and theirs[1] != own[1], (
+                    f"{node.local_id} registered its own agent as peer {peer_id}")
+
+    def _own_metadata(self, node: Recorded) -> bytes:
+        if node.own_metadata is None:
+            node.own_metadata = node.data.metadata
+        return node.own_metadata
 
     @invariant()
     def no_dial_back_to_a_stranger(self) -> None:
@@ -543,10 +786,19 @@ class NodesMachine(RuleBasedStateMachine):
             if not node.closed:
                 node.close(timeout=5.0)
         self.zctx.destroy(linger=0)
+        self.loop.close()
 
 
 def test_nodes_interleaved() -> None:
     run_state_machine_as_test(NodesMachine, settings=SETTINGS)
+
+
+@pytest.mark.slow
+def test_nodes_interleaved_long() -> None:
+    """The longer search (``pytest -m slow -k interleaved_long``): 60 examples of up to
+    60 steps, twenty in each layout, not derandomized (each run searches afresh)."""
+    run_state_machine_as_test(NodesMachine, settings=settings(
+        SETTINGS, max_examples=60, stateful_step_count=60, derandomize=False))
 
 
 def test_an_abort_leaves_a_stalled_write_running() -> None:
@@ -556,7 +808,7 @@ def test_an_abort_leaves_a_stalled_write_running() -> None:
     producer runs, so it hears the abort while its WRITE runs. The cancel must leave the
     WRITE running and the source pinned (no StoreResult) until the consumer progresses;
     then the fetch ends with its one result and every check of the machine holds."""
-    state = NodesMachine()
+    state = NodesMachine("one region")
     try:
         prod = state.producers[0]
         job = state.fetch(which=0, first=1, count=2, hold=True, absent=False)
@@ -588,7 +840,7 @@ def test_a_fetch_submitted_just_before_the_node_closes_gets_its_result() -> None
     carried out by the close, and gets its one result like every job the close ends.
     Found by this file's search: the close dropped the submitted call, and the future
     never resolved."""
-    state = NodesMachine()
+    state = NodesMachine("one region")
     try:
         job = state.fetch(which=0, first=1, count=2, hold=True, absent=False,
                           via="threadsafe", cancel_at_once=True)
@@ -611,7 +863,7 @@ def test_a_fetch_after_a_forgotten_one_sided_loss_gets_its_result() -> None:
     ends the consumer's session: the fetch gets its one result. Found by this file's
     session kills; before the fix the frame was dropped as "not a connect" and the fetch
     waited for as long as the connection lived."""
-    state = NodesMachine()
+    state = NodesMachine("one region")
     try:
         prod = state.producers[1]
         peer = state.consumer.local_id

@@ -364,7 +364,25 @@ EXECUTOR_SLIPS: tuple[Entry, ...] = (
 """Slips planted in the executor (issue 24's table, its executor rows): each caught by
 the default-suite tests it names (``tests/mutants/test_executor_slips.py``)."""
 
-EXECUTOR: dict[str, Entry] = {e.name: e for e in EXECUTOR_SLIPS}
+NODE_SLIPS: tuple[Entry, ...] = (
+    Entry("own_agent_registered", "a node's own NIXL agent under another name",
+          "DataPlane.add_peer takes a peer whose metadata describes this agent (its name "
+          "or the rest of it): WRITEs to that peer land in the node's own memory",
+          slip=Slip("p2pfsm.executor.nixl_plane", "DataPlane.add_peer",
+                    "if agent_name == self._name or tail == self._metadata_tail:",
+                    "if False:"),
+          caught_by=("tests/integration/test_node_stateful.py::test_nodes_interleaved",)),
+    Entry("deadline_kept_when_it_moves", "a deadline that moves earlier",
+          "the driver keeps the first deadline it noted for a session, so a timer armed "
+          "earlier than it (or the next one, once it moved later) is missed until then",
+          slip=Slip("p2pfsm.executor.deadlines", "SessionDeadlines.note",
+                    "if at.get(session) == deadline:", "if session in at:"),
+          caught_by=("tests/integration/test_node_stateful.py::test_nodes_interleaved",)),
+)
+"""Executor slips only the node-level stateful test is asked to catch (CI's mutation
+step, ``test_mutation_sample.py``; not the default suite's ``test_executor_slips.py``)."""
+
+EXECUTOR: dict[str, Entry] = {e.name: e for e in (*EXECUTOR_SLIPS, *NODE_SLIPS)}
 
 MUTANTS: dict[str, Entry] = {
     **{m.name: Entry(m.name, m.race, m.what, m)

@@ -16,6 +16,13 @@ way (0: all).
 
 Each part prints killed/total with a 95 % (Wilson) interval when sampled, and every
 survivor. ``--only source`` or ``--only models`` runs one part.
+
+``--tests stateful`` scores the stateful tests alone (``tests/stateful``; for a mutant of
+``p2pfsm.executor`` also ``tests/integration/test_node_stateful.py``), with CI's
+examples and no shrinking (the ``mutation`` hypothesis profile): the same samples (same
+``--seed``), the source mutants judged by :mod:`mutants.direct` (each in its own pytest
+subprocess, the seconds it took to find each killed one printed), the model mutants by
+``tests/stateful`` instead of the whole kill suite.
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ _TESTS = str(Path(__file__).resolve().parents[1])
 if _TESTS not in sys.path:
     sys.path.insert(0, _TESTS)
 
-from mutants import toml_mutator  # noqa: E402
+from mutants import direct, toml_mutator  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 MUTANTS_DIR = ROOT / "mutants"
@@ -141,7 +148,34 @@ def run_source(size: int, seed: int, jobs: int, log: Path, resume: bool = False)
     return len(survivors)
 
 
-def run_models(size: int, seed: int, timeout: float, control: bool = True) -> int:
+def run_source_direct(size: int, seed: int, jobs: int, tests: str) -> int:
+    """The source sample judged by ``tests`` alone (:mod:`mutants.direct`)."""
+    generate()
+    population = source_mutants()
+    # the same draw as run_source's, judged in the order drawn: any first part of a run
+    # cut short is a uniform sample too
+    chosen = (population if size == 0 or size >= len(population)
+              else random.Random(seed).sample(population, size))
+    print(f"source mutants: {len(population)} in all; a sample of {len(chosen)} (seed "
+          f"{seed}) judged by the {tests} tests alone", flush=True)
+    start = time.monotonic()
+    statuses: Counter[str] = Counter()
+    survivors: list[str] = []
+    for i, j in enumerate(direct.judge(chosen, tests, jobs), 1):
+        statuses[j.status] += 1
+        print(f"  {i:3} {j.status:11} {j.seconds:5.0f} s {j.name}: {j.by[:100]}", flush=True)
+        if not j.detected:
+            survivors.append(j.name)
+    print(f"  {dict(statuses)} in {time.monotonic() - start:.0f} s")
+    print(score_line(f"source ({tests} alone)", len(chosen) - len(survivors), len(chosen),
+                     len(population)))
+    for name in sorted(survivors):
+        print(f"  survived: {name} (`mutmut show {name}`)")
+    return len(survivors)
+
+
+def run_models(size: int, seed: int, timeout: float, control: bool = True,
+               suite: tuple[str, ...] = toml_mutator.KILL_SUITE) -> int:
     population = toml_mutator.enumerate_mutants()
     chosen = toml_mutator.sample(population, size or None, seed)
     print(f"model mutants: {len(population)} in all; trying {len(chosen)} (seed {seed})",
@@ -150,14 +184,14 @@ def run_models(size: int, seed: int, timeout: float, control: bool = True) -> in
         with tempfile.TemporaryDirectory() as tmp:
             for path in toml_mutator.MODELS.glob("*.toml"):
                 shutil.copy2(path, Path(tmp) / path.name)
-            code, first = toml_mutator.run_suite(Path(tmp), timeout=timeout)
+            code, first = toml_mutator.run_suite(Path(tmp), suite, timeout=timeout)
         if code != 0:
             raise SystemExit(f"the kill suite fails on the real models: {first}")
         print("  control (the real models): passed", flush=True)
     statuses: Counter[str] = Counter()
     kinds: Counter[tuple[str, str]] = Counter()
     survivors: list[str] = []
-    for v in toml_mutator.run(chosen, timeout=timeout):
+    for v in toml_mutator.run(chosen, suite, timeout=timeout):
         statuses[v.status] += 1
         kinds[(v.mutant.kind, "detected" if v.detected else "survived")] += 1
         print(f"  {v.status:8} {v.seconds:5.0f} s {v.mutant.name}: {v.by[:120]}", flush=True)
@@ -168,7 +202,8 @@ def run_models(size: int, seed: int, timeout: float, control: bool = True) -> in
         d, s = kinds[(kind, "detected")], kinds[(kind, "survived")]
         if d + s:
             print(f"  {kind}: {d}/{d + s} killed")
-    print(score_line("models", len(chosen) - len(survivors), len(chosen), len(population)))
+    print(score_line(f"models ({' '.join(suite)})", len(chosen) - len(survivors),
+                     len(chosen), len(population)))
     for name in survivors:
         print(f"  survived: {name}")
     return len(survivors)
@@ -188,13 +223,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-control", action="store_true",
                     help="models: skip the run of the suite on the real models")
     ap.add_argument("--log", type=Path, default=MUTANTS_DIR / "run.log")
+    ap.add_argument("--tests", choices=("fast", *direct.SUITES), default="fast",
+                    help="fast: mutmut and the whole kill suite; stateful: the stateful "
+                         "tests alone")
     args = ap.parse_args(argv)
     os.nice(19)
     survivors = 0
+    if args.tests != "fast":
+        os.environ["HYPOTHESIS_PROFILE"] = direct.PROFILE
     if args.only in (None, "models"):
+        suite = toml_mutator.KILL_SUITE if args.tests == "fast" else direct.SUITES[args.tests]
         survivors += run_models(args.models_sample, args.seed, args.timeout,
-                                not args.no_control)
-    if args.only in (None, "source"):
+                                not args.no_control, suite)
+    if args.only in (None, "source") and args.tests != "fast":
+        survivors += run_source_direct(args.sample, args.seed, args.jobs, args.tests)
+    elif args.only in (None, "source"):
         args.log.parent.mkdir(exist_ok=True)
         survivors += run_source(args.sample, args.seed, args.jobs, args.log, args.resume)
     return 1 if survivors else 0

@@ -31,7 +31,7 @@ def test_the_real_code_passes_every_catching_test() -> None:
     print(f"real code: {run.summary}")
 
 
-@pytest.mark.parametrize("name", sorted(EXECUTOR))
+@pytest.mark.parametrize("name", sorted(e.name for e in EXECUTOR_SLIPS))
 def test_each_catching_test_fails_under_the_slip(name: str) -> None:
     entry = EXECUTOR[name]
     assert entry.slip is not None and entry.caught_by

@@ -11,9 +11,9 @@ fail:
   subprocess, never on disk);
 * model mutants: :data:`MODELS_DRAWN` of ``models/*.toml``'s mutants that the loader
   takes, drawn with :data:`SEED` (:mod:`mutants.toml_mutator`);
-* executor mutants: the executor's slips (``catalogue.EXECUTOR_SLIPS``), each of which
-  the node-level stateful test alone (:data:`EXECUTOR_SUITE`: real nodes, ZeroMQ and
-  NIXL) must fail on.
+* executor mutants: the executor's slips (``catalogue.EXECUTOR_SLIPS`` and
+  ``NODE_SLIPS``), each of which the node-level stateful test alone
+  (:data:`EXECUTOR_SUITE`: real nodes, ZeroMQ and NIXL) must fail on.
 
 The draw is fixed, so the outcome is the same on every run.
 """
@@ -31,7 +31,7 @@ import pytest
 from p2pfsm.errors import ModelError
 
 from . import toml_mutator
-from .catalogue import EXECUTOR_SLIPS
+from .catalogue import EXECUTOR, EXECUTOR_SLIPS, NODE_SLIPS
 from .slips import Slip, compiled
 
 pytestmark = pytest.mark.mutation  # .ci/run: pytest -m mutation tests/mutants
@@ -101,12 +101,12 @@ def test_a_model_mutant_is_killed(mutant: toml_mutator.TomlMutant) -> None:
     print(f"{mutant.name}: killed by {verdict.by} in {verdict.seconds:.1f} s")
 
 
-@pytest.mark.parametrize("name", [e.name for e in EXECUTOR_SLIPS])
+@pytest.mark.parametrize("name", [e.name for e in (*EXECUTOR_SLIPS, *NODE_SLIPS)])
 def test_an_executor_mutant_is_killed_by_the_node_stateful_test(name: str) -> None:
     pytest.importorskip("torch")
     if importlib.util.find_spec("nixl") is None and importlib.util.find_spec("nixl_cu12") is None:
         pytest.skip("NIXL is not installed (.ci/install.sh installs it)")
-    slip = next(e.slip for e in EXECUTOR_SLIPS if e.name == name)
+    slip = EXECUTOR[name].slip
     assert slip is not None
     compiled(slip)
     code, first = toml_mutator.run_suite(None, EXECUTOR_SUITE, timeout=600, env={

@@ -63,6 +63,7 @@ from p2pfsm.protocol import (
 from p2pfsm.session import (
     FailReason,
     FetchArrived,
+    FrameIgnored,
     FrameReceived,
     HostAnswerLookup,
     HostClose,
@@ -77,10 +78,12 @@ from p2pfsm.session import (
     LookupRequest,
     LookupResult,
     Output,
+    ProtocolViolation,
     RoundEnded,
     SendFrame,
     SendToLostPeer,
     SessionDead,
+    StartWrite,
     StoreResult,
     TimerFired,
     WriteFinished,
@@ -147,6 +150,13 @@ class ONode:
     pending_why: dict[tuple[str, int], FailReason] = field(default_factory=dict)
     """Load deadlines that fired for a round whose fetch is still queued among several
     of its request (which load it is shows when the fetch goes out)."""
+    tokens: dict[int, tuple[str, int]] = field(default_factory=dict)
+    """Lookup tokens the host was asked to answer -> the (request, round) they name."""
+    pins: dict[tuple[str, int], dict[bytes, tuple[int, int]]] = field(default_factory=dict)
+    """(request, round) -> key -> (local block, store job) the host's lookup answers
+    pinned for that round (valid while the job is open)."""
+    peer_finished: set[str] = field(default_factory=set)
+    """Requests the peer finished (its terminal fetch arrived)."""
 
 
 def _message(event: Input) -> Message | None:
@@ -242,6 +252,7 @@ class Oracle:
         self._producer(peer_id, node, event, msg, died, outputs)
         self._handshake(peer_id, node, event, msg, outputs)
         self._stale(peer_id, node, state_before, event, msg, outputs)
+        self._pinned_writes(peer_id, node, state_before, event, msg, died, outputs)
         if died:
             node.dead = True
 
@@ -444,6 +455,7 @@ class Oracle:
                                                                    out.round_seq, out.keys)):
                     self.fail(name, event, f"a lookup request no lookup frame carried: {out}")
                 node.looked.add((out.kv_request_id, out.round_seq))
+                node.tokens[out.token] = (out.kv_request_id, out.round_seq)
             elif isinstance(out, StoreResult):
                 self._store_result(name, node, event, died, served, out)
         ended = [o for o in outputs if isinstance(o, RoundEnded)]
@@ -524,6 +536,37 @@ class Oracle:
         if not cause_ok.get(why, False):
             self.fail(name, event, f"RoundEnded {key} why={why!r}: not this step's cause")
         self.checked["rounds ended"] += 1
+
+    def _pinned_writes(self, name: str, node: ONode, state_before: str, event: Input,
+                       msg: Message | None, died: bool, outputs: Sequence[Output]) -> None:
+        """Where bytes go: a round's first fetch naming only keys the host's lookup
+        answers pinned for that round (their pins still held) is written in that step,
+        each key's pinned block into the block the fetch names for it, nothing else
+        (server_round: ``pinned -> serving``, one write of every key)."""
+        if isinstance(event, HostAnswerLookup) and event.job_id is not None \
+                and event.job_id in node.stores and event.token in node.tokens:
+            pins = node.pins.setdefault(node.tokens[event.token], {})
+            pins.update({k: (i, event.job_id) for k, i in event.hits.items()})
+        if isinstance(msg, Fetch) and not msg.keys:
+            node.peer_finished.add(msg.kv_request_id)
+        if not (isinstance(msg, Fetch) and msg.keys):
+            return
+        key = (msg.kv_request_id, msg.round_seq)
+        pins = node.pins.get(key, {})
+        if (died or node.dead or state_before not in ("awaiting_ack", "ready")
+                or node.asked[key] != 1 or msg.kv_request_id in node.finished
+                or msg.kv_request_id in node.peer_finished
+                or len(set(msg.keys)) != len(msg.keys)
+                or any(isinstance(o, ProtocolViolation | FrameIgnored) for o in outputs)
+                or not all(k in pins and pins[k][1] in node.stores for k in msg.keys)):
+            return
+        want = {(pins[k][0], d) for k, d in zip(msg.keys, msg.block_indexes, strict=True)}
+        got = [(loc, rem) for o in outputs if isinstance(o, StartWrite)
+               for loc, rem in zip(o.local_indexes, o.remote_indexes, strict=True)]
+        if sorted(got) != sorted(want):
+            self.fail(name, event, f"fetch {key} of keys every one pinned for its round: "
+                      f"expected writes (local, remote) {sorted(want)}, got {sorted(got)}")
+        self.checked["pinned writes"] += 1
 
     # ---------------------------------------------------------- handshake
     def _handshake(self, name: str, node: ONode, event: Input, msg: Message | None,

@@ -91,3 +91,51 @@ def test_the_parts_family_reaches_split_answers(_: None) -> None:
     world.stabilize()
     assert [r.hits for r in world.hosts["a"].lookup_results] == [(True, True, False)]
     machine.teardown()
+
+
+class _Draws:
+    """Stands in for hypothesis' ``data``: hands out the draws of a recorded run."""
+
+    def __init__(self, *values: object) -> None:
+        self.values = list(values)
+
+    def draw(self, strategy: object, label: str | None = None) -> object:
+        return self.values.pop(0)
+
+
+@settings(max_examples=1, database=None)
+@given(st.none())
+def test_a_peer_heard_restarting_writes_nothing_after(_: None) -> None:
+    """A run the search found: ``a`` hears ``b`` connect with a new incarnation while
+    ``b`` holds demand for a round of ``a``'s (fetched into blocks 10 and 11); ``a``
+    releases those blocks (ReleaseCause.PEER_RESTARTED: the process that could write is
+    gone), and then ``b``'s host supplies the round. The world models the restart (no
+    write of the gone process lands), so the run passes its checks; before, the
+    stand-in session's write was taken for a write into released blocks."""
+    m = TwoSessions()
+    m.setup(contended=["two rounds"], faults=2, requests=1, handshake_first=True, retries=5,
+            swarm=frozenset({"parts", "malformed", "timers", "races"}), incarnations=True,
+            fatal=True, late_cancel=True)
+    steps = [
+        lambda: m.give_up_while_writing(data=_Draws(("b", 0, "a", ("r1", 0))),
+                                        how="host finishes", lost="cut", then="abort arrives"),
+        m.progress, m.progress,
+        lambda: m.supply(data=_Draws("r1"), node="b", picks=[8]),
+        lambda: m.fetch_beyond_the_region(beyond=1, node="b", offsets=[1, 3, 0], position=1,
+                                          round_seq=0),
+        lambda: m.supply(data=_Draws("r1"), node="a", picks=[9, 7, 5]),
+        lambda: m.time_passes_idly(share=0.5), lambda: m.time_passes_idly(share=1.0),
+        lambda: m.deliver(count=3, data=_Draws("b")),
+        lambda: m.lookup_answered_after_it_ended(data=_Draws("a", "r1"), how="session lost",
+                                                 lost="producer's link down", picks=[0]),
+        lambda: m.peer_connects_again(node="a", restarted=True),
+        lambda: m.deliver(count=1, data=_Draws("b")),
+        lambda: m.supply(data=_Draws("r1"), node="b", picks=[1]),
+    ]
+    for step in steps:
+        step()
+        m.at_most_one_result_per_job()
+        m.no_protocol_error_between_conformant_peers()
+        m.watch_the_windows()
+    assert m.world.gone == {"b"}  # the restart was heard, b's write came after it
+    m.teardown()

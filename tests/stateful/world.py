@@ -47,8 +47,9 @@ from p2pfsm.session import (
     LoadResult,
     LookupRequest,
     SendFrame,
+    StartWrite,
 )
-from p2pfsm.sim.world import SafetyViolation, SimHost, SimWorld
+from p2pfsm.sim.world import SafetyViolation, SimHost, SimWorld, SimWrite
 
 CANARY = 0xA5
 
@@ -76,6 +77,10 @@ class CheckedWorld(SimWorld):
         self.parts = parts
         self.held: list[tuple[str, HostAnswerLookup]] = []
         """Lookup answers their producer's host holds back (their pins are taken)."""
+        self.gone: set[str] = set()
+        """Writers whose peer heard them restart: the process that wrote is gone, so no
+        write of theirs lands after that (ReleaseCause.PEER_RESTARTED), however long
+        their session here, which stands in for it, keeps going."""
         self.hold_next: dict[str, list[bool]] = {"a": [], "b": []}
         """Per producer, in lookup order: whether its host holds that answer back."""
         self.deferred: list[tuple[str, int, dict[bytes, int]]] = []
@@ -172,6 +177,8 @@ class CheckedWorld(SimWorld):
         first = self.connects[self.other(node)]
         again = first if first.incarnation is None else replace(
             first, incarnation=first.incarnation + restarted)
+        if again.incarnation != first.incarnation:
+            self.gone.add(self.other(node))
         self.inject(node, encode(again))
 
     def drop(self, src: str, index: int = 0) -> None:
@@ -347,6 +354,18 @@ class CheckedWorld(SimWorld):
     # ------------------------------------------------------------ stats
     def land(self, src: str, xfer: int) -> None:
         w = self.writes[(src, xfer)]
+        if src in self.gone:  # its process is gone: nothing it wrote lands any more,
+            self.complete(src, xfer, fail=True)  # and the write ends (for its stand-in)
+            return
         if w.cancelled and not w.landed:
             self.stats["cancelled writes landed"] += 1
         super().land(src, xfer)
+
+    def _start_write(self, node: str, out: StartWrite) -> None:
+        if node in self.gone:  # a write of a gone process: it never lands (land)
+            dst = self.hosts[self.other(node)]
+            self.writes[(node, out.xfer)] = SimWrite(
+                node, out.xfer, out.local_indexes, out.remote_indexes,
+                tuple(dst.owner.get(r) for r in out.remote_indexes))
+            return
+        super()._start_write(node, out)
