@@ -51,9 +51,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``slow``, ``tlc``, ``mutation`` or ``compiled`` run only when the marker
-    expression names them (.ci/run runs ``-m tlc`` and ``-m mutation`` as steps of their
-    own); tests marked ``pure_only`` are skipped when p2pfsm runs its compiled modules."""
+    """Tests marked ``slow``, ``tlc``, ``mutation``, ``compiled`` or ``interop`` run only when
+    the marker expression names them (.ci/run runs ``-m tlc``, ``-m mutation`` and
+    ``-m interop`` as steps of their own: the default suite never reaches for a vLLM venv,
+    even one being built beside it); tests marked ``pure_only`` are skipped when p2pfsm
+    runs its compiled modules."""
     expr = config.option.markexpr or ""
     pure_only = [item for item in items if item.get_closest_marker("pure_only") is not None]
     if pure_only:
@@ -65,7 +67,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                                            f"modules bind early ({', '.join(active)})")
             for item in pure_only:
                 item.add_marker(skip)
-    for marker in ("slow", "tlc", "mutation", "compiled"):
+    for marker in ("slow", "tlc", "mutation", "compiled", "interop"):
         if marker in expr:
             continue
         skip = pytest.mark.skip(reason=f"{marker}: run with -m {marker}")
