@@ -17,54 +17,32 @@ before any session module compiles its machines. Without the variable it does no
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
+from .after_import import AfterImport
+
 REGISTRY = "p2pfsm.fsm.registry"
 
 
-class _Redirect(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Finds ``p2pfsm.fsm.registry`` as usual, runs it, then points it at ``directory``."""
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        self.inner: importlib.abc.Loader | None = None
-
-    def find_spec(self, fullname: str, path: Sequence[str] | None,
-                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname != REGISTRY:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
-            return None
-        self.inner = spec.loader
-        spec.loader = self
-        return spec
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
-        return None
-
-    def exec_module(self, module: ModuleType) -> None:
-        assert self.inner is not None
-        self.inner.exec_module(module)
-        directory = self.directory
+def _redirect(directory: Path) -> Callable[[ModuleType], None]:
+    def point(module: ModuleType) -> None:
         # read by machine() and machines() at each call
         module.__dict__["models_directory"] = lambda: directory
+    return point
 
 
 _DIR = os.environ.get("P2PFSM_MODELS_DIR")
 if _DIR:
     if REGISTRY in sys.modules:
         raise RuntimeError(f"{REGISTRY} was imported before the models could be redirected")
-    sys.meta_path.insert(0, _Redirect(Path(_DIR)))
+    sys.meta_path.insert(0, AfterImport(REGISTRY, _redirect(Path(_DIR))))
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -19,14 +19,13 @@ from __future__ import annotations
 import __future__
 
 import ast
-import importlib.abc
-import importlib.machinery
 import os
 import sys
 import textwrap
-from collections.abc import Sequence
 from pathlib import Path
 from types import CodeType, FunctionType, ModuleType
+
+from .after_import import AfterImport
 
 ENV = "P2PFSM_MUTMUT"
 MUTANTS_DIR = Path(__file__).resolve().parents[2] / "mutants"
@@ -87,37 +86,9 @@ def plant(key: str, module: ModuleType) -> None:
     target.__code__ = mutated_code(key, target)
 
 
-class _PatchAfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Finds the mutant's module as usual, runs it, then plants the mutant in it."""
-
-    def __init__(self, key: str) -> None:
-        self.key = key
-        self.module = split(key)[0]
-        self.inner: importlib.abc.Loader | None = None
-
-    def find_spec(self, fullname: str, path: Sequence[str] | None,
-                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname != self.module:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
-            return None
-        self.inner = spec.loader
-        spec.loader = self
-        return spec
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
-        return None
-
-    def exec_module(self, module: ModuleType) -> None:
-        assert self.inner is not None
-        self.inner.exec_module(module)
-        plant(self.key, module)
-
-
 _KEY = os.environ.get(ENV, "").strip()
 if _KEY:
     if split(_KEY)[0] in sys.modules:
         plant(_KEY, sys.modules[split(_KEY)[0]])
     else:
-        sys.meta_path.insert(0, _PatchAfterImport(_KEY))
+        sys.meta_path.insert(0, AfterImport(split(_KEY)[0], lambda m: plant(_KEY, m)))
