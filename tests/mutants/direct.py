@@ -26,18 +26,14 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
 import shutil
-import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import mutmut_plugin
+from . import launch, mutmut_plugin
 
 ROOT = Path(__file__).resolve().parents[2]
 MUTANTS_DIR = ROOT / "mutants"
@@ -83,16 +79,13 @@ def sync_tests() -> None:
                     ignore=shutil.ignore_patterns("__pycache__"))
 
 
+_DROP = ("P2PFSM_MUTANT", "P2PFSM_SLIP", "P2PFSM_MODELS_DIR", "MUTANT_UNDER_TEST",
+         mutmut_plugin.ENV)
+
+
 def _env(where: Path, **extra: str) -> dict[str, str]:
-    env = dict(os.environ, HYPOTHESIS_PROFILE=PROFILE, PYTHONHASHSEED="0",
-               PYTHONPATH=os.pathsep.join([str(where), str(where / "tests"),
-                                           *os.environ.get("PYTHONPATH", "").split(
-                                               os.pathsep)]), **extra)
-    for name in ("P2PFSM_MUTANT", "P2PFSM_SLIP", "P2PFSM_MODELS_DIR", "MUTANT_UNDER_TEST",
-                 mutmut_plugin.ENV):
-        if name not in extra:
-            env.pop(name, None)
-    return env
+    return launch.environment(where, _DROP, HYPOTHESIS_PROFILE=PROFILE, PYTHONHASHSEED="0",
+                              **extra)
 
 
 def plantable(name: str) -> bool:
@@ -106,13 +99,6 @@ def plantable(name: str) -> bool:
     return True
 
 
-def _first_failure(output: str) -> str:
-    for line in output.splitlines():
-        if line.startswith(("FAILED ", "ERROR ")):
-            return line.split(" ", 1)[1].split(" - ")[0]
-    return output.strip().splitlines()[-1] if output.strip() else ""
-
-
 def run_pytest(mutant: str, paths: tuple[str, ...], timeout: float,
                *plugins: str, planted: bool = False,
                **extra: str) -> tuple[int | None, float, str]:
@@ -124,22 +110,14 @@ def run_pytest(mutant: str, paths: tuple[str, ...], timeout: float,
                          else {"MUTANT_UNDER_TEST": mutant})}
     if planted:
         plugins = (*plugins, "mutants.mutmut_plugin")
-    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-           "--no-header", "-rf"]
-    for plugin in plugins:
-        cmd += ["-p", plugin]
-    start = time.monotonic()
-    try:
-        proc = subprocess.run([*cmd, *paths], cwd=where, env=_env(where, **extra),
-                              capture_output=True, text=True, timeout=timeout, check=False)
-    except subprocess.TimeoutExpired:
-        return None, time.monotonic() - start, f"no result within {timeout:.0f} s"
-    first = _first_failure(proc.stdout + proc.stderr)
-    if proc.returncode not in (0, 1) or (mutant in ("", "stats") and proc.returncode):
+    run = launch.launch(launch.pytest_command(paths, *plugins), where,
+                        _env(where, **extra), timeout)
+    first = run.first
+    if run.code not in (0, 1, None) or (mutant in ("", "stats") and run.code):
         log = MUTANTS_DIR / f"control-{mutant or 'clean'}.log"  # not a plain catch: why
-        log.write_text(proc.stdout + proc.stderr)
+        log.write_text(run.output)
         first += f" (pytest's output: {log})"
-    return proc.returncode, time.monotonic() - start, first
+    return run.code, run.seconds, first
 
 
 def reached(paths: tuple[str, ...], timeout: float) -> set[str]:

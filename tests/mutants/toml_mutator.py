@@ -21,11 +21,8 @@ first failure (``-x``); a run past the time limit counts as killed (the suite ha
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -35,6 +32,8 @@ from pathlib import Path
 from p2pfsm.errors import ModelError
 from p2pfsm.fsm.inputs import INPUTS_FILE, load_inputs
 from p2pfsm.fsm.spec import MachineSpec, load_spec, read_model_file
+
+from . import launch
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "models"
@@ -179,43 +178,16 @@ class Verdict:
         return self.status != "survived"
 
 
-def pytest_command(suite: tuple[str, ...] = KILL_SUITE) -> list[str]:
-    return [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-            "-p", "mutants.mutation_plugin", *suite]
-
-
-def _env(directory: Path | None) -> dict[str, str]:
-    env = dict(os.environ)
-    paths = [str(ROOT), str(ROOT / "tests")]
-    if env.get("PYTHONPATH"):
-        paths.append(env["PYTHONPATH"])
-    env["PYTHONPATH"] = os.pathsep.join(paths)
-    env.pop(ENV, None)
-    if directory is not None:
-        env[ENV] = str(directory)
-    return env
-
-
-def _first_failure(output: str) -> str:
-    for line in output.splitlines():
-        if line.startswith(("FAILED ", "ERROR ")):
-            return line.split(" ", 1)[1].split(" - ")[0]
-    return output.strip().splitlines()[-1] if output.strip() else ""
-
-
 def run_suite(directory: Path | None, suite: tuple[str, ...] = KILL_SUITE,
               timeout: float = 300.0,
               env: dict[str, str] | None = None) -> tuple[int | None, str]:
     """Run ``suite`` with the machines of ``directory`` (None: the real models) and the
     variables ``env`` added: the exit code (None past ``timeout``) and the first failure
     it names (a test's id when a test failed)."""
-    try:
-        proc = subprocess.run(pytest_command(suite), cwd=ROOT,
-                              env={**_env(directory), **(env or {})},
-                              capture_output=True, text=True, timeout=timeout, check=False)
-    except subprocess.TimeoutExpired:
-        return None, f"no result within {timeout:.0f} s"
-    return proc.returncode, _first_failure(proc.stdout + proc.stderr)
+    extra = {**({ENV: str(directory)} if directory is not None else {}), **(env or {})}
+    run = launch.launch(launch.pytest_command(suite, "mutants.mutation_plugin"), ROOT,
+                        launch.environment(ROOT, (ENV,), **extra), timeout)
+    return run.code, run.first
 
 
 def judge(mutant: TomlMutant, suite: tuple[str, ...] = KILL_SUITE,
