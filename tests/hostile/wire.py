@@ -132,10 +132,13 @@ class RawPeer:
         return msg  # type: ignore[no-any-return]
 
     def expect(self, kind: str, timeout: float = 10.0, match: Any = None,
-               pump: Callable[[], None] | None = None) -> dict[str, Any]:
+               pump: Callable[[], None] | None = None,
+               ends_on: tuple[str, ...] = ()) -> dict[str, Any]:
         """Read until a message of type ``kind`` (for which ``match(msg)`` holds) arrives;
-        fail after ``timeout`` s naming what came instead. ``pump`` is called between
-        short waits (our NIXL agent's progress, which a peer's WRITE into us needs)."""
+        fail after ``timeout`` s naming what came instead, or at once when a message of a
+        type in ``ends_on`` comes (one after which ``kind`` cannot). ``pump`` is called
+        between short waits (our NIXL agent's progress, which a peer's WRITE into us
+        needs)."""
         deadline = time.monotonic() + timeout
         got: list[str] = []
         while (left := deadline - time.monotonic()) > 0:
@@ -150,6 +153,8 @@ class RawPeer:
                                                                      or match(msg)):
                 return msg
             got.append(str(msg.get("type")) if isinstance(msg, dict) else repr(msg)[:40])
+            if got[-1] in ends_on:
+                raise AssertionError(f"{got[-1]} from the server before any {kind}; got {got}")
         raise AssertionError(f"no {kind} from the server within {timeout:.1f} s; got {got}")
 
     def types_within(self, timeout: float) -> list[str]:
@@ -174,16 +179,17 @@ class RawPeer:
         return theirs
 
     def fetch_ok(self, plane: Any, rid: str, blocks: Iterable[int], round_seq: int = 0,
-                 timeout: float = 10.0) -> None:
+                 timeout: float = 10.0, ends_on: tuple[str, ...] = ()) -> None:
         """A real PD fetch of demo blocks into ``plane`` (an object with ``region``, a
-        uint8 tensor of rows, and ``progress()``), every byte checked."""
+        uint8 tensor of rows, and ``progress()``), every byte checked; it fails at once
+        on a message of a type in ``ends_on``."""
         blocks = list(blocks)
         for slot in range(len(blocks)):
             plane.region[slot].zero_()
         self.send(fetch_msg(rid, [demo_key(b) for b in blocks], list(range(len(blocks))),
                             round_seq))
         done = self.expect("transfer_done", timeout, lambda m: m.get("kv_request_id") == rid,
-                           pump=plane.progress)
+                           pump=plane.progress, ends_on=ends_on)
         assert done["success"] is True, done
         for slot, b in enumerate(blocks):
             assert plane.region[slot].numpy().tobytes() == demo_block(b), f"block {b}"

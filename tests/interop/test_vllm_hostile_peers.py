@@ -122,7 +122,8 @@ def _malformed(a: Attack, agent: Any, out: Result) -> None:
             return
         p.send_raw(frame)
         try:  # kept: the session still serves this peer
-            p.fetch_ok(plane, f"after-{len(out.checks)}", range(2), timeout=FETCH_S)
+            p.fetch_ok(plane, f"after-{len(out.checks)}", range(2), timeout=FETCH_S,
+                       ends_on=("disconnect",))
             out.checks[name] = True
         except AssertionError:  # or ended cleanly: its disconnect came
             out.checks[name] = any(m.get("type") == "disconnect" for m in p.seen
