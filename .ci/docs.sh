@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The docs site: builds docs/ into docs/_build/html with Sphinx (warnings are errors).
 #   bash .ci/docs.sh          build
+#   bash .ci/docs.sh tools    only install the tools (.venv-docs, mermaid.js), no build
 #   bash .ci/docs.sh serve    build, then serve it on http://127.0.0.1:8000
 #   bash .ci/docs.sh check    build, then open every page in headless Chromium
 #                             (.ci/docs_browser.py; screenshots in docs-artifacts/)
@@ -24,6 +25,9 @@ if [ "$(cat "$JS/VERSION" 2>/dev/null)" != "$MERMAID_VERSION" ]; then
     echo "$MERMAID_VERSION" > "$JS/VERSION"
     rm -rf "$TMP"
 fi
+if [ "${1:-}" = tools ]; then
+    exit 0
+fi
 rm -rf docs/_build/html
 .venv-docs/bin/sphinx-build -q -W --keep-going -b html docs docs/_build/html
 echo "docs built: docs/_build/html/index.html"
@@ -38,5 +42,5 @@ case "${1:-}" in
         fi
         .venv-docs/bin/python .ci/docs_browser.py ;;
     "") ;;
-    *) echo "usage: bash .ci/docs.sh [serve|check]" >&2; exit 2 ;;
+    *) echo "usage: bash .ci/docs.sh [serve|check|tools]" >&2; exit 2 ;;
 esac
