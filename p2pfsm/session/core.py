@@ -29,9 +29,9 @@ tools read the session through :attr:`Session.view` (:mod:`~p2pfsm.session.view`
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
-from p2pfsm.errors import HandshakeMismatch, InvalidTransition, LocalProtocolError
+from p2pfsm.errors import HandshakeMismatch, LocalProtocolError
 from p2pfsm.fsm import CompiledMachine, Tracer, machine
 from p2pfsm.protocol import (
     AbortAck,
@@ -115,6 +115,8 @@ class Session:
 
     fsm_data = ("peer", "death_reason", "mismatch", "last_disconnect", "_queue")
     """What the session machine's actions write (restored should one raise)."""
+    machine: ClassVar[CompiledMachine]
+    """The session machine (``models/session.toml``) bound to this class: :data:`SESSION`."""
 
     def __init__(self, config: SessionConfig, tracer: Tracer | None = None) -> None:
         self.config = config
@@ -274,52 +276,25 @@ class Session:
     def disarm(self, timer: TimerId) -> None:
         self._timers.disarm(timer)
 
+    # The three ways to fire a machine (the session's own, ``self.machine``, or a child).
     def step(self, m: CompiledMachine, obj: Any, trigger: str, ev: object = None) -> str:
-        """One step of a child caused by an input, then the cascade; the new state."""
+        """An input's step of ``obj`` (committed: :meth:`_committed`), then
+        :meth:`settle`; the new state."""
         dest = m.fire(obj, trigger, ev, self._committed)
         if self.producer.unsettled:
-            self.cascade()
+            self.settle()
         return dest
 
-    def fire(self, m: CompiledMachine, obj: Any, trigger: str, ev: object = None) -> str:
-        """Fire; once committed (:meth:`_committed`), the step is recorded."""
+    def step_nested(self, m: CompiledMachine, obj: Any, trigger: str,
+                    ev: object = None) -> str:
+        """A step inside another (a gate, an answer, a settle, pins of a lookup): committed
+        like :meth:`step`, the settling left to the step that holds it; the new state."""
         return m.fire(obj, trigger, ev, self._committed)
 
-    def cascade(self) -> None:
-        """Fire state-triggered transitions until none is due (a fixed point)."""
+    def settle(self) -> None:
+        """Fire the models' state-triggered transitions until none is due (a fixed point)."""
         producer = self.producer
         run_cascade(producer.unsettled, producer.settle_one)
-
-    def check_gate(self, trigger: str) -> None:
-        """Raise InvalidTransition when the session machine refuses ``trigger`` now."""
-        if not SESSION.can_fire(self, trigger):
-            raise InvalidTransition(SESSION.name, self.fsm_state, trigger)
-
-    def gate(self, trigger: str, msg: Message) -> None:
-        """Fire the session's gate for a non-handshake frame (validate first!)."""
-        SESSION.fire(self, trigger, msg)
-
-    def answer(self, trigger: str, ev: object) -> None:
-        """Fire the session machine's answer to what no child takes: a gated frame (its
-        action sends the reply), a host call on a session that is over (its action
-        reports the job's result)."""
-        SESSION.fire(self, trigger, ev)
-
-    # ------------------------------------------- the session machine, for dispatch
-    def machine_fire(self, trigger: str, ev: object = None) -> str:
-        """Fire the session machine (its own hook applies what its actions left)."""
-        return SESSION.fire(self, trigger, ev)
-
-    def machine_step(self, trigger: str, ev: object = None) -> str:
-        """Fire the session machine for an input, then run the cascade."""
-        return self.step(SESSION, self, trigger, ev)
-
-    def machine_can_fire(self, trigger: str, ev: object = None) -> bool:
-        return SESSION.can_fire(self, trigger, ev)
-
-    def machine_declares(self, trigger: str) -> bool:
-        """The session machine has a transition for ``trigger`` from its state."""
-        return SESSION.declares(self.fsm_state, trigger)
 
     def require_started(self, what: str) -> None:
         """Refuse a host call before HostStart."""
@@ -377,9 +352,10 @@ class Session:
             elif kind is EndRoles:
                 self._end_roles(item.load_trigger)  # type: ignore[union-attr]
             elif kind is EndSession:
-                SESSION.fire(self, item.trigger, item)  # type: ignore[union-attr]
+                self.step_nested(SESSION, self, item.trigger, item)  # type: ignore[union-attr]
             elif kind is ReleaseHeld:
-                self.consumer.release_held(PeerGone(item.cause))  # type: ignore[union-attr]
+                cause = PeerGone(item.cause)  # type: ignore[union-attr]
+                self.consumer.release_held(cause, "peer_gone")
             else:
                 self._out.append(item)  # type: ignore[arg-type]  # an executor output
 
@@ -577,3 +553,4 @@ def _session_committed(_m: CompiledMachine, s: object, _trigger: str, _dest: str
 
 
 SESSION = CompiledMachine(machine("session"), Session, then=_session_committed)
+Session.machine = SESSION

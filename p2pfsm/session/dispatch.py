@@ -1,23 +1,26 @@
 """Input dispatch: which machine each input reaches, read from ``models/inputs.toml``.
 
 Every input class the table names gets its handler at import: frames are decoded and
-validated, then a session frame fires its row's trigger on the session machine and any
-other frame goes to the part that finds (or creates) its instance (:data:`_PART_FRAMES`);
-a timer finds its instance from :attr:`TimerId.key` by the row's key fields
-(:data:`_FINDERS`) and fires the row's trigger; every other input goes to its row's
-handler (:data:`_HOST`), which checks the session and hands the call to a part.
-:data:`HANDLERS` maps each input type to its handler. An input, key or handler the table
-and the code disagree on is a :class:`~p2pfsm.errors.ModelError` at import.
+validated, then a session frame fires its row's trigger on the session machine; any
+other frame picks its row's trigger (the first variant whose field matches, e.g. a
+terminal fetch), must pass its row's gate (the session machine refuses it, else
+nothing changes) and goes with that :class:`~p2pfsm.session.route.Route` to the part
+that takes that trigger (:data:`_PART_TAKES`). A timer finds its instance from
+:attr:`TimerId.key` by the row's key fields (:data:`_FINDERS`) and fires the row's
+trigger; every other input goes to its row's handler (:data:`_HOST`), which checks the
+session and hands the call, with the row's trigger, to a part. :data:`HANDLERS` maps
+each input type to its handler. An input, key, trigger or handler the table and the
+code disagree on is a :class:`~p2pfsm.errors.ModelError` at import.
 
 The handlers are plain functions of the session: they use only its public methods
-(its owner interface and the session machine's ``machine_*`` calls) and the parts'
-entry points.
+(its owner interface: :meth:`Session.step`, its machine :attr:`Session.machine`) and
+the parts' entry points.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from p2pfsm.errors import (
     InvalidTransition,
@@ -29,17 +32,12 @@ from p2pfsm.errors import (
 )
 from p2pfsm.fsm import CompiledMachine, InputSpec, input_table, machine
 from p2pfsm.protocol import (
-    AbortAck,
-    AbortFetch,
     Connect,
     ConnectAck,
     Disconnect,
     Fetch,
     FetchRound,
-    Lookup,
-    LookupResp,
     Message,
-    TransferDone,
     decode,
     fetch_round,
 )
@@ -64,6 +62,7 @@ from p2pfsm.session.inputs import (
 )
 from p2pfsm.session.machine import LIVE_STATES
 from p2pfsm.session.outputs import FrameIgnored, ProtocolViolation, ReleaseCause
+from p2pfsm.session.route import Route
 from p2pfsm.session.server import SERVER_LOOKUP, SERVER_ROUND
 
 if TYPE_CHECKING:
@@ -75,7 +74,7 @@ _SESSION_TERMINAL = machine("session").terminal
 # ------------------------------------------------------------------ frames
 def _on_frame(s: Session, ev: FrameReceived) -> None:
     if s.fsm_state not in LIVE_STATES:
-        if not s.machine_declares(_TABLE.stale) or not _on_stale(s, ev):
+        if not s.machine.declares(s.fsm_state, _TABLE.stale) or not _on_stale(s, ev):
             s.emit(FrameIgnored("", f"session is {s.fsm_state}"))
         return
     try:
@@ -88,8 +87,15 @@ def _on_frame(s: Session, ev: FrameReceived) -> None:
         _answer_bad_fetch(s, fetch_round(ev.frame, s.config.limits))
         return
     try:
-        row, handler = _FRAME_HANDLERS[msg.TYPE]
-        handler(s, row, msg)
+        row, takes = _FRAMES[msg.TYPE]
+        trigger = row.trigger_for(msg)
+        if takes is None:  # the session machine's own frame
+            s.step(s.machine, s, trigger, msg)
+        else:
+            route, take = takes[trigger]
+            if not s.machine.can_fire(s, route.gate):
+                raise InvalidTransition(s.machine.name, s.fsm_state, route.gate)
+            take(s, msg, route)
     except InvalidTransition as exc:
         s.emit(ProtocolViolation(RemoteProtocolError(
             "type", f"{msg.TYPE} not allowed: {exc}")))
@@ -113,8 +119,8 @@ def _message(s: Session, ev: FrameReceived) -> Message:
 def _answer_bad_fetch(s: Session, named: FetchRound | None) -> None:
     """A fetch rejected as malformed that names its round gets transfer_done(false)
     for it, when the session machine accepts that (recv_bad_fetch)."""
-    if named is not None and s.machine_can_fire("recv_bad_fetch", named):
-        s.machine_fire("recv_bad_fetch", named)
+    if named is not None and s.machine.can_fire(s, "recv_bad_fetch", named):
+        s.step(s.machine, s, "recv_bad_fetch", named)
 
 
 def _on_stale(s: Session, ev: FrameReceived) -> bool:
@@ -126,38 +132,33 @@ def _on_stale(s: Session, ev: FrameReceived) -> bool:
     except RemoteProtocolError:
         return False
     if isinstance(msg, Disconnect):
-        row, _handler = _FRAME_HANDLERS[msg.TYPE]
-        s.machine_fire(row.trigger_for(msg), msg)
+        row, _takes = _FRAMES[msg.TYPE]
+        s.step(s.machine, s, row.trigger_for(msg), msg)
         return True
     if not isinstance(msg, Connect | ConnectAck):
-        s.machine_fire(_TABLE.stale, msg)
+        s.step(s.machine, s, _TABLE.stale, msg)
     return False
 
 
-def _on_session_frame(s: Session, row: InputSpec, msg: Message) -> None:
-    s.machine_fire(row.trigger_for(msg), msg)
-
-
-def _on_part_frame(s: Session, row: InputSpec, msg: Message) -> None:
-    _PART_FRAMES[row.name](s, msg)
-
-
-_PART_FRAMES: dict[str, Callable[[Session, Any], None]] = {
-    "fetch": lambda s, m: s.producer.on_fetch(cast(Fetch, m)),
-    "lookup": lambda s, m: s.producer.on_lookup(cast(Lookup, m)),
-    "abort_fetch": lambda s, m: s.producer.on_abort_fetch(cast(AbortFetch, m)),
-    "transfer_done": lambda s, m: s.consumer.on_transfer_done(cast(TransferDone, m)),
-    "abort_ack": lambda s, m: s.consumer.on_abort_ack(cast(AbortAck, m)),
-    "lookup_resp": lambda s, m: s.consumer.on_lookup_resp(cast(LookupResp, m)),
+PartTake = Callable[["Session", Any, Route], None]
+_PART_TAKES: dict[tuple[str, str], PartTake] = {
+    ("server_round", "recv_fetch"): lambda s, m, r: s.producer.on_fetch(m, r),
+    ("server_round", "recv_terminal_fetch"): lambda s, m, r: s.producer.on_terminal_fetch(m, r),
+    ("server_lookup", "recv_lookup"): lambda s, m, r: s.producer.on_lookup(m, r),
+    ("server_round", "recv_abort_fetch"): lambda s, m, r: s.producer.on_abort_fetch(m, r),
+    ("client_round", "recv_transfer_done"):
+        lambda s, m, r: s.consumer.on_transfer_done(m, r),
+    ("client_round", "recv_abort_ack"): lambda s, m, r: s.consumer.on_abort_ack(m, r),
+    ("client_lookup", "recv_lookup_resp"): lambda s, m, r: s.consumer.on_lookup_resp(m, r),
 }
-"""Frame type -> the part's handler (the frame rows whose machine is not the session)."""
+"""(machine, trigger) of a frame row that is not the session's -> the part that takes it."""
 
 
 # -------------------------------------------------------------- host calls
 def _on_host_start(s: Session, ev: HostStart) -> None:
     trigger = _ROWS["HostStart"].trigger
     try:
-        s.machine_fire(trigger, ev)
+        s.step(s.machine, s, trigger, ev)
     except InvalidTransition as exc:
         raise LocalProtocolError(f"{trigger} not allowed: {exc}") from exc
 
@@ -165,31 +166,31 @@ def _on_host_start(s: Session, ev: HostStart) -> None:
 def _on_host_close(s: Session, ev: HostClose) -> None:
     if s.fsm_state in _SESSION_TERMINAL:  # closed: nothing more to do
         return
-    s.machine_fire(_ROWS["HostClose"].trigger, ev)
+    s.step(s.machine, s, _ROWS["HostClose"].trigger, ev)
 
 
 def _on_host_fetch(s: Session, ev: HostFetch) -> None:
     s.require_started("fetch")
-    s.consumer.on_host_fetch(ev)
+    s.consumer.on_host_fetch(ev, _ROWS["HostFetch"].trigger)
 
 
 def _on_host_lookup(s: Session, ev: HostLookup) -> None:
     s.require_started("lookup")
-    s.consumer.on_host_lookup(ev)
+    s.consumer.on_host_lookup(ev, _ROWS["HostLookup"].trigger)
 
 
 def _on_host_supply(s: Session, ev: HostSupply) -> None:
     s.require_started("supply")
-    s.producer.on_host_supply(ev)
+    s.producer.on_host_supply(ev, _ROWS["HostSupply"].trigger)
 
 
 def _on_host_decline(s: Session, ev: HostDecline) -> None:
     s.require_started("decline")
-    s.producer.on_host_decline(ev)
+    s.producer.on_host_decline(ev, _ROWS["HostDecline"].trigger)
 
 
 def _on_host_answer(s: Session, ev: HostAnswerLookup) -> None:
-    s.producer.on_host_answer(ev)
+    s.producer.on_host_answer(ev, _ROWS["HostAnswerLookup"].trigger)
 
 
 def _on_host_finish(s: Session, ev: HostFinish) -> None:
@@ -206,14 +207,14 @@ def _on_host_finish(s: Session, ev: HostFinish) -> None:
 
 def _on_result_registration(s: Session, ev: RegistrationFinished) -> None:
     trigger = _ROWS["RegistrationFinished"].trigger_for(ev)
-    if s.machine_can_fire(trigger, ev):
-        s.machine_fire(trigger, ev)
+    if s.machine.can_fire(s, trigger, ev):
+        s.step(s.machine, s, trigger, ev)
     else:
         s.emit(FrameIgnored("", f"registration result in state {s.fsm_state}"))
 
 
 def _on_result_write(s: Session, ev: WriteFinished) -> None:
-    s.producer.on_write(ev)
+    s.producer.on_write(ev, _WRITE.trigger_for(ev))
 
 
 def _on_result_peer_gone(s: Session, ev: PeerGone) -> None:
@@ -223,7 +224,7 @@ def _on_result_peer_gone(s: Session, ev: PeerGone) -> None:
         raise LocalProtocolError(f"peer_gone: cause must be one of {sorted(_GONE_CAUSES)}, "
                                  f"got {ev.cause!r}")
     if not s.alive:
-        s.consumer.release_held(ev)
+        s.consumer.release_held(ev, _ROWS["PeerGone"].trigger)
 
 
 _GONE_CAUSES = frozenset({ReleaseCause.PEER_RESTARTED.value, ReleaseCause.DATA_PLANE.value})
@@ -231,7 +232,7 @@ _GONE_CAUSES = frozenset({ReleaseCause.PEER_RESTARTED.value, ReleaseCause.DATA_P
 
 def _on_transport_lost(s: Session, ev: TransportLost) -> None:
     if s.alive:
-        s.machine_fire(_ROWS["TransportLost"].trigger, ev)
+        s.step(s.machine, s, _ROWS["TransportLost"].trigger, ev)
 
 
 _HOST: dict[str, Callable[[Session, Any], None]] = {
@@ -258,7 +259,7 @@ def _on_timer(s: Session, ev: TimerFired) -> None:
         return  # disarmed, re-armed or early: stale
     row = _TIMERS[timer.kind]
     if row.machine == "session":
-        s.machine_step(row.trigger, ev)
+        s.step(s.machine, s, row.trigger, ev)
         return
     instance = _FINDERS[row.machine, row.key](s, timer.key)
     s.step(_MACHINES[row.machine], instance, row.trigger, ev)
@@ -267,6 +268,7 @@ def _on_timer(s: Session, ev: TimerFired) -> None:
 _TABLE = input_table()
 _ROWS = {row.event: row for row in _TABLE.inputs if row.kind not in ("frame", "timer")}
 _TIMERS = _TABLE.of_kind("timer")
+_WRITE = _ROWS["WriteFinished"]
 TIMER_MACHINES: dict[str, str] = {name: row.machine for name, row in _TIMERS.items()}
 """Timer kind -> the machine whose instance it belongs to."""
 _MACHINES: dict[str, CompiledMachine] = {
@@ -301,10 +303,6 @@ for _row in _TIMERS.values():
     if (_row.machine, _row.key) not in _FINDERS:
         raise ModelError(f"models/inputs.toml: timer {_row.name}: no instance of "
                          f"{_row.machine} is found by {list(_row.key)}")
-for _row in _TABLE.of_kind("frame").values():
-    if _row.machine != "session" and _row.name not in _PART_FRAMES:
-        raise ModelError(f"models/inputs.toml: no part handles frame {_row.name}")
-
 Handler = Callable[["Session", Any], None]
 HANDLERS: dict[type, Handler] = {
     FrameReceived: _on_frame,
@@ -313,8 +311,24 @@ HANDLERS: dict[type, Handler] = {
 }
 """Input type -> its handler."""
 
-FrameHandler = Callable[["Session", InputSpec, Message], None]
-_FRAME_HANDLERS: dict[str, tuple[InputSpec, FrameHandler]] = {
-    row.name: (row, _on_session_frame if row.machine == "session" else _on_part_frame)
-    for row in _TABLE.of_kind("frame").values()}
-"""Frame type -> its row and handler."""
+
+def _part_routes(row: InputSpec) -> dict[str, tuple[Route, PartTake]] | None:
+    """A frame row's route and part per trigger it may fire (None: the session's own)."""
+    if row.machine == "session":
+        return None
+    if row.gate is None:
+        raise ModelError(f"models/inputs.toml: frame {row.name} to {row.machine} has no gate")
+    routes: dict[str, tuple[Route, PartTake]] = {}
+    for trigger in row.triggers:
+        take = _PART_TAKES.get((row.machine, trigger))
+        if take is None:
+            raise ModelError(f"models/inputs.toml: no part takes frame {row.name} "
+                             f"({row.machine}.{trigger})")
+        routes[trigger] = Route(row.gate, trigger), take
+    return routes
+
+
+_FRAMES: dict[str, tuple[InputSpec, dict[str, tuple[Route, PartTake]] | None]] = {
+    row.name: (row, _part_routes(row)) for row in _TABLE.of_kind("frame").values()}
+"""Frame type -> its row and, unless the session machine takes it, its route and part
+per trigger."""
