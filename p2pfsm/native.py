@@ -85,6 +85,9 @@ LEFT_OUT: dict[str, str] = {
     "p2pfsm/session/timers.py": _SESSION_STATE,
     "p2pfsm/session/tombstones.py": _SESSION_STATE,
     "p2pfsm/session/view.py": _SESSION_STATE,
+    "p2pfsm/session/payloads.py": "a declaration the tests read; nothing runs there per event",
+    "p2pfsm/session/route.py": "one Route per frame row and trigger, built when the dispatch "
+                               "is imported; nothing builds one per event",
     "p2pfsm/session/outputs.py": "the outputs are dataclasses the executor, tests and tools "
                                  "build and compare; compiled, their fields would be "
                                  "converted or refused when built (as inputs.py)",

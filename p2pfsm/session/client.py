@@ -103,8 +103,7 @@ class ClientRound:
         self._emit(Disarm(self._timer("abort_ack")))
 
     @writes()
-    def report_transfer_result(self, ev: object) -> None:
-        assert isinstance(ev, TransferDone)
+    def report_transfer_result(self, ev: TransferDone) -> None:
         if ev.success:
             self._emit(LoadResult(self.job_id, self.kv_request_id, True, True))
         else:
@@ -224,8 +223,7 @@ class ClientLookup:
         self.env.outbox.append(item)
 
     # guards
-    def completes(self, ev: object) -> bool:
-        assert isinstance(ev, LookupPart)
+    def completes(self, ev: LookupPart) -> bool:
         return len(self.answers) + len(ev.pairs) == len(self.keys)
 
     # actions
@@ -242,8 +240,7 @@ class ClientLookup:
         self._emit(Disarm(TimerId("lookup", (self.serial,))))
 
     @writes("answers")
-    def record_part(self, ev: object) -> None:
-        assert isinstance(ev, LookupPart)
+    def record_part(self, ev: LookupPart) -> None:
         self.answers.update(ev.pairs)
 
     @writes()

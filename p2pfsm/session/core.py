@@ -384,27 +384,23 @@ class Session:
             self.disarm(timer)
 
     # ---------------------------------------- the session machine: guards
-    def is_peer_compatible(self, ev: object) -> bool:
-        assert isinstance(ev, Connect)
+    def is_peer_compatible(self, ev: Connect) -> bool:
         return handshake_mismatch(self.config, ev) is None
 
-    def is_peer_restarted(self, ev: object) -> bool:
+    def is_peer_restarted(self, ev: Connect) -> bool:
         """A connect from a new incarnation of the peer we hold (both carry one)."""
-        assert isinstance(ev, Connect)
         known = None if self.peer is None else self.peer.incarnation
         return known is not None and ev.incarnation is not None and ev.incarnation != known
 
-    def is_peer_reconnected(self, ev: object) -> bool:
+    def is_peer_reconnected(self, ev: Connect) -> bool:
         """A connect of the incarnation we hold: the peer lost its side of the session
         (a one-sided transport loss) and connects again (both carry one)."""
-        assert isinstance(ev, Connect)
         known = None if self.peer is None else self.peer.incarnation
         return known is not None and ev.incarnation == known
 
-    def is_round_unserved(self, ev: object) -> bool:
+    def is_round_unserved(self, ev: FetchRound) -> bool:
         """No round of ours has the demand of that (kv_request_id, round_seq): a reply
         to the rejected fetch is the only one the consumer gets for it."""
-        assert isinstance(ev, FetchRound)
         rnd = self.producer.server_round(ev.kv_request_id, ev.round_seq)
         return rnd is None or not rnd.demanded
 
@@ -415,34 +411,27 @@ class Session:
         return last is None or self.now - last >= STALE_ANSWER_INTERVAL_S
 
     # --------------------------------------- the session machine: actions
-    def fail_bad_fetch(self, ev: object) -> None:
-        assert isinstance(ev, FetchRound)
+    def fail_bad_fetch(self, ev: FetchRound) -> None:
         self.send(TransferDone(ev.kv_request_id, False, ev.round_seq))
 
-    def ack_unknown_abort(self, ev: object) -> None:
-        assert isinstance(ev, AbortFetch)
+    def ack_unknown_abort(self, ev: AbortFetch) -> None:
         self.send(AbortAck(ev.kv_request_id, ev.round_seq))
 
-    def fail_expired_fetch(self, ev: object) -> None:
-        assert isinstance(ev, Fetch)
+    def fail_expired_fetch(self, ev: Fetch) -> None:
         self.send(TransferDone(ev.kv_request_id, False, ev.round_seq))
 
-    def send_terminal_fetch(self, ev: object) -> None:
-        assert isinstance(ev, FetchRound)
+    def send_terminal_fetch(self, ev: FetchRound) -> None:
         self.send(Fetch(ev.kv_request_id, (), (), ev.round_seq))
 
-    def fail_fetch_over(self, ev: object) -> None:
-        assert isinstance(ev, HostFetch)
+    def fail_fetch_over(self, ev: HostFetch) -> None:
         self.emit(LoadResult(ev.job_id, ev.kv_request_id, False, True,
                              FailReason.SESSION_ENDED, _OVER))
 
-    def fail_lookup_over(self, ev: object) -> None:
-        assert isinstance(ev, HostLookup)
+    def fail_lookup_over(self, ev: HostLookup) -> None:
         self.emit(LookupResult(ev.kv_request_id, ev.keys, (False,) * len(ev.keys), False,
                                FailReason.SESSION_ENDED, _OVER))
 
-    def fail_supply_over(self, ev: object) -> None:
-        assert isinstance(ev, HostSupply)
+    def fail_supply_over(self, ev: HostSupply) -> None:
         self.emit(StoreResult(ev.job_id, False, FailReason.SESSION_ENDED, _OVER))
 
     def send_connect(self, _ev: object) -> None:
@@ -458,12 +447,10 @@ class Session:
     def disarm_handshake_timer(self, _ev: object) -> None:
         self.disarm(TimerId("handshake"))
 
-    def remember_peer(self, ev: object) -> None:
-        assert isinstance(ev, Connect)
+    def remember_peer(self, ev: Connect) -> None:
         self.peer = ev
 
-    def start_registration(self, ev: object) -> None:
-        assert isinstance(ev, Connect)
+    def start_registration(self, ev: Connect) -> None:
         self.emit(StartRegistration(ev))
 
     def send_connect_ack(self, _ev: object) -> None:
@@ -487,21 +474,18 @@ class Session:
         """Tell a peer that still holds the session live that it is over."""
         self.send_disconnect_to_lost_peer(ev)
 
-    def die_mismatch(self, ev: object) -> None:
-        assert isinstance(ev, Connect)
+    def die_mismatch(self, ev: Connect) -> None:
         self.mismatch = handshake_mismatch(self.config, ev)
         self._die(f"incompatible peer: {self.mismatch}", self.mismatch)
 
     def die_duplicate_connect(self, _ev: object) -> None:
         self._die("protocol error: connect after the handshake")
 
-    def die_peer_restarted(self, ev: object) -> None:
-        assert isinstance(ev, Connect)
+    def die_peer_restarted(self, ev: Connect) -> None:
         self.death_reason = "peer restarted"
         self.emit(SessionDead(self.death_reason, restarted_by=ev))
 
-    def die_peer_reconnected(self, ev: object) -> None:
-        assert isinstance(ev, Connect)
+    def die_peer_reconnected(self, ev: Connect) -> None:
         self.death_reason = "peer reconnected"
         self.emit(SessionDead(self.death_reason, restarted_by=ev))
 
@@ -513,8 +497,7 @@ class Session:
         write into the destinations this session holds, is gone."""
         self._env.outbox.append(ReleaseHeld("peer_restarted"))
 
-    def die_registration_failed(self, ev: object) -> None:
-        assert isinstance(ev, RegistrationFinished)
+    def die_registration_failed(self, ev: RegistrationFinished) -> None:
         self._die(f"data-plane registration failed: {ev.reason or 'unknown'}")
 
     def die_ack_before_connect(self, _ev: object) -> None:
@@ -526,8 +509,7 @@ class Session:
     def die_handshake_timeout(self, _ev: object) -> None:
         self._die("handshake timed out")
 
-    def die_transport_lost(self, ev: object) -> None:
-        assert isinstance(ev, TransportLost)
+    def die_transport_lost(self, ev: TransportLost) -> None:
         self._die(f"transport lost: {ev.reason}")
 
     def end_work_queued(self, _ev: object) -> None:
@@ -545,9 +527,8 @@ class Session:
         self.emit(SessionDead(reason, mismatch))
 
 
-def _session_committed(_m: CompiledMachine, s: object, _trigger: str, _dest: str) -> None:
+def _session_committed(_m: CompiledMachine, s: Session, _trigger: str, _dest: str) -> None:
     """A session step committed: apply what its actions left in the outbox (EndRoles)."""
-    assert isinstance(s, Session)
     if s._env.outbox:
         s._apply_outbox(s)
 

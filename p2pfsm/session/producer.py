@@ -36,7 +36,7 @@ from p2pfsm.session.route import Route
 from p2pfsm.session.server import (
     SERVER_LOOKUP,
     SERVER_ROUND,
-    PinsRefused,
+    LookupAnswer,
     ServerLookup,
     ServerRound,
 )
@@ -152,12 +152,10 @@ class ProducerPart:
     def note(self, m: CompiledMachine, obj: object, trigger: str, dest: str) -> None:
         """Queue in :attr:`unsettled` what a child's step makes due."""
         due = self.unsettled
-        if m is SERVER_ROUND:
-            assert isinstance(obj, ServerRound)
+        if type(obj) is ServerRound:  # SERVER_ROUND's
             if trigger != "settle" and SERVER_ROUND.declares(dest, "settle") and obj not in due:
                 due.append(obj)
-        elif m is SERVER_LOOKUP:
-            assert isinstance(obj, ServerLookup)
+        elif type(obj) is ServerLookup:  # SERVER_LOOKUP's
             rid = obj.kv_request_id
             if ((dest in _FREES_QUEUE
                  or (trigger != "settle" and SERVER_LOOKUP.declares(dest, "settle")))
@@ -372,10 +370,11 @@ class ProducerPart:
             if type(idx) is not int or not 0 <= idx < self.config.num_blocks:
                 raise LocalProtocolError(f"answer_lookup: index {idx!r} for key outside region")
         rnd = self.server_round(served.kv_request_id, served.round_seq)
-        answer: HostAnswerLookup | PinsRefused = ev
+        answer = LookupAnswer(ev)
         if ev.hits and rnd is not None and not SERVER_ROUND.can_fire(rnd, "lookup_pin"):
             # The round takes no more pins: the lookup fails the job, the hits are misses.
-            answer = PinsRefused(ev.job_id or 0, HostAnswerLookup(ev.token, {}, None, ev.pending))
+            answer = LookupAnswer(HostAnswerLookup(ev.token, {}, None, ev.pending),
+                                  ev.job_id or 0)
         self.owner.step(SERVER_LOOKUP, served, trigger, answer)
 
     def on_write(self, ev: WriteFinished, trigger: str) -> None:
