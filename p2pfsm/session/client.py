@@ -1,11 +1,11 @@
-"""Consumer role: load rounds and lookups.
+"""The client machines (the consumer role): load rounds and lookups.
 
 Each :class:`ClientRound` is one load job for (kv_request_id, round_seq) and each
 :class:`ClientLookup` one lookup frame; their machines (``models/client_round.toml``,
 ``models/client_lookup.toml``) decide every state change, and the methods below are
 the guards and actions those files name. Actions only append to the step's outbox
 (:mod:`~p2pfsm.session.child`); the session applies it and retires an instance once its
-machine reaches a terminal state. Round numbers are chosen by ``ConsumerPart._alloc_round``
+machine reaches a terminal state. Round numbers are chosen by ``ClientPart._alloc_round``
 so that two rounds that could both still receive frames never share one (see
 docs/explanation/architecture.md).
 """

@@ -16,11 +16,12 @@ machine fires; a frame that is malformed, or that no declared transition accepts
 in the current state, is rejected with a ProtocolViolation output and changes
 nothing. Host misuse raises LocalProtocolError and changes nothing.
 
-The shape: the session *holds* two parts, :class:`~p2pfsm.session.consumer.ConsumerPart`
-(load rounds, lookups, round numbers) and :class:`~p2pfsm.session.producer.ProducerPart`
+The shape: the session *holds* two parts, :class:`~p2pfsm.session.client_part.ClientPart`
+(load rounds, lookups, round numbers) and :class:`~p2pfsm.session.server_part.ServerPart`
 (serve rounds, served lookups, store jobs, writes, tokens), each owning its tables and
 reaching the session through the small :class:`~p2pfsm.session.owner.Owner` interface
-that :class:`Session` implements (send, arm, disarm, emit, now, step). The session keeps
+that :class:`Session` implements (send, arm, disarm, emit, now; three ways to fire a
+machine: step, step_nested, settle). The session keeps
 the session machine (its guards and actions are methods here; its data is
 :attr:`Session.fsm_data`), the timers, the step's outputs and the children's outbox.
 :mod:`~p2pfsm.session.dispatch` routes each input to the session or a part; tests and
@@ -58,8 +59,8 @@ from p2pfsm.session.child import (
     Send,
 )
 from p2pfsm.session.client import ClientLookup, ClientRound
+from p2pfsm.session.client_part import ClientPart
 from p2pfsm.session.config import SessionConfig
-from p2pfsm.session.consumer import ConsumerPart
 from p2pfsm.session.dispatch import HANDLERS, TIMER_MACHINES
 from p2pfsm.session.inputs import (
     HostFetch,
@@ -91,8 +92,8 @@ from p2pfsm.session.outputs import (
     StartWrite,
     StoreResult,
 )
-from p2pfsm.session.producer import ProducerPart
 from p2pfsm.session.server import ServerLookup, ServerRound
+from p2pfsm.session.server_part import ServerPart
 from p2pfsm.session.steps import run_cascade
 from p2pfsm.session.timers import TimerTable
 from p2pfsm.session.view import SessionView
@@ -132,15 +133,15 @@ class Session:
         # What the children's actions asked for (applied after each step).
         self._env = ChildEnv(config.timeouts, tracer, config.answer_lookups_in_parts,
                              config.behaviour)
-        self.consumer: ConsumerPart = ConsumerPart(self, config, self._env)
-        self.producer: ProducerPart = ProducerPart(self, config, self._env)
+        self.client: ClientPart = ClientPart(self, config, self._env)
+        self.server: ServerPart = ServerPart(self, config, self._env)
         self._view = SessionView(self)
 
     def forget_tombstones(self) -> None:
         """Empty the per-request tables (the session is over: an ended session keeps
         none; the executor calls this when it reports the death)."""
-        self.consumer.forget_tombstones()
-        self.producer.forget_tombstones()
+        self.client.forget_tombstones()
+        self.server.forget_tombstones()
 
     # ------------------------------------------------------------ entry point
     def handle(self, event: Input, now: float) -> list[Output]:
@@ -151,8 +152,8 @@ class Session:
                 the session is unchanged.
         """
         self.now = now
-        self.consumer.purge(now)
-        self.producer.purge(now)
+        self.client.purge(now)
+        self.server.purge(now)
         handler = HANDLERS.get(type(event))
         if handler is None:
             raise LocalProtocolError(f"unknown input {type(event).__name__}")
@@ -213,25 +214,25 @@ class Session:
     def held_destinations(self) -> int:
         """Load jobs reported with ``released=False`` whose DestinationReleased is still
         to come (their destinations held)."""
-        consumer = self.consumer
-        return len(consumer.held) + sum(
-            1 for rounds in consumer.loads.values() for r in rounds.values()
+        client = self.client
+        return len(client.held) + sum(
+            1 for rounds in client.loads.values() for r in rounds.values()
             if r.fsm_state in _HOLDING)
 
     @property
     def has_pending_work(self) -> bool:
         """True while any job, lookup or write is outstanding."""
-        return self.consumer.busy or self.producer.busy
+        return self.client.busy or self.server.busy
 
     def open_counts(self) -> dict[str, int]:
         """How many machine instances of each kind are open (for tests and stats)."""
-        consumer, producer = self.consumer, self.producer
+        client, server = self.client, self.server
         return {
-            "client_round": consumer.load_count,
-            "client_lookup": sum(len(v) for v in consumer.lookups.values()),
-            "server_round": len(producer.round_by_serial),
-            "server_lookup": len(producer.tokens),
-            "writes": len(producer.writes),
+            "client_round": client.load_count,
+            "client_lookup": sum(len(v) for v in client.lookups.values()),
+            "server_round": len(server.round_by_serial),
+            "server_lookup": len(server.tokens),
+            "writes": len(server.writes),
             "timers": len(self._timers),
         }
 
@@ -255,7 +256,7 @@ class Session:
     def check_host_call(self, ev: HostFetch | HostLookup) -> None:
         """Raise LocalProtocolError for what this session would refuse in ``ev`` (its
         arguments), changing nothing: for a host call held back to be fed later."""
-        self.consumer.check_host_call(ev)
+        self.client.check_host_call(ev)
 
     # ------------------------------------------- the parts' owner interface
     def emit(self, output: Output) -> None:
@@ -281,7 +282,7 @@ class Session:
         """An input's step of ``obj`` (committed: :meth:`_committed`), then
         :meth:`settle`; the new state."""
         dest = m.fire(obj, trigger, ev, self._committed)
-        if self.producer.unsettled:
+        if self.server.unsettled:
             self.settle()
         return dest
 
@@ -293,8 +294,8 @@ class Session:
 
     def settle(self) -> None:
         """Fire the models' state-triggered transitions until none is due (a fixed point)."""
-        producer = self.producer
-        run_cascade(producer.unsettled, producer.settle_one)
+        server = self.server
+        run_cascade(server.unsettled, server.settle_one)
 
     def require_started(self, what: str) -> None:
         """Refuse a host call before HostStart."""
@@ -323,8 +324,8 @@ class Session:
         if dest in m.spec.terminal:
             self._retire(obj)
         elif type(obj) is ClientRound:
-            self.consumer.note(obj)
-        self.producer.note(m, obj, trigger, dest)
+            self.client.note(obj)
+        self.server.note(m, obj, trigger, dest)
 
     def _apply_outbox(self, obj: Any) -> None:
         outbox = self._env.outbox
@@ -339,23 +340,23 @@ class Session:
             elif kind is Disarm:
                 self.disarm(item.timer)  # type: ignore[union-attr]
             elif kind is StartWrite:
-                self.producer.start_write(obj, item.xfer)  # type: ignore[union-attr]
+                self.server.start_write(obj, item.xfer)  # type: ignore[union-attr]
                 self._out.append(item)  # type: ignore[arg-type]
             elif kind is HoldJob:
-                self.producer.hold_job(obj, item.job_id)  # type: ignore[union-attr]
+                self.server.hold_job(obj, item.job_id)  # type: ignore[union-attr]
             elif kind is PinHits:
-                self.producer.pin_hits(item)  # type: ignore[arg-type]
+                self.server.pin_hits(item)  # type: ignore[arg-type]
             elif kind is ExpireLookupRound:
-                self.producer.expire(item)  # type: ignore[arg-type]
+                self.server.expire(item)  # type: ignore[arg-type]
             elif kind is BindRound:
-                self.producer.bind_round(obj)
+                self.server.bind_round(obj)
             elif kind is EndRoles:
                 self._end_roles(item.load_trigger)  # type: ignore[union-attr]
             elif kind is EndSession:
                 self.step_nested(SESSION, self, item.trigger, item)  # type: ignore[union-attr]
             elif kind is ReleaseHeld:
                 cause = PeerGone(item.cause)  # type: ignore[union-attr]
-                self.consumer.release_held(cause, "peer_gone")
+                self.client.release_held(cause, "peer_gone")
             else:
                 self._out.append(item)  # type: ignore[arg-type]  # an executor output
 
@@ -363,13 +364,13 @@ class Session:
         """Drop a child whose machine reached a terminal state from its part."""
         kind = type(obj)
         if kind is ClientRound:
-            self.consumer.retire_round(obj)  # type: ignore[arg-type]
+            self.client.retire_round(obj)  # type: ignore[arg-type]
         elif kind is ClientLookup:
-            self.consumer.retire_lookup(obj)  # type: ignore[arg-type]
+            self.client.retire_lookup(obj)  # type: ignore[arg-type]
         elif kind is ServerRound:
-            self.producer.retire_round(obj)  # type: ignore[arg-type]
+            self.server.retire_round(obj)  # type: ignore[arg-type]
         elif kind is ServerLookup:
-            self.producer.retire_lookup(obj)  # type: ignore[arg-type]
+            self.server.retire_lookup(obj)  # type: ignore[arg-type]
         else:
             raise TypeError(f"no part retires a {kind.__name__}")
 
@@ -378,8 +379,8 @@ class Session:
         applies the EndRoles an ``end_work_*`` action leaves). A timer the ending arms (a
         held destination's bounded hold) stays armed."""
         doomed = [t for t in self._timers if TIMER_MACHINES[t.kind] != "server_round"]
-        self.consumer.end(load_trigger)
-        self.producer.end()
+        self.client.end(load_trigger)
+        self.server.end()
         for timer in doomed:
             self.disarm(timer)
 
@@ -401,7 +402,7 @@ class Session:
     def is_round_unserved(self, ev: FetchRound) -> bool:
         """No round of ours has the demand of that (kv_request_id, round_seq): a reply
         to the rejected fetch is the only one the consumer gets for it."""
-        rnd = self.producer.server_round(ev.kv_request_id, ev.round_seq)
+        rnd = self.server.server_round(ev.kv_request_id, ev.round_seq)
         return rnd is None or not rnd.demanded
 
     def is_stale_answer_due(self, _ev: object) -> bool:

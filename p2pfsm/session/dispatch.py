@@ -142,14 +142,14 @@ def _on_stale(s: Session, ev: FrameReceived) -> bool:
 
 PartTake = Callable[["Session", Any, Route], None]
 _PART_TAKES: dict[tuple[str, str], PartTake] = {
-    ("server_round", "recv_fetch"): lambda s, m, r: s.producer.on_fetch(m, r),
-    ("server_round", "recv_terminal_fetch"): lambda s, m, r: s.producer.on_terminal_fetch(m, r),
-    ("server_lookup", "recv_lookup"): lambda s, m, r: s.producer.on_lookup(m, r),
-    ("server_round", "recv_abort_fetch"): lambda s, m, r: s.producer.on_abort_fetch(m, r),
+    ("server_round", "recv_fetch"): lambda s, m, r: s.server.on_fetch(m, r),
+    ("server_round", "recv_terminal_fetch"): lambda s, m, r: s.server.on_terminal_fetch(m, r),
+    ("server_lookup", "recv_lookup"): lambda s, m, r: s.server.on_lookup(m, r),
+    ("server_round", "recv_abort_fetch"): lambda s, m, r: s.server.on_abort_fetch(m, r),
     ("client_round", "recv_transfer_done"):
-        lambda s, m, r: s.consumer.on_transfer_done(m, r),
-    ("client_round", "recv_abort_ack"): lambda s, m, r: s.consumer.on_abort_ack(m, r),
-    ("client_lookup", "recv_lookup_resp"): lambda s, m, r: s.consumer.on_lookup_resp(m, r),
+        lambda s, m, r: s.client.on_transfer_done(m, r),
+    ("client_round", "recv_abort_ack"): lambda s, m, r: s.client.on_abort_ack(m, r),
+    ("client_lookup", "recv_lookup_resp"): lambda s, m, r: s.client.on_lookup_resp(m, r),
 }
 """(machine, trigger) of a frame row that is not the session's -> the part that takes it."""
 
@@ -171,26 +171,26 @@ def _on_host_close(s: Session, ev: HostClose) -> None:
 
 def _on_host_fetch(s: Session, ev: HostFetch) -> None:
     s.require_started("fetch")
-    s.consumer.on_host_fetch(ev, _ROWS["HostFetch"].trigger)
+    s.client.on_host_fetch(ev, _ROWS["HostFetch"].trigger)
 
 
 def _on_host_lookup(s: Session, ev: HostLookup) -> None:
     s.require_started("lookup")
-    s.consumer.on_host_lookup(ev, _ROWS["HostLookup"].trigger)
+    s.client.on_host_lookup(ev, _ROWS["HostLookup"].trigger)
 
 
 def _on_host_supply(s: Session, ev: HostSupply) -> None:
     s.require_started("supply")
-    s.producer.on_host_supply(ev, _ROWS["HostSupply"].trigger)
+    s.server.on_host_supply(ev, _ROWS["HostSupply"].trigger)
 
 
 def _on_host_decline(s: Session, ev: HostDecline) -> None:
     s.require_started("decline")
-    s.producer.on_host_decline(ev, _ROWS["HostDecline"].trigger)
+    s.server.on_host_decline(ev, _ROWS["HostDecline"].trigger)
 
 
 def _on_host_answer(s: Session, ev: HostAnswerLookup) -> None:
-    s.producer.on_host_answer(ev, _ROWS["HostAnswerLookup"].trigger)
+    s.server.on_host_answer(ev, _ROWS["HostAnswerLookup"].trigger)
 
 
 def _on_host_finish(s: Session, ev: HostFinish) -> None:
@@ -198,11 +198,11 @@ def _on_host_finish(s: Session, ev: HostFinish) -> None:
     consumer's loads and lookups of it end, then its served side is closed."""
     s.require_started("finish")
     check_request_id(s.config, ev.kv_request_id, "finish")
-    s.producer.host_finished(ev.kv_request_id)
+    s.server.host_finished(ev.kv_request_id)
     row = _ROWS["HostFinish"]
     fan = dict(row.fanout)
-    s.consumer.finish(ev, row.trigger, fan["client_lookup"])
-    s.producer.close_request(ev.kv_request_id, fan["server_round"])
+    s.client.finish(ev, row.trigger, fan["client_lookup"])
+    s.server.close_request(ev.kv_request_id, fan["server_round"])
 
 
 def _on_result_registration(s: Session, ev: RegistrationFinished) -> None:
@@ -214,7 +214,7 @@ def _on_result_registration(s: Session, ev: RegistrationFinished) -> None:
 
 
 def _on_result_write(s: Session, ev: WriteFinished) -> None:
-    s.producer.on_write(ev, _WRITE.trigger_for(ev))
+    s.server.on_write(ev, _WRITE.trigger_for(ev))
 
 
 def _on_result_peer_gone(s: Session, ev: PeerGone) -> None:
@@ -224,7 +224,7 @@ def _on_result_peer_gone(s: Session, ev: PeerGone) -> None:
         raise LocalProtocolError(f"peer_gone: cause must be one of {sorted(_GONE_CAUSES)}, "
                                  f"got {ev.cause!r}")
     if not s.alive:
-        s.consumer.release_held(ev, _ROWS["PeerGone"].trigger)
+        s.client.release_held(ev, _ROWS["PeerGone"].trigger)
 
 
 _GONE_CAUSES = frozenset({ReleaseCause.PEER_RESTARTED.value, ReleaseCause.DATA_PLANE.value})
@@ -277,10 +277,10 @@ Finder = Callable[["Session", tuple[str | int, ...]], object]
 _FINDERS: dict[tuple[str, tuple[str, ...]], Finder] = {
     ("session", ()): lambda s, _k: s,
     ("client_round", ("kv_request_id", "round_seq")):
-        lambda s, k: s.consumer.round_at(str(k[0]), int(k[1])),
-    ("client_lookup", ("serial",)): lambda s, k: s.consumer.lookup_by_serial[int(k[0])],
-    ("server_round", ("serial",)): lambda s, k: s.producer.round_by_serial[int(k[0])],
-    ("server_lookup", ("token",)): lambda s, k: s.producer.tokens[int(k[0])],
+        lambda s, k: s.client.round_at(str(k[0]), int(k[1])),
+    ("client_lookup", ("serial",)): lambda s, k: s.client.lookup_by_serial[int(k[0])],
+    ("server_round", ("serial",)): lambda s, k: s.server.round_by_serial[int(k[0])],
+    ("server_lookup", ("token",)): lambda s, k: s.server.tokens[int(k[0])],
 }
 """How a timer's key names its machine's instance (the row's key fields)."""
 

@@ -1,7 +1,9 @@
 """What a part of the session may ask of the session that holds it.
 
-The session (:class:`~p2pfsm.session.core.Session`) holds two parts, the consumer
-(:mod:`~p2pfsm.session.consumer`) and the producer (:mod:`~p2pfsm.session.producer`);
+The session (:class:`~p2pfsm.session.core.Session`) holds two parts, named like the machines
+they hold (``models/client_*``, ``models/server_*``): the client part
+(:mod:`~p2pfsm.session.client_part`, the consumer role) and the server part
+(:mod:`~p2pfsm.session.server_part`, the producer role);
 each owns its own tables and reaches the session only through :class:`Owner`, as an
 HTTP/2 connection's streams reach their connection. The session machine (handshake,
 send gating, death) stays with the session, and so do the timers, the step's outputs

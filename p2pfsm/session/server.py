@@ -1,4 +1,4 @@
-"""Producer role: serve rounds and lookups.
+"""The server machines (the producer role): serve rounds and served lookups.
 
 A :class:`ServerRound` holds one (kv_request_id, round_seq)'s supply (our pinned
 blocks, by key) and demand (the consumer's destination index, by key). Every

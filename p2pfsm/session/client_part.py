@@ -1,9 +1,10 @@
-"""The consumer part of a session: its load rounds and lookups, and the tables it owns.
+"""The client part of a session (the consumer role): its load rounds and lookups, and
+the tables it owns.
 
 Creates :class:`~p2pfsm.session.client.ClientRound` and
 :class:`~p2pfsm.session.client.ClientLookup` instances, retires them when their machine
-reaches a terminal state (the session calls :meth:`ConsumerPart.retire_round` and
-:meth:`ConsumerPart.retire_lookup`), allocates round numbers (the floor and the
+reaches a terminal state (the session calls :meth:`ClientPart.retire_round` and
+:meth:`ClientPart.retire_lookup`), allocates round numbers (the floor and the
 lookup -> fetch binding) and routes the host's fetch and lookup calls and the
 producer's responses (transfer_done, abort_ack, lookup_resp) to them. It reaches the
 session only through its :class:`~p2pfsm.session.owner.Owner`.
@@ -37,8 +38,8 @@ _HELD_PAST_SESSION = CLIENT_ROUND.state_set("held_past_session")
 _REPORTING = CLIENT_LOOKUP.state_set("reporting")
 
 
-class ConsumerPart:
-    """The session's consumer side: its load rounds and lookups.
+class ClientPart:
+    """The session's client part (it loads from the peer): its load rounds and lookups.
 
     Args:
         owner: the session that holds this part.

@@ -1,4 +1,5 @@
-"""The producer part of a session: its serve rounds and served lookups, and their tables.
+"""The server part of a session (the producer role): its serve rounds and served lookups,
+and their tables.
 
 Creates :class:`~p2pfsm.session.server.ServerRound` and
 :class:`~p2pfsm.session.server.ServerLookup` instances, retires them when their machine
@@ -8,8 +9,8 @@ completions to them. It reaches the session only through its
 :class:`~p2pfsm.session.owner.Owner`.
 
 Both machines have a state-triggered transition, ``settle``, which the session's
-cascade fires: :meth:`ProducerPart.note` queues in :attr:`ProducerPart.unsettled` what
-a step made due and :meth:`ProducerPart.settle_one` settles one item. A serve round is
+cascade fires: :meth:`ServerPart.note` queues in :attr:`ServerPart.unsettled` what
+a step made due and :meth:`ServerPart.settle_one` settles one item. A serve round is
 settled after each of its steps other than a settle, wherever its model declares settle
 from the state reached; a request's served lookups are settled oldest first after a step
 leaves one of them resolving or answered (the next one may be answerable now).
@@ -49,8 +50,9 @@ _TAKES_SUPPLY = SERVER_ROUND.state_set("takes_supply")
 _FREES_QUEUE = SERVER_LOOKUP.state_set("frees_queue")
 
 
-class ProducerPart:
-    """The session's producer side: its serve rounds and served lookups.
+class ServerPart:
+    """The session's server part (the peer loads from it): its serve rounds and served
+    lookups.
 
     Args:
         owner: the session that holds this part.
