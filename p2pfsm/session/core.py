@@ -46,19 +46,11 @@ from p2pfsm.protocol import (
     TransferDone,
 )
 from p2pfsm.session.child import (
-    Arm,
-    BindRound,
     ChildEnv,
-    Disarm,
     EndRoles,
-    EndSession,
-    ExpireLookupRound,
-    HoldJob,
-    PinHits,
     ReleaseHeld,
-    Send,
 )
-from p2pfsm.session.client import ClientLookup, ClientRound
+from p2pfsm.session.client import ClientRound
 from p2pfsm.session.client_part import ClientPart
 from p2pfsm.session.config import SessionConfig
 from p2pfsm.session.dispatch import HANDLERS, TIMER_MACHINES
@@ -67,7 +59,6 @@ from p2pfsm.session.inputs import (
     HostLookup,
     HostSupply,
     Input,
-    PeerGone,
     RegistrationFinished,
     TimerId,
     TransportLost,
@@ -79,6 +70,7 @@ from p2pfsm.session.machine import (
     UNSTARTED_STATES,
     handshake_mismatch,
 )
+from p2pfsm.session.outbox import apply_outbox, retire
 from p2pfsm.session.outputs import (
     ABORT_ACK_TIMED_OUT,
     FailReason,
@@ -89,10 +81,8 @@ from p2pfsm.session.outputs import (
     SendToLostPeer,
     SessionDead,
     StartRegistration,
-    StartWrite,
     StoreResult,
 )
-from p2pfsm.session.server import ServerLookup, ServerRound
 from p2pfsm.session.server_part import ServerPart
 from p2pfsm.session.steps import run_cascade
 from p2pfsm.session.timers import TimerTable
@@ -317,64 +307,18 @@ class Session:
 
         Runs before the dispatcher records the step, so steps it causes (a lookup's hits
         pinned into a round) are recorded first, nested in it."""
-        if self._env.outbox:
-            self._apply_outbox(obj)
+        outbox = self._env.outbox
+        if outbox:
+            apply_outbox(self, outbox, obj)
         if obj is self:  # the session machine itself: its owner is the host
             return
         if dest in m.spec.terminal:
-            self._retire(obj)
+            retire(self, obj)
         elif type(obj) is ClientRound:
             self.client.note(obj)
         self.server.note(m, obj, trigger, dest)
 
-    def _apply_outbox(self, obj: Any) -> None:
-        outbox = self._env.outbox
-        todo = outbox[:]
-        outbox.clear()
-        for item in todo:
-            kind = type(item)
-            if kind is Send:  # the common requests first
-                self.send(item.message)  # type: ignore[union-attr]
-            elif kind is Arm:
-                self.arm(item.timer, item.delay, keep=item.keep)  # type: ignore[union-attr]
-            elif kind is Disarm:
-                self.disarm(item.timer)  # type: ignore[union-attr]
-            elif kind is StartWrite:
-                self.server.start_write(obj, item.xfer)  # type: ignore[union-attr]
-                self._out.append(item)  # type: ignore[arg-type]
-            elif kind is HoldJob:
-                self.server.hold_job(obj, item.job_id)  # type: ignore[union-attr]
-            elif kind is PinHits:
-                self.server.pin_hits(item)  # type: ignore[arg-type]
-            elif kind is ExpireLookupRound:
-                self.server.expire(item)  # type: ignore[arg-type]
-            elif kind is BindRound:
-                self.server.bind_round(obj)
-            elif kind is EndRoles:
-                self._end_roles(item.load_trigger)  # type: ignore[union-attr]
-            elif kind is EndSession:
-                self.step_nested(SESSION, self, item.trigger, item)  # type: ignore[union-attr]
-            elif kind is ReleaseHeld:
-                cause = PeerGone(item.cause)  # type: ignore[union-attr]
-                self.client.release_held(cause, "peer_gone")
-            else:
-                self._out.append(item)  # type: ignore[arg-type]  # an executor output
-
-    def _retire(self, obj: object) -> None:
-        """Drop a child whose machine reached a terminal state from its part."""
-        kind = type(obj)
-        if kind is ClientRound:
-            self.client.retire_round(obj)  # type: ignore[arg-type]
-        elif kind is ClientLookup:
-            self.client.retire_lookup(obj)  # type: ignore[arg-type]
-        elif kind is ServerRound:
-            self.server.retire_round(obj)  # type: ignore[arg-type]
-        elif kind is ServerLookup:
-            self.server.retire_lookup(obj)  # type: ignore[arg-type]
-        else:
-            raise TypeError(f"no part retires a {kind.__name__}")
-
-    def _end_roles(self, load_trigger: str) -> None:
+    def end_roles(self, load_trigger: str) -> None:
         """Every machine of both parts learns that the session is gone (the session
         applies the EndRoles an ``end_work_*`` action leaves). A timer the ending arms (a
         held destination's bounded hold) stays armed."""
@@ -530,8 +474,9 @@ class Session:
 
 def _session_committed(_m: CompiledMachine, s: Session, _trigger: str, _dest: str) -> None:
     """A session step committed: apply what its actions left in the outbox (EndRoles)."""
-    if s._env.outbox:
-        s._apply_outbox(s)
+    outbox = s._env.outbox
+    if outbox:
+        apply_outbox(s, outbox, s)
 
 
 SESSION = CompiledMachine(machine("session"), Session, then=_session_committed)

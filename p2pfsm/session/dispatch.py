@@ -20,7 +20,7 @@ the parts' entry points.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from p2pfsm.errors import (
     InvalidTransition,
@@ -30,7 +30,7 @@ from p2pfsm.errors import (
     RemoteProtocolError,
     UnknownMessageType,
 )
-from p2pfsm.fsm import CompiledMachine, InputSpec, input_table, machine
+from p2pfsm.fsm import CompiledMachine, InputSpec, Tracer, input_table, machine
 from p2pfsm.protocol import (
     Connect,
     ConnectAck,
@@ -44,6 +44,8 @@ from p2pfsm.protocol import (
 from p2pfsm.session import inputs
 from p2pfsm.session.checks import check_request_id
 from p2pfsm.session.client import CLIENT_LOOKUP, CLIENT_ROUND
+from p2pfsm.session.client_part import ClientPart
+from p2pfsm.session.config import SessionConfig
 from p2pfsm.session.inputs import (
     FrameReceived,
     HostAnswerLookup,
@@ -57,22 +59,42 @@ from p2pfsm.session.inputs import (
     PeerGone,
     RegistrationFinished,
     TimerFired,
+    TimerId,
     TransportLost,
     WriteFinished,
 )
 from p2pfsm.session.machine import LIVE_STATES
 from p2pfsm.session.outputs import FrameIgnored, ProtocolViolation, ReleaseCause
+from p2pfsm.session.owner import Owner
 from p2pfsm.session.route import Route
 from p2pfsm.session.server import SERVER_LOOKUP, SERVER_ROUND
+from p2pfsm.session.server_part import ServerPart
 
-if TYPE_CHECKING:
-    from p2pfsm.session.core import Session
+
+class Routed(Owner, Protocol):
+    """The session (:class:`~p2pfsm.session.core.Session`), as the dispatch sees it: its
+    parts' owner interface, its parts, its config and state, two host-call checks."""
+
+    fsm_state: str
+    config: SessionConfig
+    client: ClientPart
+    server: ServerPart
+
+    @property
+    def fsm_label(self) -> str: ...
+
+    @property
+    def fsm_tracer(self) -> Tracer | None: ...
+
+    def require_started(self, what: str) -> None: ...
+
+    def take_timer(self, timer: TimerId) -> bool: ...
 
 _SESSION_TERMINAL = machine("session").terminal
 
 
 # ------------------------------------------------------------------ frames
-def _on_frame(s: Session, ev: FrameReceived) -> None:
+def _on_frame(s: Routed, ev: FrameReceived) -> None:
     if s.fsm_state not in LIVE_STATES:
         if not s.machine.declares(s.fsm_state, _TABLE.stale) or not _on_stale(s, ev):
             s.emit(FrameIgnored("", f"session is {s.fsm_state}"))
@@ -105,7 +127,7 @@ def _on_frame(s: Session, ev: FrameReceived) -> None:
             _answer_bad_fetch(s, FetchRound(msg.kv_request_id, msg.round_seq))
 
 
-def _message(s: Session, ev: FrameReceived) -> Message:
+def _message(s: Routed, ev: FrameReceived) -> Message:
     """The frame's message: the one the executor decoded already, else decoded now.
 
     Raises:
@@ -116,14 +138,14 @@ def _message(s: Session, ev: FrameReceived) -> Message:
     return decode(ev.frame, s.config.limits)
 
 
-def _answer_bad_fetch(s: Session, named: FetchRound | None) -> None:
+def _answer_bad_fetch(s: Routed, named: FetchRound | None) -> None:
     """A fetch rejected as malformed that names its round gets transfer_done(false)
     for it, when the session machine accepts that (recv_bad_fetch)."""
     if named is not None and s.machine.can_fire(s, "recv_bad_fetch", named):
         s.step(s.machine, s, "recv_bad_fetch", named)
 
 
-def _on_stale(s: Session, ev: FrameReceived) -> bool:
+def _on_stale(s: Routed, ev: FrameReceived) -> bool:
     """A dead session's peer may still hold the session live (a one-sided transport
     loss): a well-formed request or response of it is answered, rate-limited. Its
     disconnect says it ended its side too: True, the frame was taken."""
@@ -140,7 +162,7 @@ def _on_stale(s: Session, ev: FrameReceived) -> bool:
     return False
 
 
-PartTake = Callable[["Session", Any, Route], None]
+PartTake = Callable[[Routed, Any, Route], None]
 _PART_TAKES: dict[tuple[str, str], PartTake] = {
     ("server_round", "recv_fetch"): lambda s, m, r: s.server.on_fetch(m, r),
     ("server_round", "recv_terminal_fetch"): lambda s, m, r: s.server.on_terminal_fetch(m, r),
@@ -155,7 +177,7 @@ _PART_TAKES: dict[tuple[str, str], PartTake] = {
 
 
 # -------------------------------------------------------------- host calls
-def _on_host_start(s: Session, ev: HostStart) -> None:
+def _on_host_start(s: Routed, ev: HostStart) -> None:
     trigger = _ROWS["HostStart"].trigger
     try:
         s.step(s.machine, s, trigger, ev)
@@ -163,37 +185,37 @@ def _on_host_start(s: Session, ev: HostStart) -> None:
         raise LocalProtocolError(f"{trigger} not allowed: {exc}") from exc
 
 
-def _on_host_close(s: Session, ev: HostClose) -> None:
+def _on_host_close(s: Routed, ev: HostClose) -> None:
     if s.fsm_state in _SESSION_TERMINAL:  # closed: nothing more to do
         return
     s.step(s.machine, s, _ROWS["HostClose"].trigger, ev)
 
 
-def _on_host_fetch(s: Session, ev: HostFetch) -> None:
+def _on_host_fetch(s: Routed, ev: HostFetch) -> None:
     s.require_started("fetch")
     s.client.on_host_fetch(ev, _ROWS["HostFetch"].trigger)
 
 
-def _on_host_lookup(s: Session, ev: HostLookup) -> None:
+def _on_host_lookup(s: Routed, ev: HostLookup) -> None:
     s.require_started("lookup")
     s.client.on_host_lookup(ev, _ROWS["HostLookup"].trigger)
 
 
-def _on_host_supply(s: Session, ev: HostSupply) -> None:
+def _on_host_supply(s: Routed, ev: HostSupply) -> None:
     s.require_started("supply")
     s.server.on_host_supply(ev, _ROWS["HostSupply"].trigger)
 
 
-def _on_host_decline(s: Session, ev: HostDecline) -> None:
+def _on_host_decline(s: Routed, ev: HostDecline) -> None:
     s.require_started("decline")
     s.server.on_host_decline(ev, _ROWS["HostDecline"].trigger)
 
 
-def _on_host_answer(s: Session, ev: HostAnswerLookup) -> None:
+def _on_host_answer(s: Routed, ev: HostAnswerLookup) -> None:
     s.server.on_host_answer(ev, _ROWS["HostAnswerLookup"].trigger)
 
 
-def _on_host_finish(s: Session, ev: HostFinish) -> None:
+def _on_host_finish(s: Routed, ev: HostFinish) -> None:
     """Both parts end the request: the producer refuses supply for it from now on, the
     consumer's loads and lookups of it end, then its served side is closed."""
     s.require_started("finish")
@@ -205,7 +227,7 @@ def _on_host_finish(s: Session, ev: HostFinish) -> None:
     s.server.close_request(ev.kv_request_id, fan["server_round"])
 
 
-def _on_result_registration(s: Session, ev: RegistrationFinished) -> None:
+def _on_result_registration(s: Routed, ev: RegistrationFinished) -> None:
     trigger = _ROWS["RegistrationFinished"].trigger_for(ev)
     if s.machine.can_fire(s, trigger, ev):
         s.step(s.machine, s, trigger, ev)
@@ -213,11 +235,11 @@ def _on_result_registration(s: Session, ev: RegistrationFinished) -> None:
         s.emit(FrameIgnored("", f"registration result in state {s.fsm_state}"))
 
 
-def _on_result_write(s: Session, ev: WriteFinished) -> None:
+def _on_result_write(s: Routed, ev: WriteFinished) -> None:
     s.server.on_write(ev, _WRITE.trigger_for(ev))
 
 
-def _on_result_peer_gone(s: Session, ev: PeerGone) -> None:
+def _on_result_peer_gone(s: Routed, ev: PeerGone) -> None:
     """The peer's writes are proven over: a session that is over releases what it holds
     (a live one holds nothing past its end: its loads still hear from the peer)."""
     if ev.cause not in _GONE_CAUSES:
@@ -230,12 +252,12 @@ def _on_result_peer_gone(s: Session, ev: PeerGone) -> None:
 _GONE_CAUSES = frozenset({ReleaseCause.PEER_RESTARTED.value, ReleaseCause.DATA_PLANE.value})
 
 
-def _on_transport_lost(s: Session, ev: TransportLost) -> None:
+def _on_transport_lost(s: Routed, ev: TransportLost) -> None:
     if s.alive:
         s.step(s.machine, s, _ROWS["TransportLost"].trigger, ev)
 
 
-_HOST: dict[str, Callable[[Session, Any], None]] = {
+_HOST: dict[str, Callable[[Routed, Any], None]] = {
     "host_start": _on_host_start,
     "host_close": _on_host_close,
     "host_fetch": _on_host_fetch,
@@ -253,7 +275,7 @@ _HOST: dict[str, Callable[[Session, Any], None]] = {
 
 
 # ------------------------------------------------------------------ timers
-def _on_timer(s: Session, ev: TimerFired) -> None:
+def _on_timer(s: Routed, ev: TimerFired) -> None:
     timer = ev.timer
     if not s.take_timer(timer):
         return  # disarmed, re-armed or early: stale
@@ -273,7 +295,7 @@ TIMER_MACHINES: dict[str, str] = {name: row.machine for name, row in _TIMERS.ite
 """Timer kind -> the machine whose instance it belongs to."""
 _MACHINES: dict[str, CompiledMachine] = {
     m.name: m for m in (CLIENT_ROUND, CLIENT_LOOKUP, SERVER_ROUND, SERVER_LOOKUP)}
-Finder = Callable[["Session", tuple[str | int, ...]], object]
+Finder = Callable[[Routed, tuple[str | int, ...]], object]
 _FINDERS: dict[tuple[str, tuple[str, ...]], Finder] = {
     ("session", ()): lambda s, _k: s,
     ("client_round", ("kv_request_id", "round_seq")):
@@ -292,7 +314,7 @@ def _event_class(row: InputSpec) -> type:
     return cls
 
 
-def _host_handler(row: InputSpec) -> Callable[[Session, Any], None]:
+def _host_handler(row: InputSpec) -> Callable[[Routed, Any], None]:
     handler = _HOST.get(f"{row.kind}_{row.name}")
     if handler is None:
         raise ModelError(f"models/inputs.toml: no handler _on_{row.kind}_{row.name}")
@@ -303,7 +325,7 @@ for _row in _TIMERS.values():
     if (_row.machine, _row.key) not in _FINDERS:
         raise ModelError(f"models/inputs.toml: timer {_row.name}: no instance of "
                          f"{_row.machine} is found by {list(_row.key)}")
-Handler = Callable[["Session", Any], None]
+Handler = Callable[[Routed, Any], None]
 HANDLERS: dict[type, Handler] = {
     FrameReceived: _on_frame,
     TimerFired: _on_timer,

@@ -12,17 +12,29 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from p2pfsm.protocol import Message
-from p2pfsm.session.child import ChildOutput
+from p2pfsm.session.child import ChildEnv, ChildOutput
 from p2pfsm.session.client import ClientLookup, ClientRound
+from p2pfsm.session.client_part import ClientPart
 from p2pfsm.session.inputs import TimerId
 from p2pfsm.session.outputs import Output
 from p2pfsm.session.server import ServerLookup, ServerRound
+from p2pfsm.session.server_part import ServerPart
+from p2pfsm.session.timers import TimerTable
 
-if TYPE_CHECKING:
-    from p2pfsm.session.core import Session
+
+class Viewed(Protocol):
+    """What the view reads of a session (:class:`~p2pfsm.session.core.Session`)."""
+
+    fsm_state: str
+    client: ClientPart
+    server: ServerPart
+    _queue: list[Message]
+    _timers: TimerTable[TimerId]
+    _out: list[Output]
+    _env: ChildEnv
 
 
 class SessionView:
@@ -34,7 +46,7 @@ class SessionView:
 
     __slots__ = ("_s",)
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Viewed) -> None:
         self._s = session
 
     # ---------------------------------------------------- the session's own
