@@ -37,6 +37,7 @@ SOURCES: tuple[str, ...] = (
     "p2pfsm/fsm/spec.py",
     "p2pfsm/fsm/trace.py",
     "p2pfsm/protocol/codec.py",
+    "p2pfsm/protocol/fetch_checks.py",
     "p2pfsm/protocol/names.py",
     "p2pfsm/protocol/validate.py",
     "p2pfsm/session/checks.py",

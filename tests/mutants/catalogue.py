@@ -328,7 +328,7 @@ SLIPS: tuple[Entry, ...] = (
     Entry("fetch_index_num_blocks", "boundary index",
           "a fetch naming block index num_blocks (one past the consumer's region) is "
           "accepted (< became <=)",
-          slip=Slip("p2pfsm.protocol.validate", "check_block_indexes",
+          slip=Slip("p2pfsm.protocol.fetch_checks", "check_block_indexes",
                     "if not indexes or max(indexes) < num_blocks:",
                     "if not indexes or max(indexes) <= num_blocks:")),
 )
