@@ -123,6 +123,8 @@ Ended == {"dead", "ended"}
 SessionStates == {"idle", "closed"} \cup Ended \cup Live
 \* "bad_fetch": a fetch the network (standing for a buggy consumer) made malformed while
 \* it still names its round (NetworkCorrupt): it fails validation, and names req and seq.
+\* A fetch naming one destination twice (two blocks cannot land in one) is such a fetch:
+\* the session refuses it before any round takes it (models/session.toml recv_bad_fetch).
 MsgTypes == Handshake \cup {"fetch", "lookup", "abort_fetch", "transfer_done",
                             "abort_ack", "lookup_resp", "bad_fetch"}
 \* Resting states. "new" is never observed between actions (a host call or frame

@@ -236,6 +236,8 @@ class ServerPart:
         check_block_indexes(msg, peer.num_blocks)
         if len(set(msg.keys)) != len(msg.keys):
             raise MalformedFrame("keys", "duplicate keys in one fetch")
+        if len(set(msg.block_indexes)) != len(msg.block_indexes):  # two blocks, one place
+            raise MalformedFrame("block_indexes", "a destination named twice in one fetch")
         rnd = self.server_round(msg.kv_request_id, msg.round_seq)
         if rnd is None and self.expired_lookups.get(msg.kv_request_id) == msg.round_seq:
             # The lookup pins of this round expired before the fetch: it can never be
