@@ -371,7 +371,7 @@ SendAbort(L, k) == Send(L, AbortFrame(L, k))
 \* ClientRound: a result reported and the round forgotten.
 Complete(L, k, t, d, r, by) == Forget(Report(FireCR(L, k, t, d), L.cr[k].job, r, by), k)
 
-\* ClientRound.report_released: the held destination is free (DestinationReleased).
+\* ClientRound.report_released_<cause>: the held destination is free (DestinationReleased).
 Free(L, j, by) == [L EXCEPT !.lres[j] = [r |-> IF @.r = "orphan" THEN "freed" ELSE "twice",
                                            by |-> by]]
 Release(L, k, t, by) == Forget(Free(FireCR(L, k, t, "released"), L.cr[k].job, by), k)
