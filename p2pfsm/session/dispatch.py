@@ -90,6 +90,7 @@ class Routed(Owner, Protocol):
 
     def take_timer(self, timer: TimerId) -> bool: ...
 
+
 _SESSION_TERMINAL = machine("session").terminal
 
 
