@@ -123,6 +123,8 @@ Ended == {"dead", "ended"}
 SessionStates == {"idle", "closed"} \cup Ended \cup Live
 \* "bad_fetch": a fetch the network (standing for a buggy consumer) made malformed while
 \* it still names its round (NetworkCorrupt): it fails validation, and names req and seq.
+\* A fetch naming one destination twice (two blocks cannot land in one) is such a fetch:
+\* the session refuses it before any round takes it (models/session.toml recv_bad_fetch).
 MsgTypes == Handshake \cup {"fetch", "lookup", "abort_fetch", "transfer_done",
                             "abort_ack", "lookup_resp", "bad_fetch"}
 \* Resting states. "new" is never observed between actions (a host call or frame
@@ -369,7 +371,7 @@ SendAbort(L, k) == Send(L, AbortFrame(L, k))
 \* ClientRound: a result reported and the round forgotten.
 Complete(L, k, t, d, r, by) == Forget(Report(FireCR(L, k, t, d), L.cr[k].job, r, by), k)
 
-\* ClientRound.report_released: the held destination is free (DestinationReleased).
+\* ClientRound.report_released_<cause>: the held destination is free (DestinationReleased).
 Free(L, j, by) == [L EXCEPT !.lres[j] = [r |-> IF @.r = "orphan" THEN "freed" ELSE "twice",
                                            by |-> by]]
 Release(L, k, t, by) == Forget(Free(FireCR(L, k, t, "released"), L.cr[k].job, by), k)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from p2pfsm.protocol import names
 from p2pfsm.protocol.codec import decode, encode, fetch_round
+from p2pfsm.protocol.fetch_checks import FetchRound, check_block_indexes, named_round
 from p2pfsm.protocol.messages import (
     AbortAck,
     AbortFetch,
@@ -21,15 +22,7 @@ from p2pfsm.protocol.messages import (
     Message,
     TransferDone,
 )
-from p2pfsm.protocol.validate import (
-    DEFAULT_LIMITS,
-    FetchRound,
-    Limits,
-    check_block_indexes,
-    from_dict,
-    named_round,
-    to_dict,
-)
+from p2pfsm.protocol.validate import DEFAULT_LIMITS, Limits, from_dict, to_dict
 
 __all__ = [
     "DEFAULT_LIMITS",

@@ -34,15 +34,9 @@ from typing import Final
 import msgpack
 
 from p2pfsm.errors import MalformedFrame
+from p2pfsm.protocol.fetch_checks import FetchRound, named_round
 from p2pfsm.protocol.messages import Message
-from p2pfsm.protocol.validate import (
-    DEFAULT_LIMITS,
-    FetchRound,
-    Limits,
-    from_dict,
-    named_round,
-    to_dict,
-)
+from p2pfsm.protocol.validate import DEFAULT_LIMITS, Limits, from_dict, to_dict
 
 # Most entries in any map. The largest message has 8 fields; the slack leaves
 # room for fields a newer peer may add (extra fields are ignored).

@@ -15,15 +15,14 @@ unbounded lists):
 
 Unknown extra fields are ignored, as vLLM ignores them. A missing
 ``config_fingerprint`` reads as "" (vLLM tolerates it and skips the check).
-``check_block_indexes`` is the one rule that needs session state: the peer's
-advertised ``num_blocks``, known only after the handshake. ``named_round`` reads the
-round a fetch that failed these checks still names (so the session can answer it).
+What a fetch is held to beyond its frame (the round a rejected one still names, its
+indexes inside the peer's region) is :mod:`~p2pfsm.protocol.fetch_checks`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence, Sized
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from typing import Final, cast
 
 from p2pfsm.errors import LocalProtocolError, MalformedFrame, UnknownMessageType
@@ -439,63 +438,11 @@ def to_dict(msg: Message) -> dict[str, object]:
     return wire
 
 
-@dataclass(frozen=True, slots=True)
-class FetchRound:
-    """The round a fetch names, read from a fetch that failed validation."""
-
-    kv_request_id: str
-    round_seq: int
-
-
-def named_round(obj: Mapping[object, object], limits: Limits = DEFAULT_LIMITS) -> FetchRound | None:
-    """The round a fetch map names although it fails :func:`from_dict` (or a session check).
-
-    Returns:
-        Its ``kv_request_id`` and ``round_seq`` when ``obj`` is of type ``fetch``, both
-        fields pass their checks and ``keys`` is not an empty array (a terminal fetch is
-        never answered); else None. Never raises.
-    """
-    if obj.get(names.TYPE_KEY) != names.FETCH:
-        return None
-    keys = obj.get("keys")
-    if isinstance(keys, list | tuple) and not keys:
-        return None
-    try:
-        fields_ = cast("Mapping[str, object]", obj)
-        return FetchRound(_request_id(fields_, limits), _round_seq(fields_, limits))
-    except MalformedFrame:
-        return None
-
-
-def check_block_indexes(fetch: Fetch, num_blocks: int) -> None:
-    """Check that every index of ``fetch`` lies inside the peer's region.
-
-    The indexes address the client's region, so ``num_blocks`` is what the
-    client advertised in its ``connect``; the session calls this after the
-    handshake, when that number is known.
-
-    Raises:
-        MalformedFrame: ``block_indexes[i]`` is ``>= num_blocks``.
-    """
-    indexes = fetch.block_indexes
-    if not indexes or max(indexes) < num_blocks:
-        return
-    for i, index in enumerate(indexes):
-        if index >= num_blocks:
-            raise MalformedFrame(
-                f"block_indexes[{i}]",
-                f"{_int_text(index)} is outside the peer's {num_blocks} blocks",
-            )
-
-
 __all__ = [
     "DEFAULT_LIMITS",
-    "FetchRound",
     "Limits",
     "bytes_within",
-    "check_block_indexes",
     "from_dict",
     "ints_within",
-    "named_round",
     "to_dict",
 ]

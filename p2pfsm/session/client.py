@@ -1,11 +1,11 @@
-"""Consumer role: load rounds and lookups.
+"""The client machines (the consumer role): load rounds and lookups.
 
 Each :class:`ClientRound` is one load job for (kv_request_id, round_seq) and each
 :class:`ClientLookup` one lookup frame; their machines (``models/client_round.toml``,
 ``models/client_lookup.toml``) decide every state change, and the methods below are
 the guards and actions those files name. Actions only append to the step's outbox
 (:mod:`~p2pfsm.session.child`); the session applies it and retires an instance once its
-machine reaches a terminal state. Round numbers are chosen by ``ConsumerPart._alloc_round``
+machine reaches a terminal state. Round numbers are chosen by ``ClientPart._alloc_round``
 so that two rounds that could both still receive frames never share one (see
 docs/explanation/architecture.md).
 """
@@ -15,9 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from p2pfsm.fsm import AbortAckTimeout, CompiledMachine, ReportFailedLoad, Tracer, machine, writes
-from p2pfsm.protocol import AbortAck, AbortFetch, Fetch, Lookup, TransferDone
+from p2pfsm.protocol import AbortFetch, Fetch, Lookup, TransferDone
 from p2pfsm.session.child import Arm, ChildEnv, ChildOutput, Disarm, EndSession, Send
-from p2pfsm.session.inputs import HostFinish, PeerGone, TimerFired, TimerId
+from p2pfsm.session.inputs import PeerGone, TimerId
 from p2pfsm.session.outputs import (
     DestinationReleased,
     FailReason,
@@ -88,10 +88,19 @@ class ClientRound:
     def disarm_load_timer(self, _ev: object) -> None:
         self._emit(Disarm(self._timer("load")))
 
+    # Why the round is aborted: the first abort's transition says; re-sends keep it.
     @writes("cause")
-    def send_abort(self, ev: object) -> None:
-        if self.cause is None:  # the first abort's trigger; re-sends keep it
-            self.cause = FailReason.FINISHED if isinstance(ev, HostFinish) else FailReason.TIMEOUT
+    def note_timed_out(self, _ev: object) -> None:
+        if self.cause is None:
+            self.cause = FailReason.TIMEOUT
+
+    @writes("cause")
+    def note_finished(self, _ev: object) -> None:
+        if self.cause is None:
+            self.cause = FailReason.FINISHED
+
+    @writes()
+    def send_abort(self, _ev: object) -> None:
         self._emit(Send(AbortFetch(self.kv_request_id, self.round_seq)))
 
     @writes()
@@ -103,8 +112,7 @@ class ClientRound:
         self._emit(Disarm(self._timer("abort_ack")))
 
     @writes()
-    def report_transfer_result(self, ev: object) -> None:
-        assert isinstance(ev, TransferDone)
+    def report_transfer_result(self, ev: TransferDone) -> None:
         if ev.success:
             self._emit(LoadResult(self.job_id, self.kv_request_id, True, True))
         else:
@@ -146,18 +154,28 @@ class ClientRound:
     def disarm_hold_timer(self, _ev: object) -> None:
         self._emit(Disarm(self._timer("hold")))
 
+    # The destination is free: each transition that frees it names why.
     @writes()
-    def report_released(self, ev: object) -> None:
-        if isinstance(ev, AbortAck):
-            cause = ReleaseCause.ABORT_ACK
-        elif isinstance(ev, TransferDone):
-            cause = ReleaseCause.TRANSFER_DONE
-        elif isinstance(ev, TimerFired):
-            cause = ReleaseCause.HOLD_EXPIRED
-        elif isinstance(ev, PeerGone):
-            cause = ReleaseCause(ev.cause)
-        else:  # session_lost_unsent: the fetch never left the queue
-            cause = ReleaseCause.NEVER_SENT
+    def report_released_abort_ack(self, _ev: object) -> None:
+        self._released(ReleaseCause.ABORT_ACK)
+
+    @writes()
+    def report_released_transfer_done(self, _ev: object) -> None:
+        self._released(ReleaseCause.TRANSFER_DONE)
+
+    @writes()
+    def report_released_hold_expired(self, _ev: object) -> None:
+        self._released(ReleaseCause.HOLD_EXPIRED)
+
+    @writes()
+    def report_released_peer_gone(self, ev: PeerGone) -> None:
+        self._released(ReleaseCause(ev.cause))
+
+    @writes()
+    def report_released_never_sent(self, _ev: object) -> None:
+        self._released(ReleaseCause.NEVER_SENT)  # the fetch never left the queue
+
+    def _released(self, cause: ReleaseCause) -> None:
         self._emit(DestinationReleased(self.job_id, self.kv_request_id, self.round_seq, cause))
 
     @writes()
@@ -224,8 +242,7 @@ class ClientLookup:
         self.env.outbox.append(item)
 
     # guards
-    def completes(self, ev: object) -> bool:
-        assert isinstance(ev, LookupPart)
+    def completes(self, ev: LookupPart) -> bool:
         return len(self.answers) + len(ev.pairs) == len(self.keys)
 
     # actions
@@ -242,8 +259,7 @@ class ClientLookup:
         self._emit(Disarm(TimerId("lookup", (self.serial,))))
 
     @writes("answers")
-    def record_part(self, ev: object) -> None:
-        assert isinstance(ev, LookupPart)
+    def record_part(self, ev: LookupPart) -> None:
         self.answers.update(ev.pairs)
 
     @writes()
@@ -251,16 +267,22 @@ class ClientLookup:
         hits = tuple(self.answers[k] for k in self.keys)
         self._emit(LookupResult(self.kv_request_id, self.keys, hits, answered=True))
 
+    # The lookup ends unanswered: each transition that ends it names why.
     @writes()
-    def report_unanswered_miss(self, ev: object) -> None:
+    def report_miss_timed_out(self, _ev: object) -> None:
+        self._miss(FailReason.TIMEOUT,
+                   f"not answered within the lookup timeout ({self.env.timeouts.lookup:g} s)")
+
+    @writes()
+    def report_miss_finished(self, _ev: object) -> None:
+        self._miss(FailReason.FINISHED, "the host finished the request first")
+
+    @writes()
+    def report_miss_session_ended(self, _ev: object) -> None:
+        self._miss(FailReason.SESSION_ENDED, "the session ended first")
+
+    def _miss(self, reason: FailReason, why: str) -> None:
         hits = tuple(self.answers.get(k, False) for k in self.keys)
-        if isinstance(ev, TimerFired):
-            reason, why = FailReason.TIMEOUT, (f"not answered within the lookup timeout "
-                                               f"({self.env.timeouts.lookup:g} s)")
-        elif isinstance(ev, HostFinish):
-            reason, why = FailReason.FINISHED, "the host finished the request first"
-        else:
-            reason, why = FailReason.SESSION_ENDED, "the session ended first"
         left = len(self.keys) - len(self.answers)
         self._emit(LookupResult(self.kv_request_id, self.keys, hits, False, reason,
                                 f"{left} of {len(self.keys)} key(s) {why}: taken as MISS"))

@@ -16,11 +16,12 @@ machine fires; a frame that is malformed, or that no declared transition accepts
 in the current state, is rejected with a ProtocolViolation output and changes
 nothing. Host misuse raises LocalProtocolError and changes nothing.
 
-The shape: the session *holds* two parts, :class:`~p2pfsm.session.consumer.ConsumerPart`
-(load rounds, lookups, round numbers) and :class:`~p2pfsm.session.producer.ProducerPart`
+The shape: the session *holds* two parts, :class:`~p2pfsm.session.client_part.ClientPart`
+(load rounds, lookups, round numbers) and :class:`~p2pfsm.session.server_part.ServerPart`
 (serve rounds, served lookups, store jobs, writes, tokens), each owning its tables and
 reaching the session through the small :class:`~p2pfsm.session.owner.Owner` interface
-that :class:`Session` implements (send, arm, disarm, emit, now, step). The session keeps
+that :class:`Session` implements (send, arm, disarm, emit, now; three ways to fire a
+machine: step, step_nested, settle). The session keeps
 the session machine (its guards and actions are methods here; its data is
 :attr:`Session.fsm_data`), the timers, the step's outputs and the children's outbox.
 :mod:`~p2pfsm.session.dispatch` routes each input to the session or a part; tests and
@@ -29,9 +30,9 @@ tools read the session through :attr:`Session.view` (:mod:`~p2pfsm.session.view`
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
-from p2pfsm.errors import HandshakeMismatch, InvalidTransition, LocalProtocolError
+from p2pfsm.errors import HandshakeMismatch, LocalProtocolError
 from p2pfsm.fsm import CompiledMachine, Tracer, machine
 from p2pfsm.protocol import (
     AbortAck,
@@ -45,28 +46,19 @@ from p2pfsm.protocol import (
     TransferDone,
 )
 from p2pfsm.session.child import (
-    Arm,
-    BindRound,
     ChildEnv,
-    Disarm,
     EndRoles,
-    EndSession,
-    ExpireLookupRound,
-    HoldJob,
-    PinHits,
     ReleaseHeld,
-    Send,
 )
-from p2pfsm.session.client import ClientLookup, ClientRound
+from p2pfsm.session.client import ClientRound
+from p2pfsm.session.client_part import ClientPart
 from p2pfsm.session.config import SessionConfig
-from p2pfsm.session.consumer import ConsumerPart
 from p2pfsm.session.dispatch import HANDLERS, TIMER_MACHINES
 from p2pfsm.session.inputs import (
     HostFetch,
     HostLookup,
     HostSupply,
     Input,
-    PeerGone,
     RegistrationFinished,
     TimerId,
     TransportLost,
@@ -78,6 +70,7 @@ from p2pfsm.session.machine import (
     UNSTARTED_STATES,
     handshake_mismatch,
 )
+from p2pfsm.session.outbox import apply_outbox, retire
 from p2pfsm.session.outputs import (
     ABORT_ACK_TIMED_OUT,
     FailReason,
@@ -88,11 +81,9 @@ from p2pfsm.session.outputs import (
     SendToLostPeer,
     SessionDead,
     StartRegistration,
-    StartWrite,
     StoreResult,
 )
-from p2pfsm.session.producer import ProducerPart
-from p2pfsm.session.server import ServerLookup, ServerRound
+from p2pfsm.session.server_part import ServerPart
 from p2pfsm.session.steps import run_cascade
 from p2pfsm.session.timers import TimerTable
 from p2pfsm.session.view import SessionView
@@ -115,6 +106,8 @@ class Session:
 
     fsm_data = ("peer", "death_reason", "mismatch", "last_disconnect", "_queue")
     """What the session machine's actions write (restored should one raise)."""
+    machine: ClassVar[CompiledMachine]
+    """The session machine (``models/session.toml``) bound to this class: :data:`SESSION`."""
 
     def __init__(self, config: SessionConfig, tracer: Tracer | None = None) -> None:
         self.config = config
@@ -130,15 +123,15 @@ class Session:
         # What the children's actions asked for (applied after each step).
         self._env = ChildEnv(config.timeouts, tracer, config.answer_lookups_in_parts,
                              config.behaviour)
-        self.consumer: ConsumerPart = ConsumerPart(self, config, self._env)
-        self.producer: ProducerPart = ProducerPart(self, config, self._env)
+        self.client: ClientPart = ClientPart(self, config, self._env)
+        self.server: ServerPart = ServerPart(self, config, self._env)
         self._view = SessionView(self)
 
     def forget_tombstones(self) -> None:
         """Empty the per-request tables (the session is over: an ended session keeps
         none; the executor calls this when it reports the death)."""
-        self.consumer.forget_tombstones()
-        self.producer.forget_tombstones()
+        self.client.forget_tombstones()
+        self.server.forget_tombstones()
 
     # ------------------------------------------------------------ entry point
     def handle(self, event: Input, now: float) -> list[Output]:
@@ -149,8 +142,8 @@ class Session:
                 the session is unchanged.
         """
         self.now = now
-        self.consumer.purge(now)
-        self.producer.purge(now)
+        self.client.purge(now)
+        self.server.purge(now)
         handler = HANDLERS.get(type(event))
         if handler is None:
             raise LocalProtocolError(f"unknown input {type(event).__name__}")
@@ -211,25 +204,25 @@ class Session:
     def held_destinations(self) -> int:
         """Load jobs reported with ``released=False`` whose DestinationReleased is still
         to come (their destinations held)."""
-        consumer = self.consumer
-        return len(consumer.held) + sum(
-            1 for rounds in consumer.loads.values() for r in rounds.values()
+        client = self.client
+        return len(client.held) + sum(
+            1 for rounds in client.loads.values() for r in rounds.values()
             if r.fsm_state in _HOLDING)
 
     @property
     def has_pending_work(self) -> bool:
         """True while any job, lookup or write is outstanding."""
-        return self.consumer.busy or self.producer.busy
+        return self.client.busy or self.server.busy
 
     def open_counts(self) -> dict[str, int]:
         """How many machine instances of each kind are open (for tests and stats)."""
-        consumer, producer = self.consumer, self.producer
+        client, server = self.client, self.server
         return {
-            "client_round": consumer.load_count,
-            "client_lookup": sum(len(v) for v in consumer.lookups.values()),
-            "server_round": len(producer.round_by_serial),
-            "server_lookup": len(producer.tokens),
-            "writes": len(producer.writes),
+            "client_round": client.load_count,
+            "client_lookup": sum(len(v) for v in client.lookups.values()),
+            "server_round": len(server.round_by_serial),
+            "server_lookup": len(server.tokens),
+            "writes": len(server.writes),
             "timers": len(self._timers),
         }
 
@@ -253,7 +246,7 @@ class Session:
     def check_host_call(self, ev: HostFetch | HostLookup) -> None:
         """Raise LocalProtocolError for what this session would refuse in ``ev`` (its
         arguments), changing nothing: for a host call held back to be fed later."""
-        self.consumer.check_host_call(ev)
+        self.client.check_host_call(ev)
 
     # ------------------------------------------- the parts' owner interface
     def emit(self, output: Output) -> None:
@@ -274,52 +267,25 @@ class Session:
     def disarm(self, timer: TimerId) -> None:
         self._timers.disarm(timer)
 
+    # The three ways to fire a machine (the session's own, ``self.machine``, or a child).
     def step(self, m: CompiledMachine, obj: Any, trigger: str, ev: object = None) -> str:
-        """One step of a child caused by an input, then the cascade; the new state."""
+        """An input's step of ``obj`` (committed: :meth:`_committed`), then
+        :meth:`settle`; the new state."""
         dest = m.fire(obj, trigger, ev, self._committed)
-        if self.producer.unsettled:
-            self.cascade()
+        if self.server.unsettled:
+            self.settle()
         return dest
 
-    def fire(self, m: CompiledMachine, obj: Any, trigger: str, ev: object = None) -> str:
-        """Fire; once committed (:meth:`_committed`), the step is recorded."""
+    def step_nested(self, m: CompiledMachine, obj: Any, trigger: str,
+                    ev: object = None) -> str:
+        """A step inside another (a gate, an answer, a settle, pins of a lookup): committed
+        like :meth:`step`, the settling left to the step that holds it; the new state."""
         return m.fire(obj, trigger, ev, self._committed)
 
-    def cascade(self) -> None:
-        """Fire state-triggered transitions until none is due (a fixed point)."""
-        producer = self.producer
-        run_cascade(producer.unsettled, producer.settle_one)
-
-    def check_gate(self, trigger: str) -> None:
-        """Raise InvalidTransition when the session machine refuses ``trigger`` now."""
-        if not SESSION.can_fire(self, trigger):
-            raise InvalidTransition(SESSION.name, self.fsm_state, trigger)
-
-    def gate(self, trigger: str, msg: Message) -> None:
-        """Fire the session's gate for a non-handshake frame (validate first!)."""
-        SESSION.fire(self, trigger, msg)
-
-    def answer(self, trigger: str, ev: object) -> None:
-        """Fire the session machine's answer to what no child takes: a gated frame (its
-        action sends the reply), a host call on a session that is over (its action
-        reports the job's result)."""
-        SESSION.fire(self, trigger, ev)
-
-    # ------------------------------------------- the session machine, for dispatch
-    def machine_fire(self, trigger: str, ev: object = None) -> str:
-        """Fire the session machine (its own hook applies what its actions left)."""
-        return SESSION.fire(self, trigger, ev)
-
-    def machine_step(self, trigger: str, ev: object = None) -> str:
-        """Fire the session machine for an input, then run the cascade."""
-        return self.step(SESSION, self, trigger, ev)
-
-    def machine_can_fire(self, trigger: str, ev: object = None) -> bool:
-        return SESSION.can_fire(self, trigger, ev)
-
-    def machine_declares(self, trigger: str) -> bool:
-        """The session machine has a transition for ``trigger`` from its state."""
-        return SESSION.declares(self.fsm_state, trigger)
+    def settle(self) -> None:
+        """Fire the models' state-triggered transitions until none is due (a fixed point)."""
+        server = self.server
+        run_cascade(server.unsettled, server.settle_one)
 
     def require_started(self, what: str) -> None:
         """Refuse a host call before HostStart."""
@@ -341,95 +307,46 @@ class Session:
 
         Runs before the dispatcher records the step, so steps it causes (a lookup's hits
         pinned into a round) are recorded first, nested in it."""
-        if self._env.outbox:
-            self._apply_outbox(obj)
+        outbox = self._env.outbox
+        if outbox:
+            apply_outbox(self, outbox, obj)
         if obj is self:  # the session machine itself: its owner is the host
             return
         if dest in m.spec.terminal:
-            self._retire(obj)
+            retire(self, obj)
         elif type(obj) is ClientRound:
-            self.consumer.note(obj)
-        self.producer.note(m, obj, trigger, dest)
+            self.client.note(obj)
+        self.server.note(m, obj, trigger, dest)
 
-    def _apply_outbox(self, obj: Any) -> None:
-        outbox = self._env.outbox
-        todo = outbox[:]
-        outbox.clear()
-        for item in todo:
-            kind = type(item)
-            if kind is Send:  # the common requests first
-                self.send(item.message)  # type: ignore[union-attr]
-            elif kind is Arm:
-                self.arm(item.timer, item.delay, keep=item.keep)  # type: ignore[union-attr]
-            elif kind is Disarm:
-                self.disarm(item.timer)  # type: ignore[union-attr]
-            elif kind is StartWrite:
-                self.producer.start_write(obj, item.xfer)  # type: ignore[union-attr]
-                self._out.append(item)  # type: ignore[arg-type]
-            elif kind is HoldJob:
-                self.producer.hold_job(obj, item.job_id)  # type: ignore[union-attr]
-            elif kind is PinHits:
-                self.producer.pin_hits(item)  # type: ignore[arg-type]
-            elif kind is ExpireLookupRound:
-                self.producer.expire(item)  # type: ignore[arg-type]
-            elif kind is BindRound:
-                self.producer.bind_round(obj)
-            elif kind is EndRoles:
-                self._end_roles(item.load_trigger)  # type: ignore[union-attr]
-            elif kind is EndSession:
-                SESSION.fire(self, item.trigger, item)  # type: ignore[union-attr]
-            elif kind is ReleaseHeld:
-                self.consumer.release_held(PeerGone(item.cause))  # type: ignore[union-attr]
-            else:
-                self._out.append(item)  # type: ignore[arg-type]  # an executor output
-
-    def _retire(self, obj: object) -> None:
-        """Drop a child whose machine reached a terminal state from its part."""
-        kind = type(obj)
-        if kind is ClientRound:
-            self.consumer.retire_round(obj)  # type: ignore[arg-type]
-        elif kind is ClientLookup:
-            self.consumer.retire_lookup(obj)  # type: ignore[arg-type]
-        elif kind is ServerRound:
-            self.producer.retire_round(obj)  # type: ignore[arg-type]
-        elif kind is ServerLookup:
-            self.producer.retire_lookup(obj)  # type: ignore[arg-type]
-        else:
-            raise TypeError(f"no part retires a {kind.__name__}")
-
-    def _end_roles(self, load_trigger: str) -> None:
+    def end_roles(self, load_trigger: str) -> None:
         """Every machine of both parts learns that the session is gone (the session
         applies the EndRoles an ``end_work_*`` action leaves). A timer the ending arms (a
         held destination's bounded hold) stays armed."""
         doomed = [t for t in self._timers if TIMER_MACHINES[t.kind] != "server_round"]
-        self.consumer.end(load_trigger)
-        self.producer.end()
+        self.client.end(load_trigger)
+        self.server.end()
         for timer in doomed:
             self.disarm(timer)
 
     # ---------------------------------------- the session machine: guards
-    def is_peer_compatible(self, ev: object) -> bool:
-        assert isinstance(ev, Connect)
+    def is_peer_compatible(self, ev: Connect) -> bool:
         return handshake_mismatch(self.config, ev) is None
 
-    def is_peer_restarted(self, ev: object) -> bool:
+    def is_peer_restarted(self, ev: Connect) -> bool:
         """A connect from a new incarnation of the peer we hold (both carry one)."""
-        assert isinstance(ev, Connect)
         known = None if self.peer is None else self.peer.incarnation
         return known is not None and ev.incarnation is not None and ev.incarnation != known
 
-    def is_peer_reconnected(self, ev: object) -> bool:
+    def is_peer_reconnected(self, ev: Connect) -> bool:
         """A connect of the incarnation we hold: the peer lost its side of the session
         (a one-sided transport loss) and connects again (both carry one)."""
-        assert isinstance(ev, Connect)
         known = None if self.peer is None else self.peer.incarnation
         return known is not None and ev.incarnation == known
 
-    def is_round_unserved(self, ev: object) -> bool:
+    def is_round_unserved(self, ev: FetchRound) -> bool:
         """No round of ours has the demand of that (kv_request_id, round_seq): a reply
         to the rejected fetch is the only one the consumer gets for it."""
-        assert isinstance(ev, FetchRound)
-        rnd = self.producer.server_round(ev.kv_request_id, ev.round_seq)
+        rnd = self.server.server_round(ev.kv_request_id, ev.round_seq)
         return rnd is None or not rnd.demanded
 
     def is_stale_answer_due(self, _ev: object) -> bool:
@@ -439,34 +356,27 @@ class Session:
         return last is None or self.now - last >= STALE_ANSWER_INTERVAL_S
 
     # --------------------------------------- the session machine: actions
-    def fail_bad_fetch(self, ev: object) -> None:
-        assert isinstance(ev, FetchRound)
+    def fail_bad_fetch(self, ev: FetchRound) -> None:
         self.send(TransferDone(ev.kv_request_id, False, ev.round_seq))
 
-    def ack_unknown_abort(self, ev: object) -> None:
-        assert isinstance(ev, AbortFetch)
+    def ack_unknown_abort(self, ev: AbortFetch) -> None:
         self.send(AbortAck(ev.kv_request_id, ev.round_seq))
 
-    def fail_expired_fetch(self, ev: object) -> None:
-        assert isinstance(ev, Fetch)
+    def fail_expired_fetch(self, ev: Fetch) -> None:
         self.send(TransferDone(ev.kv_request_id, False, ev.round_seq))
 
-    def send_terminal_fetch(self, ev: object) -> None:
-        assert isinstance(ev, FetchRound)
+    def send_terminal_fetch(self, ev: FetchRound) -> None:
         self.send(Fetch(ev.kv_request_id, (), (), ev.round_seq))
 
-    def fail_fetch_over(self, ev: object) -> None:
-        assert isinstance(ev, HostFetch)
+    def fail_fetch_over(self, ev: HostFetch) -> None:
         self.emit(LoadResult(ev.job_id, ev.kv_request_id, False, True,
                              FailReason.SESSION_ENDED, _OVER))
 
-    def fail_lookup_over(self, ev: object) -> None:
-        assert isinstance(ev, HostLookup)
+    def fail_lookup_over(self, ev: HostLookup) -> None:
         self.emit(LookupResult(ev.kv_request_id, ev.keys, (False,) * len(ev.keys), False,
                                FailReason.SESSION_ENDED, _OVER))
 
-    def fail_supply_over(self, ev: object) -> None:
-        assert isinstance(ev, HostSupply)
+    def fail_supply_over(self, ev: HostSupply) -> None:
         self.emit(StoreResult(ev.job_id, False, FailReason.SESSION_ENDED, _OVER))
 
     def send_connect(self, _ev: object) -> None:
@@ -482,12 +392,10 @@ class Session:
     def disarm_handshake_timer(self, _ev: object) -> None:
         self.disarm(TimerId("handshake"))
 
-    def remember_peer(self, ev: object) -> None:
-        assert isinstance(ev, Connect)
+    def remember_peer(self, ev: Connect) -> None:
         self.peer = ev
 
-    def start_registration(self, ev: object) -> None:
-        assert isinstance(ev, Connect)
+    def start_registration(self, ev: Connect) -> None:
         self.emit(StartRegistration(ev))
 
     def send_connect_ack(self, _ev: object) -> None:
@@ -511,21 +419,18 @@ class Session:
         """Tell a peer that still holds the session live that it is over."""
         self.send_disconnect_to_lost_peer(ev)
 
-    def die_mismatch(self, ev: object) -> None:
-        assert isinstance(ev, Connect)
+    def die_mismatch(self, ev: Connect) -> None:
         self.mismatch = handshake_mismatch(self.config, ev)
         self._die(f"incompatible peer: {self.mismatch}", self.mismatch)
 
     def die_duplicate_connect(self, _ev: object) -> None:
         self._die("protocol error: connect after the handshake")
 
-    def die_peer_restarted(self, ev: object) -> None:
-        assert isinstance(ev, Connect)
+    def die_peer_restarted(self, ev: Connect) -> None:
         self.death_reason = "peer restarted"
         self.emit(SessionDead(self.death_reason, restarted_by=ev))
 
-    def die_peer_reconnected(self, ev: object) -> None:
-        assert isinstance(ev, Connect)
+    def die_peer_reconnected(self, ev: Connect) -> None:
         self.death_reason = "peer reconnected"
         self.emit(SessionDead(self.death_reason, restarted_by=ev))
 
@@ -537,8 +442,7 @@ class Session:
         write into the destinations this session holds, is gone."""
         self._env.outbox.append(ReleaseHeld("peer_restarted"))
 
-    def die_registration_failed(self, ev: object) -> None:
-        assert isinstance(ev, RegistrationFinished)
+    def die_registration_failed(self, ev: RegistrationFinished) -> None:
         self._die(f"data-plane registration failed: {ev.reason or 'unknown'}")
 
     def die_ack_before_connect(self, _ev: object) -> None:
@@ -550,8 +454,7 @@ class Session:
     def die_handshake_timeout(self, _ev: object) -> None:
         self._die("handshake timed out")
 
-    def die_transport_lost(self, ev: object) -> None:
-        assert isinstance(ev, TransportLost)
+    def die_transport_lost(self, ev: TransportLost) -> None:
         self._die(f"transport lost: {ev.reason}")
 
     def end_work_queued(self, _ev: object) -> None:
@@ -569,11 +472,12 @@ class Session:
         self.emit(SessionDead(reason, mismatch))
 
 
-def _session_committed(_m: CompiledMachine, s: object, _trigger: str, _dest: str) -> None:
+def _session_committed(_m: CompiledMachine, s: Session, _trigger: str, _dest: str) -> None:
     """A session step committed: apply what its actions left in the outbox (EndRoles)."""
-    assert isinstance(s, Session)
-    if s._env.outbox:
-        s._apply_outbox(s)
+    outbox = s._env.outbox
+    if outbox:
+        apply_outbox(s, outbox, s)
 
 
 SESSION = CompiledMachine(machine("session"), Session, then=_session_committed)
+Session.machine = SESSION

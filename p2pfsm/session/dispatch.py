@@ -1,23 +1,26 @@
 """Input dispatch: which machine each input reaches, read from ``models/inputs.toml``.
 
 Every input class the table names gets its handler at import: frames are decoded and
-validated, then a session frame fires its row's trigger on the session machine and any
-other frame goes to the part that finds (or creates) its instance (:data:`_PART_FRAMES`);
-a timer finds its instance from :attr:`TimerId.key` by the row's key fields
-(:data:`_FINDERS`) and fires the row's trigger; every other input goes to its row's
-handler (:data:`_HOST`), which checks the session and hands the call to a part.
-:data:`HANDLERS` maps each input type to its handler. An input, key or handler the table
-and the code disagree on is a :class:`~p2pfsm.errors.ModelError` at import.
+validated, then a session frame fires its row's trigger on the session machine; any
+other frame picks its row's trigger (the first variant whose field matches, e.g. a
+terminal fetch), must pass its row's gate (the session machine refuses it, else
+nothing changes) and goes with that :class:`~p2pfsm.session.route.Route` to the part
+that takes that trigger (:data:`_PART_TAKES`). A timer finds its instance from
+:attr:`TimerId.key` by the row's key fields (:data:`_FINDERS`) and fires the row's
+trigger; every other input goes to its row's handler (:data:`_HOST`), which checks the
+session and hands the call, with the row's trigger, to a part. :data:`HANDLERS` maps
+each input type to its handler. An input, key, trigger or handler the table and the
+code disagree on is a :class:`~p2pfsm.errors.ModelError` at import.
 
 The handlers are plain functions of the session: they use only its public methods
-(its owner interface and the session machine's ``machine_*`` calls) and the parts'
-entry points.
+(its owner interface: :meth:`Session.step`, its machine :attr:`Session.machine`) and
+the parts' entry points.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, Protocol
 
 from p2pfsm.errors import (
     InvalidTransition,
@@ -27,25 +30,22 @@ from p2pfsm.errors import (
     RemoteProtocolError,
     UnknownMessageType,
 )
-from p2pfsm.fsm import CompiledMachine, InputSpec, input_table, machine
+from p2pfsm.fsm import CompiledMachine, InputSpec, Tracer, input_table, machine
 from p2pfsm.protocol import (
-    AbortAck,
-    AbortFetch,
     Connect,
     ConnectAck,
     Disconnect,
     Fetch,
     FetchRound,
-    Lookup,
-    LookupResp,
     Message,
-    TransferDone,
     decode,
     fetch_round,
 )
 from p2pfsm.session import inputs
 from p2pfsm.session.checks import check_request_id
 from p2pfsm.session.client import CLIENT_LOOKUP, CLIENT_ROUND
+from p2pfsm.session.client_part import ClientPart
+from p2pfsm.session.config import SessionConfig
 from p2pfsm.session.inputs import (
     FrameReceived,
     HostAnswerLookup,
@@ -59,23 +59,45 @@ from p2pfsm.session.inputs import (
     PeerGone,
     RegistrationFinished,
     TimerFired,
+    TimerId,
     TransportLost,
     WriteFinished,
 )
 from p2pfsm.session.machine import LIVE_STATES
 from p2pfsm.session.outputs import FrameIgnored, ProtocolViolation, ReleaseCause
+from p2pfsm.session.owner import Owner
+from p2pfsm.session.route import Route
 from p2pfsm.session.server import SERVER_LOOKUP, SERVER_ROUND
+from p2pfsm.session.server_part import ServerPart
 
-if TYPE_CHECKING:
-    from p2pfsm.session.core import Session
+
+class Routed(Owner, Protocol):
+    """The session (:class:`~p2pfsm.session.core.Session`), as the dispatch sees it: its
+    parts' owner interface, its parts, its config and state, two host-call checks."""
+
+    fsm_state: str
+    config: SessionConfig
+    client: ClientPart
+    server: ServerPart
+
+    @property
+    def fsm_label(self) -> str: ...
+
+    @property
+    def fsm_tracer(self) -> Tracer | None: ...
+
+    def require_started(self, what: str) -> None: ...
+
+    def take_timer(self, timer: TimerId) -> bool: ...
+
 
 _SESSION_TERMINAL = machine("session").terminal
 
 
 # ------------------------------------------------------------------ frames
-def _on_frame(s: Session, ev: FrameReceived) -> None:
+def _on_frame(s: Routed, ev: FrameReceived) -> None:
     if s.fsm_state not in LIVE_STATES:
-        if not s.machine_declares(_TABLE.stale) or not _on_stale(s, ev):
+        if not s.machine.declares(s.fsm_state, _TABLE.stale) or not _on_stale(s, ev):
             s.emit(FrameIgnored("", f"session is {s.fsm_state}"))
         return
     try:
@@ -88,8 +110,15 @@ def _on_frame(s: Session, ev: FrameReceived) -> None:
         _answer_bad_fetch(s, fetch_round(ev.frame, s.config.limits))
         return
     try:
-        row, handler = _FRAME_HANDLERS[msg.TYPE]
-        handler(s, row, msg)
+        row, takes = _FRAMES[msg.TYPE]
+        trigger = row.trigger_for(msg)
+        if takes is None:  # the session machine's own frame
+            s.step(s.machine, s, trigger, msg)
+        else:
+            route, take = takes[trigger]
+            if not s.machine.can_fire(s, route.gate):
+                raise InvalidTransition(s.machine.name, s.fsm_state, route.gate)
+            take(s, msg, route)
     except InvalidTransition as exc:
         s.emit(ProtocolViolation(RemoteProtocolError(
             "type", f"{msg.TYPE} not allowed: {exc}")))
@@ -99,7 +128,7 @@ def _on_frame(s: Session, ev: FrameReceived) -> None:
             _answer_bad_fetch(s, FetchRound(msg.kv_request_id, msg.round_seq))
 
 
-def _message(s: Session, ev: FrameReceived) -> Message:
+def _message(s: Routed, ev: FrameReceived) -> Message:
     """The frame's message: the one the executor decoded already, else decoded now.
 
     Raises:
@@ -110,14 +139,14 @@ def _message(s: Session, ev: FrameReceived) -> Message:
     return decode(ev.frame, s.config.limits)
 
 
-def _answer_bad_fetch(s: Session, named: FetchRound | None) -> None:
+def _answer_bad_fetch(s: Routed, named: FetchRound | None) -> None:
     """A fetch rejected as malformed that names its round gets transfer_done(false)
     for it, when the session machine accepts that (recv_bad_fetch)."""
-    if named is not None and s.machine_can_fire("recv_bad_fetch", named):
-        s.machine_fire("recv_bad_fetch", named)
+    if named is not None and s.machine.can_fire(s, "recv_bad_fetch", named):
+        s.step(s.machine, s, "recv_bad_fetch", named)
 
 
-def _on_stale(s: Session, ev: FrameReceived) -> bool:
+def _on_stale(s: Routed, ev: FrameReceived) -> bool:
     """A dead session's peer may still hold the session live (a one-sided transport
     loss): a well-formed request or response of it is answered, rate-limited. Its
     disconnect says it ended its side too: True, the frame was taken."""
@@ -126,115 +155,110 @@ def _on_stale(s: Session, ev: FrameReceived) -> bool:
     except RemoteProtocolError:
         return False
     if isinstance(msg, Disconnect):
-        row, _handler = _FRAME_HANDLERS[msg.TYPE]
-        s.machine_fire(row.trigger_for(msg), msg)
+        row, _takes = _FRAMES[msg.TYPE]
+        s.step(s.machine, s, row.trigger_for(msg), msg)
         return True
     if not isinstance(msg, Connect | ConnectAck):
-        s.machine_fire(_TABLE.stale, msg)
+        s.step(s.machine, s, _TABLE.stale, msg)
     return False
 
 
-def _on_session_frame(s: Session, row: InputSpec, msg: Message) -> None:
-    s.machine_fire(row.trigger_for(msg), msg)
-
-
-def _on_part_frame(s: Session, row: InputSpec, msg: Message) -> None:
-    _PART_FRAMES[row.name](s, msg)
-
-
-_PART_FRAMES: dict[str, Callable[[Session, Any], None]] = {
-    "fetch": lambda s, m: s.producer.on_fetch(cast(Fetch, m)),
-    "lookup": lambda s, m: s.producer.on_lookup(cast(Lookup, m)),
-    "abort_fetch": lambda s, m: s.producer.on_abort_fetch(cast(AbortFetch, m)),
-    "transfer_done": lambda s, m: s.consumer.on_transfer_done(cast(TransferDone, m)),
-    "abort_ack": lambda s, m: s.consumer.on_abort_ack(cast(AbortAck, m)),
-    "lookup_resp": lambda s, m: s.consumer.on_lookup_resp(cast(LookupResp, m)),
+PartTake = Callable[[Routed, Any, Route], None]
+_PART_TAKES: dict[tuple[str, str], PartTake] = {
+    ("server_round", "recv_fetch"): lambda s, m, r: s.server.on_fetch(m, r),
+    ("server_round", "recv_terminal_fetch"): lambda s, m, r: s.server.on_terminal_fetch(m, r),
+    ("server_lookup", "recv_lookup"): lambda s, m, r: s.server.on_lookup(m, r),
+    ("server_round", "recv_abort_fetch"): lambda s, m, r: s.server.on_abort_fetch(m, r),
+    ("client_round", "recv_transfer_done"):
+        lambda s, m, r: s.client.on_transfer_done(m, r),
+    ("client_round", "recv_abort_ack"): lambda s, m, r: s.client.on_abort_ack(m, r),
+    ("client_lookup", "recv_lookup_resp"): lambda s, m, r: s.client.on_lookup_resp(m, r),
 }
-"""Frame type -> the part's handler (the frame rows whose machine is not the session)."""
+"""(machine, trigger) of a frame row that is not the session's -> the part that takes it."""
 
 
 # -------------------------------------------------------------- host calls
-def _on_host_start(s: Session, ev: HostStart) -> None:
+def _on_host_start(s: Routed, ev: HostStart) -> None:
     trigger = _ROWS["HostStart"].trigger
     try:
-        s.machine_fire(trigger, ev)
+        s.step(s.machine, s, trigger, ev)
     except InvalidTransition as exc:
         raise LocalProtocolError(f"{trigger} not allowed: {exc}") from exc
 
 
-def _on_host_close(s: Session, ev: HostClose) -> None:
+def _on_host_close(s: Routed, ev: HostClose) -> None:
     if s.fsm_state in _SESSION_TERMINAL:  # closed: nothing more to do
         return
-    s.machine_fire(_ROWS["HostClose"].trigger, ev)
+    s.step(s.machine, s, _ROWS["HostClose"].trigger, ev)
 
 
-def _on_host_fetch(s: Session, ev: HostFetch) -> None:
+def _on_host_fetch(s: Routed, ev: HostFetch) -> None:
     s.require_started("fetch")
-    s.consumer.on_host_fetch(ev)
+    s.client.on_host_fetch(ev, _ROWS["HostFetch"].trigger)
 
 
-def _on_host_lookup(s: Session, ev: HostLookup) -> None:
+def _on_host_lookup(s: Routed, ev: HostLookup) -> None:
     s.require_started("lookup")
-    s.consumer.on_host_lookup(ev)
+    s.client.on_host_lookup(ev, _ROWS["HostLookup"].trigger)
 
 
-def _on_host_supply(s: Session, ev: HostSupply) -> None:
+def _on_host_supply(s: Routed, ev: HostSupply) -> None:
     s.require_started("supply")
-    s.producer.on_host_supply(ev)
+    s.server.on_host_supply(ev, _ROWS["HostSupply"].trigger)
 
 
-def _on_host_decline(s: Session, ev: HostDecline) -> None:
+def _on_host_decline(s: Routed, ev: HostDecline) -> None:
     s.require_started("decline")
-    s.producer.on_host_decline(ev)
+    s.server.on_host_decline(ev, _ROWS["HostDecline"].trigger)
 
 
-def _on_host_answer(s: Session, ev: HostAnswerLookup) -> None:
-    s.producer.on_host_answer(ev)
+def _on_host_answer(s: Routed, ev: HostAnswerLookup) -> None:
+    s.server.on_host_answer(ev, _ROWS["HostAnswerLookup"].trigger)
 
 
-def _on_host_finish(s: Session, ev: HostFinish) -> None:
+def _on_host_finish(s: Routed, ev: HostFinish) -> None:
     """Both parts end the request: the producer refuses supply for it from now on, the
     consumer's loads and lookups of it end, then its served side is closed."""
     s.require_started("finish")
     check_request_id(s.config, ev.kv_request_id, "finish")
-    s.producer.host_finished(ev.kv_request_id)
+    s.server.host_finished(ev.kv_request_id)
     row = _ROWS["HostFinish"]
     fan = dict(row.fanout)
-    s.consumer.finish(ev, row.trigger, fan["client_lookup"])
-    s.producer.close_request(ev.kv_request_id, fan["server_round"])
+    s.client.finish(ev, row.trigger, fan["client_lookup"])
+    s.server.close_request(ev.kv_request_id, fan["server_round"])
 
 
-def _on_result_registration(s: Session, ev: RegistrationFinished) -> None:
+def _on_result_registration(s: Routed, ev: RegistrationFinished) -> None:
     trigger = _ROWS["RegistrationFinished"].trigger_for(ev)
-    if s.machine_can_fire(trigger, ev):
-        s.machine_fire(trigger, ev)
+    if s.machine.can_fire(s, trigger, ev):
+        s.step(s.machine, s, trigger, ev)
     else:
         s.emit(FrameIgnored("", f"registration result in state {s.fsm_state}"))
 
 
-def _on_result_write(s: Session, ev: WriteFinished) -> None:
-    s.producer.on_write(ev)
+def _on_result_write(s: Routed, ev: WriteFinished) -> None:
+    s.server.on_write(ev, _WRITE.trigger_for(ev))
 
 
-def _on_result_peer_gone(s: Session, ev: PeerGone) -> None:
+def _on_result_peer_gone(s: Routed, ev: PeerGone) -> None:
     """The peer's writes are proven over: a session that is over releases what it holds
     (a live one holds nothing past its end: its loads still hear from the peer)."""
     if ev.cause not in _GONE_CAUSES:
         raise LocalProtocolError(f"peer_gone: cause must be one of {sorted(_GONE_CAUSES)}, "
                                  f"got {ev.cause!r}")
     if not s.alive:
-        s.consumer.release_held(ev)
+        s.client.release_held(ev, _ROWS["PeerGone"].trigger)
 
 
 _GONE_CAUSES = frozenset({ReleaseCause.PEER_RESTARTED.value, ReleaseCause.DATA_PLANE.value})
 
 
-def _on_transport_lost(s: Session, ev: TransportLost) -> None:
+def _on_transport_lost(s: Routed, ev: TransportLost) -> None:
     if s.alive:
-        s.machine_fire(_ROWS["TransportLost"].trigger, ev)
+        s.step(s.machine, s, _ROWS["TransportLost"].trigger, ev)
 
 
-_HOST: dict[str, Callable[[Session, Any], None]] = {
+_HOST: dict[str, Callable[[Routed, Any], None]] = {
     "host_start": _on_host_start,
     "host_close": _on_host_close,
     "host_fetch": _on_host_fetch,
@@ -252,13 +276,13 @@ _HOST: dict[str, Callable[[Session, Any], None]] = {
 
 
 # ------------------------------------------------------------------ timers
-def _on_timer(s: Session, ev: TimerFired) -> None:
+def _on_timer(s: Routed, ev: TimerFired) -> None:
     timer = ev.timer
     if not s.take_timer(timer):
         return  # disarmed, re-armed or early: stale
     row = _TIMERS[timer.kind]
     if row.machine == "session":
-        s.machine_step(row.trigger, ev)
+        s.step(s.machine, s, row.trigger, ev)
         return
     instance = _FINDERS[row.machine, row.key](s, timer.key)
     s.step(_MACHINES[row.machine], instance, row.trigger, ev)
@@ -267,18 +291,19 @@ def _on_timer(s: Session, ev: TimerFired) -> None:
 _TABLE = input_table()
 _ROWS = {row.event: row for row in _TABLE.inputs if row.kind not in ("frame", "timer")}
 _TIMERS = _TABLE.of_kind("timer")
+_WRITE = _ROWS["WriteFinished"]
 TIMER_MACHINES: dict[str, str] = {name: row.machine for name, row in _TIMERS.items()}
 """Timer kind -> the machine whose instance it belongs to."""
 _MACHINES: dict[str, CompiledMachine] = {
     m.name: m for m in (CLIENT_ROUND, CLIENT_LOOKUP, SERVER_ROUND, SERVER_LOOKUP)}
-Finder = Callable[["Session", tuple[str | int, ...]], object]
+Finder = Callable[[Routed, tuple[str | int, ...]], object]
 _FINDERS: dict[tuple[str, tuple[str, ...]], Finder] = {
     ("session", ()): lambda s, _k: s,
     ("client_round", ("kv_request_id", "round_seq")):
-        lambda s, k: s.consumer.round_at(str(k[0]), int(k[1])),
-    ("client_lookup", ("serial",)): lambda s, k: s.consumer.lookup_by_serial[int(k[0])],
-    ("server_round", ("serial",)): lambda s, k: s.producer.round_by_serial[int(k[0])],
-    ("server_lookup", ("token",)): lambda s, k: s.producer.tokens[int(k[0])],
+        lambda s, k: s.client.round_at(str(k[0]), int(k[1])),
+    ("client_lookup", ("serial",)): lambda s, k: s.client.lookup_by_serial[int(k[0])],
+    ("server_round", ("serial",)): lambda s, k: s.server.round_by_serial[int(k[0])],
+    ("server_lookup", ("token",)): lambda s, k: s.server.tokens[int(k[0])],
 }
 """How a timer's key names its machine's instance (the row's key fields)."""
 
@@ -290,7 +315,7 @@ def _event_class(row: InputSpec) -> type:
     return cls
 
 
-def _host_handler(row: InputSpec) -> Callable[[Session, Any], None]:
+def _host_handler(row: InputSpec) -> Callable[[Routed, Any], None]:
     handler = _HOST.get(f"{row.kind}_{row.name}")
     if handler is None:
         raise ModelError(f"models/inputs.toml: no handler _on_{row.kind}_{row.name}")
@@ -301,11 +326,7 @@ for _row in _TIMERS.values():
     if (_row.machine, _row.key) not in _FINDERS:
         raise ModelError(f"models/inputs.toml: timer {_row.name}: no instance of "
                          f"{_row.machine} is found by {list(_row.key)}")
-for _row in _TABLE.of_kind("frame").values():
-    if _row.machine != "session" and _row.name not in _PART_FRAMES:
-        raise ModelError(f"models/inputs.toml: no part handles frame {_row.name}")
-
-Handler = Callable[["Session", Any], None]
+Handler = Callable[[Routed, Any], None]
 HANDLERS: dict[type, Handler] = {
     FrameReceived: _on_frame,
     TimerFired: _on_timer,
@@ -313,8 +334,24 @@ HANDLERS: dict[type, Handler] = {
 }
 """Input type -> its handler."""
 
-FrameHandler = Callable[["Session", InputSpec, Message], None]
-_FRAME_HANDLERS: dict[str, tuple[InputSpec, FrameHandler]] = {
-    row.name: (row, _on_session_frame if row.machine == "session" else _on_part_frame)
-    for row in _TABLE.of_kind("frame").values()}
-"""Frame type -> its row and handler."""
+
+def _part_routes(row: InputSpec) -> dict[str, tuple[Route, PartTake]] | None:
+    """A frame row's route and part per trigger it may fire (None: the session's own)."""
+    if row.machine == "session":
+        return None
+    if row.gate is None:
+        raise ModelError(f"models/inputs.toml: frame {row.name} to {row.machine} has no gate")
+    routes: dict[str, tuple[Route, PartTake]] = {}
+    for trigger in row.triggers:
+        take = _PART_TAKES.get((row.machine, trigger))
+        if take is None:
+            raise ModelError(f"models/inputs.toml: no part takes frame {row.name} "
+                             f"({row.machine}.{trigger})")
+        routes[trigger] = Route(row.gate, trigger), take
+    return routes
+
+
+_FRAMES: dict[str, tuple[InputSpec, dict[str, tuple[Route, PartTake]] | None]] = {
+    row.name: (row, _part_routes(row)) for row in _TABLE.of_kind("frame").values()}
+"""Frame type -> its row and, unless the session machine takes it, its route and part
+per trigger."""

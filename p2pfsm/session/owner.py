@@ -1,7 +1,9 @@
 """What a part of the session may ask of the session that holds it.
 
-The session (:class:`~p2pfsm.session.core.Session`) holds two parts, the consumer
-(:mod:`~p2pfsm.session.consumer`) and the producer (:mod:`~p2pfsm.session.producer`);
+The session (:class:`~p2pfsm.session.core.Session`) holds two parts, named like the machines
+they hold (``models/client_*``, ``models/server_*``): the client part
+(:mod:`~p2pfsm.session.client_part`, the consumer role) and the server part
+(:mod:`~p2pfsm.session.server_part`, the producer role);
 each owns its own tables and reaches the session only through :class:`Owner`, as an
 HTTP/2 connection's streams reach their connection. The session machine (handshake,
 send gating, death) stays with the session, and so do the timers, the step's outputs
@@ -10,7 +12,7 @@ and the children's outbox; a part never reads another part.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from p2pfsm.fsm import CompiledMachine
 from p2pfsm.protocol import Connect, Message
@@ -23,17 +25,17 @@ class Owner(Protocol):
 
     Output: :meth:`send` a frame (now, or queued behind the handshake), :meth:`arm` and
     :meth:`disarm` a timer (deadlines on the session's clock, :attr:`now`), :meth:`emit`
-    an executor output. Children: :meth:`step` fires one of the part's machines for an
-    input and then runs the cascade, :meth:`fire` fires one without it (inside a
-    cascade, or before the host hears of a fetch), :meth:`cascade` runs it; each applies
-    the child's outbox and retires it when terminal. Frames: :meth:`check_gate` raises
-    when the session machine would refuse the frame's gate trigger, :meth:`gate` fires
-    it (after the part validated the frame), :meth:`answer` fires the session machine's
-    transition that answers what no child of the part takes (a gated frame, a host call
-    on a session that is over). Reads:
-    :attr:`now`, :attr:`alive` and the peer's connect (:attr:`peer`, None before the
-    handshake).
+    an executor output. Machines, the session's own (:attr:`machine`, its instance the
+    owner) or a part's child, fire three ways: :meth:`step` for an input, then the
+    models' state-triggered transitions (:meth:`settle`); :meth:`step_nested` inside
+    another step (a frame's gate once the part validated the frame, the session's answer
+    to what no child takes, a settle, a lookup's pins), leaving the settling to the step
+    that holds it; :meth:`settle` alone. Each applies the child's outbox and retires it
+    when terminal. Reads: :attr:`now`, :attr:`alive` and the peer's connect
+    (:attr:`peer`, None before the handshake).
     """
+
+    machine: ClassVar[CompiledMachine]
 
     @property
     def now(self) -> float: ...
@@ -54,12 +56,7 @@ class Owner(Protocol):
 
     def step(self, m: CompiledMachine, obj: Any, trigger: str, ev: object = None) -> str: ...
 
-    def fire(self, m: CompiledMachine, obj: Any, trigger: str, ev: object = None) -> str: ...
+    def step_nested(self, m: CompiledMachine, obj: Any, trigger: str,
+                    ev: object = None) -> str: ...
 
-    def cascade(self) -> None: ...
-
-    def check_gate(self, trigger: str) -> None: ...
-
-    def gate(self, trigger: str, msg: Message) -> None: ...
-
-    def answer(self, trigger: str, ev: object) -> None: ...
+    def settle(self) -> None: ...

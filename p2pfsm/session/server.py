@@ -1,4 +1,4 @@
-"""Producer role: serve rounds and lookups.
+"""The server machines (the producer role): serve rounds and served lookups.
 
 A :class:`ServerRound` holds one (kv_request_id, round_seq)'s supply (our pinned
 blocks, by key) and demand (the consumer's destination index, by key). Every
@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from p2pfsm.fsm import CompiledMachine, Tracer, machine, writes
-from p2pfsm.protocol import AbortAck, AbortFetch, Fetch, LookupResp, TransferDone
+from p2pfsm.protocol import AbortAck, Fetch, LookupResp, TransferDone
 from p2pfsm.session.child import (
     Arm,
     BindRound,
@@ -37,9 +37,7 @@ from p2pfsm.session.child import (
 )
 from p2pfsm.session.inputs import (
     HostAnswerLookup,
-    HostDecline,
     HostSupply,
-    TimerFired,
     TimerId,
     WriteFinished,
 )
@@ -120,8 +118,7 @@ class ServerRound:
             self.supply.setdefault(key, local)
 
     # guards
-    def is_unservable(self, ev: object) -> bool:
-        assert isinstance(ev, Fetch)
+    def is_unservable(self, ev: Fetch) -> bool:
         return not all(map(self.supply.__contains__, ev.keys))
 
     def is_host_finished(self, _ev: object) -> bool:
@@ -138,19 +135,16 @@ class ServerRound:
 
     # actions
     @writes("jobs", "supply")
-    def add_supply(self, ev: object) -> None:
-        assert isinstance(ev, HostSupply | PinHits)
+    def add_supply(self, ev: HostSupply | PinHits) -> None:
         self._add(ev.job_id, ev.keys, ev.local_indexes)
 
     @writes()
-    def reject_supply(self, ev: object) -> None:
-        assert isinstance(ev, HostSupply)
+    def reject_supply(self, ev: HostSupply) -> None:
         self._emit(StoreResult(ev.job_id, False, FailReason.NOT_SERVED,
                                "the round no longer takes supply"))
 
     @writes()
-    def reject_finished_supply(self, ev: object) -> None:
-        assert isinstance(ev, HostSupply)
+    def reject_finished_supply(self, ev: HostSupply) -> None:
         self._emit(StoreResult(ev.job_id, False, FailReason.NOT_SERVED,
                                f"the peer finished request {self.kv_request_id!r} (its "
                                "terminal fetch): no fetch will read this supply"))
@@ -168,16 +162,14 @@ class ServerRound:
         self._emit(Arm(TimerId("demand", (self.serial,)), self.env.timeouts.demand))
 
     @writes("round_seq")
-    def adopt_round(self, ev: object) -> None:
+    def adopt_round(self, ev: Fetch) -> None:
         """A round supplied before any fetch named it (round_seq None) is the fetch's."""
-        assert isinstance(ev, Fetch)
         if self.round_seq is None:
             self.round_seq = ev.round_seq
             self._emit(BindRound())
 
     @writes("total", "demand")
-    def record_demand(self, ev: object) -> None:
-        assert isinstance(ev, Fetch)
+    def record_demand(self, ev: Fetch) -> None:
         self.total = len(ev.keys)
         self.demand = dict(zip(ev.keys, ev.block_indexes, strict=True))
 
@@ -197,8 +189,7 @@ class ServerRound:
         self._emit(StartWrite(xfer, local, remote))
 
     @writes("inflight", "landed")
-    def account_write(self, ev: object) -> None:
-        assert isinstance(ev, WriteFinished)
+    def account_write(self, ev: WriteFinished) -> None:
         count = self.inflight.pop(ev.xfer)
         if ev.ok:
             self.landed += count
@@ -228,21 +219,30 @@ class ServerRound:
     def tell_round_failed(self, _ev: object) -> None:
         self._tell(False, "failed")  # the host finished the request before supplying all
 
+    # The round takes no more supply for a reason its transition names (RoundEnded.why).
     @writes("told")
-    def tell_round_ended(self, ev: object) -> None:
-        if isinstance(ev, AbortFetch):
-            why = "aborted"
-        elif isinstance(ev, Fetch):
-            why = "peer_finished"  # its terminal fetch
-        elif isinstance(ev, TimerFired):
-            why = "demand_timeout"
-        elif isinstance(ev, WriteFinished):
-            why = "write_failed"
-        elif isinstance(ev, HostDecline):
-            why = "declined"
-        else:
-            why = "session_ended"
-        self._tell(False, why)
+    def tell_round_aborted(self, _ev: object) -> None:
+        self._tell(False, "aborted")
+
+    @writes("told")
+    def tell_round_peer_finished(self, _ev: object) -> None:
+        self._tell(False, "peer_finished")  # its terminal fetch
+
+    @writes("told")
+    def tell_round_demand_timeout(self, _ev: object) -> None:
+        self._tell(False, "demand_timeout")
+
+    @writes("told")
+    def tell_round_write_failed(self, _ev: object) -> None:
+        self._tell(False, "write_failed")
+
+    @writes("told")
+    def tell_round_declined(self, _ev: object) -> None:
+        self._tell(False, "declined")
+
+    @writes("told")
+    def tell_round_session_ended(self, _ev: object) -> None:
+        self._tell(False, "session_ended")
 
     def _tell(self, served: bool, why: str) -> None:
         """Tell the host a round it heard of (FetchArrived) ended, once."""
@@ -278,13 +278,16 @@ class ServerRound:
 
 
 @dataclass(frozen=True, slots=True)
-class PinsRefused:
-    """A host answer to a served lookup whose hits its round no longer takes (the round's
-    fetch came, or it ended unserved): the job that pinned them fails at once, and the
-    hits count as misses (``answer`` is the host's answer without them)."""
+class LookupAnswer:
+    """The host's answer to a served lookup, as its machine takes it (``host_answer``).
 
-    job_id: int
+    ``refused_job``: the job whose hits the lookup's round no longer takes (its fetch
+    came, or it ended unserved): that job fails at once, and ``answer`` is the host's
+    answer without those hits (they count as misses); None: ``answer`` as the host gave
+    it."""
+
     answer: HostAnswerLookup
+    refused_job: int | None = None
 
 
 class ServerLookup:
@@ -334,8 +337,8 @@ class ServerLookup:
         # Answering in parts, and a key was resolved since the last part.
         return self.env.lookup_parts and len(self.resolved) > len(self.sent)
 
-    def is_pinning_refused(self, ev: object) -> bool:
-        return isinstance(ev, PinsRefused)
+    def is_pinning_refused(self, ev: LookupAnswer) -> bool:
+        return ev.refused_job is not None
 
     # actions
     @writes()
@@ -352,16 +355,14 @@ class ServerLookup:
         self._emit(Disarm(TimerId("lookup_pending", (self.token,))))
 
     @writes()
-    def refuse_pins(self, ev: object) -> None:
-        assert isinstance(ev, PinsRefused)
-        self._emit(StoreResult(ev.job_id, False, FailReason.NOT_SERVED,
+    def refuse_pins(self, ev: LookupAnswer) -> None:
+        assert ev.refused_job is not None  # is_pinning_refused
+        self._emit(StoreResult(ev.refused_job, False, FailReason.NOT_SERVED,
                                "the lookup's round no longer takes pins"))
 
     @writes("resolved", "pending")
-    def record_answers(self, ev: object) -> None:
-        if isinstance(ev, PinsRefused):
-            ev = ev.answer
-        assert isinstance(ev, HostAnswerLookup)
+    def record_answers(self, answer: LookupAnswer) -> None:
+        ev = answer.answer
         for key in list(self.pending):
             if key in ev.hits:
                 self.resolved[key] = True

@@ -13,7 +13,7 @@ A child never calls into the session. One *step* of a child is:
    ``models/``) is dropped from its part's tables; nothing else retires a child.
 4. cascade: the session then fires its state-triggered transitions (the models'
    ``settle``) until nothing more fires, in one loop (:func:`run_cascade`); which steps
-   call for a cascade is the producer's rule (``ProducerPart.note``).
+   call for a cascade is the producer's rule (``ServerPart.note``).
 
 The session (:class:`~p2pfsm.session.core.Session`) does all four; this module holds
 the cascade's loop and its bound.

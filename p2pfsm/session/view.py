@@ -12,17 +12,29 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from p2pfsm.protocol import Message
-from p2pfsm.session.child import ChildOutput
+from p2pfsm.session.child import ChildEnv, ChildOutput
 from p2pfsm.session.client import ClientLookup, ClientRound
+from p2pfsm.session.client_part import ClientPart
 from p2pfsm.session.inputs import TimerId
 from p2pfsm.session.outputs import Output
 from p2pfsm.session.server import ServerLookup, ServerRound
+from p2pfsm.session.server_part import ServerPart
+from p2pfsm.session.timers import TimerTable
 
-if TYPE_CHECKING:
-    from p2pfsm.session.core import Session
+
+class Viewed(Protocol):
+    """What the view reads of a session (:class:`~p2pfsm.session.core.Session`)."""
+
+    fsm_state: str
+    client: ClientPart
+    server: ServerPart
+    _queue: list[Message]
+    _timers: TimerTable[TimerId]
+    _out: list[Output]
+    _env: ChildEnv
 
 
 class SessionView:
@@ -34,7 +46,7 @@ class SessionView:
 
     __slots__ = ("_s",)
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Viewed) -> None:
         self._s = session
 
     # ---------------------------------------------------- the session's own
@@ -67,72 +79,72 @@ class SessionView:
         """True when ``env`` is the environment this session gives its children."""
         return env is self._s._env
 
-    # ------------------------------------------------------------- consumer
+    # ---------------------------------------------------------- client part
     @property
     def loads(self) -> Mapping[str, Mapping[int, ClientRound]]:
         """Open load rounds: kv_request_id -> round_seq -> round."""
-        return MappingProxyType(self._s.consumer.loads)
+        return MappingProxyType(self._s.client.loads)
 
     @property
     def held(self) -> Mapping[tuple[str, int], ClientRound]:
         """Load rounds held past the session's end: (kv_request_id, round_seq) -> round
         (its job has its result, released=False; its DestinationReleased is to come)."""
-        return MappingProxyType(self._s.consumer.held)
+        return MappingProxyType(self._s.client.held)
 
     def load(self, kv_request_id: str, round_seq: int) -> ClientRound | None:
         """The open load round of (kv_request_id, round_seq), if any."""
-        return self._s.consumer.loads.get(kv_request_id, {}).get(round_seq)
+        return self._s.client.loads.get(kv_request_id, {}).get(round_seq)
 
     @property
     def load_jobs(self) -> frozenset[int]:
         """Job ids of the open load rounds."""
-        return frozenset(self._s.consumer.load_jobs)
+        return frozenset(self._s.client.load_jobs)
 
     @property
     def lookups(self) -> Mapping[str, tuple[ClientLookup, ...]]:
         """Open lookups per kv_request_id, oldest first."""
-        return MappingProxyType({rid: tuple(v) for rid, v in self._s.consumer.lookups.items()})
+        return MappingProxyType({rid: tuple(v) for rid, v in self._s.client.lookups.items()})
 
     @property
     def lookup_rounds(self) -> Mapping[str, int]:
         """The round a request's lookups opened that no fetch has taken yet."""
-        return MappingProxyType(self._s.consumer.lookup_round)
+        return MappingProxyType(self._s.client.lookup_round)
 
     def round_floor(self, kv_request_id: str) -> int | None:
         """The lowest round number the request may use next, while remembered."""
-        return self._s.consumer.round_floor.get(kv_request_id)
+        return self._s.client.round_floor.get(kv_request_id)
 
-    # ------------------------------------------------------------- producer
+    # ---------------------------------------------------------- server part
     @property
     def rounds(self) -> Mapping[str, Mapping[int | None, ServerRound]]:
         """Open serve rounds: kv_request_id -> round_seq (None: not yet bound) -> round."""
-        return MappingProxyType(self._s.producer.rounds)
+        return MappingProxyType(self._s.server.rounds)
 
     @property
     def serve_rounds(self) -> tuple[ServerRound, ...]:
         """Every open serve round, in the order they were opened."""
-        return tuple(self._s.producer.round_by_serial.values())
+        return tuple(self._s.server.round_by_serial.values())
 
     @property
     def served(self) -> Mapping[int, ServerLookup]:
         """Open served lookups by token."""
-        return MappingProxyType(self._s.producer.tokens)
+        return MappingProxyType(self._s.server.tokens)
 
     @property
     def writes(self) -> Mapping[int, ServerRound]:
         """Writes in flight (xfer -> the serve round that started it)."""
-        return MappingProxyType(self._s.producer.writes)
+        return MappingProxyType(self._s.server.writes)
 
     @property
     def store_jobs(self) -> Mapping[int, ServerRound]:
         """Store jobs whose pins a serve round holds (job_id -> round)."""
-        return MappingProxyType(self._s.producer.store_jobs)
+        return MappingProxyType(self._s.server.store_jobs)
 
     def peer_finished(self, kv_request_id: str) -> int | None:
         """The round_seq of the peer's terminal fetch of the request, while remembered."""
-        return self._s.producer.peer_finished.get(kv_request_id)
+        return self._s.server.peer_finished.get(kv_request_id)
 
     @property
     def unsettled(self) -> tuple[ServerRound | str, ...]:
         """What the cascade must still settle (empty between ``handle`` calls)."""
-        return tuple(self._s.producer.unsettled)
+        return tuple(self._s.server.unsettled)

@@ -17,7 +17,7 @@ Edge = tuple[str, str, str]
 KNOWN_UNREACHABLE: dict[str, dict[Edge, str]] = {
     "server_round": {
         ("new", "session_lost", "draining_silent"):
-            "`new` is never observed between events: every caller of ProducerPart._round_for "
+            "`new` is never observed between events: every caller of ServerPart._round_for "
             "fires the round's first trigger (host_supply, lookup_pin, recv_fetch) at once",
     },
 }

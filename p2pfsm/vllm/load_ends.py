@@ -42,7 +42,7 @@ class LoadEnds:
         asked of us): the store jobs of rounds no fetch has named yet fail now
         (:class:`~p2pfsm.vllm.withdrawn.Withdrawn`), each round is ended as a finish of
         its request ends it, and the PD ids among them are named."""
-        rounds = self._session.producer.rounds
+        rounds = self._session.server.rounds
         ids = list(rounds) if kv_request_ids is None else list(kv_request_ids)
         mark = len(self._stores)
         withdrawn = self._withdrawn.withdraw(self._session, ids)

@@ -362,7 +362,7 @@ class P2PSession(LoadEnds, Executor):
 
     def _write_jobs(self) -> dict[int, frozenset[int]]:
         """Each running write -> the store jobs whose pins it reads."""
-        writes = self._session.producer.writes
+        writes = self._session.server.writes
         return {xfer: frozenset(writes[xfer].jobs) for xfer in self._writes if xfer in writes}
 
     def _release_notice(self, job_id: int) -> None:

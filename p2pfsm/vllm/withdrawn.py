@@ -28,7 +28,7 @@ class Withdrawn:
 
     def withdraw(self, session: Session, kv_request_ids: Iterable[str]) -> list[int]:
         """Withdraw the jobs of the unfetched rounds of ``kv_request_ids``; the new ones."""
-        rounds = session.producer.rounds
+        rounds = session.server.rounds
         new: list[int] = []
         for kv_request_id in kv_request_ids:
             for rnd in rounds.get(kv_request_id, {}).values():
@@ -39,7 +39,7 @@ class Withdrawn:
 
     def refuses(self, session: Session, xfer: int) -> bool:
         """Whether WRITE ``xfer`` reads blocks of a withdrawn job (then it must not run)."""
-        rnd = session.producer.writes.get(xfer)
+        rnd = session.server.writes.get(xfer)
         return rnd is not None and not self._jobs.isdisjoint(rnd.jobs)
 
     def settled(self, job_id: int) -> bool:

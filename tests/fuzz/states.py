@@ -47,9 +47,9 @@ from p2pfsm.session import (
 )
 from p2pfsm.session.child import ChildEnv
 from p2pfsm.session.client import ClientLookup, ClientRound
-from p2pfsm.session.consumer import ConsumerPart
-from p2pfsm.session.producer import ProducerPart
+from p2pfsm.session.client_part import ClientPart
 from p2pfsm.session.server import ServerLookup, ServerRound
+from p2pfsm.session.server_part import ServerPart
 from p2pfsm.session.timers import TimerTable
 from p2pfsm.session.tombstones import Tombstones
 
@@ -73,7 +73,7 @@ def _walk(v: object) -> object:
         return ("tombstones", v.ttl, _walk(v.entries()))
     if isinstance(v, TimerTable):  # the armed timers (not the heap's stale entries)
         return ("timers", _walk(dict(v)))
-    if isinstance(v, ConsumerPart | ProducerPart):  # a part: every table it owns
+    if isinstance(v, ClientPart | ServerPart):  # a part: every table it owns
         return (type(v).__name__, _fields(v))
     if isinstance(v, dict):
         return ("dict", tuple((_walk(k), _walk(x)) for k, x in v.items()))
@@ -115,8 +115,8 @@ def full_snapshot(s: Session, unqueued: int = 0) -> tuple[object, ...]:
 def settle_clock(d: Driver) -> None:
     """Purge tombstones due at ``d.now``, as ``Session.handle`` does before anything else,
     so a before/after comparison sees only what the input itself changed."""
-    d.s.consumer.purge(d.now)
-    d.s.producer.purge(d.now)
+    d.s.client.purge(d.now)
+    d.s.server.purge(d.now)
 
 
 # ------------------------------------------------------------------ builders

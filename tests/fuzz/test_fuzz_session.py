@@ -200,20 +200,20 @@ def test_digest_sees_a_change_in_any_machine_table() -> None:
     from fuzz.states import digest
 
     edits = {
-        "client round state": lambda s: setattr(next(iter(s.consumer.loads["load"].values())),
+        "client round state": lambda s: setattr(next(iter(s.client.loads["load"].values())),
                                                 "fsm_state", "x"),
-        "client lookup keys": lambda s: setattr(s.consumer.lookups["look"][0], "keys", ()),
-        "server round demand": lambda s: s.producer.rounds["dem"][0].demand.clear(),
-        "server round supply": lambda s: s.producer.rounds["pd"][None].supply.clear(),
-        "served lookup pending": lambda s: s.producer.tokens[1].pending.clear(),
-        "write table": lambda s: s.producer.writes.clear(),
-        "store jobs": lambda s: s.producer.store_jobs.pop(50),
+        "client lookup keys": lambda s: setattr(s.client.lookups["look"][0], "keys", ()),
+        "server round demand": lambda s: s.server.rounds["dem"][0].demand.clear(),
+        "server round supply": lambda s: s.server.rounds["pd"][None].supply.clear(),
+        "served lookup pending": lambda s: s.server.tokens[1].pending.clear(),
+        "write table": lambda s: s.server.writes.clear(),
+        "store jobs": lambda s: s.server.store_jobs.pop(50),
         "timers": lambda s: vars(s)["_timers"].disarm(next(iter(vars(s)["_timers"]))),
         "queue": lambda s: vars(s)["_queue"].append(None),
-        "round floor": lambda s: s.consumer.round_floor.put("z", 1, 0.0),
-        "peer finished": lambda s: s.producer.peer_finished.put("z", 1, 0.0),
-        "a replaced round": lambda s: s.producer.rounds["dem"].update(
-            {0: __import__("copy").copy(s.producer.rounds["dem"][0])}),
+        "round floor": lambda s: s.client.round_floor.put("z", 1, 0.0),
+        "peer finished": lambda s: s.server.peer_finished.put("z", 1, 0.0),
+        "a replaced round": lambda s: s.server.rounds["dem"].update(
+            {0: __import__("copy").copy(s.server.rounds["dem"][0])}),
     }
     for name, edit in edits.items():
         s = fresh("ready+busy").s

@@ -308,7 +308,7 @@ SLIPS: tuple[Entry, ...] = (
     Entry("lost_abort_released", "session loss while aborting",
           "the consumer frees a destination when the session is lost while an abort's "
           "write may still land (an aborting round ends as if its fetch was never sent)",
-          slip=Slip("p2pfsm.session.consumer", "ConsumerPart.end",
+          slip=Slip("p2pfsm.session.client_part", "ClientPart.end",
                     "owner.step(CLIENT_ROUND, rnd, load_trigger)",
                     "owner.step(CLIENT_ROUND, rnd, load_trigger if rnd.fsm_state == "
                     "'loading' else 'session_lost_unsent')")),
@@ -316,19 +316,19 @@ SLIPS: tuple[Entry, ...] = (
           "the round floor is forgotten after 10 s instead of the frame lifetime "
           "(Timeouts.tombstone), so a round number is reused while a frame of its aborted "
           "round may still arrive",
-          slip=Slip("p2pfsm.session.consumer", "ConsumerPart.__init__",
+          slip=Slip("p2pfsm.session.client_part", "ClientPart.__init__",
                     "self.round_floor = Tombstones(config.timeouts.tombstone)",
                     "self.round_floor = Tombstones(10.0)")),
     Entry("late_answer_pins_kept", "late host answer",
           "a host's late lookup answer, for a lookup that ended meanwhile, never gets its "
           "pins released (its release is guarded by the answer's pending keys, not its hits)",
-          slip=Slip("p2pfsm.session.producer", "ProducerPart.on_host_answer",
+          slip=Slip("p2pfsm.session.server_part", "ServerPart.on_host_answer",
                     "if ev.hits and ev.job_id is not None:",
                     "if ev.pending and ev.job_id is not None:")),
     Entry("fetch_index_num_blocks", "boundary index",
           "a fetch naming block index num_blocks (one past the consumer's region) is "
           "accepted (< became <=)",
-          slip=Slip("p2pfsm.protocol.validate", "check_block_indexes",
+          slip=Slip("p2pfsm.protocol.fetch_checks", "check_block_indexes",
                     "if not indexes or max(indexes) < num_blocks:",
                     "if not indexes or max(indexes) <= num_blocks:")),
 )

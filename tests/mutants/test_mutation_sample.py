@@ -48,7 +48,7 @@ SOURCE: tuple[Slip, ...] = (
     Slip("p2pfsm.session.core", "Session.is_peer_reconnected",
          "known = None if self.peer is None else self.peer.incarnation",
          "known = None if self.peer is not None else self.peer.incarnation"),
-    Slip("p2pfsm.session.client", "ClientLookup.report_unanswered_miss",
+    Slip("p2pfsm.session.client", "ClientLookup._miss",
          "hits = tuple(self.answers.get(k, False) for k in self.keys)",
          "hits = tuple(self.answers.get(k, True) for k in self.keys)"),
     Slip("p2pfsm.session.server", "ServerRound.reject_supply",
@@ -59,7 +59,8 @@ SOURCE: tuple[Slip, ...] = (
          'self._env.outbox.append(EndRoles("SESSION_LOST_UNSENT"))'),
 )
 """Source mutants mutmut killed in the measured sample (seed 0), as the diff it shows:
-``is_peer_reconnected__mutmut_5`` and ``_4``, ``report_unanswered_miss__mutmut_7``,
+``is_peer_reconnected__mutmut_5`` and ``_4``, ``report_unanswered_miss__mutmut_7`` (its
+line now in ``ClientLookup._miss``),
 ``reject_supply__mutmut_10``, ``end_work_queued__mutmut_4``."""
 
 

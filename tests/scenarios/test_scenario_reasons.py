@@ -7,7 +7,7 @@ lookup or a store can fail and checks the reason it reports.
 from __future__ import annotations
 
 import pytest
-from helpers.world import World, key, local_config, of_type, only, ready_driver
+from helpers.world import World, key, local_config, of_type, only, ready_driver, sent
 
 from p2pfsm.errors import LocalProtocolError
 from p2pfsm.protocol import AbortAck, Fetch, Limits, Lookup, TransferDone
@@ -21,6 +21,7 @@ from p2pfsm.session import (
     LoadResult,
     LookupResult,
     ProtocolViolation,
+    StartWrite,
     StoreResult,
     TransportLost,
 )
@@ -174,3 +175,18 @@ def test_a_fetch_naming_a_key_twice_is_a_violation_of_its_keys() -> None:
                              ProtocolViolation))
     assert (violation.error.field, violation.error.reason) == ("keys",
                                                                "duplicate keys in one fetch")
+
+
+def test_a_fetch_naming_a_destination_twice_is_refused_before_any_write() -> None:
+    """Two blocks cannot land in one: the session refuses such a fetch (a protocol
+    violation, transfer_done(false) for its round) instead of leaving it to the data
+    plane; nothing of the round is kept and no write starts."""
+    d = ready_driver()
+    d(HostSupply(5, "r1", (key(1), key(2)), (7, 8)))
+    out = d.recv(Fetch("r1", (key(1), key(2)), (3, 3), 0))
+    violation = only(of_type(out, ProtocolViolation))
+    assert (violation.error.field, violation.error.reason) == (
+        "block_indexes", "a destination named twice in one fetch")
+    assert sent(out) == [TransferDone("r1", False, 0)]
+    assert of_type(out, StartWrite) == [] and not d.s.view.writes
+    assert not d.s.view.rounds["r1"][None].demanded  # the supply still waits for a fetch

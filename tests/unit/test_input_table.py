@@ -43,7 +43,7 @@ from p2pfsm.session import (
     TransportLost,
     WriteFinished,
 )
-from p2pfsm.session.dispatch import _FRAME_HANDLERS, HANDLERS
+from p2pfsm.session.dispatch import _FRAMES, HANDLERS
 from p2pfsm.session.machine import LIVE_STATES
 from p2pfsm.spec_calls import TIMER_ACTIONS, action_of
 
@@ -109,7 +109,16 @@ def test_a_bad_table_is_a_clear_error_at_load(patch: tuple[str, str], message: s
 def test_the_dispatch_and_the_spec_names_are_read_from_the_table() -> None:
     table = input_table()
     assert table.live_states == LIVE_STATES
-    assert set(_FRAME_HANDLERS) == set(table.of_kind("frame"))
+    assert set(_FRAMES) == set(table.of_kind("frame"))
+    for name, (row, routes) in _FRAMES.items():
+        if row.machine == "session":
+            assert routes is None, name
+            continue
+        # Each trigger the row may fire (a terminal fetch: its variant) has its route, and
+        # the route carries the row's gate: no part spells either.
+        assert routes is not None and set(routes) == set(row.triggers), name
+        assert {(r.gate, r.trigger) for r, _take in routes.values()} == \
+            {(row.gate, t) for t in row.triggers}, name
     events = {row.event for row in table.inputs}
     assert {cls.__name__ for cls in HANDLERS} == events
     assert {n: (r.machine, r.trigger) for n, r in table.of_kind("timer").items()} == TIMER_ACTIONS

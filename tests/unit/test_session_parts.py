@@ -11,9 +11,9 @@ from helpers.world import keys, ready_driver
 
 from p2pfsm.protocol import Fetch, Lookup
 from p2pfsm.session import HostFetch, HostLookup, HostSupply, Session
-from p2pfsm.session.consumer import ConsumerPart
+from p2pfsm.session.client_part import ClientPart
 from p2pfsm.session.owner import Owner
-from p2pfsm.session.producer import ProducerPart
+from p2pfsm.session.server_part import ServerPart
 
 SESSION_DIR = Path(__file__).resolve().parents[2] / "p2pfsm" / "session"
 
@@ -24,7 +24,7 @@ def _imports(module: str) -> set[str]:
 
 
 def test_a_part_reaches_neither_the_session_class_nor_the_other_part() -> None:
-    for module, other in (("consumer", "producer"), ("producer", "consumer")):
+    for module, other in (("client_part", "server_part"), ("server_part", "client_part")):
         imported = _imports(module)
         assert f"p2pfsm.session.{other}" not in imported, module
         assert "p2pfsm.session.core" not in imported, module
@@ -34,14 +34,15 @@ def test_a_part_reaches_neither_the_session_class_nor_the_other_part() -> None:
 def test_the_session_is_one_class_that_holds_its_parts() -> None:
     assert Session.__mro__ == (Session, object)
     d = ready_driver()
-    assert isinstance(d.s.consumer, ConsumerPart) and isinstance(d.s.producer, ProducerPart)
-    assert d.s.consumer.owner is d.s and d.s.producer.owner is d.s
+    assert isinstance(d.s.client, ClientPart) and isinstance(d.s.server, ServerPart)
+    assert d.s.client.owner is d.s and d.s.server.owner is d.s
 
 
 def test_the_owner_interface_is_small_and_the_session_implements_it() -> None:
-    members = {n for n in vars(Owner) if not n.startswith("_")}
-    assert members == {"now", "alive", "peer", "send", "arm", "disarm", "emit", "step",
-                       "fire", "cascade", "check_gate", "gate", "answer"}
+    members = {n for n in (*vars(Owner), *Owner.__annotations__) if not n.startswith("_")}
+    # Three ways to fire (an input's step, a step inside one, the settling), one machine.
+    assert members == {"now", "alive", "peer", "send", "arm", "disarm", "emit", "machine",
+                       "step", "step_nested", "settle"}
     assert all(hasattr(Session, n) or n in ("now", "peer") for n in members)
     d = ready_driver()
     assert all(hasattr(d.s, n) for n in members)

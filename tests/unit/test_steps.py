@@ -17,8 +17,8 @@ from p2pfsm.session import (
     StartWrite,
     WriteFinished,
 )
-from p2pfsm.session.producer import ProducerPart
 from p2pfsm.session.server import ServerRound
+from p2pfsm.session.server_part import ServerPart
 from p2pfsm.session.steps import CascadeDiverged
 
 
@@ -57,10 +57,10 @@ def test_a_cascade_that_never_settles_fails_clearly(monkeypatch: pytest.MonkeyPa
     d = ready_driver()
     d(HostSupply(1, "r1", keys([3]), (3,)))
 
-    def again(self: ProducerPart, item: ServerRound | str) -> None:  # keeps itself due
+    def again(self: ServerPart, item: ServerRound | str) -> None:  # keeps itself due
         self.unsettled.append(item)
 
-    monkeypatch.setattr(ProducerPart, "settle_one", again)
+    monkeypatch.setattr(ServerPart, "settle_one", again)
     monkeypatch.setattr("p2pfsm.session.steps.CASCADE_LIMIT", 50)
     with pytest.raises(CascadeDiverged, match="no fixed point after 50"):
         d(HostSupply(2, "r1", keys([4]), (4,)))

@@ -1,9 +1,10 @@
-"""The consumer part of a session: its load rounds and lookups, and the tables it owns.
+"""The client part of a session (the consumer role): its load rounds and lookups, and
+the tables it owns.
 
 Creates :class:`~p2pfsm.session.client.ClientRound` and
 :class:`~p2pfsm.session.client.ClientLookup` instances, retires them when their machine
-reaches a terminal state (the session calls :meth:`ConsumerPart.retire_round` and
-:meth:`ConsumerPart.retire_lookup`), allocates round numbers (the floor and the
+reaches a terminal state (the session calls :meth:`ClientPart.retire_round` and
+:meth:`ClientPart.retire_lookup`), allocates round numbers (the floor and the
 lookup -> fetch binding) and routes the host's fetch and lookup calls and the
 producer's responses (transfer_done, abort_ack, lookup_resp) to them. It reaches the
 session only through its :class:`~p2pfsm.session.owner.Owner`.
@@ -28,6 +29,7 @@ from p2pfsm.session.config import SessionConfig
 from p2pfsm.session.inputs import HostFetch, HostFinish, HostLookup, PeerGone
 from p2pfsm.session.outputs import FrameIgnored, LoadResult, LookupResult
 from p2pfsm.session.owner import Owner
+from p2pfsm.session.route import Route
 from p2pfsm.session.tombstones import Tombstones
 
 # Named state sets of the models (their [sets]); the code spells no state name.
@@ -36,8 +38,8 @@ _HELD_PAST_SESSION = CLIENT_ROUND.state_set("held_past_session")
 _REPORTING = CLIENT_LOOKUP.state_set("reporting")
 
 
-class ConsumerPart:
-    """The session's consumer side: its load rounds and lookups.
+class ClientPart:
+    """The session's client part (it loads from the peer): its load rounds and lookups.
 
     Args:
         owner: the session that holds this part.
@@ -80,10 +82,10 @@ class ConsumerPart:
             self._unlist(rnd)
             self.held[rnd.kv_request_id, rnd.round_seq] = rnd
 
-    def release_held(self, ev: PeerGone) -> None:
-        """The peer's writes are proven over: every held destination is released."""
+    def release_held(self, ev: PeerGone, trigger: str) -> None:
+        """The peer's writes are proven over: every held destination gets ``trigger``."""
         for rnd in list(self.held.values()):
-            self.owner.step(CLIENT_ROUND, rnd, "peer_gone", ev)
+            self.owner.step(CLIENT_ROUND, rnd, trigger, ev)
 
     def purge(self, now: float) -> None:
         """Forget the tombstones older than a frame lifetime."""
@@ -162,12 +164,13 @@ class ConsumerPart:
     def _check_lookup(self, ev: HostLookup) -> None:
         check_keys(self.config, ev.keys, tuple(0 for _ in ev.keys), "lookup", ev.kv_request_id)
 
-    def on_host_fetch(self, ev: HostFetch) -> None:
-        """The host asks to load ``ev.keys`` (the session checked that it started)."""
+    def on_host_fetch(self, ev: HostFetch, trigger: str) -> None:
+        """The host asks to load ``ev.keys`` (the session checked that it started); the
+        new round fires ``trigger``."""
         self._check_fetch(ev)
         owner = self.owner
         if not owner.alive:  # over (idle was refused): the session fails the job at once
-            owner.answer("host_fetch_over", ev)
+            owner.step_nested(owner.machine, owner, "host_fetch_over", ev)
             return
         if not ev.keys:
             owner.emit(LoadResult(ev.job_id, ev.kv_request_id, True, True))
@@ -181,15 +184,15 @@ class ConsumerPart:
         self.loads.setdefault(ev.kv_request_id, {})[seq] = rnd
         self.load_count += 1
         self.load_jobs.add(ev.job_id)
-        owner.step(CLIENT_ROUND, rnd, "host_fetch", ev)
+        owner.step(CLIENT_ROUND, rnd, trigger, ev)
 
-    def on_host_lookup(self, ev: HostLookup) -> None:
+    def on_host_lookup(self, ev: HostLookup, trigger: str) -> None:
         """The host asks which of ``ev.keys`` the peer holds (the session checked that
-        it started)."""
+        it started); the new lookup fires ``trigger``."""
         self._check_lookup(ev)
         owner = self.owner
         if not owner.alive:  # over (idle was refused): the session answers all-miss at once
-            owner.answer("host_lookup_over", ev)
+            owner.step_nested(owner.machine, owner, "host_lookup_over", ev)
             return
         if not ev.keys:
             owner.emit(LookupResult(ev.kv_request_id, ev.keys, (), False))
@@ -202,7 +205,7 @@ class ConsumerPart:
         lk = ClientLookup(self.env, self.lookup_serial, ev.kv_request_id, seq, ev.keys)
         self.lookups.setdefault(ev.kv_request_id, []).append(lk)
         self.lookup_by_serial[lk.serial] = lk
-        owner.step(CLIENT_LOOKUP, lk, "host_lookup", ev)
+        owner.step(CLIENT_LOOKUP, lk, trigger, ev)
 
     def finish(self, ev: HostFinish, trigger: str, lookup_trigger: str) -> None:
         """The host finished ``ev.kv_request_id``: its loads get ``trigger``, its lookups
@@ -215,32 +218,32 @@ class ConsumerPart:
             owner.step(CLIENT_LOOKUP, lk, lookup_trigger, ev)
         open_round = self.lookup_round.pop(rid, None)
         if open_round is not None and owner.alive:  # a terminal fetch closes that round
-            owner.answer("finish_lookup_round", FetchRound(rid, open_round))
+            named = FetchRound(rid, open_round)
+            owner.step_nested(owner.machine, owner, "finish_lookup_round", named)
 
     # -------------------------------------------------------------- frames
-    def on_transfer_done(self, msg: TransferDone) -> None:
+    # The frames' routes (``models/inputs.toml``): the dispatch checked each one's gate.
+    def on_transfer_done(self, msg: TransferDone, route: Route) -> None:
         owner = self.owner
-        owner.check_gate("recv_response")
         rnd = self._client_round(msg.kv_request_id, msg.round_seq)
         if rnd is None:
             owner.emit(FrameIgnored(msg.TYPE, "no open load for this round (late or duplicate)"))
             return
-        owner.gate("recv_response", msg)
-        owner.step(CLIENT_ROUND, rnd, "recv_transfer_done", msg)
+        owner.step_nested(owner.machine, owner, route.gate, msg)
+        owner.step(CLIENT_ROUND, rnd, route.trigger, msg)
 
-    def on_abort_ack(self, msg: AbortAck) -> None:
+    def on_abort_ack(self, msg: AbortAck, route: Route) -> None:
         owner = self.owner
-        owner.check_gate("recv_response")
         rnd = self._client_round(msg.kv_request_id, msg.round_seq)
         if rnd is None:
             owner.emit(FrameIgnored(msg.TYPE, "no open load for this round (late or duplicate)"))
             return
-        if not CLIENT_ROUND.can_fire(rnd, "recv_abort_ack", msg):
+        if not CLIENT_ROUND.can_fire(rnd, route.trigger, msg):
             raise RemoteProtocolError("round_seq", "abort_ack for a round we did not abort")
-        owner.gate("recv_response", msg)
-        owner.step(CLIENT_ROUND, rnd, "recv_abort_ack", msg)
+        owner.step_nested(owner.machine, owner, route.gate, msg)
+        owner.step(CLIENT_ROUND, rnd, route.trigger, msg)
 
-    def on_lookup_resp(self, msg: LookupResp) -> None:
+    def on_lookup_resp(self, msg: LookupResp, route: Route) -> None:
         """Match each (key, hit) pair on its own (the producer may split and coalesce
         answers): to a lookup of the request still waiting for that key, in the round of
         the oldest such lookup (the producer answers in arrival order, so the pair is of
@@ -248,7 +251,6 @@ class ConsumerPart:
         else the oldest expired one (a producer may drop a lookup unanswered, and its
         expired lookup must not swallow the answer to a retry of the same round)."""
         owner = self.owner
-        owner.check_gate("recv_response")
         lookups = self.lookups.get(msg.kv_request_id, ())
         parts: dict[ClientLookup, dict[bytes, bool]] = {}
         for key, hit in zip(msg.keys, msg.hits, strict=True):
@@ -260,9 +262,9 @@ class ConsumerPart:
         if not parts:
             owner.emit(FrameIgnored(msg.TYPE, "no open lookup waits for these keys"))
             return
-        owner.gate("recv_response", msg)
+        owner.step_nested(owner.machine, owner, route.gate, msg)
         for lk, pairs in parts.items():
-            owner.step(CLIENT_LOOKUP, lk, "recv_lookup_resp", LookupPart(tuple(pairs.items())))
+            owner.step(CLIENT_LOOKUP, lk, route.trigger, LookupPart(tuple(pairs.items())))
 
     # ----------------------------------------------------------------- end
     def end(self, load_trigger: str) -> None:

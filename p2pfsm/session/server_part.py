@@ -1,4 +1,5 @@
-"""The producer part of a session: its serve rounds and served lookups, and their tables.
+"""The server part of a session (the producer role): its serve rounds and served lookups,
+and their tables.
 
 Creates :class:`~p2pfsm.session.server.ServerRound` and
 :class:`~p2pfsm.session.server.ServerLookup` instances, retires them when their machine
@@ -8,8 +9,8 @@ completions to them. It reaches the session only through its
 :class:`~p2pfsm.session.owner.Owner`.
 
 Both machines have a state-triggered transition, ``settle``, which the session's
-cascade fires: :meth:`ProducerPart.note` queues in :attr:`ProducerPart.unsettled` what
-a step made due and :meth:`ProducerPart.settle_one` settles one item. A serve round is
+cascade fires: :meth:`ServerPart.note` queues in :attr:`ServerPart.unsettled` what
+a step made due and :meth:`ServerPart.settle_one` settles one item. A serve round is
 settled after each of its steps other than a settle, wherever its model declares settle
 from the state reached; a request's served lookups are settled oldest first after a step
 leaves one of them resolving or answered (the next one may be answerable now).
@@ -32,10 +33,11 @@ from p2pfsm.session.inputs import (
 )
 from p2pfsm.session.outputs import FailReason, FetchArrived, StoreResult
 from p2pfsm.session.owner import Owner
+from p2pfsm.session.route import Route
 from p2pfsm.session.server import (
     SERVER_LOOKUP,
     SERVER_ROUND,
-    PinsRefused,
+    LookupAnswer,
     ServerLookup,
     ServerRound,
 )
@@ -48,8 +50,9 @@ _TAKES_SUPPLY = SERVER_ROUND.state_set("takes_supply")
 _FREES_QUEUE = SERVER_LOOKUP.state_set("frees_queue")
 
 
-class ProducerPart:
-    """The session's producer side: its serve rounds and served lookups.
+class ServerPart:
+    """The session's server part (the peer loads from it): its serve rounds and served
+    lookups.
 
     Args:
         owner: the session that holds this part.
@@ -124,7 +127,7 @@ class ProducerPart:
     def pin_hits(self, item: PinHits) -> None:
         """A served lookup's hits, pinned: the supply of their round (a nested step)."""
         rnd = self._round_for(item.kv_request_id, item.round_seq, "lookup")
-        self.owner.fire(SERVER_ROUND, rnd, "lookup_pin", item)
+        self.owner.step_nested(SERVER_ROUND, rnd, "lookup_pin", item)
 
     # ------------------------------------------------------------- retiring
     def retire_round(self, rnd: ServerRound) -> None:
@@ -151,12 +154,10 @@ class ProducerPart:
     def note(self, m: CompiledMachine, obj: object, trigger: str, dest: str) -> None:
         """Queue in :attr:`unsettled` what a child's step makes due."""
         due = self.unsettled
-        if m is SERVER_ROUND:
-            assert isinstance(obj, ServerRound)
+        if type(obj) is ServerRound:  # SERVER_ROUND's
             if trigger != "settle" and SERVER_ROUND.declares(dest, "settle") and obj not in due:
                 due.append(obj)
-        elif m is SERVER_LOOKUP:
-            assert isinstance(obj, ServerLookup)
+        elif type(obj) is ServerLookup:  # SERVER_LOOKUP's
             rid = obj.kv_request_id
             if ((dest in _FREES_QUEUE
                  or (trigger != "settle" and SERVER_LOOKUP.declares(dest, "settle")))
@@ -167,11 +168,11 @@ class ProducerPart:
         """Fire ``settle`` of a serve round, or of a request's oldest served lookup."""
         if isinstance(item, ServerRound):
             if SERVER_ROUND.declares(item.fsm_state, "settle"):  # else ended meanwhile
-                self.owner.fire(SERVER_ROUND, item, "settle")
+                self.owner.step_nested(SERVER_ROUND, item, "settle")
         else:
             queue = self.served.get(item)
             if queue:  # answer in arrival order: only the oldest open lookup may answer
-                self.owner.fire(SERVER_LOOKUP, queue[0], "settle")
+                self.owner.step_nested(SERVER_LOOKUP, queue[0], "settle")
 
     # -------------------------------------------------------------- rounds
     def _round_for(self, kv_request_id: str, round_seq: int | None,
@@ -218,53 +219,56 @@ class ProducerPart:
         return any(r.fsm_state in _HOST_FINISHED
                    for r in self.rounds.get(kv_request_id, {}).values())
 
-    # -------------------------------------------------------------- frames
-    def on_fetch(self, msg: Fetch) -> None:
+    # ------------------------------------------------------------- frames
+    # Their routes come from models/inputs.toml; the dispatch checked each one's gate.
+    def on_terminal_fetch(self, msg: Fetch, route: Route) -> None:
+        """The peer ended the request (a fetch naming no keys): its served side closes."""
         owner = self.owner
-        owner.check_gate("recv_request")
+        owner.step_nested(owner.machine, owner, route.gate, msg)
+        # Until the peer names a round of the request again, supply for it is refused.
+        self.peer_finished.put(msg.kv_request_id, msg.round_seq, owner.now)
+        self.close_request(msg.kv_request_id, route.trigger, msg)
+
+    def on_fetch(self, msg: Fetch, route: Route) -> None:
+        owner = self.owner
         peer = owner.peer
         assert peer is not None  # the gate admits requests only after the peer's connect
-        if msg.is_terminal:
-            owner.gate("recv_request", msg)
-            # Until the peer names a round of the request again, supply for it is refused.
-            self.peer_finished.put(msg.kv_request_id, msg.round_seq, owner.now)
-            self.close_request(msg.kv_request_id, "recv_terminal_fetch", msg)
-            return
         check_block_indexes(msg, peer.num_blocks)
         if len(set(msg.keys)) != len(msg.keys):
             raise MalformedFrame("keys", "duplicate keys in one fetch")
+        if len(set(msg.block_indexes)) != len(msg.block_indexes):  # two blocks, one place
+            raise MalformedFrame("block_indexes", "a destination named twice in one fetch")
         rnd = self.server_round(msg.kv_request_id, msg.round_seq)
         if rnd is None and self.expired_lookups.get(msg.kv_request_id) == msg.round_seq:
             # The lookup pins of this round expired before the fetch: it can never be
             # served, so fail it now rather than let the consumer wait (vLLM P7).
-            owner.gate("recv_request", msg)
+            owner.step_nested(owner.machine, owner, route.gate, msg)
             self.expired_lookups.pop(msg.kv_request_id)
             self.peer_finished.pop(msg.kv_request_id)
-            owner.answer("recv_expired_fetch", msg)  # transfer_done(false)
+            owner.step_nested(owner.machine, owner, "recv_expired_fetch", msg)  # done(false)
             return
         if rnd is None:
             unbound = self.server_round(msg.kv_request_id, None)
             if unbound is not None and unbound.fsm_state in _PARKED_SUPPLY:
                 rnd = unbound
-        if rnd is not None and not SERVER_ROUND.can_fire(rnd, "recv_fetch", msg):
+        if rnd is not None and not SERVER_ROUND.can_fire(rnd, route.trigger, msg):
             raise RemoteProtocolError(
                 "round_seq", f"duplicate fetch for {msg.kv_request_id}/{msg.round_seq}")
-        owner.gate("recv_request", msg)
+        owner.step_nested(owner.machine, owner, route.gate, msg)
         self.peer_finished.pop(msg.kv_request_id)  # the peer goes on with the request
         finished = self._finished_by_host(msg.kv_request_id)  # a new round leaves it so
         if rnd is None:
             rnd = self._round_for(msg.kv_request_id, msg.round_seq, host_finished=finished)
         supplied = tuple(k for k in msg.keys if k in rnd.supply)
-        dest = owner.fire(SERVER_ROUND, rnd, "recv_fetch", msg)
+        dest = owner.step_nested(SERVER_ROUND, rnd, route.trigger, msg)
         # A host is never asked to supply a request it finished, nor a round that ended
         # at once (the fetch named keys its lookup did not pin: transfer_done(false)).
         if not finished and dest not in SERVER_ROUND.spec.terminal:
             owner.emit(FetchArrived(msg.kv_request_id, msg.round_seq, msg.keys, supplied))
-        owner.cascade()  # after the host hears of the fetch
+        owner.settle()  # after the host hears of the fetch
 
-    def on_lookup(self, msg: Lookup) -> None:
+    def on_lookup(self, msg: Lookup, route: Route) -> None:
         owner = self.owner
-        owner.check_gate("recv_request")
         rnd = self.server_round(msg.kv_request_id, msg.round_seq)
         if rnd is not None and rnd.demanded:
             raise RemoteProtocolError(
@@ -274,29 +278,29 @@ class ProducerPart:
             raise RemoteProtocolError(
                 "kv_request_id", f"{most} lookups of {msg.kv_request_id} are unanswered "
                 "already (max_lookups_per_request)")
-        owner.gate("recv_request", msg)
+        owner.step_nested(owner.machine, owner, route.gate, msg)
         self.peer_finished.pop(msg.kv_request_id)  # the peer goes on with the request
         self.next_token += 1
         served = ServerLookup(self.env, self.next_token, msg.kv_request_id, msg.round_seq,
                               msg.keys)
         self.tokens[served.token] = served
         self.served.setdefault(msg.kv_request_id, []).append(served)
-        owner.step(SERVER_LOOKUP, served, "recv_lookup", msg)
+        owner.step(SERVER_LOOKUP, served, route.trigger, msg)
 
-    def on_abort_fetch(self, msg: AbortFetch) -> None:
+    def on_abort_fetch(self, msg: AbortFetch, route: Route) -> None:
         owner = self.owner
-        owner.check_gate("recv_request")
-        owner.gate("recv_request", msg)
+        owner.step_nested(owner.machine, owner, route.gate, msg)
         rnd = self.server_round(msg.kv_request_id, msg.round_seq)
         if rnd is None:
             # Nothing of that round is in flight (unknown or already ended): ack at once.
-            owner.answer("recv_unknown_abort", msg)
+            owner.step_nested(owner.machine, owner, "recv_unknown_abort", msg)
             return
-        owner.step(SERVER_ROUND, rnd, "recv_abort_fetch", msg)
+        owner.step(SERVER_ROUND, rnd, route.trigger, msg)
 
     # ----------------------------------------------------------- host calls
-    def on_host_supply(self, ev: HostSupply) -> None:
-        """The host pins blocks for a request (the session checked that it started)."""
+    def on_host_supply(self, ev: HostSupply, trigger: str) -> None:
+        """The host pins blocks for a request (the session checked that it started); its
+        round fires ``trigger``."""
         check_keys(self.config, ev.keys, ev.local_indexes, "supply", ev.kv_request_id)
         if ev.job_id in self.store_jobs:
             raise LocalProtocolError(f"supply: job {ev.job_id} is already pinned")
@@ -305,25 +309,25 @@ class ProducerPart:
                 f"supply: request {ev.kv_request_id!r} was finished by this host (HostFinish "
                 "says no more supply comes); its fetch, if any, is answered already")
         if not self.owner.alive:  # over (idle was refused): the session fails the job at once
-            self.owner.answer("host_supply_over", ev)
+            self.owner.step_nested(self.owner.machine, self.owner, "host_supply_over", ev)
             return
         rnd = self._supply_target(ev)
-        self.owner.step(SERVER_ROUND, rnd, "host_supply", ev)
+        self.owner.step(SERVER_ROUND, rnd, trigger, ev)
 
-    def on_host_decline(self, ev: HostDecline) -> None:
+    def on_host_decline(self, ev: HostDecline, trigger: str) -> None:
         """The host will not supply a fetched round (the session checked that it
-        started)."""
+        started): the round fires ``trigger``."""
         check_request_id(self.config, ev.kv_request_id, "decline")
         if type(ev.round_seq) is not int or ev.round_seq < 0:
             raise LocalProtocolError(f"decline: round_seq {ev.round_seq!r} is not a round")
         rnd = self.server_round(ev.kv_request_id, ev.round_seq)
         if rnd is None:
             return  # the round ended meanwhile: its one reply is sent already
-        if not SERVER_ROUND.can_fire(rnd, "host_decline"):
+        if not SERVER_ROUND.can_fire(rnd, trigger):
             raise LocalProtocolError(
                 f"decline: no fetch of {ev.kv_request_id}/{ev.round_seq} has arrived yet "
                 f"(its round is {rnd.fsm_state})")
-        self.owner.step(SERVER_ROUND, rnd, "host_decline", ev)
+        self.owner.step(SERVER_ROUND, rnd, trigger, ev)
 
     def _supply_target(self, ev: HostSupply) -> ServerRound:
         """The round PD supply (which names no round) belongs to.
@@ -349,8 +353,9 @@ class ProducerPart:
         return serving[-1] if serving else self._round_for(ev.kv_request_id, None,
                                                            host_finished=False)
 
-    def on_host_answer(self, ev: HostAnswerLookup) -> None:
-        """The host answers a served lookup (some keys hit and pinned, some pending)."""
+    def on_host_answer(self, ev: HostAnswerLookup, trigger: str) -> None:
+        """The host answers a served lookup (some keys hit and pinned, some pending): the
+        lookup fires ``trigger``."""
         served = self.tokens.get(ev.token)
         if ev.hits and ev.job_id is None:
             raise LocalProtocolError("answer_lookup: hits need the job_id that pins them")
@@ -369,18 +374,20 @@ class ProducerPart:
             if type(idx) is not int or not 0 <= idx < self.config.num_blocks:
                 raise LocalProtocolError(f"answer_lookup: index {idx!r} for key outside region")
         rnd = self.server_round(served.kv_request_id, served.round_seq)
-        answer: HostAnswerLookup | PinsRefused = ev
+        answer = LookupAnswer(ev)
         if ev.hits and rnd is not None and not SERVER_ROUND.can_fire(rnd, "lookup_pin"):
             # The round takes no more pins: the lookup fails the job, the hits are misses.
-            answer = PinsRefused(ev.job_id or 0, HostAnswerLookup(ev.token, {}, None, ev.pending))
-        self.owner.step(SERVER_LOOKUP, served, "host_answer", answer)
+            answer = LookupAnswer(HostAnswerLookup(ev.token, {}, None, ev.pending),
+                                  ev.job_id or 0)
+        self.owner.step(SERVER_LOOKUP, served, trigger, answer)
 
-    def on_write(self, ev: WriteFinished) -> None:
-        """The data plane finished write ``ev.xfer``."""
+    def on_write(self, ev: WriteFinished, trigger: str) -> None:
+        """The data plane finished write ``ev.xfer``: its round fires ``trigger`` (the
+        input table's variant for ``ev.ok``)."""
         rnd = self.writes.pop(ev.xfer, None)
         if rnd is None:
             raise LocalProtocolError(f"write {ev.xfer} is not in flight")
-        self.owner.step(SERVER_ROUND, rnd, "write_done" if ev.ok else "write_failed", ev)
+        self.owner.step(SERVER_ROUND, rnd, trigger, ev)
 
     # ----------------------------------------------------------------- end
     def end(self) -> None:
