@@ -46,7 +46,8 @@
 (* files) says what it changes: atSend (an aborted load is reported when   *)
 (* its abort is sent, its destination held until the abort_ack or a racing *)
 (* transfer_done), ackEnds (a missing abort_ack ends the whole session),   *)
-(* hold (a held destination may be released by the host's bounded hold).   *)
+(* hold (a held destination may be released by the host's bounded hold),   *)
+(* lookupEnds (an overdue lookup answer ends the whole session).           *)
 (* A result with released=False ("orphan") is followed by one release      *)
 (* ("freed"), a step of its round: every invariant, NoFreeWhileWriteInv    *)
 (* first, holds for each profile.                                          *)
@@ -100,7 +101,7 @@ ASSUME MaxRounds \in Nat \ {0} /\ MaxAborts \in Nat \ {0} /\ MaxFaults \in Nat
 ASSUME \A i \in DOMAIN Scenarios : Scenarios[i] \in ScenarioType
 ASSUME Profile \in ProfileNames
 
-\* What the profile changes (ProfileBehaviour: atSend, ackEnds, hold).
+\* What the profile changes (ProfileBehaviour: atSend, ackEnds, hold, lookupEnds).
 PB == ProfileBehaviour[Profile]
 
 -----------------------------------------------------------------------------
@@ -1101,10 +1102,16 @@ ClientRoundTimerHold(p) ==
        /\ Commit(p, Release(Load(p, "ClientRoundTimerHold"), k, "timer_hold", 0))
 
 \* probing: all-MISS and wait one more period for a late answer; expired: stop waiting.
+\* Under a profile that ends the session on an overdue answer (lookupEnds), a probing
+\* lookup's deadline ends the session instead; its session_lost reports the lookup.
 ClientLookupTimerLookup(p) ==
     \E req \in Reqs : \E i \in 1 .. Len(cl[p][req]) : Timer("lookup") /\
        LET L == Load(p, "ClientLookupTimerLookup") IN
-       Commit(p, IF L.cl[req][i].st = "probing"
+       Commit(p, IF L.cl[req][i].st = "probing" /\ PB.lookupEnds
+                 THEN Die(Send(FireS(Fire(L, "client_lookup", "timer_lookup", "probing",
+                                          "probing"), "lookup_expired", "ended"),
+                               Ctl("disconnect")), L.sess)
+                 ELSE IF L.cl[req][i].st = "probing"
                  THEN Fire([L EXCEPT !.cl[req][i].st = "expired", !.nlr = @ + 1],
                            "client_lookup", "timer_lookup", "probing", "expired")
                  ELSE Fire([L EXCEPT !.cl[req] = Without(@, i)],

@@ -228,7 +228,11 @@ class P2PSession(LoadEnds, Executor):
         return None
 
     def flush_pending_lookups(self) -> None:
-        """Send one lookup per request for the keys registered since the last flush."""
+        """Send one lookup per request for the keys registered since the last flush; as
+        vLLM's, none before the handshake completes (they wait for a later flush, and so
+        does their answer's deadline)."""
+        if not self.ready:
+            return
         unsent, self._unsent = self._unsent, {}
         for kv_request_id, keys in unsent.items():
             batch = tuple(dict.fromkeys(keys))
@@ -544,9 +548,12 @@ class P2PSession(LoadEnds, Executor):
         probes = self._probes.get(out.kv_request_id)
         if probes is None:
             return  # fetched or finished meanwhile: nobody asks any more
+        # As vLLM's: a key the peer answered keeps its answer; one a session end left
+        # unanswered stays unresolved (close() then fails its request).
+        lost = out.reason is FailReason.SESSION_ENDED
         for key, hit in zip(out.keys, out.hits, strict=True):
             if key in probes:
-                probes[key] = bool(hit and out.answered)
+                probes[key] = True if hit else (None if lost else False)
 
     def lookup_request(self, peer: str, out: LookupRequest) -> None:
         self._served_serial += 1

@@ -47,7 +47,7 @@ sys.exit(pytest.main({args!r}))
 PRIVATE = "internals"
 ACK_FIRST = "connect_ack before the peer's connect"
 FINGERPRINT = "config fingerprint (an empty one included)"
-LOOKUP_OVERDUE = "lookup answer overdue"
+LOOKUP_OVERDUE = "a lookup still waiting when its request is fetched keeps its deadline"
 BLOCK_BOUND = "block index outside the peer's advertised blocks"
 ROUND_STORES = "store results of a round that failed"
 FAULT = "data-plane fault (death reason and drain)"
@@ -62,17 +62,7 @@ DIFFERENCES: dict[str, str] = {
     S + "TestConnectHandshake::test_connect_ack_makes_session_ready": ACK_FIRST,
     S + "TestConnectHandshake::test_messages_queued_before_ack_flush_on_ack": ACK_FIRST,
     S + "TestConnectHandshake::test_missing_fingerprint_allowed": FINGERPRINT,
-    S + "TestLookupFlow::test_lookup_deadline_starts_after_handshake": LOOKUP_OVERDUE,
     S + "TestLookupFlow::test_partial_response_rearms_lookup_deadline": WHOLE_LOOKUP,
-    S + "TestLookupFlow::test_duplicate_responses_and_new_keys_do_not_rearm": LOOKUP_OVERDUE,
-    S + "TestLookupFlow::test_lookup_expiry_preserves_completed_transfers[False]":
-        LOOKUP_OVERDUE,
-    S + "TestLookupFlow::test_lookup_expiry_preserves_completed_transfers[True]":
-        LOOKUP_OVERDUE,
-    S + "TestLookupFlow::test_lookup_deadline_cleared_before_next_batch[resolve]":
-        LOOKUP_OVERDUE,
-    S + "TestLookupFlow::test_lookup_deadline_cleared_before_next_batch[finish]":
-        LOOKUP_OVERDUE,
     S + "TestLookupFlow::test_lookup_deadline_cleared_before_next_batch[fetch]":
         LOOKUP_OVERDUE,
     S + "TestServerLookupHandling::test_lookup_then_fetch_round_trip_emits_store_result":
@@ -85,9 +75,6 @@ DIFFERENCES: dict[str, str] = {
     S + "TestPeerFaultEscalation::test_fault_with_nothing_inflight_disconnects": FAULT,
     S + "TestPeerFaultEscalation::test_fault_waits_for_inflight_then_disconnects": FAULT,
     S + "TestPeerFaultEscalation::test_fault_disconnects_after_drain_deadline": FAULT,
-    M + "TestBidirectionalManager::test_unanswered_lookup_falls_back_to_local_prefill":
-        LOOKUP_OVERDUE,
-    M + "TestBidirectionalManager::test_lookup_expiry_allows_zmq_reconnect": LOOKUP_OVERDUE,
 }
 DISCONNECT = S + "TestDisconnect::"
 BY_RELEASE: dict[str, dict[str, str]] = {
