@@ -100,7 +100,10 @@ Gate034Scenarios == <<
                   !.timers = {"load", "abort_ack"}],
     \* 4. an overdue lookup answer ends the session, before and after the handshake
     \*    completes; the session loss reports the lookup
-    [Quiet EXCEPT !.ready = FALSE, !.lookups = 1, !.timers = {"lookup"}]
+    [Quiet EXCEPT !.ready = FALSE, !.lookups = 1, !.timers = {"lookup"}],
+    \* 5. the host fetches a request whose lookup still waits: the lookup is reported, and
+    \*    its late answer absorbed or its second period passes, the session kept
+    [Quiet EXCEPT !.lookups = 1, !.loads = 1, !.stores = 1, !.timers = {"lookup"}]
 >>
 
 \* ------------------------------------------------------------------ gate, vllm-0.33
@@ -108,12 +111,13 @@ Gate034Scenarios == <<
 \* lookupEnds (an overdue lookup answer ends the session, as vllm-0.34's does); this small
 \* gate checks the spec under its own Profile name where a profile matters (a load's
 \* deadline, the host's finish, an unanswered abort, the session's loss, an overdue
-\* lookup answer), and the spec->code replay of its steps runs with sessions of that
-\* profile.
+\* lookup answer, a fetch while a lookup waits), and the spec->code replay of its steps
+\* runs with sessions of that profile.
 Gate033Scenarios == <<
     [Quiet EXCEPT !.loads = 1, !.stores = 1, !.fin = Fin(1, 0), !.faults = {"cut"},
                   !.timers = {"load", "abort_ack"}],
-    [Quiet EXCEPT !.ready = FALSE, !.lookups = 1, !.timers = {"lookup"}]
+    [Quiet EXCEPT !.ready = FALSE, !.lookups = 1, !.timers = {"lookup"}],
+    [Quiet EXCEPT !.lookups = 1, !.loads = 1, !.stores = 1, !.timers = {"lookup"}]
 >>
 
 \* ------------------------------------------------------------------ large

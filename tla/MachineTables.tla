@@ -79,6 +79,7 @@ MachineTransitions ==
          <<"probing", "host_finish", "cancelled">>,
          <<"probing", "recv_lookup_resp", "answered">>,
          <<"probing", "recv_lookup_resp", "probing">>,
+         <<"probing", "request_fetched", "expired">>,
          <<"probing", "session_lost", "cancelled">>,
          <<"probing", "timer_lookup", "expired">>,
          <<"probing", "timer_lookup", "probing">>}

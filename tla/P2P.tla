@@ -606,6 +606,18 @@ SessionHostClose(p) ==
                  THEN Send(FireS(L, "host_close", "closed"), Ctl("disconnect"))
                  ELSE FireS(L, "host_close", "closed"))
 
+\* ConsumerPart.on_host_fetch: under a profile that ends the session on an overdue lookup
+\* answer (lookupEnds), the request's probing lookups are reported now (request_fetched)
+\* and wait one more period for a late answer, expired; otherwise they keep waiting.
+Fetched(L, req) ==
+    LET probing == {i \in 1 .. Len(L.cl[req]) : L.cl[req][i].st = "probing"}
+    IN IF ~PB.lookupEnds \/ probing = {} THEN L
+       ELSE Fire([L EXCEPT !.cl[req] = [i \in DOMAIN L.cl[req] |->
+                                          IF i \in probing THEN [L.cl[req][i] EXCEPT !.st = "expired"]
+                                          ELSE L.cl[req][i]],
+                           !.nlr = @ + Cardinality(probing)],
+                 "client_lookup", "request_fetched", "probing", "expired")
+
 \* Session._on_host_fetch: a load job for `keys` into fresh destination blocks.
 ClientRoundHostFetch(p) ==
     /\ p \in LoadPeers /\ sess[p] # "idle" /\ Len(lres[p]) < S.loads
@@ -618,10 +630,10 @@ ClientRoundHostFetch(p) ==
             THEN Commit(p, [FireS(L, "host_fetch_over", L.sess)
                               EXCEPT !.lres = Append(@, [r |-> "fail", by |-> 0])])
             ELSE /\ seq < MaxRounds
-                 /\ Commit(p, Send(Fire([L EXCEPT !.lres = Append(@, [r |-> "pending", by |-> 0]),
+                 /\ Commit(p, Send(Fetched(Fire([L EXCEPT !.lres = Append(@, [r |-> "pending", by |-> 0]),
                                                   !.lr[req] = Unbound,
                                                   !.cr = MapPut(@, k, [st |-> "loading", job |-> j])],
-                                        "client_round", "host_fetch", "new", "loading"),
+                                        "client_round", "host_fetch", "new", "loading"), req),
                                    Msg("fetch", req, seq, keys, j, FALSE, {})))
 
 \* Session._on_host_lookup: probe the peer for `keys`.

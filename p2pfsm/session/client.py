@@ -25,7 +25,7 @@ from p2pfsm.fsm import (
 )
 from p2pfsm.protocol import AbortAck, AbortFetch, Fetch, Lookup, TransferDone
 from p2pfsm.session.child import Arm, ChildEnv, ChildOutput, Disarm, EndSession, Send
-from p2pfsm.session.inputs import HostFinish, PeerGone, TimerFired, TimerId
+from p2pfsm.session.inputs import HostFetch, HostFinish, PeerGone, TimerFired, TimerId
 from p2pfsm.session.outputs import (
     DestinationReleased,
     FailReason,
@@ -275,6 +275,8 @@ class ClientLookup:
                                                f"({self.env.timeouts.lookup:g} s)")
         elif isinstance(ev, HostFinish):
             reason, why = FailReason.FINISHED, "the host finished the request first"
+        elif isinstance(ev, HostFetch):
+            reason, why = FailReason.FINISHED, "the host fetched the request first"
         else:
             reason, why = FailReason.SESSION_ENDED, "the session ended first"
         left = len(self.keys) - len(self.answers)

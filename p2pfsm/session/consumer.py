@@ -182,6 +182,9 @@ class ConsumerPart:
         self.load_count += 1
         self.load_jobs.add(ev.job_id)
         owner.step(CLIENT_ROUND, rnd, "host_fetch", ev)
+        for lk in list(self.lookups.get(ev.kv_request_id, ())):
+            if CLIENT_LOOKUP.can_fire(lk, "request_fetched", ev):  # the profile's choice
+                owner.step(CLIENT_LOOKUP, lk, "request_fetched", ev)
 
     def on_host_lookup(self, ev: HostLookup) -> None:
         """The host asks which of ``ev.keys`` the peer holds (the session checked that

@@ -47,6 +47,7 @@ TRIGGERS_WITHOUT_ACTION: frozenset[tuple[str, str]] = frozenset({
                                         # the session on a missing abort_ack
     ("session", "lookup_expired"),      # ClientLookupTimerLookup under a profile that ends
                                         # the session on an overdue lookup answer
+    ("client_lookup", "request_fetched"),  # ClientRoundHostFetch under such a profile
 })
 """Triggers fired only as part of another action (one Session.handle call)."""
 
@@ -77,7 +78,7 @@ def test_gate_config_passes(profile: str, profile_gate_runs: dict[str, tlc.TlcRe
 def test_profiles_the_spec_reads() -> None:
     """MachineTables' ProfileBehaviour (what P2P.tla reads of Profile) is generated from
     models/profiles/; every profile has a gate, and vllm-0.33's reads as native's but for
-    lookupEnds (whose steps vllm-0.34's gate reaches too: its own gate is two scenarios)."""
+    lookupEnds (whose steps vllm-0.34's gate reaches too: its own gate is three scenarios)."""
     behaviour = {name: tables.behaviour_of(prof) for name, prof in profiles().items()}
     assert set(PROFILE_GATES) == set(behaviour)
     assert behaviour["vllm-0.33"][:3] == behaviour["native"][:3]

@@ -175,6 +175,20 @@ def test_vllm_an_overdue_lookup_before_ready_ends_the_session_unsent() -> None:
     assert only(of_type(out, LookupResult)).answered is False
 
 
+@pytest.mark.parametrize("profile", ["vllm-0.33", "vllm-0.34"])
+def test_vllm_a_fetch_reports_the_requests_waiting_lookup_and_the_session_stays(
+        profile: str) -> None:
+    d = ready_driver(local_config(profile=profile))
+    d(HostLookup("r1", (key(1), key(2))))
+    d.recv(LookupResp("r1", (key(1),), (True,)))  # key 2 never answered (vLLM's producer
+    out = d(HostFetch(5, "r1", (key(1),), (7,)))  # drops a lookup it holds at the fetch)
+    res = only(of_type(out, LookupResult))
+    assert (res.hits, res.answered, res.reason) == ((True, False), False, FailReason.FINISHED)
+    out = d.fire(only(d.armed("lookup")))  # one more period for a late answer: none came
+    assert not of_type(out, SessionDead) and not of_type(out, LookupResult)
+    assert d.s.alive and not d.armed("lookup")
+
+
 def test_native_answers_an_overdue_lookup_miss_and_keeps_the_session() -> None:
     d = ready_driver()
     d(HostLookup("r1", (key(1),)))
