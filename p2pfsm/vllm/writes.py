@@ -5,7 +5,8 @@ The Session's ``StartWrite`` posts a WRITE on vLLM's ``DataTransport`` and its
 stopped reading our blocks); each poll of the transport ends the WRITEs it reports done
 or failed with the Session's ``WriteFinished``. The transport's peer fault, and a WRITE
 older than the release's stall timeout, end the session once no WRITE is left running
-(or at once, for a stall), as vLLM's session escalates them.
+(or at once, for a stall), as vLLM's session escalates them: the peer is told
+(``disconnect``), and the death reason is ``data plane: <fault>``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from p2pfsm.session import CancelWrite, Input, Session, StartWrite, TransportLost, WriteFinished
+from p2pfsm.session import CancelWrite, HostClose, Input, Session, StartWrite, WriteFinished
 from p2pfsm.vllm.surface import stalled
 from p2pfsm.vllm.withdrawn import Withdrawn
 
@@ -26,6 +27,7 @@ class Writes:
     _session: Session
     _conn: Any
     _fault: str | None  # the transport's peer fault (or a stall), once it reports one
+    _death_reason: str | None
     _stall_s: float | None
     _stalled: bool
     _withdrawn: Withdrawn
@@ -61,7 +63,9 @@ class Writes:
         if (escalate and self._fault is not None and (not self._writes or self._stalled)
                 and self._session.alive
                 and conn is not None and conn.alive):  # as vLLM: a dead conn says so itself
-            self._feed(TransportLost(f"data plane: {self._fault}"))
+            # As vLLM's: the peer is told (disconnect); the control connection is fine.
+            self._death_reason = self._death_reason or f"data plane: {self._fault}"
+            self._feed(HostClose())
 
     def _check_stall(self) -> None:
         """A write older than the release's stall timeout is a peer fault that ends the
