@@ -97,18 +97,27 @@ Gate034Scenarios == <<
     \* 3. before the handshake completes: an abort that never left the queue releases its
     \*    destination when the session ends; a missing abort_ack ends it too
     [Quiet EXCEPT !.ready = FALSE, !.loads = 1, !.faults = {"cut"},
-                  !.timers = {"load", "abort_ack"}]
+                  !.timers = {"load", "abort_ack"}],
+    \* 4. an overdue lookup answer ends the session, before and after the handshake
+    \*    completes; the session loss reports the lookup
+    [Quiet EXCEPT !.ready = FALSE, !.lookups = 1, !.timers = {"lookup"}],
+    \* 5. the host fetches a request whose lookup still waits: the lookup is reported, and
+    \*    its late answer absorbed or its second period passes, the session kept
+    [Quiet EXCEPT !.lookups = 1, !.loads = 1, !.stores = 1, !.timers = {"lookup"}]
 >>
 
 \* ------------------------------------------------------------------ gate, vllm-0.33
-\* gate_vllm033.cfg: the profile vllm-0.33. Its ProfileBehaviour is native's (only its
-\* deadlines differ, and the spec has no clock), so the gate covers it; this small gate
-\* checks the spec under its own Profile name where a profile matters (a load's deadline,
-\* the host's finish, an unanswered abort, the session's loss), and the spec->code replay
-\* of its steps runs with sessions of that profile.
+\* gate_vllm033.cfg: the profile vllm-0.33. Its ProfileBehaviour is native's but for
+\* lookupEnds (an overdue lookup answer ends the session, as vllm-0.34's does); this small
+\* gate checks the spec under its own Profile name where a profile matters (a load's
+\* deadline, the host's finish, an unanswered abort, the session's loss, an overdue
+\* lookup answer, a fetch while a lookup waits), and the spec->code replay of its steps
+\* runs with sessions of that profile.
 Gate033Scenarios == <<
     [Quiet EXCEPT !.loads = 1, !.stores = 1, !.fin = Fin(1, 0), !.faults = {"cut"},
-                  !.timers = {"load", "abort_ack"}]
+                  !.timers = {"load", "abort_ack"}],
+    [Quiet EXCEPT !.ready = FALSE, !.lookups = 1, !.timers = {"lookup"}],
+    [Quiet EXCEPT !.lookups = 1, !.loads = 1, !.stores = 1, !.timers = {"lookup"}]
 >>
 
 \* ------------------------------------------------------------------ large

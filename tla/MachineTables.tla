@@ -79,8 +79,10 @@ MachineTransitions ==
          <<"probing", "host_finish", "cancelled">>,
          <<"probing", "recv_lookup_resp", "answered">>,
          <<"probing", "recv_lookup_resp", "probing">>,
+         <<"probing", "request_fetched", "expired">>,
          <<"probing", "session_lost", "cancelled">>,
-         <<"probing", "timer_lookup", "expired">>}
+         <<"probing", "timer_lookup", "expired">>,
+         <<"probing", "timer_lookup", "probing">>}
     @@ "client_round" :> {<<"aborting", "host_finish", "aborting">>,
          <<"aborting", "recv_abort_ack", "aborted">>,
          <<"aborting", "recv_transfer_done", "aborted">>,
@@ -201,6 +203,7 @@ MachineTransitions ==
     @@ "session" :> {<<"awaiting_ack", "abort_ack_expired", "ended">>,
          <<"awaiting_ack", "finish_lookup_round", "awaiting_ack">>,
          <<"awaiting_ack", "host_close", "closed">>,
+         <<"awaiting_ack", "lookup_expired", "ended">>,
          <<"awaiting_ack", "recv_bad_fetch", "awaiting_ack">>,
          <<"awaiting_ack", "recv_connect", "dead">>,
          <<"awaiting_ack", "recv_connect", "ended">>,
@@ -215,6 +218,7 @@ MachineTransitions ==
          <<"connecting", "abort_ack_expired", "ended">>,
          <<"connecting", "finish_lookup_round", "connecting">>,
          <<"connecting", "host_close", "closed">>,
+         <<"connecting", "lookup_expired", "ended">>,
          <<"connecting", "recv_connect", "ended">>,
          <<"connecting", "recv_connect", "registering">>,
          <<"connecting", "recv_connect_ack", "ended">>,
@@ -236,6 +240,7 @@ MachineTransitions ==
          <<"ready", "abort_ack_expired", "ended">>,
          <<"ready", "finish_lookup_round", "ready">>,
          <<"ready", "host_close", "closed">>,
+         <<"ready", "lookup_expired", "ended">>,
          <<"ready", "recv_bad_fetch", "ready">>,
          <<"ready", "recv_connect", "dead">>,
          <<"ready", "recv_connect", "ended">>,
@@ -249,6 +254,7 @@ MachineTransitions ==
          <<"registering", "abort_ack_expired", "ended">>,
          <<"registering", "finish_lookup_round", "registering">>,
          <<"registering", "host_close", "closed">>,
+         <<"registering", "lookup_expired", "ended">>,
          <<"registering", "recv_connect", "dead">>,
          <<"registering", "recv_connect", "ended">>,
          <<"registering", "recv_connect_ack", "registering_acked">>,
@@ -260,6 +266,7 @@ MachineTransitions ==
          <<"registering_acked", "abort_ack_expired", "ended">>,
          <<"registering_acked", "finish_lookup_round", "registering_acked">>,
          <<"registering_acked", "host_close", "closed">>,
+         <<"registering_acked", "lookup_expired", "ended">>,
          <<"registering_acked", "recv_connect", "dead">>,
          <<"registering_acked", "recv_connect", "ended">>,
          <<"registering_acked", "recv_connect_ack", "registering_acked">>,
@@ -271,15 +278,16 @@ MachineTransitions ==
 
 \* The behaviour profiles of models/profiles/: atSend (report_failed_load =
 \* at_abort_send), ackEnds (abort_ack_timeout = end_session), hold (a bounded
-\* hold of a destination a lost peer may still write).
+\* hold of a destination a lost peer may still write), lookupEnds
+\* (lookup_timeout = end_session).
 ProfileNames == {"native",
                 "vllm-0.33",
                 "vllm-0.34"}
 
 ProfileBehaviour ==
-       "native" :> [atSend |-> FALSE, ackEnds |-> FALSE, hold |-> FALSE]
-    @@ "vllm-0.33" :> [atSend |-> FALSE, ackEnds |-> FALSE, hold |-> FALSE]
-    @@ "vllm-0.34" :> [atSend |-> TRUE, ackEnds |-> TRUE, hold |-> TRUE]
+       "native" :> [atSend |-> FALSE, ackEnds |-> FALSE, hold |-> FALSE, lookupEnds |-> FALSE]
+    @@ "vllm-0.33" :> [atSend |-> FALSE, ackEnds |-> FALSE, hold |-> FALSE, lookupEnds |-> TRUE]
+    @@ "vllm-0.34" :> [atSend |-> TRUE, ackEnds |-> TRUE, hold |-> TRUE, lookupEnds |-> TRUE]
 
 \* A machine step <<machine, trigger, source, dest>> (the spec's `fired`) is a
 \* transition of models/.

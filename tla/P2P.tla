@@ -46,7 +46,8 @@
 (* files) says what it changes: atSend (an aborted load is reported when   *)
 (* its abort is sent, its destination held until the abort_ack or a racing *)
 (* transfer_done), ackEnds (a missing abort_ack ends the whole session),   *)
-(* hold (a held destination may be released by the host's bounded hold).   *)
+(* hold (a held destination may be released by the host's bounded hold),   *)
+(* lookupEnds (an overdue lookup answer ends the whole session).           *)
 (* A result with released=False ("orphan") is followed by one release      *)
 (* ("freed"), a step of its round: every invariant, NoFreeWhileWriteInv    *)
 (* first, holds for each profile.                                          *)
@@ -100,7 +101,7 @@ ASSUME MaxRounds \in Nat \ {0} /\ MaxAborts \in Nat \ {0} /\ MaxFaults \in Nat
 ASSUME \A i \in DOMAIN Scenarios : Scenarios[i] \in ScenarioType
 ASSUME Profile \in ProfileNames
 
-\* What the profile changes (ProfileBehaviour: atSend, ackEnds, hold).
+\* What the profile changes (ProfileBehaviour: atSend, ackEnds, hold, lookupEnds).
 PB == ProfileBehaviour[Profile]
 
 -----------------------------------------------------------------------------
@@ -607,6 +608,18 @@ SessionHostClose(p) ==
                  THEN Send(FireS(L, "host_close", "closed"), Ctl("disconnect"))
                  ELSE FireS(L, "host_close", "closed"))
 
+\* ConsumerPart.on_host_fetch: under a profile that ends the session on an overdue lookup
+\* answer (lookupEnds), the request's probing lookups are reported now (request_fetched)
+\* and wait one more period for a late answer, expired; otherwise they keep waiting.
+Fetched(L, req) ==
+    LET probing == {i \in 1 .. Len(L.cl[req]) : L.cl[req][i].st = "probing"}
+    IN IF ~PB.lookupEnds \/ probing = {} THEN L
+       ELSE Fire([L EXCEPT !.cl[req] = [i \in DOMAIN L.cl[req] |->
+                                          IF i \in probing THEN [L.cl[req][i] EXCEPT !.st = "expired"]
+                                          ELSE L.cl[req][i]],
+                           !.nlr = @ + Cardinality(probing)],
+                 "client_lookup", "request_fetched", "probing", "expired")
+
 \* Session._on_host_fetch: a load job for `keys` into fresh destination blocks.
 ClientRoundHostFetch(p) ==
     /\ p \in LoadPeers /\ sess[p] # "idle" /\ Len(lres[p]) < S.loads
@@ -619,10 +632,10 @@ ClientRoundHostFetch(p) ==
             THEN Commit(p, [FireS(L, "host_fetch_over", L.sess)
                               EXCEPT !.lres = Append(@, [r |-> "fail", by |-> 0])])
             ELSE /\ seq < MaxRounds
-                 /\ Commit(p, Send(Fire([L EXCEPT !.lres = Append(@, [r |-> "pending", by |-> 0]),
+                 /\ Commit(p, Send(Fetched(Fire([L EXCEPT !.lres = Append(@, [r |-> "pending", by |-> 0]),
                                                   !.lr[req] = Unbound,
                                                   !.cr = MapPut(@, k, [st |-> "loading", job |-> j])],
-                                        "client_round", "host_fetch", "new", "loading"),
+                                        "client_round", "host_fetch", "new", "loading"), req),
                                    Msg("fetch", req, seq, keys, j, FALSE, {})))
 
 \* Session._on_host_lookup: probe the peer for `keys`.
@@ -1103,10 +1116,16 @@ ClientRoundTimerHold(p) ==
        /\ Commit(p, Release(Load(p, "ClientRoundTimerHold"), k, "timer_hold", 0))
 
 \* probing: all-MISS and wait one more period for a late answer; expired: stop waiting.
+\* Under a profile that ends the session on an overdue answer (lookupEnds), a probing
+\* lookup's deadline ends the session instead; its session_lost reports the lookup.
 ClientLookupTimerLookup(p) ==
     \E req \in Reqs : \E i \in 1 .. Len(cl[p][req]) : Timer("lookup") /\
        LET L == Load(p, "ClientLookupTimerLookup") IN
-       Commit(p, IF L.cl[req][i].st = "probing"
+       Commit(p, IF L.cl[req][i].st = "probing" /\ PB.lookupEnds
+                 THEN Die(Send(FireS(Fire(L, "client_lookup", "timer_lookup", "probing",
+                                          "probing"), "lookup_expired", "ended"),
+                               Ctl("disconnect")), L.sess)
+                 ELSE IF L.cl[req][i].st = "probing"
                  THEN Fire([L EXCEPT !.cl[req][i].st = "expired", !.nlr = @ + 1],
                            "client_lookup", "timer_lookup", "probing", "expired")
                  ELSE Fire([L EXCEPT !.cl[req] = Without(@, i)],

@@ -1,9 +1,10 @@
 """Behaviour profiles: ``models/profiles/<name>.toml`` read into a checked :class:`Profile`.
 
 A profile holds what differs between implementations of one wire and is behaviour, not
-bytes: deadlines, when an aborted load is reported, what a missing abort_ack does, how
-long a destination a lost peer may still write is held. The machines' guards read its
-:class:`Behaviour`; the session's deadlines come from its ``timeouts``. A profile names
+bytes: deadlines, when an aborted load is reported, what a missing abort_ack or an
+overdue lookup answer does, how long a destination a lost peer may still write is held.
+The machines' guards read its :class:`Behaviour`; the session's deadlines come from its
+``timeouts``. A profile names
 the wire it speaks (``wire``), so a later wire is one more profile file with its own
 wire name, not a branch in code.
 """
@@ -66,12 +67,23 @@ class AbortAckTimeout(enum.StrEnum):
     """The whole peer session ends ("abort ack timed out"); its loads are orphaned."""
 
 
+class LookupTimeout(enum.StrEnum):
+    """What a lookup whose answer is overdue does."""
+
+    REPORT_MISS = "report_miss"
+    """The lookup reports its hits so far and MISS for the rest; the session stays."""
+    END_SESSION = "end_session"
+    """The whole peer session ends ("lookup response timed out"); every open lookup
+    reports its hits so far and MISS for the rest, as at any session loss."""
+
+
 @dataclass(frozen=True, slots=True)
 class Behaviour:
     """The choices the machines' guards read."""
 
     report_failed_load: ReportFailedLoad
     abort_ack_timeout: AbortAckTimeout
+    lookup_timeout: LookupTimeout
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,11 +150,12 @@ def parse_profile(data: Mapping[str, object], origin: str) -> Profile:
     raw = data.get("behaviour")
     if not isinstance(raw, dict):
         raise ModelError(f"{origin}: [behaviour] must be a table")
-    extra = raw.keys() - {"report_failed_load", "abort_ack_timeout"}
+    extra = raw.keys() - {"report_failed_load", "abort_ack_timeout", "lookup_timeout"}
     if extra:
         raise ModelError(f"{origin}: unknown behaviour keys {sorted(extra)}")
     behaviour = Behaviour(_enum(ReportFailedLoad, raw, "report_failed_load", origin),
-                          _enum(AbortAckTimeout, raw, "abort_ack_timeout", origin))
+                          _enum(AbortAckTimeout, raw, "abort_ack_timeout", origin),
+                          _enum(LookupTimeout, raw, "lookup_timeout", origin))
     return Profile(name, doc, wire, behaviour, _timeouts(data.get("timeouts"), origin))
 
 

@@ -22,6 +22,7 @@ from p2pfsm.session.inputs import (
 )
 from p2pfsm.session.outputs import (
     ABORT_ACK_TIMED_OUT,
+    LOOKUP_TIMED_OUT,
     CancelWrite,
     DestinationReleased,
     FailReason,
@@ -46,6 +47,7 @@ from p2pfsm.session.outputs import (
 __all__ = [
     "ABORT_ACK_TIMED_OUT",
     "DEFAULT_HASH_SEED",
+    "LOOKUP_TIMED_OUT",
     "CancelWrite",
     "DestinationReleased",
     "FailReason",

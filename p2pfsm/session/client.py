@@ -14,7 +14,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from p2pfsm.fsm import AbortAckTimeout, CompiledMachine, ReportFailedLoad, Tracer, machine, writes
+from p2pfsm.fsm import (
+    AbortAckTimeout,
+    CompiledMachine,
+    LookupTimeout,
+    ReportFailedLoad,
+    Tracer,
+    machine,
+    writes,
+)
 from p2pfsm.protocol import AbortFetch, Fetch, Lookup, TransferDone
 from p2pfsm.session.child import Arm, ChildEnv, ChildOutput, Disarm, EndSession, Send
 from p2pfsm.session.inputs import PeerGone, TimerId
@@ -245,7 +253,15 @@ class ClientLookup:
     def completes(self, ev: LookupPart) -> bool:
         return len(self.answers) + len(ev.pairs) == len(self.keys)
 
+    def lookup_timeout_ends_session(self, _ev: object) -> bool:
+        """The profile ends the whole session on an overdue lookup answer."""
+        return self.env.behaviour.lookup_timeout is LookupTimeout.END_SESSION
+
     # actions
+    @writes()
+    def end_session_lookup_expired(self, _ev: object) -> None:
+        self._emit(EndSession("lookup_expired"))
+
     @writes()
     def send_lookup(self, _ev: object) -> None:
         self._emit(Send(Lookup(self.kv_request_id, self.keys, self.round_seq)))
@@ -276,6 +292,10 @@ class ClientLookup:
     @writes()
     def report_miss_finished(self, _ev: object) -> None:
         self._miss(FailReason.FINISHED, "the host finished the request first")
+
+    @writes()
+    def report_miss_fetched(self, _ev: object) -> None:
+        self._miss(FailReason.FINISHED, "the host fetched the request first")
 
     @writes()
     def report_miss_session_ended(self, _ev: object) -> None:

@@ -185,6 +185,9 @@ class ClientPart:
         self.load_count += 1
         self.load_jobs.add(ev.job_id)
         owner.step(CLIENT_ROUND, rnd, trigger, ev)
+        for lk in list(self.lookups.get(ev.kv_request_id, ())):
+            if CLIENT_LOOKUP.can_fire(lk, "request_fetched", ev):  # the profile's choice
+                owner.step(CLIENT_LOOKUP, lk, "request_fetched", ev)
 
     def on_host_lookup(self, ev: HostLookup, trigger: str) -> None:
         """The host asks which of ``ev.keys`` the peer holds (the session checked that

@@ -73,6 +73,7 @@ from p2pfsm.session.machine import (
 from p2pfsm.session.outbox import apply_outbox, retire
 from p2pfsm.session.outputs import (
     ABORT_ACK_TIMED_OUT,
+    LOOKUP_TIMED_OUT,
     FailReason,
     LoadResult,
     LookupResult,
@@ -436,6 +437,9 @@ class Session:
 
     def die_abort_ack_timeout(self, _ev: object) -> None:
         self._die(ABORT_ACK_TIMED_OUT)
+
+    def die_lookup_timeout(self, _ev: object) -> None:
+        self._die(LOOKUP_TIMED_OUT)
 
     def release_held_restarted(self, _ev: object) -> None:
         """The peer's new incarnation connected: its old process, the one that could

@@ -237,6 +237,10 @@ ABORT_ACK_TIMED_OUT = "abort ack timed out"
 """The ``SessionDead.reason`` of a session its profile ended on a missing abort_ack
 (``abort_ack_timeout = "end_session"``; vLLM 0.34.0's wording)."""
 
+LOOKUP_TIMED_OUT = "lookup response timed out"
+"""The ``SessionDead.reason`` of a session its profile ended on an overdue lookup answer
+(``lookup_timeout = "end_session"``; vLLM's wording)."""
+
 
 Output = (
     SendFrame | SendToLostPeer | StartRegistration | StartWrite | CancelWrite

@@ -32,7 +32,7 @@ ENVIRONMENT_ACTIONS: frozenset[str] = frozenset(
 
 PROFILE_ACTIONS: dict[str, int] = {"ClientRoundTimerHold": 2}
 """Spec actions only some behaviour profiles enable: action -> the index of the flag of
-:func:`p2pfsm.verify.tables.behaviour_of` (atSend, ackEnds, hold) that enables it."""
+:func:`p2pfsm.verify.tables.behaviour_of` (atSend, ackEnds, hold, lookupEnds) that enables it."""
 
 
 def enabled_actions(actions: list[str], profile: str) -> list[str]:

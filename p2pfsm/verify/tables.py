@@ -20,7 +20,13 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from p2pfsm.fsm.profiles import AbortAckTimeout, Profile, ReportFailedLoad, profiles
+from p2pfsm.fsm.profiles import (
+    AbortAckTimeout,
+    LookupTimeout,
+    Profile,
+    ReportFailedLoad,
+    profiles,
+)
 from p2pfsm.fsm.spec import MachineSpec
 
 MODULE = "MachineTables"
@@ -46,18 +52,20 @@ def _bool(flag: bool) -> str:
     return "TRUE" if flag else "FALSE"
 
 
-def behaviour_of(prof: Profile) -> tuple[bool, bool, bool]:
-    """What the spec reads of a profile: (atSend, ackEnds, hold), its guards' choices
-    and whether a held destination may be released on the clock (a bounded hold)."""
+def behaviour_of(prof: Profile) -> tuple[bool, bool, bool, bool]:
+    """What the spec reads of a profile: (atSend, ackEnds, hold, lookupEnds), its guards'
+    choices and whether a held destination may be released on the clock (a bounded
+    hold)."""
     b = prof.behaviour
     return (b.report_failed_load is ReportFailedLoad.AT_ABORT_SEND,
-            b.abort_ack_timeout is AbortAckTimeout.END_SESSION, "hold" in prof.timeouts)
+            b.abort_ack_timeout is AbortAckTimeout.END_SESSION, "hold" in prof.timeouts,
+            b.lookup_timeout is LookupTimeout.END_SESSION)
 
 
 def _behaviour(prof: Profile) -> str:
-    at_send, ack_ends, hold = behaviour_of(prof)
+    at_send, ack_ends, hold, lookup_ends = behaviour_of(prof)
     return (f"[atSend |-> {_bool(at_send)}, ackEnds |-> {_bool(ack_ends)}, "
-            f"hold |-> {_bool(hold)}]")
+            f"hold |-> {_bool(hold)}, lookupEnds |-> {_bool(lookup_ends)}]")
 
 
 def to_tla(specs: dict[str, MachineSpec], profs: dict[str, Profile] | None = None) -> str:
@@ -80,7 +88,8 @@ def to_tla(specs: dict[str, MachineSpec], profs: dict[str, Profile] | None = Non
     lines += _table("MachineTransitions", edges)
     lines += ["\\* The behaviour profiles of models/profiles/: atSend (report_failed_load =",
               "\\* at_abort_send), ackEnds (abort_ack_timeout = end_session), hold (a bounded",
-              "\\* hold of a destination a lost peer may still write).",
+              "\\* hold of a destination a lost peer may still write), lookupEnds",
+              "\\* (lookup_timeout = end_session).",
               f"ProfileNames == {_set((_s(n) for n in sorted(profs)), ' ' * 15)}", ""]
     lines += _table("ProfileBehaviour", {n: _behaviour(profs[n]) for n in sorted(profs)})
     lines += ["\\* A machine step <<machine, trigger, source, dest>> (the spec's `fired`) is a",

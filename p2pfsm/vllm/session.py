@@ -4,13 +4,16 @@ The class keeps vLLM's constructor and the public surface its tier manager uses,
 the release installed: what differs between releases is that release's
 :class:`~p2pfsm.vllm.releases.Release` (its constants, retained transfers) and its
 behaviour profile, which the Session runs (when a failed load is reported and its
-destination released, what a missing abort_ack does, the deadlines, the stall). Each
-call becomes one :class:`~p2pfsm.session.Input`, fed through the shared
-:class:`~p2pfsm.executor.driver.Driver`; each :class:`~p2pfsm.session.Output` is carried
-out on vLLM's own ``ControlConnection`` (dict frames) and ``DataTransport`` (NIXL writes)
-by the :class:`~p2pfsm.executor.core.Executor` methods below, or collected for the next
-:meth:`P2PSession.poll`. Nothing here decides protocol questions: rounds,
-deadlines, aborts and pins are the Session's. Importing this module imports vLLM.
+destination released, what a missing abort_ack or an overdue lookup answer does, the
+deadlines, the stall). Each call becomes one :class:`~p2pfsm.session.Input`, fed through
+the shared :class:`~p2pfsm.executor.driver.Driver`; each :class:`~p2pfsm.session.Output`
+is carried out on vLLM's own ``ControlConnection`` (dict frames) and ``DataTransport``
+(NIXL writes) by the :class:`~p2pfsm.executor.core.Executor` methods below and those of
+the session's parts (:mod:`.writes`: our WRITEs; :mod:`.serving`: the peer's lookups
+answered from the manager; :mod:`.probes`: the manager's probe cache; :mod:`.load_ends`),
+or collected for the next :meth:`P2PSession.poll`. Nothing here decides protocol
+questions: rounds, deadlines, aborts and pins are the Session's. Importing this module
+imports vLLM.
 """
 
 from __future__ import annotations
@@ -23,7 +26,6 @@ from concurrent.futures import Future
 from types import MappingProxyType
 from typing import Any
 
-from vllm.v1.kv_offload.base import LookupResult as VllmLookup
 from vllm.v1.kv_offload.base import ReqContext
 from vllm.v1.kv_offload.tiering.p2p.session.client import LoadResult as VllmLoadResult
 from vllm.v1.kv_offload.tiering.p2p.session.server import StoreResult as VllmStoreResult
@@ -34,12 +36,10 @@ from p2pfsm.executor.driver import Driver
 from p2pfsm.protocol.validate import to_dict
 from p2pfsm.session import (
     ABORT_ACK_TIMED_OUT,
-    CancelWrite,
     DestinationReleased,
     FailReason,
     FetchArrived,
     FrameReceived,
-    HostAnswerLookup,
     HostClose,
     HostFetch,
     HostFinish,
@@ -48,8 +48,6 @@ from p2pfsm.session import (
     HostSupply,
     Input,
     LoadResult,
-    LookupClosed,
-    LookupRequest,
     LookupResult,
     ProtocolViolation,
     RegistrationFinished,
@@ -58,15 +56,15 @@ from p2pfsm.session import (
     SessionConfig,
     SessionDead,
     StartRegistration,
-    StartWrite,
     StoreResult,
     TimerFired,
     TransportLost,
-    WriteFinished,
 )
 from p2pfsm.vllm import guard
 from p2pfsm.vllm.aborts import Aborts
 from p2pfsm.vllm.load_ends import LoadEnds
+from p2pfsm.vllm.probes import Probes
+from p2pfsm.vllm.serving import Serving
 from p2pfsm.vllm.surface import (
     RELEASE,
     Served,
@@ -78,11 +76,11 @@ from p2pfsm.vllm.surface import (
     keys_of,
     pack,
     stall_timeout,
-    stalled,
     timeouts_from_vllm,
     vllm_load,
 )
 from p2pfsm.vllm.withdrawn import Withdrawn
+from p2pfsm.vllm.writes import Writes
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +88,7 @@ CLOSE_DRAIN_S = 10.0
 """close() waits at most this long for writes it cancelled to stop reading our blocks."""
 CONN_LOST = "control connection lost"
 """vLLM's own wording for a connection its transport marked dead (the death reason)."""
-class P2PSession(LoadEnds, Executor):
+class P2PSession(LoadEnds, Serving, Writes, Executor):
     """One peer's session, both roles, with the installed vLLM's constructor and surface
     (``RELEASE``: the methods and result fields of every supported release exist; their
     behaviour is the installed release's)."""
@@ -126,15 +124,12 @@ class P2PSession(LoadEnds, Executor):
         self._stores: list[VllmStoreResult] = []
         self._fetch_ids: list[str] = []
         self._load_reqs: dict[int, str] = {}  # open load job -> kv_request_id
-        self._probes: dict[str, dict[bytes, bool | None]] = {}
-        self._unsent: dict[str, list[bytes]] = {}
-        self._lookup_keys: dict[str, list[tuple[bytes, ...]]] = {}
+        self._probes = Probes()  # vLLM's probe cache: register_lookup's answers
         self._served: dict[int, Served] = {}
         self._finished_ctxs: list[ReqContext] = []
         self._held: list[Input] = []  # host calls made before a connection is attached
         self._death_reason: str | None = None
         self._fault: str | None = None
-        self._served_serial = 0
         self._last_activity_at = time.monotonic()
         self._release = RELEASE
         self._stall_s = stall_timeout()
@@ -196,8 +191,7 @@ class P2PSession(LoadEnds, Executor):
     def request_blocks(self, job_id: int, kv_request_id: str, keys: Sequence[bytes],
                        block_ids: Sequence[int]) -> None:
         """Load ``keys`` into our blocks ``block_ids`` (one LoadResult in a later poll)."""
-        self._probes.pop(kv_request_id, None)  # a fetch ends the request's probing
-        self._unsent.pop(kv_request_id, None)
+        self._probes.drop(kv_request_id)  # a fetch ends the request's probing
         self._load_reqs[job_id] = kv_request_id
         self._host(HostFetch(job_id, kv_request_id, keys_of(keys), indexes_of(block_ids)))
 
@@ -208,8 +202,7 @@ class P2PSession(LoadEnds, Executor):
 
     def finish_request(self, kv_request_id: str) -> None:
         """The request is over here, in both roles (no-op for an unknown id)."""
-        self._probes.pop(kv_request_id, None)
-        self._unsent.pop(kv_request_id, None)
+        self._probes.drop(kv_request_id)
         self._finished_jobs.update(j for j, kv in self._load_reqs.items() if kv == kv_request_id)
         self._aborts.finish(kv_request_id)
         if self._release.early_load_failure:  # results not yet polled say so too
@@ -219,55 +212,16 @@ class P2PSession(LoadEnds, Executor):
 
     def register_lookup(self, kv_request_id: str, key: bytes) -> bool | None:
         """The peer's answer for ``key`` once known; None (and the key queued) before."""
-        probes = self._probes.setdefault(kv_request_id, {})
-        key = bytes(key)
-        if key in probes:
-            return probes[key]
-        probes[key] = None
-        self._unsent.setdefault(kv_request_id, []).append(key)
-        return None
+        return self._probes.register(kv_request_id, bytes(key))
 
     def flush_pending_lookups(self) -> None:
-        """Send one lookup per request for the keys registered since the last flush."""
-        unsent, self._unsent = self._unsent, {}
-        for kv_request_id, keys in unsent.items():
-            batch = tuple(dict.fromkeys(keys))
-            self._lookup_keys.setdefault(kv_request_id, []).append(batch)
+        """Send one lookup per request for the keys registered since the last flush; as
+        vLLM's, none before the handshake completes (they wait for a later flush, and so
+        does their answer's deadline)."""
+        if not self.ready:
+            return
+        for kv_request_id, batch in self._probes.take_unsent():
             self._host(HostLookup(kv_request_id, batch))
-
-    def serve_external_requests(self, parent: Any) -> None:
-        """Answer the peer's lookups from ``parent`` (valid only during this call)."""
-        for token, served in list(self._served.items()):
-            if token not in self._served:
-                continue  # closed by the answer just given to another one
-            if not served.asked:
-                served.asked = True
-                parent.on_new_request(served.ctx)
-            self._ask(token, served, parent)
-        finished, self._finished_ctxs = self._finished_ctxs, []
-        for ctx in finished:
-            parent.on_request_finished(ctx)
-
-    def _ask(self, token: int, served: Served, parent: Any) -> None:
-        hits: list[bytes] = []
-        pending: set[bytes] = set()
-        for key in [k for k in served.req.keys if k in served.pending]:
-            result = parent.lookup(key, served.ctx)
-            if result is VllmLookup.HIT:
-                hits.append(key)
-            elif result is not VllmLookup.MISS:
-                pending.add(key)  # HIT_PENDING and RETRY: ask again next time
-        if pending == served.pending and not hits:
-            return  # nothing settled since the last answer
-        answer: dict[bytes, int] = {}
-        job_id: int | None = None
-        if hits:
-            job = parent.create_store_job(hits, served.ctx)
-            job_id = int(job.job_id)
-            answer = {bytes(k): int(c) for k, c in zip(job.keys, job.chunk_ids.tolist(),
-                                                       strict=True)}
-        served.pending = pending
-        self._feed(HostAnswerLookup(served.req.token, answer, job_id, frozenset(pending)))
 
     def poll(self) -> SessionPollResult:
         """Frames in, registration, finished writes, due timers; then this poll's results."""
@@ -309,7 +263,7 @@ class P2PSession(LoadEnds, Executor):
         As vLLM's: a request with a load in flight or a probe not yet answered is listed
         in ``failed_req_ids`` (the manager falls back to local compute for it), and the
         work of a session that never connected fails, its store pins included."""
-        unanswered = [kv for kv, probes in self._probes.items() if None in probes.values()]
+        unanswered = self._probes.unanswered()
         unanswered += self._aborts.unfinished_requests()  # as vLLM's: it still holds them
         held, self._held = self._held, []
         for event in held:  # calls made on a session that never connected
@@ -351,19 +305,12 @@ class P2PSession(LoadEnds, Executor):
         open_reqs = [r.kv_request_id for r in loads if not getattr(r, "request_finished", False)]
         failed_reqs = list(dict.fromkeys(open_reqs + unanswered))
         failed_stores = [r.job_id for r in stores]
-        serves = [s.ctx for s in self._served.values() if s.asked] + self._finished_ctxs
-        self._served.clear()
-        self._finished_ctxs = []
+        serves = self._close_serves()
         if self._conn is not None:
             self._conn.close()
             self._conn = None
         return SessionCloseResult(failed_jobs, failed_reqs, failed_stores, serves,
                                   MappingProxyType(retained))
-
-    def _write_jobs(self) -> dict[int, frozenset[int]]:
-        """Each running write -> the store jobs whose pins it reads."""
-        writes = self._session.server.writes
-        return {xfer: frozenset(writes[xfer].jobs) for xfer in self._writes if xfer in writes}
 
     def _release_notice(self, job_id: int) -> None:
         """The destination of load ``job_id``, reported failed at its abort's sending, is
@@ -424,42 +371,6 @@ class P2PSession(LoadEnds, Executor):
         if self._release.registration_fault and self._fault is None:
             self._fault = f"peer registration failed: {exc}"
 
-    def _poll_writes(self, escalate: bool = True) -> None:
-        # The peer's scope is polled on every poll() (escalate), as vLLM's session does:
-        # a transport may judge a peer faulty with nothing in flight to it.
-        if self._writes or (escalate and self._fault is None and self._session.alive):
-            result = self._transport.poll(self.peer_id)
-            if result.peer_fault is not None and self._fault is None:
-                self._fault = str(result.peer_fault)
-            for tid in result.done:
-                self._finish_tid(int(tid), True)
-            for tid in result.failed:
-                self._finish_tid(int(tid), False)
-            self._check_stall()
-        conn = self._conn
-        if (escalate and self._fault is not None and (not self._writes or self._stalled)
-                and self._session.alive
-                and conn is not None and conn.alive):  # as vLLM: a dead conn says so itself
-            self._feed(TransportLost(f"data plane: {self._fault}"))
-
-    def _check_stall(self) -> None:
-        """A write older than the release's stall timeout is a peer fault that ends the
-        session at once (waiting for it buys nothing; close() retains it)."""
-        if self._fault is None:
-            self._fault = stalled(self._write_at.values(), self._stall_s, time.monotonic())
-            self._stalled = self._fault is not None
-
-    def _finish_tid(self, tid: int, ok: bool) -> None:
-        xfer = self._by_tid.get(tid)
-        if xfer is not None:
-            self._finish_write(xfer, ok)
-
-    def _finish_write(self, xfer: int, ok: bool) -> None:
-        tid = self._writes.pop(xfer)
-        del self._by_tid[tid]
-        self._write_at.pop(xfer, None)
-        self._feed(WriteFinished(xfer, ok))
-
     # ------------------------------------------------------- Executor: the outputs
     def send_frame(self, peer: str, out: SendFrame) -> None:
         conn = self._conn
@@ -482,32 +393,6 @@ class P2PSession(LoadEnds, Executor):
             self._queue(RegistrationFinished(False, str(exc)))
             return
         self._poll_registration()  # transports that register inline have finished
-
-    def start_write(self, peer: str, out: StartWrite) -> None:
-        if self._fault is not None or self._withdrawn.refuses(self._session, out.xfer):
-            # the transport judged the peer unusable, or a reset withdrew the blocks
-            self._queue(WriteFinished(out.xfer, False))
-            return
-        tid = self._transport.write_blocks(self.peer_id, list(out.local_indexes),
-                                           list(out.remote_indexes))
-        if tid is None:
-            self._queue(WriteFinished(out.xfer, False))
-            return
-        self._writes[out.xfer] = int(tid)
-        self._by_tid[int(tid)] = out.xfer
-        self._write_at[out.xfer] = time.monotonic()
-        self._posted = True
-
-    def cancel_write(self, peer: str, out: CancelWrite) -> None:
-        tid = self._writes.get(out.xfer)
-        if tid is None:
-            return
-        still = self._transport.cancel([tid], mode="wait")
-        if tid not in still:  # stopped: it reads our blocks no more
-            del self._writes[out.xfer]
-            del self._by_tid[tid]
-            self._write_at.pop(out.xfer, None)
-            self._queue(WriteFinished(out.xfer, False))
 
     def load_result(self, peer: str, out: LoadResult) -> None:
         kv_request_id = self._load_reqs.pop(out.job_id, None)
@@ -536,27 +421,7 @@ class P2PSession(LoadEnds, Executor):
         self._stores.append(VllmStoreResult(out.job_id, out.success))
 
     def lookup_result(self, peer: str, out: LookupResult) -> None:
-        batches = self._lookup_keys.get(out.kv_request_id)
-        if batches:
-            batches.pop(0)
-            if not batches:
-                del self._lookup_keys[out.kv_request_id]
-        probes = self._probes.get(out.kv_request_id)
-        if probes is None:
-            return  # fetched or finished meanwhile: nobody asks any more
-        for key, hit in zip(out.keys, out.hits, strict=True):
-            if key in probes:
-                probes[key] = bool(hit and out.answered)
-
-    def lookup_request(self, peer: str, out: LookupRequest) -> None:
-        self._served_serial += 1
-        ctx = ReqContext(req_id=f"p2p:{self.peer_id}:{out.kv_request_id}:lu{out.token}")
-        self._served[out.token] = Served(out, ctx)
-
-    def lookup_closed(self, peer: str, out: LookupClosed) -> None:
-        served = self._served.pop(out.token, None)
-        if served is not None and served.asked:
-            self._finished_ctxs.append(served.ctx)
+        self._probes.answer(out)
 
     def fetch_arrived(self, peer: str, out: FetchArrived) -> None:
         self._fetch_ids.append(out.kv_request_id)

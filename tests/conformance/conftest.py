@@ -65,8 +65,9 @@ def gate_graph(gate_run: tlc.TlcResult) -> StateGraph:
 
 
 PROFILE_GATES = {"native": "gate", "vllm-0.33": "gate_vllm033", "vllm-0.34": "gate_vllm034"}
-"""The gate config of each behaviour profile (vllm-0.33's ProfileBehaviour is native's, so
-its gate is one small scenario under its own name: test_profiles_the_spec_reads)."""
+"""The gate config of each behaviour profile (vllm-0.33's ProfileBehaviour is native's but
+for lookupEnds, so its gate is three small scenarios under its own name:
+test_profiles_the_spec_reads)."""
 
 
 @pytest.fixture(scope="session")

@@ -9,8 +9,10 @@ every package ``.venv-vllm`` has wins) and, for the drop-in, ``p2pfsm.vllm.insta
 called before any test module is imported. Conftests above that folder are not loaded
 (vLLM's top-level one needs packages the P2P tests do not).
 
-``python tests/interop/vllm_own_tests.py [stock|dropin ...]`` prints the counts and the
-failures. ``test_vllm_own_tests.py`` holds the drop-in to :data:`DIFFERENCES`.
+``python tests/interop/vllm_own_tests.py [stock|dropin ...]`` prints the counts, those of
+the tests that use only vLLM's public session surface (``public``: every test but the ones
+that read vLLM's internals) and the failures. ``test_vllm_own_tests.py`` holds the drop-in
+to :data:`DIFFERENCES`.
 """
 
 from __future__ import annotations
@@ -47,10 +49,9 @@ sys.exit(pytest.main({args!r}))
 PRIVATE = "internals"
 ACK_FIRST = "connect_ack before the peer's connect"
 FINGERPRINT = "config fingerprint (an empty one included)"
-LOOKUP_OVERDUE = "lookup answer overdue"
 BLOCK_BOUND = "block index outside the peer's advertised blocks"
 ROUND_STORES = "store results of a round that failed"
-FAULT = "data-plane fault (death reason and drain)"
+FAULT = "data-plane fault with writes in flight (no drain deadline)"
 WHOLE_LOOKUP = "a lookup's answers are given once all its keys are answered"
 LOST_LOAD = "a peer dies with a load in flight"
 UNSENT = "a fetch still queued behind the handshake"
@@ -62,19 +63,7 @@ DIFFERENCES: dict[str, str] = {
     S + "TestConnectHandshake::test_connect_ack_makes_session_ready": ACK_FIRST,
     S + "TestConnectHandshake::test_messages_queued_before_ack_flush_on_ack": ACK_FIRST,
     S + "TestConnectHandshake::test_missing_fingerprint_allowed": FINGERPRINT,
-    S + "TestLookupFlow::test_lookup_deadline_starts_after_handshake": LOOKUP_OVERDUE,
     S + "TestLookupFlow::test_partial_response_rearms_lookup_deadline": WHOLE_LOOKUP,
-    S + "TestLookupFlow::test_duplicate_responses_and_new_keys_do_not_rearm": LOOKUP_OVERDUE,
-    S + "TestLookupFlow::test_lookup_expiry_preserves_completed_transfers[False]":
-        LOOKUP_OVERDUE,
-    S + "TestLookupFlow::test_lookup_expiry_preserves_completed_transfers[True]":
-        LOOKUP_OVERDUE,
-    S + "TestLookupFlow::test_lookup_deadline_cleared_before_next_batch[resolve]":
-        LOOKUP_OVERDUE,
-    S + "TestLookupFlow::test_lookup_deadline_cleared_before_next_batch[finish]":
-        LOOKUP_OVERDUE,
-    S + "TestLookupFlow::test_lookup_deadline_cleared_before_next_batch[fetch]":
-        LOOKUP_OVERDUE,
     S + "TestServerLookupHandling::test_lookup_then_fetch_round_trip_emits_store_result":
         BLOCK_BOUND,
     S + "TestServerFlows::test_failed_transfer_keeps_sibling_pins_until_terminal":
@@ -82,13 +71,12 @@ DIFFERENCES: dict[str, str] = {
     S + "TestServerFlows::test_abort_keeps_pins_only_of_jobs_being_written": ROUND_STORES,
     S + "TestServerFlows::test_abort_drain_cancel_retry_is_paced": PRIVATE,
     S + "TestHandshakeDeadline::test_marks_dead_after_timeout": PRIVATE,
-    S + "TestPeerFaultEscalation::test_fault_with_nothing_inflight_disconnects": FAULT,
-    S + "TestPeerFaultEscalation::test_fault_waits_for_inflight_then_disconnects": FAULT,
     S + "TestPeerFaultEscalation::test_fault_disconnects_after_drain_deadline": FAULT,
-    M + "TestBidirectionalManager::test_unanswered_lookup_falls_back_to_local_prefill":
-        LOOKUP_OVERDUE,
-    M + "TestBidirectionalManager::test_lookup_expiry_allows_zmq_reconnect": LOOKUP_OVERDUE,
 }
+LOADED = "a real-time window of vLLM's test (5 s), which stock vLLM misses too under load"
+UNDER_LOAD = frozenset({M + "TestBidirectionalManager::test_lookup_expiry_allows_zmq_reconnect"})
+"""Tests that wait on the wall clock: their failure on a loaded machine is the load's (they
+fail with vLLM's own sessions too); they are never stale when they pass."""
 DISCONNECT = S + "TestDisconnect::"
 BY_RELEASE: dict[str, dict[str, str]] = {
     "0.33.0": {},
@@ -174,6 +162,8 @@ def why(name: str, status: str, known: dict[str, str] = DIFFERENCES) -> str | No
     differences), or None (a regression)."""
     if name in known:
         return known[name]
+    if name in UNDER_LOAD:
+        return LOADED
     if any(p in status for p in PRIVATE_NAMES):
         return PRIVATE
     return None
@@ -189,6 +179,16 @@ def counts(seen: dict[str, str]) -> dict[str, list[int]]:
     return out
 
 
+def public_counts(seen: dict[str, str], known: dict[str, str] = DIFFERENCES
+                  ) -> dict[str, list[int]]:
+    """Per file: [passed, total] of the tests that use only vLLM's public session
+    surface (every test but those that fail reading its internals, :data:`PRIVATE`);
+    the public ones that fail are documented differences or regressions."""
+    public = {n: s for n, s in seen.items()
+              if s in ("passed", "skipped") or why(n, s, known) != PRIVATE}
+    return counts(public)
+
+
 def main() -> None:
     src = Path(os.environ[SRC_ENV])
     known = differences(release_under_test())
@@ -196,6 +196,7 @@ def main() -> None:
         seen = run(src, kind == "dropin")
         failed = {n: s for n, s in seen.items() if s not in ("passed", "skipped")}
         print(json.dumps({"kind": kind, "counts": counts(seen),
+                          "public": public_counts(seen, known),
                           "failed": {n: why(n, s, known) or s for n, s in sorted(failed.items())}},
                          indent=1))
 

@@ -21,8 +21,9 @@ from helpers.world import (
 )
 
 from p2pfsm.errors import ConfigError, LocalProtocolError
-from p2pfsm.protocol import AbortAck, AbortFetch, Disconnect, LookupResp, TransferDone
+from p2pfsm.protocol import AbortAck, AbortFetch, Disconnect, Lookup, LookupResp, TransferDone
 from p2pfsm.session import (
+    LOOKUP_TIMED_OUT,
     DestinationReleased,
     FailReason,
     HostFetch,
@@ -30,6 +31,7 @@ from p2pfsm.session import (
     HostLookup,
     HostStart,
     LoadResult,
+    LookupResult,
     PeerGone,
     ReleaseCause,
     SessionDead,
@@ -142,6 +144,57 @@ def test_vllm_034_a_missing_abort_ack_ends_the_session_and_the_hold_releases() -
         d.fire(timer)
     assert sorted(r.job_id for r in _released(d)) == [1, 2]
     assert {r.cause for r in _released(d)} == {ReleaseCause.HOLD_EXPIRED}
+
+
+@pytest.mark.parametrize("profile", ["vllm-0.33", "vllm-0.34"])
+def test_vllm_an_overdue_lookup_answer_ends_the_session_keeping_the_answered_hits(
+        profile: str) -> None:
+    d = ready_driver(local_config(profile=profile))
+    d(HostLookup("r1", (key(1), key(2))))
+    d(HostLookup("r2", (key(3),)))
+    d.recv(LookupResp("r1", (key(1),), (True,)))  # a part: key 2 still unanswered
+    d(HostFetch(5, "r3", (key(4),), (7,)))
+    first = min(d.armed("lookup"), key=lambda t: d.timers[t])
+    out = d.fire(first)
+    assert only(of_type(out, SessionDead)).reason == LOOKUP_TIMED_OUT
+    assert Disconnect() in sent(out) and d.s.state == "ended" and not d.armed("lookup")
+    # every open lookup gets its one result at the session's end, the load its own
+    results = {r.kv_request_id: r for r in of_type(out, LookupResult)}
+    assert (results["r1"].hits, results["r2"].hits) == ((True, False), (False,))
+    assert {r.reason for r in results.values()} == {FailReason.SESSION_ENDED}
+    assert only(of_type(out, LoadResult)).job_id == 5
+
+
+def test_vllm_an_overdue_lookup_before_ready_ends_the_session_unsent() -> None:
+    d = Driver(local_config(profile="vllm-0.33"))
+    d(HostStart())
+    d(HostLookup("r1", (key(1),)))
+    out = d.fire(only(d.armed("lookup")))
+    assert only(of_type(out, SessionDead)).reason == LOOKUP_TIMED_OUT
+    assert d.s.state == "ended" and not [m for m in sent(out) if isinstance(m, Lookup)]
+    assert only(of_type(out, LookupResult)).answered is False
+
+
+@pytest.mark.parametrize("profile", ["vllm-0.33", "vllm-0.34"])
+def test_vllm_a_fetch_reports_the_requests_waiting_lookup_and_the_session_stays(
+        profile: str) -> None:
+    d = ready_driver(local_config(profile=profile))
+    d(HostLookup("r1", (key(1), key(2))))
+    d.recv(LookupResp("r1", (key(1),), (True,)))  # key 2 never answered (vLLM's producer
+    out = d(HostFetch(5, "r1", (key(1),), (7,)))  # drops a lookup it holds at the fetch)
+    res = only(of_type(out, LookupResult))
+    assert (res.hits, res.answered, res.reason) == ((True, False), False, FailReason.FINISHED)
+    out = d.fire(only(d.armed("lookup")))  # one more period for a late answer: none came
+    assert not of_type(out, SessionDead) and not of_type(out, LookupResult)
+    assert d.s.alive and not d.armed("lookup")
+
+
+def test_native_answers_an_overdue_lookup_miss_and_keeps_the_session() -> None:
+    d = ready_driver()
+    d(HostLookup("r1", (key(1),)))
+    out = d.fire(only(d.armed("lookup")))
+    assert only(of_type(out, LookupResult)).reason is FailReason.TIMEOUT
+    assert d.s.alive and not of_type(out, SessionDead)
 
 
 def test_native_resends_an_unanswered_abort_and_reports_once_acked() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from p2pfsm.errors import ModelError
-from p2pfsm.fsm import AbortAckTimeout, ReportFailedLoad, profile, profiles
+from p2pfsm.fsm import AbortAckTimeout, LookupTimeout, ReportFailedLoad, profile, profiles
 from p2pfsm.fsm.profiles import load_profiles, parse_profile
 from p2pfsm.fsm.registry import models_directory
 from p2pfsm.session import Timeouts
@@ -19,7 +19,11 @@ NATIVE = (models_directory() / "profiles" / "native.toml").read_text()
 def test_the_three_profiles_and_what_differs_between_them() -> None:
     assert set(profiles()) == {"native", "vllm-0.33", "vllm-0.34"}
     native, v33, v34 = profile("native"), profile("vllm-0.33"), profile("vllm-0.34")
-    assert native.behaviour == v33.behaviour
+    assert (native.behaviour.report_failed_load, native.behaviour.abort_ack_timeout) == (
+        v33.behaviour.report_failed_load, v33.behaviour.abort_ack_timeout)
+    # an overdue lookup answer ends the session in both vLLM releases, not in native
+    assert native.behaviour.lookup_timeout is LookupTimeout.REPORT_MISS
+    assert v33.behaviour.lookup_timeout is v34.behaviour.lookup_timeout is LookupTimeout.END_SESSION
     assert native.behaviour.report_failed_load is ReportFailedLoad.AT_ABORT_ACK
     assert v34.behaviour.report_failed_load is ReportFailedLoad.AT_ABORT_SEND
     assert v34.behaviour.abort_ack_timeout is AbortAckTimeout.END_SESSION
@@ -38,6 +42,10 @@ def test_the_three_profiles_and_what_differs_between_them() -> None:
     (('report_failed_load = "at_abort_ack"', 'report_failed_load = "later"'),
      "behaviour.report_failed_load: expected one of 'at_abort_ack', 'at_abort_send', "
      "got 'later'"),
+    (('lookup_timeout = "report_miss"', 'lookup_timeout = "never"'),
+     "behaviour.lookup_timeout: expected one of 'report_miss', 'end_session', got 'never'"),
+    (('lookup_timeout = "report_miss"\n', ''),
+     "behaviour.lookup_timeout: expected one of 'report_miss', 'end_session', got None"),
     (('abort_ack = 10.0', 'abort_ack = -1'), "timeouts.abort_ack: expected a positive"),
     (('lookup = 30.0', 'lookup = 30.0\nstalled = 20.0'), "unknown timeouts ['stalled']"),
     (('lookup = 30.0', 'lookup = 30.0\nstall = 0'),
