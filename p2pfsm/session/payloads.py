@@ -60,6 +60,7 @@ PAYLOADS: Mapping[str, Mapping[str, Payload]] = {
         "host_supply_over": (HostSupply,), "registration_done": (RegistrationFinished,),
         "registration_failed": (RegistrationFinished,), "timer_handshake": (TimerFired,),
         "transport_lost": (TransportLost,), "abort_ack_expired": (EndSession,),
+        "lookup_expired": (EndSession,),
     },
     "client_round": {
         "host_fetch": (HostFetch,), "host_finish": (HostFinish,), "peer_gone": (PeerGone,),
