@@ -19,7 +19,7 @@ __all__ = ["by_layer", "layer_of"]
 _PATHS: tuple[tuple[str, str], ...] = (
     ("/p2pfsm/executor/driver.py", "executor: driver"),
     ("/p2pfsm/executor/session_timers.py", "executor: timers"),
-    ("/p2pfsm/executor/node_effects.py", "executor: effects"),
+    ("/p2pfsm/executor/effects.py", "executor: effects"),
     ("/p2pfsm/executor/writes.py", "executor: effects"),
     ("/p2pfsm/executor/core.py", "executor: effects"),
     ("/p2pfsm/executor/jobs.py", "executor: effects"),

@@ -8,7 +8,7 @@ another connection therefore comes after the session's own connection ended, fro
 host it came from (:mod:`p2pfsm.executor.router_intake`): a connect the session judges
 as a restart or a reconnect of its peer (a new or the same incarnation); anything else
 carries the session over to the new connection, as libzmq's own reconnect does
-(:meth:`~p2pfsm.executor.node_sessions.NodeSessions._on_frame`).
+(:meth:`~p2pfsm.executor.peers.Peers.on_frame`).
 
 Connections are named by the descriptor libzmq read the frame from
 (:attr:`~p2pfsm.executor.zmq_plane.FrameIn.conn`). A descriptor is reused once its

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -106,6 +106,10 @@ class LookupAsk:
     pins: JobFuture[StoreResult]
 
 
+LookupAnswer = tuple[Mapping[bytes, int], Iterable[bytes]]
+"""What ``on_lookup`` returns: hit key -> local block index, and still-pending keys."""
+
+
 @dataclass(eq=False, slots=True)
 class OpenLoad:
     """A fetch the host waits on: its future, when it started, its bytes, and its input
@@ -120,15 +124,22 @@ class OpenLoad:
 class OpenJobs:
     """A node's jobs that still owe the host a result: loads and stores by job id,
     lookups in the order asked per (peer, request), and waits for a session to be
-    ready. Each future leaves the book with its result (or at :meth:`fail_all`)."""
+    ready. Each future leaves the book with its result (or at :meth:`fail_all`). Job ids
+    come from here (:meth:`new_id`)."""
 
-    __slots__ = ("loads", "lookups", "ready_waiters", "stores")
+    __slots__ = ("_last_id", "loads", "lookups", "ready_waiters", "stores")
 
     def __init__(self) -> None:
+        self._last_id = 0
         self.loads: dict[int, OpenLoad] = {}
         self.stores: dict[int, JobFuture[StoreResult]] = {}
         self.lookups: dict[tuple[str, str], deque[JobFuture[LookupResult]]] = {}
         self.ready_waiters: dict[str, list[JobFuture[Any]]] = {}
+
+    def new_id(self) -> int:
+        """A job id not given before in this node."""
+        self._last_id += 1
+        return self._last_id
 
     def add_lookup(self, peer_id: str, kv_request_id: str,
                    fut: JobFuture[LookupResult]) -> None:

@@ -6,16 +6,15 @@ own memory or one the node allocates) and one sans-IO :class:`~p2pfsm.session.Se
 per peer. Everything runs on the thread that drives it: :meth:`Node.run_until` /
 :meth:`Node.serve`, or an event loop that waits on :meth:`Node.fileno` until
 :meth:`Node.next_deadline` and calls ``step(0)`` (:mod:`p2pfsm.aio` does this for
-asyncio). A turn feeds what happened to the sessions as input events through the
-node's :class:`~p2pfsm.executor.driver.Driver`, which hands their outputs to the node's
-effects. There is no fixed-interval sleep and no NIXL progress thread.
+asyncio). There is no fixed-interval sleep and no NIXL progress thread.
 
-This module holds the host API, the loop and the wiring; the rest of the node lives in
-rooms with one job each: :mod:`~p2pfsm.executor.node_state` (its fields and the way
-into the driver), :mod:`~p2pfsm.executor.node_sessions` (the peer/session table),
-:mod:`~p2pfsm.executor.node_effects` (outputs carried out, results handed to the host),
-:mod:`~p2pfsm.executor.node_threads` (which thread drives it),
-:mod:`~p2pfsm.executor.writes`; the sessions' deadlines are the driver's.
+This module holds the host API and the wiring of the node's parts, each an object with
+its own fields: :class:`~p2pfsm.executor.peers.Peers` (the peer/session table),
+:class:`~p2pfsm.executor.effects.NodeEffects` (outputs carried out, results and callbacks
+handed to the host, through the node's :class:`~p2pfsm.executor.driver.Driver`, which it
+owns), :class:`~p2pfsm.executor.turns.Turns` (the loop's turns),
+:class:`~p2pfsm.executor.jobs.OpenJobs`, :class:`~p2pfsm.executor.writes.Writes` and
+:class:`~p2pfsm.executor.node_threads.DrivingThreads` (which thread drives it).
 
 Host API: :meth:`connect` (and :meth:`when_ready`), :meth:`fetch` (a
 :class:`~p2pfsm.executor.jobs.JobFuture` of LoadResult), :meth:`lookup`, :meth:`supply`,
@@ -32,48 +31,43 @@ every ``Session.handle`` call (``NodeConfig.trace`` installs the spec trace log)
 from __future__ import annotations
 
 import logging
-import math
 import secrets
 import time
-import uuid
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from typing import Any
 
 from p2pfsm.errors import ConfigError, LocalProtocolError, TransportError
-from p2pfsm.executor.admission import NewPeerRate, is_connect_from
-from p2pfsm.executor.bindings import Bindings
 from p2pfsm.executor.config import NodeConfig, fingerprint
-from p2pfsm.executor.driver import Driver
-from p2pfsm.executor.jobs import JobFuture, LookupAsk, OpenJobs, OpenLoad, copy_outcome
-from p2pfsm.executor.nixl_plane import DataPlane
-from p2pfsm.executor.node_effects import NodeEffects, NodeOutputs
-from p2pfsm.executor.node_sessions import RESTART_BURST, RESTART_PERIOD_S, NodeSessions
-from p2pfsm.executor.node_state import LookupAnswer, as_int, as_ints
+from p2pfsm.executor.effects import NodeEffects, OnEffects
+from p2pfsm.executor.host_args import as_ints
+from p2pfsm.executor.jobs import (
+    Driven,
+    JobFuture,
+    LookupAnswer,
+    LookupAsk,
+    OpenJobs,
+    OpenLoad,
+)
 from p2pfsm.executor.node_threads import DrivingThreads
-from p2pfsm.executor.peer_control import PeerControl
 from p2pfsm.executor.peer_ids import peer_address
-from p2pfsm.executor.peer_policy import EndedSessions, IdleInbound, ViolationBudget
-from p2pfsm.executor.redial import Redials
-from p2pfsm.executor.served_lookups import ServedLookups
+from p2pfsm.executor.peers import Peers
+from p2pfsm.executor.planes import open_planes, trace_hook
 from p2pfsm.executor.threadsafe import ThreadSafeNode
+from p2pfsm.executor.turns import INBOUND_GRACE_S, Turns
 from p2pfsm.executor.writes import Writes
-from p2pfsm.executor.zmq_plane import ControlPlane, FrameIn, PeerLost
 from p2pfsm.fsm import machine
-from p2pfsm.logwindow import LogWindow
 from p2pfsm.metrics import NodeMetrics
 from p2pfsm.session import (
     DestinationReleased,
-    FailReason,
     FetchArrived,
-    HostAnswerLookup,
-    HostClose,
     HostDecline,
     HostFetch,
     HostFinish,
     HostLookup,
     HostSupply,
+    Input,
     LoadResult,
     LookupResult,
     ProtocolViolation,
@@ -81,10 +75,8 @@ from p2pfsm.session import (
     Session,
     SessionDead,
     StoreResult,
-    TransportLost,
     WriteFinished,
 )
-from p2pfsm.session.tombstones import TombstoneBudget
 from p2pfsm.spec_log import CallHook
 
 __all__ = ["LookupAnswer", "LookupAsk", "Node", "NodeConfig", "fingerprint"]
@@ -93,14 +85,14 @@ log = logging.getLogger("p2pfsm.node")
 # A library stays silent until its host configures logging (no lastResort output).
 logging.getLogger("p2pfsm").addHandler(logging.NullHandler())
 
-_INBOUND_GRACE_S = 0.05
-"""How long the data plane stays at its busy progress interval after a load ends."""
-
-_TERMINAL = machine("session").terminal  # closed: nothing more to do
 _UNSTARTED = machine("session").state_set("unstarted")
 
 
-class Node(PeerControl, NodeSessions, NodeEffects):
+_HOST_CALLS: dict[type, str] = {HostFetch: "fetch", HostLookup: "lookup", HostSupply: "supply",
+                                HostFinish: "finish", HostDecline: "decline"}
+"""The host call each host input comes from (for the wrong-thread error)."""
+
+class Node(Driven):
     """One process's endpoint: bind, connect to peers, move blocks.
 
     One thread drives it (``serve``, ``run_until``, ``step``, or an asyncio loop through
@@ -108,6 +100,18 @@ class Node(PeerControl, NodeSessions, NodeEffects):
     through :attr:`threadsafe`. A direct host call from another thread while one drives
     the node is refused with a :class:`LocalProtocolError` saying so.
     """
+
+    # The host callbacks: set at construction or later; the node's effects call them.
+    on_lookup: OnEffects[Callable[[str, LookupAsk], LookupAnswer] | None] = OnEffects()
+    on_fetch: OnEffects[Callable[[str, FetchArrived], None] | None] = OnEffects()
+    on_result: OnEffects[Callable[[str, LoadResult | StoreResult | LookupResult],
+                                  None] | None] = OnEffects()
+    on_round_ended: OnEffects[Callable[[str, RoundEnded], None] | None] = OnEffects()
+    on_released: OnEffects[Callable[[str, DestinationReleased], None] | None] = OnEffects()
+    on_peer_state: OnEffects[Callable[[str, str, str], None] | None] = OnEffects()
+
+    _effects_part: type[NodeEffects] = NodeEffects
+    """The class of the node's effects (a subclass may record what they carry out)."""
 
     def __init__(
         self,
@@ -124,85 +128,37 @@ class Node(PeerControl, NodeSessions, NodeEffects):
         if not isinstance(config, NodeConfig):
             raise ConfigError(f"config: expected a NodeConfig, got {config!r}")
         self.config = config
-        self.on_lookup = on_lookup
-        self.on_fetch = on_fetch
-        self.on_result = on_result
-        self.on_round_ended = on_round_ended
-        self.on_released = on_released
-        self.on_peer_state = on_peer_state
         self.metrics = NodeMetrics()
-        self.control = ControlPlane(config.bind, heartbeat_ivl_ms=config.heartbeat_ivl_ms,
-                                    heartbeat_timeout_ms=config.heartbeat_timeout_ms,
-                                    heartbeat_ttl_ms=config.heartbeat_timeout_ms,
-                                    connect_timeout_ms=config.connect_timeout_ms,
-                                    max_peers=config.max_peers,
-                                    advertise_host=config.advertise_host,
-                                    dial_back_check=is_connect_from,
-                                    holds_session=self._holds_ended_session,
-                                    dial_back_any_host=config.dial_back_any_host,
-                                    max_pending=config.max_pending_peers,
-                                    max_new_peers_per_s=config.max_new_peers_per_s,
-                                    curve=config.curve_keys())
-        try:
-            name = f"p2pfsm-{uuid.uuid4()}"
-            self.data = DataPlane(name, config.num_blocks, config.block_len, config.device,
-                                  memory=config.memory)
-        except BaseException:
-            self.control.close()
-            raise
+        self.control, self.data = open_planes(
+            config, holds_session=lambda p: self._peers.holds_ended_session(p))
         self.local_id = self.control.local_id
         # Drawn per process and sent in every connect: a peer that sees a new one on a
         # live session knows we restarted (vLLM peers ignore the field).
         self.incarnation = secrets.randbits(63)
-        self.sessions: dict[str, Session] = {}
-        self.deaths: OrderedDict[str, SessionDead] = OrderedDict()
-        self._holders: dict[str, list[Session]] = {}  # replaced sessions holding destinations
-        # Each held destination's release, by job (kept a while after it resolves).
-        self._releases: OrderedDict[int, JobFuture[DestinationReleased]] = OrderedDict()
-        self.violations: deque[tuple[str, ProtocolViolation]] = deque(maxlen=config.history)
-        self._ended = EndedSessions(config.history)  # peers whose session ended
-        # Every session's tombstones together (SessionConfig.tombstone_budget).
-        self._tombstones = TombstoneBudget(
-            config.max_node_tombstones, lambda: self.metrics.count("tombstones_dropped"))
-        self._rate_limited = 0  # control.rate_limited already in metrics
-        # Calls from other threads (cancels, node.threadsafe), run in order by the driver.
-        self._submitted: deque[Callable[[], None]] = deque()
         self._writes = Writes(self.data, config.block_len)  # ours, by (session, xfer)
         self._jobs = OpenJobs()  # every job that still owes the host a result
-        self._started_at: dict[str, float] = {}
-        self._served = ServedLookups()  # on_lookup's tokens, lookups with keys pending
-        self._host_error_log = LogWindow()
-        self._foreign_log = LogWindow()
-        # Lines a peer can make fire at will (refused handshakes and registrations,
-        # sessions that die before their handshake): one window for them all.
-        self._hostile_log = LogWindow(10, 10.0)
-        # New sessions of an identity whose last one ended (NodeSessions._may_come_back).
-        self._restarts = NewPeerRate(RESTART_BURST, refill=1.0 / RESTART_PERIOD_S)
-        self._bindings = Bindings()
-        self._violations = ViolationBudget(config.max_violations)  # of the live session
-        self._live: set[str] = set()  # peers whose session is alive (O(1) gauges per turn)
-        self._idle = IdleInbound(config.idle_timeout_s)  # inbound sessions' last frames
-        self._job = 0
         self._closed = False
         self._threads = DrivingThreads()
-        self._close_request: tuple[float, Future[None]] | None = None
-        self._redials = Redials(config.reconnect_backoff_s,  # sessions opened again
-                                config.reconnect_max_attempts)
-        self._unsent_death: Session | None = None  # died before ready, being redialled
-        self._incarnations: OrderedDict[str, int | None] = OrderedDict()  # peers' last seen
         self._threadsafe: ThreadSafeNode | None = None
-        self._hook = call_hook
-        if call_hook is None and config.trace is not None:
-            from p2pfsm.spec_log import CallLog
-
-            try:
-                self._hook = CallLog(config.trace, self.local_id)
-            except OSError as exc:
-                self.data.close()
-                self.control.close()
-                raise ConfigError(f"cannot write the trace log {config.trace}: {exc}") from exc
-        # Queues inputs, carries out outputs through this node's (private) Executor methods.
-        self._driver = Driver(NodeOutputs(self), time.monotonic, self._hook)
+        try:
+            self._hook = trace_hook(config, self.local_id) if call_hook is None else call_hook
+        except BaseException:
+            self.data.close()
+            self.control.close()
+            raise
+        self._effects = effects = self._effects_part(
+            self, config, self.metrics, self.control, self.data, self._jobs, self._writes,
+            self.finish, self._hook)
+        effects.on_lookup, effects.on_fetch, effects.on_result = on_lookup, on_fetch, on_result
+        effects.on_round_ended, effects.on_released = on_round_ended, on_released
+        effects.on_peer_state = on_peer_state
+        self._driver = effects.driver
+        self._peers = effects.peers = Peers(
+            config, self.local_id, self.incarnation, self.control, self.data, self.metrics,
+            self._driver, self._jobs, self._hook, lambda: self._closed, effects.peer_state,
+            effects.fail_parked)
+        self._turns = Turns(self.control, self.data, self._driver, self._peers, self._jobs,
+                            self._writes, self.metrics)
         log.info("node %s up: %d blocks of %d bytes", self.local_id, config.num_blocks,
                  config.block_len)
 
@@ -218,23 +174,75 @@ class Node(PeerControl, NodeSessions, NodeEffects):
         """True once :meth:`close` has run (here or through ``threadsafe.close()``)."""
         return self._closed
 
+    @property
+    def sessions(self) -> dict[str, Session]:
+        """The session of each peer (a dead one stays until it has nothing left to do)."""
+        return self._peers.sessions
+
+    @property
+    def deaths(self) -> OrderedDict[str, SessionDead]:
+        """How each peer's last session ended (the last ``history`` peers)."""
+        return self._peers.deaths
+
+    @property
+    def violations(self) -> deque[tuple[str, ProtocolViolation]]:
+        """The last ``history`` frames our sessions rejected, with their peers."""
+        return self._peers.violations
+
+    def session(self, peer_id: str) -> Session:
+        """The session to ``peer_id``; a :class:`LocalProtocolError` without one."""
+        return self._peers.session(peer_id)
+
     def connect(self, peer_id: str) -> Session:
         """Open (or return) the session to ``peer_id`` ("host:port"; "tcp://host:port" is
         the same peer, as is every host call's ``peer_id``)."""
         peer_id = peer_address(peer_id)
         self._check_open()
-        self._check_thread("connect")
-        session = self.sessions.get(peer_id)
-        if session is not None and session.alive:
-            return session
-        self._redials.host_dialled(peer_id)
-        self.control.connect(peer_id)
-        self._bindings.forget(peer_id)  # a new session: bound by the peer's first frame
-        session = self._new_session(peer_id)
-        self._idle.ours(peer_id)  # never evicted for idleness
-        self._peer_state(peer_id, "connecting", "")
-        self._feed_parked(peer_id, session)
-        return session
+        self._threads.check("connect")
+        return self._peers.dial(peer_id)
+
+    def disconnect(self, peer_id: str) -> None:
+        """Close the session to ``peer_id`` and forget the peer: it is not opened again,
+        and the calls that waited for it fail (SESSION_ENDED), as do the open jobs of
+        the session it closes. ``connect`` opens it again. A peer with no session is
+        only forgotten."""
+        peer_id = peer_address(peer_id)
+        self._check_open()
+        self._threads.check("disconnect")
+        self._peers.disconnect(peer_id)
+        self._driver.drain()
+
+    def redial_now(self, peer_id: str) -> bool:
+        """Open the session to ``peer_id`` again at the next turn instead of after its
+        backoff (the host knows the peer is back); False when no redial of it waits."""
+        peer_id = peer_address(peer_id)
+        self._check_open()
+        self._threads.check("redial_now")
+        return self._peers.redials.now(peer_id, time.monotonic())
+
+    def release_held(self, peer_id: str, cause: str = "data_plane") -> int:
+        """The host (its data plane) proves that ``peer_id`` can no longer write into our
+        memory (its agent is gone and every transfer of it ended): each session of the
+        peer that is over releases what it holds; a DestinationReleased follows for each.
+        Returns how many destinations were released."""
+        self._threads.check("release_held")
+        return self._peers.release_held(peer_id, cause)
+
+    def held_destinations(self) -> dict[str, int]:
+        """Per peer, destinations whose failed load said ``released=False`` and whose
+        DestinationReleased has not come yet."""
+        return self._peers.held_destinations()
+
+    def release_of(self, job_id: int) -> JobFuture[DestinationReleased]:
+        """The release of load job ``job_id``'s destination, whose LoadResult said
+        ``released=False``: the future resolves with its DestinationReleased (the cause
+        says what proved the peer's writes over), exactly once. Ask for it once the
+        result came (resolved ones are kept for ``history`` more).
+
+        Raises:
+            LocalProtocolError: no such result of this node held its destination.
+        """
+        return self._effects.release_of(job_id)
 
     def when_ready(self, peer_id: str) -> JobFuture[Session]:
         """A future of the session to ``peer_id`` once it is ready; a
@@ -245,7 +253,7 @@ class Node(PeerControl, NodeSessions, NodeEffects):
         if session.ready:
             fut.set_result(session)
         elif not session.alive and session.state not in _UNSTARTED:
-            fut.set_exception(TransportError(self._death_reason(peer_id)))
+            fut.set_exception(TransportError(self._peers.death_reason(peer_id)))
         else:
             self._jobs.ready_waiters.setdefault(peer_id, []).append(fut)
         return fut
@@ -258,11 +266,11 @@ class Node(PeerControl, NodeSessions, NodeEffects):
         future still resolves with the final LoadResult.
         """
         peer_id = peer_address(peer_id)
-        self._check_thread("fetch")  # before anything changes
+        self._threads.check("fetch")  # before anything changes
         keys = tuple(keys)
-        job = self.new_job_id()
+        job = self._jobs.new_id()
         fut: JobFuture[LoadResult] = JobFuture(
-            self, lambda: self._finish_quietly(peer_id, kv_request_id))
+            self, lambda: self._peers.cancel_fetch(peer_id, kv_request_id, self.finish))
         event = HostFetch(job, kv_request_id, keys, as_ints(dest_indexes))
         loads = self._jobs.loads
         loads[job] = OpenLoad(fut, time.monotonic(), len(keys) * self.config.block_len, event)
@@ -272,14 +280,14 @@ class Node(PeerControl, NodeSessions, NodeEffects):
             del loads[job]
             raise
         self.metrics.count("fetches_started")
-        self.data.expect_inbound(_INBOUND_GRACE_S, prompt=True)
+        self.data.expect_inbound(INBOUND_GRACE_S, prompt=True)
         return fut
 
     def lookup(self, peer_id: str, kv_request_id: str,
                keys: Iterable[bytes]) -> JobFuture[LookupResult]:
         """Ask the peer which keys it holds; one result."""
         peer_id = peer_address(peer_id)
-        self._check_thread("lookup")
+        self._threads.check("lookup")
         fut: JobFuture[LookupResult] = JobFuture(self)
         self._jobs.add_lookup(peer_id, kv_request_id, fut)
         try:
@@ -294,8 +302,8 @@ class Node(PeerControl, NodeSessions, NodeEffects):
                local_indexes: Iterable[int]) -> JobFuture[StoreResult]:
         """Offer stored blocks to the peer; they stay pinned until the result."""
         peer_id = peer_address(peer_id)
-        self._check_thread("supply")
-        job = self.new_job_id()
+        self._threads.check("supply")
+        job = self._jobs.new_id()
         fut: JobFuture[StoreResult] = JobFuture(self)
         self._jobs.stores[job] = fut
         try:
@@ -337,44 +345,27 @@ class Node(PeerControl, NodeSessions, NodeEffects):
         """
         peer_id = peer_address(peer_id)
         self._check_open()
-        self._check_thread("resolve_lookup")
-        hits = {k: as_int(v) for k, v in (hits or {}).items()}
-        still = frozenset(pending)
-        served = self._served.checked(token, peer_id)
-        self._check_local_indexes("resolve_lookup", hits.values())
-        both = hits.keys() & still
-        if both:
-            raise LocalProtocolError(f"resolve_lookup: {len(both)} key(s) both hit and pending")
-        if served is not None:
-            stray = [k for k in (*hits, *still) if k not in served.pending]
-            if stray:
-                raise LocalProtocolError(
-                    f"resolve_lookup: {len(stray)} key(s) not pending in lookup {token}")
-            # Called from a callback, on_lookup's first answer may still be queued.
-            self._drain()
-        if served is None or self._served.get(token) is not served:
-            if not hits:
-                return None
-            done: JobFuture[StoreResult] = JobFuture(self)
-            done.set_result(StoreResult(self.new_job_id(), False, FailReason.NOT_SERVED,
-                                        f"lookup {token} has nothing pending any more"))
-            return done
-        job = self.new_job_id() if hits else None
-        fut: JobFuture[StoreResult] = JobFuture(self)
-        if job is not None:
-            self._jobs.stores[job] = fut
-        try:
-            self._feed(peer_id, HostAnswerLookup(served.session_token, hits, job, still),
-                       session=served.session)
-        except BaseException:
-            if job is not None:
-                del self._jobs.stores[job]
-            raise
-        served.pending = still
-        if not still:
-            self._served.forget(token)
-        self._drain()
-        return fut if job is not None else None
+        self._threads.check("resolve_lookup")
+        return self._effects.resolve_lookup(peer_id, token, hits or {}, frozenset(pending))
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LocalProtocolError("the node is closed")
+
+    def _host(self, peer_id: str, event: Input) -> None:
+        self._check_open()
+        self._threads.check(_HOST_CALLS.get(type(event), "a host call"))
+        redials = self._peers.redials
+        if redials.waiting(peer_id) and isinstance(event, HostFetch | HostLookup):
+            # The session is dead and opens again soon: the call waits for it, up to
+            # its own deadline.
+            self.session(peer_id).check_host_call(event)  # bad arguments: refused now
+            limit = (self.config.timeouts.load if isinstance(event, HostFetch)
+                     else self.config.timeouts.lookup)
+            redials.park(peer_id, time.monotonic() + limit, event)
+            return
+        self._driver.feed(peer_id, event, self.session(peer_id))
+        self._driver.drain()
 
     # ------------------------------------------------------------- the loop
     def run_until(self, done: Callable[[], bool], timeout: float) -> bool:
@@ -407,20 +398,7 @@ class Node(PeerControl, NodeSessions, NodeEffects):
     def next_deadline(self) -> float:
         """The ``time.monotonic()`` by which ``step`` must run again: the earliest armed
         timer, connect deadline or data-plane progress tick."""
-        now = time.monotonic()
-        deadline = now + self.data.progress_interval_ms / 1000.0
-        earliest = self._driver.next_deadline()
-        if earliest is not None:
-            deadline = min(deadline, earliest)
-        redial = self._redials.next_due()
-        if redial is not None:
-            deadline = min(deadline, redial)
-        connect_ms = self.control.next_timeout_ms()
-        if connect_ms is not None:
-            deadline = min(deadline, now + connect_ms / 1000.0)
-        if self._driver.busy or self._submitted:
-            deadline = now
-        return deadline
+        return self._turns.next_deadline()
 
     def step(self, max_wait: float) -> int:
         """One loop turn: wait for news (at most ``max_wait`` s), then handle it all.
@@ -431,16 +409,14 @@ class Node(PeerControl, NodeSessions, NodeEffects):
             raise LocalProtocolError("step() called from inside the node's own loop")
         with threads.driving_block("step"):
             with threads.turn():
-                taken = self._turn(max_wait)
-            if self._close_request is not None:
-                self._close_now()
+                taken = self._turns.turn(max_wait)
+            request = self._turns.take_close_request()
+            if request is not None:
+                self._close_now(*request)
         return taken
 
-    def _close_now(self) -> None:
+    def _close_now(self, timeout: float, done: Future[None]) -> None:
         """Carry out ``threadsafe.close()`` on the driving thread, after a turn."""
-        assert self._close_request is not None
-        timeout, done = self._close_request
-        self._close_request = None
         try:
             self.close(timeout)
         except BaseException as exc:
@@ -463,46 +439,13 @@ class Node(PeerControl, NodeSessions, NodeEffects):
         ends that turn's step with its error (wrap what may fail). Safe from any
         thread; raises :class:`LocalProtocolError` once the node is closed."""
         self._check_open()
-        self._submitted.append(call)
-        self.control.wake()
+        self._turns.submit(call)
 
     def request_close(self, timeout: float, done: Future[None]) -> None:
         """Close the node from the driving thread after its current turn (any thread;
         ``done`` resolves once closed). Used by ``threadsafe.close()``."""
         self._check_open()
-        if self._close_request is None:
-            self._close_request = (timeout, done)
-        else:  # a second request: done when the first one is
-            first = self._close_request[1]
-            first.add_done_callback(lambda f: copy_outcome(f, done))
-        self.control.wake()
-
-    def _turn(self, max_wait: float) -> int:
-        self._handle_all()
-        if self._jobs.loads:
-            # Blocks may be arriving (a peer's first WRITE needs our UCX progress):
-            # progress often while loads are open, and only then.
-            self.data.expect_inbound(_INBOUND_GRACE_S)
-        wait = max(0.0, min(max_wait, self.next_deadline() - time.monotonic()))
-        # Round up: truncating made every sub-ms remainder a poll(0), so the 1 ms busy
-        # pace (always a hair under 1 ms away by now) was a spin.
-        events = self.control.poll(math.ceil(wait * 1000))
-        for event in events:
-            if isinstance(event, FrameIn):
-                self._on_frame(event.peer_id, event.frame, event.conn)
-            elif isinstance(event, PeerLost):
-                self._queue(event.peer_id, TransportLost(event.reason))
-        self.data.progress()
-        self._collect_writes()
-        now = time.monotonic()
-        self._driver.queue_due(now)
-        if self._idle.due(now):
-            self._evict_idle(now)
-        if self._redials:
-            self._redial_due(now)
-        self._handle_all()
-        self._update_gauges()
-        return len(events)
+        self._turns.request_close(timeout, done)
 
     def close(self, timeout: float = 5.0) -> None:
         """Close every session, give writes ``timeout`` to drain, release the transports.
@@ -514,18 +457,15 @@ class Node(PeerControl, NodeSessions, NodeEffects):
         ``when_ready`` wait) gets a :class:`TransportError` "node closed"."""
         if self._closed:
             return
-        self._check_thread("close")
-        self._handle_all()  # calls submitted before the close are carried out first
-        for peer in list(self.sessions):
-            if self.sessions[peer].state not in _TERMINAL:
-                self._queue(peer, HostClose())
-        self._end_parked()
-        self._drain()
+        self._threads.check("close")
+        self._turns.handle_all()  # calls submitted before the close are carried out first
+        self._peers.close_all()
+        self._driver.drain()
         self.run_until(lambda: not self._writes, timeout)
         for write in self._writes.running():
             self._writes.forget(write)
-            self._feed(write.peer_id, WriteFinished(write.xfer, False), session=write.session)
-        self._drain()
+            self._driver.feed(write.peer_id, WriteFinished(write.xfer, False), write.session)
+        self._driver.drain()
         self._jobs.fail_all(TransportError("node closed"))
         self._closed = True
         self.data.close()
@@ -552,40 +492,8 @@ class Node(PeerControl, NodeSessions, NodeEffects):
         if self._threads.may_run_here():
             action()
         else:
-            self._submitted.append(action)  # run by the driver on its next turn
-            self.control.wake()
+            self._turns.submit(action)  # run by the driver on its next turn
 
     def attach_event_loop(self, thread_id: int | None) -> None:
         """Mark the thread of the asyncio loop driving the node (None: detach)."""
         self._threads.aio = thread_id
-
-    # ------------------------------------------------------------ the loop's parts
-    def _handle_all(self) -> None:
-        """Handle every queued event, and the writes that this finished at once: over
-        CMA a WRITE usually completes inside ``transfer()``, and waiting for the next
-        turn to notice would add a whole loop wait (up to the idle interval) to it."""
-        while self._submitted:
-            self._submitted.popleft()()
-        self._drain()
-        while self._writes and self._collect_writes():
-            self._drain()
-
-    def _collect_writes(self) -> bool:
-        """Queue WriteFinished for our finished writes; True when there were any."""
-        found = False
-        for write, ok in self._writes.finished():
-            if ok:
-                self.metrics.count("served_bytes", write.nbytes)
-            self._driver.queue(write.peer_id, WriteFinished(write.xfer, ok), write.session)
-            found = True
-        return found
-
-    def _update_gauges(self) -> None:
-        limited = self.control.rate_limited
-        if limited != self._rate_limited:
-            self.metrics.count("identities_rate_limited", limited - self._rate_limited)
-            self._rate_limited = limited
-        self.metrics.set_gauge("peers", len(self._live))
-        self.metrics.set_gauge("open_loads", len(self._jobs.loads))
-        self.metrics.set_gauge("open_stores", len(self._jobs.stores))
-        self.metrics.set_gauge("destinations_held", sum(self.held_destinations().values()))

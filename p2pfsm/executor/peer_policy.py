@@ -1,8 +1,9 @@
 """What a node keeps about its peers beyond their sessions: idle inbound sessions, ended
-sessions it still holds, and each live session's rejected frames.
+sessions it still holds, each live session's rejected frames, and how often an identity
+comes back.
 
 Each book here only keeps its facts and answers questions, with time as an input; the
-node carries out what follows (closing a session, dropping an ended one, logging).
+node carries out what follows (closing a session, dropping an ended one).
 """
 
 from __future__ import annotations
@@ -12,7 +13,16 @@ from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from typing import Protocol
 
+from p2pfsm.executor.admission import NewPeerRate
 from p2pfsm.logwindow import LogWindow, clip
+from p2pfsm.metrics import NodeMetrics
+
+RESTART_BURST = 3
+RESTART_PERIOD_S = 5.0
+"""How often one identity may open a new session after its last one ended (a restart, a
+reconnect): ``RESTART_BURST`` at once, then one per ``RESTART_PERIOD_S``."""
+
+_log = logging.getLogger("p2pfsm.node")
 
 __all__ = ["EndedSessions", "IdleInbound", "ViolationBudget"]
 
@@ -133,3 +143,29 @@ class ViolationBudget:
     def crossed(self, count: int) -> bool:
         """``count`` is the first one past the budget (the session is closed for it)."""
         return bool(self.budget) and count == self.budget + 1
+
+
+class ComeBacks:
+    """Which peers whose session ended (or that restarted) may open a new one: at most
+    ``RESTART_BURST`` at once, then one per ``RESTART_PERIOD_S``, per identity (each may
+    bring a new NIXL agent to load, and a load costs a descriptor for as long as the
+    peer's agent lives). Past it the connect is dropped, counted and logged."""
+
+    __slots__ = ("_kind", "_log", "_metrics", "_rate")
+
+    def __init__(self, metrics: NodeMetrics, window: LogWindow, kind: str) -> None:
+        self._rate = NewPeerRate(RESTART_BURST, refill=1.0 / RESTART_PERIOD_S)
+        self._metrics = metrics
+        self._log = window
+        self._kind = kind
+
+    def admit(self, peer_id: str, now: float) -> bool:
+        """True when the peer may open a new session now."""
+        if self._rate.take(peer_id, now):
+            return True
+        self._metrics.count("restarts_refused")
+        self._log.emit(_log.warning, self._kind,
+                       "peer %s: comes back more often than %d at once and one per "
+                       "%.0f s: its connect dropped", peer_id, RESTART_BURST,
+                       RESTART_PERIOD_S)
+        return False

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import zmq
 
-import p2pfsm.executor.node as node_module
+import p2pfsm.executor.planes as planes_module
 from p2pfsm.executor.layout import Layout
 from p2pfsm.executor.node import Node, NodeConfig
 from p2pfsm.protocol import Connect, codec, encode
@@ -88,7 +88,7 @@ class _NoMemory:
 
 @pytest.fixture
 def node(monkeypatch: pytest.MonkeyPatch) -> Iterator[Node]:
-    monkeypatch.setattr(node_module, "DataPlane", _NoMemory)
+    monkeypatch.setattr(planes_module, "DataPlane", _NoMemory)
     n = Node(NodeConfig(bind="tcp://127.0.0.1:0", num_blocks=NUM_BLOCKS, block_len=BLOCK_LEN))
     try:
         yield n
@@ -120,8 +120,8 @@ def test_a_connect_that_opens_a_session_is_decoded_once(node: Node, peer_id: str
     connect = _connect_from(node, peer_id)
     node.control.connect(peer_id)  # the dial-back the ROUTER's intake starts for a connect
     before = decodes.count
-    node._on_frame(peer_id, encode(connect))
-    node._drain()
+    node._peers.on_frame(peer_id, encode(connect))
+    node._driver.drain()
     assert decodes.count == before + 1  # by the node; the session took its message
     assert node.sessions[peer_id].peer == connect  # the session took this connect
     assert peer_id in node.data.peers  # and registered the peer: the handshake went on

@@ -131,7 +131,7 @@ def test_the_cycle_finder_finds_a_planted_circle() -> None:
 
 def test_p2pfsm_has_no_import_circle() -> None:
     graph = import_graph()
-    assert "p2pfsm.executor.zmq_plane" in graph["p2pfsm.executor.node"]  # it reads imports
+    assert "p2pfsm.executor.peers" in graph["p2pfsm.executor.node"]  # it reads imports
     assert cycles(graph) == []
 
 
