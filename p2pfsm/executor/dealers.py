@@ -214,10 +214,13 @@ class Dealers:
             peer.monitor.close(linger=0)
             peer.dealer.close(linger=linger_ms)
 
-    def lose(self, peer: Dealer, reason: str) -> None:
-        """Close a peer's sockets at once, report it lost, and remember its id."""
+    def lose(self, peer: Dealer, reason: str, report: bool = True) -> None:
+        """Close a peer's sockets at once, report it lost (a :class:`PeerLost` for the
+        next poll, unless ``report`` is False: the caller reports it), and remember its
+        id."""
         self.teardown(peer, 0)
-        self.pending.append(PeerLost(peer.peer_id, reason))
+        if report:
+            self.pending.append(PeerLost(peer.peer_id, reason))
         self.lost[peer.peer_id] = (time.monotonic(), peer.server_key)
         self.lost.move_to_end(peer.peer_id)
         while len(self.lost) > self._max_peers:

@@ -163,8 +163,9 @@ class NodeEffects(Executor):
         self.peers.on_ready(peer, session)
 
     def send_frame(self, peer: str, out: SendFrame) -> None:
-        if not self._control.send(peer, encode(out.message)):
-            self.driver.queue(peer, TransportLost("send failed"), self.driver.applying)
+        failed = self._control.try_send(peer, encode(out.message))
+        if failed is not None:  # reported here only: the plane queues no PeerLost for it
+            self.driver.queue(peer, TransportLost(failed), self.driver.applying)
         elif isinstance(out.message, AbortFetch):
             self._metrics.count("aborts_sent")
             log.info("peer %s: aborting %s round %d", peer, out.message.kv_request_id,

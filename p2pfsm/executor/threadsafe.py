@@ -25,15 +25,36 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from p2pfsm.executor.jobs import copy_outcome
 from p2pfsm.session import LoadResult, LookupResult, StoreResult
 
-if TYPE_CHECKING:
-    from p2pfsm.executor.node import Node
-
 T = TypeVar("T")
+
+
+class HostApi(Protocol):
+    """The calls of a :class:`~p2pfsm.executor.node.Node` that :class:`ThreadSafeNode`
+    carries to its driving thread (and the one its futures ask why a wait timed out)."""
+
+    def wait_problem(self) -> str | None: ...
+
+    def fetch(self, peer_id: str, kv_request_id: str, keys: Iterable[bytes],
+              dest_indexes: Iterable[int]) -> Future[LoadResult]: ...
+    def lookup(self, peer_id: str, kv_request_id: str,
+               keys: Iterable[bytes]) -> Future[LookupResult]: ...
+    def supply(self, peer_id: str, kv_request_id: str, keys: Iterable[bytes],
+               local_indexes: Iterable[int]) -> Future[StoreResult]: ...
+    def resolve_lookup(self, peer_id: str, token: int, hits: Mapping[bytes, int] | None = None,
+                       pending: Iterable[bytes] = ()) -> Future[StoreResult] | None: ...
+    def finish(self, peer_id: str, kv_request_id: str) -> None: ...
+    def decline(self, peer_id: str, kv_request_id: str, round_seq: int) -> None: ...
+    def connect(self, peer_id: str) -> Any: ...
+    def when_ready(self, peer_id: str) -> Future[Any]: ...
+    def disconnect(self, peer_id: str) -> None: ...
+    def redial_now(self, peer_id: str) -> bool: ...
+    def request_close(self, timeout: float, done: Future[None]) -> None: ...
+    def call_soon_threadsafe(self, call: Callable[[], None]) -> None: ...
 
 
 class SubmittedFuture(Future[T]):
@@ -43,7 +64,7 @@ class SubmittedFuture(Future[T]):
     the wait is on the thread that should)."""
 
     def __init__(self, on_cancel: Callable[[], None] | None = None,
-                 node: Node | None = None) -> None:
+                 node: HostApi | None = None) -> None:
         super().__init__()
         self._on_cancel = on_cancel
         self._node = node
@@ -75,7 +96,7 @@ class SubmittedFuture(Future[T]):
 class ThreadSafeNode:
     """``node.threadsafe``: the host API for threads that do not drive the node."""
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: HostApi) -> None:
         self._node = node
 
     def fetch(self, peer_id: str, kv_request_id: str, keys: Iterable[bytes],

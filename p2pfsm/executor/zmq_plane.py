@@ -361,20 +361,31 @@ class ControlPlane:
         there is no DEALER for ``peer_id`` or its queue is full or the send fails (the
         DEALER is then closed).
         """
+        reason = self.try_send(peer_id, frame)
+        if reason is None:
+            return True
+        self._dealers.pending.append(PeerLost(peer_id, reason))
+        return False
+
+    def try_send(self, peer_id: str, frame: bytes) -> str | None:
+        """:meth:`send`, the failure told to the caller alone: None when the frame is
+        queued, else why not (``"not connected"``, ``"send queue full"``,
+        ``"send failed: ..."``; the DEALER is then closed), and no :class:`PeerLost`
+        follows from :meth:`poll`."""
         self._check_open()
         peer = self._dealers.peers.get(peer_id)
         if peer is None:
-            self._dealers.pending.append(PeerLost(peer_id, "not connected"))
-            return False
+            return "not connected"
         try:
             peer.dealer.send(frame, zmq.NOBLOCK)
         except zmq.Again:
-            self._dealers.lose(peer, "send queue full")
-            return False
+            reason = "send queue full"
         except zmq.ZMQError as exc:
-            self._dealers.lose(peer, f"send failed: {exc}")
-            return False
-        return True
+            reason = f"send failed: {exc}"
+        else:
+            return None
+        self._dealers.lose(peer, reason, report=False)
+        return reason
 
     def poll(self, timeout_ms: int) -> list[ControlEvent]:
         """Return what happened, waiting up to ``timeout_ms`` (0: don't wait; < 0: wait

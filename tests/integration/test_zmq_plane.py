@@ -359,6 +359,9 @@ def test_dead_or_frozen_peer_is_reported_lost(
     assert plane.peers == ()
     assert plane.send(peer_id, b"ping:late") is False
     assert plane.poll(0) == [PeerLost(peer_id, "not connected")]
+    # try_send tells its caller alone (the node's one report of a failed send).
+    assert plane.try_send(peer_id, b"ping:later") == "not connected"
+    assert plane.poll(0) == []
     # The peer's own DEALER into our ROUTER goes too, even if the peer froze before its
     # first PING: the ROUTER's own (rare) PING gets no answer.
     router_port = int(plane.local_id.rpartition(":")[2])
