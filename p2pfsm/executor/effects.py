@@ -193,9 +193,9 @@ class NodeEffects(Executor):
             self.driver.queue(peer, WriteFinished(out.xfer, False), session)
 
     def cancel_write(self, peer: str, out: CancelWrite) -> None:
-        write = self._writes.cancel(self.driver.applying, out.xfer)
-        if write is not None:
-            self.driver.queue(peer, WriteFinished(out.xfer, False), write.session)
+        session = self.driver.applying
+        if session is not None and self._writes.cancel(session, out.xfer):
+            self.driver.queue(peer, WriteFinished(out.xfer, False), session)
 
     def start_registration(self, peer: str, out: StartRegistration) -> None:
         c = out.connect

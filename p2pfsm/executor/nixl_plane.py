@@ -26,18 +26,16 @@ is guarded and turned into either :class:`~p2pfsm.errors.TransportError` (setup 
 misuse) or a failed transfer reported once by :meth:`DataPlane.poll`.
 Each WRITE is named by the caller's own id (:data:`WriteId`, given to
 :meth:`DataPlane.write`): :meth:`~DataPlane.poll` reports it and
-:meth:`~DataPlane.cancel` takes it, so a caller keeps no map from NIXL's ids to its own.
+:meth:`~DataPlane.cancel` takes it, so a caller keeps no map from NIXL's ids to its own
+(:mod:`p2pfsm.executor.nixl_xfers` keeps the one table of them).
 Not thread-safe: use one DataPlane from one thread (the agent runs with no locking).
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
-import operator
-from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeAlias
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from p2pfsm.errors import NIXL_INSTALL_HINT, ConfigError, TransportError
 from p2pfsm.executor.layout import Layout, WireLayout
@@ -60,35 +58,12 @@ from p2pfsm.executor.nixl_checks import (
     positive_int,
 )
 from p2pfsm.executor.nixl_pace import IDLE_PROGRESS_MS, ProgressPace
+from p2pfsm.executor.nixl_xfers import NixlPeer, Transfers, WriteId
 
 if TYPE_CHECKING:
     import torch
 
 __all__ = ["IDLE_PROGRESS_MS", "DataPlane", "WriteId"]
-
-WriteId: TypeAlias = Hashable
-"""The caller's name for one WRITE (the node's: its session and the session's xfer id)."""
-
-
-
-@dataclass(eq=False)
-class _Peer:
-    peer_id: str
-    agent_name: str
-    layout: Layout
-    dlist: Any  # nixl_prepped_dlist_handle of the peer's block-slices
-    faulted: bool = False
-    removed: bool = False  # forgotten; dlist released once its last transfer ends
-
-
-@dataclass(eq=False)
-class _Xfer:
-    write_id: WriteId
-    posted: int  # this plane's count of WRITEs posted: poll reports in this order
-    peer: _Peer
-    handle: Any  # nixl_xfer_handle
-    outcome: bool | None = None  # set once terminal; reported when the handle is released
-
 
 class DataPlane:
     """A block region registered with a NIXL agent (UCX, no progress thread).
@@ -175,10 +150,8 @@ class DataPlane:
 
         nixl = import_nixl()
 
-        self._peers: dict[str, _Peer] = {}
-        self._inflight: dict[WriteId, _Xfer] = {}
-        self._done: dict[WriteId, _Xfer] = {}  # ended and released, not yet reported
-        self._posted = itertools.count()
+        self._peers: dict[str, NixlPeer] = {}
+        self._xfers = Transfers(self._pace, self._retire_peer)
         self._closed = False
 
         self._region: torch.Tensor | None = None
@@ -272,12 +245,18 @@ class DataPlane:
     @property
     def in_flight(self) -> int:
         """Transfers whose NIXL handle is still held (posted, or awaiting release)."""
-        return len(self._inflight)
+        return self._xfers.in_flight
 
     @property
     def progress_interval_ms(self) -> int:
         """The longest the event loop should go without calling :meth:`progress`."""
-        return self._pace.interval_ms(bool(self._inflight))
+        return self._pace.interval_ms(self._xfers.in_flight > 0)
+
+    @property
+    def writes(self) -> Transfers:
+        """The table of our WRITEs not reported yet (its ``len``, ``holds``,
+        ``unreported``): the one table of them."""
+        return self._xfers
 
     @property
     def closed(self) -> bool:
@@ -338,7 +317,7 @@ class DataPlane:
         except Exception as exc:
             self._keep_agents()
             raise TransportError(f"cannot prep descriptors of {peer_id!r}: {exc!r}") from exc
-        self._peers[peer_id] = _Peer(peer_id, agent_name, theirs, dlist)
+        self._peers[peer_id] = NixlPeer(peer_id, agent_name, theirs, dlist)
         self._agents.unload_replaced(self._agent, peer_id, agent_name, self._used_agents())
         self._pace.warm_up()
 
@@ -357,8 +336,7 @@ class DataPlane:
         if peer is None:
             return
         peer.removed = True
-        for xfer in [x for x in self._inflight.values() if x.peer is peer]:
-            self._advance(xfer)
+        self._xfers.advance_peer(self._agent, peer)
         self._retire_peer(peer)
 
     # -- transfers ----------------------------------------------------------------
@@ -381,12 +359,7 @@ class DataPlane:
         range, or a remote block named twice; nothing is posted then.
         """
         self._check_open()
-        try:
-            taken = write_id in self._inflight or write_id in self._done
-        except TypeError:
-            raise TransportError(f"write id {write_id!r} is not hashable") from None
-        if taken:
-            raise TransportError(f"write id {write_id!r} names a WRITE not yet reported")
+        self._xfers.check_free(write_id)
         peer = self._peers.get(peer_id)
         if peer is None:
             raise TransportError(f"unknown peer {peer_id!r}")
@@ -399,37 +372,14 @@ class DataPlane:
         if len(set(remote)) != len(remote):
             raise TransportError("a remote block is named twice in one batch")
 
-        xfer = _Xfer(write_id, next(self._posted), peer, None)
-        try:
-            xfer.handle = self._agent.make_prepped_xfer(
-                "WRITE", self._local, self._layout.descriptors(local),
-                peer.dlist, peer.layout.descriptors(remote),
-            )
-            state = self._agent.transfer(xfer.handle)
-        except Exception:
-            state = "ERR"
-        if xfer.handle is None:
-            peer.faulted = True
-            xfer.outcome = False
-            self._done[write_id] = xfer
-            return
-        self._inflight[write_id] = xfer
-        if state != "PROC":
-            self._settle(xfer, state)
-        else:
-            self._pace.posted()
+        self._xfers.post(self._agent, write_id, peer, self._local,
+                         self._layout.descriptors(local), peer.layout.descriptors(remote))
 
     def poll(self) -> list[tuple[WriteId, bool]]:
         """Finished transfers as ``(write id, ok)``, each reported once, in the order
         they were posted; their NIXL handles are released before they are reported."""
         self._check_open()
-        for xfer in list(self._inflight.values()):
-            self._advance(xfer)
-        if not self._done:
-            return []
-        done, self._done = self._done, {}
-        return [(x.write_id, bool(x.outcome))
-                for x in sorted(done.values(), key=operator.attrgetter("posted"))]
+        return self._xfers.poll(self._agent)
 
     def cancel(self, write_id: WriteId) -> bool:
         """Abandon the transfer ``write_id`` names if it has ended; one still running is
@@ -444,20 +394,13 @@ class DataPlane:
         the write is over could free blocks that are written afterwards.
         """
         self._check_open()
-        if self._done.pop(write_id, None) is not None:
-            return True
-        xfer = self._inflight.get(write_id)
-        if xfer is None:
-            return True
-        if xfer.outcome is None:
-            state = self._state(xfer)
-            if state == "PROC":
-                return False
-            xfer.outcome = state == "DONE"
-        if self._release(xfer):
-            del self._inflight[write_id]
-            return True
-        return False
+        return self._xfers.cancel(self._agent, write_id)
+
+    def abandon(self, write_id: WriteId) -> None:
+        """Stop waiting for ``write_id``: :meth:`poll` never reports it; one still
+        running is left to end (released then, or at :meth:`close`)."""
+        self._check_open()
+        self._xfers.abandon(write_id)
 
     def progress(self) -> None:
         """Run UCX progress once (cheap). Call it on every loop tick, at least every
@@ -483,12 +426,8 @@ class DataPlane:
         if self._closed:
             return
         self._closed = True
-        removed = {id(x.peer): x.peer for x in self._inflight.values() if x.peer.removed}
-        for xfer in self._inflight.values():
-            self._release(xfer)
-        self._inflight.clear()
-        self._done.clear()
-        for peer in [*self._peers.values(), *removed.values()]:
+        removed = self._xfers.close()
+        for peer in [*self._peers.values(), *removed]:
             with contextlib.suppress(Exception):
                 peer.dlist.release()
         self._peers.clear()
@@ -520,41 +459,9 @@ class DataPlane:
         if self._closed:
             raise TransportError("data plane is closed")
 
-    def _state(self, xfer: _Xfer) -> str:
-        """NIXL's state of a running transfer: "PROC", "DONE" or "ERR" (also when asking
-        fails)."""
-        try:
-            return str(self._agent.check_xfer_state(xfer.handle))
-        except Exception:
-            return "ERR"
-
-    def _advance(self, xfer: _Xfer) -> None:
-        """Settle a transfer that has ended, or retry releasing one that has; leave a
-        running one running."""
-        if xfer.outcome is not None:
-            self._try_retire(xfer)
-            return
-        state = self._state(xfer)
-        if state != "PROC":
-            self._settle(xfer, state)
-
-    def _settle(self, xfer: _Xfer, state: str) -> None:
-        """Record a terminal state and report the transfer if its handle releases."""
-        xfer.outcome = state == "DONE"
-        if not xfer.outcome:
-            xfer.peer.faulted = True
-        self._try_retire(xfer)
-
-    def _try_retire(self, xfer: _Xfer) -> None:
-        if self._release(xfer):
-            del self._inflight[xfer.write_id]
-            self._done[xfer.write_id] = xfer
-            if xfer.peer.removed:
-                self._retire_peer(xfer.peer)
-
-    def _retire_peer(self, peer: _Peer) -> None:
+    def _retire_peer(self, peer: NixlPeer) -> None:
         """Release a removed peer's descriptors once no transfer of it runs."""
-        if any(x.peer is peer for x in self._inflight.values()):
+        if self._xfers.runs_for(peer):
             return
         with contextlib.suppress(Exception):  # it also frees itself when collected
             peer.dlist.release()
@@ -564,17 +471,9 @@ class DataPlane:
         else:
             self._keep_agents()
 
-    @staticmethod
-    def _release(xfer: _Xfer) -> bool:
-        try:
-            xfer.handle.release()
-        except Exception:
-            return False
-        return True
-
     def _used_agents(self) -> set[str]:
         used = {peer.agent_name for peer in self._peers.values()}
-        used.update(x.peer.agent_name for x in self._inflight.values())
+        used.update(self._xfers.agent_names())
         return used
 
     def _keep_agents(self) -> None:

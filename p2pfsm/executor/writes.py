@@ -1,77 +1,68 @@
-"""A node's WRITEs in flight: one id from start to end, and what each one was for.
+"""A node's WRITEs: what each one is for, kept in the data plane's one table of them.
 
-A WRITE is named by the pair (session, the session's ``xfer``): the node passes it to
-:meth:`DataPlane.write`, the plane reports it under it from :meth:`DataPlane.poll` and
-takes it in :meth:`DataPlane.cancel` (NIXL's handle stays inside the plane). A session
-that replaces another never hears of the old one's writes: each result goes back to the
-session that started the write.
+A WRITE is named by its :class:`Write`: its session and the session's ``xfer`` (equal
+Writes name the same WRITE), with the peer and the bytes along. The node passes it to
+:meth:`DataPlane.write` as the WRITE's id; the plane keeps it in flight
+(:mod:`p2pfsm.executor.nixl_xfers`), reports it from :meth:`DataPlane.poll` and takes it
+in :meth:`DataPlane.cancel` (NIXL's handle stays inside the plane), so no second table
+of writes exists. A session that replaces another never hears of the old one's writes:
+each result goes back to the session that started the write.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from p2pfsm.executor.nixl_plane import DataPlane, WriteId
+from p2pfsm.executor.nixl_plane import DataPlane
 from p2pfsm.session import Session, StartWrite
 
 
-@dataclass(eq=False, slots=True)
+@dataclass(frozen=True, slots=True)
 class Write:
-    """One of our WRITEs: its session, the session's id for it, and its size."""
+    """One of our WRITEs: its session and the session's id for it (what names it), its
+    peer and its size."""
 
-    peer_id: str
-    xfer: int
-    nbytes: int
     session: Session
-
-    @property
-    def key(self) -> tuple[Session, int]:
-        """Its id in :class:`Writes` and in the data plane: (session, xfer)."""
-        return (self.session, self.xfer)
+    xfer: int
+    peer_id: str = field(compare=False)
+    nbytes: int = field(compare=False)
 
 
 class Writes:
-    """Our WRITEs that the data plane still runs, by (session, xfer)."""
+    """Our WRITEs that the data plane has not reported yet."""
 
-    __slots__ = ("_block_len", "_by_id", "_data")
+    __slots__ = ("_block_len", "_data")
 
     def __init__(self, data: DataPlane, block_len: int) -> None:
         self._data = data
         self._block_len = block_len
-        self._by_id: dict[WriteId, Write] = {}
 
     def __len__(self) -> int:
-        return len(self._by_id)
+        return len(self._data.writes)
 
     def start(self, peer: str, out: StartWrite, session: Session) -> None:
         """Start ``session``'s write on the data plane; a TransportError if it cannot."""
-        write = Write(peer, out.xfer, len(out.local_indexes) * self._block_len, session)
-        key = write.key
-        self._data.write(key, peer, out.local_indexes, out.remote_indexes)
-        self._by_id[key] = write
+        write = Write(session, out.xfer, peer, len(out.local_indexes) * self._block_len)
+        self._data.write(write, peer, out.local_indexes, out.remote_indexes)
 
-    def cancel(self, session: Session | None, xfer: int) -> Write | None:
-        """Cancel ``session``'s write ``xfer``; the write when it stopped at once (it is
-        forgotten then), None when it runs on (its end comes from :meth:`finished`) or
-        is unknown."""
-        write = self._by_id.get((session, xfer))
-        if write is not None and self._data.cancel(write.key):
-            del self._by_id[write.key]
-            return write
-        return None
+    def cancel(self, session: Session, xfer: int) -> bool:
+        """Cancel ``session``'s write ``xfer``: True when it stopped at once (it will not
+        be reported then), False when it runs on (its end comes from :meth:`finished`)
+        or is unknown."""
+        write = Write(session, xfer, "", 0)
+        return self._data.writes.holds(write) and self._data.cancel(write)
 
     def finished(self) -> Iterator[tuple[Write, bool]]:
-        """The writes the data plane reports ended (each forgotten), with success."""
-        for write_id, ok in self._data.poll():
-            write = self._by_id.pop(write_id, None)
-            if write is not None:
+        """The writes the data plane reports ended, with success."""
+        for write, ok in self._data.poll():
+            if isinstance(write, Write):
                 yield write, ok
 
     def running(self) -> list[Write]:
-        """The writes still running, oldest first."""
-        return list(self._by_id.values())
+        """The writes not reported yet, oldest first."""
+        return [w for w in self._data.writes.unreported() if isinstance(w, Write)]
 
     def forget(self, write: Write) -> None:
-        """Stop tracking ``write`` (the node closes without waiting for its end)."""
-        del self._by_id[write.key]
+        """Stop waiting for ``write`` (the node closes without waiting for its end)."""
+        self._data.abandon(write)
