@@ -338,7 +338,7 @@ EXECUTOR_SLIPS: tuple[Entry, ...] = (
     Entry("cancel_releases_running_write", "cancel of a running WRITE",
           "DataPlane.cancel releases a WRITE still running (its PROC check dropped), so "
           "the session is told the write is over while UCX may still move its bytes",
-          slip=Slip("p2pfsm.executor.nixl_plane", "DataPlane.cancel",
+          slip=Slip("p2pfsm.executor.nixl_xfers", "Transfers.cancel",
                     'if state == "PROC":', "if False:"),
           caught_by=("tests/integration/test_nixl_plane.py::"
                      "test_cancel_leaves_a_running_write_to_end",
