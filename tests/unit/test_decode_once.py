@@ -66,6 +66,11 @@ class _NoMemory:
     def progress_interval_ms(self) -> int:
         return 50
 
+    @property
+    def writes(self) -> list[object]:
+        """No WRITE is ever started here."""
+        return []
+
     def add_peer(self, peer: str, *_args: object) -> None:
         self.registered.append(peer)
 
