@@ -47,6 +47,19 @@ def decodes(monkeypatch: pytest.MonkeyPatch) -> _Decodes:
     return seen
 
 
+class _NoWrites:
+    """The plane's table of WRITEs, empty: no WRITE is ever started here."""
+
+    def __len__(self) -> int:
+        return 0
+
+    def holds(self, _write_id: object) -> bool:
+        return False
+
+    def unreported(self) -> list[object]:
+        return []
+
+
 class _NoMemory:
     """A data plane with a region nobody writes: registering a peer records it."""
 
@@ -67,9 +80,8 @@ class _NoMemory:
         return 50
 
     @property
-    def writes(self) -> list[object]:
-        """No WRITE is ever started here."""
-        return []
+    def writes(self) -> _NoWrites:
+        return _NoWrites()
 
     def add_peer(self, peer: str, *_args: object) -> None:
         self.registered.append(peer)
