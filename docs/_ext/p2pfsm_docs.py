@@ -35,15 +35,15 @@ API: tuple[tuple[str, str, tuple[tuple[str, tuple[str, ...]], ...]], ...] = (
      (("p2pfsm.aio", ("AsyncNode", "FetchHandle")),)),
     ("Memory", "The memory a node registers: its own, the host's, or a cache laid out "
      "per layer.",
-     (("p2pfsm.executor.memory", ("HostRegion",)),
-      ("p2pfsm.executor.layout", ("Layout", "Region")),
-      ("p2pfsm.executor.nixl_plane", ("DataPlane",)))),
+     (("p2pfsm.executor.nixl.memory", ("HostRegion",)),
+      ("p2pfsm.executor.nixl.layout", ("Layout", "Region")),
+      ("p2pfsm.executor.nixl.plane", ("DataPlane",)))),
     ("Results and producer callbacks", "What a job ends with, and what a producer is "
      "asked.",
      (("p2pfsm.session.outputs", ("LoadResult", "StoreResult", "LookupResult",
                                   "DestinationReleased", "RoundEnded", "FetchArrived",
                                   "LookupRequest", "SessionDead", "FailReason")),
-      ("p2pfsm.executor.jobs", ("JobFuture", "LookupAsk")),
+      ("p2pfsm.executor.node.jobs", ("JobFuture", "LookupAsk")),
       ("p2pfsm.executor.node", ("LookupAnswer",)))),
     ("Host helpers", "A prompt's block keys as vLLM computes them, and a producer's index "
      "of the blocks it holds.",
@@ -52,7 +52,7 @@ API: tuple[tuple[str, str, tuple[tuple[str, tuple[str, ...]], ...]], ...] = (
      (("p2pfsm.metrics", ("NodeMetrics", "COUNTERS", "GAUGES", "HISTOGRAMS", "BUCKETS")),
       ("p2pfsm.prometheus", ("serve_metrics", "MetricsServer", "MetricsCollector")))),
     ("Authentication", "CURVE keys.",
-     (("p2pfsm.executor.curve", ("CurveKeys", "load_curve_keys")),)),
+     (("p2pfsm.executor.zmq.curve", ("CurveKeys", "load_curve_keys")),)),
     ("Sessions (sans-IO)", "A session without sockets, clocks or threads.",
      (("p2pfsm.session", ("Session", "SessionConfig", "Timeouts")),)),
     ("Limits", "The bounds applied to every frame from a peer.",

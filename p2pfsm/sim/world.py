@@ -25,8 +25,8 @@ from functools import partial
 
 from p2pfsm.demo_blocks import demo_block, demo_key
 from p2pfsm.errors import LocalProtocolError
-from p2pfsm.executor.core import Executor
-from p2pfsm.executor.driver import CallRecorder, Driver
+from p2pfsm.executor.runtime.driver import CallRecorder, Driver
+from p2pfsm.executor.runtime.effects import Executor
 from p2pfsm.fsm import Tracer, machine
 from p2pfsm.protocol import encode
 from p2pfsm.session import (

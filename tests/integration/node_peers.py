@@ -32,8 +32,8 @@ from typing import Any
 
 from p2pfsm.demo.host import fill_demo_region
 from p2pfsm.demo_blocks import demo_key
-from p2pfsm.executor.effects import NodeEffects
 from p2pfsm.executor.node import LookupAnswer, LookupAsk, Node, NodeConfig
+from p2pfsm.executor.node.effects import NodeEffects
 from p2pfsm.protocol import decode
 from p2pfsm.session import (
     FetchArrived,

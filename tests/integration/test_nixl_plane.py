@@ -24,9 +24,9 @@ import pytest
 
 from p2pfsm.demo_blocks import demo_block
 from p2pfsm.errors import ConfigError, TransportError
-from p2pfsm.executor.descriptors import HEADROOM
-from p2pfsm.executor.nixl_plane import IDLE_PROGRESS_MS, DataPlane, WriteId
-from p2pfsm.executor.zmq_plane import ControlPlane, FrameIn
+from p2pfsm.executor.fds import HEADROOM
+from p2pfsm.executor.nixl.plane import IDLE_PROGRESS_MS, DataPlane, WriteId
+from p2pfsm.executor.zmq.plane import ControlPlane, FrameIn
 from tests.helpers.descriptors import descriptors_left
 
 from . import Child, cpu_seconds

@@ -81,10 +81,10 @@ from stateful.oracle import Oracle
 from p2pfsm.aio import FetchHandle
 from p2pfsm.demo_blocks import demo_block, demo_key
 from p2pfsm.errors import LocalProtocolError
-from p2pfsm.executor.jobs import JobFuture, LookupAsk, copy_outcome
-from p2pfsm.executor.memory import HostRegion
-from p2pfsm.executor.nixl_agent import agent_name_of
+from p2pfsm.executor.nixl.agent import agent_name_of
+from p2pfsm.executor.nixl.memory import HostRegion
 from p2pfsm.executor.node import LookupAnswer, Node, NodeConfig
+from p2pfsm.executor.node.jobs import JobFuture, LookupAsk, copy_outcome
 from p2pfsm.protocol import AbortFetch, Connect, decode, encode
 from p2pfsm.protocol import Fetch as FetchFrame
 from p2pfsm.session import (

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import zmq
 
-import p2pfsm.executor.planes as planes_module
-from p2pfsm.executor.layout import Layout
+import p2pfsm.executor.node.planes as planes_module
+from p2pfsm.executor.nixl.layout import Layout
 from p2pfsm.executor.node import Node, NodeConfig
 from p2pfsm.protocol import Connect, codec, encode
 from p2pfsm.session import FrameReceived, HostStart, Session, SessionConfig

@@ -6,7 +6,7 @@ import typing
 
 import pytest
 
-from p2pfsm.executor.core import _HANDLERS, Executor, bound_handlers, check_handlers
+from p2pfsm.executor.runtime.effects import _HANDLERS, Executor, bound_handlers, check_handlers
 from p2pfsm.protocol import Disconnect
 from p2pfsm.session import LookupClosed, Output, SendFrame
 from p2pfsm.sim.world import SimWorld
@@ -36,7 +36,7 @@ def test_an_executor_missing_a_method_fails_loudly_not_silently() -> None:
 
 
 def test_node_and_simworld_implement_every_required_method() -> None:
-    from p2pfsm.executor.effects import NodeEffects
+    from p2pfsm.executor.node.effects import NodeEffects
 
     required = {name for name in _HANDLERS.values()
                 if getattr(Executor, name).__doc__ is None}
