@@ -30,8 +30,8 @@ from p2pfsm.session import Session, SessionConfig, Timeouts
 if TYPE_CHECKING:
     from p2pfsm.aio import AsyncNode, FetchHandle
     from p2pfsm.blocks import BlockHasher, PinnedBlocks
-    from p2pfsm.executor.memory import HostRegion
-    from p2pfsm.executor.nixl_plane import DataPlane
+    from p2pfsm.executor.nixl.memory import HostRegion
+    from p2pfsm.executor.nixl.plane import DataPlane
     from p2pfsm.executor.node import LookupAnswer, LookupAsk, Node, NodeConfig, fingerprint
     from p2pfsm.metrics import NodeMetrics
     from p2pfsm.prometheus import MetricsCollector as MetricsCollector
@@ -56,8 +56,8 @@ _LAZY: dict[str, str] = {
     "fingerprint": "p2pfsm.executor.node",
     "AsyncNode": "p2pfsm.aio",
     "FetchHandle": "p2pfsm.aio",
-    "HostRegion": "p2pfsm.executor.memory",
-    "DataPlane": "p2pfsm.executor.nixl_plane",
+    "HostRegion": "p2pfsm.executor.nixl.memory",
+    "DataPlane": "p2pfsm.executor.nixl.plane",
     "NodeMetrics": "p2pfsm.metrics",
     "MetricsCollector": "p2pfsm.prometheus",
     "serve_metrics": "p2pfsm.prometheus",

@@ -24,10 +24,10 @@ from collections.abc import Callable, Generator, Iterable, Mapping
 from typing import Any, TypeVar
 
 from p2pfsm.errors import LocalProtocolError
-from p2pfsm.executor.config import NodeConfig
-from p2pfsm.executor.jobs import JobFuture, LookupAsk, copy_outcome
 from p2pfsm.executor.node import LookupAnswer, Node
-from p2pfsm.executor.threadsafe import ThreadSafeNode
+from p2pfsm.executor.node.config import NodeConfig
+from p2pfsm.executor.node.jobs import JobFuture, LookupAsk, copy_outcome
+from p2pfsm.executor.node.threadsafe import ThreadSafeNode
 from p2pfsm.metrics import NodeMetrics
 from p2pfsm.session import (
     DestinationReleased,

@@ -29,23 +29,21 @@ GENERATED = ("api", "cli", "wire", "models", "cases")
 # once, under ``p2pfsm.NAME`` when the top-level package exports that very object, under
 # its module otherwise; names of ``p2pfsm.__all__`` listed nowhere here get a section.
 API: tuple[tuple[str, str, tuple[tuple[str, tuple[str, ...]], ...]], ...] = (
-    ("Node", "One process's endpoint and its configuration. The methods by which a node "
-     "carries out its sessions' outputs (`p2pfsm.executor.node_effects`) are left out: "
-     "the node calls them itself.",
+    ("Node", "One process's endpoint and its configuration.",
      (("p2pfsm.executor.node", ("Node", "NodeConfig", "fingerprint")),)),
     ("asyncio", "A node driven by an asyncio loop.",
      (("p2pfsm.aio", ("AsyncNode", "FetchHandle")),)),
     ("Memory", "The memory a node registers: its own, the host's, or a cache laid out "
      "per layer.",
-     (("p2pfsm.executor.memory", ("HostRegion",)),
-      ("p2pfsm.executor.layout", ("Layout", "Region")),
-      ("p2pfsm.executor.nixl_plane", ("DataPlane",)))),
+     (("p2pfsm.executor.nixl.memory", ("HostRegion",)),
+      ("p2pfsm.executor.nixl.layout", ("Layout", "Region")),
+      ("p2pfsm.executor.nixl.plane", ("DataPlane",)))),
     ("Results and producer callbacks", "What a job ends with, and what a producer is "
      "asked.",
      (("p2pfsm.session.outputs", ("LoadResult", "StoreResult", "LookupResult",
                                   "DestinationReleased", "RoundEnded", "FetchArrived",
                                   "LookupRequest", "SessionDead", "FailReason")),
-      ("p2pfsm.executor.jobs", ("JobFuture", "LookupAsk")),
+      ("p2pfsm.executor.node.jobs", ("JobFuture", "LookupAsk")),
       ("p2pfsm.executor.node", ("LookupAnswer",)))),
     ("Host helpers", "A prompt's block keys as vLLM computes them, and a producer's index "
      "of the blocks it holds.",
@@ -54,7 +52,7 @@ API: tuple[tuple[str, str, tuple[tuple[str, tuple[str, ...]], ...]], ...] = (
      (("p2pfsm.metrics", ("NodeMetrics", "COUNTERS", "GAUGES", "HISTOGRAMS", "BUCKETS")),
       ("p2pfsm.prometheus", ("serve_metrics", "MetricsServer", "MetricsCollector")))),
     ("Authentication", "CURVE keys.",
-     (("p2pfsm.executor.curve", ("CurveKeys", "load_curve_keys")),)),
+     (("p2pfsm.executor.zmq.curve", ("CurveKeys", "load_curve_keys")),)),
     ("Sessions (sans-IO)", "A session without sockets, clocks or threads.",
      (("p2pfsm.session", ("Session", "SessionConfig", "Timeouts")),)),
     ("Limits", "The bounds applied to every frame from a peer.",
@@ -99,18 +97,6 @@ def api_names() -> list[tuple[str, list[str]]]:
     return sections
 
 
-EXECUTOR_SIDE = ("p2pfsm.executor.node_effects", "p2pfsm.executor.core")
-"""Modules of the classes a Node inherits its executor interface from: the methods that
-carry out its sessions' outputs, which the node calls itself and a host never does."""
-
-
-def _executor_side(cls: type) -> list[str]:
-    """The public methods ``cls`` inherits from the executor side and does not define."""
-    own = set(vars(cls))
-    return sorted({name for base in cls.__mro__[1:] if base.__module__ in EXECUTOR_SIDE
-                   for name in vars(base) if not name.startswith("_") and name not in own})
-
-
 def api_page() -> str:
     """``reference/api.md``: autodoc directives for every name of :func:`api_names`."""
     import p2pfsm
@@ -132,9 +118,6 @@ def api_page() -> str:
             options = ""
             if kind in ("class", "exception"):
                 options = "   :members:\n   :show-inheritance:\n"
-                if attr == "Node":
-                    options += "   :inherited-members:\n"
-                    options += f"   :exclude-members: {', '.join(_executor_side(obj))}\n"
             elif kind == "data":
                 options = "   :no-value:\n"
             out.append(f"```{{eval-rst}}\n.. auto{kind}:: {name}\n{options}```\n")

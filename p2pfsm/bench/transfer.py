@@ -41,8 +41,8 @@ from typing import Any
 from p2pfsm.bench.child import BenchChild
 from p2pfsm.demo_blocks import demo_block, demo_key
 from p2pfsm.errors import ConfigError, TransportError
-from p2pfsm.executor.jobs import JobFuture
 from p2pfsm.executor.node import Node, NodeConfig
+from p2pfsm.executor.node.jobs import JobFuture
 from p2pfsm.protocol import Fetch, encode
 from p2pfsm.session import LoadResult
 

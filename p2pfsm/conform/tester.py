@@ -1,8 +1,8 @@
 """The tester peer: real ZeroMQ and NIXL, with p2pfsm's own session as the oracle.
 
-A :class:`Tester` binds a :class:`~p2pfsm.executor.zmq_plane.ControlPlane` on loopback
+A :class:`Tester` binds a :class:`~p2pfsm.executor.zmq.plane.ControlPlane` on loopback
 (a ROUTER in, a DEALER to the target, the protocol's socket pattern) and registers a
-host region with a :class:`~p2pfsm.executor.nixl_plane.DataPlane` (a real NIXL agent).
+host region with a :class:`~p2pfsm.executor.nixl.plane.DataPlane` (a real NIXL agent).
 Its side of the conversation is a :class:`~p2pfsm.session.Session`: the consumer's
 against a producer target (it dials the target), the producer's against a consumer
 target (``Target.addr`` empty: it waits for the target to connect, learns its identity
@@ -31,9 +31,9 @@ from p2pfsm.conform.tester_effects import TesterEffects
 from p2pfsm.conform.verdict import CaseFailure
 from p2pfsm.demo_blocks import demo_block, demo_key
 from p2pfsm.errors import MalformedFrame, TransportError
-from p2pfsm.executor.driver import Driver
-from p2pfsm.executor.nixl_plane import DataPlane
-from p2pfsm.executor.zmq_plane import ControlPlane, FrameIn, PeerLost
+from p2pfsm.executor.nixl.plane import DataPlane
+from p2pfsm.executor.runtime.driver import Driver
+from p2pfsm.executor.zmq.plane import ControlPlane, FrameIn, PeerLost
 from p2pfsm.protocol import AbortAck, AbortFetch, Connect, Message, decode, encode
 from p2pfsm.session import (
     FetchArrived,
@@ -84,7 +84,7 @@ PEER = "target"
 
 class Tester:
     """One tester identity against ``target``: its sockets, its memory, its session
-    (fed through a :class:`~p2pfsm.executor.driver.Driver`; what its outputs do is
+    (fed through a :class:`~p2pfsm.executor.runtime.driver.Driver`; what its outputs do is
     :class:`~p2pfsm.conform.tester_effects.TesterEffects`)."""
 
     def __init__(self, target: Target, *, timeouts: Timeouts | None = None,

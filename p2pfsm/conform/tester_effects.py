@@ -1,7 +1,7 @@
 """What a conformance tester's session outputs do: its :class:`Executor` effects.
 
 The tester (:class:`~p2pfsm.conform.tester.Tester`) feeds its one session through a
-:class:`~p2pfsm.executor.driver.Driver`, as a node does; these are the effects the driver
+:class:`~p2pfsm.executor.runtime.driver.Driver`, as a node does; these are the effects the driver
 hands each output to. They send on the tester's sockets, write with its NIXL agent,
 answer the target's fetches and lookups as the case set the tester up to, and collect
 results, violations and the session's death for the case to judge.
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from p2pfsm.conform.describe import describe
 from p2pfsm.errors import TransportError
-from p2pfsm.executor.core import Executor
+from p2pfsm.executor.runtime.effects import Executor
 from p2pfsm.protocol import AbortAck
 from p2pfsm.session import (
     CancelWrite,

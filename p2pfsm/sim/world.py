@@ -10,8 +10,8 @@ so every run replays from its seed:
 * the data plane: a started write may *land* (copy its source blocks into the
   destination) at any step until it *completes* (reported to its session); a cancelled
   write may still land until it completes; a faulty write completes without landing;
-* the hosts: :class:`SimHost` allocates destination blocks, supplies stored blocks,
-  answers lookups, and checks the safety properties on every result.
+* the hosts: :class:`~p2pfsm.sim.host.SimHost` allocates destination blocks, supplies
+  stored blocks, answers lookups, and checks the safety properties on every result.
 
 Block model (as vLLM's interop harness): key ``demo_key(i)`` has content
 ``demo_block(i)`` and a node that holds it keeps it at block ``i``.
@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from functools import partial
 
 from p2pfsm.demo_blocks import demo_block, demo_key
 from p2pfsm.errors import LocalProtocolError
-from p2pfsm.executor.core import Executor
-from p2pfsm.executor.driver import CallRecorder, Driver
+from p2pfsm.executor.runtime.driver import CallRecorder, Driver
+from p2pfsm.executor.runtime.effects import Executor
 from p2pfsm.fsm import Tracer, machine
 from p2pfsm.protocol import encode
 from p2pfsm.session import (
@@ -65,77 +64,10 @@ from p2pfsm.session import (
     WriteFinished,
 )
 from p2pfsm.session.config import PROFILE_TIMEOUTS
+from p2pfsm.sim.host import Load, SafetyViolation, SimHost, SimWrite
 
 _UNSTARTED = machine("session").state_set("unstarted")
 """Session states before HostStart (models/session.toml [sets])."""
-
-
-class SafetyViolation(AssertionError):
-    """A simulated run broke one of the protocol's safety properties."""
-
-
-@dataclass(slots=True)
-class SimWrite:
-    """A write in flight between two nodes."""
-
-    src: str
-    xfer: int
-    local_indexes: tuple[int, ...]
-    remote_indexes: tuple[int, ...]
-    owner_jobs: tuple[int | None, ...]
-    landed: bool = False
-    cancelled: bool = False
-
-
-@dataclass(slots=True)
-class Load:
-    job_id: int
-    kv_request_id: str
-    key_ids: tuple[int, ...]
-    dest: tuple[int, ...]
-
-
-@dataclass(slots=True)
-class SimHost:
-    """One node's host: memory, block ownership and the results it received."""
-
-    name: str
-    num_blocks: int
-    block_len: int
-    held: frozenset[int]
-    region: bytearray = field(default_factory=bytearray)
-    free: list[int] = field(default_factory=list)
-    owner: dict[int, int] = field(default_factory=dict)
-    loads: dict[int, Load] = field(default_factory=dict)
-    load_results: dict[int, LoadResult] = field(default_factory=dict)
-    released_later: dict[int, DestinationReleased] = field(default_factory=dict)
-    """Held destinations released after their result (DestinationReleased)."""
-    store_jobs: dict[int, tuple[int, ...]] = field(default_factory=dict)
-    store_results: dict[int, StoreResult] = field(default_factory=dict)
-    lookups_sent: int = 0
-    lookup_results: list[LookupResult] = field(default_factory=list)
-    lookup_requests: dict[int, LookupRequest] = field(default_factory=dict)
-    lookups_closed: set[int] = field(default_factory=set)
-    violations: list[ProtocolViolation] = field(default_factory=list)
-    deaths: list[SessionDead] = field(default_factory=list)
-    finished: set[str] = field(default_factory=set)
-    """Requests this host finished: it supplies them no more."""
-
-    def __post_init__(self) -> None:
-        self.region = bytearray(self.num_blocks * self.block_len)
-        for i in self.held:
-            self.region[i * self.block_len:(i + 1) * self.block_len] = demo_block(i, self.block_len)
-        self.free = [i for i in range(self.num_blocks) if i not in self.held]
-
-    def block(self, i: int) -> bytes:
-        return bytes(self.region[i * self.block_len:(i + 1) * self.block_len])
-
-    @property
-    def quiet(self) -> bool:
-        """Every job started here has its result."""
-        return (self.loads.keys() <= self.load_results.keys()
-                and self.store_jobs.keys() <= self.store_results.keys()
-                and self.lookups_sent == len(self.lookup_results))
 
 
 class SimWorld(Executor):
@@ -252,7 +184,7 @@ class SimWorld(Executor):
         if out.job_id in host.released_later:
             raise SafetyViolation(f"{peer}: second release notice for job {out.job_id}")
         host.released_later[out.job_id] = out
-        self._free(host, host.loads[out.job_id].dest)
+        host.release(host.loads[out.job_id].dest)
 
     def store_result(self, peer: str, out: StoreResult) -> None:
         self._on_store_result(peer, self.hosts[peer], out)
@@ -383,14 +315,7 @@ class SimWorld(Executor):
                     raise SafetyViolation(
                         f"{host.name}: job {res.job_id} block {d} has wrong bytes")
         if res.released:
-            self._free(host, load.dest)
-
-    @staticmethod
-    def _free(host: SimHost, dest: tuple[int, ...]) -> None:
-        """The host reuses these blocks: a write landing in one later is a violation."""
-        for d in dest:
-            if host.owner.pop(d, None) is not None:
-                host.free.append(d)
+            host.release(load.dest)
 
     def _on_store_result(self, node: str, host: SimHost, res: StoreResult) -> None:
         if res.job_id in host.store_results:

@@ -49,7 +49,7 @@ from p2pfsm.session import (
 )
 from p2pfsm.session.config import resolve_profile
 from p2pfsm.session.machine import OPEN_STATES, STALE_ANSWER_INTERVAL_S
-from p2pfsm.sim.world import SafetyViolation
+from p2pfsm.sim.host import SafetyViolation
 from p2pfsm.spec_calls import FRAME_ACTIONS, STALE_STATES, TIMER_ACTIONS, action_name
 from p2pfsm.verify.graph import StateGraph, Step
 from p2pfsm.verify.names import ENVIRONMENT_ACTIONS

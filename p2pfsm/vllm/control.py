@@ -3,7 +3,7 @@
 :class:`PlaneTransport` has ``ZmqTransport``'s constructor ``(local_id, host, port)`` and
 the surface vLLM's tier manager uses (``connect``, ``poll``, ``close``), and hands out
 :class:`PlaneConnection` objects with ``ControlConnection``'s (``send``, ``recv``,
-``alive``, ``mark_dead``, ``close``). Underneath is :class:`~p2pfsm.executor.zmq_plane.
+``alive``, ``mark_dead``, ``close``). Underneath is :class:`~p2pfsm.executor.zmq.plane.
 ControlPlane` as ``p2pfsm serve`` configures it: dial-back only for a well-formed connect
 from its own address, a pending-handshake budget, a per-host rate of new identities, a
 connect timeout, frame size limit, heartbeats, and CURVE when keys are given.
@@ -22,9 +22,9 @@ from typing import Any
 import msgspec
 from vllm.v1.kv_offload.tiering.p2p.control.base import ControlConnection, ControlTransport
 
-from p2pfsm.executor.admission import is_connect_from
-from p2pfsm.executor.curve import load_curve_keys
-from p2pfsm.executor.zmq_plane import ControlEvent, ControlPlane, FrameIn, PeerLost
+from p2pfsm.executor.zmq.admission import is_connect_from
+from p2pfsm.executor.zmq.curve import load_curve_keys
+from p2pfsm.executor.zmq.plane import ControlEvent, ControlPlane, FrameIn, PeerLost
 from p2pfsm.vllm import guard
 from p2pfsm.vllm.data import progress_open
 

@@ -8,7 +8,7 @@ the same values), ``add_remote_peer`` / ``add_remote_peer_async``, ``remove_remo
 ``write_blocks``, ``poll``, ``cancel``, ``close``, and 0.34.0's ``poll_retired`` /
 ``force_release_retired`` (a removed peer's running WRITEs are retired: hidden from
 ``poll``, reported once by ``poll_retired`` when they end). Underneath is
-:class:`~p2pfsm.executor.nixl_plane.DataPlane` over the caller's view (registered in
+:class:`~p2pfsm.executor.nixl.plane.DataPlane` over the caller's view (registered in
 place, one descriptor per block, as vLLM's): the wire (NIXL metadata, a peer's
 ``base_addr`` / ``num_blocks`` / ``block_len``, one WRITE per batch) is vLLM's, so a
 stock vLLM peer interoperates in both roles. :func:`p2pfsm.vllm.install` with
@@ -44,8 +44,8 @@ from typing import Any
 from vllm.v1.kv_offload.tiering.p2p.data.base import CancelMode, DataTransport, PollResult
 
 from p2pfsm.errors import ConfigError, TransportError
-from p2pfsm.executor.memory import HostRegion
-from p2pfsm.executor.nixl_plane import DataPlane
+from p2pfsm.executor.nixl.memory import HostRegion
+from p2pfsm.executor.nixl.plane import DataPlane
 from p2pfsm.vllm import guard
 
 log = logging.getLogger("p2pfsm.vllm.data")

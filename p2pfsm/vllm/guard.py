@@ -42,9 +42,9 @@ from typing import Any
 import zmq
 
 from p2pfsm.errors import TransportError
-from p2pfsm.executor.admission import is_connect_from
-from p2pfsm.executor.peer_ids import ip_of, origin_of, parse_peer_id
-from p2pfsm.executor.zmq_plane import frame_meta
+from p2pfsm.executor.zmq.admission import is_connect_from
+from p2pfsm.executor.zmq.peer_ids import ip_of, origin_of, parse_peer_id
+from p2pfsm.executor.zmq.plane import frame_meta
 from p2pfsm.protocol import Limits
 
 log = logging.getLogger("p2pfsm.vllm.guard")

@@ -15,7 +15,7 @@ registration; ``remove_remote_peer`` frees a peer id's claim. Everything else go
 vLLM's method as it is (metadata that is not NIXL's included: vLLM's transport refuses
 what NIXL cannot load). p2pfsm's own data transport (the full install,
 :mod:`p2pfsm.vllm.data`) refuses the same in its
-:class:`~p2pfsm.executor.nixl_plane.DataPlane`, and a transport of another kind decides
+:class:`~p2pfsm.executor.nixl.plane.DataPlane`, and a transport of another kind decides
 for itself. Nothing is patched at import time; :func:`uninstall` puts vLLM's methods
 back.
 """
@@ -27,7 +27,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from p2pfsm.errors import TransportError
-from p2pfsm.executor.nixl_agent import agent_name_of, describes_same_agent
+from p2pfsm.executor.nixl.agent import agent_name_of, describes_same_agent
 
 NIXL_MODULE = "vllm.v1.kv_offload.tiering.p2p.data.nixl"
 OWN_AGENT = "peer metadata describes this node's own NIXL agent"

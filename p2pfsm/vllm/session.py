@@ -6,9 +6,9 @@ the release installed: what differs between releases is that release's
 behaviour profile, which the Session runs (when a failed load is reported and its
 destination released, what a missing abort_ack or an overdue lookup answer does, the
 deadlines, the stall). Each call becomes one :class:`~p2pfsm.session.Input`, fed through
-the shared :class:`~p2pfsm.executor.driver.Driver`; each :class:`~p2pfsm.session.Output`
+the shared :class:`~p2pfsm.executor.runtime.driver.Driver`; each :class:`~p2pfsm.session.Output`
 is carried out on vLLM's own ``ControlConnection`` (dict frames) and ``DataTransport``
-(NIXL writes) by the :class:`~p2pfsm.executor.core.Executor` methods below and those of
+(NIXL writes) by the :class:`~p2pfsm.executor.runtime.effects.Executor` methods below and those of
 the session's parts (:mod:`.writes`: our WRITEs; :mod:`.serving`: the peer's lookups
 answered from the manager; :mod:`.probes`: the manager's probe cache; :mod:`.load_ends`),
 or collected for the next :meth:`P2PSession.poll`. Nothing here decides protocol
@@ -31,8 +31,8 @@ from vllm.v1.kv_offload.tiering.p2p.session.client import LoadResult as VllmLoad
 from vllm.v1.kv_offload.tiering.p2p.session.server import StoreResult as VllmStoreResult
 
 from p2pfsm.errors import LocalProtocolError
-from p2pfsm.executor.core import Executor
-from p2pfsm.executor.driver import Driver
+from p2pfsm.executor.runtime.driver import Driver
+from p2pfsm.executor.runtime.effects import Executor
 from p2pfsm.protocol.validate import to_dict
 from p2pfsm.session import (
     ABORT_ACK_TIMED_OUT,

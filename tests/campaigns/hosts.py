@@ -37,8 +37,8 @@ import numpy as np
 
 from p2pfsm.demo_blocks import demo_block, demo_key
 from p2pfsm.errors import LocalProtocolError
-from p2pfsm.executor.jobs import JobFuture
 from p2pfsm.executor.node import LookupAnswer, LookupAsk, Node, NodeConfig
+from p2pfsm.executor.node.jobs import JobFuture
 from p2pfsm.session import FetchArrived, LoadResult, LookupResult, RoundEnded, StoreResult
 
 CANARY = 0xC5

@@ -168,7 +168,7 @@ def child_main(conn: Connection, spec: dict[str, Any]) -> None:
     os.environ.update(spec.get("env", {}))
     import numpy as np
 
-    from p2pfsm.executor.memory import HostRegion
+    from p2pfsm.executor.nixl.memory import HostRegion
     from p2pfsm.executor.node import NodeConfig
 
     from .hosts import Consumer, Producer, step_for

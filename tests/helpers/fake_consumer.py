@@ -22,8 +22,8 @@ import sys
 import time
 
 from p2pfsm.demo_blocks import demo_key
-from p2pfsm.executor.nixl_plane import DataPlane
-from p2pfsm.executor.zmq_plane import ControlPlane, FrameIn
+from p2pfsm.executor.nixl.plane import DataPlane
+from p2pfsm.executor.zmq.plane import ControlPlane, FrameIn
 from p2pfsm.protocol import (
     AbortAck,
     AbortFetch,

@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from p2pfsm.errors import MalformedFrame
-from p2pfsm.executor.nixl_plane import DataPlane
-from p2pfsm.executor.zmq_plane import ControlPlane, FrameIn
+from p2pfsm.executor.nixl.plane import DataPlane
+from p2pfsm.executor.zmq.plane import ControlPlane, FrameIn
 from p2pfsm.protocol import Connect, Message, decode, encode
 
 BLOCK_LEN = 4096

@@ -106,7 +106,7 @@ from p2pfsm.session import (
     TransportLost,
     WriteFinished,
 )
-from p2pfsm.sim.world import SafetyViolation
+from p2pfsm.sim.host import SafetyViolation
 
 SEPARATOR = "----"
 REWRITE_ENV = "P2PFSM_REWRITE"

@@ -225,7 +225,7 @@ class Hostile:
     def agent(self) -> Any:
         """A real NIXL agent with a 64-block region: real metadata and base_addr for a
         connect frame, and memory the server's writes land in."""
-        from p2pfsm.executor.nixl_plane import DataPlane
+        from p2pfsm.executor.nixl.plane import DataPlane
 
         plane = DataPlane(f"hostile-{uuid.uuid4().hex[:12]}", SERVED_BLOCKS, BLOCK_LEN)
         self.closers.append(plane.close)

@@ -19,7 +19,7 @@ from .wire import BLOCK_LEN, SERVED_BLOCKS, RawPeer, demo_key, fetch_msg
 
 
 def helper_main(conn: Connection, server: str, fetch_blocks: int) -> None:
-    from p2pfsm.executor.nixl_plane import DataPlane
+    from p2pfsm.executor.nixl.plane import DataPlane
 
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     plane = DataPlane(f"frozen-{uuid.uuid4().hex[:12]}", SERVED_BLOCKS, BLOCK_LEN)

@@ -19,9 +19,9 @@ from helpers.polling import wait_for
 from helpers.serve_process import ServeProcess
 
 from p2pfsm.bench import procstat
-from p2pfsm.executor.node_sessions import RESTART_BURST, RESTART_PERIOD_S
-from p2pfsm.executor.router_intake import DIAL_BACKS_PER_ID_S
-from p2pfsm.executor.zmq_plane import ControlPlane, FrameIn
+from p2pfsm.executor.node.peer_policy import RESTART_BURST, RESTART_PERIOD_S
+from p2pfsm.executor.zmq.intake import DIAL_BACKS_PER_ID_S
+from p2pfsm.executor.zmq.plane import ControlPlane, FrameIn
 
 from .conftest import Hostile, legit_fetch
 from .wire import BLOCK_LEN, SERVED_BLOCKS, RawPeer, connect_msg, free_port, pack

@@ -33,6 +33,7 @@ from typing import Any
 from p2pfsm.demo.host import fill_demo_region
 from p2pfsm.demo_blocks import demo_key
 from p2pfsm.executor.node import LookupAnswer, LookupAsk, Node, NodeConfig
+from p2pfsm.executor.node.effects import NodeEffects
 from p2pfsm.protocol import decode
 from p2pfsm.session import (
     FetchArrived,
@@ -42,34 +43,50 @@ from p2pfsm.session import (
 )
 
 
+class _RecordingEffects(NodeEffects):
+    """Effects that keep every load and store result its sessions emit."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.results: list[LoadResult | StoreResult] = []
+
+    def load_result(self, peer: str, out: LoadResult) -> None:
+        self.results.append(out)
+        super().load_result(peer, out)
+
+    def store_result(self, peer: str, out: StoreResult) -> None:
+        self.results.append(out)
+        super().store_result(peer, out)
+
+
 class RecordingNode(Node):
     """A Node that counts the sessions it opens, the job results its sessions emit and
     the message types it receives, per peer (for "exactly one result" checks)."""
 
+    _effects_part = _RecordingEffects
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        assert isinstance(self._effects, _RecordingEffects)
+        self.results = self._effects.results
         self.opened: collections.Counter[str] = collections.Counter()
-        self.results: list[LoadResult | StoreResult] = []
         self.received: dict[str, list[str]] = collections.defaultdict(list)
+        peers = self._peers
+        new_session, on_frame = peers.new_session, peers.on_frame
 
-    def _new_session(self, peer_id: str) -> Session:
-        self.opened[peer_id] += 1
-        return super()._new_session(peer_id)
+        def opening(peer_id: str) -> Session:
+            self.opened[peer_id] += 1
+            return new_session(peer_id)
 
-    def _on_frame(self, peer_id: str, frame: bytes, conn: int = -1) -> None:
-        try:
-            self.received[peer_id].append(decode(frame).TYPE)
-        except Exception:  # a bad frame is the session's business, not the record's
-            self.received[peer_id].append("?")
-        super()._on_frame(peer_id, frame, conn)
+        def receiving(peer_id: str, frame: bytes, conn: int = -1) -> None:
+            try:
+                self.received[peer_id].append(decode(frame).TYPE)
+            except Exception:  # a bad frame is the record's "?", the session's business
+                self.received[peer_id].append("?")
+            on_frame(peer_id, frame, conn)
 
-    def _load_result(self, peer: str, out: LoadResult) -> None:
-        self.results.append(out)
-        super()._load_result(peer, out)
-
-    def _store_result(self, peer: str, out: StoreResult) -> None:
-        self.results.append(out)
-        super()._store_result(peer, out)
+        peers.new_session = opening  # type: ignore[method-assign]
+        peers.on_frame = receiving  # type: ignore[method-assign]
 
 
 @dataclass

@@ -13,7 +13,7 @@ import pytest
 
 from p2pfsm.cli import main
 from p2pfsm.conform.registry import CASES
-from p2pfsm.executor.config import fingerprint
+from p2pfsm.executor.node.config import fingerprint
 from tests.helpers.cli_errors import assert_bad_arguments
 from tests.helpers.serve_process import ServeProcess
 

@@ -16,7 +16,7 @@ from p2pfsm.conform.runner import run_case
 from p2pfsm.conform.target import Target
 from p2pfsm.conform.verdict import CaseResult, Verdict
 from p2pfsm.demo_blocks import demo_key
-from p2pfsm.executor.nixl_plane import DataPlane
+from p2pfsm.executor.nixl.plane import DataPlane
 from p2pfsm.protocol import Connect, ConnectAck, Fetch, Lookup, LookupResp, Message, TransferDone
 from tests.helpers.fake_producer import BLOCK_LEN, Script, connect_of, fake_producer
 

@@ -13,7 +13,7 @@ import pytest
 from p2pfsm.cli import main
 from p2pfsm.conform.target import Target
 from p2pfsm.conform.walk_run import run_walk
-from p2pfsm.executor.nixl_plane import DataPlane
+from p2pfsm.executor.nixl.plane import DataPlane
 from p2pfsm.protocol import (
     AbortAck,
     AbortFetch,

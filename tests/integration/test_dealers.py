@@ -16,9 +16,9 @@ import pytest
 import zmq
 
 from p2pfsm.errors import TransportError
-from p2pfsm.executor.dealers import Dealers
-from p2pfsm.executor.descriptors import HEADROOM
-from p2pfsm.executor.zmq_heartbeats import Heartbeats
+from p2pfsm.executor.fds import HEADROOM
+from p2pfsm.executor.zmq.dealers import Dealers
+from p2pfsm.executor.zmq.heartbeats import Heartbeats
 from tests.helpers.descriptors import descriptors_left
 
 ONE_DIAL = 3

@@ -18,8 +18,8 @@ import pytest
 
 from p2pfsm.demo_blocks import demo_block
 from p2pfsm.errors import ConfigError, TransportError
-from p2pfsm.executor.memory import HostRegion
-from p2pfsm.executor.nixl_plane import DataPlane
+from p2pfsm.executor.nixl.memory import HostRegion
+from p2pfsm.executor.nixl.plane import DataPlane
 
 from . import Child, wait_until
 

@@ -24,9 +24,9 @@ import pytest
 
 from p2pfsm.demo_blocks import demo_block
 from p2pfsm.errors import ConfigError, TransportError
-from p2pfsm.executor.descriptors import HEADROOM
-from p2pfsm.executor.nixl_plane import IDLE_PROGRESS_MS, DataPlane, WriteId
-from p2pfsm.executor.zmq_plane import ControlPlane, FrameIn
+from p2pfsm.executor.fds import HEADROOM
+from p2pfsm.executor.nixl.plane import IDLE_PROGRESS_MS, DataPlane, WriteId
+from p2pfsm.executor.zmq.plane import ControlPlane, FrameIn
 from tests.helpers.descriptors import descriptors_left
 
 from . import Child, cpu_seconds
@@ -258,6 +258,29 @@ def test_a_write_is_named_by_the_callers_id(pair: Pair) -> None:
     assert results == [(name, True)]
     (_, region) = child.request("region", reply="region")
     assert region[60 * BLOCK : 61 * BLOCK] == b"\xa7" * BLOCK
+
+
+def test_the_planes_table_is_the_one_of_writes_not_reported(pair: Pair) -> None:
+    """``plane.writes`` holds each WRITE from post to report (nothing else keeps a
+    table of them); an abandoned WRITE is never reported and leaves the table."""
+    plane, child = pair.plane, pair.child
+    kept, dropped = ("kept", 1), ("dropped", 2)
+    plane.write(kept, "target", [0], [50])
+    plane.write(dropped, "target", [1], [51])
+    assert plane.writes.holds(kept) and plane.writes.holds(dropped)
+    assert len(plane.writes) == 2 and plane.writes.unreported() == [kept, dropped]
+    plane.abandon(dropped)
+    assert not plane.writes.holds(dropped) and plane.writes.unreported() == [kept]
+    assert len(plane.writes) == 1
+    results = _drive(plane, child, _reported(kept), 10.0, "the kept WRITE")
+    deadline = time.monotonic() + 10.0
+    while plane.in_flight:  # the abandoned one ends too, unreported
+        assert time.monotonic() < deadline, "the abandoned WRITE did not end in 10 s"
+        results.extend(plane.poll())
+        plane.progress()
+        child.conn.poll(plane.progress_interval_ms / 1000)
+    assert results + plane.poll() == [(kept, True)]
+    assert len(plane.writes) == 0 and not plane.writes.holds(kept)
 
 
 def test_cancel_leaves_a_running_write_to_end(children: list[Child]) -> None:

@@ -23,6 +23,7 @@ from p2pfsm.demo.host import fill_demo_region
 from p2pfsm.demo_blocks import demo_block, demo_key
 from p2pfsm.errors import LocalProtocolError
 from p2pfsm.executor.node import LookupAnswer, Node, NodeConfig
+from p2pfsm.executor.node.effects import NodeEffects
 from p2pfsm.protocol import LookupResp
 from p2pfsm.session import LookupRequest, LookupResult, SendFrame, StoreResult, Timeouts
 
@@ -55,16 +56,16 @@ class PendingHost:
         return hits, frozenset(k for k in req.keys if k in self.later)
 
 
-class CoalescingNode(Node):
-    """A producer that coalesces, as the protocol allows: it holds each lookup_resp back
-    until the next one of the same request and sends the two as one frame."""
+class _CoalescingEffects(NodeEffects):
+    """Effects that hold each lookup_resp back until the next one of the same request
+    and send the two as one frame."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.held_back: dict[str, LookupResp] = {}
         self.coalesced = 0
 
-    def _send_frame(self, peer: str, out: SendFrame) -> None:
+    def send_frame(self, peer: str, out: SendFrame) -> None:
         msg = out.message
         if isinstance(msg, LookupResp):
             first = self.held_back.pop(msg.kv_request_id, None)
@@ -74,7 +75,18 @@ class CoalescingNode(Node):
             self.coalesced += 1
             out = SendFrame(LookupResp(msg.kv_request_id, first.keys + msg.keys,
                                        first.hits + msg.hits))
-        super()._send_frame(peer, out)
+        super().send_frame(peer, out)
+
+
+class CoalescingNode(Node):
+    """A producer that coalesces, as the protocol allows (:class:`_CoalescingEffects`)."""
+
+    _effects_part = _CoalescingEffects
+
+    @property
+    def coalesced(self) -> int:
+        assert isinstance(self._effects, _CoalescingEffects)
+        return self._effects.coalesced
 
 
 class Pair:

@@ -15,7 +15,7 @@ from multiprocessing.connection import Connection
 import pytest
 
 from p2pfsm.errors import TransportError
-from p2pfsm.executor.nixl_plane import DataPlane
+from p2pfsm.executor.nixl.plane import DataPlane
 from p2pfsm.executor.node import Node, NodeConfig
 from p2pfsm.session import FetchArrived
 

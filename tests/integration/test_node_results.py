@@ -17,8 +17,8 @@ from p2pfsm.aio import AsyncNode
 from p2pfsm.demo.host import fill_demo_region
 from p2pfsm.demo_blocks import demo_block, demo_key
 from p2pfsm.errors import LocalProtocolError, TransportError
-from p2pfsm.executor.jobs import LookupAsk
 from p2pfsm.executor.node import LookupAnswer, Node, NodeConfig
+from p2pfsm.executor.node.jobs import LookupAsk
 from p2pfsm.session import FailReason, FetchArrived, LoadResult, StoreResult, Timeouts
 
 from . import Child

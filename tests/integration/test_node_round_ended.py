@@ -10,8 +10,8 @@ import importlib.util
 import pytest
 
 from p2pfsm.demo_blocks import demo_key
-from p2pfsm.executor.jobs import LookupAsk
 from p2pfsm.executor.node import Node, NodeConfig
+from p2pfsm.executor.node.jobs import LookupAsk
 from p2pfsm.session import FailReason, FetchArrived, RoundEnded, Timeouts
 
 from . import drive_nodes

@@ -19,8 +19,8 @@ from multiprocessing.connection import Connection
 
 import pytest
 
-from p2pfsm.executor.jobs import JobFuture
 from p2pfsm.executor.node import Node, NodeConfig
+from p2pfsm.executor.node.jobs import JobFuture
 from p2pfsm.session import FetchArrived, StoreResult
 
 from . import Child, drive

@@ -81,10 +81,10 @@ from stateful.oracle import Oracle
 from p2pfsm.aio import FetchHandle
 from p2pfsm.demo_blocks import demo_block, demo_key
 from p2pfsm.errors import LocalProtocolError
-from p2pfsm.executor.jobs import JobFuture, LookupAsk, copy_outcome
-from p2pfsm.executor.memory import HostRegion
-from p2pfsm.executor.nixl_agent import agent_name_of
+from p2pfsm.executor.nixl.agent import agent_name_of
+from p2pfsm.executor.nixl.memory import HostRegion
 from p2pfsm.executor.node import LookupAnswer, Node, NodeConfig
+from p2pfsm.executor.node.jobs import JobFuture, LookupAsk, copy_outcome
 from p2pfsm.protocol import AbortFetch, Connect, decode, encode
 from p2pfsm.protocol import Fetch as FetchFrame
 from p2pfsm.session import (
@@ -205,30 +205,40 @@ class Recorded(Node):
         self.own_metadata: bytes | None = None
         self.heard: list[LoadResult | StoreResult | LookupResult] = []
         self.received: list[str] = []  # the type of every frame that reached the node
+        self._record_sessions()
 
     def _record(self, peer_id: str, value: LoadResult | StoreResult | LookupResult) -> None:
         self.heard.append(value)
 
-    def _new_session(self, peer_id: str) -> Session:
-        self.opened.append(peer_id)
-        session = super()._new_session(peer_id)
-        due_timers = session.due_timers
+    def _record_sessions(self) -> None:
+        """Wrap the peers' ``new_session`` and ``on_frame`` (looked up per call) to
+        record what they open and receive."""
+        peers = self._peers
+        new_session, on_frame = peers.new_session, peers.on_frame
 
-        def due_only(now: float) -> list[Any]:
-            """A timer the driver is handed has reached its deadline."""
-            armed = dict(session.view.timers)
-            due = due_timers(now)
-            early = [t for t in due if t in armed and armed[t] > now]
-            assert not early, f"{peer_id}: timers {early} handed out before their deadlines"
-            return due
+        def opening(peer_id: str) -> Session:
+            self.opened.append(peer_id)
+            session = new_session(peer_id)
+            due_timers = session.due_timers
 
-        session.due_timers = due_only  # type: ignore[method-assign]
-        return session
+            def due_only(now: float) -> list[Any]:
+                """A timer the driver is handed has reached its deadline."""
+                armed = dict(session.view.timers)
+                due = due_timers(now)
+                early = [t for t in due if t in armed and armed[t] > now]
+                assert not early, f"{peer_id}: timers {early} handed out before their deadlines"
+                return due
 
-    def _on_frame(self, peer_id: str, frame: bytes, conn: int = -1) -> None:
-        with contextlib.suppress(Exception):  # a bad frame is the session's business
-            self.received.append(decode(frame).TYPE)
-        super()._on_frame(peer_id, frame, conn)
+            session.due_timers = due_only  # type: ignore[method-assign]
+            return session
+
+        def receiving(peer_id: str, frame: bytes, conn: int = -1) -> None:
+            with contextlib.suppress(Exception):  # a bad frame is the session's business
+                self.received.append(decode(frame).TYPE)
+            on_frame(peer_id, frame, conn)
+
+        peers.new_session = opening  # type: ignore[method-assign]
+        peers.on_frame = receiving  # type: ignore[method-assign]
 
 
 @dataclass

@@ -376,7 +376,7 @@ def test_interop_shape_connect_first_is_what_a_vllm_peer_sends() -> None:
     """vLLM's client sends its connect as the first frame on a new DEALER, naming its
     own identity: exactly what is_connect_from admits (the interop suite runs the real
     thing)."""
-    from p2pfsm.executor.admission import is_connect_from
+    from p2pfsm.executor.zmq.admission import is_connect_from
 
     frame = connect_frame("10.0.0.7:5555")
     assert is_connect_from("10.0.0.7:5555", frame)

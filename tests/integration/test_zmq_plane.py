@@ -21,9 +21,9 @@ import pytest
 import zmq
 
 from p2pfsm.errors import ConfigError, TransportError
-from p2pfsm.executor.admission import EVICTED, is_connect_from
-from p2pfsm.executor.peer_ids import parse_peer_id
-from p2pfsm.executor.zmq_plane import ControlEvent, ControlPlane, FrameIn, PeerLost
+from p2pfsm.executor.zmq.admission import EVICTED, is_connect_from
+from p2pfsm.executor.zmq.peer_ids import parse_peer_id
+from p2pfsm.executor.zmq.plane import ControlEvent, ControlPlane, FrameIn, PeerLost
 from p2pfsm.protocol import Connect, encode
 
 from . import Child, wait_until
@@ -359,6 +359,9 @@ def test_dead_or_frozen_peer_is_reported_lost(
     assert plane.peers == ()
     assert plane.send(peer_id, b"ping:late") is False
     assert plane.poll(0) == [PeerLost(peer_id, "not connected")]
+    # try_send tells its caller alone (the node's one report of a failed send).
+    assert plane.try_send(peer_id, b"ping:later") == "not connected"
+    assert plane.poll(0) == []
     # The peer's own DEALER into our ROUTER goes too, even if the peer froze before its
     # first PING: the ROUTER's own (rare) PING gets no answer.
     router_port = int(plane.local_id.rpartition(":")[2])
@@ -769,7 +772,7 @@ def test_a_node_counts_rate_limited_identities_in_its_metrics() -> None:
 
 _SELF_CONNECT_CHILD = """
 import json, time
-from p2pfsm.executor.zmq_plane import ControlPlane, PeerLost
+from p2pfsm.executor.zmq.plane import ControlPlane, PeerLost
 plane = ControlPlane("tcp://127.0.0.1:5555", connect_timeout_ms=60_000)
 plane.connect("127.0.0.1:{port}")
 lost, end = None, time.monotonic() + 60.0

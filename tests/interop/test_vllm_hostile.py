@@ -181,7 +181,7 @@ class Attack:
 
     def agent(self) -> Any:
         """A real NIXL agent: metadata and a base address a connect can carry."""
-        from p2pfsm.executor.nixl_plane import DataPlane
+        from p2pfsm.executor.nixl.plane import DataPlane
 
         plane = DataPlane(f"hostile-{uuid.uuid4().hex[:12]}", 16, 4096)
         self.closers.append(plane.close)

@@ -338,7 +338,7 @@ EXECUTOR_SLIPS: tuple[Entry, ...] = (
     Entry("cancel_releases_running_write", "cancel of a running WRITE",
           "DataPlane.cancel releases a WRITE still running (its PROC check dropped), so "
           "the session is told the write is over while UCX may still move its bytes",
-          slip=Slip("p2pfsm.executor.nixl_plane", "DataPlane.cancel",
+          slip=Slip("p2pfsm.executor.nixl.xfers", "Transfers.cancel",
                     'if state == "PROC":', "if False:"),
           caught_by=("tests/integration/test_nixl_plane.py::"
                      "test_cancel_leaves_a_running_write_to_end",
@@ -347,7 +347,7 @@ EXECUTOR_SLIPS: tuple[Entry, ...] = (
     Entry("cancelled_future_drops_result", "cancel of a fetch's future",
           "a cancelled fetch's future really cancels (concurrent.futures' cancel), so "
           "the node finds it done and drops its LoadResult",
-          slip=Slip("p2pfsm.executor.jobs", "JobFuture.cancel",
+          slip=Slip("p2pfsm.executor.node.jobs", "JobFuture.cancel",
                     "return False", "return Future.cancel(self)"),
           caught_by=("tests/integration/test_node_results.py::"
                      "test_cancel_on_a_sync_fetch_finishes_the_request_and_the_result_still_comes",
@@ -355,7 +355,7 @@ EXECUTOR_SLIPS: tuple[Entry, ...] = (
     Entry("dial_back_any_named_host", "hostile identity",
           "an unknown identity is dialled back at whatever host it names (the source "
           "address check inverted: it runs only with dial_back_any_host)",
-          slip=Slip("p2pfsm.executor.router_intake", "RouterIntake._admit",
+          slip=Slip("p2pfsm.executor.zmq.intake", "RouterIntake._admit",
                     "if not self._any_host:", "if self._any_host:"),
           caught_by=("tests/integration/test_reflection.py::"
                      "test_a_connect_naming_another_host_is_not_dialled_back",
@@ -368,14 +368,14 @@ NODE_SLIPS: tuple[Entry, ...] = (
     Entry("own_agent_registered", "a node's own NIXL agent under another name",
           "DataPlane.add_peer takes a peer whose metadata describes this agent (its name "
           "or the rest of it): WRITEs to that peer land in the node's own memory",
-          slip=Slip("p2pfsm.executor.nixl_plane", "DataPlane.add_peer",
+          slip=Slip("p2pfsm.executor.nixl.plane", "DataPlane.add_peer",
                     "if agent_name == self._name or tail == self._metadata_tail:",
                     "if False:"),
           caught_by=("tests/integration/test_node_stateful.py::test_nodes_interleaved",)),
     Entry("deadline_kept_when_it_moves", "a deadline that moves earlier",
           "the driver keeps the first deadline it noted for a session, so a timer armed "
           "earlier than it (or the next one, once it moved later) is missed until then",
-          slip=Slip("p2pfsm.executor.deadlines", "SessionDeadlines.note",
+          slip=Slip("p2pfsm.executor.runtime.deadlines", "SessionDeadlines.note",
                     "if at.get(session) == deadline:", "if session in at:"),
           caught_by=("tests/integration/test_node_stateful.py::test_nodes_interleaved",)),
 )

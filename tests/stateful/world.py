@@ -49,7 +49,8 @@ from p2pfsm.session import (
     SendFrame,
     StartWrite,
 )
-from p2pfsm.sim.world import SafetyViolation, SimHost, SimWorld, SimWrite
+from p2pfsm.sim.host import SafetyViolation, SimHost, SimWrite
+from p2pfsm.sim.world import SimWorld
 
 CANARY = 0xA5
 

@@ -1,8 +1,8 @@
-"""Bindings: a live session listens to one connection (p2pfsm.executor.bindings)."""
+"""Bindings: a live session listens to one connection (p2pfsm.executor.node.bindings)."""
 
 from __future__ import annotations
 
-from p2pfsm.executor.bindings import Bindings
+from p2pfsm.executor.node.bindings import Bindings
 
 
 def test_an_unbound_peer_is_admitted_on_any_connection_then_only_on_its_own() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from p2pfsm.executor.node_state import as_int, as_ints
+from p2pfsm.executor.node.host_args import as_int, as_ints
 
 
 def test_plain_ints_pass_through_the_fast_path_unchanged() -> None:

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import zmq
 
-import p2pfsm.executor.node as node_module
-from p2pfsm.executor.layout import Layout
+import p2pfsm.executor.node.planes as planes_module
+from p2pfsm.executor.nixl.layout import Layout
 from p2pfsm.executor.node import Node, NodeConfig
 from p2pfsm.protocol import Connect, codec, encode
 from p2pfsm.session import FrameReceived, HostStart, Session, SessionConfig
@@ -47,6 +47,19 @@ def decodes(monkeypatch: pytest.MonkeyPatch) -> _Decodes:
     return seen
 
 
+class _NoWrites:
+    """The plane's table of WRITEs, empty: no WRITE is ever started here."""
+
+    def __len__(self) -> int:
+        return 0
+
+    def holds(self, _write_id: object) -> bool:
+        return False
+
+    def unreported(self) -> list[object]:
+        return []
+
+
 class _NoMemory:
     """A data plane with a region nobody writes: registering a peer records it."""
 
@@ -65,6 +78,10 @@ class _NoMemory:
     @property
     def progress_interval_ms(self) -> int:
         return 50
+
+    @property
+    def writes(self) -> _NoWrites:
+        return _NoWrites()
 
     def add_peer(self, peer: str, *_args: object) -> None:
         self.registered.append(peer)
@@ -88,7 +105,7 @@ class _NoMemory:
 
 @pytest.fixture
 def node(monkeypatch: pytest.MonkeyPatch) -> Iterator[Node]:
-    monkeypatch.setattr(node_module, "DataPlane", _NoMemory)
+    monkeypatch.setattr(planes_module, "DataPlane", _NoMemory)
     n = Node(NodeConfig(bind="tcp://127.0.0.1:0", num_blocks=NUM_BLOCKS, block_len=BLOCK_LEN))
     try:
         yield n
@@ -120,8 +137,8 @@ def test_a_connect_that_opens_a_session_is_decoded_once(node: Node, peer_id: str
     connect = _connect_from(node, peer_id)
     node.control.connect(peer_id)  # the dial-back the ROUTER's intake starts for a connect
     before = decodes.count
-    node._on_frame(peer_id, encode(connect))
-    node._drain()
+    node._peers.on_frame(peer_id, encode(connect))
+    node._driver.drain()
     assert decodes.count == before + 1  # by the node; the session took its message
     assert node.sessions[peer_id].peer == connect  # the session took this connect
     assert peer_id in node.data.peers  # and registered the peer: the handshake went on

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from p2pfsm.errors import LocalProtocolError
-from p2pfsm.executor.core import Executor
-from p2pfsm.executor.driver import Driver
+from p2pfsm.executor.runtime.driver import Driver
+from p2pfsm.executor.runtime.effects import Executor
 from p2pfsm.protocol import Disconnect
 from p2pfsm.session import (
     FrameIgnored,

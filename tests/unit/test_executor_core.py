@@ -6,7 +6,7 @@ import typing
 
 import pytest
 
-from p2pfsm.executor.core import _HANDLERS, Executor, bound_handlers, check_handlers
+from p2pfsm.executor.runtime.effects import _HANDLERS, Executor, bound_handlers, check_handlers
 from p2pfsm.protocol import Disconnect
 from p2pfsm.session import LookupClosed, Output, SendFrame
 from p2pfsm.sim.world import SimWorld
@@ -36,16 +36,15 @@ def test_an_executor_missing_a_method_fails_loudly_not_silently() -> None:
 
 
 def test_node_and_simworld_implement_every_required_method() -> None:
-    from p2pfsm.executor.node import Node
+    from p2pfsm.executor.node.effects import NodeEffects
 
     required = {name for name in _HANDLERS.values()
                 if getattr(Executor, name).__doc__ is None}
     missing = {n for n in required if getattr(SimWorld, n) is getattr(Executor, n)}
     assert not missing, ("SimWorld", missing)
-    # The node's are private (its public namespace is the host API's), and its driver
-    # is handed them through NodeOutputs.
-    missing = {n for n in required if not callable(getattr(Node, f"_{n}", None))}
-    assert not missing, ("Node", missing)
+    # The node's are its effects' (its public namespace is the host API's).
+    missing = {n for n in required if getattr(NodeEffects, n) is getattr(Executor, n)}
+    assert not missing, ("NodeEffects", missing)
 
 
 def test_the_driver_looks_handlers_up_once_unless_apply_is_overridden() -> None:

@@ -64,7 +64,7 @@ def test_pinned_blocks_are_not_evicted_or_rekeyed() -> None:
 
 
 def test_the_host_api_is_at_the_top_level() -> None:
-    from p2pfsm.executor.memory import HostRegion
+    from p2pfsm.executor.nixl.memory import HostRegion
     from p2pfsm.executor.node import Node, NodeConfig
 
     assert p2pfsm.Node is Node and p2pfsm.NodeConfig is NodeConfig
@@ -75,8 +75,8 @@ def test_the_host_api_is_at_the_top_level() -> None:
 
 
 def test_a_nodes_public_namespace_holds_host_calls_only() -> None:
-    from p2pfsm.executor.core import handler_names
     from p2pfsm.executor.node import Node
+    from p2pfsm.executor.runtime.effects import handler_names
 
     public = {name for name in dir(Node) if not name.startswith("_")}
     assert not public & {*handler_names(), "apply"}, public & {*handler_names(), "apply"}

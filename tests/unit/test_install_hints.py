@@ -12,7 +12,7 @@ import sys
 for name in {hidden!r}:
     sys.modules[name] = None  # makes 'import name' fail as if it were not installed
 from p2pfsm.errors import TransportError
-from p2pfsm.executor.nixl_agent import import_nixl
+from p2pfsm.executor.nixl.agent import import_nixl
 try:
     import_nixl()
 except TransportError as exc:

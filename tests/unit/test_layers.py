@@ -70,5 +70,5 @@ def test_the_host_api_loads_no_tool() -> None:
                           text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     loaded = json.loads(done.stdout)
-    assert "p2pfsm.executor.zmq_plane" in loaded  # it saw the node load
+    assert "p2pfsm.executor.zmq.plane" in loaded  # it saw the node load
     assert [m for m in loaded if side_of(m) != "runtime"] == []

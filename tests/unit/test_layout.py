@@ -14,8 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from p2pfsm.errors import ConfigError
-from p2pfsm.executor.layout import Layout, Region
-from p2pfsm.executor.memory import HostRegion, describe_regions
+from p2pfsm.executor.nixl.layout import Layout, Region
+from p2pfsm.executor.nixl.memory import HostRegion, describe_regions
 
 torch = pytest.importorskip("torch")
 
@@ -194,7 +194,7 @@ def test_a_peers_named_regions_are_put_in_our_order() -> None:
 
 
 def test_one_tensor_whose_first_dimension_is_not_the_blocks_is_refused() -> None:
-    from p2pfsm.executor.memory import describe_memory
+    from p2pfsm.executor.nixl.memory import describe_memory
 
     cache = torch.zeros((4, 2, NB, 16), dtype=torch.uint8)  # (layers, K/V, blocks, bytes)
     with pytest.raises(ConfigError, match=r"first dimension must be the block count, 8\. "
@@ -205,7 +205,7 @@ def test_one_tensor_whose_first_dimension_is_not_the_blocks_is_refused() -> None
 
 def test_a_later_dimension_equal_to_the_block_count_is_warned_about(
         caplog: pytest.LogCaptureFixture) -> None:
-    from p2pfsm.executor.memory import describe_memory
+    from p2pfsm.executor.nixl.memory import describe_memory
 
     cache = torch.zeros((NB, 2, NB, 4), dtype=torch.uint8)  # layers == blocks == 8
     describe_memory(cache, NB, 2 * NB * 4)

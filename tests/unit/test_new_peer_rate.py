@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from p2pfsm.errors import ConfigError
-from p2pfsm.executor.admission import NewPeerRate
+from p2pfsm.executor.zmq.admission import NewPeerRate
 
 
 def test_a_burst_of_rate_is_admitted_then_one_more_is_refused() -> None:

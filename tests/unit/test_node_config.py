@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from p2pfsm.errors import ConfigError
-from p2pfsm.executor.config import MAX_REGION_BYTES, NodeConfig, fingerprint
+from p2pfsm.executor.node.config import MAX_REGION_BYTES, NodeConfig, fingerprint
 from p2pfsm.session import Timeouts
 
 GOOD: dict[str, Any] = {"bind": "tcp://127.0.0.1:0", "num_blocks": 16, "block_len": 4096}
@@ -75,7 +75,7 @@ def test_a_bad_field_is_named_at_construction(field: str, value: object) -> None
 
 
 def test_bind_takes_host_port_with_or_without_tcp() -> None:
-    from p2pfsm.executor.peer_ids import peer_address
+    from p2pfsm.executor.zmq.peer_ids import peer_address
 
     assert make(bind="127.0.0.1:5555").bind == "tcp://127.0.0.1:5555"
     assert make(bind="tcp://127.0.0.1:5555").bind == "tcp://127.0.0.1:5555"

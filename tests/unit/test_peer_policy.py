@@ -1,4 +1,4 @@
-"""A node's books about its peers (p2pfsm/executor/peer_policy.py)."""
+"""A node's books about its peers (p2pfsm/executor/node/peer_policy.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from p2pfsm.executor.admission import eviction_victim
-from p2pfsm.executor.peer_policy import EndedSessions, IdleInbound, ViolationBudget
+from p2pfsm.executor.node.peer_policy import EndedSessions, IdleInbound, ViolationBudget
+from p2pfsm.executor.zmq.admission import eviction_victim
 
 
 @dataclass

@@ -645,7 +645,7 @@ def test_config_digests_round_trip_and_bad_ones_are_rejected() -> None:
 def test_a_fingerprint_mismatch_names_the_model_config_fields_that_differ() -> None:
     import dataclasses
 
-    from p2pfsm.executor.config import config_digests, fingerprint
+    from p2pfsm.executor.node.config import config_digests, fingerprint
     from p2pfsm.session.machine import handshake_mismatch
 
     ours_cfg = {"model": "m", "dtype": "bf16", "tp": 1}

@@ -1,10 +1,10 @@
-"""The redial book (p2pfsm/executor/redial.py): backoff, parked calls and their deadlines."""
+"""The redial book (p2pfsm/executor/node/redials.py): backoff, parked calls and their deadlines."""
 
 from __future__ import annotations
 
 import random
 
-from p2pfsm.executor.redial import Redials
+from p2pfsm.executor.node.redials import Redials
 from p2pfsm.session import HostFetch, HostLookup, SessionDead
 
 

@@ -1,0 +1,145 @@
+"""One turn of a node's loop: what happened, fed to the sessions, and what is due next.
+
+A turn runs the calls other threads submitted, polls the control plane (waiting at
+most until :meth:`Turns.next_deadline`), hands its frames and lost peers to
+:class:`~p2pfsm.executor.node.peers.Peers`, progresses the data plane, collects the writes
+that ended, queues the due timers, redials and idle closes, handles every queued input
+through the driver, and updates the gauges. ``Node.step`` runs one turn on the thread
+that drives the node.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+
+from p2pfsm.executor.nixl.plane import DataPlane
+from p2pfsm.executor.node.jobs import OpenJobs, copy_outcome
+from p2pfsm.executor.node.peers import Peers
+from p2pfsm.executor.node.writes import Writes
+from p2pfsm.executor.runtime.driver import Driver
+from p2pfsm.executor.zmq.plane import ControlPlane, FrameIn, PeerLost
+from p2pfsm.metrics import NodeMetrics
+from p2pfsm.session import TransportLost, WriteFinished
+
+INBOUND_GRACE_S = 0.05
+"""How long the data plane stays at its busy progress interval after a load ends."""
+
+
+class Turns:
+    """The turns of one node's loop, and the calls other threads submit to them."""
+
+    def __init__(self, control: ControlPlane, data: DataPlane, driver: Driver, peers: Peers,
+                 jobs: OpenJobs, writes: Writes, metrics: NodeMetrics) -> None:
+        self._control = control
+        self._data = data
+        self._driver = driver
+        self._peers = peers
+        self._jobs = jobs
+        self._writes = writes
+        self._metrics = metrics
+        # Calls from other threads (cancels, node.threadsafe), run in order by the driver.
+        self._submitted: deque[Callable[[], None]] = deque()
+        self._rate_limited = 0  # control.rate_limited already in metrics
+        self._close_request: tuple[float, Future[None]] | None = None
+
+    def request_close(self, timeout: float, done: Future[None]) -> None:
+        """Close the node after the current turn (any thread; ``done`` resolves once
+        closed; a second request is done when the first one is)."""
+        if self._close_request is None:
+            self._close_request = (timeout, done)
+        else:
+            first = self._close_request[1]
+            first.add_done_callback(lambda f: copy_outcome(f, done))
+        self._control.wake()
+
+    def take_close_request(self) -> tuple[float, Future[None]] | None:
+        """The close requested (its timeout and future), once; None without one."""
+        request, self._close_request = self._close_request, None
+        return request
+
+    def submit(self, call: Callable[[], None]) -> None:
+        """Run ``call`` at the start of the next turn (any thread), waking a loop that
+        waits."""
+        self._submitted.append(call)
+        self._control.wake()
+
+    def next_deadline(self) -> float:
+        """The ``time.monotonic()`` by which the next turn must run (``Node.next_deadline``)."""
+        now = time.monotonic()
+        deadline = now + self._data.progress_interval_ms / 1000.0
+        earliest = self._driver.next_deadline()
+        if earliest is not None:
+            deadline = min(deadline, earliest)
+        redial = self._peers.redials.next_due()
+        if redial is not None:
+            deadline = min(deadline, redial)
+        connect_ms = self._control.next_timeout_ms()
+        if connect_ms is not None:
+            deadline = min(deadline, now + connect_ms / 1000.0)
+        if self._driver.busy or self._submitted:
+            deadline = now
+        return deadline
+
+    def turn(self, max_wait: float) -> int:
+        """One turn, waiting at most ``max_wait`` s for news; how many control-plane
+        events it took in."""
+        self.handle_all()
+        if self._jobs.loads:
+            # Blocks may be arriving (a peer's first WRITE needs our UCX progress):
+            # progress often while loads are open, and only then.
+            self._data.expect_inbound(INBOUND_GRACE_S)
+        wait = max(0.0, min(max_wait, self.next_deadline() - time.monotonic()))
+        # Round up: truncating made every sub-ms remainder a poll(0), so the 1 ms busy
+        # pace (always a hair under 1 ms away by now) was a spin.
+        events = self._control.poll(math.ceil(wait * 1000))
+        peers = self._peers
+        for event in events:
+            if isinstance(event, FrameIn):
+                peers.on_frame(event.peer_id, event.frame, event.conn)
+            elif isinstance(event, PeerLost):
+                peers.queue(event.peer_id, TransportLost(event.reason))
+        self._data.progress()
+        self._collect_writes()
+        now = time.monotonic()
+        self._driver.queue_due(now)
+        peers.evict_idle(now)
+        if peers.redials:
+            peers.redial_due(now)
+        self.handle_all()
+        self._update_gauges()
+        return len(events)
+
+    def handle_all(self) -> None:
+        """Handle every queued event, and the writes that this finished at once: over
+        CMA a WRITE usually completes inside ``transfer()``, and waiting for the next
+        turn to notice would add a whole loop wait (up to the idle interval) to it."""
+        while self._submitted:
+            self._submitted.popleft()()
+        self._driver.drain()
+        while self._writes and self._collect_writes():
+            self._driver.drain()
+
+    def _collect_writes(self) -> bool:
+        """Queue WriteFinished for our finished writes; True when there were any."""
+        found = False
+        for write, ok in self._writes.finished():
+            if ok:
+                self._metrics.count("served_bytes", write.nbytes)
+            self._driver.queue(write.peer_id, WriteFinished(write.xfer, ok), write.session)
+            found = True
+        return found
+
+    def _update_gauges(self) -> None:
+        limited = self._control.rate_limited
+        if limited != self._rate_limited:
+            self._metrics.count("identities_rate_limited", limited - self._rate_limited)
+            self._rate_limited = limited
+        metrics = self._metrics
+        metrics.set_gauge("peers", self._peers.alive())
+        metrics.set_gauge("open_loads", len(self._jobs.loads))
+        metrics.set_gauge("open_stores", len(self._jobs.stores))
+        metrics.set_gauge("destinations_held", sum(self._peers.held_destinations().values()))
