@@ -1,4 +1,5 @@
-"""The hot-path dispatcher: a frozen ``(state, trigger) -> candidates`` table.
+"""The hot-path dispatcher: a frozen ``(state, trigger) -> candidates`` table, and the
+straight-line code generated from it (:mod:`p2pfsm.fsm.generate`) that fires it.
 
 Firing a trigger is all-or-nothing. It plans: looks up the candidates for the
 object's current state and takes the first whose guards hold (and whose ``unless``
@@ -18,17 +19,27 @@ them). :func:`check_writes` makes every step verify the declarations: an attribu
 ``fsm_data`` that changed although no action of the step declared it is a
 :class:`ModelError`, and the step is undone.
 
-This module is the only place that assigns ``fsm_state``; a test walks the AST
-of the package to keep it that way.
+Each machine's table is turned into Python source at import (one function per trigger
+that branches on the state and calls its guards and actions directly, saving only what
+they write), compiled in memory and run by :meth:`CompiledMachine.fire` and
+:meth:`~CompiledMachine.can_fire`; its text is :attr:`CompiledMachine.code`. While
+:func:`check_writes` is on, steps go through the table instead (the generated code
+does not verify declarations). Both paths take the same steps (a test proves each
+equal to the ``transitions`` machine on every edge).
+
+This module (and the code it generates) is the only place that assigns
+``fsm_state``; a test walks the AST of the package to keep it that way.
 """
 
 from __future__ import annotations
 
+import linecache
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from p2pfsm.errors import InvalidTransition, ModelError
+from p2pfsm.fsm.generate import emit
 from p2pfsm.fsm.spec import MachineSpec, TransitionSpec
 from p2pfsm.fsm.trace import Tracer
 
@@ -150,6 +161,18 @@ class CompiledMachine:
         self._table: dict[tuple[str, str], tuple[_Candidate, ...]] = {
             k: tuple(v) for k, v in table.items()
         }
+        self.code = emit(self._table, getattr(impl, "fsm_data", ()), hasattr(impl, "fsm_outputs"))
+        """The generated source that fires this machine."""
+        ns: dict[str, Any] = {"_m": self, "_NAME": spec.name, "_Invalid": InvalidTransition,
+                              "_PLAIN": _PLAIN, "_BOX": (dict, list, set), "_restore": _restore}
+        ns.update({f"g_{n}": getattr(impl, n) for n in spec.guard_names})
+        ns.update({f"a_{n}": getattr(impl, n) for n in spec.action_names})
+        where = f"<p2pfsm machine {spec.name} of {impl.__name__}>"
+        exec(compile(self.code, where, "exec"), ns)  # our own text, made from models/
+        linecache.cache[where] = (len(self.code), None, self.code.splitlines(True), where)
+        pairs: dict[str, tuple[Callable[..., str], Callable[..., bool]]] = ns["TRIGGERS"]
+        self._fire = {trigger: pair[0] for trigger, pair in pairs.items()}
+        self._can = {trigger: pair[1] for trigger, pair in pairs.items()}
 
     def state_set(self, name: str) -> frozenset[str]:
         """The model's named set of states ``name`` (its ``[sets]``); the code asks these,
@@ -158,7 +181,8 @@ class CompiledMachine:
 
     def can_fire(self, obj: FsmObject, trigger: str, event: object = None) -> bool:
         """True when ``trigger`` has an enabled transition from the current state."""
-        return self._select(obj, trigger, event) is not None
+        can = self._can.get(trigger)
+        return can is not None and can(obj, event)
 
     def declares(self, state: str, trigger: str) -> bool:
         """True when the model has a transition for ``trigger`` from ``state`` (guarded or not)."""
@@ -175,6 +199,17 @@ class CompiledMachine:
         Raises:
             InvalidTransition: no declared transition is enabled; ``obj`` is unchanged.
         """
+        if _checking:
+            return self.fire_by_table(obj, trigger, event, then)
+        fire = self._fire.get(trigger)
+        if fire is None:
+            raise InvalidTransition(self.name, obj.fsm_state, trigger)
+        return fire(obj, event, then)
+
+    def fire_by_table(self, obj: FsmObject, trigger: str, event: object = None,
+                      then: Then | None = None) -> str:
+        """:meth:`fire` through the table rather than the generated code (the reference
+        the generated code is held to; what :func:`check_writes` runs)."""
         source = obj.fsm_state
         cand = self._select(obj, trigger, event)
         if cand is None:

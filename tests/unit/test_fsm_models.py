@@ -73,20 +73,24 @@ def _guard_cases(spec: MachineSpec, state: str, trigger: str) -> list[dict[str, 
             for values in itertools.product((False, True), repeat=len(names))]
 
 
+@pytest.mark.parametrize("path", ["generated", "table"])
 @pytest.mark.parametrize("name", sorted(BOUND))
-def test_compiled_table_agrees_with_transitions(name: str) -> None:
-    """For every state, trigger and guard valuation both dispatchers reach the same state
-    and run the same actions in the same order."""
+def test_compiled_table_agrees_with_transitions(name: str, path: str) -> None:
+    """For every state, trigger and guard valuation both dispatchers (the generated code
+    and the table it is generated from) reach the same state as ``transitions``, run the
+    same actions in the same order, and say beforehand whether a step is enabled."""
     spec = machines()[name]
     stub_cls = _stub_class(spec)
     compiled = CompiledMachine(spec, stub_cls)
+    fire = compiled.fire if path == "generated" else compiled.fire_by_table
     compared = 0
     for state in spec.states:
         for trigger in sorted(spec.triggers):
             for values in _guard_cases(spec, state, trigger):
                 ours = stub_cls(state, values)
+                enabled = compiled.can_fire(ours, trigger)
                 try:
-                    expected: str | None = compiled.fire(ours, trigger)
+                    expected: str | None = fire(ours, trigger)
                 except InvalidTransition:
                     expected = None
                 theirs = stub_cls(state, values)
@@ -98,9 +102,65 @@ def test_compiled_table_agrees_with_transitions(name: str) -> None:
                     fired = False
                 got = theirs.fsm_state if fired else None
                 assert got == expected, (name, state, trigger, values)
+                assert enabled == (got is not None), (name, state, trigger, values)
                 assert theirs.ran == ours.ran, (name, state, trigger, values)
                 compared += 1
     assert compared >= len(spec.states) * len(spec.triggers)
+
+
+class _Raising(_Stub):
+    """A stub whose actions raise after recording; an output list and a datum to undo."""
+
+    fsm_data = ("datum",)
+    fsm_tracer: Tracer  # type: ignore[assignment]  # an instance's, not the stub's None
+
+    def __init__(self, state: str, guard_values: dict[str, bool]) -> None:
+        super().__init__(state, guard_values)
+        self.fsm_outputs: list[str] = ["before"]
+        self.datum: dict[str, int] = {"k": 1}
+        self.fsm_tracer = Tracer()
+        self.last = ""  # the action that raises
+
+
+@pytest.mark.parametrize("name", sorted(BOUND))
+def test_every_generated_edge_is_undone_when_its_last_action_raises(name: str) -> None:
+    """On every edge with actions, the generated code leaves state, data, outputs and
+    trace as they were when the last action raises."""
+    spec = machines()[name]
+    namespace: dict[str, object] = {}
+    for g in spec.guard_names:
+        namespace[g] = lambda self, _ev=None, g=g: self.values[g]
+    for a in spec.action_names:
+        namespace[a] = lambda self, _ev=None, a=a: _act(self, a)
+    cls = type(f"Raising_{spec.name}", (_Raising,), namespace)
+    compiled = CompiledMachine(spec, cls)
+    undone = 0
+    for t in spec.transitions:
+        if not t.actions:
+            continue
+        for state in t.sources:
+            values = {g: g in t.guards for g in (*t.guards, *t.unless)}
+            for other in spec.transitions:  # earlier candidates of this step: disabled
+                for g in (*other.guards, *other.unless):
+                    values.setdefault(g, False)
+            obj = cls(state, values)
+            obj.last = t.actions[-1]
+            if not compiled.can_fire(obj, t.trigger):
+                continue
+            with pytest.raises(RuntimeError, match="last action"):
+                compiled.fire(obj, t.trigger)
+            assert (obj.fsm_state, obj.datum, obj.fsm_outputs) == (state, {"k": 1}, ["before"])
+            assert obj.fsm_tracer.records == []
+            undone += 1
+    assert undone or not any(t.actions for t in spec.transitions)
+
+
+def _act(obj: _Raising, action: str) -> None:
+    obj.ran.append(action)
+    obj.datum[action] = 1
+    obj.fsm_outputs.append(action)
+    if action == obj.last:
+        raise RuntimeError("last action")
 
 
 def test_guards_of_one_trigger_never_overlap() -> None:
