@@ -23,9 +23,10 @@ Each machine's table is turned into Python source at import (one function per tr
 that branches on the state and calls its guards and actions directly, saving only what
 they write), compiled in memory and run by :meth:`CompiledMachine.fire` and
 :meth:`~CompiledMachine.can_fire`; its text is :attr:`CompiledMachine.code`. While
-:func:`check_writes` is on, steps go through the table instead (the generated code
-does not verify declarations). Both paths take the same steps (a test proves each
-equal to the ``transitions`` machine on every edge).
+:func:`check_writes` is on, steps run a second generated variant that also verifies
+the declarations. :meth:`CompiledMachine.fire_by_table` fires through the table
+itself, the reference: a test proves the generated code and the table each equal to
+the ``transitions`` machine on every edge.
 
 This module (and the code it generates) is the only place that assigns
 ``fsm_state``; a test walks the AST of the package to keep it that way.
@@ -161,18 +162,29 @@ class CompiledMachine:
         self._table: dict[tuple[str, str], tuple[_Candidate, ...]] = {
             k: tuple(v) for k, v in table.items()
         }
-        self.code = emit(self._table, getattr(impl, "fsm_data", ()), hasattr(impl, "fsm_outputs"))
+        data: tuple[str, ...] = getattr(impl, "fsm_data", ())
+        outputs = hasattr(impl, "fsm_outputs")
+        self.code = emit(self._table, data, outputs)
         """The generated source that fires this machine."""
-        ns: dict[str, Any] = {"_m": self, "_NAME": spec.name, "_Invalid": InvalidTransition,
-                              "_PLAIN": _PLAIN, "_BOX": (dict, list, set), "_restore": _restore}
-        ns.update({f"g_{n}": getattr(impl, n) for n in spec.guard_names})
-        ns.update({f"a_{n}": getattr(impl, n) for n in spec.action_names})
-        where = f"<p2pfsm machine {spec.name} of {impl.__name__}>"
-        exec(compile(self.code, where, "exec"), ns)  # our own text, made from models/
-        linecache.cache[where] = (len(self.code), None, self.code.splitlines(True), where)
+        self._fire, self._can = self._load(self.code, impl, "")
+        self._fire_checked, _ = self._load(emit(self._table, data, outputs, check=True), impl,
+                                           " (checking writes)")
+
+    def _load(self, code: str, impl: type, variant: str
+              ) -> tuple[dict[str, Callable[..., str]], dict[str, Callable[..., bool]]]:
+        """Compile generated ``code`` in memory (its lines kept for tracebacks): its fire
+        and can functions by trigger."""
+        ns: dict[str, Any] = {"_m": self, "_NAME": self.name, "_Invalid": InvalidTransition,
+                              "_PLAIN": _PLAIN, "_BOX": (dict, list, set), "_restore": _restore,
+                              "_snapshot": _snapshot, "_verify": _verify}
+        ns.update({f"g_{n}": getattr(impl, n) for n in self.spec.guard_names})
+        ns.update({f"a_{n}": getattr(impl, n) for n in self.spec.action_names})
+        where = f"<p2pfsm machine {self.name} of {impl.__name__}{variant}>"
+        exec(compile(code, where, "exec"), ns)  # our own text, made from models/
+        linecache.cache[where] = (len(code), None, code.splitlines(True), where)
         pairs: dict[str, tuple[Callable[..., str], Callable[..., bool]]] = ns["TRIGGERS"]
-        self._fire = {trigger: pair[0] for trigger, pair in pairs.items()}
-        self._can = {trigger: pair[1] for trigger, pair in pairs.items()}
+        return ({trigger: pair[0] for trigger, pair in pairs.items()},
+                {trigger: pair[1] for trigger, pair in pairs.items()})
 
     def state_set(self, name: str) -> frozenset[str]:
         """The model's named set of states ``name`` (its ``[sets]``); the code asks these,
@@ -199,17 +211,15 @@ class CompiledMachine:
         Raises:
             InvalidTransition: no declared transition is enabled; ``obj`` is unchanged.
         """
-        if _checking:
-            return self.fire_by_table(obj, trigger, event, then)
-        fire = self._fire.get(trigger)
+        fire = (self._fire_checked if _checking else self._fire).get(trigger)
         if fire is None:
             raise InvalidTransition(self.name, obj.fsm_state, trigger)
         return fire(obj, event, then)
 
     def fire_by_table(self, obj: FsmObject, trigger: str, event: object = None,
                       then: Then | None = None) -> str:
-        """:meth:`fire` through the table rather than the generated code (the reference
-        the generated code is held to; what :func:`check_writes` runs)."""
+        """:meth:`fire` through the table rather than the generated code: the reference
+        the generated code is held to."""
         source = obj.fsm_state
         cand = self._select(obj, trigger, event)
         if cand is None:
@@ -227,7 +237,8 @@ class CompiledMachine:
                 for action in cand.actions:
                     action(obj, event)
                 if declared is not None and whole is not None:
-                    _verify(self.name, cand, obj, whole, declared)
+                    _verify(self.name, trigger, cand.dest, cand.spec.actions, obj, whole,
+                            declared)
             except BaseException:
                 _restore(obj, saved if whole is None else whole)
                 obj.fsm_state = source
@@ -302,12 +313,11 @@ def _restore(obj: object, saved: list[tuple[str, object]]) -> None:
             setattr(obj, name, value)
 
 
-def _verify(machine: str, cand: _Candidate, obj: object,
+def _verify(machine: str, trigger: str, dest: str, actions: tuple[str, ...], obj: object,
             whole: list[tuple[str, object]], declared: tuple[str, ...]) -> None:
-    """Raise ModelError when an attribute that no action of ``cand`` declared changed."""
+    """Raise ModelError when an attribute that none of ``actions`` declared changed."""
     for name, before in whole:
         if name not in declared and getattr(obj, name) != before:
             raise ModelError(
-                f"{machine} {cand.spec.trigger} ({cand.dest}): its actions "
-                f"{[a.__name__ for a in cand.actions]} changed .{name}, which none of "
-                "them declares (p2pfsm.fsm.writes)")
+                f"{machine} {trigger} ({dest}): its actions {list(actions)} changed "
+                f".{name}, which none of them declares (p2pfsm.fsm.writes)")

@@ -9,10 +9,16 @@ state, calls the guards and actions by name (bound in the namespace the code run
 attribute, no snapshot list) and puts them back, with the state and the outputs, when
 an action raises. :data:`TRIGGERS` in the emitted module maps each trigger to its pair.
 
+With ``check``, a step whose actions all declare their writes also saves the whole of
+``fsm_data`` and, after the actions, verifies that nothing undeclared changed
+(``_verify``): the variant :func:`~p2pfsm.fsm.compiled.check_writes` runs, so every
+test of the package exercises the generated code, verifying it as it goes.
+
 The emitted code runs in a namespace that also provides ``_m`` (the machine),
 ``_NAME``, ``_Invalid`` (:class:`~p2pfsm.errors.InvalidTransition`), ``_PLAIN``,
-``_BOX`` (the container types :func:`~p2pfsm.fsm.compiled` copies one level) and
-``_restore``. Nothing is written to disk: the text is built and compiled at import.
+``_BOX`` (the container types :mod:`~p2pfsm.fsm.compiled` copies one level),
+``_restore``, ``_snapshot`` and ``_verify``. Nothing is written to disk: the text is
+built and compiled at import.
 """
 
 from __future__ import annotations
@@ -39,15 +45,16 @@ class Candidate(Protocol):
 
 
 def emit(table: Mapping[tuple[str, str], Sequence[Candidate]], data: tuple[str, ...],
-         outputs: bool) -> str:
+         outputs: bool, check: bool = False) -> str:
     """The module source for ``table``; ``data`` is the class's ``fsm_data`` (saved
     whole by a step whose candidate declares no ``saves``), ``outputs`` whether the
-    class has ``fsm_outputs`` (truncated on undo; else looked for on the object)."""
+    class has ``fsm_outputs`` (truncated on undo; else looked for on the object);
+    ``check``: the verifying variant (see the module docstring)."""
     triggers = sorted({trigger for _state, trigger in table})
     lines: list[str] = []
     for k, trigger in enumerate(triggers):
         groups = _groups(table, trigger)
-        lines += [*_fire(k, trigger, groups, data, outputs), ""]
+        lines += [*_fire(k, trigger, groups, data, outputs, check), ""]
         lines += [*_can(k, groups), ""]
     pairs = ", ".join(f"{trigger!r}: (fire_{k}, can_{k})" for k, trigger in enumerate(triggers))
     lines.append(f"TRIGGERS = {{{pairs}}}")
@@ -83,7 +90,7 @@ def _condition(t: TransitionSpec) -> str | None:
 
 
 def _fire(k: int, trigger: str, groups: list[_Group], data: tuple[str, ...],
-          outputs: bool) -> list[str]:
+          outputs: bool, check: bool) -> list[str]:
     out = [f"def fire_{k}(obj, event, then):",
            f"    # {trigger}",
            "    source = obj.fsm_state"]
@@ -95,14 +102,15 @@ def _fire(k: int, trigger: str, groups: list[_Group], data: tuple[str, ...],
             if cond is not None:
                 out.append(f"        if {cond}:")
                 pad += "    "
-            out += [pad + line for line in _commit(trigger, cand, data, outputs)]
+            out += [pad + line for line in _commit(trigger, cand, data, outputs, check)]
             if cond is None:
                 break  # an unguarded candidate is always taken: the rest cannot be
     out.append(f"    raise _Invalid(_NAME, source, {trigger!r})")
     return out
 
 
-def _commit(trigger: str, cand: Candidate, data: tuple[str, ...], outputs: bool) -> list[str]:
+def _commit(trigger: str, cand: Candidate, data: tuple[str, ...], outputs: bool,
+            check: bool) -> list[str]:
     """The lines that take ``cand``: save, set the state, run the actions (undone on a
     raise), the owner's hook, the trace; return the new state."""
     dest = "source" if cand.spec.dest is None else repr(cand.dest)
@@ -121,11 +129,17 @@ def _commit(trigger: str, cand: Candidate, data: tuple[str, ...], outputs: bool)
                       f"if k is dict or k is list or k is set or (k not in _PLAIN and "
                       f"isinstance(b{i}, _BOX)):",
                       f"    b{i} = b{i}.copy()"]
+        verify = check and cand.saves is not None
+        if verify:  # what no action declares must not change: keep all of it
+            lines.append(f"whole = _snapshot(obj, {data!r})")
         lines += [f"obj.fsm_state = {dest}", "try:"]
         lines += [f"    a_{a}(obj, event)" for a in actions]
+        if verify:
+            lines.append(f"    _verify(_NAME, {trigger!r}, {dest}, {actions!r}, obj, whole, "
+                         f"{saves!r})")
         saved = "".join(f"({name!r}, b{i}), " for i, name in enumerate(saves))
         lines += ["except BaseException:",
-                  f"    _restore(obj, ({saved}))",
+                  "    _restore(obj, whole)" if verify else f"    _restore(obj, ({saved}))",
                   "    obj.fsm_state = source"]
         lines += (["    del outputs[mark:]"] if outputs else
                   ["    if outputs is not None:", "        del outputs[mark:]"])

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from transitions import MachineError
 
 from p2pfsm.errors import InvalidTransition, ModelError
-from p2pfsm.fsm import CompiledMachine, MachineSpec, Tracer, load_spec, machines
+from p2pfsm.fsm import CompiledMachine, MachineSpec, Tracer, check_writes, load_spec, machines
 from p2pfsm.fsm.build import build_transitions_machine
 from p2pfsm.fsm.inputs import load_inputs
 from p2pfsm.fsm.registry import input_table, models_directory
@@ -41,6 +42,7 @@ def test_reading_the_models_again_gives_what_the_import_compiled() -> None:
         again = CompiledMachine(specs[name], impls[name], bound.then)
         assert (again.name, again.spec, again.then) == (bound.name, bound.spec, bound.then)
         assert again._table == bound._table, name
+        assert again.code == bound.code, name  # the generated code too, text for text
 
 
 class _Stub:
@@ -73,16 +75,24 @@ def _guard_cases(spec: MachineSpec, state: str, trigger: str) -> list[dict[str, 
             for values in itertools.product((False, True), repeat=len(names))]
 
 
-@pytest.mark.parametrize("path", ["generated", "table"])
+@pytest.fixture(params=["generated", "generated, checking writes", "table"])
+def path(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Which dispatcher fires: the generated code (fast or verifying) or the table."""
+    old = check_writes(request.param != "generated")
+    yield request.param
+    check_writes(old)
+
+
 @pytest.mark.parametrize("name", sorted(BOUND))
 def test_compiled_table_agrees_with_transitions(name: str, path: str) -> None:
-    """For every state, trigger and guard valuation both dispatchers (the generated code
-    and the table it is generated from) reach the same state as ``transitions``, run the
-    same actions in the same order, and say beforehand whether a step is enabled."""
+    """For every state, trigger and guard valuation each dispatcher (the generated code,
+    its verifying variant, and the table it is generated from) reaches the same state as
+    ``transitions``, runs the same actions in the same order, and says beforehand
+    whether a step is enabled."""
     spec = machines()[name]
     stub_cls = _stub_class(spec)
     compiled = CompiledMachine(spec, stub_cls)
-    fire = compiled.fire if path == "generated" else compiled.fire_by_table
+    fire = compiled.fire_by_table if path == "table" else compiled.fire
     compared = 0
     for state in spec.states:
         for trigger in sorted(spec.triggers):
@@ -123,9 +133,10 @@ class _Raising(_Stub):
 
 
 @pytest.mark.parametrize("name", sorted(BOUND))
-def test_every_generated_edge_is_undone_when_its_last_action_raises(name: str) -> None:
-    """On every edge with actions, the generated code leaves state, data, outputs and
-    trace as they were when the last action raises."""
+def test_every_generated_edge_is_undone_when_its_last_action_raises(name: str,
+                                                                     path: str) -> None:
+    """On every edge with actions, each dispatcher leaves state, data, outputs and trace
+    as they were when the last action raises."""
     spec = machines()[name]
     namespace: dict[str, object] = {}
     for g in spec.guard_names:
@@ -147,8 +158,9 @@ def test_every_generated_edge_is_undone_when_its_last_action_raises(name: str) -
             obj.last = t.actions[-1]
             if not compiled.can_fire(obj, t.trigger):
                 continue
+            fire = compiled.fire_by_table if path == "table" else compiled.fire
             with pytest.raises(RuntimeError, match="last action"):
-                compiled.fire(obj, t.trigger)
+                fire(obj, t.trigger)
             assert (obj.fsm_state, obj.datum, obj.fsm_outputs) == (state, {"k": 1}, ["before"])
             assert obj.fsm_tracer.records == []
             undone += 1
