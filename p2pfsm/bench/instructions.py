@@ -43,7 +43,7 @@ from p2pfsm.bench.procs import Command, run_to_end
 __all__ = ["Count", "main", "measure"]
 
 SIDES = ("producer", "consumer", "raw producer", "raw consumer")
-_WAIT_S = 600.0  # one valgrind run: start-up under valgrind is slow on a loaded box
+_WAIT_S = 1800.0  # one valgrind run: start-up under valgrind takes minutes on a loaded box
 _READY = "ready "
 
 
