@@ -1,13 +1,14 @@
 """Machines as generated code: the source of straight-line Python for one machine.
 
-:func:`emit` writes, from a machine's ``(state, trigger) -> candidates`` table (built
-by :class:`~p2pfsm.fsm.compiled.CompiledMachine` from ``models/``), two functions per
-trigger: ``fire_<k>(obj, event, then)`` takes the step and returns the new state, and
-``can_<k>(obj, event)`` says whether one is enabled. Each branches on the current
-state, calls the guards and actions by name (bound in the namespace the code runs in:
-``g_<name>``, ``a_<name>``), saves only the attributes its actions write (one local per
-attribute, no snapshot list) and puts them back, with the state and the outputs, when
-an action raises. :data:`TRIGGERS` in the emitted module maps each trigger to its pair.
+:func:`emit` writes, from a machine's ``(state, trigger) -> candidates`` table (built by
+:class:`~p2pfsm.fsm.compiled.CompiledMachine` from ``models/``), two functions per
+trigger: ``fire_<trigger>(obj, event, then)`` takes the step and returns the new state,
+and ``can_<trigger>(obj, event)`` says whether one is enabled (a profile names them).
+Each branches on the current state, calls the guards and actions by name (bound in the
+namespace the code runs in: ``g_<name>``, ``a_<name>``), saves only the attributes its
+actions write (one local per attribute, no snapshot list) and puts them back, with the
+state and the outputs, when an action raises. :data:`TRIGGERS` in the emitted module
+maps each trigger to its pair.
 
 With ``check``, a step whose actions all declare their writes also saves the whole of
 ``fsm_data`` and, after the actions, verifies that nothing undeclared changed
@@ -51,12 +52,13 @@ def emit(table: Mapping[tuple[str, str], Sequence[Candidate]], data: tuple[str, 
     class has ``fsm_outputs`` (truncated on undo; else looked for on the object);
     ``check``: the verifying variant (see the module docstring)."""
     triggers = sorted({trigger for _state, trigger in table})
+    names = {t: t if t.isidentifier() else str(k) for k, t in enumerate(triggers)}
     lines: list[str] = []
-    for k, trigger in enumerate(triggers):
+    for trigger in triggers:
         groups = _groups(table, trigger)
-        lines += [*_fire(k, trigger, groups, data, outputs, check), ""]
-        lines += [*_can(k, groups), ""]
-    pairs = ", ".join(f"{trigger!r}: (fire_{k}, can_{k})" for k, trigger in enumerate(triggers))
+        lines += [*_fire(names[trigger], trigger, groups, data, outputs, check), ""]
+        lines += [*_can(names[trigger], groups), ""]
+    pairs = ", ".join(f"{t!r}: (fire_{names[t]}, can_{names[t]})" for t in triggers)
     lines.append(f"TRIGGERS = {{{pairs}}}")
     return "\n".join(lines) + "\n"
 
@@ -89,7 +91,7 @@ def _condition(t: TransitionSpec) -> str | None:
     return " and ".join(parts) or None
 
 
-def _fire(k: int, trigger: str, groups: list[_Group], data: tuple[str, ...],
+def _fire(k: str, trigger: str, groups: list[_Group], data: tuple[str, ...],
           outputs: bool, check: bool) -> list[str]:
     out = [f"def fire_{k}(obj, event, then):",
            f"    # {trigger}",
@@ -157,7 +159,7 @@ def _commit(trigger: str, cand: Candidate, data: tuple[str, ...], outputs: bool,
     return lines
 
 
-def _can(k: int, groups: list[_Group]) -> list[str]:
+def _can(k: str, groups: list[_Group]) -> list[str]:
     out = [f"def can_{k}(obj, event):", "    source = obj.fsm_state"]
     for n, (states, cands) in enumerate(groups):
         out.append(f"    {'if' if n == 0 else 'elif'} {_test(states)}:")
