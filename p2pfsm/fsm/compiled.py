@@ -162,21 +162,30 @@ class CompiledMachine:
         self._table: dict[tuple[str, str], tuple[_Candidate, ...]] = {
             k: tuple(v) for k, v in table.items()
         }
-        data: tuple[str, ...] = getattr(impl, "fsm_data", ())
-        outputs = hasattr(impl, "fsm_outputs")
-        self.code = emit(self._table, data, outputs)
+        self._impl = impl
+        self.code = emit(self._table, getattr(impl, "fsm_data", ()), hasattr(impl, "fsm_outputs"))
         """The generated source that fires this machine."""
-        self._fire, self._can = self._load(self.code, impl, "")
-        self._fire_checked, _ = self._load(emit(self._table, data, outputs, check=True), impl,
-                                           " (checking writes)")
+        self._fire, self._can = self._load(self.code, "")
+        self._fire_checked: dict[str, Callable[..., str]] | None = None
+        """The verifying variant, generated the first time :func:`check_writes` is on."""
 
-    def _load(self, code: str, impl: type, variant: str
+    def _checked(self) -> dict[str, Callable[..., str]]:
+        """The verifying variant's fire functions (generated on first use)."""
+        if self._fire_checked is None:
+            impl = self._impl
+            code = emit(self._table, getattr(impl, "fsm_data", ()), hasattr(impl, "fsm_outputs"),
+                        check=True)
+            self._fire_checked = self._load(code, " (checking writes)")[0]
+        return self._fire_checked
+
+    def _load(self, code: str, variant: str
               ) -> tuple[dict[str, Callable[..., str]], dict[str, Callable[..., bool]]]:
         """Compile generated ``code`` in memory (its lines kept for tracebacks): its fire
         and can functions by trigger."""
         ns: dict[str, Any] = {"_m": self, "_NAME": self.name, "_Invalid": InvalidTransition,
                               "_PLAIN": _PLAIN, "_BOX": (dict, list, set), "_restore": _restore,
                               "_snapshot": _snapshot, "_verify": _verify}
+        impl = self._impl
         ns.update({f"g_{n}": getattr(impl, n) for n in self.spec.guard_names})
         ns.update({f"a_{n}": getattr(impl, n) for n in self.spec.action_names})
         where = f"<p2pfsm machine {self.name} of {impl.__name__}{variant}>"
@@ -211,7 +220,7 @@ class CompiledMachine:
         Raises:
             InvalidTransition: no declared transition is enabled; ``obj`` is unchanged.
         """
-        fire = (self._fire_checked if _checking else self._fire).get(trigger)
+        fire = (self._checked() if _checking else self._fire).get(trigger)
         if fire is None:
             raise InvalidTransition(self.name, obj.fsm_state, trigger)
         return fire(obj, event, then)
