@@ -57,6 +57,8 @@ _SESSION_STATE = ("its classes hold a Session's state, which `p2pfsm conform` "
 
 LEFT_OUT: dict[str, str] = {
     "p2pfsm/fsm/__init__.py": "re-exports only; nothing runs there per event",
+    "p2pfsm/fsm/generate.py": "writes each machine's source text once, at import; the code "
+                              "it writes runs as plain Python, compiled build or not",
     "p2pfsm/fsm/profiles.py": "the behaviour profiles are read once, when a config is "
                               "built; nothing runs there per event",
     "p2pfsm/protocol/__init__.py": "re-exports only; nothing runs there per event",

@@ -16,8 +16,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from p2pfsm.bench import nodes
 from p2pfsm.demo_blocks import demo_block, demo_key
-from p2pfsm.errors import ConfigError, TransportError
+from p2pfsm.errors import ConfigError
 
 __all__ = ["fetch_loop", "main"]
 
@@ -25,20 +26,14 @@ __all__ = ["fetch_loop", "main"]
 def fetch_loop(peer_id: str, blocks: int, block_len: int, repeat: int, warmup: int = 3,
                timeout: float = 30.0) -> dict[str, Any]:
     """Fetch ``blocks`` demo blocks from ``peer_id`` ``warmup + repeat`` times; the report."""
-    from p2pfsm.executor.node import Node, NodeConfig
+    from p2pfsm.executor.node import Node
 
     if blocks < 1 or block_len < 1 or repeat < 1 or warmup < 0:
         raise ConfigError(f"bench client: need blocks, block_len, repeat >= 1 and warmup >= 0; "
                           f"got {blocks}, {block_len}, {repeat}, {warmup}")
-    node = Node(NodeConfig("tcp://127.0.0.1:0", blocks, block_len))
+    node = Node(nodes.config(blocks, block_len))
     try:
-        t0 = time.perf_counter()
-        session = node.connect(peer_id)
-        node.run_until(lambda: session.ready or not session.alive, timeout)
-        if not session.ready:
-            raise TransportError(f"bench client: no handshake with {peer_id}: "
-                                 f"{node.deaths.get(peer_id)}")
-        handshake = time.perf_counter() - t0
+        handshake = nodes.connect(node, peer_id, timeout)
         keys = [demo_key(i) for i in range(blocks)]
         dest = list(range(blocks))
         want = [demo_block(i, block_len) for i in range(blocks)]

@@ -181,10 +181,10 @@ def _run_suites(args: argparse.Namespace, suites: tuple[str, ...], stack: contex
         if "transfer" not in suites or "workloads" not in suites:
             return None
         if not shared:
-            from p2pfsm.bench.transfer import _Peer
+            from p2pfsm.bench.peer import Peer
 
             progress("starting the bench peer process (shared by transfer and workloads)")
-            shared.append(_Peer())
+            shared.append(Peer())
             stack.callback(shared[0].stop)
         return shared[0]
 

@@ -16,8 +16,9 @@ import statistics
 import time
 from typing import Any
 
-from p2pfsm.bench.report import quantiles
-from p2pfsm.bench.transfer import Progress, _Fetcher, _node_pair, _Peer
+from p2pfsm.bench.nodes import Fetcher
+from p2pfsm.bench.peer import Peer, node_pair
+from p2pfsm.bench.report import Progress, quantiles
 from p2pfsm.errors import ConfigError, TransportError
 
 __all__ = ["WIDTHS", "format_concurrency", "parse_widths", "run"]
@@ -42,9 +43,9 @@ def parse_widths(texts: list[str]) -> tuple[int, ...]:
 
 def _width(node: Any, peer_id: str, width: int, rounds: int) -> dict[str, Any]:
     blocks = width * PER_REQUEST
-    parts = [_Fetcher(node, peer_id, PER_REQUEST, f"w{width}-{i}", first=i * PER_REQUEST)
+    parts = [Fetcher(node, peer_id, PER_REQUEST, f"w{width}-{i}", first=i * PER_REQUEST)
              for i in range(width)]
-    whole = _Fetcher(node, peer_id, blocks, f"w{width}-all")
+    whole = Fetcher(node, peer_id, blocks, f"w{width}-all")
     together: list[float] = []
     single: list[float] = []
     for r in range(rounds + 2):
@@ -74,7 +75,7 @@ def _width(node: Any, peer_id: str, width: int, rounds: int) -> dict[str, Any]:
 
 def run(widths: tuple[int, ...] = WIDTHS, rounds: int = 20, consumers: tuple[int, ...] = (),
         fanout_fetches: int = 10, progress: Progress | None = None,
-        peer: _Peer | None = None, memory_check: bool = True) -> dict[str, Any]:
+        peer: Peer | None = None, memory_check: bool = True) -> dict[str, Any]:
     """Every width, then every consumer count of the fan-out; a dict of results."""
     from p2pfsm.bench import fanout
     from p2pfsm.bench.workloads import load_average
@@ -84,10 +85,10 @@ def run(widths: tuple[int, ...] = WIDTHS, rounds: int = 20, consumers: tuple[int
                           f"{widths}")
     say = progress or (lambda _line: None)
     own = peer is None
-    peer = peer or _Peer()
+    peer = peer or Peer()
     out: dict[str, Any] = {"rounds": rounds, "target": _TARGET, "widths": [], "fanout": []}
     try:
-        node, peer_id = _node_pair(peer, (max(256, max(widths) * PER_REQUEST), _BLOCK))
+        node, peer_id = node_pair(peer, (max(256, max(widths) * PER_REQUEST), _BLOCK))
         try:
             for w in widths:
                 say(f"  concurrency: {w} x {PER_REQUEST} x 64 KiB vs one fetch, {rounds} rounds")

@@ -11,13 +11,16 @@ every fetch of every consumer (p99 included).
 
 from __future__ import annotations
 
-import multiprocessing
+import contextlib
 import time
 from multiprocessing.connection import Connection
 from typing import Any
 
-from p2pfsm.bench.report import quantiles
-from p2pfsm.bench.transfer import Progress, _Fetcher, _Peer
+from p2pfsm.bench import nodes
+from p2pfsm.bench.nodes import Fetcher
+from p2pfsm.bench.peer import Peer
+from p2pfsm.bench.procs import Child
+from p2pfsm.bench.report import Progress, quantiles
 from p2pfsm.errors import TransportError
 
 __all__ = ["format_fanout", "run"]
@@ -42,19 +45,16 @@ def _wait(conn: Connection, node: Any, tag: str) -> None:
 
 def _consumer_main(conn: Connection, peer_id: str, fetches: int) -> None:
     """One consumer: connect, warm up, say ready; on ``go`` fetch; report; on ``stop`` end."""
-    from p2pfsm.executor.node import Node, NodeConfig
+    from p2pfsm.executor.node import Node
 
     try:
-        node = Node(NodeConfig("tcp://127.0.0.1:0", *_SHAPE))
+        node = Node(nodes.config(*_SHAPE))
     except BaseException as exc:
         conn.send(("error", repr(exc)))
         return
     try:
-        session = node.connect(peer_id)
-        node.run_until(lambda: session.ready or not session.alive, 60.0)
-        if not session.ready:
-            raise TransportError(f"no handshake: {node.deaths.get(peer_id)}")
-        fetcher = _Fetcher(node, peer_id, _SHAPE[0], f"fan-{node.local_id}")
+        nodes.connect(node, peer_id, 60.0)
+        fetcher = Fetcher(node, peer_id, _SHAPE[0], f"fan-{node.local_id}")
         for _ in range(2):
             fetcher.once()
         fetcher.verify()
@@ -78,16 +78,7 @@ def _consumer_main(conn: Connection, peer_id: str, fetches: int) -> None:
         node.close()
 
 
-def _recv(conn: Connection, deadline: float) -> tuple[Any, ...]:
-    if not conn.poll(max(0.0, deadline - time.monotonic())):
-        raise TransportError("fan-out: a consumer did not answer in time")
-    msg = conn.recv()
-    if msg[0] == "error":
-        raise TransportError(f"fan-out consumer failed: {msg[1]}")
-    return tuple(msg)
-
-
-def run(peer: _Peer, consumers: int, fetches: int, say: Progress,
+def run(peer: Peer, consumers: int, fetches: int, say: Progress,
         memory_check: bool = True) -> dict[str, Any]:
     """The fan-out against ``peer`` (which then serves 256 x 64 KiB demo blocks); skipped
     when the memory available now would not hold the consumers, unless not
@@ -99,39 +90,25 @@ def run(peer: _Peer, consumers: int, fetches: int, say: Progress,
         return {"consumers": consumers, "skipped": f"{have / 2**30:.1f} GiB available, "
                 f"{consumers} consumers need about {consumers * _MIB_PER_CONSUMER * 2 / 1024:.1f}"}
     (_, peer_id) = peer.ask("node", *_SHAPE)
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["p2pfsm.executor.node", "torch", "p2pfsm.bench.fanout"])
-    procs: list[Any] = []
-    conns: list[Connection] = []
     t_start = time.monotonic()
-    try:
-        for i in range(consumers):
-            mine, theirs = ctx.Pipe()
-            proc = ctx.Process(target=_consumer_main, args=(theirs, peer_id, fetches),
-                               daemon=True, name=f"p2pfsm-bench-consumer-{i}")
-            proc.start()
-            theirs.close()
-            procs.append(proc)
-            conns.append(mine)
+    with contextlib.ExitStack() as stack:
+        children = [stack.enter_context(
+            Child(_consumer_main, f"p2pfsm-bench-consumer-{i}", (peer_id, fetches),
+                  method="forkserver",
+                  preload=("p2pfsm.executor.node", "torch", "p2pfsm.bench.fanout")))
+            for i in range(consumers)]
         deadline = time.monotonic() + _TIMEOUT
-        for n, conn in enumerate(conns):
-            _recv(conn, deadline)
+        for n, child in enumerate(children):
+            child.expect("ready", deadline - time.monotonic())
             if n % 4 == 3:
                 say(f"  fanout: {n + 1}/{consumers} consumers ready")
         setup_s = time.monotonic() - t_start
-        for conn in conns:
-            conn.send("go")
-        spans = [span for conn in conns for span in _recv(conn, deadline)[1]]
-        for conn in conns:
-            conn.send("stop")
-    finally:
-        for proc in procs:
-            proc.join(15.0)
-            if proc.is_alive():
-                proc.kill()
-                proc.join(5.0)
-        for conn in conns:
-            conn.close()
+        for child in children:
+            child.conn.send("go")
+        spans = [span for child in children
+                 for span in child.expect("done", deadline - time.monotonic())[1]]
+        for child in children:
+            child.conn.send("stop")  # each then ends, or is killed on the way out
     first = min(t0 for t0, _ in spans)
     last = max(t1 for _, t1 in spans)
     nbytes = len(spans) * _SHAPE[0] * _SHAPE[1]

@@ -26,11 +26,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,10 +37,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from p2pfsm.bench import nodes
+from p2pfsm.bench.procs import Command, run_to_end
+
 __all__ = ["Count", "main", "measure"]
 
 SIDES = ("producer", "consumer", "raw producer", "raw consumer")
-_WAIT_S = 600.0  # one valgrind run: start-up under valgrind is slow on a loaded box
+_WAIT_S = 1800.0  # one valgrind run: start-up under valgrind takes minutes on a loaded box
 _READY = "ready "
 
 
@@ -61,11 +62,6 @@ def _announce(*fields: str) -> None:
     print(_READY + " ".join(fields), flush=True)
 
 
-def _config(block_len: int) -> Any:
-    from p2pfsm.executor.node import NodeConfig
-    return NodeConfig("tcp://127.0.0.1:0", 1, block_len)
-
-
 def _serve(block_len: int, raw: bool) -> None:
     """A producer until SIGTERM: a DemoServer node; with ``raw``, also a ROUTER whose
     requests it answers with a raw one-block WRITE into the requester's block 0."""
@@ -74,7 +70,7 @@ def _serve(block_len: int, raw: bool) -> None:
     from p2pfsm.demo.host import DemoServer
 
     _stop_on_term()
-    server = DemoServer(_config(block_len))
+    server = DemoServer(nodes.config(1, block_len))
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     router = ctx.socket(zmq.ROUTER)
     try:
@@ -115,14 +111,12 @@ def _fetch(block_len: int, raw: bool, peer_id: str, router_addr: str, warmup: in
     from p2pfsm.errors import TransportError
     from p2pfsm.executor.node import Node
 
-    node = Node(_config(block_len))
+    node = Node(nodes.config(1, block_len))
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     dealer = ctx.socket(zmq.DEALER)
     want = demo_block(0, block_len)
     try:
-        session = node.connect(peer_id)
-        if not node.run_until(lambda: session.ready, 300.0):
-            raise TransportError("instructions: the handshake did not finish")
+        nodes.connect(node, peer_id, 300.0)
         dealer.connect(router_addr)
         for i in range(warmup + count):
             node.region[0].zero_()
@@ -184,32 +178,17 @@ def _totals(out: Path) -> tuple[int, int]:
     return main, others
 
 
-def _start(argv: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[str], list[str]]:
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
-    assert proc.stdout is not None
+def _start(argv: list[str], env: dict[str, str]) -> tuple[Command, list[str]]:
+    """``argv`` started, and the fields of its ready line."""
+    proc = Command(argv, f"instructions: {' '.join(argv[-3:])}", env)
     deadline = time.monotonic() + _WAIT_S
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        if line.startswith(_READY):
-            return proc, line[len(_READY):].split()
-    _end(proc)
-    raise RuntimeError(f"instructions: {' '.join(argv[-3:])} did not start")
-
-
-def _end(proc: subprocess.Popen[str]) -> int:
-    """Stop ``proc`` (SIGTERM, then SIGKILL) by its PID and reap it."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(_WAIT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(30.0)
-    if proc.stdout is not None:
-        proc.stdout.close()
-    return proc.returncode
+    try:
+        while not (line := proc.readline(deadline)).startswith(_READY):
+            pass
+    except BaseException:
+        proc.stop(_WAIT_S)
+        raise
+    return proc, line[len(_READY):].split()
 
 
 def _one(side: str, count: int, warmup: int, block_len: int, work: Path) -> tuple[int, int]:
@@ -218,7 +197,7 @@ def _one(side: str, count: int, warmup: int, block_len: int, work: Path) -> tupl
     out = work / f"{side.replace(' ', '-')}-{count}" / "cg.out"
     out.parent.mkdir(parents=True)
     # One hash seed for every run: set and dict orders (and so the instructions) repeat.
-    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONHASHSEED="0")
+    env = {"PYTHONUNBUFFERED": "1", "PYTHONHASHSEED": "0"}
     base = ["--block-len", str(block_len)] + (["--raw"] if raw else [])
     measured_producer = side.endswith("producer")
     serve_argv = _worker_argv("serve", base)
@@ -230,13 +209,12 @@ def _one(side: str, count: int, warmup: int, block_len: int, work: Path) -> tupl
                                             "--warmup", str(warmup), "--fetches", str(count)])
         if not measured_producer:
             fetch_argv = _valgrind(out) + fetch_argv
-        client = subprocess.run(fetch_argv, env=env, timeout=_WAIT_S, check=False,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        if client.returncode != 0:
+        client = run_to_end(fetch_argv, _WAIT_S, env)
+        if client is None or client.returncode != 0:
             raise RuntimeError(f"instructions: the {side} run's consumer failed:\n"
-                               f"{client.stderr[-2000:]}")
+                               f"{'timed out' if client is None else client.stderr[-2000:]}")
     finally:
-        _end(server)
+        server.stop(_WAIT_S)
     return _totals(out)
 
 

@@ -15,8 +15,9 @@ import gc
 import statistics
 from typing import Any
 
-from p2pfsm.bench.report import quantiles
-from p2pfsm.bench.transfer import Progress, _Fetcher, _node_pair, _Peer
+from p2pfsm.bench.nodes import Fetcher
+from p2pfsm.bench.peer import Peer, node_pair
+from p2pfsm.bench.report import Progress, quantiles
 from p2pfsm.errors import ConfigError
 
 __all__ = ["BLOCKS", "SIZES_MIB", "format_large", "run"]
@@ -26,11 +27,11 @@ BLOCKS = (64 * 1024, 2 * 1024 * 1024)
 _TARGET = 1.1
 
 
-def _cell(peer: _Peer, total: int, block_len: int, rounds: int) -> dict[str, Any]:
+def _cell(peer: Peer, total: int, block_len: int, rounds: int) -> dict[str, Any]:
     count = total // block_len
-    node, peer_id = _node_pair(peer, (count, block_len))
+    node, peer_id = node_pair(peer, (count, block_len))
     try:
-        fetcher = _Fetcher(node, peer_id, count, f"large-{total}-{block_len}")
+        fetcher = Fetcher(node, peer_id, count, f"large-{total}-{block_len}")
         for _ in range(2):
             fetcher.once()
         fetcher.verify()
@@ -54,7 +55,7 @@ def _cell(peer: _Peer, total: int, block_len: int, rounds: int) -> dict[str, Any
 
 def run(sizes_mib: tuple[int, ...] = SIZES_MIB, blocks: tuple[int, ...] = BLOCKS,
         rounds: int = 10, progress: Progress | None = None,
-        peer: _Peer | None = None) -> dict[str, Any]:
+        peer: Peer | None = None) -> dict[str, Any]:
     """Every (size, block size) cell whose size is a whole number of blocks."""
     from p2pfsm.bench.workloads import load_average
 
@@ -63,7 +64,7 @@ def run(sizes_mib: tuple[int, ...] = SIZES_MIB, blocks: tuple[int, ...] = BLOCKS
                           f"{sizes_mib}")
     say = progress or (lambda _line: None)
     own = peer is None
-    peer = peer or _Peer()
+    peer = peer or Peer()
     cells: list[dict[str, Any]] = []
     try:
         for mib in sizes_mib:

@@ -21,16 +21,16 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from p2pfsm.bench.child import BenchChild
+from p2pfsm.bench import nodes
+from p2pfsm.bench.procs import Child
+from p2pfsm.bench.report import Progress
 from p2pfsm.errors import ConfigError, TransportError
 
 __all__ = ["format_layouts", "run"]
 
-Progress = Callable[[str], None]
 
 _BLOCKS = 256
 _BLOCK_LEN = 64 * 1024
@@ -64,7 +64,7 @@ def _memory(layers: int, regions: list[Any]) -> Any:
 
 def _producer_main(conn: Connection) -> None:
     """One producer node at a time, per the layout asked for; raw WRITEs on demand."""
-    from p2pfsm.executor.node import Node, NodeConfig
+    from p2pfsm.executor.node import Node
     from p2pfsm.session import FetchArrived
 
     node: Node | None = None
@@ -89,8 +89,8 @@ def _producer_main(conn: Connection) -> None:
                     node.close()
                 layers = cmd[1]
                 regions = _regions(layers, fill=True)
-                node = Node(NodeConfig("tcp://127.0.0.1:0", _BLOCKS, _BLOCK_LEN,
-                                       memory=_memory(layers, regions)), on_fetch=on_fetch)
+                node = Node(nodes.config(_BLOCKS, _BLOCK_LEN, memory=_memory(layers, regions)),
+                            on_fetch=on_fetch)
                 conn.send(("node", node.local_id))
             elif cmd[0] == "raw":
                 assert node is not None
@@ -110,45 +110,15 @@ def _producer_main(conn: Connection) -> None:
             node.close()
 
 
-class _Producer(BenchChild):
-    def __init__(self) -> None:
-        super().__init__(_producer_main, "p2pfsm-bench-layouts")
-        self.ask(None)
+def _one_layout(producer: Child, layers: int, rounds: int) -> dict[str, Any]:
+    from p2pfsm.executor.node import Node
 
-    def ask(self, cmd: tuple[Any, ...] | None, pump: Callable[[], None] | None = None
-            ) -> tuple[Any, ...]:
-        """Send ``cmd`` (None: only wait for "ready") and return the reply, calling
-        ``pump`` meanwhile."""
-        tag = "ready" if cmd is None else str(cmd[0])
-        if cmd is not None:
-            self.conn.send(cmd)
-        deadline = time.monotonic() + _REPLY_TIMEOUT
-        while not self.conn.poll(0 if pump is not None else 0.05):
-            if time.monotonic() > deadline or not self.proc.is_alive():
-                raise TransportError(f"bench producer: no {tag!r} reply "
-                                     f"(exit code {self.proc.exitcode})")
-            if pump is not None:
-                pump()
-        msg = self.conn.recv()
-        if msg[0] != tag:
-            raise TransportError(f"bench producer: expected {tag!r}, got {msg[0]!r}")
-        return tuple(msg)
-
-
-def _one_layout(producer: _Producer, layers: int, rounds: int) -> dict[str, Any]:
-    from p2pfsm.executor.node import Node, NodeConfig
-
-    (_, peer_id) = producer.ask(("node", layers))
+    (_, peer_id) = producer.ask("node", layers)
     regions = _regions(layers, fill=False)
     keys = [i.to_bytes(8, "big") for i in range(_BLOCKS)]
     blocks = list(range(_BLOCKS))
-    with Node(NodeConfig("tcp://127.0.0.1:0", _BLOCKS, _BLOCK_LEN,
-                         memory=_memory(layers, regions))) as node:
-        session = node.connect(peer_id)
-        node.run_until(lambda: session.ready or not session.alive, 30.0)
-        if not session.ready:
-            raise TransportError(f"bench: no handshake with the producer: "
-                                 f"{node.deaths.get(peer_id)}")
+    with Node(nodes.config(_BLOCKS, _BLOCK_LEN, memory=_memory(layers, regions))) as node:
+        nodes.connect(node, peer_id)
 
         def fetch(n: int) -> float:
             t0 = time.perf_counter()
@@ -171,11 +141,11 @@ def _one_layout(producer: _Producer, layers: int, rounds: int) -> dict[str, Any]
             got = region[:, 0].tolist()
             if got != want or not bool((region == region[:, :1]).all()):
                 raise TransportError(f"bench: region {r} holds wrong bytes after a fetch")
-        producer.ask(("raw", node.local_id), pump=paced)
+        producer.ask("raw", node.local_id, pump=paced)
         raw: list[float] = []
         fetched: list[float] = []
         for n in range(rounds):
-            raw.append(producer.ask(("raw", node.local_id), pump=paced)[1])
+            raw.append(producer.ask("raw", node.local_id, pump=paced)[1])
             fetched.append(fetch(n))
     raw_ms = statistics.median(raw) * 1e3
     fetch_ms = statistics.median(fetched) * 1e3
@@ -193,15 +163,13 @@ def run(rounds: int = 20, layers: tuple[int, ...] = _LAYERS,
                           f"counts that split {_BLOCK_LEN} bytes evenly; got {rounds}, {layers}")
     say = progress or (lambda _line: None)
     t0 = time.monotonic()
-    producer = _Producer()
     rows = []
-    try:
+    with Child(_producer_main, "p2pfsm-bench-layouts") as producer:
+        producer.expect("ready", _REPLY_TIMEOUT)
         for n in layers:
             say(f"layouts: {_BLOCKS} x {_BLOCK_LEN // 1024} KiB as "
                 f"{'one plain region' if n == 0 else f'{n} layers x K/V'}, {rounds} rounds")
             rows.append(_one_layout(producer, n, rounds))
-    finally:
-        producer.stop()
     plain = next(row for row in rows if row["layers"] == 0)
     for row in rows:
         row["vs_plain"] = row["fetch_ms"] / plain["fetch_ms"]

@@ -29,19 +29,16 @@ the adapter's cost.
 from __future__ import annotations
 
 import json
-import os
-import select
 import statistics
-import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from p2pfsm.bench.report import parse_shape
-from p2pfsm.demo.run import stop_server
-from p2pfsm.errors import ConfigError, TransportError
+from p2pfsm.bench.procs import Command, run_to_end
+from p2pfsm.bench.report import Progress, parse_shape
+from p2pfsm.errors import ConfigError
 
 __all__ = ["CELLS", "KINDS", "SHAPES", "VENVS", "format_matrix", "parse_cells", "release",
            "run", "use_release", "vllm_python"]
@@ -56,7 +53,6 @@ _SESSIONS = {"vllm": "vllm", "adapter": "p2pfsm"}  # what a vLLM driver reports 
 _START_S = 300.0
 _RUN_S = 600.0
 
-Progress = Callable[[str], None]
 _CORNER = "server"
 
 
@@ -85,42 +81,6 @@ def vllm_python(root: Path | None = None) -> Path | None:
         if base is not None and (base / venv / "bin" / "python").exists():
             return base / venv / "bin" / "python"
     return None
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    here = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = here + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return env
-
-
-def _readline(proc: subprocess.Popen[str], until: float, what: str) -> str:
-    """The process's next stdout line, read straight from its descriptor (a buffered
-    reader could hold a second line where select() cannot see it)."""
-    assert proc.stdout is not None
-    fd = proc.stdout.fileno()
-    buf = _BUFFERS.setdefault(proc.pid, bytearray())
-    while b"\n" not in buf:
-        left = until - time.monotonic()
-        if left <= 0:
-            raise TransportError(f"{what}: nothing within the time bound")
-        ready, _, _ = select.select([fd], [], [], left)
-        if ready:
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                raise TransportError(f"{what}: exited ({proc.wait(5)})")
-            buf += chunk
-    line, _, rest = bytes(buf).partition(b"\n")
-    buf[:] = rest
-    return line.decode("utf-8", "replace") + "\n"
-
-
-_BUFFERS: dict[int, bytearray] = {}
-
-
-def _stop(proc: subprocess.Popen[str]) -> None:
-    _BUFFERS.pop(proc.pid, None)
-    stop_server(proc)
 
 
 def parse_cells(texts: Sequence[str]) -> tuple[str, ...]:
@@ -153,19 +113,18 @@ def _vllm_argv(kind: str, vpy: Path | None, role: str, *rest: str) -> list[str]:
 
 
 def _server(kind: str, vpy: Path | None, blocks: int, block_len: int
-            ) -> tuple[subprocess.Popen[str], str]:
+            ) -> tuple[Command, str]:
     if kind == "p2pfsm":
         argv = [sys.executable, "-m", "p2pfsm.cli", "serve", "--bind", "tcp://127.0.0.1:0",
                 "--blocks", str(blocks), "--block-len", str(block_len)]
     else:
         argv = _vllm_argv(kind, vpy, "server", "--blocks", str(blocks),
                           "--block-len", str(block_len))
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            text=True, env=_env())
+    proc = Command(argv, f"{kind} server")
     until = time.monotonic() + _START_S
     try:
         while True:
-            line = _readline(proc, until, f"{kind} server")
+            line = proc.readline(until)
             if kind == "p2pfsm" and line.startswith("serving"):
                 return proc, line.rsplit("tcp://", 1)[1].strip()
             if kind != "p2pfsm" and line.startswith(MARK):
@@ -174,7 +133,7 @@ def _server(kind: str, vpy: Path | None, blocks: int, block_len: int
                     _check_sessions(kind, msg)
                     return proc, str(msg["peer_id"])
     except BaseException:
-        _stop(proc)
+        proc.stop()
         raise
 
 
@@ -184,10 +143,8 @@ def _client(addr: str, blocks: int, block_len: int, repeat: int,
     argv = [sys.executable, "-m", "p2pfsm.bench.client", "--connect", addr,
             "--blocks", str(blocks), "--block-len", str(block_len),
             "--repeat", str(repeat), "--warmup", str(warmup)]
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, env=_env(),
-                              timeout=_RUN_S, check=False)
-    except subprocess.TimeoutExpired:
+    done = run_to_end(argv, _RUN_S)
+    if done is None:
         return {"times": [], "failures": repeat, "verify_failures": 0}
     for line in reversed(done.stdout.splitlines()):
         if line.startswith("{"):
@@ -208,10 +165,8 @@ def _linked(vpy: Path | None, servers: dict[str, str], pairs: Sequence[tuple[str
                       "--linger", "0", "--hold-open", "0")
     empty = {"times": [], "failures": repeat, "verify_failures": 0}
     out = {pair: dict(empty) for pair in pairs}
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, env=_env(),
-                              timeout=_RUN_S, check=False)
-    except subprocess.TimeoutExpired:
+    done = run_to_end(argv, _RUN_S)
+    if done is None:
         return out
     for line in done.stdout.splitlines():
         if not line.startswith(MARK):
@@ -274,7 +229,7 @@ def run(passes: int = 2, repeat: int = 20, warmup: int = 3,
                 kinds = list(dict.fromkeys(server for server, _ in linked))
                 say(f"  pass {p + 1}/{passes}: {shape}, side by side: "
                     f"{' '.join(f'{s}/{c}' for s, c in linked)}")
-                procs: list[subprocess.Popen[str]] = []
+                procs: list[Command] = []
                 try:
                     servers: dict[str, str] = {}
                     for kind in kinds:
@@ -283,7 +238,7 @@ def run(passes: int = 2, repeat: int = 20, warmup: int = 3,
                     got_all = _linked(vpy, servers, linked, blocks, block_len, repeat, warmup)
                 finally:
                     for proc in procs:
-                        _stop(proc)
+                        proc.stop()
                 for pair, got in got_all.items():
                     add(shape, pair, got)
             for server, client in [pair for pair in turn if pair[1] == "p2pfsm"]:
@@ -292,7 +247,7 @@ def run(passes: int = 2, repeat: int = 20, warmup: int = 3,
                 try:
                     got = _client(addr, blocks, block_len, repeat, warmup)
                 finally:
-                    _stop(proc)
+                    proc.stop()
                 add(shape, (server, client), got)
     out = {k: {**{f: v for f, v in c.items() if f != "times"}, "stats": _stats(c["times"]),
                "times_ms": [t * 1e3 for t in c["times"]]} for k, c in samples.items()}

@@ -10,18 +10,20 @@ client has closed.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
-import subprocess
 import sys
 import time
 from typing import Any
 
-from p2pfsm.bench.matrix import _env, _readline, _stop
+from p2pfsm.bench import nodes as bench_nodes
+from p2pfsm.bench.procs import Command
 from p2pfsm.bench.procstat import cpu_s as _cpu_s
 from p2pfsm.bench.procstat import fds as _fds
 from p2pfsm.bench.procstat import rss as _rss
 from p2pfsm.bench.procstat import thread_cpu_s as _thread_cpu_s
-from p2pfsm.bench.transfer import Progress
+from p2pfsm.bench.report import Progress
+from p2pfsm.errors import TransportError
 
 __all__ = ["format_peers", "run"]
 
@@ -44,16 +46,14 @@ def _window(pid: int, seconds: float, nodes: list[Any]) -> tuple[float, float]:
 
 def run(count: int = 128, window_s: float = 10.0,
         progress: Progress | None = None) -> dict[str, Any]:
-    from p2pfsm.executor.node import Node, NodeConfig
+    from p2pfsm.executor.node import Node
 
     say = progress or (lambda _line: None)
-    proc = subprocess.Popen([sys.executable, "-m", "p2pfsm.cli", "serve", "--bind",
-                             "tcp://127.0.0.1:0", "--blocks", "1", "--block-len", "4096"],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            env=_env())
+    proc = Command([sys.executable, "-m", "p2pfsm.cli", "serve", "--bind", "tcp://127.0.0.1:0",
+                    "--blocks", "1", "--block-len", "4096"], "p2pfsm serve")
     nodes: list[Any] = []
     try:
-        line = _readline(proc, time.monotonic() + 300, "p2pfsm serve")
+        line = proc.readline(time.monotonic() + 300)
         addr = line.rsplit("tcp://", 1)[1].strip()
         pid = proc.pid
         say(f"  peers: server idle with no peers for {window_s:g} s")
@@ -61,13 +61,10 @@ def run(count: int = 128, window_s: float = 10.0,
         fds0, rss0 = _fds(pid), _rss(pid)
         handshakes = []
         for i in range(count):
-            node = Node(NodeConfig("tcp://127.0.0.1:0", 1, 4096))
+            node = Node(bench_nodes.config(1, 4096))
             nodes.append(node)
-            t0 = time.perf_counter()
-            session = node.connect(addr)
-            node.run_until(lambda: session.ready or not session.alive, 30.0)  # noqa: B023
-            if session.ready:
-                handshakes.append(time.perf_counter() - t0)
+            with contextlib.suppress(TransportError):  # counted: connected < count
+                handshakes.append(bench_nodes.connect(node, addr))
             if i % 32 == 31:
                 say(f"  peers: {i + 1}/{count} connected")
         say(f"  peers: {count} idle peers, two windows of {window_s:g} s")
@@ -81,7 +78,7 @@ def run(count: int = 128, window_s: float = 10.0,
     finally:
         for node in nodes:
             node.close(timeout=0.5)
-        _stop(proc)
+        proc.stop()
     return {"count": count, "connected": len(handshakes), "window_s": window_s,
             "handshake_median_ms": statistics.median(handshakes) * 1e3 if handshakes else None,
             "cpu_alone": alone, "cpu_first": first, "cpu_steady": steady, "cpu_after": after,

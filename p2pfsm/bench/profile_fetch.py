@@ -7,8 +7,7 @@ both nodes until all are done. First without a profiler: the CPU seconds
 (``time.thread_time``) of each node's steps per fetch. Then with one
 :class:`cProfile.Profile` per side (enabled only around that node's steps): the top
 functions by own thread-CPU time, as shares of the profiled time and those shares
-of the unprofiled CPU per fetch (the profiler inflates every call), then the same by
-layer (:mod:`p2pfsm.bench.profile_layers`). Loopback only;
+of the unprofiled CPU per fetch (the profiler inflates every call). Loopback only;
 bounded by a deadline per round.
 
 ``--send-probe``: instead, a raw DEALER -> ROUTER send of a 120-byte frame, back to back
@@ -88,10 +87,9 @@ def send_probe(sends: int = 400) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from p2pfsm.bench.profile_layers import by_layer
-    from p2pfsm.bench.transfer import _Fetcher
+    from p2pfsm.bench import nodes
     from p2pfsm.demo.host import DemoServer
-    from p2pfsm.executor.node import Node, NodeConfig
+    from p2pfsm.executor.node import Node
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--width", type=int, default=64)
@@ -105,16 +103,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         send_probe()
         return 0
     total = args.width * args.blocks
-    server = DemoServer(NodeConfig("tcp://127.0.0.1:0", total, args.block_len))
-    node = Node(NodeConfig("tcp://127.0.0.1:0", total, args.block_len))
+    server = DemoServer(nodes.config(total, args.block_len))
+    node = Node(nodes.config(total, args.block_len))
     try:
         session = node.connect(server.node.local_id)
         deadline = time.monotonic() + _ROUND_S
         while not session.ready and time.monotonic() < deadline:
             node.step(0)
             server.node.step(0)
-        parts = [_Fetcher(node, server.node.local_id, args.blocks, f"p{i}",
-                          first=i * args.blocks) for i in range(args.width)]
+        parts = [nodes.Fetcher(node, server.node.local_id, args.blocks, f"p{i}",
+                               first=i * args.blocks) for i in range(args.width)]
         cpu = {"consumer": 0.0, "producer": 0.0}
 
         def timed(side: str, fn: Callable[[], Any]) -> Any:
@@ -157,10 +155,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 where = where.rsplit("site-packages/", 1)[-1]
                 print(f"  {tt / own * 100:5.1f} % {tt / own * base:6.1f} us {nc / fetches:6.2f}"
                       f"  {where}:{line}({name})")
-            print(f"{side} by layer (builtins counted for their callers; share, that "
-                  f"share of the unprofiled {base:.0f} us):")
-            for layer, t in sorted(by_layer(prof).items(), key=lambda kv: -kv[1]):
-                print(f"  {t / own * 100:5.1f} % {t / own * base:6.1f} us  {layer}")
     finally:
         node.close()
         server.node.close()

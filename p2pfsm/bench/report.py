@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import re
 import statistics
+from collections.abc import Callable
 from typing import Any
 
 from p2pfsm.errors import ConfigError
 
-__all__ = ["SUITES", "format_loop", "parse_shape", "quantiles"]
+__all__ = ["SUITES", "Progress", "format_loop", "parse_shape", "quantiles"]
+
+Progress = Callable[[str], None]
+"""Called with a line of progress now and then (e.g. to print it on stderr)."""
 
 SUITES = ("fsm", "transfer")
 """What ``--suite all`` runs (``sweep`` is chosen by name: it takes minutes)."""

@@ -7,7 +7,9 @@ import statistics
 import time
 from typing import Any
 
-from p2pfsm.bench.transfer import Progress, _Fetcher, _node_pair, _Peer
+from p2pfsm.bench.nodes import Fetcher
+from p2pfsm.bench.peer import Peer, node_pair
+from p2pfsm.bench.report import Progress
 
 __all__ = ["format_sweep", "sweep"]
 
@@ -33,14 +35,14 @@ def sweep(sizes: tuple[int, ...] = SIZES, repeat: int = 15,
     """For each block size: blocks = 16 MiB / size (8..256); medians in GB/s."""
     say = progress or (lambda _line: None)
     rows = []
-    peer = _Peer()
+    peer = Peer()
     try:
         for size in sizes:
             blocks = max(8, min(256, _TOTAL // size))
             say(f"  sweep: {blocks} x {size // 1024} KiB")
-            node, peer_id = _node_pair(peer, (blocks, size))
+            node, peer_id = node_pair(peer, (blocks, size))
             try:
-                fetcher = _Fetcher(node, peer_id, blocks, f"sweep{size}")
+                fetcher = Fetcher(node, peer_id, blocks, f"sweep{size}")
                 for _ in range(3):
                     fetcher.once()
                 fetcher.verify()

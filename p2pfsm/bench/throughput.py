@@ -22,8 +22,11 @@ import select
 import time
 from typing import Any
 
+from p2pfsm.bench import nodes as bench_nodes
+from p2pfsm.bench.nodes import Fetcher
+from p2pfsm.bench.peer import Peer
 from p2pfsm.bench.procstat import cpu_s
-from p2pfsm.bench.transfer import Progress, _Fetcher, _Peer
+from p2pfsm.bench.report import Progress
 from p2pfsm.errors import ConfigError, TransportError
 
 __all__ = ["format_throughput", "run"]
@@ -57,7 +60,7 @@ def _step_all(nodes: list[Any], drive: str) -> None:
                     break
 
 
-def _window(nodes: list[Any], fetchers: list[list[_Fetcher]], fetches: int,
+def _window(nodes: list[Any], fetchers: list[list[Fetcher]], fetches: int,
             drive: str = "wait") -> float:
     """Keep every fetcher busy until ``fetches`` complete; the wall seconds it took."""
     finished: list[tuple[int, int]] = []
@@ -88,11 +91,11 @@ def _window(nodes: list[Any], fetchers: list[list[_Fetcher]], fetches: int,
 
 
 def run(peers: int = 4, in_flight: int = 16, fetches: int = 4000,
-        progress: Progress | None = None, peer: _Peer | None = None,
+        progress: Progress | None = None, peer: Peer | None = None,
         drive: str = "wait") -> dict[str, Any]:
     """The saturation window of the module docstring, after a warm-up of one tenth."""
     from p2pfsm.bench.workloads import load_average
-    from p2pfsm.executor.node import Node, NodeConfig
+    from p2pfsm.executor.node import Node
 
     if peers < 1 or not 1 <= in_flight <= _SHAPE[0] or fetches < peers * in_flight:
         raise ConfigError(f"throughput: need peers >= 1, 1 <= in flight <= {_SHAPE[0]}, "
@@ -101,17 +104,14 @@ def run(peers: int = 4, in_flight: int = 16, fetches: int = 4000,
         raise ConfigError(f"throughput: drive is one of {DRIVES}, got {drive!r}")
     say = progress or (lambda _line: None)
     own = peer is None
-    peer = peer or _Peer()
+    peer = peer or Peer()
     nodes: list[Any] = []
     try:
         (_, peer_id) = peer.ask("node", *_SHAPE)
         for _ in range(peers):
-            nodes.append(Node(NodeConfig("tcp://127.0.0.1:0", *_SHAPE)))
-            session = nodes[-1].connect(peer_id)
-            nodes[-1].run_until(lambda s=session: s.ready or not s.alive, 30.0)
-            if not session.ready:
-                raise TransportError("throughput: no handshake with the peer")
-        fetchers = [[_Fetcher(node, peer_id, 1, f"t{n}-{j}", first=j) for j in range(in_flight)]
+            nodes.append(Node(bench_nodes.config(*_SHAPE)))
+            bench_nodes.connect(nodes[-1], peer_id)
+        fetchers = [[Fetcher(node, peer_id, 1, f"t{n}-{j}", first=j) for j in range(in_flight)]
                     for n, node in enumerate(nodes)]
         say(f"  throughput: {peers} peers x {in_flight} in flight ({drive}), warm-up")
         _window(nodes, fetchers, max(peers * in_flight, fetches // 10), drive)

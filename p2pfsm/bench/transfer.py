@@ -30,204 +30,23 @@ operation and one fetch for (a), ``number`` of each for (b)).
 
 from __future__ import annotations
 
-import os
-import resource
 import statistics
 import time
-from collections.abc import Callable
-from multiprocessing.connection import Connection
 from typing import Any
 
-from p2pfsm.bench.child import BenchChild
-from p2pfsm.demo_blocks import demo_block, demo_key
+from p2pfsm.bench.nodes import Fetcher
+from p2pfsm.bench.peer import Peer, idle_cpu, node_pair
+from p2pfsm.bench.report import Progress
+from p2pfsm.demo_blocks import demo_key
 from p2pfsm.errors import ConfigError, TransportError
-from p2pfsm.executor.node import Node, NodeConfig
-from p2pfsm.executor.node.jobs import JobFuture
 from p2pfsm.protocol import Fetch, encode
-from p2pfsm.session import LoadResult
 
 __all__ = ["format_table", "run"]
-
-Progress = Callable[[str], None]
 
 _LARGE = (256, 64 * 1024)
 _SMALL = (16, 4 * 1024)
 _TARGETS = {"fetch_large": 1.5, "fetch_small": 1.5, "idle_cpu_percent": 1.0}
-_REPLY_TIMEOUT = 60.0
 _INBOUND_S = 0.05
-_IDLE_INTERVAL_MS = 10
-"""A progress interval at least this long means the data plane is at its idle pace
-(the default pace is 1 ms busy and 50 ms idle)."""
-
-
-# -- the peer process ----------------------------------------------------------------
-
-
-def _cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-def _idle_cpu(node: Node, seconds: float) -> tuple[float, float]:
-    """Run the node's loop until its data plane is at its idle pace, then for ``seconds``
-    more; return (seconds it took to get idle, CPU fraction of one core while idle)."""
-    t0 = time.monotonic()
-    while node.data.progress_interval_ms < _IDLE_INTERVAL_MS and time.monotonic() - t0 < 30.0:
-        node.step(1.0)
-    settle = time.monotonic() - t0
-    cpu0, wall0 = _cpu_seconds(), time.monotonic()
-    while time.monotonic() - wall0 < seconds:
-        node.step(1.0)
-    return settle, (_cpu_seconds() - cpu0) / (time.monotonic() - wall0)
-
-
-def _raw_writes(node: Node, peer_id: str, count: int, nblocks: int | None = None) -> list[float]:
-    """``count`` raw WRITEs of our first ``nblocks`` blocks (default: every block) into
-    the same blocks of the peer."""
-    blocks = list(range(node.config.num_blocks if nblocks is None else nblocks))
-    times = []
-    for k in range(count):
-        t0 = time.perf_counter()
-        xfer = ("raw", k)  # the node's own WRITEs are named (session, xfer)
-        node.data.write(xfer, peer_id, blocks, blocks)
-        while True:
-            done = dict(node.data.poll())
-            if xfer in done:
-                break
-        times.append(time.perf_counter() - t0)
-        if not done[xfer]:
-            raise TransportError("raw WRITE failed")
-    return times
-
-
-class _Bare:
-    """A node with a region and no blocks to serve (for the region handshake)."""
-
-    def __init__(self, config: NodeConfig) -> None:
-        t0 = time.perf_counter()
-        self.node = Node(config)
-        self.setup_s = time.perf_counter() - t0
-
-
-def _peer_main(conn: Connection) -> None:
-    """The producer process: one DemoServer (or bare node) at a time, plus raw operations
-    on demand."""
-    import gc
-
-    import zmq
-
-    from p2pfsm.demo.host import DemoServer
-
-    server: DemoServer | _Bare | None = None
-    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    router: zmq.Socket[bytes] | None = None
-    dealer: zmq.Socket[bytes] | None = None
-    rep: zmq.Socket[bytes] | None = None
-    conn.send(("ready", os.getpid()))
-    try:
-        while True:
-            if server is not None:
-                server.node.step(0.05)
-                if not conn.poll(0):
-                    continue
-            cmd = conn.recv()
-            if cmd[0] == "stop":
-                return
-            if cmd[0] in ("node", "region", "drop"):
-                if server is not None:
-                    server.node.close()
-                    server = None
-                    gc.collect()  # a large region goes back now, not at some later cycle
-                config = NodeConfig("tcp://127.0.0.1:0", *cmd[1:3]) if len(cmd) > 2 else None
-                if cmd[0] == "node" and config is not None:
-                    server = DemoServer(config)
-                    conn.send(("node", server.node.local_id))
-                elif cmd[0] == "region" and config is not None:
-                    server = bare = _Bare(config)
-                    conn.send(("region", bare.node.local_id, bare.setup_s))
-                else:
-                    conn.send(("drop",))
-            elif cmd[0] == "raw_write":
-                assert server is not None
-                conn.send(("raw_write", _raw_writes(server.node, cmd[1], *cmd[2:4])))
-            elif cmd[0] == "echo_setup":
-                router = ctx.socket(zmq.ROUTER)
-                port = router.bind_to_random_port("tcp://127.0.0.1")
-                dealer = ctx.socket(zmq.DEALER)
-                dealer.setsockopt(zmq.IDENTITY, f"127.0.0.1:{port}".encode())
-                dealer.connect(cmd[1])
-                conn.send(("echo_setup", f"tcp://127.0.0.1:{port}"))
-            elif cmd[0] == "echo":
-                assert router is not None and dealer is not None
-                for _ in range(cmd[1]):
-                    if not router.poll(10_000):
-                        raise TransportError("raw echo: no frame within 10 s")
-                    _ident, frame = router.recv_multipart()
-                    dealer.send(frame)
-                conn.send(("echo", cmd[1]))
-            elif cmd[0] == "rep_setup":
-                rep = ctx.socket(zmq.REP)
-                rep_port = rep.bind_to_random_port("tcp://127.0.0.1")
-                conn.send(("rep_setup", f"tcp://127.0.0.1:{rep_port}"))
-            elif cmd[0] == "rep":
-                assert rep is not None
-                for _ in range(cmd[1]):
-                    if not rep.poll(10_000):
-                        raise TransportError("raw REQ/REP: no request within 10 s")
-                    rep.send(rep.recv())
-                conn.send(("rep", cmd[1]))
-            elif cmd[0] == "idle":
-                assert server is not None
-                settle, cpu = _idle_cpu(server.node, cmd[1])
-                conn.send(("idle", settle, cpu))
-    finally:
-        if server is not None:
-            server.node.close()
-        for sock in (router, dealer, rep):
-            if sock is not None:
-                sock.close(linger=0)
-        ctx.term()
-
-
-# -- this process ----------------------------------------------------------------------
-
-
-class _Peer(BenchChild):
-    def __init__(self) -> None:
-        super().__init__(_peer_main, "p2pfsm-bench-peer")
-        self.pid: int = self.expect("ready")[1]
-
-    def expect(self, tag: str, node: Node | None = None,
-               pump: Callable[[], None] | None = None) -> tuple[Any, ...]:
-        """The peer's next reply (which must be ``tag``), stepping ``node`` (at its own
-        pace) or calling ``pump`` (as fast as it can) meanwhile."""
-        deadline = time.monotonic() + _REPLY_TIMEOUT
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TransportError(f"bench peer: no {tag!r} reply within {_REPLY_TIMEOUT} s")
-            if pump is not None:
-                pump()
-                ready = self.conn.poll(0)
-            elif node is not None:
-                node.step(min(left, 0.001))
-                ready = self.conn.poll(0)
-            else:
-                ready = self.conn.poll(left)
-            if ready:
-                try:
-                    msg = self.conn.recv()
-                except EOFError:
-                    raise TransportError(
-                        f"bench peer exited (code {self.proc.exitcode})") from None
-                if msg[0] != tag:
-                    raise TransportError(f"bench peer: expected {tag!r}, got {msg[0]!r}")
-                return tuple(msg)
-
-    def ask(self, *cmd: Any, node: Node | None = None,
-            pump: Callable[[], None] | None = None) -> tuple[Any, ...]:
-        self.conn.send(cmd)
-        return self.expect(str(cmd[0]), node, pump)
 
 
 def _stats(samples: list[float], scale: float) -> dict[str, float]:
@@ -238,73 +57,10 @@ def _stats(samples: list[float], scale: float) -> dict[str, float]:
             "p90": cuts[-1] * scale, "n": float(len(ordered))}
 
 
-def _node_pair(peer: _Peer, shape: tuple[int, int]) -> tuple[Node, str]:
-    (_, peer_id) = peer.ask("node", *shape)
-    node = Node(NodeConfig("tcp://127.0.0.1:0", shape[0], shape[1]))
+def _large(peer: Peer, rounds: int, say: Progress) -> dict[str, Any]:
+    node, peer_id = node_pair(peer, _LARGE)
     try:
-        session = node.connect(peer_id)
-        node.run_until(lambda: session.ready or not session.alive, 30.0)
-        if not session.ready:
-            raise TransportError(f"bench: no handshake with the peer: {node.deaths.get(peer_id)}")
-    except BaseException:
-        node.close()
-        raise
-    return node, peer_id
-
-
-class _Fetcher:
-    """Times whole fetches of demo blocks ``first..first+count-1`` into the same indexes."""
-
-    def __init__(self, node: Node, peer_id: str, count: int, tag: str, first: int = 0) -> None:
-        self.node, self.peer_id, self.tag, self.n = node, peer_id, tag, 0
-        self.keys = [demo_key(i) for i in range(first, first + count)]
-        self.dest = list(range(first, first + count))
-        self._want: Any = None
-
-    def start(self) -> JobFuture[LoadResult]:
-        """Send one fetch; its future."""
-        self.n += 1
-        return self.node.fetch(self.peer_id, f"bench-{self.tag}-{self.n}", self.keys, self.dest)
-
-    def once(self) -> float:
-        t0 = time.perf_counter()
-        fut = self.start()
-        self.node.run_until(fut.done, 30.0)
-        elapsed = time.perf_counter() - t0
-        self.check(fut)
-        return elapsed
-
-    def check(self, fut: JobFuture[LoadResult]) -> None:
-        """Raise unless ``fut`` is a successful fetch."""
-        if not fut.done() or not fut.result().success:
-            raise TransportError(f"bench fetch {self.tag} {self.n} failed: "
-                                 f"{fut.result() if fut.done() else 'no result'}")
-
-    def clear(self) -> None:
-        """Zero our destination blocks, so that the next :meth:`verify` sees only what the
-        next fetch delivered."""
-        self.node.region[self.dest[0]:self.dest[-1] + 1].zero_()
-
-    def verify(self) -> None:
-        """Raise unless our destination blocks hold exactly the demo blocks fetched (the
-        expected bytes are computed once, then compared as one array)."""
-        import numpy as np
-
-        if self._want is None:
-            bl = self.node.config.block_len
-            self._want = np.frombuffer(b"".join(demo_block(i, bl) for i in self.dest),
-                                       dtype=np.uint8).reshape(len(self.dest), bl)
-        got = self.node.region[self.dest[0]:self.dest[-1] + 1].numpy()
-        if not np.array_equal(got, self._want):
-            wrong = next(i for i, (a, b) in enumerate(zip(got, self._want, strict=True))
-                         if not np.array_equal(a, b))
-            raise TransportError(f"bench fetch delivered a wrong block {self.dest[wrong]}")
-
-
-def _large(peer: _Peer, rounds: int, say: Progress) -> dict[str, Any]:
-    node, peer_id = _node_pair(peer, _LARGE)
-    try:
-        fetcher = _Fetcher(node, peer_id, _LARGE[0], "large")
+        fetcher = Fetcher(node, peer_id, _LARGE[0], "large")
         for _ in range(3):
             fetcher.once()
         fetcher.verify()
@@ -333,14 +89,14 @@ def _large(peer: _Peer, rounds: int, say: Progress) -> dict[str, Any]:
             "target": _TARGETS["fetch_large"]}
 
 
-def _small(peer: _Peer, rounds: int, number: int, idle_seconds: float,
+def _small(peer: Peer, rounds: int, number: int, idle_seconds: float,
            say: Progress) -> tuple[dict[str, Any], dict[str, Any]]:
     import zmq
 
-    node, peer_id = _node_pair(peer, _SMALL)
+    node, peer_id = node_pair(peer, _SMALL)
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     try:
-        fetcher = _Fetcher(node, peer_id, 1, "small")
+        fetcher = Fetcher(node, peer_id, 1, "small")
         for _ in range(20):
             fetcher.once()
         fetcher.verify()
@@ -370,7 +126,7 @@ def _small(peer: _Peer, rounds: int, number: int, idle_seconds: float,
                     raise TransportError("raw REQ/REP: no reply within 10 s")
                 req.recv()
                 rtt.append(time.perf_counter() - t0)
-            peer.expect("rep")
+            peer.wait("rep")
             peer.conn.send(("echo", number))
             times = []
             for _ in range(number):
@@ -380,7 +136,7 @@ def _small(peer: _Peer, rounds: int, number: int, idle_seconds: float,
                     raise TransportError("raw echo: no reply within 10 s")
                 router.recv_multipart()
                 times.append(time.perf_counter() - t0)
-            peer.expect("echo")
+            peer.wait("echo")
             ours = [fetcher.once() for _ in range(number)]
             if r:  # round 0 warms the raw sockets up
                 tight.extend(rtt)
@@ -403,8 +159,8 @@ def _small(peer: _Peer, rounds: int, number: int, idle_seconds: float,
                  "target": _TARGETS["fetch_small"]}
         say(f"  idle: measuring both nodes for {idle_seconds:g} s")
         peer.conn.send(("idle", idle_seconds))
-        settle, ours_cpu = _idle_cpu(node, idle_seconds)
-        (_, peer_settle, peer_cpu) = peer.expect("idle", node)
+        settle, ours_cpu = idle_cpu(node, idle_seconds)
+        (_, peer_settle, peer_cpu) = peer.wait("idle", node)
         idle = {"seconds": idle_seconds, "peer_percent": peer_cpu * 100,
                 "local_percent": ours_cpu * 100, "settle_s": max(settle, peer_settle),
                 "target_percent": _TARGETS["idle_cpu_percent"]}
@@ -415,7 +171,7 @@ def _small(peer: _Peer, rounds: int, number: int, idle_seconds: float,
 
 
 def run(rounds: int = 30, number: int = 50, idle_seconds: float = 10.0,
-        progress: Progress | None = None, peer: _Peer | None = None) -> dict[str, Any]:
+        progress: Progress | None = None, peer: Peer | None = None) -> dict[str, Any]:
     """Measure (a), (b) and (c) of the module docstring; return them as a dict.
 
     Args:
@@ -433,7 +189,7 @@ def run(rounds: int = 30, number: int = 50, idle_seconds: float = 10.0,
     own = peer is None
     if peer is None:
         say("transfer bench: starting the peer process")
-        peer = _Peer()
+        peer = Peer()
     try:
         say(f"(a) {_LARGE[0]} x {_LARGE[1] // 1024} KiB fetch vs raw NIXL WRITE, "
             f"{rounds} rounds")

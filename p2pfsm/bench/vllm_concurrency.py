@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
 import time
 from typing import Any
 
 from p2pfsm.bench import matrix
+from p2pfsm.bench.procs import Command, run_to_end
 from p2pfsm.bench.procstat import cpu_s
-from p2pfsm.bench.report import quantiles
-from p2pfsm.bench.transfer import Progress
+from p2pfsm.bench.report import Progress, quantiles
 from p2pfsm.errors import ConfigError, TransportError
 
 __all__ = ["parse_result", "run", "throughput"]
@@ -46,8 +45,9 @@ def _client(addr: str, block_len: int, *rest: str) -> dict[str, Any]:
     vpy = matrix.vllm_python()
     argv = matrix._vllm_argv("vllm", vpy, "client", "--connect", addr, "--block-len",
                              str(block_len), *rest)
-    done = subprocess.run(argv, capture_output=True, text=True, env=matrix._env(),
-                          timeout=matrix._RUN_S, check=False)
+    done = run_to_end(argv, matrix._RUN_S)
+    if done is None:
+        raise TransportError(f"vLLM client: not done within {matrix._RUN_S:.0f} s")
     try:
         return parse_result(done.stdout)
     except TransportError as exc:
@@ -73,7 +73,7 @@ def run(widths: tuple[int, ...], rounds: int, progress: Progress | None = None
             got = _client(addr, _BLOCK, "--concurrent", str(width), "--per-request",
                           str(_PER_REQUEST), "--repeat", str(rounds))
         finally:
-            matrix._stop(proc)
+            proc.stop()
         med = statistics.median(got["times"])
         rows.append({"width": width, "all_done_ms": quantiles(got["times"]),
                      "aggregate_gbps": width * _PER_REQUEST * _BLOCK / med / 1e9})
@@ -90,18 +90,17 @@ def throughput(peers: int, in_flight: int, fetches: int, progress: Progress | No
     say(f"  throughput: vLLM <-> vLLM, {peers} sessions x {in_flight} in flight")
     vpy = matrix.vllm_python()
     proc, addr = matrix._server("vllm", vpy, in_flight, 4096)
-    client: subprocess.Popen[str] | None = None
+    client: Command | None = None
     try:
         argv = matrix._vllm_argv("vllm", vpy, "client", "--connect", addr, "--block-len",
                                  "4096", "--concurrent", str(in_flight), "--per-request", "1",
                                  "--links-count", str(peers), "--saturate", str(fetches))
-        client = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                  text=True, env=matrix._env())
+        client = Command(argv, "vLLM client")
         until = time.monotonic() + matrix._RUN_S
         lines: list[str] = []
         marks: dict[str, tuple[float, float]] = {}
         while True:  # bounded by _readline's deadline and the client's exit
-            line = matrix._readline(client, until, "vLLM client")
+            line = client.readline(until)
             lines.append(line)
             if '"kind": "window"' in line:
                 marks[json.loads(line[len(matrix.MARK):])["at"]] = (cpu_s(proc.pid),
@@ -113,8 +112,8 @@ def throughput(peers: int, in_flight: int, fetches: int, progress: Progress | No
         load = (marks["start"][1] + marks["end"][1]) / 2
     finally:
         if client is not None:
-            matrix._stop(client)
-        matrix._stop(proc)
+            client.stop()
+        proc.stop()
     n = got["fetches"]
     return {"impl": "vLLM", "peers": peers, "in_flight": in_flight, "fetches": n,
             "block_len": 4096, "wall_s": got["wall_s"], "fetches_per_s": n / got["wall_s"],

@@ -31,9 +31,11 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from p2pfsm.bench import nodes
+from p2pfsm.bench.nodes import Fetcher
+from p2pfsm.bench.peer import Peer, node_pair
 from p2pfsm.bench.procstat import cpu_s, fds, rss
-from p2pfsm.bench.report import quantiles
-from p2pfsm.bench.transfer import Progress, _Fetcher, _node_pair, _Peer
+from p2pfsm.bench.report import Progress, quantiles
 from p2pfsm.demo_blocks import demo_key
 from p2pfsm.errors import ConfigError, TransportError
 
@@ -64,7 +66,7 @@ def _lookup(node: Node, peer_id: str, rounds: int) -> dict[str, Any]:
     blocks = _LOOKUP_HELD + _LOOKUP_ABSENT
     wanted = [demo_key(i) for i in range(_LOOKUP_HELD)]
     wanted += [demo_key(_ABSENT_BASE + i) for i in range(_LOOKUP_ABSENT)]
-    check = _Fetcher(node, peer_id, _LOOKUP_HELD, "lookup-check")  # verifies, never fetches
+    check = Fetcher(node, peer_id, _LOOKUP_HELD, "lookup-check")  # verifies, never fetches
     ready, total = [], []
     for r in range(rounds + 2):  # two warm-up rounds
         rid = f"bench-lookup-{r}"
@@ -98,9 +100,9 @@ def _concurrent(node: Node, peer_id: str, rounds: int,
                 width: int = _CONCURRENT) -> dict[str, Any]:
     """``width`` fetches in flight at once on one session, against one fetch of them all."""
     blocks = width * _PER_REQUEST
-    parts = [_Fetcher(node, peer_id, _PER_REQUEST, f"c{i}", first=i * _PER_REQUEST)
+    parts = [Fetcher(node, peer_id, _PER_REQUEST, f"c{i}", first=i * _PER_REQUEST)
              for i in range(width)]
-    whole = _Fetcher(node, peer_id, blocks, "whole")
+    whole = Fetcher(node, peer_id, blocks, "whole")
     each: list[float] = []
     aggregate: list[float] = []
     single: list[float] = []
@@ -137,7 +139,7 @@ def _concurrent(node: Node, peer_id: str, rounds: int,
 def _soak(node: Node, peer_id: str, peer_pid: int, count: int) -> dict[str, Any]:
     """``count`` one-block fetches back to back; drift, descriptors and memory on both
     sides."""
-    fetcher = _Fetcher(node, peer_id, 1, "soak")
+    fetcher = Fetcher(node, peer_id, 1, "soak")
     me = os.getpid()
     times = []
     for _ in range(20):
@@ -159,7 +161,7 @@ def _soak(node: Node, peer_id: str, peer_pid: int, count: int) -> dict[str, Any]
 
 def _cpu(node: Node, peer_id: str, peer_pid: int, fetches: int) -> dict[str, Any]:
     """CPU seconds per GB moved on each side over ``fetches`` fetches of 256 x 64 KiB."""
-    fetcher = _Fetcher(node, peer_id, 256, "cpu")
+    fetcher = Fetcher(node, peer_id, 256, "cpu")
     verify_cpu = 0.0
     for _ in range(3):
         fetcher.once()
@@ -178,11 +180,11 @@ def _cpu(node: Node, peer_id: str, peer_pid: int, fetches: int) -> dict[str, Any
             "consumer_core_share": ours / wall, "producer_core_share": theirs / wall}
 
 
-def _region(peer: _Peer, mib: int, memory_check: bool = True) -> dict[str, Any]:
+def _region(peer: Peer, mib: int, memory_check: bool = True) -> dict[str, Any]:
     """A ``mib`` MiB region on each side: construction, connect -> ready, freed after
     (skipped when the memory available now would not hold it, unless not ``memory_check``)."""
     from p2pfsm.demo.host import available_memory, check_region
-    from p2pfsm.executor.node import Node, NodeConfig
+    from p2pfsm.executor.node import Node
 
     blocks = mib * 1024 * 1024 // _BLOCK
     have = available_memory()
@@ -196,16 +198,11 @@ def _region(peer: _Peer, mib: int, memory_check: bool = True) -> dict[str, Any]:
     (_, peer_id, peer_setup) = peer.ask("region", blocks, _BLOCK)
     try:
         t0 = time.perf_counter()
-        node = Node(NodeConfig("tcp://127.0.0.1:0", blocks, _BLOCK))
+        node = Node(nodes.config(blocks, _BLOCK))
         setup = time.perf_counter() - t0
         try:
             rss_held = rss(me)
-            t1 = time.perf_counter()
-            session = node.connect(peer_id)
-            node.run_until(lambda: session.ready or not session.alive, 60.0)
-            ready = time.perf_counter() - t1
-            if not session.ready:
-                raise TransportError(f"bench region: no handshake: {node.deaths.get(peer_id)}")
+            ready = nodes.connect(node, peer_id, 60.0)
         finally:
             node.close()
         del node
@@ -231,7 +228,7 @@ def _measure(steps: list[tuple[str, str, Callable[[], dict[str, Any]]]],
 
 def run(rounds: int = 30, soak: int = 1000, cpu_fetches: int = 60, region_mib: int = 1024,
         consumers: int = 16, fanout_fetches: int = 10, progress: Progress | None = None,
-        peer: _Peer | None = None, memory_check: bool = True) -> dict[str, Any]:
+        peer: Peer | None = None, memory_check: bool = True) -> dict[str, Any]:
     """Every workload of the module docstring; a dict of their results.
 
     Args:
@@ -261,10 +258,10 @@ def run(rounds: int = 30, soak: int = 1000, cpu_fetches: int = 60, region_mib: i
     own = peer is None
     if peer is None:
         say("workloads bench: starting the peer process")
-        peer = _Peer()
+        peer = Peer()
     try:
         # One node pair (256 x 64 KiB, the peer holding all 256) for the first four.
-        node, peer_id = _node_pair(peer, (256, _BLOCK))
+        node, peer_id = node_pair(peer, (256, _BLOCK))
         try:
             steps: list[tuple[str, str, Callable[[], dict[str, Any]]]] = [
                 ("lookup", f"lookup of {_LOOKUP_HELD + _LOOKUP_ABSENT} keys + fetch of the "

@@ -1,12 +1,12 @@
 """Machines as data: load ``models/``, compile them, dispatch, trace.
 
-``models/*.toml`` is the single source of truth. :mod:`.spec` reads a file into
-a :class:`MachineSpec`; :mod:`.compiled` turns it into a frozen
-``(state, trigger) -> candidates`` table used on the hot path; :mod:`.build`
-builds the equivalent ``transitions.Machine`` (tests prove both agree on every
-edge); :mod:`.trace` records every fired transition; :mod:`.inputs` reads the
-input table (which machine and trigger each input of a session reaches); :mod:`.profiles`
-reads the behaviour profiles (``models/profiles/``).
+``models/*.toml`` is the single source of truth. :mod:`.spec` reads a file into a
+:class:`MachineSpec`; :mod:`.compiled` turns it into a frozen ``(state, trigger) ->
+candidates`` table, from which :mod:`.generate` writes the straight-line code the hot
+path runs; :mod:`.build` builds the equivalent ``transitions.Machine`` (tests prove all
+three agree on every edge); :mod:`.trace` records every fired transition; :mod:`.inputs`
+reads the input table (which machine and trigger each input of a session reaches);
+:mod:`.profiles` reads the behaviour profiles (``models/profiles/``).
 """
 
 from p2pfsm.fsm.compiled import CompiledMachine, FsmObject, check_writes, writes

@@ -1,4 +1,5 @@
-"""The hot-path dispatcher: a frozen ``(state, trigger) -> candidates`` table.
+"""The hot-path dispatcher: a frozen ``(state, trigger) -> candidates`` table, and the
+straight-line code generated from it (:mod:`p2pfsm.fsm.generate`) that fires it.
 
 Firing a trigger is all-or-nothing. It plans: looks up the candidates for the
 object's current state and takes the first whose guards hold (and whose ``unless``
@@ -18,17 +19,28 @@ them). :func:`check_writes` makes every step verify the declarations: an attribu
 ``fsm_data`` that changed although no action of the step declared it is a
 :class:`ModelError`, and the step is undone.
 
-This module is the only place that assigns ``fsm_state``; a test walks the AST
-of the package to keep it that way.
+Each machine's table is turned into Python source at import (one function per trigger
+that branches on the state and calls its guards and actions directly, saving only what
+they write), compiled in memory and run by :meth:`CompiledMachine.fire` and
+:meth:`~CompiledMachine.can_fire`; its text is :attr:`CompiledMachine.code`. While
+:func:`check_writes` is on, steps run a second generated variant that also verifies
+the declarations. :meth:`CompiledMachine.fire_by_table` fires through the table
+itself, the reference: a test proves the generated code and the table each equal to
+the ``transitions`` machine on every edge.
+
+This module (and the code it generates) is the only place that assigns
+``fsm_state``; a test walks the AST of the package to keep it that way.
 """
 
 from __future__ import annotations
 
+import linecache
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from p2pfsm.errors import InvalidTransition, ModelError
+from p2pfsm.fsm.generate import emit
 from p2pfsm.fsm.spec import MachineSpec, TransitionSpec
 from p2pfsm.fsm.trace import Tracer
 
@@ -150,6 +162,38 @@ class CompiledMachine:
         self._table: dict[tuple[str, str], tuple[_Candidate, ...]] = {
             k: tuple(v) for k, v in table.items()
         }
+        self._impl = impl
+        self.code = emit(self._table, getattr(impl, "fsm_data", ()), hasattr(impl, "fsm_outputs"))
+        """The generated source that fires this machine."""
+        self._fire, self._can = self._load(self.code, "")
+        self._fire_checked: dict[str, Callable[..., str]] | None = None
+        """The verifying variant, generated the first time :func:`check_writes` is on."""
+
+    def _checked(self) -> dict[str, Callable[..., str]]:
+        """The verifying variant's fire functions (generated on first use)."""
+        if self._fire_checked is None:
+            impl = self._impl
+            code = emit(self._table, getattr(impl, "fsm_data", ()), hasattr(impl, "fsm_outputs"),
+                        check=True)
+            self._fire_checked = self._load(code, " (checking writes)")[0]
+        return self._fire_checked
+
+    def _load(self, code: str, variant: str
+              ) -> tuple[dict[str, Callable[..., str]], dict[str, Callable[..., bool]]]:
+        """Compile generated ``code`` in memory (its lines kept for tracebacks): its fire
+        and can functions by trigger."""
+        ns: dict[str, Any] = {"_m": self, "_NAME": self.name, "_Invalid": InvalidTransition,
+                              "_PLAIN": _PLAIN, "_BOX": (dict, list, set), "_restore": _restore,
+                              "_snapshot": _snapshot, "_verify": _verify}
+        impl = self._impl
+        ns.update({f"g_{n}": getattr(impl, n) for n in self.spec.guard_names})
+        ns.update({f"a_{n}": getattr(impl, n) for n in self.spec.action_names})
+        where = f"<p2pfsm machine {self.name} of {impl.__name__}{variant}>"
+        exec(compile(code, where, "exec"), ns)  # our own text, made from models/
+        linecache.cache[where] = (len(code), None, code.splitlines(True), where)
+        pairs: dict[str, tuple[Callable[..., str], Callable[..., bool]]] = ns["TRIGGERS"]
+        return ({trigger: pair[0] for trigger, pair in pairs.items()},
+                {trigger: pair[1] for trigger, pair in pairs.items()})
 
     def state_set(self, name: str) -> frozenset[str]:
         """The model's named set of states ``name`` (its ``[sets]``); the code asks these,
@@ -158,7 +202,8 @@ class CompiledMachine:
 
     def can_fire(self, obj: FsmObject, trigger: str, event: object = None) -> bool:
         """True when ``trigger`` has an enabled transition from the current state."""
-        return self._select(obj, trigger, event) is not None
+        can = self._can.get(trigger)
+        return can is not None and can(obj, event)
 
     def declares(self, state: str, trigger: str) -> bool:
         """True when the model has a transition for ``trigger`` from ``state`` (guarded or not)."""
@@ -175,6 +220,15 @@ class CompiledMachine:
         Raises:
             InvalidTransition: no declared transition is enabled; ``obj`` is unchanged.
         """
+        fire = (self._checked() if _checking else self._fire).get(trigger)
+        if fire is None:
+            raise InvalidTransition(self.name, obj.fsm_state, trigger)
+        return fire(obj, event, then)
+
+    def fire_by_table(self, obj: FsmObject, trigger: str, event: object = None,
+                      then: Then | None = None) -> str:
+        """:meth:`fire` through the table rather than the generated code: the reference
+        the generated code is held to."""
         source = obj.fsm_state
         cand = self._select(obj, trigger, event)
         if cand is None:
@@ -192,7 +246,8 @@ class CompiledMachine:
                 for action in cand.actions:
                     action(obj, event)
                 if declared is not None and whole is not None:
-                    _verify(self.name, cand, obj, whole, declared)
+                    _verify(self.name, trigger, cand.dest, cand.spec.actions, obj, whole,
+                            declared)
             except BaseException:
                 _restore(obj, saved if whole is None else whole)
                 obj.fsm_state = source
@@ -267,12 +322,11 @@ def _restore(obj: object, saved: list[tuple[str, object]]) -> None:
             setattr(obj, name, value)
 
 
-def _verify(machine: str, cand: _Candidate, obj: object,
+def _verify(machine: str, trigger: str, dest: str, actions: tuple[str, ...], obj: object,
             whole: list[tuple[str, object]], declared: tuple[str, ...]) -> None:
-    """Raise ModelError when an attribute that no action of ``cand`` declared changed."""
+    """Raise ModelError when an attribute that none of ``actions`` declared changed."""
     for name, before in whole:
         if name not in declared and getattr(obj, name) != before:
             raise ModelError(
-                f"{machine} {cand.spec.trigger} ({cand.dest}): its actions "
-                f"{[a.__name__ for a in cand.actions]} changed .{name}, which none of "
-                "them declares (p2pfsm.fsm.writes)")
+                f"{machine} {trigger} ({dest}): its actions {list(actions)} changed "
+                f".{name}, which none of them declares (p2pfsm.fsm.writes)")

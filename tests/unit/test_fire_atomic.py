@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from p2pfsm.errors import InvalidTransition
-from p2pfsm.fsm import CompiledMachine, Tracer
+from p2pfsm.fsm import CompiledMachine, Tracer, check_writes
 from p2pfsm.fsm.spec import parse_spec
 from p2pfsm.protocol import Fetch
 from p2pfsm.session import HostStart, Session, SessionConfig
@@ -69,12 +69,11 @@ def test_the_same_step_commits_when_no_action_raises() -> None:
     assert obj.fsm_outputs == ["before", "frame"]
 
 
-def test_a_raising_action_of_a_real_round_leaves_it_unchanged(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+@pytest.mark.parametrize("checking", [True, False])
+def test_a_raising_action_of_a_real_round_leaves_it_unchanged(checking: bool) -> None:
     """A serve round whose last action of recv_fetch fails midway: its demand, supply,
     state, the session's outputs of the step and its timers (the demand timer)
-    are as before the fetch was fired."""
+    are as before the fetch was fired (the generated code, verifying writes or not)."""
     s = Session(SessionConfig("b", b"meta-b", 0x1000, 8, 64))
     s.handle(HostStart(), 0.0)
     env = ChildEnv(s.config.timeouts, None)  # the round's outbox, as the session gives one
@@ -83,19 +82,22 @@ def test_a_raising_action_of_a_real_round_leaves_it_unchanged(
     rnd.supply = {b"k1": 3}
     before = list(s.outputs)
     timers = dict(s.view.timers)
+    last = next(t for t in SERVER_ROUND.spec.transitions
+                if t.trigger == "recv_fetch" and "supplied" in t.sources).actions[-1]
 
     def failing_write(self: ServerRound, _ev: object) -> None:
         self.supply.pop(b"k1")
         raise RuntimeError("injected")
 
-    monkeypatch.setattr(SERVER_ROUND, "_table", {
-        key: tuple(c.__class__(c.spec, c.dest, c.guards, c.unless,
-                               (*c.actions[:-1], failing_write), None) for c in cands)
-        if key == ("supplied", "recv_fetch") else cands
-        for key, cands in SERVER_ROUND._table.items()
-    })
-    with pytest.raises(RuntimeError, match="injected"):
-        SERVER_ROUND.fire(rnd, "recv_fetch", Fetch("r1", (b"k1",), (5,), 0))
+    failing = CompiledMachine(SERVER_ROUND.spec, type("Failing", (ServerRound,),
+                                                      {last: failing_write}),
+                              SERVER_ROUND.then)
+    old = check_writes(checking)
+    try:
+        with pytest.raises(RuntimeError, match="injected"):
+            failing.fire(rnd, "recv_fetch", Fetch("r1", (b"k1",), (5,), 0))
+    finally:
+        check_writes(old)
     assert rnd.fsm_state == "supplied"
     assert rnd.supply == {b"k1": 3} and rnd.demand == {} and rnd.total == 0
     assert s.outputs == before and env.outbox == [] and dict(s.view.timers) == timers

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from transitions import MachineError
 
 from p2pfsm.errors import InvalidTransition, ModelError
-from p2pfsm.fsm import CompiledMachine, MachineSpec, Tracer, load_spec, machines
+from p2pfsm.fsm import CompiledMachine, MachineSpec, Tracer, check_writes, load_spec, machines
 from p2pfsm.fsm.build import build_transitions_machine
 from p2pfsm.fsm.inputs import load_inputs
 from p2pfsm.fsm.registry import input_table, models_directory
@@ -41,6 +42,7 @@ def test_reading_the_models_again_gives_what_the_import_compiled() -> None:
         again = CompiledMachine(specs[name], impls[name], bound.then)
         assert (again.name, again.spec, again.then) == (bound.name, bound.spec, bound.then)
         assert again._table == bound._table, name
+        assert again.code == bound.code, name  # the generated code too, text for text
 
 
 class _Stub:
@@ -73,20 +75,32 @@ def _guard_cases(spec: MachineSpec, state: str, trigger: str) -> list[dict[str, 
             for values in itertools.product((False, True), repeat=len(names))]
 
 
+@pytest.fixture(params=["generated", "generated, checking writes", "table"])
+def path(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Which dispatcher fires: the generated code (fast or verifying) or the table."""
+    old = check_writes(request.param != "generated")
+    yield request.param
+    check_writes(old)
+
+
 @pytest.mark.parametrize("name", sorted(BOUND))
-def test_compiled_table_agrees_with_transitions(name: str) -> None:
-    """For every state, trigger and guard valuation both dispatchers reach the same state
-    and run the same actions in the same order."""
+def test_compiled_table_agrees_with_transitions(name: str, path: str) -> None:
+    """For every state, trigger and guard valuation each dispatcher (the generated code,
+    its verifying variant, and the table it is generated from) reaches the same state as
+    ``transitions``, runs the same actions in the same order, and says beforehand
+    whether a step is enabled."""
     spec = machines()[name]
     stub_cls = _stub_class(spec)
     compiled = CompiledMachine(spec, stub_cls)
+    fire = compiled.fire_by_table if path == "table" else compiled.fire
     compared = 0
     for state in spec.states:
         for trigger in sorted(spec.triggers):
             for values in _guard_cases(spec, state, trigger):
                 ours = stub_cls(state, values)
+                enabled = compiled.can_fire(ours, trigger)
                 try:
-                    expected: str | None = compiled.fire(ours, trigger)
+                    expected: str | None = fire(ours, trigger)
                 except InvalidTransition:
                     expected = None
                 theirs = stub_cls(state, values)
@@ -98,9 +112,67 @@ def test_compiled_table_agrees_with_transitions(name: str) -> None:
                     fired = False
                 got = theirs.fsm_state if fired else None
                 assert got == expected, (name, state, trigger, values)
+                assert enabled == (got is not None), (name, state, trigger, values)
                 assert theirs.ran == ours.ran, (name, state, trigger, values)
                 compared += 1
     assert compared >= len(spec.states) * len(spec.triggers)
+
+
+class _Raising(_Stub):
+    """A stub whose actions raise after recording; an output list and a datum to undo."""
+
+    fsm_data = ("datum",)
+    fsm_tracer: Tracer  # type: ignore[assignment]  # an instance's, not the stub's None
+
+    def __init__(self, state: str, guard_values: dict[str, bool]) -> None:
+        super().__init__(state, guard_values)
+        self.fsm_outputs: list[str] = ["before"]
+        self.datum: dict[str, int] = {"k": 1}
+        self.fsm_tracer = Tracer()
+        self.last = ""  # the action that raises
+
+
+@pytest.mark.parametrize("name", sorted(BOUND))
+def test_every_generated_edge_is_undone_when_its_last_action_raises(name: str,
+                                                                     path: str) -> None:
+    """On every edge with actions, each dispatcher leaves state, data, outputs and trace
+    as they were when the last action raises."""
+    spec = machines()[name]
+    namespace: dict[str, object] = {}
+    for g in spec.guard_names:
+        namespace[g] = lambda self, _ev=None, g=g: self.values[g]
+    for a in spec.action_names:
+        namespace[a] = lambda self, _ev=None, a=a: _act(self, a)
+    cls = type(f"Raising_{spec.name}", (_Raising,), namespace)
+    compiled = CompiledMachine(spec, cls)
+    undone = 0
+    for t in spec.transitions:
+        if not t.actions:
+            continue
+        for state in t.sources:
+            values = {g: g in t.guards for g in (*t.guards, *t.unless)}
+            for other in spec.transitions:  # earlier candidates of this step: disabled
+                for g in (*other.guards, *other.unless):
+                    values.setdefault(g, False)
+            obj = cls(state, values)
+            obj.last = t.actions[-1]
+            if not compiled.can_fire(obj, t.trigger):
+                continue
+            fire = compiled.fire_by_table if path == "table" else compiled.fire
+            with pytest.raises(RuntimeError, match="last action"):
+                fire(obj, t.trigger)
+            assert (obj.fsm_state, obj.datum, obj.fsm_outputs) == (state, {"k": 1}, ["before"])
+            assert obj.fsm_tracer.records == []
+            undone += 1
+    assert undone or not any(t.actions for t in spec.transitions)
+
+
+def _act(obj: _Raising, action: str) -> None:
+    obj.ran.append(action)
+    obj.datum[action] = 1
+    obj.fsm_outputs.append(action)
+    if action == obj.last:
+        raise RuntimeError("last action")
 
 
 def test_guards_of_one_trigger_never_overlap() -> None:
