@@ -117,7 +117,6 @@ class P2PSession(LoadEnds, Serving, Writes, Executor):
         self._writes: dict[int, int] = {}  # session xfer -> transport transfer id
         self._by_tid: dict[int, int] = {}  # transport transfer id -> session xfer
         self._server = ServerRoleView(self._by_tid)
-        self._posted = False  # a write was posted during the current _feed
         # Queues the Session's inputs and carries out its outputs through the methods below.
         self._driver = Driver(self, time.monotonic)
         self._loads: list[VllmLoadResult] = []
@@ -344,9 +343,6 @@ class P2PSession(LoadEnds, Serving, Writes, Executor):
             driver.queue(self.peer_id, event, self._session)
             return
         driver.post(self.peer_id, event, self._session)
-        if self._posted:  # a small write is often done already: report it now, not a
-            self._posted = False  # scheduler step later (one check, no waiting)
-            self._poll_writes(escalate=False)  # a data-plane fault ends it in poll()
 
     def _queue(self, event: Input) -> None:
         """An input an output caused: handled after the current one's outputs."""

@@ -31,7 +31,6 @@ class Writes:
     _stall_s: float | None
     _stalled: bool
     _withdrawn: Withdrawn
-    _posted: bool  # a write was posted during the current _feed
     _writes: dict[int, int]  # session xfer -> transport transfer id
     _by_tid: dict[int, int]  # transport transfer id -> session xfer
     _write_at: dict[int, float]  # session xfer -> when it was posted
@@ -47,10 +46,11 @@ class Writes:
         writes = self._session.server.writes
         return {xfer: frozenset(writes[xfer].jobs) for xfer in self._writes if xfer in writes}
 
-    def _poll_writes(self, escalate: bool = True) -> None:
-        # The peer's scope is polled on every poll() (escalate), as vLLM's session does:
-        # a transport may judge a peer faulty with nothing in flight to it.
-        if self._writes or (escalate and self._fault is None and self._session.alive):
+    def _poll_writes(self) -> None:
+        # The peer's scope is polled on every poll(), as vLLM's session does: a transport
+        # may judge a peer faulty with nothing in flight to it. A WRITE is reported done
+        # only here, never in the call that posted it (as vLLM's session).
+        if self._writes or (self._fault is None and self._session.alive):
             result = self._transport.poll(self.peer_id)
             if result.peer_fault is not None and self._fault is None:
                 self._fault = str(result.peer_fault)
@@ -60,7 +60,7 @@ class Writes:
                 self._finish_tid(int(tid), False)
             self._check_stall()
         conn = self._conn
-        if (escalate and self._fault is not None and (not self._writes or self._stalled)
+        if (self._fault is not None and (not self._writes or self._stalled)
                 and self._session.alive
                 and conn is not None and conn.alive):  # as vLLM: a dead conn says so itself
             # As vLLM's: the peer is told (disconnect); the control connection is fine.
@@ -99,7 +99,6 @@ class Writes:
         self._writes[out.xfer] = int(tid)
         self._by_tid[int(tid)] = out.xfer
         self._write_at[out.xfer] = time.monotonic()
-        self._posted = True
 
     def cancel_write(self, peer: str, out: CancelWrite) -> None:
         tid = self._writes.get(out.xfer)

@@ -56,7 +56,6 @@ WHOLE_LOOKUP = "a lookup's answers are given once all its keys are answered"
 LOST_LOAD = "a peer dies with a load in flight"
 UNSENT = "a fetch still queued behind the handshake"
 SERVING_RESET = "a cache reset while a fetched round is written"
-POSTED_DONE = "a write the transport finished when it was posted"
 
 S, M = "test_sessions.py::", "test_manager.py::"
 DIFFERENCES: dict[str, str] = {
@@ -94,7 +93,6 @@ BY_RELEASE: dict[str, dict[str, str]] = {
             UNSENT,
         **{S + f"test_drain_stores_keeps_inflight_pins_until_transport_finishes[{w}]":
            SERVING_RESET for w in ("False", "True")},
-        M + "test_drain_rejects_fetch_arriving_mid_poll": POSTED_DONE,
     },
 }
 """Differences of one release only, by the release's version (added to DIFFERENCES)."""
