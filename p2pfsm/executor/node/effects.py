@@ -263,14 +263,7 @@ class NodeEffects(Executor):
         self.peers.on_death(peer, out)
 
     def release_of(self, job_id: int) -> JobFuture[DestinationReleased]:
-        """The release of load job ``job_id``'s destination, whose LoadResult said
-        ``released=False``: the future resolves with its DestinationReleased (the cause
-        says what proved the peer's writes over), exactly once. Ask for it once the
-        result came (resolved ones are kept for ``history`` more).
-
-        Raises:
-            LocalProtocolError: no such result of this node held its destination.
-        """
+        """The future behind :meth:`p2pfsm.executor.node.Node.release_of`."""
         fut = self._releases.get(job_id)
         if fut is None:
             raise LocalProtocolError(f"release_of: load job {job_id} has no held destination "
