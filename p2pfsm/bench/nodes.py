@@ -14,8 +14,8 @@ from p2pfsm.demo_blocks import demo_block, demo_key
 from p2pfsm.errors import TransportError
 
 if TYPE_CHECKING:
-    from p2pfsm.executor.node.jobs import JobFuture
     from p2pfsm.executor.node import Node, NodeConfig
+    from p2pfsm.executor.node.jobs import JobFuture
     from p2pfsm.session import LoadResult
 
 __all__ = ["Fetcher", "config", "connect"]

@@ -309,3 +309,33 @@ def test_a_refused_handshake_says_why_in_the_death_and_the_results(
     finally:
         node.close(timeout=1.0)
         server.close(timeout=1.0)
+
+
+def test_a_send_after_a_refused_handshake_names_the_refusal(keys: Path) -> None:
+    """A frame sent to a peer whose CURVE handshake was just refused, before any poll
+    read the refusal, fails with the refusal as its cause, not as a full queue: libzmq
+    drops the connection's pipe at once, so the send finds no room, and the plane reads
+    the DEALER's monitor before it blames the queue."""
+    server = Node(NodeConfig("tcp://127.0.0.1:0", 16, BLOCK, hash_seed=SEED,
+                             curve_secret_key=sec(keys, "server"),
+                             curve_allow=(pub(keys, "client"),)))
+    client = Node(NodeConfig("tcp://127.0.0.1:0", 16, BLOCK, hash_seed=SEED,
+                             curve_secret_key=sec(keys, "stranger"),
+                             curve_allow=(pub(keys, "server"),)))
+    try:
+        plane = client.control
+        plane.connect(server.local_id)
+        frame = connect_frame(client.local_id)
+        reason = None
+        deadline = time.monotonic() + 30.0
+        while reason is None and time.monotonic() < deadline:
+            server.step(0.01)  # its ZAP handler refuses our key; our plane is not polled
+            reason = plane.try_send(server.local_id, frame)
+        assert reason is not None, "the refused connection kept taking frames for 30 s"
+        assert reason.startswith("handshake failed: "), reason
+        assert "our CURVE key is not in its allow-list" in reason, reason
+        assert server.local_id not in plane.peers
+        assert not [e for e in plane.poll(0) if getattr(e, "peer_id", None) == server.local_id]
+    finally:
+        client.close(timeout=1.0)
+        server.close(timeout=1.0)

@@ -278,6 +278,22 @@ class Dealers:
             "its handshake had come up" if victim.connected else "its handshake unproven")
         self.lose(victim, EVICTED)
 
+    def loss_unread(self, peer: Dealer) -> str | None:
+        """Read ``peer``'s monitor now. When it tells of the peer's loss (a refused ZMTP
+        handshake whose event no poll has read yet), the peer is lost and that reason is
+        returned, taken back from :attr:`pending` (the caller reports it); else None."""
+        before = len(self.pending)
+        for event, value, _ in monitor_events(peer.monitor):
+            self._on_monitor_event(peer, event, value)
+            if self.peers.get(peer.peer_id) is not peer:
+                break
+        if self.peers.get(peer.peer_id) is peer:
+            return None
+        ours = [e for e in self.pending[before:]
+                if isinstance(e, PeerLost) and e.peer_id == peer.peer_id]
+        self.pending[before:] = [e for e in self.pending[before:] if e not in ours]
+        return ours[-1].reason if ours else "closed"
+
     def drain_monitors(self) -> None:
         """Drain the monitors whose descriptor signalled (all of them once a sweep)."""
         now = time.monotonic()

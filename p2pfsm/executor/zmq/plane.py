@@ -379,6 +379,11 @@ class ControlPlane:
         try:
             peer.dealer.send(frame, zmq.NOBLOCK)
         except zmq.Again:
+            # A DEALER whose handshake was just refused has no pipe left: the refusal,
+            # if its monitor holds it, is the cause, not a full queue.
+            lost = None if peer.connected else self._dealers.loss_unread(peer)
+            if lost is not None:
+                return lost
             reason = "send queue full"
         except zmq.ZMQError as exc:
             reason = f"send failed: {exc}"
