@@ -13,13 +13,13 @@ exactly within ``SETTLE_S`` (polled), and RSS stay within ``RSS_TOLERANCE``.
 
 from __future__ import annotations
 
-import importlib.util
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from helpers.polling import poll_until
+from helpers.requires import needs_nixl_and_torch
 from helpers.serve_process import ServeProcess, fd_count, rss
 
 from p2pfsm.demo_blocks import demo_block, demo_key
@@ -27,9 +27,7 @@ from p2pfsm.executor.node import Node, NodeConfig
 
 from .conftest import churn
 
-if importlib.util.find_spec("nixl") is None and importlib.util.find_spec("nixl_cu12") is None:
-    pytest.skip("NIXL is not installed (.ci/install.sh installs it)", allow_module_level=True)
-pytest.importorskip("torch")
+needs_nixl_and_torch()
 
 BLOCK = 4096
 SERVED = 64

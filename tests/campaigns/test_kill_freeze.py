@@ -26,7 +26,6 @@ SIGSTOP, whether SIGCONT or SIGKILL follows and after how long. Checks per trial
 
 from __future__ import annotations
 
-import importlib.util
 import random
 import signal
 import time
@@ -36,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from helpers.requires import needs_nixl_and_torch
 
 from p2pfsm.executor.node import NodeConfig
 from p2pfsm.session import Timeouts
@@ -44,9 +44,7 @@ from .conftest import seed, trials
 from .hosts import Consumer, Producer, settled, step_for
 from .procs import Child
 
-torch = pytest.importorskip("torch")
-if importlib.util.find_spec("nixl") is None and importlib.util.find_spec("nixl_cu12") is None:
-    pytest.skip("NIXL is not installed (.ci/install.sh installs it)", allow_module_level=True)
+torch = needs_nixl_and_torch()
 
 BLOCK = 16 * 1024
 BLOCKS = 192          # each side's region

@@ -29,7 +29,6 @@ server's first log line about it) and the verdict.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import uuid
 from collections.abc import Callable, Iterator
@@ -40,13 +39,12 @@ from typing import Any
 import pytest
 import zmq
 from helpers.polling import poll_until
+from helpers.requires import needs_nixl_and_torch
 from helpers.serve_process import ServeProcess
 
 from .wire import BLOCK_LEN, SERVED_BLOCKS, RawPeer
 
-if importlib.util.find_spec("nixl") is None and importlib.util.find_spec("nixl_cu12") is None:
-    pytest.skip("NIXL is not installed (.ci/install.sh installs it)", allow_module_level=True)
-pytest.importorskip("torch")
+needs_nixl_and_torch()
 
 CONNECT_TIMEOUT_S = 2.0   # serve --connect-timeout: a dial-back that never comes up
 START_TIMEOUT_S = 60.0

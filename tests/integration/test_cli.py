@@ -9,7 +9,6 @@ killed if it overstays.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import select
@@ -23,10 +22,9 @@ from dataclasses import dataclass
 from subprocess import Popen
 
 import pytest
+from helpers.requires import needs_nixl_and_torch
 
-if importlib.util.find_spec("nixl") is None and importlib.util.find_spec("nixl_cu12") is None:
-    pytest.skip("NIXL is not installed (.ci/install.sh installs it)", allow_module_level=True)
-pytest.importorskip("torch")
+needs_nixl_and_torch()
 
 CLI = [sys.executable, "-m", "p2pfsm.cli"]
 SERVED_BLOCKS = 32

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import importlib.util
 from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from typing import Any
 
 import pytest
+from helpers.requires import needs_nixl_and_torch
 
 from p2pfsm.demo_blocks import demo_block
 from p2pfsm.errors import ConfigError, TransportError
@@ -23,9 +23,7 @@ from p2pfsm.executor.nixl.plane import DataPlane
 
 from . import Child, wait_until
 
-torch = pytest.importorskip("torch")
-if importlib.util.find_spec("nixl") is None and importlib.util.find_spec("nixl_cu12") is None:
-    pytest.skip("NIXL is not installed (.ci/install.sh installs it)", allow_module_level=True)
+torch = needs_nixl_and_torch()
 
 from .test_nixl_plane import _drive, _reported, _start_target  # noqa: E402
 

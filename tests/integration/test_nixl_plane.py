@@ -9,7 +9,6 @@ a DataPlane together in each process and exchanges it over ZeroMQ.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import os
 import signal
 import statistics
@@ -21,6 +20,7 @@ from typing import Any
 
 import msgpack
 import pytest
+from helpers.requires import needs_nixl_and_torch
 
 from p2pfsm.demo_blocks import demo_block
 from p2pfsm.errors import ConfigError, TransportError
@@ -31,9 +31,7 @@ from tests.helpers.descriptors import descriptors_left
 
 from . import Child, cpu_seconds
 
-torch = pytest.importorskip("torch")
-if importlib.util.find_spec("nixl") is None and importlib.util.find_spec("nixl_cu12") is None:
-    pytest.skip("NIXL is not installed (.ci/install.sh installs it)", allow_module_level=True)
+torch = needs_nixl_and_torch()
 
 BLOCK = 4096
 

@@ -10,7 +10,6 @@ needs that process to progress UCX.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
 import signal
 import socket
@@ -19,6 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from helpers.requires import needs_nixl_and_torch
 
 from p2pfsm.demo_blocks import demo_block, demo_key
 from p2pfsm.errors import ConfigError, TransportError
@@ -28,9 +28,7 @@ from p2pfsm.session import FailReason, LoadResult, Timeouts
 from . import Child
 from .node_peers import PeerState, RecordingNode, peer_main
 
-torch = pytest.importorskip("torch")
-if importlib.util.find_spec("nixl") is None and importlib.util.find_spec("nixl_cu12") is None:
-    pytest.skip("NIXL is not installed (.ci/install.sh installs it)", allow_module_level=True)
+torch = needs_nixl_and_torch()
 
 BLOCK = 16 * 1024
 FINGERPRINT = "0123456789abcdef"

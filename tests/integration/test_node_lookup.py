@@ -9,7 +9,6 @@ wait is bounded and names what it waited for; both nodes are closed after each t
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.requires import needs_nixl_and_torch
 
 from p2pfsm.demo.host import fill_demo_region
 from p2pfsm.demo_blocks import demo_block, demo_key
@@ -27,9 +27,7 @@ from p2pfsm.executor.node.effects import NodeEffects
 from p2pfsm.protocol import LookupResp
 from p2pfsm.session import LookupRequest, LookupResult, SendFrame, StoreResult, Timeouts
 
-pytest.importorskip("torch")
-if importlib.util.find_spec("nixl") is None and importlib.util.find_spec("nixl_cu12") is None:
-    pytest.skip("NIXL is not installed (.ci/install.sh installs it)", allow_module_level=True)
+needs_nixl_and_torch()
 
 BLOCK = 4096
 HELD = 8  # the producer holds demo blocks 0..7, block i at index i

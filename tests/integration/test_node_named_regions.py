@@ -9,10 +9,10 @@ checked. Names that do not match end the handshake on both sides, naming what di
 
 from __future__ import annotations
 
-import importlib.util
 from multiprocessing.connection import Connection
 
 import pytest
+from helpers.requires import needs_nixl_and_torch
 
 from p2pfsm.errors import TransportError
 from p2pfsm.executor.nixl.plane import DataPlane
@@ -21,9 +21,7 @@ from p2pfsm.session import FetchArrived
 
 from . import Child, drive
 
-torch = pytest.importorskip("torch")
-if importlib.util.find_spec("nixl") is None and importlib.util.find_spec("nixl_cu12") is None:
-    pytest.skip("NIXL is not installed (.ci/install.sh installs it)", allow_module_level=True)
+torch = needs_nixl_and_torch()
 
 LAYERS = 4
 NB = 12

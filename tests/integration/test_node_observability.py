@@ -4,12 +4,12 @@ on 127.0.0.1; the peer runs in a child process."""
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import time
 from collections.abc import Callable
 
 import pytest
+from helpers.requires import needs_nixl_and_torch
 
 from p2pfsm.demo_blocks import demo_key
 from p2pfsm.executor.node import Node, NodeConfig
@@ -19,9 +19,7 @@ from p2pfsm.session import DEFAULT_HASH_SEED, Timeouts
 from . import Child
 from .node_peers import peer_main
 
-pytest.importorskip("torch")
-if importlib.util.find_spec("nixl") is None and importlib.util.find_spec("nixl_cu12") is None:
-    pytest.skip("NIXL is not installed (.ci/install.sh installs it)", allow_module_level=True)
+needs_nixl_and_torch()
 
 
 def start_peer(children: list[Child], block_len: int) -> str:

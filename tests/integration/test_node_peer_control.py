@@ -9,11 +9,11 @@ bounded.
 
 from __future__ import annotations
 
-import importlib.util
 import socket
 from pathlib import Path
 
 import pytest
+from helpers.requires import needs_nixl_and_torch
 
 from p2pfsm.demo.host import DemoServer
 from p2pfsm.demo_blocks import demo_key
@@ -23,9 +23,7 @@ from tests.helpers.serve_process import ServeProcess
 
 from . import drive_nodes, free_port
 
-pytest.importorskip("torch")
-if importlib.util.find_spec("nixl") is None and importlib.util.find_spec("nixl_cu12") is None:
-    pytest.skip("NIXL is not installed (.ci/install.sh installs it)", allow_module_level=True)
+needs_nixl_and_torch()
 
 BLOCK = 4096
 HELD = 16

@@ -9,11 +9,11 @@ destinations goes back to zero. A real Node in this process against
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+from helpers.requires import needs_nixl_and_torch
 
 from p2pfsm.demo_blocks import demo_key
 from p2pfsm.errors import LocalProtocolError
@@ -23,9 +23,7 @@ from p2pfsm.session import DestinationReleased, FailReason, ReleaseCause, Timeou
 from . import Child, free_port
 from .node_peers import peer_main
 
-pytest.importorskip("torch")
-if importlib.util.find_spec("nixl") is None and importlib.util.find_spec("nixl_cu12") is None:
-    pytest.skip("NIXL is not installed (.ci/install.sh installs it)", allow_module_level=True)
+needs_nixl_and_torch()
 
 BLOCK = 4096
 HELD = 16

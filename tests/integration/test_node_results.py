@@ -6,12 +6,12 @@ NIXL on 127.0.0.1). Every wait is bounded and names what it waited for.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+from helpers.requires import needs_nixl_and_torch
 
 from p2pfsm.aio import AsyncNode
 from p2pfsm.demo.host import fill_demo_region
@@ -24,9 +24,7 @@ from p2pfsm.session import FailReason, FetchArrived, LoadResult, StoreResult, Ti
 from . import Child
 from .node_peers import peer_main
 
-pytest.importorskip("torch")
-if importlib.util.find_spec("nixl") is None and importlib.util.find_spec("nixl_cu12") is None:
-    pytest.skip("NIXL is not installed (.ci/install.sh installs it)", allow_module_level=True)
+needs_nixl_and_torch()
 
 BLOCK = 4096
 HELD = 16

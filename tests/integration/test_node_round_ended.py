@@ -5,9 +5,7 @@ wait bounded; both nodes closed."""
 
 from __future__ import annotations
 
-import importlib.util
-
-import pytest
+from helpers.requires import needs_nixl_and_torch
 
 from p2pfsm.demo_blocks import demo_key
 from p2pfsm.executor.node import Node, NodeConfig
@@ -16,9 +14,7 @@ from p2pfsm.session import FailReason, FetchArrived, RoundEnded, Timeouts
 
 from . import drive_nodes
 
-pytest.importorskip("torch")
-if importlib.util.find_spec("nixl") is None and importlib.util.find_spec("nixl_cu12") is None:
-    pytest.skip("NIXL is not installed (.ci/install.sh installs it)", allow_module_level=True)
+needs_nixl_and_torch()
 
 BLOCK = 4096
 

@@ -11,13 +11,13 @@ the consumer stopped by its PID.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
 
 import pytest
+from helpers.requires import needs_nixl_and_torch
 
 from p2pfsm.executor.node import Node, NodeConfig
 from p2pfsm.executor.node.jobs import JobFuture
@@ -25,9 +25,7 @@ from p2pfsm.session import FetchArrived, StoreResult
 
 from . import Child, drive
 
-pytest.importorskip("torch")
-if importlib.util.find_spec("nixl") is None and importlib.util.find_spec("nixl_cu12") is None:
-    pytest.skip("NIXL is not installed (.ci/install.sh installs it)", allow_module_level=True)
+needs_nixl_and_torch()
 
 BLOCK = 4096
 KEY = b"stalled-key"

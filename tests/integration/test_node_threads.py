@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 import select
 import threading
 import time
@@ -21,15 +20,14 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 
 import pytest
+from helpers.requires import needs_nixl_and_torch
 
 from p2pfsm.demo_blocks import demo_block, demo_key
 from p2pfsm.errors import LocalProtocolError
 from p2pfsm.executor.node import Node, NodeConfig
 from tests.helpers.serve_process import ServeProcess
 
-pytest.importorskip("torch")
-if importlib.util.find_spec("nixl") is None and importlib.util.find_spec("nixl_cu12") is None:
-    pytest.skip("NIXL is not installed (.ci/install.sh installs it)", allow_module_level=True)
+needs_nixl_and_torch()
 
 BLOCK = 4096
 HELD = 32  # the server holds demo blocks 0..31
