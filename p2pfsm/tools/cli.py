@@ -23,16 +23,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from p2pfsm.argtypes import fingerprint_arg, peer_of, positive
-from p2pfsm.bench.command import add_arguments as add_bench_arguments
-from p2pfsm.conform.command import add_arguments as add_conform_arguments
 from p2pfsm.errors import ConfigError, P2PFSMError, TransportError
+from p2pfsm.tools.argtypes import fingerprint_arg, peer_of, positive
+from p2pfsm.tools.bench.command import add_arguments as add_bench_arguments
+from p2pfsm.tools.conform.command import add_arguments as add_conform_arguments
 
 EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
 PROBE_TIMEOUT = 1.0
 """Seconds ``fetch`` waits for its TCP probe of the peer before starting the node."""
 
-log = logging.getLogger("p2pfsm.cli")
+log = logging.getLogger("p2pfsm.tools.cli")
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -43,8 +43,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _cmd_diagrams(args: argparse.Namespace) -> int:
-    from p2pfsm import diagrams
     from p2pfsm.fsm import machines
+    from p2pfsm.tools import diagrams
 
     out = Path(args.out) if args.out is not None else diagrams.default_out()
     specs = machines()
@@ -68,7 +68,7 @@ def _cmd_diagrams(args: argparse.Namespace) -> int:
 
 def _cmd_check(args: argparse.Namespace) -> int:
     try:
-        verify = importlib.import_module("p2pfsm.verify")
+        verify = importlib.import_module("p2pfsm.tools.verify")
     except ImportError as exc:
         raise P2PFSMError(f"model checking is not available ({exc}): "
                           "pip install 'p2pfsm[check]'") from exc
@@ -79,13 +79,13 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from p2pfsm.bench.command import run
+    from p2pfsm.tools.bench.command import run
 
     return run(args)
 
 
 def _cmd_conform(args: argparse.Namespace) -> int:
-    from p2pfsm.conform.command import run
+    from p2pfsm.tools.conform.command import run
 
     return run(args)
 
@@ -234,13 +234,13 @@ def serve_config(args: argparse.Namespace) -> Any:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from p2pfsm.demo.host import check_region, parse_keys, require_data_plane
+    from p2pfsm.tools.demo.host import check_region, parse_keys, require_data_plane
 
     check_region(args.blocks, args.block_len)
     metrics_at = _metrics_address(args.metrics)
     config = serve_config(args)
     require_data_plane()
-    from p2pfsm.demo.host import DemoServer
+    from p2pfsm.tools.demo.host import DemoServer
 
     hold_back = parse_keys(args.hold_back) if args.hold_back else []
     server = DemoServer(config, hold_back, args.late_after)
@@ -268,15 +268,15 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_fetch(args: argparse.Namespace) -> int:
-    from p2pfsm.demo.host import check_region, parse_keys, require_data_plane
+    from p2pfsm.tools.demo.host import check_region, parse_keys, require_data_plane
 
     peer = peer_of(args.connect)
     blocks = parse_keys(args.keys)
     check_region(len(blocks), args.block_len, what="--keys")
     _probe(peer, min(PROBE_TIMEOUT, args.connect_timeout))
     require_data_plane()
-    from p2pfsm.demo.host import run_fetch
     from p2pfsm.executor.node import Node
+    from p2pfsm.tools.demo.host import run_fetch
 
     node = Node(_node_config(args, args.bind, max(len(blocks), 1)))
     reports = []
@@ -297,7 +297,7 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     if args.sim:
         return _cmd_sim_demo(args)
-    from p2pfsm.demo.run import run_demo
+    from p2pfsm.tools.demo.run import run_demo
 
     summary = run_demo(blocks=args.blocks, block_len=args.block_len)
     if args.json:
@@ -455,7 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 class _Format(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        record.short = record.name.removeprefix("p2pfsm.")
+        record.short = record.name.removeprefix("p2pfsm.").removeprefix("tools.")
         return super().format(record)
 
 
@@ -494,7 +494,7 @@ def _command_index(argv: Sequence[str]) -> int:
 def _run(argv: list[str]) -> int:
     at = _command_index(argv)
     if argv[at:at + 1] == ["check"]:
-        # `check` has its own parser (p2pfsm.verify); hand it every remaining argument.
+        # `check` has its own parser (p2pfsm.tools.verify); hand it every remaining argument.
         args = _global_parser().parse_args(argv[:at])
         rest = argv[at + 1:]
         quick = argparse.ArgumentParser(add_help=False)

@@ -5,7 +5,7 @@ machines and their states, the session's inputs and outputs) the list sits betwe
 ``<!-- facts:NAME ... -->`` and ``<!-- /facts:NAME -->`` and is rendered here from
 ``models/``, :mod:`p2pfsm.layers` and the session's ``Input`` and ``Output`` unions.
 ``p2pfsm diagrams`` rewrites the lists and ``p2pfsm diagrams --check`` fails when one
-is stale (:func:`p2pfsm.diagrams.render`); the prose around them is left as it is.
+is stale (:func:`p2pfsm.tools.diagrams.render`); the prose around them is left as it is.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A timed, byte-verified fetch loop against any server holding the demo block model.
 
-``python -m p2pfsm.bench.client --connect HOST:PORT --blocks N --block-len L --repeat R``
+``python -m p2pfsm.tools.bench.client --connect HOST:PORT --blocks N --block-len L --repeat R``
 connects a p2pfsm node, fetches demo blocks ``0..N-1`` into the same indexes ``warmup + R``
 times, verifies every byte of each fetch, and prints one JSON line: ``times`` (seconds of
 each timed fetch, warm-up excluded), ``failures``, ``verify_failures``, ``handshake_s``.
@@ -16,9 +16,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from p2pfsm.bench import nodes
 from p2pfsm.demo_blocks import demo_block, demo_key
 from p2pfsm.errors import ConfigError
+from p2pfsm.tools.bench import nodes
 
 __all__ = ["fetch_loop", "main"]
 

@@ -9,8 +9,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from p2pfsm.argtypes import peer_of, positive
 from p2pfsm.errors import ConfigError, TransportError
+from p2pfsm.tools.argtypes import peer_of, positive
 
 __all__ = ["add_arguments", "run"]
 
@@ -115,20 +115,20 @@ def run(args: argparse.Namespace) -> int:
 
     if set(args.suite) - {"fsm"} and args.rounds < 2:
         raise ConfigError(f"--rounds: expected at least 2, got {args.rounds}")
-    from p2pfsm.bench import report
+    from p2pfsm.tools.bench import report
 
     if args.plot is not None:  # before measuring: a missing matplotlib must not cost a run
-        from p2pfsm.bench import plot
+        from p2pfsm.tools.bench import plot
 
         plot._pyplot()
     if args.vs_vllm:
-        from p2pfsm.bench import matrix
+        from p2pfsm.tools.bench import matrix
 
         matrix.use_release(args.vllm)
     results: dict[str, Any] = {}
     text: list[str] = []
     if args.connect is not None:
-        from p2pfsm.bench.client import fetch_loop
+        from p2pfsm.tools.bench.client import fetch_loop
 
         peer = peer_of(args.connect)
         for shape in args.shapes:
@@ -145,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
     elif args.vs_vllm and _ISSUE29 & set(args.suite):
         pass  # those suites run (concurrency and throughput add their vLLM cells)
     elif args.vs_vllm:
-        from p2pfsm.bench import matrix
+        from p2pfsm.tools.bench import matrix
 
         results["vs_vllm"] = got = matrix.run(passes=args.passes, repeat=args.repeat,
                                               shapes=args.shapes, cells=args.cells or matrix.CELLS,
@@ -162,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as stack:
         _run_suites(args, suites, stack, progress, results, text)
     if args.plot is not None:
-        from p2pfsm.bench import plot
+        from p2pfsm.tools.bench import plot
 
         for path in plot.write_all(results, args.plot):
             progress(f"wrote {path}")
@@ -181,7 +181,7 @@ def _run_suites(args: argparse.Namespace, suites: tuple[str, ...], stack: contex
         if "transfer" not in suites or "workloads" not in suites:
             return None
         if not shared:
-            from p2pfsm.bench.peer import Peer
+            from p2pfsm.tools.bench.peer import Peer
 
             progress("starting the bench peer process (shared by transfer and workloads)")
             shared.append(Peer())
@@ -189,7 +189,7 @@ def _run_suites(args: argparse.Namespace, suites: tuple[str, ...], stack: contex
         return shared[0]
 
     if "fsm" in suites:
-        from p2pfsm.bench import fsm as bench_fsm
+        from p2pfsm.tools.bench import fsm as bench_fsm
 
         progress("fsm bench: one control event through the machines")
         rows = bench_fsm.run(open_counts=tuple(args.open_rounds), number=args.number)
@@ -197,8 +197,8 @@ def _run_suites(args: argparse.Namespace, suites: tuple[str, ...], stack: contex
         text += ["control event through the machines (consumer session, medians):",
                  bench_fsm.format_rows(rows)]
     if "transfer" in suites:
-        from p2pfsm.bench import transfer as bench_transfer
-        from p2pfsm.demo.host import require_data_plane
+        from p2pfsm.tools.bench import transfer as bench_transfer
+        from p2pfsm.tools.demo.host import require_data_plane
 
         require_data_plane()
         transfer = bench_transfer.run(rounds=args.rounds, number=args.per_round,
@@ -208,13 +208,13 @@ def _run_suites(args: argparse.Namespace, suites: tuple[str, ...], stack: contex
         text += ["", "fetches through two nodes vs the raw operations beneath "
                  "(same run, same two processes):", bench_transfer.format_table(transfer)]
     if "sweep" in suites:
-        from p2pfsm.bench import sweep
+        from p2pfsm.tools.bench import sweep
 
         results["sweep"] = rows_ = sweep.sweep(progress=progress)
         text += ["", sweep.format_sweep(rows_)]
     if "workloads" in suites:
-        from p2pfsm.bench import workloads
-        from p2pfsm.demo.host import require_data_plane
+        from p2pfsm.tools.bench import workloads
+        from p2pfsm.tools.demo.host import require_data_plane
 
         require_data_plane()
         results["workloads"] = got_w = workloads.run(
@@ -224,14 +224,14 @@ def _run_suites(args: argparse.Namespace, suites: tuple[str, ...], stack: contex
             memory_check=not args.no_memory_check)
         text += ["", workloads.format_workloads(got_w)]
     if "layouts" in suites:
-        from p2pfsm.bench import layouts
-        from p2pfsm.demo.host import require_data_plane
+        from p2pfsm.tools.bench import layouts
+        from p2pfsm.tools.demo.host import require_data_plane
 
         require_data_plane()
         results["layouts"] = got_l = layouts.run(rounds=args.rounds, progress=progress)
         text += ["", layouts.format_layouts(got_l)]
     if "peers" in suites:
-        from p2pfsm.bench import peers
+        from p2pfsm.tools.bench import peers
 
         results["peers"] = got_peers = peers.run(count=args.peers, window_s=args.idle_seconds,
                                                  progress=progress)
@@ -244,18 +244,18 @@ def _run_issue29_suites(args: argparse.Namespace, suites: tuple[str, ...],
                         text: list[str]) -> None:
     """The concurrency, large and throughput suites (each with its own peer process)."""
     if _ISSUE29 & set(suites):
-        from p2pfsm.demo.host import require_data_plane
+        from p2pfsm.tools.demo.host import require_data_plane
 
         require_data_plane()
     if "concurrency" in suites:
-        from p2pfsm.bench import concurrency
+        from p2pfsm.tools.bench import concurrency
 
         results["concurrency"] = got_c = concurrency.run(
             widths=concurrency.parse_widths(args.widths), rounds=args.rounds,
             consumers=tuple(args.fanout_consumers), fanout_fetches=args.fanout_fetches,
             progress=progress, memory_check=not args.no_memory_check)
         if args.vs_vllm:
-            from p2pfsm.bench import matrix, vllm_concurrency
+            from p2pfsm.tools.bench import matrix, vllm_concurrency
 
             got_c["vllm"] = vllm_concurrency.run(
                 widths=concurrency.parse_widths(args.widths), rounds=args.rounds,
@@ -263,8 +263,8 @@ def _run_issue29_suites(args: argparse.Namespace, suites: tuple[str, ...],
             got_c["vllm_release"] = matrix.release()  # the figures name it
         text += ["", concurrency.format_concurrency(got_c)]
     if "large" in suites:
-        from p2pfsm.bench import large
-        from p2pfsm.bench.report import parse_shape
+        from p2pfsm.tools.bench import large
+        from p2pfsm.tools.bench.report import parse_shape
 
         block_lens = tuple(parse_shape(f"1x{b}")[1] for b in args.large_blocks)
         results["large"] = got_l = large.run(sizes_mib=tuple(args.large_mib),
@@ -272,14 +272,14 @@ def _run_issue29_suites(args: argparse.Namespace, suites: tuple[str, ...],
                                              progress=progress)
         text += ["", large.format_large(got_l)]
     if "throughput" in suites:
-        from p2pfsm.bench import throughput
+        from p2pfsm.tools.bench import throughput
 
         rows = [throughput.run(peers=args.throughput_peers, in_flight=args.in_flight,
                                fetches=args.throughput_fetches, progress=progress,
                                drive=drive)
                 for drive in dict.fromkeys(args.throughput_drive)]
         if args.vs_vllm:
-            from p2pfsm.bench import vllm_concurrency
+            from p2pfsm.tools.bench import vllm_concurrency
 
             rows.append(vllm_concurrency.throughput(
                 peers=args.throughput_peers, in_flight=args.in_flight,
@@ -287,7 +287,7 @@ def _run_issue29_suites(args: argparse.Namespace, suites: tuple[str, ...],
         results["throughput"] = rows
         text += ["", throughput.format_throughput(rows)]
     if "instructions" in suites:
-        from p2pfsm.bench import instructions
+        from p2pfsm.tools.bench import instructions
 
         progress("instructions: each side under callgrind, N and 2N fetches (minutes)")
         counts = instructions.measure(fetches=args.instructions_fetches)

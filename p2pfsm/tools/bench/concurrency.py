@@ -7,7 +7,7 @@ runs C concurrent fetches of 4 x 64 KiB (issued together, the node stepped until
 are done) and then, as the raw baseline of the same round, one fetch of all C x 4
 blocks; every byte is verified after both. The ratio is the aggregate GB/s of the C
 fetches over that of the one fetch (medians of the same run). With ``consumers``, the
-fan-out (:mod:`p2pfsm.bench.fanout`) adds C consumer processes on one producer.
+fan-out (:mod:`p2pfsm.tools.bench.fanout`) adds C consumer processes on one producer.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import statistics
 import time
 from typing import Any
 
-from p2pfsm.bench.nodes import Fetcher
-from p2pfsm.bench.peer import Peer, node_pair
-from p2pfsm.bench.report import Progress, quantiles
 from p2pfsm.errors import ConfigError, TransportError
+from p2pfsm.tools.bench.nodes import Fetcher
+from p2pfsm.tools.bench.peer import Peer, node_pair
+from p2pfsm.tools.bench.report import Progress, quantiles
 
 __all__ = ["WIDTHS", "format_concurrency", "parse_widths", "run"]
 
@@ -77,8 +77,8 @@ def run(widths: tuple[int, ...] = WIDTHS, rounds: int = 20, consumers: tuple[int
         fanout_fetches: int = 10, progress: Progress | None = None,
         peer: Peer | None = None, memory_check: bool = True) -> dict[str, Any]:
     """Every width, then every consumer count of the fan-out; a dict of results."""
-    from p2pfsm.bench import fanout
-    from p2pfsm.bench.workloads import load_average
+    from p2pfsm.tools.bench import fanout
+    from p2pfsm.tools.bench.workloads import load_average
 
     if rounds < 1 or not widths or min(widths) < 1:
         raise ConfigError(f"concurrency: need rounds >= 1 and widths >= 1; got {rounds}, "
@@ -115,7 +115,7 @@ def run(widths: tuple[int, ...] = WIDTHS, rounds: int = 20, consumers: tuple[int
 
 def format_concurrency(r: dict[str, Any]) -> str:
     """The result of :func:`run` as a text table."""
-    from p2pfsm.bench import fanout
+    from p2pfsm.tools.bench import fanout
 
     lines = [f"C concurrent fetches of {PER_REQUEST} x 64 KiB on one session vs one fetch of "
              f"all C x {PER_REQUEST} blocks (medians of {r['rounds']} rounds; target at C=64: "

@@ -4,7 +4,7 @@ Each consumer is its own process with its own node (forked from one forkserver t
 imported torch and NIXL already, so that starting 16 costs one import). All connect and
 warm up first; then, released together, each runs ``fetches`` fetches back to back,
 zeroing its destination before and verifying every byte after each. The producer is
-the transfer bench's peer process (one :class:`~p2pfsm.demo.host.DemoServer`).
+the transfer bench's peer process (one :class:`~p2pfsm.tools.demo.host.DemoServer`).
 Aggregate GB/s = all bytes / (last fetch done - first fetch sent); latencies are over
 every fetch of every consumer (p99 included).
 """
@@ -16,12 +16,12 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
-from p2pfsm.bench import nodes
-from p2pfsm.bench.nodes import Fetcher
-from p2pfsm.bench.peer import Peer
-from p2pfsm.bench.procs import Child
-from p2pfsm.bench.report import Progress, quantiles
 from p2pfsm.errors import TransportError
+from p2pfsm.tools.bench import nodes
+from p2pfsm.tools.bench.nodes import Fetcher
+from p2pfsm.tools.bench.peer import Peer
+from p2pfsm.tools.bench.procs import Child
+from p2pfsm.tools.bench.report import Progress, quantiles
 
 __all__ = ["format_fanout", "run"]
 
@@ -83,7 +83,7 @@ def run(peer: Peer, consumers: int, fetches: int, say: Progress,
     """The fan-out against ``peer`` (which then serves 256 x 64 KiB demo blocks); skipped
     when the memory available now would not hold the consumers, unless not
     ``memory_check``."""
-    from p2pfsm.demo.host import available_memory
+    from p2pfsm.tools.demo.host import available_memory
 
     have = available_memory()
     if memory_check and have is not None and have < consumers * _MIB_PER_CONSUMER * 2**20 * 2:
@@ -95,7 +95,7 @@ def run(peer: Peer, consumers: int, fetches: int, say: Progress,
         children = [stack.enter_context(
             Child(_consumer_main, f"p2pfsm-bench-consumer-{i}", (peer_id, fetches),
                   method="forkserver",
-                  preload=("p2pfsm.executor.node", "torch", "p2pfsm.bench.fanout")))
+                  preload=("p2pfsm.executor.node", "torch", "p2pfsm.tools.bench.fanout")))
             for i in range(consumers)]
         deadline = time.monotonic() + _TIMEOUT
         for n, child in enumerate(children):

@@ -1,6 +1,6 @@
 """Instructions per fetch on each side, counted by callgrind: a figure load cannot move.
 
-``python -m p2pfsm.bench.instructions [--fetches N] [--warmup W] [--block-len B]``
+``python -m p2pfsm.tools.bench.instructions [--fetches N] [--warmup W] [--block-len B]``
 
 Two processes on loopback, one of them under ``valgrind --tool=callgrind``, the other
 native. The measured process does ``W`` warm-up operations and then ``N`` timed ones;
@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from p2pfsm.bench import nodes
-from p2pfsm.bench.procs import Command, run_to_end
+from p2pfsm.tools.bench import nodes
+from p2pfsm.tools.bench.procs import Command, run_to_end
 
 __all__ = ["Count", "main", "measure"]
 
@@ -67,7 +67,7 @@ def _serve(block_len: int, raw: bool) -> None:
     requests it answers with a raw one-block WRITE into the requester's block 0."""
     import zmq
 
-    from p2pfsm.demo.host import DemoServer
+    from p2pfsm.tools.demo.host import DemoServer
 
     _stop_on_term()
     server = DemoServer(nodes.config(1, block_len))
@@ -152,7 +152,7 @@ class Count:
 
 
 def _worker_argv(role: str, args: Sequence[str]) -> list[str]:
-    return [sys.executable, "-m", "p2pfsm.bench.instructions", "--worker", role, *args]
+    return [sys.executable, "-m", "p2pfsm.tools.bench.instructions", "--worker", role, *args]
 
 
 def _valgrind(out: Path) -> list[str]:

@@ -15,10 +15,10 @@ import gc
 import statistics
 from typing import Any
 
-from p2pfsm.bench.nodes import Fetcher
-from p2pfsm.bench.peer import Peer, node_pair
-from p2pfsm.bench.report import Progress, quantiles
 from p2pfsm.errors import ConfigError
+from p2pfsm.tools.bench.nodes import Fetcher
+from p2pfsm.tools.bench.peer import Peer, node_pair
+from p2pfsm.tools.bench.report import Progress, quantiles
 
 __all__ = ["BLOCKS", "SIZES_MIB", "format_large", "run"]
 
@@ -57,7 +57,7 @@ def run(sizes_mib: tuple[int, ...] = SIZES_MIB, blocks: tuple[int, ...] = BLOCKS
         rounds: int = 10, progress: Progress | None = None,
         peer: Peer | None = None) -> dict[str, Any]:
     """Every (size, block size) cell whose size is a whole number of blocks."""
-    from p2pfsm.bench.workloads import load_average
+    from p2pfsm.tools.bench.workloads import load_average
 
     if rounds < 1 or not sizes_mib or min(sizes_mib) < 1:
         raise ConfigError(f"large: need rounds >= 1 and sizes >= 1 MiB; got {rounds}, "

@@ -24,10 +24,10 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
-from p2pfsm.bench import nodes
-from p2pfsm.bench.procs import Child
-from p2pfsm.bench.report import Progress
 from p2pfsm.errors import ConfigError, TransportError
+from p2pfsm.tools.bench import nodes
+from p2pfsm.tools.bench.procs import Child
+from p2pfsm.tools.bench.report import Progress
 
 __all__ = ["format_layouts", "run"]
 

@@ -6,18 +6,18 @@ The vLLM release is the interop venv's: ``.venv-vllm`` (0.33.0) by default,
 Every cell is one (server, client) pair of separate processes, each of one of three kinds:
 
 ``vllm``
-    vLLM's own sessions: ``python -m p2pfsm.vllm.peer server|client`` in the interop venv.
+    vLLM's own sessions: ``python -m p2pfsm.tools.vllm_peer server|client`` in the interop venv.
 ``adapter``
     The same vLLM driver with ``--adapter``: p2pfsm's sessions behind vLLM's interface
     (:mod:`p2pfsm.vllm`), on vLLM's ZeroMQ connection and NIXL transport.
 ``p2pfsm``
-    A p2pfsm node: ``p2pfsm serve``, or the :mod:`p2pfsm.bench.client` loop.
+    A p2pfsm node: ``p2pfsm serve``, or the :mod:`p2pfsm.tools.bench.client` loop.
 
 All hold the demo block model and verify every byte. Cells whose client is a vLLM driver
 (``vllm`` or ``adapter``) run side by side: per pass and shape one server per server kind,
 and one client process holding a session per cell (vLLM's sessions on one engine, the
 adapter's on another, as two vLLM engines would) that fetches on each cell in turn, one
-fetch at a time (:func:`p2pfsm.vllm.peer.plans.run_links`). Their samples are
+fetch at a time (:func:`p2pfsm.tools.vllm_peer.plans.run_links`). Their samples are
 paired in time:
 machine load that comes and goes hits every cell alike. Cells with a p2pfsm client run one
 after another, a fresh server each. Passes start one cell later each. Medians and p10/p90
@@ -36,9 +36,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from p2pfsm.bench.procs import Command, run_to_end
-from p2pfsm.bench.report import Progress, parse_shape
 from p2pfsm.errors import ConfigError
+from p2pfsm.tools.bench.procs import Command, run_to_end
+from p2pfsm.tools.bench.report import Progress, parse_shape
 
 __all__ = ["CELLS", "KINDS", "SHAPES", "VENVS", "format_matrix", "parse_cells", "release",
            "run", "use_release", "vllm_python"]
@@ -77,7 +77,7 @@ def vllm_python(root: Path | None = None) -> Path | None:
     """The chosen release's interop venv python (at the checkout or cwd), None without
     it."""
     venv = VENVS[_chosen[0]]
-    for base in (root, Path.cwd(), Path(__file__).resolve().parents[2]):
+    for base in (root, Path.cwd(), Path(__file__).resolve().parents[3]):
         if base is not None and (base / venv / "bin" / "python").exists():
             return base / venv / "bin" / "python"
     return None
@@ -105,17 +105,17 @@ def _check_sessions(kind: str, msg: dict[str, Any]) -> None:
 
 
 def _vllm_argv(kind: str, vpy: Path | None, role: str, *rest: str) -> list[str]:
-    """``python -m p2pfsm.vllm.peer ROLE ...``, with ``--adapter`` for an adapter peer."""
+    """``python -m p2pfsm.tools.vllm_peer ROLE ...``, with ``--adapter`` for an adapter peer."""
     assert vpy is not None
     flag = ["--adapter"] if kind == "adapter" else []
-    return [str(vpy), "-m", "p2pfsm.vllm.peer", role, "--max-seconds", str(int(_RUN_S)),
+    return [str(vpy), "-m", "p2pfsm.tools.vllm_peer", role, "--max-seconds", str(int(_RUN_S)),
             *flag, *rest]
 
 
 def _server(kind: str, vpy: Path | None, blocks: int, block_len: int
             ) -> tuple[Command, str]:
     if kind == "p2pfsm":
-        argv = [sys.executable, "-m", "p2pfsm.cli", "serve", "--bind", "tcp://127.0.0.1:0",
+        argv = [sys.executable, "-m", "p2pfsm.tools.cli", "serve", "--bind", "tcp://127.0.0.1:0",
                 "--blocks", str(blocks), "--block-len", str(block_len)]
     else:
         argv = _vllm_argv(kind, vpy, "server", "--blocks", str(blocks),
@@ -139,8 +139,8 @@ def _server(kind: str, vpy: Path | None, blocks: int, block_len: int
 
 def _client(addr: str, blocks: int, block_len: int, repeat: int,
             warmup: int) -> dict[str, Any]:
-    """A p2pfsm client (:mod:`p2pfsm.bench.client`) against ``addr``: its times."""
-    argv = [sys.executable, "-m", "p2pfsm.bench.client", "--connect", addr,
+    """A p2pfsm client (:mod:`p2pfsm.tools.bench.client`) against ``addr``: its times."""
+    argv = [sys.executable, "-m", "p2pfsm.tools.bench.client", "--connect", addr,
             "--blocks", str(blocks), "--block-len", str(block_len),
             "--repeat", str(repeat), "--warmup", str(warmup)]
     done = run_to_end(argv, _RUN_S)

@@ -1,4 +1,4 @@
-"""The bench's peer process: a producer node (a :class:`~p2pfsm.demo.host.DemoServer`)
+"""The bench's peer process: a producer node (a :class:`~p2pfsm.tools.demo.host.DemoServer`)
 in a spawned process, plus the raw operations the suites compare fetches against.
 
 :class:`Peer` starts it and asks it, over a pipe, for a node of a shape (``node``), a
@@ -15,9 +15,9 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
-from p2pfsm.bench import nodes
-from p2pfsm.bench.procs import Child
 from p2pfsm.errors import TransportError
+from p2pfsm.tools.bench import nodes
+from p2pfsm.tools.bench.procs import Child
 
 if TYPE_CHECKING:
     from p2pfsm.executor.node import Node
@@ -87,7 +87,7 @@ def _peer_main(conn: Connection) -> None:
 
     import zmq
 
-    from p2pfsm.demo.host import DemoServer
+    from p2pfsm.tools.demo.host import DemoServer
 
     server: DemoServer | _Bare | None = None
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()

@@ -16,14 +16,14 @@ import sys
 import time
 from typing import Any
 
-from p2pfsm.bench import nodes as bench_nodes
-from p2pfsm.bench.procs import Command
-from p2pfsm.bench.procstat import cpu_s as _cpu_s
-from p2pfsm.bench.procstat import fds as _fds
-from p2pfsm.bench.procstat import rss as _rss
-from p2pfsm.bench.procstat import thread_cpu_s as _thread_cpu_s
-from p2pfsm.bench.report import Progress
 from p2pfsm.errors import TransportError
+from p2pfsm.tools.bench import nodes as bench_nodes
+from p2pfsm.tools.bench.procs import Command
+from p2pfsm.tools.bench.procstat import cpu_s as _cpu_s
+from p2pfsm.tools.bench.procstat import fds as _fds
+from p2pfsm.tools.bench.procstat import rss as _rss
+from p2pfsm.tools.bench.procstat import thread_cpu_s as _thread_cpu_s
+from p2pfsm.tools.bench.report import Progress
 
 __all__ = ["format_peers", "run"]
 
@@ -49,7 +49,7 @@ def run(count: int = 128, window_s: float = 10.0,
     from p2pfsm.executor.node import Node
 
     say = progress or (lambda _line: None)
-    proc = Command([sys.executable, "-m", "p2pfsm.cli", "serve", "--bind", "tcp://127.0.0.1:0",
+    proc = Command([sys.executable, "-m", "p2pfsm.tools.cli", "serve", "--bind", "tcp://127.0.0.1:0",
                     "--blocks", "1", "--block-len", "4096"], "p2pfsm serve")
     nodes: list[Any] = []
     try:

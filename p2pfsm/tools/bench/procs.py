@@ -35,7 +35,7 @@ def env(**extra: str) -> dict[str, str]:
     """This environment with this checkout first on ``PYTHONPATH`` (a child imports the
     p2pfsm this process runs), plus ``extra``."""
     out = dict(os.environ, **extra)
-    here = str(Path(__file__).resolve().parents[2])
+    here = str(Path(__file__).resolve().parents[3])
     out["PYTHONPATH"] = here + (os.pathsep + out["PYTHONPATH"] if out.get("PYTHONPATH") else "")
     return out
 

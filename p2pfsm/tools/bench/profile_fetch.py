@@ -1,6 +1,6 @@
 """Where the microseconds of one fetch go, on each side: both nodes in this process.
 
-``python -m p2pfsm.bench.profile_fetch [--width C] [--blocks N] [--block-len B]
+``python -m p2pfsm.tools.bench.profile_fetch [--width C] [--blocks N] [--block-len B]
 [--rounds R] [--top K]``: a producer DemoServer and a consumer node, both in this
 thread, stepped in turn; each round issues C concurrent fetches of N blocks and steps
 both nodes until all are done. First without a profiler: the CPU seconds
@@ -87,9 +87,9 @@ def send_probe(sends: int = 400) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from p2pfsm.bench import nodes
-    from p2pfsm.demo.host import DemoServer
     from p2pfsm.executor.node import Node
+    from p2pfsm.tools.bench import nodes
+    from p2pfsm.tools.demo.host import DemoServer
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--width", type=int, default=64)

@@ -7,9 +7,9 @@ import statistics
 import time
 from typing import Any
 
-from p2pfsm.bench.nodes import Fetcher
-from p2pfsm.bench.peer import Peer, node_pair
-from p2pfsm.bench.report import Progress
+from p2pfsm.tools.bench.nodes import Fetcher
+from p2pfsm.tools.bench.peer import Peer, node_pair
+from p2pfsm.tools.bench.report import Progress
 
 __all__ = ["format_sweep", "sweep"]
 

@@ -22,12 +22,12 @@ import select
 import time
 from typing import Any
 
-from p2pfsm.bench import nodes as bench_nodes
-from p2pfsm.bench.nodes import Fetcher
-from p2pfsm.bench.peer import Peer
-from p2pfsm.bench.procstat import cpu_s
-from p2pfsm.bench.report import Progress
 from p2pfsm.errors import ConfigError, TransportError
+from p2pfsm.tools.bench import nodes as bench_nodes
+from p2pfsm.tools.bench.nodes import Fetcher
+from p2pfsm.tools.bench.peer import Peer
+from p2pfsm.tools.bench.procstat import cpu_s
+from p2pfsm.tools.bench.report import Progress
 
 __all__ = ["format_throughput", "run"]
 
@@ -94,8 +94,8 @@ def run(peers: int = 4, in_flight: int = 16, fetches: int = 4000,
         progress: Progress | None = None, peer: Peer | None = None,
         drive: str = "wait") -> dict[str, Any]:
     """The saturation window of the module docstring, after a warm-up of one tenth."""
-    from p2pfsm.bench.workloads import load_average
     from p2pfsm.executor.node import Node
+    from p2pfsm.tools.bench.workloads import load_average
 
     if peers < 1 or not 1 <= in_flight <= _SHAPE[0] or fetches < peers * in_flight:
         raise ConfigError(f"throughput: need peers >= 1, 1 <= in flight <= {_SHAPE[0]}, "

@@ -1,7 +1,7 @@
 """Benchmark: fetches through two Nodes, as ratios against the raw operations beneath.
 
 Two processes on 127.0.0.1: this one (the consumer node) and a spawned peer (a
-:class:`~p2pfsm.demo.host.DemoServer`, the producer). Every ratio compares
+:class:`~p2pfsm.tools.demo.host.DemoServer`, the producer). Every ratio compares
 measurements taken in the same run, between the same two processes, interleaved round
 by round so that both sides of a ratio see the same machine load:
 
@@ -34,12 +34,12 @@ import statistics
 import time
 from typing import Any
 
-from p2pfsm.bench.nodes import Fetcher
-from p2pfsm.bench.peer import Peer, idle_cpu, node_pair
-from p2pfsm.bench.report import Progress
 from p2pfsm.demo_blocks import demo_key
 from p2pfsm.errors import ConfigError, TransportError
 from p2pfsm.protocol import Fetch, encode
+from p2pfsm.tools.bench.nodes import Fetcher
+from p2pfsm.tools.bench.peer import Peer, idle_cpu, node_pair
+from p2pfsm.tools.bench.report import Progress
 
 __all__ = ["format_table", "run"]
 

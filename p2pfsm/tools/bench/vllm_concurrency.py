@@ -1,9 +1,9 @@
 """The vLLM <-> vLLM cells of the concurrency and throughput suites (the release of
-``--vllm``, :func:`p2pfsm.bench.matrix.use_release`).
+``--vllm``, :func:`p2pfsm.tools.bench.matrix.use_release`).
 
-A vLLM server (``python -m p2pfsm.vllm.peer server``, vLLM's own sessions, in the
+A vLLM server (``python -m p2pfsm.tools.vllm_peer server``, vLLM's own sessions, in the
 interop venv) and one vLLM client process (``client --concurrent``,
-:func:`p2pfsm.vllm.peer.plans.run_concurrent`): for concurrency, one session on which C
+:func:`p2pfsm.tools.vllm_peer.plans.run_concurrent`): for concurrency, one session on which C
 fetches of 4 x 64 KiB are issued together and polled until all are done, round after
 round; for throughput, several sessions each keeping one-block fetches of 4 KiB in
 flight, with the CPU seconds of both processes over the window.
@@ -16,11 +16,11 @@ import statistics
 import time
 from typing import Any
 
-from p2pfsm.bench import matrix
-from p2pfsm.bench.procs import Command, run_to_end
-from p2pfsm.bench.procstat import cpu_s
-from p2pfsm.bench.report import Progress, quantiles
 from p2pfsm.errors import ConfigError, TransportError
+from p2pfsm.tools.bench import matrix
+from p2pfsm.tools.bench.procs import Command, run_to_end
+from p2pfsm.tools.bench.procstat import cpu_s
+from p2pfsm.tools.bench.report import Progress, quantiles
 
 __all__ = ["parse_result", "run", "throughput"]
 
@@ -83,7 +83,7 @@ def run(widths: tuple[int, ...], rounds: int, progress: Progress | None = None
 def throughput(peers: int, in_flight: int, fetches: int, progress: Progress | None = None
                ) -> dict[str, Any]:
     """The throughput suite's window, vLLM <-> vLLM."""
-    from p2pfsm.bench.workloads import load_average
+    from p2pfsm.tools.bench.workloads import load_average
 
     _need_vllm()
     say = progress or (lambda _line: None)

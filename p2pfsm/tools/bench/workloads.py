@@ -13,7 +13,7 @@ byte-verified against the demo block model, its destination zeroed before it).
 * ``region``: a node with a ``region_mib`` MiB region on each side (checked against the
   memory available first): construction (allocation + NIXL registration) on each side,
   connect -> ready, and the region freed after;
-* ``fanout`` (:mod:`p2pfsm.bench.fanout`): many consumer processes fetching from one
+* ``fanout`` (:mod:`p2pfsm.tools.bench.fanout`): many consumer processes fetching from one
   producer at once.
 
 Medians with p10/p90 (p99 where the sample allows) over single operations. The load
@@ -31,13 +31,13 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from p2pfsm.bench import nodes
-from p2pfsm.bench.nodes import Fetcher
-from p2pfsm.bench.peer import Peer, node_pair
-from p2pfsm.bench.procstat import cpu_s, fds, rss
-from p2pfsm.bench.report import Progress, quantiles
 from p2pfsm.demo_blocks import demo_key
 from p2pfsm.errors import ConfigError, TransportError
+from p2pfsm.tools.bench import nodes
+from p2pfsm.tools.bench.nodes import Fetcher
+from p2pfsm.tools.bench.peer import Peer, node_pair
+from p2pfsm.tools.bench.procstat import cpu_s, fds, rss
+from p2pfsm.tools.bench.report import Progress, quantiles
 
 if TYPE_CHECKING:
     from p2pfsm.executor.node import Node
@@ -183,8 +183,8 @@ def _cpu(node: Node, peer_id: str, peer_pid: int, fetches: int) -> dict[str, Any
 def _region(peer: Peer, mib: int, memory_check: bool = True) -> dict[str, Any]:
     """A ``mib`` MiB region on each side: construction, connect -> ready, freed after
     (skipped when the memory available now would not hold it, unless not ``memory_check``)."""
-    from p2pfsm.demo.host import available_memory, check_region
     from p2pfsm.executor.node import Node
+    from p2pfsm.tools.demo.host import available_memory, check_region
 
     blocks = mib * 1024 * 1024 // _BLOCK
     have = available_memory()
@@ -244,7 +244,7 @@ def run(rounds: int = 30, soak: int = 1000, cpu_fetches: int = 60, region_mib: i
             the memory available at the time would not hold them; False runs them
             regardless (a result that does not depend on what else the machine runs).
     """
-    from p2pfsm.bench import fanout
+    from p2pfsm.tools.bench import fanout
 
     if rounds < 1 or soak < 2 or cpu_fetches < 1 or region_mib < 1 or consumers < 0 \
             or fanout_fetches < 1:
@@ -346,7 +346,7 @@ def format_workloads(r: dict[str, Any]) -> str:
                       f"  consumer RSS {w['rss_before_mib']:.0f} -> {w['rss_held_mib']:.0f} "
                       f"-> {w['rss_freed_mib']:.0f} MiB after it is freed"]
     if "fanout" in r:
-        from p2pfsm.bench import fanout
+        from p2pfsm.tools.bench import fanout
 
         lines.append(fanout.format_fanout(r["fanout"]))
     lines.append(f"({r.get('wall_s', 0.0):.0f} s in all)")

@@ -8,10 +8,10 @@ import socket
 import sys
 from pathlib import Path
 
-from p2pfsm.argtypes import fingerprint_arg, positive
-from p2pfsm.conform.faults import FAULTS, faults_arg
-from p2pfsm.conform.profiles import PROFILES
 from p2pfsm.errors import ConfigError, TransportError
+from p2pfsm.tools.argtypes import fingerprint_arg, positive
+from p2pfsm.tools.conform.faults import FAULTS, faults_arg
+from p2pfsm.tools.conform.profiles import PROFILES
 
 __all__ = ["add_arguments", "run"]
 
@@ -94,7 +94,7 @@ def _probe(host: str, port: int, url: str, timeout: float) -> None:
 
 
 def _late_blocks(text: str) -> tuple[int, ...]:
-    from p2pfsm.demo.host import parse_keys
+    from p2pfsm.tools.demo.host import parse_keys
 
     try:
         return tuple(parse_keys(text)) if text else ()
@@ -123,9 +123,9 @@ def rerun_command(args: argparse.Namespace, case_id: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Run what ``args`` asks for; 0 when every applicable case passed, 1 otherwise."""
-    from p2pfsm.conform import report
-    from p2pfsm.conform.runner import cases_for, run_cases
-    from p2pfsm.conform.target import Target
+    from p2pfsm.tools.conform import report
+    from p2pfsm.tools.conform.runner import cases_for, run_cases
+    from p2pfsm.tools.conform.target import Target
 
     ids = [i.strip() for i in args.cases.split(",") if i.strip()] if args.cases else None
     cases = cases_for(args.role, ids)
@@ -144,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
     if args.validate_spec is not None and not Path(args.validate_spec).is_file():
         raise ConfigError(f"--validate-spec: no trace log at {args.validate_spec}")
     if args.replay is not None:
-        from p2pfsm.conform.counterexample import read_replay
+        from p2pfsm.tools.conform.counterexample import read_replay
 
         read_replay(Path(args.replay))  # a bad file is a bad argument, before any probe
     if args.role == "consumer":
@@ -167,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
             print(report.summary_line(r), flush=True)  # type: ignore[arg-type]
 
     if args.random is not None or args.replay is not None:
-        from p2pfsm.conform.walk_command import run_walk_mode
+        from p2pfsm.tools.conform.walk_command import run_walk_mode
 
         results, _failed = run_walk_mode(
             args, target, lambda: shlex.split(rerun_command(args, "")), progress)

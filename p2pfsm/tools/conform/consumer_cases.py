@@ -1,6 +1,6 @@
 """Directed cases for a target in the consumer role (the tester is the producer).
 
-The target is a command (:attr:`~p2pfsm.conform.target.Target.consumer_cmd`) that runs a
+The target is a command (:attr:`~p2pfsm.tools.conform.target.Target.consumer_cmd`) that runs a
 consumer against the tester's address: it connects to us, fetches demo blocks and exits
 0 only when every block loaded and verified. Our side is p2pfsm's producer session, so a
 frame of the target it rejects is a failure; so is a wrong exit status.
@@ -17,14 +17,14 @@ from typing import Final
 
 import msgpack
 
-from p2pfsm.conform import (  # noqa: F401  (their cases come first in the registry)
+from p2pfsm.protocol import AbortAck, Fetch, Message, TransferDone
+from p2pfsm.tools.conform import (  # noqa: F401  (their cases come first in the registry)
     producer_cases,
     producer_lookup_cases,
 )
-from p2pfsm.conform.registry import Context, case
-from p2pfsm.conform.tester import Tester
-from p2pfsm.conform.verdict import CaseFailure, NotApplicable
-from p2pfsm.protocol import AbortAck, Fetch, Message, TransferDone
+from p2pfsm.tools.conform.registry import Context, case
+from p2pfsm.tools.conform.tester import Tester
+from p2pfsm.tools.conform.verdict import CaseFailure, NotApplicable
 
 CONSUMER: Final = "consumer"
 _STOP_S: Final = 5.0  # how long a stopped consumer has to exit before it is killed

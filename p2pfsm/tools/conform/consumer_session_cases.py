@@ -1,15 +1,16 @@
 """Directed consumer-role cases about supply and the producer's life: demand (a fetch that
 waits for supply), our disconnect, and our restart (the tester is the producer).
 
-Split with :mod:`~p2pfsm.conform.consumer_cases` to keep each module small; these run
-after its cases and use its :class:`~p2pfsm.conform.consumer_cases.Consumer`.
+Split with :mod:`~p2pfsm.tools.conform.consumer_cases` to keep each module small; these run
+after its cases and use its :class:`~p2pfsm.tools.conform.consumer_cases.Consumer`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from p2pfsm.conform.consumer_cases import (
+from p2pfsm.session import HostSupply
+from p2pfsm.tools.conform.consumer_cases import (
     CONSUMER,
     _concluded,
     _first_fetch,
@@ -18,10 +19,9 @@ from p2pfsm.conform.consumer_cases import (
     _served,
     _silent,
 )
-from p2pfsm.conform.registry import Context, case
-from p2pfsm.conform.tester import Tester
-from p2pfsm.conform.verdict import CaseFailure, NotApplicable
-from p2pfsm.session import HostSupply
+from p2pfsm.tools.conform.registry import Context, case
+from p2pfsm.tools.conform.tester import Tester
+from p2pfsm.tools.conform.verdict import CaseFailure, NotApplicable
 
 _HANDSHAKE = ("connect", "connect_ack", "disconnect")
 """Frame types a consumer may still send on a session that ended (or to open a new one)."""

@@ -35,15 +35,15 @@ import random
 from collections.abc import Sequence
 from typing import Any, Final
 
-from p2pfsm.conform.consumer_cases import Consumer
-from p2pfsm.conform.registry import Context
-from p2pfsm.conform.target import Target
-from p2pfsm.conform.tester import NUM_BLOCKS
-from p2pfsm.conform.verdict import CaseFailure, NotApplicable
-from p2pfsm.conform.walk_run import Outcome, WalkFailure, check_frames
-from p2pfsm.conform.walk_tester import WalkTester, step_seconds
 from p2pfsm.errors import ConfigError
 from p2pfsm.session import FetchArrived, HostAnswerLookup, HostDecline, HostSupply, Input
+from p2pfsm.tools.conform.consumer_cases import Consumer
+from p2pfsm.tools.conform.registry import Context
+from p2pfsm.tools.conform.target import Target
+from p2pfsm.tools.conform.tester import NUM_BLOCKS
+from p2pfsm.tools.conform.verdict import CaseFailure, NotApplicable
+from p2pfsm.tools.conform.walk_run import Outcome, WalkFailure, check_frames
+from p2pfsm.tools.conform.walk_tester import WalkTester, step_seconds
 
 __all__ = ["CONSUMER_FAULTS", "run_consumer_walk"]
 

@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from p2pfsm.conform.walk_run import MISSING, WalkFailure
-from p2pfsm.conform.walk_tester import Call
 from p2pfsm.errors import ConfigError
+from p2pfsm.tools.conform.walk_run import MISSING, WalkFailure
+from p2pfsm.tools.conform.walk_tester import Call
 
 __all__ = ["LEGEND", "describe_step", "read_replay", "render", "render_case", "write_replay"]
 

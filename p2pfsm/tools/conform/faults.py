@@ -10,7 +10,7 @@ __all__ = ["FAULTS", "faults_arg"]
 FAULTS: Final = ("delay", "reorder", "pause", "restart")
 """delay: we hold our sends; reorder: our NIXL agent makes no progress while we read
 frames; pause: we do nothing at all; restart: we die and come back as a new incarnation
-(see :mod:`p2pfsm.conform.walk_tester` and :mod:`p2pfsm.conform.walk_run`)."""
+(see :mod:`p2pfsm.tools.conform.walk_tester` and :mod:`p2pfsm.tools.conform.walk_run`)."""
 
 
 def faults_arg(text: str) -> tuple[str, ...]:

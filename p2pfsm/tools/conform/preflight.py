@@ -12,9 +12,9 @@ import shlex
 from collections.abc import Iterable
 from typing import Final
 
-from p2pfsm.conform.target import Target
-from p2pfsm.conform.tester import Frame
 from p2pfsm.protocol import Connect
+from p2pfsm.tools.conform.target import Target
+from p2pfsm.tools.conform.tester import Frame
 
 _FIELDS: Final = (("block_len", "block length", "--block-len"),
                   ("hash_seed", "hash seed", "--hash-seed"),

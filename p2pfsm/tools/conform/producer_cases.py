@@ -1,6 +1,6 @@
 """Directed cases for a target in the producer role (the tester is the consumer).
 
-Each case is a function of a :class:`~p2pfsm.conform.registry.Context`; its ``rule``
+Each case is a function of a :class:`~p2pfsm.tools.conform.registry.Context`; its ``rule``
 names what the models (``models/*.toml``) require of the target, which is what a
 failure prints as expected.
 """
@@ -12,11 +12,11 @@ from typing import Final
 
 import msgpack
 
-from p2pfsm.conform.registry import Context, case
-from p2pfsm.conform.tester import NUM_BLOCKS, Tester, describe
-from p2pfsm.conform.verdict import CaseFailure, NotApplicable
 from p2pfsm.demo_blocks import demo_key
 from p2pfsm.protocol import AbortAck, AbortFetch, Connect, ConnectAck, Fetch, TransferDone
+from p2pfsm.tools.conform.registry import Context, case
+from p2pfsm.tools.conform.tester import NUM_BLOCKS, Tester, describe
+from p2pfsm.tools.conform.verdict import CaseFailure, NotApplicable
 
 PRODUCER: Final = "producer"
 MISSING: Final = 1 << 40

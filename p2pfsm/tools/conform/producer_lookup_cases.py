@@ -2,13 +2,16 @@
 coalesced and split lookup answers, demand that waits for late supply, a duplicate fetch
 (the tester is the consumer).
 
-Split with :mod:`~p2pfsm.conform.producer_cases` to keep each module small; these run
+Split with :mod:`~p2pfsm.tools.conform.producer_cases` to keep each module small; these run
 after its cases and use its helpers.
 """
 
 from __future__ import annotations
 
-from p2pfsm.conform.producer_cases import (
+from p2pfsm.demo_blocks import demo_key
+from p2pfsm.protocol import Fetch, LookupResp
+from p2pfsm.session import LookupResult
+from p2pfsm.tools.conform.producer_cases import (
     MISSING,
     PRODUCER,
     _blocks,
@@ -16,12 +19,9 @@ from p2pfsm.conform.producer_cases import (
     _pd_round,
     _served_round,
 )
-from p2pfsm.conform.registry import Context, case
-from p2pfsm.conform.tester import NUM_BLOCKS, Tester
-from p2pfsm.conform.verdict import CaseFailure, NotApplicable
-from p2pfsm.demo_blocks import demo_key
-from p2pfsm.protocol import Fetch, LookupResp
-from p2pfsm.session import LookupResult
+from p2pfsm.tools.conform.registry import Context, case
+from p2pfsm.tools.conform.tester import NUM_BLOCKS, Tester
+from p2pfsm.tools.conform.verdict import CaseFailure, NotApplicable
 
 
 def _flags(hits: tuple[bool, ...]) -> str:

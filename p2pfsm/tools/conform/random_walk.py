@@ -1,11 +1,11 @@
 """The randomized mode: a seeded walk with faults, its shortest failing case, replays.
 
-:func:`run_random` draws a walk (:mod:`~p2pfsm.conform.walk_run`) of the actions our
+:func:`run_random` draws a walk (:mod:`~p2pfsm.tools.conform.walk_run`) of the actions our
 session enables, with the faults asked for. When it fails, its steps are replayed once
 against the target: a failure the replay shows again (the same rule) is confirmed,
-and then shrunk (:mod:`~p2pfsm.conform.shrink`) within a budget of re-runs and
+and then shrunk (:mod:`~p2pfsm.tools.conform.shrink`) within a budget of re-runs and
 seconds. The result carries the shortest case as steps and as a counterexample in the
-models' terms (:mod:`~p2pfsm.conform.counterexample`). :func:`run_replay` runs a case
+models' terms (:mod:`~p2pfsm.tools.conform.counterexample`). :func:`run_replay` runs a case
 from its steps (``--replay FILE``).
 """
 
@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from p2pfsm.conform.counterexample import render
-from p2pfsm.conform.shrink import Steps, clean, shrink
-from p2pfsm.conform.target import Target
-from p2pfsm.conform.verdict import CaseResult, Verdict
-from p2pfsm.conform.walk_run import Outcome, WalkFailure, run_walk
+from p2pfsm.tools.conform.counterexample import render
+from p2pfsm.tools.conform.shrink import Steps, clean, shrink
+from p2pfsm.tools.conform.target import Target
+from p2pfsm.tools.conform.verdict import CaseResult, Verdict
+from p2pfsm.tools.conform.walk_run import Outcome, WalkFailure, run_walk
 
 CONSUMER_HEADS = ("the consumer's launch, our session until its first step",
                   "end of the walk: the consumer exits; its printed results checked")
@@ -30,7 +30,7 @@ CONSUMER_HEADS = ("the consumer's launch, our session until its first step",
 def _walk(target: Target, **kw: Any) -> Outcome:
     """The producer walk, or the consumer walk for a consumer target."""
     if target.consumer_cmd:
-        from p2pfsm.conform.consumer_walk import run_consumer_walk
+        from p2pfsm.tools.conform.consumer_walk import run_consumer_walk
 
         kw.pop("spec", None)
         return run_consumer_walk(target, **kw)
@@ -137,7 +137,7 @@ def run_random(target: Target, steps: int, seed: int, faults: Sequence[str] = ()
                spec_timeout: float = 300.0) -> WalkReport:
     """A seeded walk of ``steps`` steps with ``faults``, as the case ``random.seed-S``;
     ``spec_log`` (the target's trace log): a walk inside the spec's trace bounds, then
-    checked by TLC (:mod:`~p2pfsm.conform.spec_check`)."""
+    checked by TLC (:mod:`~p2pfsm.tools.conform.spec_check`)."""
     started = time.monotonic()
     o = _walk(target, count=steps, seed=seed, faults=faults, spec=spec_log is not None)
     desc = (f"a seeded random walk of {steps} steps of what our session enables"
@@ -145,7 +145,7 @@ def run_random(target: Target, steps: int, seed: int, faults: Sequence[str] = ()
             + (" (the spec's trace bounds)" if spec_log is not None else ""))
     case_id = f"random.seed-{seed}"
     if o.failure is None and spec_log is not None:
-        from p2pfsm.conform.spec_check import check_walk
+        from p2pfsm.tools.conform.spec_check import check_walk
 
         verdict = check_walk(o.calls, o.identities[0], target.addr, spec_log,
                              timeout=spec_timeout)

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from p2pfsm.conform.target import Target
-from p2pfsm.conform.tester import Tester
-from p2pfsm.conform.walk_tester import WalkTester
 from p2pfsm.session import Timeouts
+from p2pfsm.tools.conform.target import Target
+from p2pfsm.tools.conform.tester import Tester
+from p2pfsm.tools.conform.walk_tester import WalkTester
 
 __all__ = ["CASES", "Case", "Context", "case"]
 

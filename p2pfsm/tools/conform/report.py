@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from p2pfsm.conform.verdict import CaseResult, Verdict
+from p2pfsm.tools.conform.verdict import CaseResult, Verdict
 
 __all__ = ["as_json", "as_markdown", "failure_text", "summary_line"]
 

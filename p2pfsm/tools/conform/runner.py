@@ -6,23 +6,23 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-from p2pfsm.conform import (  # noqa: F401  (register cases)
+from p2pfsm.errors import ConfigError
+from p2pfsm.tools.conform import (  # noqa: F401  (register cases)
     consumer_cases,
     consumer_session_cases,
     producer_cases,
     producer_lookup_cases,
 )
-from p2pfsm.conform.preflight import cannot_test
-from p2pfsm.conform.profiles import expected as profile_expects
-from p2pfsm.conform.registry import CASES, Case, Context
-from p2pfsm.conform.target import Target
-from p2pfsm.conform.verdict import CaseFailure, CaseResult, NotApplicable, Verdict
-from p2pfsm.conform.walk_tester import WalkTester
-from p2pfsm.errors import ConfigError
+from p2pfsm.tools.conform.preflight import cannot_test
+from p2pfsm.tools.conform.profiles import expected as profile_expects
+from p2pfsm.tools.conform.registry import CASES, Case, Context
+from p2pfsm.tools.conform.target import Target
+from p2pfsm.tools.conform.verdict import CaseFailure, CaseResult, NotApplicable, Verdict
+from p2pfsm.tools.conform.walk_tester import WalkTester
 
 __all__ = ["cases_for", "run_case", "run_cases"]
 
-log = logging.getLogger("p2pfsm.conform")
+log = logging.getLogger("p2pfsm.tools.conform")
 
 
 def cases_for(role: str, ids: Sequence[str] | None = None) -> list[Case]:
@@ -69,7 +69,7 @@ def run_case(target: Target, c: Case, profile: str = "native") -> CaseResult:
         expected = c.rule
     account = ""
     if verdict is Verdict.FAIL:
-        from p2pfsm.conform.counterexample import render_case
+        from p2pfsm.tools.conform.counterexample import render_case
 
         account = render_case(c.id, calls)
     return CaseResult(c.id, c.role, c.description, verdict, time.monotonic() - started,

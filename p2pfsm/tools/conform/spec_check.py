@@ -3,7 +3,7 @@
 Our side of the walk is the list of our session's calls (each named as a spec action,
 as a node's trace log names them); the target's side is its own trace log, as ``p2pfsm
 serve --trace FILE`` writes it. Both are merged by their CLOCK_MONOTONIC stamps into one
-trace (:func:`p2pfsm.verify.traces.merge_logs`: ours is peer ``a``, the target's calls
+trace (:func:`p2pfsm.tools.verify.traces.merge_logs`: ours is peer ``a``, the target's calls
 for our identity peer ``b``) and handed to TLC with ``TraceP2P.tla``: the walk passes
 when some behaviour of the spec explains every line. The walk must stay inside the
 trace bounds (the walk's spec profile: one request, one key, each host input at most
@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from p2pfsm.conform.walk_tester import Call
-from p2pfsm.verify.traces import merge_logs, validate
+from p2pfsm.tools.conform.walk_tester import Call
+from p2pfsm.tools.verify.traces import merge_logs, validate
 
 __all__ = ["SpecVerdict", "check_walk"]
 
@@ -48,7 +48,7 @@ def check_walk(calls: Sequence[Call], me: str, target: str, target_log: Path, *,
     """Merge our calls with the target's log and run TLC once on the trace.
 
     Raises:
-        p2pfsm.verify.tlc.TlcNotFound: java or the TLC jar is missing.
+        p2pfsm.tools.verify.tlc.TlcNotFound: java or the TLC jar is missing.
         ValueError: the target's log is not a trace log.
         RuntimeError: TLC failed to run.
     """

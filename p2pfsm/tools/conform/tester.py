@@ -25,10 +25,6 @@ from typing import Final
 
 import torch
 
-from p2pfsm.conform.describe import describe
-from p2pfsm.conform.target import Target
-from p2pfsm.conform.tester_effects import TesterEffects
-from p2pfsm.conform.verdict import CaseFailure
 from p2pfsm.demo_blocks import demo_block, demo_key
 from p2pfsm.errors import MalformedFrame, TransportError
 from p2pfsm.executor.nixl.plane import DataPlane
@@ -59,6 +55,10 @@ from p2pfsm.session import (
     TransportLost,
     WriteFinished,
 )
+from p2pfsm.tools.conform.describe import describe
+from p2pfsm.tools.conform.target import Target
+from p2pfsm.tools.conform.tester_effects import TesterEffects
+from p2pfsm.tools.conform.verdict import CaseFailure
 
 __all__ = ["Frame", "Tester", "describe"]
 
@@ -85,7 +85,7 @@ PEER = "target"
 class Tester:
     """One tester identity against ``target``: its sockets, its memory, its session
     (fed through a :class:`~p2pfsm.executor.runtime.driver.Driver`; what its outputs do is
-    :class:`~p2pfsm.conform.tester_effects.TesterEffects`)."""
+    :class:`~p2pfsm.tools.conform.tester_effects.TesterEffects`)."""
 
     def __init__(self, target: Target, *, timeouts: Timeouts | None = None,
                  bind: str = "127.0.0.1:0", incarnation: int | None = None,

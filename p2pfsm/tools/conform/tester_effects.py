@@ -1,6 +1,6 @@
 """What a conformance tester's session outputs do: its :class:`Executor` effects.
 
-The tester (:class:`~p2pfsm.conform.tester.Tester`) feeds its one session through a
+The tester (:class:`~p2pfsm.tools.conform.tester.Tester`) feeds its one session through a
 :class:`~p2pfsm.executor.runtime.driver.Driver`, as a node does; these are the effects the driver
 hands each output to. They send on the tester's sockets, write with its NIXL agent,
 answer the target's fetches and lookups as the case set the tester up to, and collect
@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from p2pfsm.conform.describe import describe
 from p2pfsm.errors import TransportError
 from p2pfsm.executor.runtime.effects import Executor
 from p2pfsm.protocol import AbortAck
@@ -32,9 +31,10 @@ from p2pfsm.session import (
     StoreResult,
     WriteFinished,
 )
+from p2pfsm.tools.conform.describe import describe
 
 if TYPE_CHECKING:
-    from p2pfsm.conform.tester import Tester
+    from p2pfsm.tools.conform.tester import Tester
 
 
 class TesterEffects(Executor):

@@ -9,12 +9,12 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from p2pfsm.conform.counterexample import read_replay, write_replay
-from p2pfsm.conform.random_walk import Budget, WalkReport, run_random, run_replay
-from p2pfsm.conform.target import Target
-from p2pfsm.conform.verdict import CaseResult
 from p2pfsm.errors import ConfigError
-from p2pfsm.verify.tlc import TlcNotFound
+from p2pfsm.tools.conform.counterexample import read_replay, write_replay
+from p2pfsm.tools.conform.random_walk import Budget, WalkReport, run_random, run_replay
+from p2pfsm.tools.conform.target import Target
+from p2pfsm.tools.conform.verdict import CaseResult
+from p2pfsm.tools.verify.tlc import TlcNotFound
 
 __all__ = ["run_walk_mode"]
 

@@ -39,16 +39,16 @@ from typing import Any, Final
 import msgpack
 import torch
 
-from p2pfsm.conform.faults import FAULTS
-from p2pfsm.conform.target import Target
-from p2pfsm.conform.tester import NUM_BLOCKS
-from p2pfsm.conform.verdict import CaseFailure
-from p2pfsm.conform.walk_tester import Call, WalkTester, step_seconds
 from p2pfsm.demo_blocks import demo_key
 from p2pfsm.errors import LocalProtocolError
 from p2pfsm.fsm import input_table
 from p2pfsm.protocol import AbortFetch, ConnectAck
 from p2pfsm.session import HostFetch, HostFinish, HostLookup, Input
+from p2pfsm.tools.conform.faults import FAULTS
+from p2pfsm.tools.conform.target import Target
+from p2pfsm.tools.conform.tester import NUM_BLOCKS
+from p2pfsm.tools.conform.verdict import CaseFailure
+from p2pfsm.tools.conform.walk_tester import Call, WalkTester, step_seconds
 
 __all__ = ["FAULTS", "MISSING", "Outcome", "WalkFailure", "check_frames", "run_walk"]
 

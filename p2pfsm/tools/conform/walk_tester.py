@@ -1,4 +1,4 @@
-"""The walk's tester: a :class:`~p2pfsm.conform.tester.Tester` that records every call of
+"""The walk's tester: a :class:`~p2pfsm.tools.conform.tester.Tester` that records every call of
 its session (for the counterexample and the spec trace) and injects the walk's faults on
 its own side of the wire.
 
@@ -8,7 +8,7 @@ Faults, each bounded in time by its caller:
   we keep reading; the target's frames and ours cross in flight (the one reordering
   ZeroMQ allows: each direction keeps its order, the two directions do not wait for
   each other).
-- **reorder** (:attr:`~p2pfsm.conform.tester.Tester.nixl_stalled_until`): we keep
+- **reorder** (:attr:`~p2pfsm.tools.conform.tester.Tester.nixl_stalled_until`): we keep
   reading control frames but do not progress our NIXL agent, the passive side of the
   target's WRITEs; a target that sends ``transfer_done`` before its WRITE completed
   shows it as bytes missing at a successful load.
@@ -25,13 +25,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Any
 
-from p2pfsm.conform.target import Target
-from p2pfsm.conform.tester import Tester, describe
 from p2pfsm.errors import LocalProtocolError, MalformedFrame
 from p2pfsm.fsm import TraceCursor, Tracer, TraceRecord
 from p2pfsm.protocol import Message, decode
 from p2pfsm.session import FrameReceived, Input, Output, SendFrame, Timeouts, TimerFired
 from p2pfsm.spec_calls import Step, call_action, steps_of
+from p2pfsm.tools.conform.target import Target
+from p2pfsm.tools.conform.tester import Tester, describe
 
 __all__ = ["Call", "WalkTester", "describe_input", "step_seconds"]
 

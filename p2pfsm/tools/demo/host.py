@@ -198,13 +198,13 @@ def fill_demo_region(node: Node, count: int) -> None:
 
 class DemoServer:
     """Serves demo blocks 0..num_blocks-1 from ``node``; those in ``hold_back`` only
-    ``late_after`` seconds after a request first asks for them (:mod:`p2pfsm.demo.holdback`:
+    ``late_after`` seconds after a request first asks for them (:mod:`p2pfsm.tools.demo.holdback`:
     fetched, they wait as demand; looked up, they stay pending)."""
 
     def __init__(self, config: NodeConfig, hold_back: Sequence[int] = (),
                  late_after: float = 1.0) -> None:
-        from p2pfsm.demo.holdback import HoldBack
         from p2pfsm.executor.node import Node
+        from p2pfsm.tools.demo.holdback import HoldBack
 
         if config.num_blocks > MAX_BLOCKS:
             raise ConfigError(f"num_blocks: {config.num_blocks}, more than the protocol's "

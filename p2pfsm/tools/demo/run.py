@@ -12,9 +12,9 @@ import subprocess
 import sys
 import time
 
-from p2pfsm.demo.host import check_region, require_data_plane, run_fetch
 from p2pfsm.errors import ConfigError, TransportError
 from p2pfsm.session import Timeouts
+from p2pfsm.tools.demo.host import check_region, require_data_plane, run_fetch
 
 
 def start_server(
@@ -22,7 +22,7 @@ def start_server(
 ) -> tuple[subprocess.Popen[str], str]:
     """Start ``p2pfsm serve`` on a free loopback port; return it and its "host:port"."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "p2pfsm.cli", "serve", "--bind", "tcp://127.0.0.1:0",
+        [sys.executable, "-m", "p2pfsm.tools.cli", "serve", "--bind", "tcp://127.0.0.1:0",
          "--blocks", str(blocks), "--block-len", str(block_len)],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
     )

@@ -7,11 +7,11 @@ locates the spec and its configs; :mod:`.coverage` counts the steps of each ``Ne
 disjunct and fails the check on one that never fires.
 """
 
-from p2pfsm.verify.check import check_main, counterexample_table
-from p2pfsm.verify.configs import Config, resolve, spec_dir
-from p2pfsm.verify.graph import StateGraph, load_dot
-from p2pfsm.verify.names import ENVIRONMENT_ACTIONS, action_map, action_name, spec_actions
-from p2pfsm.verify.tlc import TlcNotFound, TlcResult, TraceStep, run
+from p2pfsm.tools.verify.check import check_main, counterexample_table
+from p2pfsm.tools.verify.configs import Config, resolve, spec_dir
+from p2pfsm.tools.verify.graph import StateGraph, load_dot
+from p2pfsm.tools.verify.names import ENVIRONMENT_ACTIONS, action_map, action_name, spec_actions
+from p2pfsm.tools.verify.tlc import TlcNotFound, TlcResult, TraceStep, run
 
 __all__ = [
     "ENVIRONMENT_ACTIONS",

@@ -44,8 +44,8 @@ from pathlib import Path
 from types import FrameType
 from typing import TextIO
 
-from p2pfsm.verify import coverage, explain, names, printer, tlc
-from p2pfsm.verify.configs import SPEC_MODULE, Config, resolve, spec_dir
+from p2pfsm.tools.verify import coverage, explain, names, printer, tlc
+from p2pfsm.tools.verify.configs import SPEC_MODULE, Config, resolve, spec_dir
 
 log = logging.getLogger(__name__)
 

@@ -41,7 +41,7 @@ def spec_dir() -> Path:
     Raises:
         FileNotFoundError: neither exists.
     """
-    here = Path(__file__).resolve().parent.parent
+    here = Path(__file__).resolve().parents[2]
     for candidate in (here.parent / "tla", here / "_tla"):
         if (candidate / f"{SPEC_MODULE}.tla").is_file():
             return candidate

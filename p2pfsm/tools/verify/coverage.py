@@ -1,7 +1,7 @@
 """Action coverage of a TLC run, and the vacuity check: every ``Next`` disjunct fires.
 
 Two sources give the same table, one row per action operator of ``Next``
-(:func:`p2pfsm.verify.names.spec_actions`, read from the spec, never listed by hand):
+(:func:`p2pfsm.tools.verify.names.spec_actions`, read from the spec, never listed by hand):
 
 - :func:`from_tlc`: TLC's own ``-coverage`` statistics. TLC 2.15 reports each action
   as a message 2772, ``<Name line L, col C to line L2, col C2 of module M>: distinct:total``

@@ -1,10 +1,10 @@
 """A TLC counterexample told in the terms of ``models/``: machine steps, frames, changes.
 
 TLC prints a behaviour as whole states. :func:`explain` reads each state's variables
-(TLA+ values, read as machine instances by :mod:`p2pfsm.verify.spec_state`) and, for
+(TLA+ values, read as machine instances by :mod:`p2pfsm.tools.verify.spec_state`) and, for
 every step, works out what a reader of ``models/`` wants to know:
 
-- the action and the (machine, trigger) it starts (:mod:`p2pfsm.verify.names`), or
+- the action and the (machine, trigger) it starts (:mod:`p2pfsm.tools.verify.names`), or
   that it is an environment action;
 - each machine step the action made, from the diff of the per-machine state of
   ``tla/P2P.tla``: ``sess[p]`` (session), ``cr[p][<<req, seq>>].st`` (client_round),
@@ -26,9 +26,9 @@ every step, works out what a reader of ``models/`` wants to know:
 - the variables that changed, before and after, narrowed to the parts that changed
   (``sr[b][<<"r1", 0>>].supply``); a variable that did not change is not listed.
 
-:func:`p2pfsm.verify.printer.render` prints the steps as blocks of lines (nothing is
-cut), :func:`p2pfsm.verify.printer.as_json` gives the same steps as plain data for
-``p2pfsm check --json``. The steps themselves are :mod:`p2pfsm.verify.steps`.
+:func:`p2pfsm.tools.verify.printer.render` prints the steps as blocks of lines (nothing is
+cut), :func:`p2pfsm.tools.verify.printer.as_json` gives the same steps as plain data for
+``p2pfsm check --json``. The steps themselves are :mod:`p2pfsm.tools.verify.steps`.
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from p2pfsm.fsm import MachineSpec, input_table, machines
-from p2pfsm.verify import tlc
-from p2pfsm.verify.names import action_map
-from p2pfsm.verify.spec_state import (
+from p2pfsm.tools.verify import tlc
+from p2pfsm.tools.verify.names import action_map
+from p2pfsm.tools.verify.spec_state import (
     Instances,
     align,
     instances,
@@ -51,8 +51,8 @@ from p2pfsm.verify.spec_state import (
     peers_of,
     value_at,
 )
-from p2pfsm.verify.steps import Change, Frame, MachineStep, Step
-from p2pfsm.verify.tla_values import Fn, is_ident, show
+from p2pfsm.tools.verify.steps import Change, Frame, MachineStep, Step
+from p2pfsm.tools.verify.tla_values import Fn, is_ident, show
 
 # Bookkeeping of the spec, not protocol state: `fired` is told as machine steps, `act`
 # (the last action, for fairness) is the step's action.

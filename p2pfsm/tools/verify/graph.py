@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from p2pfsm.verify.tlc import parse_state
+from p2pfsm.tools.verify.tlc import parse_state
 
 Step = tuple[str, str, str, str]
 """(machine, trigger, source, dest)."""

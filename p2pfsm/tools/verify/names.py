@@ -22,7 +22,7 @@ from p2pfsm.fsm import MachineSpec, machines
 from p2pfsm.fsm import profile as load_profile
 from p2pfsm.spec_calls import action_name as action_name
 from p2pfsm.spec_calls import pascal as pascal
-from p2pfsm.verify.tables import behaviour_of
+from p2pfsm.tools.verify.tables import behaviour_of
 
 ENVIRONMENT_ACTIONS: frozenset[str] = frozenset(
     {"NetworkCut", "NetworkDrop", "NetworkDuplicate", "NetworkDiscard", "NetworkFrameLifetime",
@@ -32,7 +32,8 @@ ENVIRONMENT_ACTIONS: frozenset[str] = frozenset(
 
 PROFILE_ACTIONS: dict[str, int] = {"ClientRoundTimerHold": 2}
 """Spec actions only some behaviour profiles enable: action -> the index of the flag of
-:func:`p2pfsm.verify.tables.behaviour_of` (atSend, ackEnds, hold, lookupEnds) that enables it."""
+:func:`p2pfsm.tools.verify.tables.behaviour_of` (atSend, ackEnds, hold, lookupEnds) that
+enables it."""
 
 
 def enabled_actions(actions: list[str], profile: str) -> list[str]:

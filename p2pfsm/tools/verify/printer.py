@@ -5,8 +5,8 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Sequence
 
-from p2pfsm.verify.names import ENVIRONMENT_ACTIONS
-from p2pfsm.verify.steps import Step
+from p2pfsm.tools.verify.names import ENVIRONMENT_ACTIONS
+from p2pfsm.tools.verify.steps import Step
 
 __all__ = ["LEGEND", "as_json", "render"]
 

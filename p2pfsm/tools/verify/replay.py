@@ -51,10 +51,10 @@ from p2pfsm.session.config import resolve_profile
 from p2pfsm.session.machine import OPEN_STATES, STALE_ANSWER_INTERVAL_S
 from p2pfsm.sim.host import SafetyViolation
 from p2pfsm.spec_calls import FRAME_ACTIONS, STALE_STATES, TIMER_ACTIONS, action_name
-from p2pfsm.verify.graph import StateGraph, Step
-from p2pfsm.verify.names import ENVIRONMENT_ACTIONS
-from p2pfsm.verify.tla_values import Fn, parse_value
-from p2pfsm.verify.traces import TraceEvent, TracingWorld
+from p2pfsm.tools.verify.graph import StateGraph, Step
+from p2pfsm.tools.verify.names import ENVIRONMENT_ACTIONS
+from p2pfsm.tools.verify.tla_values import Fn, parse_value
+from p2pfsm.tools.verify.traces import TraceEvent, TracingWorld
 
 Op = tuple[object, ...]
 """A concrete input: ``(kind, *args)``, applied by :func:`apply`."""

@@ -1,11 +1,11 @@
 """The spec's variables in a TLC state, read as machine instances.
 
 TLC prints each state as TLA+ text per variable; :func:`parse_state` parses them
-(:mod:`p2pfsm.verify.tla_values`), keeping what it cannot parse as opaque text.
+(:mod:`p2pfsm.tools.verify.tla_values`), keeping what it cannot parse as opaque text.
 :func:`instances` names every session, client round and server round of a state as
 ``(machine, peer, instance name) -> (state, record)``; :func:`lookup_lists` gives a
 peer's lookups per request, oldest first, and :func:`align` pairs a list's entries
-before and after a step. Read by :mod:`p2pfsm.verify.explain`.
+before and after a step. Read by :mod:`p2pfsm.tools.verify.explain`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from p2pfsm.verify.tla_values import Fn, parse_value, show
+from p2pfsm.tools.verify.tla_values import Fn, parse_value, show
 
 
 def parse_state(state: Mapping[str, str]) -> dict[str, object]:

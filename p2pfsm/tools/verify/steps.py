@@ -1,7 +1,7 @@
 """A counterexample step in the terms of ``models/``: its machine steps, frames, changes.
 
-:func:`~p2pfsm.verify.explain.explain` works these out from TLC's states;
-:mod:`p2pfsm.verify.printer` prints them.
+:func:`~p2pfsm.tools.verify.explain.explain` works these out from TLC's states;
+:mod:`p2pfsm.tools.verify.printer` prints them.
 """
 
 from __future__ import annotations

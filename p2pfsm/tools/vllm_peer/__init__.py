@@ -1,6 +1,6 @@
 """A vLLM P2P peer: vLLM's own session, ZMQ and NIXL code, driven as its tier does.
 
-Run it as ``python -m p2pfsm.vllm.peer server|client ...`` with a Python that has vLLM
+Run it as ``python -m p2pfsm.tools.vllm_peer server|client ...`` with a Python that has vLLM
 0.33.0 or 0.34.0 (``.venv-vllm`` / ``.venv-vllm-0.34``, built by ``.ci/install-vllm.sh
 RELEASE``); the interop suite and
 ``p2pfsm bench --vs-vllm`` start it that way. Besides vLLM it imports only p2pfsm's shared
@@ -31,11 +31,11 @@ Two roles:
     received against the block model, and prints one ``result`` line. ``--load-timeout``
     patches the release's load timeout constants (the capture harness did the same with 3 s).
     With ``--plan FILE`` it waits for that JSON file and runs its steps instead, one
-    session each (:func:`~p2pfsm.vllm.peer.plans.run_plan`), switching between vLLM's
+    session each (:func:`~p2pfsm.tools.vllm_peer.plans.run_plan`), switching between vLLM's
     sessions and p2pfsm's per step; ``kill`` steps keep fetches in flight until a process
-    is killed (:func:`~p2pfsm.vllm.peer.plans.run_kill`).
+    is killed (:func:`~p2pfsm.tools.vllm_peer.plans.run_kill`).
 
-Both roles record a :class:`~p2pfsm.vllm.peer.recording.Trace` per session: what a tier
+Both roles record a :class:`~p2pfsm.tools.vllm_peer.recording.Trace` per session: what a tier
 manager sees of it.
 
 ``--adapter`` (either role) calls :func:`p2pfsm.vllm.install` first, so the same driver
@@ -46,12 +46,12 @@ name vLLM's tier manager uses, so it gets whichever class the manager would.
 Every line meant for the test starts with ``P2PINTEROP `` followed by one JSON object;
 vLLM's own logging goes to stderr. Loopback only; every loop is bounded in time.
 
-Modules, one job each: :mod:`~p2pfsm.vllm.peer.common` (transports, regions, output
-lines), :mod:`~p2pfsm.vllm.peer.recording` (what a session sent, received and showed),
-:mod:`~p2pfsm.vllm.peer.server`, :mod:`~p2pfsm.vllm.peer.client`,
-:mod:`~p2pfsm.vllm.peer.plans` (plans, links, concurrency runs),
-:mod:`~p2pfsm.vllm.peer.patches` (the two changes to vLLM the harness makes, applied by
-:func:`~p2pfsm.vllm.peer.patches.apply` when the CLI starts and undone by
-:func:`~p2pfsm.vllm.peer.patches.undo`) and :mod:`~p2pfsm.vllm.peer.cli`. Importing the
+Modules, one job each: :mod:`~p2pfsm.tools.vllm_peer.common` (transports, regions, output
+lines), :mod:`~p2pfsm.tools.vllm_peer.recording` (what a session sent, received and showed),
+:mod:`~p2pfsm.tools.vllm_peer.server`, :mod:`~p2pfsm.tools.vllm_peer.client`,
+:mod:`~p2pfsm.tools.vllm_peer.plans` (plans, links, concurrency runs),
+:mod:`~p2pfsm.tools.vllm_peer.patches` (the two changes to vLLM the harness makes, applied by
+:func:`~p2pfsm.tools.vllm_peer.patches.apply` when the CLI starts and undone by
+:func:`~p2pfsm.tools.vllm_peer.patches.undo`) and :mod:`~p2pfsm.tools.vllm_peer.cli`. Importing the
 package imports nothing else, and no module patches anything when it is imported.
 """

@@ -1,7 +1,8 @@
-"""``python -m p2pfsm.vllm.peer``: the vLLM peer harness (:mod:`p2pfsm.vllm.peer.cli`)."""
+"""``python -m p2pfsm.tools.vllm_peer``: the vLLM peer harness
+(:mod:`p2pfsm.tools.vllm_peer.cli`)."""
 
 import sys
 
-from p2pfsm.vllm.peer.cli import main
+from p2pfsm.tools.vllm_peer.cli import main
 
 sys.exit(main())

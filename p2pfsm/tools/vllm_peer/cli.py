@@ -1,5 +1,5 @@
-"""``python -m p2pfsm.vllm.peer server|client ...``: the flags, and the start-up that
-applies the harness's patches to vLLM (:mod:`p2pfsm.vllm.peer.patches`), installs
+"""``python -m p2pfsm.tools.vllm_peer server|client ...``: the flags, and the start-up that
+applies the harness's patches to vLLM (:mod:`p2pfsm.tools.vllm_peer.patches`), installs
 p2pfsm's sessions when asked, runs the role and undoes the patches."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ import signal
 import uuid
 from collections.abc import Sequence
 
-import p2pfsm.vllm.peer as package
-from p2pfsm.vllm.peer import patches
-from p2pfsm.vllm.peer.client import run_client
-from p2pfsm.vllm.peer.common import STOP
-from p2pfsm.vllm.peer.plans import run_concurrent, run_links, run_plan
-from p2pfsm.vllm.peer.server import Server
+import p2pfsm.tools.vllm_peer as package
+from p2pfsm.tools.vllm_peer import patches
+from p2pfsm.tools.vllm_peer.client import run_client
+from p2pfsm.tools.vllm_peer.common import STOP
+from p2pfsm.tools.vllm_peer.plans import run_concurrent, run_links, run_plan
+from p2pfsm.tools.vllm_peer.server import Server
 
 
 def _on_signal(_sig: int, _frame: object) -> None:
@@ -25,7 +25,7 @@ def _on_signal(_sig: int, _frame: object) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """Every flag of both roles (the interop suite, conform and bench use them)."""
     doc = package.__doc__ or ""
-    p = argparse.ArgumentParser(prog="python -m p2pfsm.vllm.peer",
+    p = argparse.ArgumentParser(prog="python -m p2pfsm.tools.vllm_peer",
                                 description=doc.split("\n\n")[0])
     sub = p.add_subparsers(dest="role", required=True)
     for name in ("server", "client"):

@@ -13,7 +13,7 @@ from typing import Any
 from vllm.v1.kv_offload.base import OffloadKey
 
 from p2pfsm.demo_blocks import demo_block, demo_key
-from p2pfsm.vllm.peer.common import (
+from p2pfsm.tools.vllm_peer.common import (
     STOP,
     bind_transport,
     emit,
@@ -24,8 +24,8 @@ from p2pfsm.vllm.peer.common import (
     session_kind,
     wait_for_frames,
 )
-from p2pfsm.vllm.peer.patches import set_client_timeouts
-from p2pfsm.vllm.peer.recording import RecordingConnection, Trace
+from p2pfsm.tools.vllm_peer.patches import set_client_timeouts
+from p2pfsm.tools.vllm_peer.recording import RecordingConnection, Trace
 
 
 class Link:

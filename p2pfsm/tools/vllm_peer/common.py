@@ -2,7 +2,7 @@
 the transports, sessions and regions it builds the way vLLM's tier manager would.
 
 Importing this module imports vLLM (with its logs sent to stderr unless the environment
-says otherwise); it patches nothing (:mod:`p2pfsm.vllm.peer.patches` does, when asked).
+says otherwise); it patches nothing (:mod:`p2pfsm.tools.vllm_peer.patches` does, when asked).
 """
 
 from __future__ import annotations

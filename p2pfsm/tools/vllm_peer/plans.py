@@ -14,9 +14,9 @@ from typing import Any
 from vllm.v1.kv_offload.base import OffloadKey
 
 from p2pfsm.demo_blocks import demo_key
-from p2pfsm.vllm.peer.client import Link, one_attempt, run_client, wait_ready
-from p2pfsm.vllm.peer.common import STOP, emit, parse_blocks, wait_for_frames
-from p2pfsm.vllm.peer.patches import set_client_timeouts
+from p2pfsm.tools.vllm_peer.client import Link, one_attempt, run_client, wait_ready
+from p2pfsm.tools.vllm_peer.common import STOP, emit, parse_blocks, wait_for_frames
+from p2pfsm.tools.vllm_peer.patches import set_client_timeouts
 
 
 def use_sessions(kind: str) -> None:

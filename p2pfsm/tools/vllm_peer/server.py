@@ -20,7 +20,7 @@ from vllm.v1.kv_offload.tiering.base import ParentManager, TransferJob
 from vllm.v1.kv_offload.tiering.p2p.session import P2PSession
 
 from p2pfsm.demo_blocks import demo_block, demo_key
-from p2pfsm.vllm.peer.common import (
+from p2pfsm.tools.vllm_peer.common import (
     STOP,
     bind_transport,
     emit,
@@ -31,7 +31,7 @@ from p2pfsm.vllm.peer.common import (
     session_kind,
     wait_for_frames,
 )
-from p2pfsm.vllm.peer.recording import RecordingConnection, Trace
+from p2pfsm.tools.vllm_peer.recording import RecordingConnection, Trace
 
 
 class DemoStore:
