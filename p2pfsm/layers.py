@@ -2,14 +2,14 @@
 
 The runtime is what a host loads: the machines (:mod:`p2pfsm.fsm`), the wire
 (:mod:`p2pfsm.protocol`), the sessions, the node and its planes, the simulated world,
-the vLLM drop-in and their helpers. The tools are what people and CI run around it: the
-command line, benchmarks, the conformance tester, trace validation, the demo, the
-diagrams and the vLLM peer harness. A runtime module never imports a tool at run time
-(``tests/unit/test_layers.py`` holds every module to this table).
+the vLLM drop-in and their helpers. The tools are what people and CI run around it, all
+in one package, :mod:`p2pfsm.tools`: the command line, benchmarks, the conformance
+tester, trace validation, the demo, the diagrams and the vLLM peer harness. A runtime
+module never imports a tool at run time (``tests/unit/test_layers.py`` holds every
+module to this table).
 
-Each entry names a module or a package (and everything under it); the longest entry
-that names a module decides its side. The package itself (``p2pfsm/__init__.py``, the
-host API) is runtime.
+Each entry names a module or a package (and everything under it); no entry lies under
+another. The package itself (``p2pfsm/__init__.py``, the host API) is runtime.
 """
 
 from __future__ import annotations
@@ -39,29 +39,17 @@ RUNTIME: tuple[str, ...] = (
 )
 """What an engine imports, and what that imports."""
 
-TOOLS: tuple[str, ...] = (
-    "p2pfsm.argtypes",
-    "p2pfsm.bench",
-    "p2pfsm.cli",
-    "p2pfsm.conform",
-    "p2pfsm.demo",
-    "p2pfsm.diagram_flows",
-    "p2pfsm.diagrams",
-    "p2pfsm.doc_facts",
-    "p2pfsm.verify",
-    "p2pfsm.vllm.peer",
-)
+TOOLS: tuple[str, ...] = ("p2pfsm.tools",)
 """What people and CI run; free to import the runtime."""
 
 
 def side_of(module: str) -> Literal["runtime", "tool"] | None:
-    """``"runtime"`` or ``"tool"`` for a dotted p2pfsm module name, by the longest entry
-    of :data:`RUNTIME` or :data:`TOOLS` naming it or a package above it; None when no
-    entry does."""
-    if module == "p2pfsm":
+    """``"runtime"`` or ``"tool"`` for a dotted p2pfsm module name, by the entry of
+    :data:`RUNTIME` or :data:`TOOLS` naming it or a package above it; None when no entry
+    does."""
+    def under(entries: tuple[str, ...]) -> bool:
+        return any(module == entry or module.startswith(entry + ".") for entry in entries)
+
+    if module == "p2pfsm" or under(RUNTIME):
         return "runtime"
-    longest = max((entry for entry in RUNTIME + TOOLS
-                   if module == entry or module.startswith(entry + ".")), key=len, default=None)
-    if longest is None:
-        return None
-    return "runtime" if longest in RUNTIME else "tool"
+    return "tool" if under(TOOLS) else None

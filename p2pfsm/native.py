@@ -49,7 +49,7 @@ SOURCES: tuple[str, ...] = (
 """The files compiled, relative to the checkout (or wheel) root."""
 
 _SESSION_STATE = ("its classes hold a Session's state, which `p2pfsm conform` "
-                  "(conform/walk_tester.py) and the fuzz harness copy with copy.deepcopy; a "
+                  "(tools/conform/walk_tester.py) and the fuzz harness copy with copy.deepcopy; a "
                   "mypyc native class cannot be copied (its __new__ runs __init__; "
                   "mypyc_attr(serializable=True) would make mypy_extensions a run-time "
                   "dependency, and with mypy 2.4.1 such a class did not even run its "

@@ -1,13 +1,13 @@
 """``Session.handle`` calls named as actions of the TLA+ spec (``tla/P2P.tla``).
 
-One mapping, shared by the simulated tracer (:class:`p2pfsm.verify.traces.TracingWorld`)
+One mapping, shared by the simulated tracer (:class:`p2pfsm.tools.verify.traces.TracingWorld`)
 and a Node's opt-in trace log (``NodeConfig.trace``): from the session's state before a
 call, the input and the machine steps the :class:`~p2pfsm.fsm.Tracer` recorded during
 the call, :func:`call_action` names the spec action the call is, or None when the spec
 takes no step for it. Which (machine, trigger) an input starts is read from the input
 table (``models/inputs.toml``) and its action name derived by :func:`action_name`,
 never mapped by hand. Pure: no I/O, and no TLC (the executor
-imports it without :mod:`p2pfsm.verify`).
+imports it without :mod:`p2pfsm.tools.verify`).
 """
 
 from __future__ import annotations

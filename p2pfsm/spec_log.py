@@ -3,7 +3,7 @@
 The node knows nothing of the spec: it calls a :class:`CallHook` around each
 ``Session.handle`` call. :class:`CallLog` is the hook behind ``NodeConfig.trace``: it
 names the call with :func:`p2pfsm.spec_calls.call_action` (the mapping trace validation
-uses for simulated runs) and writes it; :func:`p2pfsm.verify.traces.merge_logs` merges
+uses for simulated runs) and writes it; :func:`p2pfsm.tools.verify.traces.merge_logs` merges
 two nodes' logs into one trace for TLC.
 """
 

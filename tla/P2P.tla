@@ -7,7 +7,7 @@
 (* models/*.toml. Every disjunct of Next is a named operator whose name is *)
 (* PascalCase(machine) ++ PascalCase(trigger) of the step it starts (for   *)
 (* example ClientRoundRecvTransferDone), or an environment step named      *)
-(* Network* (p2pfsm.verify.names lists them). An action is one call of     *)
+(* Network* (named in p2pfsm.tools.verify.names). An action is one call of *)
 (* Session.handle in p2pfsm/session/core.py and takes, atomically, every   *)
 (* machine step that call takes: a frame fires the session gate, the round *)
 (* step and the round's settle; a death fires session_lost everywhere.     *)

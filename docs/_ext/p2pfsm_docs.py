@@ -4,7 +4,7 @@ Before the build it writes ``reference/api.md`` (the host API, autodoc), ``cli.m
 (every command's ``--help``, from the argparse parsers), ``wire.md`` (the nine messages,
 their fields and the frame limits, from :mod:`p2pfsm.protocol`), ``models.md`` (every
 machine's states and transitions, from ``models/``) and ``cases.md`` (the conformance
-suite's directed cases, from :mod:`p2pfsm.conform`). Those files are git-ignored: the code
+suite's directed cases, from :mod:`p2pfsm.tools.conform`). Those files are git-ignored: the code
 and the models are their only source. ``mermaid`` fences become ``<pre class="mermaid">``
 blocks, drawn in the browser by the mermaid.js of the npm package that ``.ci/docs.sh``
 unpacks into ``_static/mermaid`` (no network at view time).
@@ -133,8 +133,8 @@ def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
 
 def cli_page() -> str:
     """``reference/cli.md``: ``--help`` of ``p2pfsm`` and of every command."""
-    from p2pfsm import cli
-    from p2pfsm.verify import check
+    from p2pfsm.tools import cli
+    from p2pfsm.tools.verify import check
 
     def block(text: str) -> str:
         return "```text\n" + text.rstrip() + "\n```\n"
@@ -249,16 +249,16 @@ def models_page() -> str:
 def cases_page() -> str:
     """``reference/cases.md``: the directed cases of ``p2pfsm conform``, per role."""
     try:
-        from p2pfsm.conform.runner import cases_for
+        from p2pfsm.tools.conform.runner import cases_for
     except ImportError:  # the docs venv has no torch or NIXL: the cases only name them
         from sphinx.ext.autodoc.mock import mock
 
         with mock(["torch", "numpy", "nixl", "nixl_cu12"]):
-            from p2pfsm.conform.runner import cases_for
-    from p2pfsm.conform.registry import CASES
+            from p2pfsm.tools.conform.runner import cases_for
+    from p2pfsm.tools.conform.registry import CASES
 
     out = ["# Conformance cases\n",
-           "Generated from `p2pfsm.conform`: every directed case `p2pfsm conform` runs, in "
+           "Generated from `p2pfsm.tools.conform`: every directed case `p2pfsm conform` runs, in "
            "the order it runs them, with what it does and the rule of `models/` it holds the "
            "target to (`--cases ID,...` picks some). How to run them: [Test an "
            "implementation](../howto/conform.md); the reports for p2pfsm and vLLM 0.33.0: "

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from p2pfsm.verify import configs, tlc
-from p2pfsm.verify.graph import StateGraph, load_dot
+from p2pfsm.tools.verify import configs, tlc
+from p2pfsm.tools.verify.graph import StateGraph, load_dot
 from tests.helpers.tlc_needed import require_tlc as _require_tlc
 
 TLC_TIMEOUT = 600.0

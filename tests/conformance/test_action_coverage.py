@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from p2pfsm.verify import coverage, names, tlc
-from p2pfsm.verify.check import check_main
+from p2pfsm.tools.verify import coverage, names, tlc
+from p2pfsm.tools.verify.check import check_main
 
 # A small variant of the gate: one load and one finish, no faults, no timers, no
 # frame duplicated, so the fault, timer, lookup and supply actions never fire.

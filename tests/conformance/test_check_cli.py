@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from p2pfsm.verify import configs, tlc
-from p2pfsm.verify.check import check_main
+from p2pfsm.tools.verify import configs, tlc
+from p2pfsm.tools.verify.check import check_main
 
-CHECK = [sys.executable, "-m", "p2pfsm.cli", "check"]
+CHECK = [sys.executable, "-m", "p2pfsm.tools.cli", "check"]
 
 
 def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -1,4 +1,4 @@
-"""Counterexamples in the models' terms (``p2pfsm/verify/explain.py``, ``p2pfsm check``).
+"""Counterexamples in the models' terms (``p2pfsm/tools/verify/explain.py``, ``p2pfsm check``).
 
 The TLC runs come from ``must_fail_runs`` (conftest: each must-fail config checked once
 per session); ``p2pfsm check`` is run in-process on those results, its ``tlc.run``
@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from p2pfsm.verify import check, explain, names, printer, tla_values, tlc
+from p2pfsm.tools.verify import check, explain, names, printer, tla_values, tlc
 
 P4 = "mustfail/p4_round_restart"
 

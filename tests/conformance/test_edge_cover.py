@@ -2,7 +2,7 @@
 
 For each transition declared in models/, the shortest behaviour of the gate's reachable
 graph that takes it is replayed step by step against two sans-IO sessions
-(p2pfsm.verify.replay): each step must be one Session.handle call of that action
+(p2pfsm.tools.verify.replay): each step must be one Session.handle call of that action
 taking exactly the spec's machine steps, leaving the sessions in the spec's state.
 Edge coverage (transitions the replays took / transitions declared) is reported.
 """
@@ -13,9 +13,9 @@ import pytest
 
 from p2pfsm.fsm import machines
 from p2pfsm.session import Session, TimerId
-from p2pfsm.verify.graph import StateGraph, Step
-from p2pfsm.verify.replay import PathIndex, ReplayResult, describe, replay, replay_all
-from p2pfsm.verify.unreachable import excluded
+from p2pfsm.tools.verify.graph import StateGraph, Step
+from p2pfsm.tools.verify.replay import PathIndex, ReplayResult, describe, replay, replay_all
+from p2pfsm.tools.verify.unreachable import excluded
 
 DECLARED: list[Step] = sorted(
     (name, trigger, source, dest)
@@ -92,7 +92,7 @@ def test_edge_coverage(
         f"edge coverage: {len(taken)}/{len(DECLARED)} declared transitions replayed "
         f"against the sessions ({100 * len(taken) // len(reachable)}% of the "
         f"{len(reachable)} reachable ones; {len(DECLARED) - len(reachable)} declared but "
-        f"not reached by the gate, see p2pfsm/verify/unreachable.py); "
+        f"not reached by the gate, see p2pfsm/tools/verify/unreachable.py); "
         f"{len(replays)} generated paths, "
         f"{inputs} inputs")
     assert taken == set(reachable)

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from p2pfsm.verify import configs, tlc
-from p2pfsm.verify.graph import load_dot
+from p2pfsm.tools.verify import configs, tlc
+from p2pfsm.tools.verify.graph import load_dot
 
 from .verdicts import assert_passed
 

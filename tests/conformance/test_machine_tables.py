@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from p2pfsm.fsm import machines
-from p2pfsm.verify import tables
-from p2pfsm.verify.traces import random_trace, validate
+from p2pfsm.tools.verify import tables
+from p2pfsm.tools.verify.traces import random_trace, validate
 
 
 def test_the_tables_are_fresh(spec_dir: Path) -> None:

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from p2pfsm.fsm import machines, profiles
-from p2pfsm.verify import configs, names, tables, tlc
-from p2pfsm.verify.graph import StateGraph
-from p2pfsm.verify.unreachable import BEYOND_GATE, KNOWN_UNREACHABLE, excluded
+from p2pfsm.tools.verify import configs, names, tables, tlc
+from p2pfsm.tools.verify.graph import StateGraph
+from p2pfsm.tools.verify.unreachable import BEYOND_GATE, KNOWN_UNREACHABLE, excluded
 
 from .conftest import PROFILE_GATES
 from .verdicts import assert_passed
@@ -108,7 +108,7 @@ def test_known_unreachable_edges_are_declared_and_unreached(
         assert set(edges) <= declared, f"{name}: stale entries {sorted(set(edges) - declared)}"
         reached = set(edges) & projection.get(name, set())
         assert not reached, (
-            f"{name}: now reachable, drop from p2pfsm/verify/unreachable.py: {reached}")
+            f"{name}: now reachable, drop from p2pfsm/tools/verify/unreachable.py: {reached}")
 
 
 def test_every_machine_state_is_reached(projection: dict[str, set[Edge]]) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from p2pfsm.verify import configs, tlc
+from p2pfsm.tools.verify import configs, tlc
 
 _MUST_VIOLATE = re.compile(r"Must violate (\w+)")
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from p2pfsm.fsm import machines
-from p2pfsm.verify.traces import (
+from p2pfsm.tools.verify.traces import (
     TraceEvent,
     TraceValidation,
     hypothesis_traces,
@@ -35,7 +35,7 @@ from p2pfsm.verify.traces import (
 
 SEEDS = range(10)
 HYPOTHESIS_EXAMPLES = 20
-CLI = [sys.executable, "-m", "p2pfsm.cli"]
+CLI = [sys.executable, "-m", "p2pfsm.tools.cli"]
 # One request, one key each (the spec's trace bounds); the server holds block 0 only.
 REAL_RUNS: dict[str, tuple[list[str], int]] = {
     "pd": (["--keys", "0"], 0),

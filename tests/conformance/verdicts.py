@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from p2pfsm.verify import tlc
+from p2pfsm.tools.verify import tlc
 
 
 def assert_passed(result: tlc.TlcResult) -> None:

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import p2pfsm
 from p2pfsm import protocol
-from p2pfsm.cli import build_parser
 from p2pfsm.fsm.registry import machines
 from p2pfsm.protocol.limits import DEFAULT_LIMITS, Limits
+from p2pfsm.tools.cli import build_parser
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "docs" / "_ext"))
 p2pfsm_docs = importlib.import_module("p2pfsm_docs")

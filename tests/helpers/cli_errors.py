@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from p2pfsm.cli import main
+from p2pfsm.tools.cli import main
 
 
 def assert_bad_arguments(argv: Sequence[str], message: str,

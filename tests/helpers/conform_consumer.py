@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from p2pfsm.cli import main
+from p2pfsm.tools.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 OPTIONS = (" --connect tcp://{addr} --keys {keys} --mode {mode} --load-timeout "
            "{load_timeout} --abort-ack-timeout {abort_ack_timeout} --repeat {repeat}")
 """The ``--consumer-cmd`` placeholders ``p2pfsm fetch`` takes as options."""
-FETCH = shlex.join([sys.executable, "-c", "from p2pfsm.cli import main; "
+FETCH = shlex.join([sys.executable, "-c", "from p2pfsm.tools.cli import main; "
                     "raise SystemExit(main())", "fetch"]) + OPTIONS
 
 

@@ -13,7 +13,7 @@ import io
 import json
 import sys
 
-from p2pfsm.cli import main as cli
+from p2pfsm.tools.cli import main as cli
 
 
 def main(argv: list[str]) -> int:

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from p2pfsm.bench import procstat
+from p2pfsm.tools.bench import procstat
 
 from .polling import poll_until
 
@@ -28,14 +28,14 @@ def rss(pid: int) -> int:
 
 
 class ServeProcess:
-    """``python -m p2pfsm.cli serve`` on a free loopback port, stderr to ``log``."""
+    """``python -m p2pfsm.tools.cli serve`` on a free loopback port, stderr to ``log``."""
 
     def __init__(self, log: Path, blocks: int, block_len: int, extra: Sequence[str] = (),
                  start_timeout: float = 60.0, port: int = 0) -> None:
         self.log_path = log
         self._log = open(log, "wb")  # noqa: SIM115 (closed in stop)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "p2pfsm.cli", "serve", "--bind", f"tcp://127.0.0.1:{port}",
+            [sys.executable, "-m", "p2pfsm.tools.cli", "serve", "--bind", f"tcp://127.0.0.1:{port}",
              "--blocks", str(blocks), "--block-len", str(block_len), *extra],
             stdout=subprocess.PIPE, stderr=self._log, text=True)
         self.pid = self.proc.pid

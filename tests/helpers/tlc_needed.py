@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from p2pfsm.verify import tlc
+from p2pfsm.tools.verify import tlc
 
 
 def require_tlc() -> None:

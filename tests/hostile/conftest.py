@@ -1,6 +1,6 @@
 """A real ``p2pfsm serve`` process under attack, and the checks run after every scenario.
 
-``server`` (module scope) starts ``python -m p2pfsm.cli serve`` on a free loopback port,
+``server`` (module scope) starts ``python -m p2pfsm.tools.cli serve`` on a free loopback port,
 stderr to a file (read per scenario for the server's own account of what it rejected;
 a pipe could fill and block it). After a warm-up fetch it records the baseline: open
 fds (``/proc/PID/fd``) and ``VmRSS``.
@@ -122,8 +122,8 @@ def legit_fetch(addr: str, blocks: range = range(4), timeout: float = LEGIT_TIME
                 host: str = "127.0.0.1") -> None:
     """A fresh p2pfsm Node bound on ``host``: handshake, fetch ``blocks``, verify every
     byte."""
-    from p2pfsm.demo.host import run_fetch
     from p2pfsm.executor.node import Node, NodeConfig
+    from p2pfsm.tools.demo.host import run_fetch
 
     node = Node(NodeConfig(f"tcp://{host}:0", num_blocks=len(blocks), block_len=BLOCK_LEN,
                            connect_timeout_ms=2000))

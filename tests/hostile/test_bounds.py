@@ -18,10 +18,10 @@ import zmq.utils.monitor
 from helpers.polling import wait_for
 from helpers.serve_process import ServeProcess
 
-from p2pfsm.bench import procstat
 from p2pfsm.executor.node.peer_policy import RESTART_BURST, RESTART_PERIOD_S
 from p2pfsm.executor.zmq.intake import DIAL_BACKS_PER_ID_S
 from p2pfsm.executor.zmq.plane import ControlPlane, FrameIn
+from p2pfsm.tools.bench import procstat
 
 from .conftest import Hostile, legit_fetch
 from .wire import BLOCK_LEN, SERVED_BLOCKS, RawPeer, connect_msg, free_port, pack

@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
-from p2pfsm.demo.host import fill_demo_region
 from p2pfsm.demo_blocks import demo_key
 from p2pfsm.executor.node import LookupAnswer, LookupAsk, Node, NodeConfig
 from p2pfsm.executor.node.effects import NodeEffects
@@ -41,6 +40,7 @@ from p2pfsm.session import (
     Session,
     StoreResult,
 )
+from p2pfsm.tools.demo.host import fill_demo_region
 
 
 class _RecordingEffects(NodeEffects):

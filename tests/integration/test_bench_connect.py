@@ -15,7 +15,7 @@ def test_bench_connect_times_verified_fetches_and_reports_a_shape_not_served(
     server = ServeProcess(tmp_path / "serve.log", blocks=4, block_len=4096)
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "p2pfsm.cli", "bench", "--connect", f"tcp://{server.addr}",
+            [sys.executable, "-m", "p2pfsm.tools.cli", "bench", "--connect", f"tcp://{server.addr}",
              "--shapes", "4x4KiB", "2x8KiB", "--repeat", "3", "--json", "-q"],
             capture_output=True, text=True, timeout=120, check=False)
         assert server.alive()

@@ -26,7 +26,7 @@ from helpers.requires import needs_nixl_and_torch
 
 needs_nixl_and_torch()
 
-CLI = [sys.executable, "-m", "p2pfsm.cli"]
+CLI = [sys.executable, "-m", "p2pfsm.tools.cli"]
 SERVED_BLOCKS = 32
 RUN_TIMEOUT = 900.0
 """Bound on the concurrent batch (about 25 s here): far past what load makes of it (it

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from p2pfsm.cli import main
-from p2pfsm.conform.registry import CASES
 from p2pfsm.executor.node.config import fingerprint
+from p2pfsm.tools.cli import main
+from p2pfsm.tools.conform.registry import CASES
 from tests.helpers.cli_errors import assert_bad_arguments
 from tests.helpers.serve_process import ServeProcess
 
-FP = fingerprint({"model": "p2pfsm/conform-test"})
+FP = fingerprint({"model": "p2pfsm/tools/conform-test"})
 BLOCK_LEN = 4096
 HELD = 16
 LATE = "16-19"  # held too, but stored only 0.5 s after a request asks for them

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from p2pfsm.conform.registry import CASES
+from p2pfsm.tools.conform.registry import CASES
 from tests.helpers.conform_consumer import (
     FETCH,
     conform_consumer,

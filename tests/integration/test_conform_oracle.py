@@ -11,13 +11,13 @@ from contextlib import ExitStack
 
 import pytest
 
-from p2pfsm.conform.registry import CASES
-from p2pfsm.conform.runner import run_case
-from p2pfsm.conform.target import Target
-from p2pfsm.conform.verdict import CaseResult, Verdict
 from p2pfsm.demo_blocks import demo_key
 from p2pfsm.executor.nixl.plane import DataPlane
 from p2pfsm.protocol import Connect, ConnectAck, Fetch, Lookup, LookupResp, Message, TransferDone
+from p2pfsm.tools.conform.registry import CASES
+from p2pfsm.tools.conform.runner import run_case
+from p2pfsm.tools.conform.target import Target
+from p2pfsm.tools.conform.verdict import CaseResult, Verdict
 from tests.helpers.fake_producer import BLOCK_LEN, Script, connect_of, fake_producer
 
 LIFETIME_S = 60.0  # the fake serves at most this long

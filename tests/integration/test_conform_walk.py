@@ -10,9 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from p2pfsm.cli import main
-from p2pfsm.conform.target import Target
-from p2pfsm.conform.walk_run import run_walk
 from p2pfsm.executor.nixl.plane import DataPlane
 from p2pfsm.protocol import (
     AbortAck,
@@ -25,7 +22,10 @@ from p2pfsm.protocol import (
     Message,
     TransferDone,
 )
-from p2pfsm.verify.traces import merge_logs, validate
+from p2pfsm.tools.cli import main
+from p2pfsm.tools.conform.target import Target
+from p2pfsm.tools.conform.walk_run import run_walk
+from p2pfsm.tools.verify.traces import merge_logs, validate
 from tests.helpers.cli_errors import assert_bad_arguments
 from tests.helpers.fake_producer import BLOCK_LEN, connect_of, fake_producer
 from tests.helpers.serve_process import ServeProcess

@@ -36,7 +36,7 @@ from p2pfsm.executor.node import Node, NodeConfig
 
 from . import drive
 
-CLI = [sys.executable, "-m", "p2pfsm.cli"]
+CLI = [sys.executable, "-m", "p2pfsm.tools.cli"]
 BLOCK = 4096
 SEED = "vllm-none-hash"
 
@@ -231,7 +231,7 @@ def test_unknown_and_missing_keys_never_reach_a_session(keys: Path, zmq_log: Rec
 
 def test_null_to_null_is_unchanged_and_curve_to_null_fails(keys: Path) -> None:
     """Default nodes (NULL security) still handshake; a CURVE node cannot talk to one."""
-    from p2pfsm.demo.host import DemoServer
+    from p2pfsm.tools.demo.host import DemoServer
 
     server = DemoServer(NodeConfig("tcp://127.0.0.1:0", 16, BLOCK, hash_seed=SEED)).node
     plain = Node(NodeConfig("tcp://127.0.0.1:0", 16, BLOCK, hash_seed=SEED))

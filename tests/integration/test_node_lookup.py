@@ -19,13 +19,13 @@ from typing import Any
 import pytest
 from helpers.requires import needs_nixl_and_torch
 
-from p2pfsm.demo.host import fill_demo_region
 from p2pfsm.demo_blocks import demo_block, demo_key
 from p2pfsm.errors import LocalProtocolError
 from p2pfsm.executor.node import LookupAnswer, Node, NodeConfig
 from p2pfsm.executor.node.effects import NodeEffects
 from p2pfsm.protocol import LookupResp
 from p2pfsm.session import LookupRequest, LookupResult, SendFrame, StoreResult, Timeouts
+from p2pfsm.tools.demo.host import fill_demo_region
 
 needs_nixl_and_torch()
 

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from helpers.requires import needs_nixl_and_torch
 
-from p2pfsm.demo.host import DemoServer
 from p2pfsm.demo_blocks import demo_key
 from p2pfsm.executor.node import Node, NodeConfig
 from p2pfsm.session import FailReason, Timeouts
+from p2pfsm.tools.demo.host import DemoServer
 from tests.helpers.serve_process import ServeProcess
 
 from . import drive_nodes, free_port

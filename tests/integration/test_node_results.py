@@ -14,12 +14,12 @@ import pytest
 from helpers.requires import needs_nixl_and_torch
 
 from p2pfsm.aio import AsyncNode
-from p2pfsm.demo.host import fill_demo_region
 from p2pfsm.demo_blocks import demo_block, demo_key
 from p2pfsm.errors import LocalProtocolError, TransportError
 from p2pfsm.executor.node import LookupAnswer, Node, NodeConfig
 from p2pfsm.executor.node.jobs import LookupAsk
 from p2pfsm.session import FailReason, FetchArrived, LoadResult, StoreResult, Timeouts
+from p2pfsm.tools.demo.host import fill_demo_region
 
 from . import Child
 from .node_peers import peer_main

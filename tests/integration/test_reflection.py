@@ -37,7 +37,7 @@ from . import drive
 BLOCK = 4096
 SEED = "vllm-none-hash"
 NO_DIAL_WAIT = 1.0  # seconds a listener waits for a dial-back that must not come
-CLI = [sys.executable, "-m", "p2pfsm.cli"]
+CLI = [sys.executable, "-m", "p2pfsm.tools.cli"]
 
 
 def connect_frame(peer_id: str, block_len: int = BLOCK) -> bytes:
@@ -197,8 +197,8 @@ def test_dial_back_any_host_relaxes_the_source_check(
 def test_a_node_on_another_address_handshakes_and_fetches() -> None:
     """Our DEALERs connect from our bind address: a node bound on 127.0.0.2 is dialled
     back by one on 127.0.0.1 although the kernel would pick 127.0.0.1 as the source."""
-    from p2pfsm.demo.host import DemoServer
     from p2pfsm.demo_blocks import demo_block, demo_key
+    from p2pfsm.tools.demo.host import DemoServer
 
     server = DemoServer(NodeConfig("tcp://127.0.0.1:0", 16, BLOCK, hash_seed=SEED)).node
     client = Node(NodeConfig("tcp://127.0.0.2:0", 16, BLOCK, hash_seed=SEED))
@@ -233,8 +233,8 @@ def test_a_flood_from_one_host_never_evicts_a_handshake_from_another(
     connection came from and a host evicts only its own (or a bigger host's), so the
     client's handshake completes and its fetch verifies. With oldest-first eviction the
     first burst pushed the client's dial-back out (its handshake died: evicted)."""
-    from p2pfsm.demo.host import DemoServer
     from p2pfsm.demo_blocks import demo_block, demo_key
+    from p2pfsm.tools.demo.host import DemoServer
 
     caplog.set_level(logging.INFO, logger="p2pfsm.zmq")
     server = DemoServer(NodeConfig("tcp://127.0.0.1:0", 16, BLOCK, hash_seed=SEED,
@@ -354,7 +354,7 @@ def test_300_unfinished_handshakes_do_not_lock_a_legitimate_peer_out(
 
         started = time.monotonic()
         with Node(NodeConfig("tcp://127.0.0.1:0", 16, BLOCK, hash_seed=SEED)) as client:
-            from p2pfsm.demo.host import run_fetch
+            from p2pfsm.tools.demo.host import run_fetch
 
             report = run_fetch(client, server, list(range(8)), "pd", 20.0)
         elapsed = time.monotonic() - started

@@ -34,9 +34,9 @@ from typing import Any
 from vllm.v1.kv_offload.tiering.p2p.session import P2PSession as Stock
 
 from p2pfsm.demo_blocks import demo_block, demo_key
+from p2pfsm.tools.vllm_peer import patches
+from p2pfsm.tools.vllm_peer.common import bind_transport, make_data, make_region, wait_for_frames
 from p2pfsm.vllm import guard
-from p2pfsm.vllm.peer import patches
-from p2pfsm.vllm.peer.common import bind_transport, make_data, make_region, wait_for_frames
 from p2pfsm.vllm.session import P2PSession as Adapter
 
 BLOCK_LEN, BLOCKS, SEED = 4096, 4, "vllm-none-hash"

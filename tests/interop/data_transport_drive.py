@@ -21,8 +21,8 @@ import numpy as np
 from vllm.v1.kv_offload.tiering.p2p.data.nixl import NixlTransport
 
 from p2pfsm.demo_blocks import demo_block
+from p2pfsm.tools.vllm_peer.common import make_region
 from p2pfsm.vllm.data import PlaneDataTransport, progress_open
-from p2pfsm.vllm.peer.common import make_region
 
 BLOCK_LEN, BLOCKS = 4096, 8
 BOUND_S = 20.0  # every wait below ends on its event; this only bounds a broken run

@@ -7,7 +7,7 @@ several, comma-separated: one after the other in this process (one vLLM import),
 with a manager and peers of its own, the install undone after each. One
 manager on a primary region of demo-block size, each step one ``get_finished_jobs()``
 (the manager's poll), ``serve_external_requests()`` and ``on_schedule_end()``, as the
-engine calls them. Its peers are stock vLLM processes (``python -m p2pfsm.vllm.peer``)
+engine calls them. Its peers are stock vLLM processes (``python -m p2pfsm.tools.vllm_peer``)
 this script starts and stops by PID. Flows, in order:
 
 * ``pd``: a decoder request (``remote_prefiller``): every key a HIT, one load, verified;
@@ -60,10 +60,10 @@ from vllm.v1.kv_offload.tiering.p2p.session import P2PSession as Stock
 
 import p2pfsm.vllm as pv
 from p2pfsm.demo_blocks import demo_block, demo_key
+from p2pfsm.tools.vllm_peer import patches
+from p2pfsm.tools.vllm_peer.common import HOST, MARK, free_port, wait_for_frames
 from p2pfsm.vllm.control import PlaneTransport
 from p2pfsm.vllm.data import PlaneDataTransport
-from p2pfsm.vllm.peer import patches
-from p2pfsm.vllm.peer.common import HOST, MARK, free_port, wait_for_frames
 from p2pfsm.vllm.session import P2PSession as Adapter
 
 BLOCK_LEN, BLOCKS, MISSING = 4096, 32, 9999
@@ -73,7 +73,7 @@ CONFIG = OffloadingConfig(
                                   group_id=0),),
     worker_kv_bytes_per_block=BLOCK_LEN, enable_kv_cache_events=False, extra_config={},
     engine_id="p2pfsm-manager-drive",
-    model=OffloadingModelConfig(name="p2pfsm/demo", dtype="float16"),
+    model=OffloadingModelConfig(name="p2pfsm/tools/demo", dtype="float16"),
     cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=1),
     parallel=OffloadingParallelConfig(rank=0, world_size=1, tp_size=1, pp_size=1, pcp_size=1,
                                       dcp_size=1, data_parallel_index=0, data_parallel_size=1,
@@ -108,14 +108,14 @@ class Parent(ParentManager):  # type: ignore[misc]
 
 
 class Peer:
-    """A stock vLLM process (``p2pfsm.vllm.peer``) this script started, or with ``argv``
+    """A stock vLLM process (``p2pfsm.tools.vllm_peer``) this script started, or with ``argv``
     any other; stopped by PID."""
 
     def __init__(self, role: str, *args: str, argv: list[str] | None = None) -> None:
         config = json.dumps(FileMapper.from_offloading_spec(
             root_dir="", offloading_spec=Spec(CONFIG), blocks_per_file=1,
             parallel_agnostic=True).get_run_config())
-        argv = argv or [sys.executable, "-m", "p2pfsm.vllm.peer", role, "--block-len",
+        argv = argv or [sys.executable, "-m", "p2pfsm.tools.vllm_peer", role, "--block-len",
                         str(BLOCK_LEN), "--config-json", config, *args]
         # A file, so the peer never blocks on its output; closed by stop().
         self.out = tempfile.TemporaryFile("w+")  # noqa: SIM115

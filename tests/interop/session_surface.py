@@ -22,8 +22,8 @@ from vllm.v1.kv_offload.tiering.p2p.session import P2PSession as Stock
 from vllm.v1.kv_offload.tiering.p2p.session import client as stock_client
 from vllm.v1.kv_offload.tiering.p2p.session import session as stock_session
 
-from p2pfsm.vllm.peer import patches
-from p2pfsm.vllm.peer.common import bind_transport, make_data, make_region
+from p2pfsm.tools.vllm_peer import patches
+from p2pfsm.tools.vllm_peer.common import bind_transport, make_data, make_region
 from p2pfsm.vllm.session import P2PSession as Adapter
 
 BLOCK_LEN, BLOCKS, SEED = 4096, 8, "surface-seed"

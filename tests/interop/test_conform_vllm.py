@@ -1,6 +1,6 @@
 """``p2pfsm conform`` against vLLM (the peer venv's release, vLLM's own sessions, held to
 that release's profile with ``--profile``): the producer cases
-against its node (``python -m p2pfsm.vllm.peer server``), which must survive the suite
+against its node (``python -m p2pfsm.tools.vllm_peer server``), which must survive the suite
 and exit cleanly, and the consumer cases against its client (``... client``, one per
 case). Each role gives a verdict for every case, and the cases vLLM fails are exactly
 those docs/reference/conformance.md lists as that release's known failures (a failure of
@@ -29,8 +29,8 @@ from test_vllm_interop import (  # type: ignore[import-not-found]
 )
 from test_vllm_interop import pytestmark as _marks  # type: ignore[import-not-found]
 
-from p2pfsm.cli import main
-from p2pfsm.conform.registry import CASES
+from p2pfsm.tools.cli import main
+from p2pfsm.tools.conform.registry import CASES
 from tests.helpers.conform_consumer import import_this_checkout
 
 pytestmark = _marks
@@ -56,7 +56,7 @@ def _vllm_client(monkeypatch: pytest.MonkeyPatch) -> str:
     """The ``--consumer-cmd`` of vLLM's client (importing p2pfsm from this checkout)."""
     import_this_checkout(monkeypatch)
     config = CONFIG_JSON.replace("{", "{{").replace("}", "}}")  # literal in the template
-    return shlex.join([str(VLLM_PYTHON), "-m", "p2pfsm.vllm.peer", "client",
+    return shlex.join([str(VLLM_PYTHON), "-m", "p2pfsm.tools.vllm_peer", "client",
                        "--block-len", str(BLOCK_LEN), "--config-json", config]) + (
         " --connect {addr} --keys {keys} --mode {mode} --load-timeout {load_timeout}"
         " --abort-ack-timeout {abort_ack_timeout} --repeat {repeat}")

@@ -1,7 +1,7 @@
 # ruff: noqa: F811  (the fixtures imported from test_vllm_interop are parameters here)
 """p2pfsm's sessions inside vLLM (``p2pfsm.vllm``): a drop-in for vLLM's own.
 
-Each vLLM process is ``python -m p2pfsm.vllm.peer`` from the peer venv (0.33.0 or 0.34.0,
+Each vLLM process is ``python -m p2pfsm.tools.vllm_peer`` from the peer venv (0.33.0 or 0.34.0,
 ``VLLM_RELEASE``), with vLLM's real
 ``ZmqTransport`` / ``ZmqConnection`` and ``NixlTransport``; ``--adapter`` makes it run
 p2pfsm's sessions through :func:`p2pfsm.vllm.install`. The adapter plays against a stock

@@ -1,7 +1,7 @@
 
 """Hostile peers against a vLLM 0.33.0 node: stock, on p2pfsm's sessions, and ``p2pfsm serve``.
 
-The target is one process per scenario: ``python -m p2pfsm.vllm.peer server`` from
+The target is one process per scenario: ``python -m p2pfsm.tools.vllm_peer server`` from
 ``.venv-vllm`` (vLLM's real ``ZmqTransport`` and ``NixlTransport``, sessions built as its
 tier manager builds them; ``--adapter`` runs :func:`p2pfsm.vllm.install`, ``--full``
 ``install(transport="p2pfsm")``: p2pfsm's control and data planes behind them), or
@@ -44,7 +44,7 @@ from test_vllm_interop import (  # type: ignore[import-not-found]
 )
 from test_vllm_interop import pytestmark as _marks  # type: ignore[import-not-found]
 
-from p2pfsm.bench import procstat
+from p2pfsm.tools.bench import procstat
 
 pytestmark = _marks
 

@@ -1,7 +1,8 @@
 """Interop with vLLM: every protocol flow, in both directions, every byte verified.
 
-The vLLM side is the package ``p2pfsm/vllm/peer/`` (``python -m p2pfsm.vllm.peer``), run by a
-separate venv (``.venv-vllm``: 0.33.0, from ``bash .ci/install-vllm.sh``;
+The vLLM side is the package ``p2pfsm/tools/vllm_peer/`` (``python -m
+p2pfsm.tools.vllm_peer``), run by a separate venv (``.venv-vllm``: 0.33.0, from
+``bash .ci/install-vllm.sh``;
 ``P2PFSM_VLLM_PYTHON`` names another, e.g. ``.venv-vllm-0.34/bin/python`` from
 ``bash .ci/install-vllm.sh 0.34.0``), in its own process: vLLM's
 own ``P2PSession``, ZMQ control transport and NIXL data transport. The p2pfsm side is a
@@ -46,7 +47,7 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PEER_MODULE = "p2pfsm.vllm.peer"
+PEER_MODULE = "p2pfsm.tools.vllm_peer"
 VLLM_PYTHON = Path(os.environ.get("P2PFSM_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
 
 
@@ -76,7 +77,6 @@ pytestmark = [
 ]
 
 
-from p2pfsm.demo.host import DemoServer  # noqa: E402
 from p2pfsm.demo_blocks import demo_block, demo_key  # noqa: E402
 from p2pfsm.executor.node import LookupAnswer, Node, NodeConfig, fingerprint  # noqa: E402
 from p2pfsm.session import (  # noqa: E402
@@ -87,6 +87,7 @@ from p2pfsm.session import (  # noqa: E402
     StoreResult,
     Timeouts,
 )
+from p2pfsm.tools.demo.host import DemoServer  # noqa: E402
 
 MARK = "P2PINTEROP "
 BLOCK_LEN = 4096
@@ -834,7 +835,7 @@ def test_fingerprint_exact_p2pfsm_client_vllm_server(procs: list[PeerProcess]) -
 
 def test_cli_fetch_against_vllm_server(procs: list[PeerProcess]) -> None:
     server, peer = start_vllm_server(procs)
-    cmd = [sys.executable, "-m", "p2pfsm.cli", "fetch", "--connect", f"tcp://{peer}",
+    cmd = [sys.executable, "-m", "p2pfsm.tools.cli", "fetch", "--connect", f"tcp://{peer}",
            "--keys", "0-15", "--mode", "sym", "--fingerprint", FP]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     summary = stop_vllm_server(server)
@@ -847,7 +848,7 @@ def test_cli_fetch_against_vllm_server(procs: list[PeerProcess]) -> None:
 
 
 def test_cli_serve_against_vllm_client(procs: list[PeerProcess]) -> None:
-    cmd = [sys.executable, "-m", "p2pfsm.cli", "serve", "--bind", "tcp://127.0.0.1:0",
+    cmd = [sys.executable, "-m", "p2pfsm.tools.cli", "serve", "--bind", "tcp://127.0.0.1:0",
            "--blocks", str(SERVER_BLOCKS), "--fingerprint", FP]
     serve = PeerProcess(cmd, "p2pfsm-serve")
     procs.append(serve)

@@ -156,7 +156,7 @@ def _step(d: Driver, step: Input | Message) -> list[Output]:
 
 @pytest.mark.parametrize("state", BEFORE_READY)
 def test_a_finish_before_ready_queues_that_terminal_fetch(state: str) -> None:
-    """BEYOND_GATE (p2pfsm/verify/unreachable.py): the gate finishes no request before
+    """BEYOND_GATE (p2pfsm/tools/verify/unreachable.py): the gate finishes no request before
     the handshake completes."""
     d = Driver()
     d(HostStart())

@@ -4,7 +4,7 @@
 
 The last two cases take transitions the gate config's bounds do not reach (two
 terminal fetches of one round; a drop and a death in one behaviour), so they are
-exercised here against the code (p2pfsm/verify/unreachable.py, BEYOND_GATE)."""
+exercised here against the code (p2pfsm/tools/verify/unreachable.py, BEYOND_GATE)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 The protocol lets a producer split its answer to one lookup, or answer several
 lookups of a request in one frame; the consumer matches each (key, hit) pair on its
 own (models/client_lookup.toml). These drive the two client_lookup edges the gate's
-producer never takes (p2pfsm/verify/unreachable.py: BEYOND_GATE) and p2pfsm's own
+producer never takes (p2pfsm/tools/verify/unreachable.py: BEYOND_GATE) and p2pfsm's own
 splitting producer (SessionConfig.answer_lookups_in_parts).
 """
 

@@ -60,7 +60,7 @@ def test_a_new_incarnation_after_ready_ends_the_session_as_restarted() -> None:
 @pytest.mark.parametrize("state", ["registering", "registering_acked", "awaiting_ack"])
 def test_a_new_incarnation_before_ready_fails_queued_work_with_its_destination_free(
         state: str) -> None:
-    """Beyond the gate (p2pfsm/verify/unreachable.py): <state> --recv_connect--> dead."""
+    """Beyond the gate (p2pfsm/tools/verify/unreachable.py): <state> --recv_connect--> dead."""
     d = Driver(local_config(incarnation=1))
     d(HostStart())
     d.recv(peer_connect(incarnation=100))

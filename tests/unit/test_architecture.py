@@ -59,7 +59,7 @@ STATE_NAMES = frozenset(s for spec in machines().values() for s in spec.states)
 STATE_HOLDERS = frozenset({"fsm_state", "state", "dest", "source"})
 """What a state is read from: ``x.fsm_state``, ``x.state``, or a name of these."""
 STATE_LITERAL_SCOPE = ("session", "executor", "vllm/session.py", "sim", "spec_calls.py",
-                       "verify/replay.py", "verify/traces.py")
+                       "tools/verify/replay.py", "tools/verify/traces.py")
 """Code that asks about machine states: it names a model's [sets], never a state."""
 STATE_LITERAL_PENDING: frozenset[str] = frozenset()
 """Files still spelling state names (none left)."""

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from p2pfsm.bench import instructions
-from p2pfsm.bench.instructions import Count, format_counts
+from p2pfsm.tools.bench import instructions
+from p2pfsm.tools.bench.instructions import Count, format_counts
 
 
 def _write(out: Path, thread: int, total: int) -> None:

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from p2pfsm.bench import matrix, report
-from p2pfsm.bench.transfer import format_table
-from p2pfsm.cli import build_parser
 from p2pfsm.errors import ConfigError
+from p2pfsm.tools.bench import matrix, report
+from p2pfsm.tools.bench.transfer import format_table
+from p2pfsm.tools.cli import build_parser
 
 
 @pytest.mark.parametrize(("text", "shape"), [("256x64KiB", (256, 65536)), ("1x4KiB", (1, 4096)),
@@ -119,7 +119,7 @@ def _q(median: float) -> dict[str, float]:
 
 
 def test_workloads_text_names_every_workload_and_the_load() -> None:
-    from p2pfsm.bench.workloads import format_workloads
+    from p2pfsm.tools.bench.workloads import format_workloads
 
     text = format_workloads({
         "lookup": {"keys": 256, "hits": 192, "lookup_ms": _q(1.0), "total_ms": _q(4.0),
@@ -147,7 +147,7 @@ def test_workloads_text_names_every_workload_and_the_load() -> None:
 
 
 def test_quantiles_take_p99_and_survive_one_sample() -> None:
-    from p2pfsm.bench.report import quantiles
+    from p2pfsm.tools.bench.report import quantiles
 
     q = quantiles([i / 1000 for i in range(1, 101)])
     assert q["median"] == pytest.approx(50.5) and q["p99"] == pytest.approx(99.01)
@@ -163,7 +163,7 @@ def test_several_suites_and_workload_options_parse() -> None:
 
 
 def test_workloads_refuse_bad_sizes_before_starting_anything() -> None:
-    from p2pfsm.bench import workloads
+    from p2pfsm.tools.bench import workloads
 
     with pytest.raises(ConfigError, match="soak >= 2"):
         workloads.run(soak=1)
@@ -176,7 +176,7 @@ def _flat(median: float) -> dict[str, float]:
 
 
 def test_concurrency_widths_parse() -> None:
-    from p2pfsm.bench.concurrency import parse_widths
+    from p2pfsm.tools.bench.concurrency import parse_widths
 
     assert parse_widths(["1", "4,16", "4", "64"]) == (1, 4, 16, 64)
     for bad in (["0"], ["x"], ["4,"], ["-1"]):
@@ -185,7 +185,7 @@ def test_concurrency_widths_parse() -> None:
 
 
 def test_concurrency_table_has_a_row_per_width_and_the_vllm_ratio() -> None:
-    from p2pfsm.bench.concurrency import format_concurrency
+    from p2pfsm.tools.bench.concurrency import format_concurrency
 
     text = format_concurrency({
         "rounds": 5, "target": 0.8,
@@ -200,7 +200,7 @@ def test_concurrency_table_has_a_row_per_width_and_the_vllm_ratio() -> None:
 
 
 def test_large_table_names_sizes_and_ratio() -> None:
-    from p2pfsm.bench.large import format_large
+    from p2pfsm.tools.bench.large import format_large
 
     text = format_large({"rounds": 3, "target": 1.1, "cells": [
         {"total": 16 << 20, "block_len": 2 << 20, "blocks": 8, "raw_ms": _flat(2.5),
@@ -209,7 +209,7 @@ def test_large_table_names_sizes_and_ratio() -> None:
 
 
 def test_throughput_table_has_a_row_per_implementation() -> None:
-    from p2pfsm.bench.throughput import format_throughput
+    from p2pfsm.tools.bench.throughput import format_throughput
 
     row = {"impl": "p2pfsm", "peers": 4, "in_flight": 16, "fetches": 4000,
            "fetches_per_s": 3000.0, "consumer_cpu_us": 120.0, "producer_cpu_us": 150.5,
@@ -221,8 +221,8 @@ def test_throughput_table_has_a_row_per_implementation() -> None:
 
 
 def test_vllm_result_line_parses_and_failures_raise() -> None:
-    from p2pfsm.bench.vllm_concurrency import parse_result
     from p2pfsm.errors import TransportError
+    from p2pfsm.tools.bench.vllm_concurrency import parse_result
 
     ok = matrix.MARK + '{"kind": "result", "success": true, "times": [0.1]}'
     assert parse_result(f"noise\n{ok}\n")["times"] == [0.1]
@@ -245,15 +245,15 @@ def test_issue29_suite_arguments() -> None:
 
 
 def test_throughput_refuses_an_unknown_drive_before_starting_anything() -> None:
-    from p2pfsm.bench import throughput
     from p2pfsm.errors import ConfigError
+    from p2pfsm.tools.bench import throughput
 
     with pytest.raises(ConfigError, match="drive is one of"):
         throughput.run(fetches=64, drive="nap")
 
 
 def test_figures_name_the_vllm_release_measured() -> None:
-    from p2pfsm.bench import plot
+    from p2pfsm.tools.bench import plot
 
     assert plot.vllm_label({"vllm_release": "0.34.0"}) == "vLLM 0.34.0"
     assert plot.vllm_label({}) == "vLLM (release not recorded)"

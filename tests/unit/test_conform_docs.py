@@ -10,8 +10,8 @@ import re
 import sys
 from pathlib import Path
 
-from p2pfsm.conform.registry import CASES
-from p2pfsm.conform.runner import cases_for
+from p2pfsm.tools.conform.registry import CASES
+from p2pfsm.tools.conform.runner import cases_for
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = (ROOT / "docs" / "reference" / "conformance.md").read_text()

@@ -1,11 +1,11 @@
-"""Delta debugging of a failing walk (``p2pfsm.conform.shrink``): it finds a 1-minimal
+"""Delta debugging of a failing walk (``p2pfsm.tools.conform.shrink``): it finds a 1-minimal
 case within its budget, keeps only steps a failing run ran, and stops when spent."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from p2pfsm.conform.shrink import clean, shrink
+from p2pfsm.tools.conform.shrink import clean, shrink
 
 Steps = list[dict[str, Any]]
 

@@ -3,8 +3,8 @@ are late, and the calls that wait for them."""
 
 from __future__ import annotations
 
-from p2pfsm.demo.holdback import MAX_REQUESTS, HoldBack
 from p2pfsm.demo_blocks import demo_key
+from p2pfsm.tools.demo.holdback import MAX_REQUESTS, HoldBack
 
 KEYS = [demo_key(b) for b in range(6)]
 

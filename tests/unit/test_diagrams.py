@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from p2pfsm import diagram_flows, diagrams
 from p2pfsm.fsm import input_table, machines
+from p2pfsm.tools import diagram_flows, diagrams
 
 WIRE = {"handshake": {"connect", "connect_ack"}, "pd": {"fetch", "transfer_done"},
         "demand": {"fetch", "transfer_done"}, "lookup_fetch": {"lookup", "lookup_resp",

@@ -1,4 +1,4 @@
-"""The architecture page's fact lists (:mod:`p2pfsm.doc_facts`): rendered from the models
+"""The architecture page's fact lists (:mod:`p2pfsm.tools.doc_facts`): rendered from the models
 and the code, written between their markers only, and current in the checkout."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from p2pfsm import doc_facts
 from p2pfsm.errors import ConfigError
 from p2pfsm.fsm import input_table, machines
 from p2pfsm.layers import RUNTIME, TOOLS
 from p2pfsm.session import Input, Output
+from p2pfsm.tools import doc_facts
 
 PAGE = doc_facts.page_path(Path(__file__).resolve().parents[2])
 

@@ -23,28 +23,37 @@ def tool_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
 def test_every_module_is_on_exactly_one_side() -> None:
     graph = import_graph()
     assert [module for module in graph if side_of(module) is None] == []
-    assert set(RUNTIME).isdisjoint(TOOLS)
-    entries = set(RUNTIME) | set(TOOLS)
+    entries = RUNTIME + TOOLS
+    nested = [(a, b) for a in entries for b in entries if b.startswith(a + ".")]
+    assert len(set(entries)) == len(entries) and nested == []
     unused = [e for e in entries if not any(m == e or m.startswith(e + ".") for m in graph)]
     assert unused == []  # an entry for a module that is gone
 
 
-def test_the_longest_entry_decides() -> None:
+def test_the_tools_are_one_package() -> None:
+    graph = import_graph()
+    assert "p2pfsm.tools.cli" in graph
+    assert {m for m in graph if side_of(m) == "tool"} == {
+        m for m in graph if m == "p2pfsm.tools" or m.startswith("p2pfsm.tools.")}
+
+
+def test_each_module_has_its_side() -> None:
     assert side_of("p2pfsm") == "runtime"
     assert side_of("p2pfsm.vllm") == side_of("p2pfsm.vllm.session") == "runtime"
-    assert side_of("p2pfsm.vllm.peer") == side_of("p2pfsm.vllm.peer.server") == "tool"
+    assert side_of("p2pfsm.tools.vllm_peer") == side_of("p2pfsm.tools.vllm_peer.server") == "tool"
     assert side_of("p2pfsm.demo_blocks") == "runtime"
-    assert side_of("p2pfsm.demo.host") == "tool"
+    assert side_of("p2pfsm.tools") == side_of("p2pfsm.tools.demo.host") == "tool"
     assert side_of("p2pfsm.unknown") is None
     assert side_of("p2pfsm.simulator") is None  # not under p2pfsm.sim
+    assert side_of("p2pfsm.toolset") is None  # not under p2pfsm.tools
 
 
 def test_a_planted_tool_import_is_found() -> None:
-    source = "def later() -> None:\n    from p2pfsm.demo.host import DemoServer\n"
+    source = "def later() -> None:\n    from p2pfsm.tools.demo.host import DemoServer\n"
     planted = run_time_imports(ast.parse(source), "p2pfsm.executor.node")
     graph = {"p2pfsm.executor.node": {target.rpartition(".")[0] for target in planted},
-             "p2pfsm.verify.check": {"p2pfsm.session"}}
-    assert tool_imports(graph) == [("p2pfsm.executor.node", "p2pfsm.demo.host")]
+             "p2pfsm.tools.verify.check": {"p2pfsm.session"}}
+    assert tool_imports(graph) == [("p2pfsm.executor.node", "p2pfsm.tools.demo.host")]
 
 
 def test_no_runtime_module_imports_a_tool() -> None:

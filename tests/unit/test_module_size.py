@@ -39,18 +39,19 @@ def over_limit(counts: dict[str, int], allowed: frozenset[str] = BEING_SPLIT) ->
 
 
 def test_the_check_finds_a_long_file() -> None:
-    counts = {"p2pfsm/cli.py": LIMIT + 1, "p2pfsm/verify/tlc.py": LIMIT,
-              "p2pfsm/diagrams.py": 900}
-    assert over_limit(counts, frozenset({"p2pfsm/diagrams.py"})) == {"p2pfsm/cli.py": LIMIT + 1}
-    assert over_limit(counts, frozenset()) == {"p2pfsm/cli.py": LIMIT + 1,
-                                                "p2pfsm/diagrams.py": 900}
+    counts = {"p2pfsm/tools/cli.py": LIMIT + 1, "p2pfsm/tools/verify/tlc.py": LIMIT,
+              "p2pfsm/tools/diagrams.py": 900}
+    assert over_limit(counts, frozenset({"p2pfsm/tools/diagrams.py"})) == {
+        "p2pfsm/tools/cli.py": LIMIT + 1}
+    assert over_limit(counts, frozenset()) == {"p2pfsm/tools/cli.py": LIMIT + 1,
+                                                "p2pfsm/tools/diagrams.py": 900}
 
 
 def test_the_runtime_is_held_to_the_smaller_limit() -> None:
     counts = {"p2pfsm/session/core.py": RUNTIME_LIMIT + 1,
               "p2pfsm/executor/node/__init__.py": RUNTIME_LIMIT + 1,
               "p2pfsm/executor/zmq/plane.py": RUNTIME_LIMIT,
-              "p2pfsm/verify/replay.py": RUNTIME_LIMIT + 1}
+              "p2pfsm/tools/verify/replay.py": RUNTIME_LIMIT + 1}
     assert over_limit(counts, frozenset()) == {"p2pfsm/session/core.py": RUNTIME_LIMIT + 1,
                                                "p2pfsm/executor/node/__init__.py":
                                                    RUNTIME_LIMIT + 1}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from p2pfsm.bench.procstat import cpu_s, thread_cpu_s
+from p2pfsm.tools.bench.procstat import cpu_s, thread_cpu_s
 
 
 def test_thread_cpu_by_name() -> None:

@@ -61,7 +61,7 @@ def test_install_refuses_an_unknown_release(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_bench_runs_the_vllm_side_on_the_release_chosen(tmp_path: Path) -> None:
-    from p2pfsm.bench import matrix
+    from p2pfsm.tools.bench import matrix
 
     with pytest.raises(ConfigError, match=r"--vllm: expected one of 0\.33\.0, 0\.34\.0"):
         matrix.use_release("0.35.0")

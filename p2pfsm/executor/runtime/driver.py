@@ -25,7 +25,7 @@ cancel a write, deliver a result). It owns:
 Executors then only carry out effects: :class:`~p2pfsm.executor.node.Node` (ZeroMQ +
 NIXL), the vLLM adapter (:mod:`p2pfsm.vllm.session`),
 :class:`~p2pfsm.sim.world.SimWorld` and the conformance tester
-(:mod:`p2pfsm.conform.tester_effects`). The driver does no I/O; its clock is given.
+(:mod:`p2pfsm.tools.conform.tester_effects`). The driver does no I/O; its clock is given.
 """
 
 from __future__ import annotations

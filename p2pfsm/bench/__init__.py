@@ -1,5 +1,0 @@
-"""Benchmarks printed by ``p2pfsm bench``: ratios against raw operations of the same run.
-
-* :mod:`p2pfsm.bench.fsm` -- one control event through the compiled machines.
-* :mod:`p2pfsm.bench.transfer` -- fetches between two real nodes vs raw NIXL and ZeroMQ.
-"""

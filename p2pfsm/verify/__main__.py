@@ -1,7 +1,0 @@
-"""``python -m p2pfsm.verify [--config ...]``: the same as ``p2pfsm check``."""
-
-import sys
-
-from p2pfsm.verify.check import check_main
-
-sys.exit(check_main(sys.argv[1:]))
