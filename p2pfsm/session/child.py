@@ -101,8 +101,23 @@ class ReleaseHeld:
     cause: str
 
 
+@dataclass(frozen=True, slots=True)
+class WithdrawFetch:
+    """Take the fetch of (kv_request_id, round_seq) out of the handshake's queue: it is
+    never sent (a load retired before the flush)."""
+
+    kv_request_id: str
+    round_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class HandOff:
+    """The handshake completed: hand the queued load rounds to the transport (one whose
+    deadline is due by now is retired first), then flush the queue in order."""
+
+
 ChildOutput = (Output | Send | Arm | Disarm | HoldJob | PinHits | ExpireLookupRound | BindRound
-               | EndRoles | EndSession | ReleaseHeld)
+               | EndRoles | EndSession | ReleaseHeld | WithdrawFetch | HandOff)
 """One item of a step's outbox."""
 
 

@@ -26,7 +26,7 @@ from p2pfsm.session.client import (
     LookupPart,
 )
 from p2pfsm.session.config import SessionConfig
-from p2pfsm.session.inputs import HostFetch, HostFinish, HostLookup, PeerGone
+from p2pfsm.session.inputs import HostFetch, HostFinish, HostLookup, PeerGone, TimerId
 from p2pfsm.session.outputs import FrameIgnored, LoadResult, LookupResult
 from p2pfsm.session.owner import Owner
 from p2pfsm.session.route import Route
@@ -36,6 +36,8 @@ from p2pfsm.session.tombstones import Tombstones
 _MOVES_FLOOR = CLIENT_ROUND.state_set("moves_floor")
 _HELD_PAST_SESSION = CLIENT_ROUND.state_set("held_past_session")
 _REPORTING = CLIENT_LOOKUP.state_set("reporting")
+_UNSENT = CLIENT_ROUND.state_set("unsent")
+_LIVE = CLIENT_ROUND.state_set("live")
 
 
 class ClientPart:
@@ -69,6 +71,18 @@ class ClientPart:
     def busy(self) -> bool:
         """True while a load or lookup is open."""
         return bool(self.loads or self.lookups)
+
+    def request_live(self, kv_request_id: str) -> bool:
+        """A load or lookup of the request is open: a terminal fetch would close it."""
+        return (kv_request_id in self.lookups or kv_request_id in self.lookup_round
+                or any(r.fsm_state in _LIVE for r in self.loads.get(kv_request_id, {}).values()))
+
+    def unsent_rounds(self) -> list[tuple[ClientRound, TimerId]]:
+        """The load rounds still queued behind the handshake, in order, each with its
+        load timer."""
+        return [(r, TimerId("load", (r.kv_request_id, r.round_seq)))
+                for rounds in self.loads.values() for r in rounds.values()
+                if r.fsm_state in _UNSENT]
 
     def round_at(self, kv_request_id: str, round_seq: int) -> ClientRound:
         """The load round (open or held past the session) of a timer's key."""
@@ -180,7 +194,7 @@ class ClientPart:
         if seq is None:
             seq = self._alloc_round(ev.kv_request_id)
         rnd = ClientRound(self.env, ev.job_id, ev.kv_request_id, seq, ev.keys, ev.dest_indexes,
-                          probed)
+                          probed, not owner.ready)
         self.loads.setdefault(ev.kv_request_id, {})[seq] = rnd
         self.load_count += 1
         self.load_jobs.add(ev.job_id)
