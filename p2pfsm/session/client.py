@@ -111,9 +111,10 @@ class ClientRound:
 
     @writes()
     def send_terminal_fetch(self, _ev: object) -> None:
-        # Closes the request on the peer (its parked supply is failed); the session drops
-        # it while another load or lookup of the request is open.
-        self._emit(Send(Fetch(self.kv_request_id, (), (), self.round_seq + 1)))
+        # Closes the request on the peer (its parked supply is failed), naming this round,
+        # whose fetch the peer never got; the session drops it while another load or
+        # lookup of the request is open.
+        self._emit(Send(Fetch(self.kv_request_id, (), (), self.round_seq)))
 
     @writes()
     def arm_load_timer(self, _ev: object) -> None:
