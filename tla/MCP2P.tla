@@ -96,10 +96,10 @@ Gate034Scenarios == <<
                   !.timers = {"load", "hold"}],
     \* 3. before the handshake completes: a fetch still queued is retired where it waits
     \*    when its deadline passes or the host finishes its request (never sent, no abort;
-    \*    the request's terminal fetch queued), handed to the transport by the flush, or
-    \*    failed when the session ends first
-    [Quiet EXCEPT !.ready = FALSE, !.loads = 1, !.fin = Fin(1, 0), !.faults = {"cut"},
-                  !.timers = {"load", "abort_ack"}],
+    \*    the request's terminal fetch queued, which closes the supply the producer holds
+    \*    for it), handed to the transport by the flush, or failed when the session ends
+    [Quiet EXCEPT !.ready = FALSE, !.loads = 1, !.stores = 1, !.fin = Fin(1, 0),
+                  !.faults = {"cut"}, !.timers = {"load", "abort_ack"}],
     \* 4. an overdue lookup answer ends the session, before and after the handshake
     \*    completes; the session loss reports the lookup
     [Quiet EXCEPT !.ready = FALSE, !.lookups = 1, !.timers = {"lookup"}],

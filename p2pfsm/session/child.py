@@ -110,14 +110,8 @@ class WithdrawFetch:
     round_seq: int
 
 
-@dataclass(frozen=True, slots=True)
-class HandOff:
-    """The handshake completed: hand the queued load rounds to the transport (one whose
-    deadline is due by now is retired first), then flush the queue in order."""
-
-
 ChildOutput = (Output | Send | Arm | Disarm | HoldJob | PinHits | ExpireLookupRound | BindRound
-               | EndRoles | EndSession | ReleaseHeld | WithdrawFetch | HandOff)
+               | EndRoles | EndSession | ReleaseHeld | WithdrawFetch)
 """One item of a step's outbox."""
 
 

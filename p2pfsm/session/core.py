@@ -33,7 +33,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from p2pfsm.errors import HandshakeMismatch, LocalProtocolError
-from p2pfsm.fsm import CompiledMachine, Tracer, UnsentFetch, machine
+from p2pfsm.fsm import CompiledMachine, Tracer, machine
 from p2pfsm.protocol import (
     AbortAck,
     AbortFetch,
@@ -48,10 +48,9 @@ from p2pfsm.protocol import (
 from p2pfsm.session.child import (
     ChildEnv,
     EndRoles,
-    HandOff,
     ReleaseHeld,
 )
-from p2pfsm.session.client import CLIENT_ROUND, ClientRound
+from p2pfsm.session.client import ClientRound
 from p2pfsm.session.client_part import ClientPart
 from p2pfsm.session.config import SessionConfig
 from p2pfsm.session.dispatch import HANDLERS, TIMER_MACHINES
@@ -61,7 +60,6 @@ from p2pfsm.session.inputs import (
     HostSupply,
     Input,
     RegistrationFinished,
-    TimerFired,
     TimerId,
     TransportLost,
 )
@@ -122,7 +120,7 @@ class Session:
         self.now = 0.0
         self._out: list[Output] = []
         self._queue: list[Message] = []
-        self._handing_off = False  # the flush's hand-off runs: sends still queue
+        self._handing_off = False  # while the flush hands loads off, sends still queue
         self._timers: TimerTable[TimerId] = TimerTable()
         # What the children's actions asked for (applied after each step).
         self._env = ChildEnv(config.timeouts, tracer, config.answer_lookups_in_parts,
@@ -257,44 +255,17 @@ class Session:
         self._out.append(output)
 
     def send(self, message: Message) -> None:
-        """Send now when ready (or a handshake frame); else queue in order. Under a
-        profile that retires unsent fetches, a terminal fetch is dropped (now, or at the
-        flush when queued) while a load or lookup of its request is open."""
+        """Send now when ready (or a handshake frame; a terminal fetch the client part
+        withholds is dropped); else queue in order."""
         if isinstance(message, _HANDSHAKE_TYPES) or (
                 self.fsm_state in OPEN_STATES and not self._handing_off):
-            if not self._withheld(message):
-                self._out.append(SendFrame(message))
+            self._out.extend(() if self.client.withheld(message) else (SendFrame(message),))
         else:
             self._queue.append(message)
 
-    def _withheld(self, message: Message) -> bool:
-        """A terminal fetch that must not close a round of its request still open (the
-        profile's unsent_fetch = retire_locally, as vLLM 0.34.0's flush)."""
-        return (isinstance(message, Fetch) and not message.keys
-                and self.config.behaviour.unsent_fetch is UnsentFetch.RETIRE_LOCALLY
-                and self.client.request_live(message.kv_request_id))
-
     def withdraw_fetch(self, kv_request_id: str, round_seq: int) -> None:
-        """Take a retired load's fetch out of the queue: it is never sent."""
-        self._queue = [m for m in self._queue if not (
-            isinstance(m, Fetch) and m.keys and m.kv_request_id == kv_request_id
-            and m.round_seq == round_seq)]
-
-    def hand_off(self) -> None:
-        """The handshake completed: each load round still queued is handed to the
-        transport (``handed_off``), or retired first when its deadline is due by now (its
-        timer fires before the flush); then the queue is flushed in order."""
-        self._handing_off = True
-        try:
-            for rnd, timer in self.client.unsent_rounds():
-                if self.take_timer(timer):
-                    self.step(CLIENT_ROUND, rnd, "timer_load", TimerFired(timer))
-                else:
-                    self.step(CLIENT_ROUND, rnd, "handed_off")
-        finally:
-            self._handing_off = False
-        queued, self._queue = self._queue, []
-        self._out.extend(SendFrame(m) for m in queued if not self._withheld(m))
+        self._queue = [m for m in self._queue if not (isinstance(m, Fetch) and m.keys  # retired
+                       and (m.kv_request_id, m.round_seq) == (kv_request_id, round_seq))]
 
     def arm(self, timer: TimerId, delay: float, *, keep: bool = False) -> None:
         if keep and timer in self._timers:
@@ -439,9 +410,14 @@ class Session:
         self.send(ConnectAck(self.config.local_id))
 
     def flush_queue(self, _ev: object) -> None:
-        """Hand the queued loads off and flush the queue once the step has committed
-        (:meth:`hand_off`)."""
-        self._env.outbox.append(HandOff())
+        """Queued loads handed off (``ClientPart.hand_off``), then the queue, in order."""
+        self._handing_off = True
+        try:
+            self.client.hand_off(self.take_timer)
+        finally:
+            self._handing_off = False
+        queued, self._queue = self._queue, []
+        self._out.extend(SendFrame(m) for m in queued if not self.client.withheld(m))
 
     def send_disconnect(self, _ev: object) -> None:
         self.send(Disconnect())

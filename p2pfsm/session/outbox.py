@@ -6,9 +6,9 @@ which carries it out in order through the session's owner interface and its part
 frames sent or queued, timers armed and disarmed, executor outputs emitted, what
 belongs to a part's tables (write ids, store jobs, pins, bound rounds, expired lookup
 rounds, held destinations) handed to that part, the session machine fired for what
-ends the session, and the handshake's hand-off of queued loads (and a retired one's fetch
-withdrawn from the queue). :func:`retire` drops a child whose machine reached a terminal state
-from the part that owns it. Both reach the session only through :class:`Applying`.
+ends the session, and a retired load's fetch withdrawn from the queue. :func:`retire`
+drops a child whose machine reached a terminal state from the part that owns it. Both
+reach the session only through :class:`Applying`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from p2pfsm.session.child import (
     EndRoles,
     EndSession,
     ExpireLookupRound,
-    HandOff,
     HoldJob,
     PinHits,
     ReleaseHeld,
@@ -62,8 +61,6 @@ class Applying(Protocol):
 
     def withdraw_fetch(self, kv_request_id: str, round_seq: int) -> None: ...
 
-    def hand_off(self) -> None: ...
-
 
 def apply_outbox(s: Applying, outbox: list[ChildOutput], obj: Any) -> None:
     """Carry out (and empty) ``outbox``, which the step of ``obj`` left, in order."""
@@ -94,8 +91,6 @@ def apply_outbox(s: Applying, outbox: list[ChildOutput], obj: Any) -> None:
             s.step_nested(s.machine, s, item.trigger, item)  # type: ignore[union-attr]
         elif kind is WithdrawFetch:
             s.withdraw_fetch(item.kv_request_id, item.round_seq)  # type: ignore[union-attr]
-        elif kind is HandOff:
-            s.hand_off()
         elif kind is ReleaseHeld:
             cause = PeerGone(item.cause)  # type: ignore[union-attr]
             s.client.release_held(cause, "peer_gone")
