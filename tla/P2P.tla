@@ -327,7 +327,7 @@ ReqLive(L, req) ==
     \/ L.cl[req] # <<>>
     \/ L.lr[req] # Unbound
 
-\* Session._withheld: under retire, a terminal fetch is dropped while its request is live.
+\* ClientPart.withheld: under retire, a terminal fetch is dropped while its request is live.
 Withheld(L, m) == PB.retire /\ m[1] = "fetch" /\ m[4] = {} /\ ReqLive(L, m[2])
 
 \* Session.send: straight out when ready (or a handshake frame), else queued in order.
@@ -338,7 +338,7 @@ Send(L, m) ==
                                     L.cut)]
     ELSE [L EXCEPT !.queue = Append(@, m)]
 
-\* Session.hand_off (after the hand-off of queued rounds, Flush below).
+\* The flush proper of Session.flush_queue (after ClientPart.hand_off: Flush below).
 FlushQueue(L) ==
     LET Keep(m) == ~Withheld(L, m)
         q == SelectSeq(L.queue, Keep)
@@ -355,7 +355,6 @@ AllRKeys == [i \in 1 .. Cardinality(Reqs) * (MaxRounds + 1) |->
 AllCKeys == [i \in 1 .. Cardinality(Reqs) * MaxRounds |->
                  CKeysOf(ReqSeq[((i - 1) \div MaxRounds) + 1])[((i - 1) % MaxRounds) + 1]]
 
-
 FireS(L, t, d) == Fire([L EXCEPT !.sess = d], "session", t, L.sess, d)
 
 -----------------------------------------------------------------------------
@@ -365,7 +364,7 @@ CSt(L, k) == IF k \in DOMAIN L.cr THEN L.cr[k].st ELSE "none"
 
 FireCR(L, k, t, d) == Fire([L EXCEPT !.cr[k].st = d], "client_round", t, L.cr[k].st, d)
 
-\* Session.hand_off: every load round still queued is handed to the transport; then
+\* ClientPart.hand_off: every load round still queued is handed to the transport; then
 \* the queued frames go out in order, now that we are ready (less a terminal fetch
 \* Withheld). A round whose deadline is due by then is retired first: the spec has no
 \* clock, so that is ClientRoundTimerLoad taking the queued round before the flush.
