@@ -94,10 +94,12 @@ Gate034Scenarios == <<
     \* 2. the same when the connection is cut or the session closed
     [Quiet EXCEPT !.loads = 1, !.stores = 1, !.faults = {"cut", "close", "gone"},
                   !.timers = {"load", "hold"}],
-    \* 3. before the handshake completes: an abort that never left the queue releases its
-    \*    destination when the session ends; a missing abort_ack ends it too
-    [Quiet EXCEPT !.ready = FALSE, !.loads = 1, !.faults = {"cut"},
-                  !.timers = {"load", "abort_ack"}],
+    \* 3. before the handshake completes: a fetch still queued is retired where it waits
+    \*    when its deadline passes or the host finishes its request (never sent, no abort;
+    \*    the request's terminal fetch queued, which closes the supply the producer holds
+    \*    for it), handed to the transport by the flush, or failed when the session ends
+    [Quiet EXCEPT !.ready = FALSE, !.loads = 1, !.stores = 1, !.fin = Fin(1, 0),
+                  !.faults = {"cut"}, !.timers = {"load", "abort_ack"}],
     \* 4. an overdue lookup answer ends the session, before and after the handshake
     \*    completes; the session loss reports the lookup
     [Quiet EXCEPT !.ready = FALSE, !.lookups = 1, !.timers = {"lookup"}],

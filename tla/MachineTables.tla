@@ -22,6 +22,7 @@ MachineStates ==
          "loading",
          "new",
          "orphaned",
+         "queued",
          "released",
          "reported"}
     @@ "server_lookup" :> {"answered",
@@ -97,8 +98,13 @@ MachineTransitions ==
          <<"loading", "timer_load", "aborting">>,
          <<"loading", "timer_load", "reported">>,
          <<"new", "host_fetch", "loading">>,
+         <<"new", "host_fetch", "queued">>,
          <<"orphaned", "peer_gone", "released">>,
          <<"orphaned", "timer_hold", "released">>,
+         <<"queued", "handed_off", "loading">>,
+         <<"queued", "host_finish", "done">>,
+         <<"queued", "session_lost_unsent", "done">>,
+         <<"queued", "timer_load", "done">>,
          <<"reported", "host_finish", "reported">>,
          <<"reported", "recv_abort_ack", "released">>,
          <<"reported", "recv_transfer_done", "released">>,
@@ -279,15 +285,15 @@ MachineTransitions ==
 \* The behaviour profiles of models/profiles/: atSend (report_failed_load =
 \* at_abort_send), ackEnds (abort_ack_timeout = end_session), hold (a bounded
 \* hold of a destination a lost peer may still write), lookupEnds
-\* (lookup_timeout = end_session).
+\* (lookup_timeout = end_session), retire (unsent_fetch = retire_locally).
 ProfileNames == {"native",
                 "vllm-0.33",
                 "vllm-0.34"}
 
 ProfileBehaviour ==
-       "native" :> [atSend |-> FALSE, ackEnds |-> FALSE, hold |-> FALSE, lookupEnds |-> FALSE]
-    @@ "vllm-0.33" :> [atSend |-> FALSE, ackEnds |-> FALSE, hold |-> FALSE, lookupEnds |-> TRUE]
-    @@ "vllm-0.34" :> [atSend |-> TRUE, ackEnds |-> TRUE, hold |-> TRUE, lookupEnds |-> TRUE]
+       "native" :> [atSend |-> FALSE, ackEnds |-> FALSE, hold |-> FALSE, lookupEnds |-> FALSE, retire |-> FALSE]
+    @@ "vllm-0.33" :> [atSend |-> FALSE, ackEnds |-> FALSE, hold |-> FALSE, lookupEnds |-> TRUE, retire |-> FALSE]
+    @@ "vllm-0.34" :> [atSend |-> TRUE, ackEnds |-> TRUE, hold |-> TRUE, lookupEnds |-> TRUE, retire |-> TRUE]
 
 \* A machine step <<machine, trigger, source, dest>> (the spec's `fired`) is a
 \* transition of models/.

@@ -47,7 +47,11 @@
 (* its abort is sent, its destination held until the abort_ack or a racing *)
 (* transfer_done), ackEnds (a missing abort_ack ends the whole session),   *)
 (* hold (a held destination may be released by the host's bounded hold),   *)
-(* lookupEnds (an overdue lookup answer ends the whole session).           *)
+(* lookupEnds (an overdue lookup answer ends the whole session), retire   *)
+(* (a fetch still queued behind the handshake whose deadline passes or     *)
+(* whose request is finished is retired where it waits: never sent, no     *)
+(* abort, the request's terminal fetch queued instead, and a terminal      *)
+(* fetch is dropped while a load or lookup of its request is open).        *)
 (* A result with released=False ("orphan") is followed by one release      *)
 (* ("freed"), a step of its round: every invariant, NoFreeWhileWriteInv    *)
 (* first, holds for each profile.                                          *)
@@ -132,7 +136,9 @@ MsgTypes == Handshake \cup {"fetch", "lookup", "abort_fetch", "transfer_done",
 \* creates an instance and fires its first trigger at once), "done", "aborted", "released",
 \* "answered", "discarded", "cancelled" and "dropped" end the instance. A round in
 \* "reported" or "orphaned" has its result (released=False) and holds its destination.
-CRStates == {"loading", "aborting", "reported", "orphaned"}
+CRStates == {"queued", "loading", "aborting", "reported", "orphaned"}
+\* Client round states whose load the peer may still serve (models: the set `live`).
+LiveCR == {"queued", "loading"}
 Holding == {"reported", "orphaned"}
 CLStates == {"probing", "expired"}
 \* A draining serve round is in the state named by the reply it owes.
@@ -315,18 +321,30 @@ Pop(L) == [L EXCEPT !.in = Rest(@)]
 \* A frame no declared transition accepts (ProtocolViolation): consumed, nothing else.
 Reject(L) == [Pop(L) EXCEPT !.perr = TRUE]
 
+\* ClientPart.request_live: a load or lookup of the request is open.
+ReqLive(L, req) ==
+    \/ \E k \in DOMAIN L.cr : k[1] = req /\ L.cr[k].st \in LiveCR
+    \/ L.cl[req] # <<>>
+    \/ L.lr[req] # Unbound
+
+\* ClientPart.withheld: under retire, a terminal fetch is dropped while its request is live.
+Withheld(L, m) == PB.retire /\ m[1] = "fetch" /\ m[4] = {} /\ ReqLive(L, m[2])
+
 \* Session.send: straight out when ready (or a handshake frame), else queued in order.
 Send(L, m) ==
     IF L.sess = "ready" \/ m[1] \in Handshake
-    THEN [L EXCEPT !.out = Enqueue(@, [m EXCEPT ![8] = (L.sess = "ready" \/ m[1] \in Handshake)],
-                               L.cut)]
+    THEN IF Withheld(L, m) THEN L
+         ELSE [L EXCEPT !.out = Enqueue(@, [m EXCEPT ![8] = (L.sess = "ready" \/ m[1] \in Handshake)],
+                                    L.cut)]
     ELSE [L EXCEPT !.queue = Append(@, m)]
 
-\* Session.flush_queue: queued frames go out in order, now that we are ready.
-Flush(L) ==
-    [L EXCEPT !.out = EnqueueAll(@, [i \in 1 .. Len(L.queue) |->
-                                   [L.queue[i] EXCEPT ![8] = (L.sess = "ready")]], L.cut),
-              !.queue = <<>>]
+\* The flush proper of Session.flush_queue (after ClientPart.hand_off: Flush below).
+FlushQueue(L) ==
+    LET Keep(m) == ~Withheld(L, m)
+        q == SelectSeq(L.queue, Keep)
+    IN [L EXCEPT !.out = EnqueueAll(@, [i \in 1 .. Len(q) |->
+                                       [q[i] EXCEPT ![8] = (L.sess = "ready")]], L.cut),
+                 !.queue = <<>>]
 
 \* Keys in a fixed order, for loops (dict order in the Python code).
 ReqSeq == CHOOSE s \in [1 .. Cardinality(Reqs) -> Reqs] : Reqs = {s[i] : i \in DOMAIN s}
@@ -345,6 +363,16 @@ FireS(L, t, d) == Fire([L EXCEPT !.sess = d], "session", t, L.sess, d)
 CSt(L, k) == IF k \in DOMAIN L.cr THEN L.cr[k].st ELSE "none"
 
 FireCR(L, k, t, d) == Fire([L EXCEPT !.cr[k].st = d], "client_round", t, L.cr[k].st, d)
+
+\* ClientPart.hand_off: every load round still queued is handed to the transport; then
+\* the queued frames go out in order, now that we are ready (less a terminal fetch
+\* Withheld). A round whose deadline is due by then is retired first: the spec has no
+\* clock, so that is ClientRoundTimerLoad taking the queued round before the flush.
+HandOne(L, k) == IF CSt(L, k) = "queued" THEN FireCR(L, k, "handed_off", "loading") ELSE L
+RECURSIVE HandFrom(_, _)
+HandFrom(L, ks) == IF ks = <<>> THEN L ELSE HandFrom(HandOne(L, Head(ks)), Tail(ks))
+\* Session.flush_queue: the hand-off, then the flush.
+Flush(L) == FlushQueue(HandFrom(L, AllCKeys))
 
 \* ClientRound._report: the job's one LoadResult; `by` is the ghost job of the frame.
 Report(L, j, r, by) ==
@@ -385,7 +413,8 @@ HeldResult == IF BugReleaseEarly THEN "fail" ELSE "orphan"
 \* held), or done when the session was never ready (session_lost_unsent: the fetch never
 \* left the queue; a reported round's held destination is released then).
 LoseRound(L, k, t) ==
-    CASE CSt(L, k) \in {"loading", "aborting"} /\ t = "session_lost" ->
+    CASE CSt(L, k) = "queued" -> Complete(L, k, t, "done", "fail", 0)
+      [] CSt(L, k) \in {"loading", "aborting"} /\ t = "session_lost" ->
              Report(FireCR(L, k, t, "orphaned"), L.cr[k].job, "orphan", 0)
       [] CSt(L, k) \in {"loading", "aborting"} -> Complete(L, k, t, "done", "fail", 0)
       [] CSt(L, k) = "reported" /\ t = "session_lost" -> FireCR(L, k, t, "orphaned")
@@ -406,9 +435,18 @@ RECURSIVE ReleaseFrom(_, _)
 ReleaseFrom(L, ks) == IF ks = <<>> THEN L ELSE ReleaseFrom(ReleaseOne(L, Head(ks)), Tail(ks))
 ReleaseHeld(L) == ReleaseFrom(L, AllCKeys)
 
+\* Retire a queued round (its deadline, or the host's finish: t): its fetch is withdrawn
+\* from the queue, the job fails with its destination free (nothing was sent) and the
+\* request's terminal fetch, naming the round, is sent (queued, or Withheld).
+RetireLoad(L, k, t) ==
+    LET NotIt(m) == ~(m[1] = "fetch" /\ m[4] # {} /\ m[2] = k[1] /\ m[3] = k[2])
+        L1 == Complete([L EXCEPT !.queue = SelectSeq(@, NotIt)], k, t, "done", "fail", 0)
+    IN Send(L1, Msg("fetch", k[1], k[2], {}, 0, FALSE, {}))
+
 \* host_finish on one load round. BugP3: the round is dropped without a result (PR #52571).
 FinishLoad(L, k) ==
-    CASE CSt(L, k) = "loading" /\ BugP3 -> [SendAbort(L, k) EXCEPT !.cr = MapDel(@, k)]
+    CASE CSt(L, k) = "queued" -> RetireLoad(L, k, "host_finish")
+      [] CSt(L, k) = "loading" /\ BugP3 -> [SendAbort(L, k) EXCEPT !.cr = MapDel(@, k)]
       [] CSt(L, k) = "loading" -> AbortLoad(L, k, "host_finish")
       [] CSt(L, k) \in {"aborting", "reported"} -> FireCR(L, k, "host_finish", CSt(L, k))
       [] OTHER -> L
@@ -628,14 +666,15 @@ ClientRoundHostFetch(p) ==
              j == Len(L.lres) + 1
              seq == IF L.lr[req] = Unbound THEN Alloc(L, req) ELSE L.lr[req]
              k == <<req, seq>>
+             st == IF PB.retire /\ L.sess # "ready" THEN "queued" ELSE "loading"
          IN IF L.sess \notin Live
             THEN Commit(p, [FireS(L, "host_fetch_over", L.sess)
                               EXCEPT !.lres = Append(@, [r |-> "fail", by |-> 0])])
             ELSE /\ seq < MaxRounds
                  /\ Commit(p, Send(Fetched(Fire([L EXCEPT !.lres = Append(@, [r |-> "pending", by |-> 0]),
                                                   !.lr[req] = Unbound,
-                                                  !.cr = MapPut(@, k, [st |-> "loading", job |-> j])],
-                                        "client_round", "host_fetch", "new", "loading"), req),
+                                                  !.cr = MapPut(@, k, [st |-> st, job |-> j])],
+                                        "client_round", "host_fetch", "new", st), req),
                                    Msg("fetch", req, seq, keys, j, FALSE, {})))
 
 \* Session._on_host_lookup: probe the peer for `keys`.
@@ -1066,9 +1105,10 @@ SessionTimerHandshake(p) ==
 
 ClientRoundTimerLoad(p) ==
     \E k \in DOMAIN cr[p] : Timer("load") /\
-       /\ cr[p][k].st = "loading"
+       /\ cr[p][k].st \in {"queued", "loading"}
        /\ LET L == Load(p, "ClientRoundTimerLoad") IN
-          Commit(p, AbortLoad(L, k, "timer_load"))
+          Commit(p, IF cr[p][k].st = "queued" THEN RetireLoad(L, k, "timer_load")
+                    ELSE AbortLoad(L, k, "timer_load"))
 
 \* Re-send the abort (bounded by MaxAborts frames of this round in flight); under a
 \* profile that ends the session on a missing abort_ack (ackEnds), end it instead.

@@ -18,6 +18,7 @@ from p2pfsm.fsm.profiles import (
     LookupTimeout,
     Profile,
     ReportFailedLoad,
+    UnsentFetch,
     profile,
     profiles,
 )
@@ -41,6 +42,7 @@ __all__ = [
     "TraceRecord",
     "Tracer",
     "TransitionSpec",
+    "UnsentFetch",
     "check_writes",
     "input_table",
     "load_spec",

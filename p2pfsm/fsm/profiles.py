@@ -2,9 +2,9 @@
 
 A profile holds what differs between implementations of one wire and is behaviour, not
 bytes: deadlines, when an aborted load is reported, what a missing abort_ack or an
-overdue lookup answer does, how long a destination a lost peer may still write is held.
-The machines' guards read its :class:`Behaviour`; the session's deadlines come from its
-``timeouts``. A profile names
+overdue lookup answer does, what a fetch still queued behind the handshake does, how
+long a destination a lost peer may still write is held. The machines' guards read its
+:class:`Behaviour`; the session's deadlines come from its ``timeouts``. A profile names
 the wire it speaks (``wire``), so a later wire is one more profile file with its own
 wire name, not a branch in code.
 """
@@ -77,6 +77,18 @@ class LookupTimeout(enum.StrEnum):
     reports its hits so far and MISS for the rest, as at any session loss."""
 
 
+class UnsentFetch(enum.StrEnum):
+    """What a fetch still queued behind the handshake does when its load's deadline
+    passes or the host finishes its request."""
+
+    SEND_THEN_ABORT = "send_then_abort"
+    """It is aborted as a sent one: the flush sends the fetch, then its abort_fetch."""
+    RETIRE_LOCALLY = "retire_locally"
+    """It is retired where it waits: never sent, no abort; the job fails (its destination
+    free) and the request's terminal (empty) fetch is queued, which the flush drops while
+    a load or lookup of the request is open."""
+
+
 @dataclass(frozen=True, slots=True)
 class Behaviour:
     """The choices the machines' guards read."""
@@ -84,6 +96,7 @@ class Behaviour:
     report_failed_load: ReportFailedLoad
     abort_ack_timeout: AbortAckTimeout
     lookup_timeout: LookupTimeout
+    unsent_fetch: UnsentFetch
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,12 +163,14 @@ def parse_profile(data: Mapping[str, object], origin: str) -> Profile:
     raw = data.get("behaviour")
     if not isinstance(raw, dict):
         raise ModelError(f"{origin}: [behaviour] must be a table")
-    extra = raw.keys() - {"report_failed_load", "abort_ack_timeout", "lookup_timeout"}
+    extra = raw.keys() - {"report_failed_load", "abort_ack_timeout", "lookup_timeout",
+                          "unsent_fetch"}
     if extra:
         raise ModelError(f"{origin}: unknown behaviour keys {sorted(extra)}")
     behaviour = Behaviour(_enum(ReportFailedLoad, raw, "report_failed_load", origin),
                           _enum(AbortAckTimeout, raw, "abort_ack_timeout", origin),
-                          _enum(LookupTimeout, raw, "lookup_timeout", origin))
+                          _enum(LookupTimeout, raw, "lookup_timeout", origin),
+                          _enum(UnsentFetch, raw, "unsent_fetch", origin))
     return Profile(name, doc, wire, behaviour, _timeouts(data.get("timeouts"), origin))
 
 

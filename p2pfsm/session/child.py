@@ -101,8 +101,17 @@ class ReleaseHeld:
     cause: str
 
 
+@dataclass(frozen=True, slots=True)
+class WithdrawFetch:
+    """Take the fetch of (kv_request_id, round_seq) out of the handshake's queue: it is
+    never sent (a load retired before the flush)."""
+
+    kv_request_id: str
+    round_seq: int
+
+
 ChildOutput = (Output | Send | Arm | Disarm | HoldJob | PinHits | ExpireLookupRound | BindRound
-               | EndRoles | EndSession | ReleaseHeld)
+               | EndRoles | EndSession | ReleaseHeld | WithdrawFetch)
 """One item of a step's outbox."""
 
 

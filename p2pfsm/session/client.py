@@ -20,11 +20,20 @@ from p2pfsm.fsm import (
     LookupTimeout,
     ReportFailedLoad,
     Tracer,
+    UnsentFetch,
     machine,
     writes,
 )
 from p2pfsm.protocol import AbortFetch, Fetch, Lookup, TransferDone
-from p2pfsm.session.child import Arm, ChildEnv, ChildOutput, Disarm, EndSession, Send
+from p2pfsm.session.child import (
+    Arm,
+    ChildEnv,
+    ChildOutput,
+    Disarm,
+    EndSession,
+    Send,
+    WithdrawFetch,
+)
 from p2pfsm.session.inputs import PeerGone, TimerId
 from p2pfsm.session.outputs import (
     DestinationReleased,
@@ -38,8 +47,8 @@ from p2pfsm.session.outputs import (
 class ClientRound:
     """One load job: a fetch for (kv_request_id, round_seq)."""
 
-    __slots__ = ("cause", "dest_indexes", "env", "fsm_state", "job_id", "keys",
-                 "kv_request_id", "probed", "round_seq")
+    __slots__ = ("before_ready", "cause", "dest_indexes", "env", "fsm_state", "job_id",
+                 "keys", "kv_request_id", "probed", "round_seq")
 
     fsm_data = ("cause",)
     """What this round's actions write (restored should one raise)."""
@@ -47,9 +56,11 @@ class ClientRound:
     def __init__(
         self, env: ChildEnv, job_id: int, kv_request_id: str, round_seq: int,
         keys: tuple[bytes, ...], dest_indexes: tuple[int, ...], probed: bool = False,
+        before_ready: bool = False,
     ) -> None:
         self.env = env
         self.probed = probed  # the request ran lookups first (its load deadline may differ)
+        self.before_ready = before_ready  # made before the handshake completed
         self.fsm_state = CLIENT_ROUND.spec.initial
         self.job_id = job_id
         self.kv_request_id = kv_request_id
@@ -83,10 +94,27 @@ class ClientRound:
     def ack_timeout_ends_session(self, _ev: object) -> bool:
         return self.env.behaviour.abort_ack_timeout is AbortAckTimeout.END_SESSION
 
+    def waits_for_handshake(self, _ev: object) -> bool:
+        """Made before the handshake completed, under a profile that retires a fetch
+        still queued then: the round waits in ``queued`` for the flush."""
+        return (self.before_ready
+                and self.env.behaviour.unsent_fetch is UnsentFetch.RETIRE_LOCALLY)
+
     # actions
     @writes()
     def send_fetch(self, _ev: object) -> None:
         self._emit(Send(Fetch(self.kv_request_id, self.keys, self.dest_indexes, self.round_seq)))
+
+    @writes()
+    def withdraw_fetch(self, _ev: object) -> None:
+        self._emit(WithdrawFetch(self.kv_request_id, self.round_seq))
+
+    @writes()
+    def send_terminal_fetch(self, _ev: object) -> None:
+        # Closes the request on the peer (its parked supply is failed), naming this round,
+        # whose fetch the peer never got; the session drops it while another load or
+        # lookup of the request is open.
+        self._emit(Send(Fetch(self.kv_request_id, (), (), self.round_seq)))
 
     @writes()
     def arm_load_timer(self, _ev: object) -> None:
@@ -196,6 +224,17 @@ class ClientRound:
         # The fetch never left the queue (the session was never ready): no write can land.
         self._fail(FailReason.SESSION_ENDED, "the session ended before it was ready; the "
                    "fetch was never sent")
+
+    @writes()
+    def report_retired_timed_out(self, _ev: object) -> None:
+        self._fail(FailReason.TIMEOUT, f"queued fetch {self.kv_request_id} round="
+                   f"{self.round_seq} timed out before transport handoff (load timeout "
+                   f"{self.env.timeouts.load_for(self.probed):g} s): never sent, no abort")
+
+    @writes()
+    def report_retired_finished(self, _ev: object) -> None:
+        self._fail(FailReason.FINISHED, "the host finished the request before the fetch "
+                   "left the queue: never sent, no abort")
 
     def _fail(self, reason: FailReason, detail: str, *, released: bool = True) -> None:
         self._emit(LoadResult(self.job_id, self.kv_request_id, False, released, reason,

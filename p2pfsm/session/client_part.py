@@ -13,9 +13,11 @@ session only through its :class:`~p2pfsm.session.owner.Owner`.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 
 from p2pfsm.errors import LocalProtocolError, RemoteProtocolError
-from p2pfsm.protocol import AbortAck, FetchRound, LookupResp, TransferDone
+from p2pfsm.fsm import UnsentFetch
+from p2pfsm.protocol import AbortAck, Fetch, FetchRound, LookupResp, Message, TransferDone
 from p2pfsm.session.checks import check_keys
 from p2pfsm.session.child import ChildEnv
 from p2pfsm.session.client import (
@@ -26,7 +28,14 @@ from p2pfsm.session.client import (
     LookupPart,
 )
 from p2pfsm.session.config import SessionConfig
-from p2pfsm.session.inputs import HostFetch, HostFinish, HostLookup, PeerGone
+from p2pfsm.session.inputs import (
+    HostFetch,
+    HostFinish,
+    HostLookup,
+    PeerGone,
+    TimerFired,
+    TimerId,
+)
 from p2pfsm.session.outputs import FrameIgnored, LoadResult, LookupResult
 from p2pfsm.session.owner import Owner
 from p2pfsm.session.route import Route
@@ -36,6 +45,8 @@ from p2pfsm.session.tombstones import Tombstones
 _MOVES_FLOOR = CLIENT_ROUND.state_set("moves_floor")
 _HELD_PAST_SESSION = CLIENT_ROUND.state_set("held_past_session")
 _REPORTING = CLIENT_LOOKUP.state_set("reporting")
+_UNSENT = CLIENT_ROUND.state_set("unsent")
+_LIVE = CLIENT_ROUND.state_set("live")
 
 
 class ClientPart:
@@ -69,6 +80,31 @@ class ClientPart:
     def busy(self) -> bool:
         """True while a load or lookup is open."""
         return bool(self.loads or self.lookups)
+
+    def withheld(self, message: Message) -> bool:
+        """A terminal fetch that must not close a load or lookup of its request still
+        open (the profile's unsent_fetch = retire_locally, as vLLM 0.34.0's flush)."""
+        return (isinstance(message, Fetch) and not message.keys
+                and self.env.behaviour.unsent_fetch is UnsentFetch.RETIRE_LOCALLY
+                and self.request_live(message.kv_request_id))
+
+    def request_live(self, kv_request_id: str) -> bool:
+        """A load or lookup of the request is open: a terminal fetch would close it."""
+        return (kv_request_id in self.lookups or kv_request_id in self.lookup_round
+                or any(r.fsm_state in _LIVE for r in self.loads.get(kv_request_id, {}).values()))
+
+    def hand_off(self, take_timer: Callable[[TimerId], bool]) -> None:
+        """The handshake's flush: each load round still queued is handed to the transport
+        (``handed_off``), or retired first when its load timer is due (``take_timer``
+        takes it: the timer fires before the flush)."""
+        unsent = [r for rounds in self.loads.values() for r in rounds.values()
+                  if r.fsm_state in _UNSENT]
+        for rnd in unsent:
+            timer = TimerId("load", (rnd.kv_request_id, rnd.round_seq))
+            if take_timer(timer):
+                self.owner.step(CLIENT_ROUND, rnd, "timer_load", TimerFired(timer))
+            else:
+                self.owner.step(CLIENT_ROUND, rnd, "handed_off")
 
     def round_at(self, kv_request_id: str, round_seq: int) -> ClientRound:
         """The load round (open or held past the session) of a timer's key."""
@@ -180,7 +216,7 @@ class ClientPart:
         if seq is None:
             seq = self._alloc_round(ev.kv_request_id)
         rnd = ClientRound(self.env, ev.job_id, ev.kv_request_id, seq, ev.keys, ev.dest_indexes,
-                          probed)
+                          probed, not owner.ready)
         self.loads.setdefault(ev.kv_request_id, {})[seq] = rnd
         self.load_count += 1
         self.load_jobs.add(ev.job_id)

@@ -120,6 +120,7 @@ class Session:
         self.now = 0.0
         self._out: list[Output] = []
         self._queue: list[Message] = []
+        self._handing_off = False  # while the flush hands loads off, sends still queue
         self._timers: TimerTable[TimerId] = TimerTable()
         # What the children's actions asked for (applied after each step).
         self._env = ChildEnv(config.timeouts, tracer, config.answer_lookups_in_parts,
@@ -254,11 +255,17 @@ class Session:
         self._out.append(output)
 
     def send(self, message: Message) -> None:
-        """Send now when ready (or a handshake frame); else queue in order."""
-        if self.fsm_state in OPEN_STATES or isinstance(message, _HANDSHAKE_TYPES):
-            self._out.append(SendFrame(message))
+        """Send now when ready (or a handshake frame; a terminal fetch the client part
+        withholds is dropped); else queue in order."""
+        if isinstance(message, _HANDSHAKE_TYPES) or (
+                self.fsm_state in OPEN_STATES and not self._handing_off):
+            self._out.extend(() if self.client.withheld(message) else (SendFrame(message),))
         else:
             self._queue.append(message)
+
+    def withdraw_fetch(self, kv_request_id: str, round_seq: int) -> None:
+        self._queue = [m for m in self._queue if not (isinstance(m, Fetch) and m.keys  # retired
+                       and (m.kv_request_id, m.round_seq) == (kv_request_id, round_seq))]
 
     def arm(self, timer: TimerId, delay: float, *, keep: bool = False) -> None:
         if keep and timer in self._timers:
@@ -403,8 +410,14 @@ class Session:
         self.send(ConnectAck(self.config.local_id))
 
     def flush_queue(self, _ev: object) -> None:
+        """Queued loads handed off (``ClientPart.hand_off``), then the queue, in order."""
+        self._handing_off = True
+        try:
+            self.client.hand_off(self.take_timer)
+        finally:
+            self._handing_off = False
         queued, self._queue = self._queue, []
-        self._out.extend(SendFrame(m) for m in queued)
+        self._out.extend(SendFrame(m) for m in queued if not self.client.withheld(m))
 
     def send_disconnect(self, _ev: object) -> None:
         self.send(Disconnect())

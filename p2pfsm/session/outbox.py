@@ -5,9 +5,10 @@ once the step has committed, the session hands the outbox to :func:`apply_outbox
 which carries it out in order through the session's owner interface and its parts:
 frames sent or queued, timers armed and disarmed, executor outputs emitted, what
 belongs to a part's tables (write ids, store jobs, pins, bound rounds, expired lookup
-rounds, held destinations) handed to that part, and the session machine fired for what
-ends the session. :func:`retire` drops a child whose machine reached a terminal state
-from the part that owns it. Both reach the session only through :class:`Applying`.
+rounds, held destinations) handed to that part, the session machine fired for what
+ends the session, and a retired load's fetch withdrawn from the queue. :func:`retire`
+drops a child whose machine reached a terminal state from the part that owns it. Both
+reach the session only through :class:`Applying`.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from p2pfsm.session.child import (
     PinHits,
     ReleaseHeld,
     Send,
+    WithdrawFetch,
 )
 from p2pfsm.session.client import ClientLookup, ClientRound
 from p2pfsm.session.client_part import ClientPart
@@ -57,6 +59,8 @@ class Applying(Protocol):
 
     def end_roles(self, load_trigger: str) -> None: ...
 
+    def withdraw_fetch(self, kv_request_id: str, round_seq: int) -> None: ...
+
 
 def apply_outbox(s: Applying, outbox: list[ChildOutput], obj: Any) -> None:
     """Carry out (and empty) ``outbox``, which the step of ``obj`` left, in order."""
@@ -85,6 +89,8 @@ def apply_outbox(s: Applying, outbox: list[ChildOutput], obj: Any) -> None:
             s.end_roles(item.load_trigger)  # type: ignore[union-attr]
         elif kind is EndSession:
             s.step_nested(s.machine, s, item.trigger, item)  # type: ignore[union-attr]
+        elif kind is WithdrawFetch:
+            s.withdraw_fetch(item.kv_request_id, item.round_seq)  # type: ignore[union-attr]
         elif kind is ReleaseHeld:
             cause = PeerGone(item.cause)  # type: ignore[union-attr]
             s.client.release_held(cause, "peer_gone")

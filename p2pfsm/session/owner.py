@@ -31,7 +31,7 @@ class Owner(Protocol):
     another step (a frame's gate once the part validated the frame, the session's answer
     to what no child takes, a settle, a lookup's pins), leaving the settling to the step
     that holds it; :meth:`settle` alone. Each applies the child's outbox and retires it
-    when terminal. Reads: :attr:`now`, :attr:`alive` and the peer's connect
+    when terminal. Reads: :attr:`now`, :attr:`alive`, :attr:`ready` and the peer's connect
     (:attr:`peer`, None before the handshake).
     """
 
@@ -42,6 +42,9 @@ class Owner(Protocol):
 
     @property
     def alive(self) -> bool: ...
+
+    @property
+    def ready(self) -> bool: ...
 
     @property
     def peer(self) -> Connect | None: ...

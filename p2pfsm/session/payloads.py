@@ -67,7 +67,7 @@ PAYLOADS: Mapping[str, Mapping[str, Payload]] = {
         "recv_abort_ack": (AbortAck,), "recv_transfer_done": (TransferDone,),
         "session_lost": (None,), "session_lost_unsent": (None,),
         "timer_load": (TimerFired,), "timer_abort_ack": (TimerFired,),
-        "timer_hold": (TimerFired,),
+        "timer_hold": (TimerFired,), "handed_off": (None,),
     },
     "client_lookup": {
         "host_lookup": (HostLookup,), "host_finish": (HostFinish,),

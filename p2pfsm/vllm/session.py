@@ -394,6 +394,8 @@ class P2PSession(LoadEnds, Serving, Writes, Executor):
         kv_request_id = self._load_reqs.pop(out.job_id, None)
         if kv_request_id is None:
             return
+        if out.reason is FailReason.TIMEOUT:
+            log.warning("P2PSession %s: load %d: %s", self.peer_id, out.job_id, out.detail)
         release = None
         if not out.released and out.reason is not FailReason.SESSION_ENDED:
             # The profile reports an aborted load at its abort's sending: the manager keeps

@@ -8,6 +8,7 @@ Importing this module imports vLLM.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
@@ -63,9 +64,13 @@ class StoreDrainResult(NamedTuple):
 def timeouts_from_vllm() -> Timeouts:
     """The release's profile's deadlines, each set to vLLM's module constant as it is now
     (a test may have patched one): the load deadline is the PD one, ``load_probed`` that
-    of a fetch of an id that ran lookups; the profile's ``hold`` stays."""
+    of a fetch of an id that ran lookups; the profile's ``hold`` stays. vLLM ends a
+    handshake only once strictly more than its timeout has passed (a load at its deadline):
+    the handshake deadline is the next float above vLLM's setting, so a load due at the
+    same instant is retired before the handshake is given up, as in vLLM."""
     base = Timeouts.of_profile(profile(RELEASE.profile))
-    return replace(base, handshake=float(envs.VLLM_P2P_HANDSHAKE_TIMEOUT_S),
+    handshake = math.nextafter(float(envs.VLLM_P2P_HANDSHAKE_TIMEOUT_S), math.inf)
+    return replace(base, handshake=handshake,
                    load=float(getattr(vllm_client, RELEASE.pd_load_timeout)),
                    load_probed=float(getattr(vllm_client, RELEASE.p2p_load_timeout)),
                    abort_ack=float(vllm_client._ABORT_ACK_TIMEOUT_S),

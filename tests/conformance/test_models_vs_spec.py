@@ -48,6 +48,8 @@ TRIGGERS_WITHOUT_ACTION: frozenset[tuple[str, str]] = frozenset({
     ("session", "lookup_expired"),      # ClientLookupTimerLookup under a profile that ends
                                         # the session on an overdue lookup answer
     ("client_lookup", "request_fetched"),  # ClientRoundHostFetch under such a profile
+    ("client_round", "handed_off"),     # the flush (SessionRecvConnectAck, ...) under a
+                                        # profile that retires unsent fetches
 })
 """Triggers fired only as part of another action (one Session.handle call)."""
 

@@ -208,15 +208,6 @@ def test_native_resends_an_unanswered_abort_and_reports_once_acked() -> None:
     assert (res.released, res.reason) == (True, FailReason.TIMEOUT) and not _released(d)
 
 
-def test_vllm_034_an_abort_before_ready_is_released_when_the_session_never_was() -> None:
-    d = Driver(local_config(profile="vllm-0.34"))
-    d(HostStart())
-    d(HostFetch(1, "r1", (key(1),), (4,)))
-    d.fire(only(d.armed("load")))
-    out = d(TransportLost("cut"))
-    assert only(of_type(out, DestinationReleased)).cause is ReleaseCause.NEVER_SENT
-
-
 def test_an_unknown_profile_is_refused_naming_the_known() -> None:
     with pytest.raises(ConfigError, match=r"unknown profile 'vllm-9'.*native"):
         local_config(profile="vllm-9")

@@ -41,8 +41,8 @@ def test_the_session_is_one_class_that_holds_its_parts() -> None:
 def test_the_owner_interface_is_small_and_the_session_implements_it() -> None:
     members = {n for n in (*vars(Owner), *Owner.__annotations__) if not n.startswith("_")}
     # Three ways to fire (an input's step, a step inside one, the settling), one machine.
-    assert members == {"now", "alive", "peer", "send", "arm", "disarm", "emit", "machine",
-                       "step", "step_nested", "settle"}
+    assert members == {"now", "alive", "ready", "peer", "send", "arm", "disarm", "emit",
+                       "machine", "step", "step_nested", "settle"}
     assert all(hasattr(Session, n) or n in ("now", "peer") for n in members)
     d = ready_driver()
     assert all(hasattr(d.s, n) for n in members)

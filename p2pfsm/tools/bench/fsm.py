@@ -95,6 +95,9 @@ def run(open_counts: tuple[int, ...] = (0, 100, 10_000), number: int = 2000,
         def ack_timeout_ends_session(self, *_args: object, **_kw: object) -> bool:
             return False
 
+        def waits_for_handshake(self, *_args: object, **_kw: object) -> bool:
+            return False
+
     spec = machine("client_round")
     model = Model()
     build_transitions_machine(spec, model)

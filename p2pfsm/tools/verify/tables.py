@@ -25,6 +25,7 @@ from p2pfsm.fsm.profiles import (
     LookupTimeout,
     Profile,
     ReportFailedLoad,
+    UnsentFetch,
     profiles,
 )
 from p2pfsm.fsm.spec import MachineSpec
@@ -52,20 +53,22 @@ def _bool(flag: bool) -> str:
     return "TRUE" if flag else "FALSE"
 
 
-def behaviour_of(prof: Profile) -> tuple[bool, bool, bool, bool]:
-    """What the spec reads of a profile: (atSend, ackEnds, hold, lookupEnds), its guards'
-    choices and whether a held destination may be released on the clock (a bounded
-    hold)."""
+def behaviour_of(prof: Profile) -> tuple[bool, bool, bool, bool, bool]:
+    """What the spec reads of a profile: (atSend, ackEnds, hold, lookupEnds, retire), its
+    guards' choices and whether a held destination may be released on the clock (a
+    bounded hold)."""
     b = prof.behaviour
     return (b.report_failed_load is ReportFailedLoad.AT_ABORT_SEND,
             b.abort_ack_timeout is AbortAckTimeout.END_SESSION, "hold" in prof.timeouts,
-            b.lookup_timeout is LookupTimeout.END_SESSION)
+            b.lookup_timeout is LookupTimeout.END_SESSION,
+            b.unsent_fetch is UnsentFetch.RETIRE_LOCALLY)
 
 
 def _behaviour(prof: Profile) -> str:
-    at_send, ack_ends, hold, lookup_ends = behaviour_of(prof)
+    at_send, ack_ends, hold, lookup_ends, retire = behaviour_of(prof)
     return (f"[atSend |-> {_bool(at_send)}, ackEnds |-> {_bool(ack_ends)}, "
-            f"hold |-> {_bool(hold)}, lookupEnds |-> {_bool(lookup_ends)}]")
+            f"hold |-> {_bool(hold)}, lookupEnds |-> {_bool(lookup_ends)}, "
+            f"retire |-> {_bool(retire)}]")
 
 
 def to_tla(specs: dict[str, MachineSpec], profs: dict[str, Profile] | None = None) -> str:
@@ -89,7 +92,7 @@ def to_tla(specs: dict[str, MachineSpec], profs: dict[str, Profile] | None = Non
     lines += ["\\* The behaviour profiles of models/profiles/: atSend (report_failed_load =",
               "\\* at_abort_send), ackEnds (abort_ack_timeout = end_session), hold (a bounded",
               "\\* hold of a destination a lost peer may still write), lookupEnds",
-              "\\* (lookup_timeout = end_session).",
+              "\\* (lookup_timeout = end_session), retire (unsent_fetch = retire_locally).",
               f"ProfileNames == {_set((_s(n) for n in sorted(profs)), ' ' * 15)}", ""]
     lines += _table("ProfileBehaviour", {n: _behaviour(profs[n]) for n in sorted(profs)})
     lines += ["\\* A machine step <<machine, trigger, source, dest>> (the spec's `fired`) is a",

@@ -1,6 +1,7 @@
 """Transitions ``models/`` declares that no profile's gate config takes, and why.
 
-:data:`KNOWN_UNREACHABLE`: the session code can never take them. :data:`BEYOND_GATE`:
+:data:`KNOWN_UNREACHABLE`: the session code can never take them (under the profiles of
+``models/profiles/``). :data:`BEYOND_GATE`:
 the code can take them, but only in behaviours larger than the gate config's bounds
 (tests/scenarios/test_scenario_draining.py, test_scenario_close.py,
 test_scenario_one_sided.py and test_declared_answers.py drive each against the code). The
@@ -14,7 +15,20 @@ from __future__ import annotations
 Edge = tuple[str, str, str]
 """(source, trigger, dest)."""
 
+_ABORT_BEFORE_READY = (
+    "an abort before the handshake completed under a profile that reports a failed load at "
+    "its abort's sending or ends the session on a missing abort_ack: vllm-0.34, the one "
+    "profile that does, retires a fetch still queued then (unsent_fetch = retire_locally), "
+    "so none of its rounds is aborted before ready")
+
 KNOWN_UNREACHABLE: dict[str, dict[Edge, str]] = {
+    "client_round": {
+        ("reported", "session_lost_unsent", "released"): _ABORT_BEFORE_READY,
+    },
+    "session": {
+        (state, "abort_ack_expired", "ended"): _ABORT_BEFORE_READY
+        for state in ("connecting", "registering", "registering_acked", "awaiting_ack")
+    },
     "server_round": {
         ("new", "session_lost", "draining_silent"):
             "`new` is never observed between events: every caller of ServerPart._round_for "
