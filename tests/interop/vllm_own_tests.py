@@ -53,7 +53,6 @@ BLOCK_BOUND = "block index outside the peer's advertised blocks"
 ROUND_STORES = "store results of a round that failed"
 FAULT = "data-plane fault with writes in flight (no drain deadline)"
 WHOLE_LOOKUP = "a lookup's answers are given once all its keys are answered"
-LOST_LOAD = "a peer dies with a load in flight"
 UNSENT = "a fetch still queued behind the handshake"
 SERVING_RESET = "a cache reset while a fetched round is written"
 
@@ -80,12 +79,6 @@ DISCONNECT = S + "TestDisconnect::"
 BY_RELEASE: dict[str, dict[str, str]] = {
     "0.33.0": {},
     "0.34.0": {
-        **{f"{DISCONNECT}test_buffered_terminal_settles_load_after_disconnect[{d}-{t}]":
-           LOST_LOAD for d in ("False", "True") for t in ("AbortAckMsg", "TransferDoneMsg")},
-        **{f"{DISCONNECT}test_local_protocol_fault_rejects_buffered_success[{d}]": LOST_LOAD
-           for d in ("False", "True")},
-        **{S + f"TestDispatchErrorHandling::test_transfer_done_missing_field_disconnects[{d}]":
-           LOST_LOAD for d in ("False", "True")},
         **{f"{DISCONNECT}test_unsent_fetch_retires_without_abort[{a}-{f}]": UNSENT
            for a in ("False", "True") for f in ("False", "True")},
         DISCONNECT + "test_dead_connection_does_not_flush_unsent_fetch[False]": UNSENT,
