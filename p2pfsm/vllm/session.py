@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from types import MappingProxyType
 from typing import Any
@@ -238,6 +238,8 @@ class P2PSession(LoadEnds, Serving, Writes, Executor):
             if messages:
                 self._last_activity_at = time.monotonic()
             self._dispatch(conn, messages)
+            if messages:
+                self._probes.take_parts(self._lookup_parts)
             self._poll_registration()
             self._poll_writes()
             now = time.monotonic()
@@ -249,6 +251,10 @@ class P2PSession(LoadEnds, Serving, Writes, Executor):
         fetch_ids, self._fetch_ids = self._fetch_ids, []
         terminal, self._terminal = frozenset(self._terminal), set()
         return SessionPollResult(loads, stores, fetch_ids, terminal)
+
+    def _lookup_parts(self, kv_request_id: str) -> list[Mapping[bytes, bool]]:
+        """What the peer answered so far of each open lookup of the request."""
+        return [lk.answers for lk in self._session.client.lookups.get(kv_request_id, ())]
 
     def _note_conn_lost(self) -> None:
         """The transport marked the connection dead: the Session learns it now."""

@@ -52,7 +52,6 @@ FINGERPRINT = "config fingerprint (an empty one included)"
 BLOCK_BOUND = "block index outside the peer's advertised blocks"
 ROUND_STORES = "store results of a round that failed"
 FAULT = "data-plane fault with writes in flight (no drain deadline)"
-WHOLE_LOOKUP = "a lookup's answers are given once all its keys are answered"
 UNSENT = "a fetch still queued behind the handshake"
 SERVING_RESET = "a cache reset while a fetched round is written"
 
@@ -61,7 +60,6 @@ DIFFERENCES: dict[str, str] = {
     S + "TestConnectHandshake::test_connect_ack_makes_session_ready": ACK_FIRST,
     S + "TestConnectHandshake::test_messages_queued_before_ack_flush_on_ack": ACK_FIRST,
     S + "TestConnectHandshake::test_missing_fingerprint_allowed": FINGERPRINT,
-    S + "TestLookupFlow::test_partial_response_rearms_lookup_deadline": WHOLE_LOOKUP,
     S + "TestServerLookupHandling::test_lookup_then_fetch_round_trip_emits_store_result":
         BLOCK_BOUND,
     S + "TestServerFlows::test_failed_transfer_keeps_sibling_pins_until_terminal":
