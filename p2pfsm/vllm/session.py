@@ -212,9 +212,10 @@ class P2PSession(LoadEnds, Serving, Writes, Executor):
         self._probes.drop(kv_request_id)
         self._finished_jobs.update(j for j, kv in self._load_reqs.items() if kv == kv_request_id)
         self._aborts.finish(kv_request_id)
-        if self._release.early_load_failure:  # results not yet polled say so too
-            self._loads = [r._replace(request_finished=True)
-                           if r.kv_request_id == kv_request_id else r for r in self._loads]
+        if self._release.early_load_failure:  # results not yet given say so too
+            self._loads, self._lost = ([r._replace(request_finished=True)
+                                        if r.kv_request_id == kv_request_id else r
+                                        for r in results] for results in (self._loads, self._lost))
         self._host(HostFinish(kv_request_id))
 
     def register_lookup(self, kv_request_id: str, key: bytes) -> bool | None:
