@@ -44,7 +44,7 @@ TIMEOUT_KEYS = frozenset({"handshake", "load", "load_probed", "abort_ack", "look
 ``stall`` may be left out (the load deadline; no bounded hold; no stall rule)."""
 
 _REQUIRED_TIMEOUTS = frozenset({"handshake", "load", "abort_ack", "lookup"})
-_KEYS = frozenset({"name", "doc", "wire", "behaviour", "timeouts"})
+_KEYS = frozenset({"name", "doc", "wire", "behaviour", "timeouts", "executor"})
 _E = TypeVar("_E", bound=enum.StrEnum)
 
 
@@ -99,6 +99,29 @@ class Behaviour:
     unsent_fetch: UnsentFetch
 
 
+class LostLoad(enum.StrEnum):
+    """When an executor tells its host of a load whose session ended under it (the
+    Session reports it at the end either way; an executor reads this, not the machines)."""
+
+    AT_END = "at_end"
+    """With the host's next results (the poll where the session ends)."""
+    AT_CLOSE = "at_close"
+    """From the host's close of the session (vLLM's ``close().failed_jobs``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutorBehaviour:
+    """What an executor (the vLLM drop-in's sessions) reads of a profile, not the
+    machines: the host's view of a session's end. The spec reads none of it."""
+
+    lost_load: LostLoad = LostLoad.AT_END
+    buffered_terminals: bool = False
+    """After the peer's disconnect frame or the connection's loss, the transfer_done and
+    abort_ack frames already received in the same batch still reach the session (every
+    other frame of it is dropped); a frame the session itself rejected drops them too.
+    False: every frame received after the end is dropped."""
+
+
 @dataclass(frozen=True, slots=True)
 class Profile:
     """One named profile of ``models/profiles/``."""
@@ -109,6 +132,8 @@ class Profile:
     behaviour: Behaviour
     timeouts: Mapping[str, float]
     """Deadlines in seconds, by :data:`TIMEOUT_KEYS` name (only those the file sets)."""
+    executor: ExecutorBehaviour = ExecutorBehaviour()
+    """The ``[executor]`` table (optional): read by an executor, not the Session."""
 
     @property
     def stall(self) -> float | None:
@@ -146,6 +171,28 @@ def _timeouts(raw: object, origin: str) -> Mapping[str, float]:
     return MappingProxyType(out)
 
 
+def _executor(raw: object, origin: str) -> ExecutorBehaviour:
+    if raw is None:
+        return ExecutorBehaviour()
+    if not isinstance(raw, dict):
+        raise ModelError(f"{origin}: [executor] must be a table")
+    unknown = raw.keys() - {"lost_load", "buffered_terminals"}
+    if unknown:
+        raise ModelError(f"{origin}: unknown executor keys {sorted(unknown)}")
+    lost = raw.get("lost_load", LostLoad.AT_END.value)
+    try:
+        lost_load = LostLoad(lost if isinstance(lost, str) else "")
+    except ValueError:
+        allowed = ", ".join(repr(m.value) for m in LostLoad)
+        raise ModelError(f"{origin}: executor.lost_load: expected one of {allowed}, "
+                         f"got {lost!r}") from None
+    buffered = raw.get("buffered_terminals", False)
+    if not isinstance(buffered, bool):
+        raise ModelError(f"{origin}: executor.buffered_terminals: expected true or false, "
+                         f"got {buffered!r}")
+    return ExecutorBehaviour(lost_load, buffered)
+
+
 def parse_profile(data: Mapping[str, object], origin: str) -> Profile:
     """A checked :class:`Profile` from a profile file's table (``origin`` names it in
     errors); anything unknown, missing or out of range is a :class:`ModelError`."""
@@ -171,7 +218,8 @@ def parse_profile(data: Mapping[str, object], origin: str) -> Profile:
                           _enum(AbortAckTimeout, raw, "abort_ack_timeout", origin),
                           _enum(LookupTimeout, raw, "lookup_timeout", origin),
                           _enum(UnsentFetch, raw, "unsent_fetch", origin))
-    return Profile(name, doc, wire, behaviour, _timeouts(data.get("timeouts"), origin))
+    return Profile(name, doc, wire, behaviour, _timeouts(data.get("timeouts"), origin),
+                   _executor(data.get("executor"), origin))
 
 
 def profiles_dir(models: Path) -> Path:

@@ -4,11 +4,14 @@ vLLM's manager asks a session about one key at a time (``register_lookup``) and 
 the keys asked since the last scheduler step in one lookup per request
 (``flush_pending_lookups``). :class:`Probes` keeps, per request, each key's answer as
 the Session reported it (``None`` until then) and the keys not sent yet; the Session's
-:class:`~p2pfsm.session.LookupResult` fills it in. Nothing here sends or decides: the
-lookups themselves are the Session's machines.
+:class:`~p2pfsm.session.LookupResult` fills it in, and a key the peer answered before
+the rest of its lookup is taken from the Session's record of that part. Nothing here
+sends or decides: the lookups themselves are the Session's machines.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
 
 from p2pfsm.session import FailReason, LookupResult
 
@@ -50,6 +53,18 @@ class Probes:
         for key, hit in zip(out.keys, out.hits, strict=True):
             if key in probes:
                 probes[key] = True if hit else (None if lost else False)
+
+    def take_parts(self, answered: Callable[[str], Iterable[Mapping[bytes, bool]]]) -> None:
+        """Take the keys the peer answered so far (``answered(kv_request_id)``: the pairs
+        the Session recorded for each open lookup of the request) before their lookup is
+        whole: as vLLM's, an answered key is given at once."""
+        for kv_request_id, probes in self._answers.items():
+            if None not in probes.values():
+                continue
+            for pairs in answered(kv_request_id):
+                for key, hit in pairs.items():
+                    if probes.get(key, False) is None:
+                        probes[key] = hit
 
     def unanswered(self) -> list[str]:
         """The requests with a key still waiting for its answer."""

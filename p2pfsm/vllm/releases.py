@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from importlib import metadata
 
 from p2pfsm.errors import ConfigError
-from p2pfsm.fsm.profiles import AbortAckTimeout, ReportFailedLoad
+from p2pfsm.fsm.profiles import AbortAckTimeout, LostLoad, ReportFailedLoad
 from p2pfsm.fsm.profiles import profile as profile_named
 
 
@@ -42,7 +42,9 @@ class Release:
 
     When a failed load is reported and what a missing abort_ack does are the profile's
     (``models/profiles/``): :attr:`early_load_failure` and
-    :attr:`abort_ack_timeout_ends_session` read it, the session machines act on it.
+    :attr:`abort_ack_timeout_ends_session` read it, the session machines act on it; how
+    a session's end looks to the manager is its ``[executor]`` table
+    (:attr:`lost_loads_at_close`, :attr:`buffered_terminals`), which the adapter acts on.
     """
 
     version: str
@@ -66,6 +68,18 @@ class Release:
         """An abort_ack missing past its deadline ends the peer session."""
         behaviour = profile_named(self.profile).behaviour
         return behaviour.abort_ack_timeout is AbortAckTimeout.END_SESSION
+
+    @property
+    def lost_loads_at_close(self) -> bool:
+        """A load whose session ended under it comes back from close() (``failed_jobs``,
+        ``failed_req_ids``), not from a poll."""
+        return profile_named(self.profile).executor.lost_load is LostLoad.AT_CLOSE
+
+    @property
+    def buffered_terminals(self) -> bool:
+        """A transfer_done or abort_ack received in the poll that saw the peer's
+        disconnect or the connection's loss still settles its load."""
+        return profile_named(self.profile).executor.buffered_terminals
 
 
 RELEASES: dict[str, Release] = {

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from types import MappingProxyType
 from typing import Any
@@ -73,6 +73,8 @@ from p2pfsm.vllm.surface import (
     SessionPollResult,
     fetch_of,
     indexes_of,
+    is_disconnect,
+    is_terminal,
     keys_of,
     pack,
     stall_timeout,
@@ -88,6 +90,10 @@ CLOSE_DRAIN_S = 10.0
 """close() waits at most this long for writes it cancelled to stop reading our blocks."""
 CONN_LOST = "control connection lost"
 """vLLM's own wording for a connection its transport marked dead (the death reason)."""
+PEER_DISCONNECTED = "peer disconnected"
+"""The death reason of the peer's disconnect frame (vLLM's wording and the Session's)."""
+
+
 class P2PSession(LoadEnds, Serving, Writes, Executor):
     """One peer's session, both roles, with the installed vLLM's constructor and surface
     (``RELEASE``: the methods and result fields of every supported release exist; their
@@ -120,6 +126,8 @@ class P2PSession(LoadEnds, Serving, Writes, Executor):
         # Queues the Session's inputs and carries out its outputs through the methods below.
         self._driver = Driver(self, time.monotonic)
         self._loads: list[VllmLoadResult] = []
+        self._lost: list[VllmLoadResult] = []  # loads of an ended session, for close()
+        self._peer_ended = True  # False once the session itself ended the connection
         self._stores: list[VllmStoreResult] = []
         self._fetch_ids: list[str] = []
         self._load_reqs: dict[int, str] = {}  # open load job -> kv_request_id
@@ -204,9 +212,10 @@ class P2PSession(LoadEnds, Serving, Writes, Executor):
         self._probes.drop(kv_request_id)
         self._finished_jobs.update(j for j, kv in self._load_reqs.items() if kv == kv_request_id)
         self._aborts.finish(kv_request_id)
-        if self._release.early_load_failure:  # results not yet polled say so too
-            self._loads = [r._replace(request_finished=True)
-                           if r.kv_request_id == kv_request_id else r for r in self._loads]
+        if self._release.early_load_failure:  # results not yet given say so too
+            self._loads, self._lost = ([r._replace(request_finished=True)
+                                        if r.kv_request_id == kv_request_id else r
+                                        for r in results] for results in (self._loads, self._lost))
         self._host(HostFinish(kv_request_id))
 
     def register_lookup(self, kv_request_id: str, key: bytes) -> bool | None:
@@ -229,22 +238,52 @@ class P2PSession(LoadEnds, Serving, Writes, Executor):
             messages = conn.recv()
             if messages:
                 self._last_activity_at = time.monotonic()
-            for msg in messages:
-                self._note_fetch(msg)
-                self._feed(FrameReceived(pack(msg)))
+            self._dispatch(conn, messages)
+            if messages:
+                self._probes.take_parts(self._lookup_parts)
             self._poll_registration()
             self._poll_writes()
             now = time.monotonic()
             for timer in self._session.due_timers(now):
                 self._feed(TimerFired(timer))
-            if not conn.alive and self._session.alive:
-                self._death_reason = self._death_reason or CONN_LOST
-                self._feed(TransportLost(CONN_LOST))
+            self._note_conn_lost()
         loads, self._loads = self._loads, []
         stores, self._stores = self._stores, []
         fetch_ids, self._fetch_ids = self._fetch_ids, []
         terminal, self._terminal = frozenset(self._terminal), set()
         return SessionPollResult(loads, stores, fetch_ids, terminal)
+
+    def _lookup_parts(self, kv_request_id: str) -> list[Mapping[bytes, bool]]:
+        """What the peer answered so far of each open lookup of the request."""
+        return [lk.answers for lk in self._session.client.lookups.get(kv_request_id, ())]
+
+    def _note_conn_lost(self) -> None:
+        """The transport marked the connection dead: the Session learns it now."""
+        if self._conn is not None and not self._conn.alive and self._session.alive:
+            self._death_reason = self._death_reason or CONN_LOST
+            self._feed(TransportLost(CONN_LOST))
+
+    def _dispatch(self, conn: Any, messages: list[Any]) -> None:
+        """One recv's frames, in order, while the connection lives; the peer's disconnect
+        frame takes effect after the batch. Once the connection is over (the peer's
+        disconnect, the transport's loss), only the transfer_done and abort_ack frames
+        still settle their loads, where the release takes them (its profile's
+        ``buffered_terminals``) and the session did not end the connection itself (a
+        frame it rejected); every other frame is dropped, as vLLM's session drops it."""
+        held = None
+        for msg in messages:
+            if held is None and conn.alive and self._session.alive:
+                if is_disconnect(msg):
+                    held = msg  # the session ends after the batch, with this reason
+                    self._death_reason = self._death_reason or PEER_DISCONNECTED
+                    continue
+                self._note_fetch(msg)
+                self._feed(FrameReceived(pack(msg)))
+            elif (self._release.buffered_terminals and self._peer_ended
+                  and self._session.alive and is_terminal(msg)):
+                self._feed(FrameReceived(pack(msg)))
+        if held is not None:
+            self._feed(FrameReceived(pack(held)))
 
     def _note_fetch(self, msg: object) -> None:
         """A terminal fetch (the Session answers it without the host) is among the
@@ -297,7 +336,7 @@ class P2PSession(LoadEnds, Serving, Writes, Executor):
                 log.debug("P2PSession %s: load %d released at close", self.peer_id, job)
         # Results not yet polled are given here, as failures: the manager reads no poll
         # after close(), and a failure is always safe for it (fall back, release pins).
-        loads, self._loads = self._loads, []
+        loads, self._loads, self._lost = self._loads + self._lost, [], []
         stores, self._stores = self._stores, []
         failed_jobs = [r.job_id for r in loads]
         # A request the host finished is not failed again (a release whose results say so).
@@ -324,6 +363,8 @@ class P2PSession(LoadEnds, Serving, Writes, Executor):
         if self._conn is None:
             self._held.append(event)
             return
+        if isinstance(event, HostFetch):
+            self._note_conn_lost()  # as vLLM's, no fetch goes out on a dead connection
         try:
             self._feed(event)
         except LocalProtocolError as exc:
@@ -402,7 +443,12 @@ class P2PSession(LoadEnds, Serving, Writes, Executor):
             # the blocks until this event is set (destination_released, or close).
             release = self._aborts.defer(out.job_id, kv_request_id,
                                          out.job_id in self._finished_jobs)
-        self._loads.append(self._vllm_load(out.job_id, kv_request_id, out.success, release))
+        result = self._vllm_load(out.job_id, kv_request_id, out.success, release)
+        if (out.reason is FailReason.SESSION_ENDED and not out.released
+                and self._release.lost_loads_at_close):
+            self._lost.append(result)  # sent, then the session ended: vLLM's close() has it
+        else:
+            self._loads.append(result)
         self._finished_jobs.discard(out.job_id)
 
     def destination_released(self, peer: str, out: DestinationReleased) -> None:
@@ -428,11 +474,14 @@ class P2PSession(LoadEnds, Serving, Writes, Executor):
         # vLLM ends a session on its first malformed frame: so does the adapter.
         if self._death_reason is None:
             self._death_reason = f"protocol error: {out.error}"
+        self._peer_ended = False  # no frame after a rejected one settles anything
         self._queue(HostClose())
 
     def session_dead(self, peer: str, out: SessionDead) -> None:
         if self._death_reason is None:
             self._death_reason = out.reason
+        if out.reason != PEER_DISCONNECTED:
+            self._peer_ended = False
         if out.reason == ABORT_ACK_TIMED_OUT and self._fault is None:
             self._fault = ABORT_ACK_TIMED_OUT  # as vLLM 0.34.0: a data-plane fault (back-off)
         if self._conn is not None:

@@ -21,7 +21,13 @@ from vllm.v1.kv_offload.base import ReqContext
 from vllm.v1.kv_offload.tiering.p2p.session import client as vllm_client
 from vllm.v1.kv_offload.tiering.p2p.session import server as vllm_server
 from vllm.v1.kv_offload.tiering.p2p.session.client import LoadResult as VllmLoadResult
-from vllm.v1.kv_offload.tiering.p2p.session.protocol import TYPE_KEY, FetchMsg
+from vllm.v1.kv_offload.tiering.p2p.session.protocol import (
+    TYPE_KEY,
+    AbortAckMsg,
+    DisconnectMsg,
+    FetchMsg,
+    TransferDoneMsg,
+)
 from vllm.v1.kv_offload.tiering.p2p.session.server import StoreResult as VllmStoreResult
 
 from p2pfsm.fsm import profile
@@ -168,6 +174,21 @@ def fetch_of(msg: object) -> tuple[str, bool] | None:
     if not isinstance(kv_request_id, str):
         return None
     return kv_request_id, not msg.get(FetchMsg.BLOCK_INDEXES)
+
+
+def _type_of(msg: object) -> object:
+    return msg.get(TYPE_KEY) if isinstance(msg, dict) else None
+
+
+def is_disconnect(msg: object) -> bool:
+    """A decoded frame that is the peer's disconnect."""
+    return bool(_type_of(msg) == DisconnectMsg.TYPE)
+
+
+def is_terminal(msg: object) -> bool:
+    """A decoded frame that may settle a load: a transfer_done or an abort_ack (checked
+    by the Session like any other frame)."""
+    return _type_of(msg) in (TransferDoneMsg.TYPE, AbortAckMsg.TYPE)
 
 
 def stalled(posted_at: Iterable[float], stall_s: float | None, now: float) -> str | None:

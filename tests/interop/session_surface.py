@@ -134,6 +134,51 @@ def lookup_in_flight(cls: type, reset: bool = False) -> dict[str, Any]:
         their_data.close()
 
 
+def peer_left(cls: type) -> dict[str, Any]:
+    """A ready session with a load in flight whose peer closes its session (its
+    disconnect, then its connection's end): the load comes back from close(), never from
+    a poll, and its request is failed there."""
+    ours, our_id = bind_transport()
+    theirs, their_id = bind_transport()
+    our_data = make_data(make_region(BLOCKS, BLOCK_LEN), None)
+    their_data = make_data(make_region(BLOCKS, BLOCK_LEN), None)
+    peers: dict[str, Any] = {}
+    try:
+        s = cls(their_id, our_id, our_data, BLOCK_LEN, SEED, ours.connect(their_id))
+        end = time.monotonic() + BOUND_S
+        loads: list[Any] = []
+
+        def step() -> None:
+            ours.poll()
+            for conn in theirs.poll():
+                peers[conn.peer_id] = Stock(conn.peer_id, their_id, their_data, BLOCK_LEN,
+                                            SEED, conn)
+            for peer in peers.values():
+                peer.poll()
+            loads.extend(s.poll().loads)
+
+        while not s.ready and time.monotonic() < end:
+            step()
+        ready = s.ready
+        s.request_blocks(9, "r-left", [b"k6"], [6])
+        step()
+        for peer in peers.values():
+            peer.close()  # its disconnect frame, then its connection closes
+        peers.clear()
+        while s.alive and time.monotonic() < end:
+            step()
+        return {"ready": ready, "alive": s.alive,
+                "loads": [(r.job_id, r.kv_request_id, r.success) for r in loads],
+                **close_result(s)}
+    finally:
+        for peer in peers.values():
+            peer.close()
+        ours.close()
+        theirs.close()
+        our_data.close()
+        their_data.close()
+
+
 class Hitting(Holding):
     """A tier manager that holds every key it is asked about (block 0 pinned for it)."""
 
@@ -211,7 +256,8 @@ def ack_lost(cls: type, probed: bool = False) -> dict[str, Any]:
         their_data.close()
 
 
-CASES = {"never_connected": never_connected, "lookup_in_flight": lookup_in_flight}
+CASES = {"never_connected": never_connected, "lookup_in_flight": lookup_in_flight,
+         "peer_left": peer_left}
 if hasattr(Stock, "abort_loads"):  # 0.34.0's manager resets caches through the sessions
     CASES["reset"] = lambda cls: lookup_in_flight(cls, reset=True)
     CASES["ack_lost"] = ack_lost  # (0.33.0 gives up on the load; the adapter re-sends)

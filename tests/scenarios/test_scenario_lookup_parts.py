@@ -43,6 +43,20 @@ def test_an_answer_split_in_two_is_reported_once_whole() -> None:
     assert d.armed("lookup") == []
 
 
+def test_a_part_of_the_answer_starts_the_deadline_again() -> None:
+    """The peer made progress: the lookup waits one more full period from the part."""
+    d = ready_driver()
+    d(HostLookup("r1", (key(1), key(2))))
+    timer = lookup_timer(d)
+    period = d.timers[timer] - d.now
+    d.now += period - 1.0
+    d.recv(LookupResp("r1", (key(1),), (True,)))
+    assert d.timers[timer] == d.now + period
+    out = d.fire(timer)
+    assert of_type(out, LookupResult) == [
+        LookupResult("r1", (key(1), key(2)), (True, False), False)]
+
+
 def test_two_lookups_answered_in_one_frame_each_get_their_keys() -> None:
     d = ready_driver()
     d(HostLookup("r1", (key(1),)))

@@ -59,6 +59,12 @@ def test_the_three_profiles_and_what_differs_between_them() -> None:
     (('load = 30.0\n', ''), "timeouts ['load'] missing"),
     (('wire = "vllm-p2p"', 'wire = "g5"'), "wire 'g5' is not one this build speaks"),
     (('wire = "vllm-p2p"', 'wire = "vllm-p2p"\nextra = 1'), "unknown keys ['extra']"),
+    (('lookup = 30.0', 'lookup = 30.0\n[executor]\nlost_load = "later"'),
+     "executor.lost_load: expected one of 'at_end', 'at_close', got 'later'"),
+    (('lookup = 30.0', 'lookup = 30.0\n[executor]\nbuffered_terminals = 1'),
+     "executor.buffered_terminals: expected true or false, got 1"),
+    (('lookup = 30.0', 'lookup = 30.0\n[executor]\nlost = "at_close"'),
+     "unknown executor keys ['lost']"),
 ])
 def test_a_malformed_profile_is_a_clear_error(patch: tuple[str, str], message: str) -> None:
     assert patch[0] in NATIVE

@@ -34,6 +34,17 @@ def test_each_supported_release_has_its_profile_and_constants() -> None:
             and new.retains_transfers and new.close_releases_destinations)
 
 
+def test_how_a_session_end_looks_to_the_manager_is_each_release_s_profile() -> None:
+    """Both releases' managers read a load of an ended session from close(); only
+    0.34.0's session still takes the transfer_done / abort_ack frames received with the
+    peer's disconnect or the connection's loss (its profile's [executor] table)."""
+    old, new = RELEASES["0.33.0"], RELEASES["0.34.0"]
+    assert old.lost_loads_at_close and new.lost_loads_at_close
+    assert (old.buffered_terminals, new.buffered_terminals) == (False, True)
+    native = profile("native").executor
+    assert (native.lost_load.value, native.buffered_terminals) == ("at_end", False)
+
+
 def test_a_local_version_suffix_is_the_same_release() -> None:
     assert releases.release("0.34.0+cu129") is RELEASES["0.34.0"]
 
