@@ -309,8 +309,8 @@ SLIPS: tuple[Entry, ...] = (
           "the consumer frees a destination when the session is lost while an abort's "
           "write may still land (an aborting round ends as if its fetch was never sent)",
           slip=Slip("p2pfsm.session.client_part", "ClientPart.end",
-                    "owner.step(CLIENT_ROUND, rnd, load_trigger)",
-                    "owner.step(CLIENT_ROUND, rnd, load_trigger if rnd.fsm_state == "
+                    "owner.step(CLIENT_ROUND, rnd, trigger)",
+                    "owner.step(CLIENT_ROUND, rnd, trigger if rnd.fsm_state == "
                     "'loading' else 'session_lost_unsent')")),
     Entry("round_floor_10s", "ABA on round numbers",
           "the round floor is forgotten after 10 s instead of the frame lifetime "
