@@ -35,3 +35,13 @@ def test_the_jobs_of_a_ready_session_that_ends_may_have_reached_the_peer() -> No
     load, lookup = only(of_type(out, LoadResult)), only(of_type(out, LookupResult))
     assert not load.never_sent and not load.released  # orphaned: the peer may still write
     assert not lookup.never_sent and lookup.reason is FailReason.SESSION_ENDED
+
+
+def test_a_lookup_reported_at_its_deadline_before_ready_gets_nothing_more() -> None:
+    d = Driver()
+    d(HostStart())
+    d(HostLookup("r2", keys([2])))
+    expired = only(of_type(d.fire(only(d.armed("lookup"))), LookupResult))
+    assert expired.reason is FailReason.TIMEOUT and not expired.never_sent
+    assert of_type(d(TransportLost("cut")), LookupResult) == []  # expired -> cancelled
+    assert d.s.view.lookups == {}
