@@ -75,6 +75,7 @@ MachineTransitions ==
          <<"expired", "recv_lookup_resp", "discarded">>,
          <<"expired", "recv_lookup_resp", "expired">>,
          <<"expired", "session_lost", "cancelled">>,
+         <<"expired", "session_lost_unsent", "cancelled">>,
          <<"expired", "timer_lookup", "discarded">>,
          <<"new", "host_lookup", "probing">>,
          <<"probing", "host_finish", "cancelled">>,
@@ -82,6 +83,7 @@ MachineTransitions ==
          <<"probing", "recv_lookup_resp", "probing">>,
          <<"probing", "request_fetched", "expired">>,
          <<"probing", "session_lost", "cancelled">>,
+         <<"probing", "session_lost_unsent", "cancelled">>,
          <<"probing", "timer_lookup", "expired">>,
          <<"probing", "timer_lookup", "probing">>}
     @@ "client_round" :> {<<"aborting", "host_finish", "aborting">>,

@@ -10,7 +10,8 @@
 (* Network* (named in p2pfsm.tools.verify.names). An action is one call of *)
 (* Session.handle in p2pfsm/session/core.py and takes, atomically, every   *)
 (* machine step that call takes: a frame fires the session gate, the round *)
-(* step and the round's settle; a death fires session_lost everywhere.     *)
+(* step and the round's settle; a death fires session_lost everywhere      *)
+(* (session_lost_unsent on the client's machines before ready).            *)
 (* The auxiliary variable `fired` holds the (machine, trigger, source,     *)
 (* dest) steps of the last action, so that the reachable graph can be      *)
 (* projected onto each machine and compared with models/                   *)
@@ -451,7 +452,7 @@ FinishLoad(L, k) ==
       [] CSt(L, k) \in {"aborting", "reported"} -> FireCR(L, k, "host_finish", CSt(L, k))
       [] OTHER -> L
 
-\* host_finish or session_lost (trigger t) on one lookup.
+\* host_finish, session_lost or session_lost_unsent (trigger t) on one lookup.
 EndLookup(L, lk, t) ==
     Fire([L EXCEPT !.nlr = @ + (IF lk.st = "probing" THEN 1 ELSE 0)],
          "client_lookup", t, lk.st, "cancelled")
@@ -602,15 +603,16 @@ EachReq(L, qs, t) ==
     ELSE EachReq(IF t = "drop_served" THEN DropServed(L, Head(qs))
                  ELSE EndLookups(L, Head(qs), t), Tail(qs), t)
 
-\* The trigger the session's end fires on load rounds: its source state s tells whether
-\* it was ever ready (end_work_sent) or not (end_work_queued).
+\* The trigger the session's end fires on load rounds and lookups: its source state s
+\* tells whether it was ever ready (end_work_sent) or not (end_work_queued: a job's frame
+\* never left the queue, and its result says never_sent).
 LostTrigger(s) == IF s = "ready" THEN "session_lost" ELSE "session_lost_unsent"
 
 \* Session._end_roles: every machine of both roles learns that the session is gone; t is
 \* LostTrigger of the state the session ended from.
 EndRoles(L, t) ==
     LET L1 == Each(L, AllCKeys, "lose_round", t)
-        L2 == EachReq(L1, ReqSeq, "session_lost")
+        L2 == EachReq(L1, ReqSeq, t)
         L3 == [L2 EXCEPT !.lr = [q \in Reqs |-> Unbound]]
         L4 == EachReq(L3, ReqSeq, "drop_served")
     IN Each(L4, AllRKeys, "lose_serve", "")

@@ -15,7 +15,7 @@ from p2pfsm.errors import MalformedFrame
 from p2pfsm.protocol import names
 from p2pfsm.protocol.limits import DEFAULT_LIMITS, Limits
 from p2pfsm.protocol.messages import Fetch
-from p2pfsm.protocol.validate import _int_text, _request_id, _round_seq
+from p2pfsm.protocol.validate import _int_text, _request_id, _round_seq, index_outside
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,17 +54,16 @@ def check_block_indexes(fetch: Fetch, num_blocks: int) -> None:
     handshake, when that number is known.
 
     Raises:
-        MalformedFrame: ``block_indexes[i]`` is ``>= num_blocks``.
+        MalformedFrame: ``block_indexes[i]`` is ``>= num_blocks`` (the frame's own
+            checks refused a negative one).
     """
     indexes = fetch.block_indexes
-    if not indexes or max(indexes) < num_blocks:
-        return
-    for i, index in enumerate(indexes):
-        if index >= num_blocks:
-            raise MalformedFrame(
-                f"block_indexes[{i}]",
-                f"{_int_text(index)} is outside the peer's {num_blocks} blocks",
-            )
+    i = index_outside(indexes, num_blocks)
+    if i is not None:
+        raise MalformedFrame(
+            f"block_indexes[{i}]",
+            f"{_int_text(indexes[i])} is outside the peer's {num_blocks} blocks",
+        )
 
 
 __all__ = ["FetchRound", "check_block_indexes", "named_round"]

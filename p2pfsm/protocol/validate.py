@@ -132,6 +132,16 @@ def ints_within(values: Sequence[object], low: int, high: int) -> bool:
     return min(ints) >= low and max(ints) <= high
 
 
+def index_outside(indexes: Sequence[int], limit: int) -> int | None:
+    """The position of the first of ``indexes`` (ints) outside ``[0, limit)``; None when
+    every one lies inside. The one block-index range rule: the session holds a fetch's
+    indexes to the peer's region with it (:mod:`~p2pfsm.protocol.fetch_checks`), and the
+    NIXL data plane a WRITE's (:mod:`p2pfsm.executor.nixl.checks`)."""
+    if not indexes or (min(indexes) >= 0 and max(indexes) < limit):
+        return None
+    return next(i for i, index in enumerate(indexes) if not 0 <= index < limit)
+
+
 def bytes_within(values: Sequence[object], shortest: int, longest: int) -> bool:
     """Every value exact bytes of ``shortest..longest`` bytes; True when empty. The
     fast path of key checks, as :func:`ints_within`."""
@@ -443,6 +453,7 @@ __all__ = [
     "Limits",
     "bytes_within",
     "from_dict",
+    "index_outside",
     "ints_within",
     "to_dict",
 ]

@@ -79,10 +79,11 @@ class BindRound:
 
 @dataclass(frozen=True, slots=True)
 class EndRoles:
-    """The session ended: every open child receives ``load_trigger`` (loads) or its
-    session-loss trigger."""
+    """The session ended: every open child of the client part receives ``trigger``
+    (``session_lost``, or ``session_lost_unsent`` before ready), every serve round and
+    served lookup its session-loss trigger."""
 
-    load_trigger: str
+    trigger: str
 
 
 @dataclass(frozen=True, slots=True)

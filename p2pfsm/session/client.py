@@ -221,9 +221,10 @@ class ClientRound:
 
     @writes()
     def report_unsent(self, _ev: object) -> None:
-        # The fetch never left the queue (the session was never ready): no write can land.
+        # The fetch never left the queue (the session was never ready): no write can land,
+        # and the peer never saw it (never_sent: it may go to the peer's next session).
         self._fail(FailReason.SESSION_ENDED, "the session ended before it was ready; the "
-                   "fetch was never sent")
+                   "fetch was never sent", never_sent=True)
 
     @writes()
     def report_retired_timed_out(self, _ev: object) -> None:
@@ -236,9 +237,10 @@ class ClientRound:
         self._fail(FailReason.FINISHED, "the host finished the request before the fetch "
                    "left the queue: never sent, no abort")
 
-    def _fail(self, reason: FailReason, detail: str, *, released: bool = True) -> None:
+    def _fail(self, reason: FailReason, detail: str, *, released: bool = True,
+              never_sent: bool = False) -> None:
         self._emit(LoadResult(self.job_id, self.kv_request_id, False, released, reason,
-                              f"{len(self.keys)} key(s): {detail}"))
+                              f"{len(self.keys)} key(s): {detail}", never_sent))
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,11 +342,18 @@ class ClientLookup:
     def report_miss_session_ended(self, _ev: object) -> None:
         self._miss(FailReason.SESSION_ENDED, "the session ended first")
 
-    def _miss(self, reason: FailReason, why: str) -> None:
+    @writes()
+    def report_miss_never_sent(self, _ev: object) -> None:
+        # The lookup never left the queue (the session was never ready): the peer never
+        # saw it (never_sent: it may go to the peer's next session).
+        self._miss(FailReason.SESSION_ENDED, "the session ended first", never_sent=True)
+
+    def _miss(self, reason: FailReason, why: str, *, never_sent: bool = False) -> None:
         hits = tuple(self.answers.get(k, False) for k in self.keys)
         left = len(self.keys) - len(self.answers)
         self._emit(LookupResult(self.kv_request_id, self.keys, hits, False, reason,
-                                f"{left} of {len(self.keys)} key(s) {why}: taken as MISS"))
+                                f"{left} of {len(self.keys)} key(s) {why}: taken as MISS",
+                                never_sent))
 
 
 CLIENT_ROUND = CompiledMachine(machine("client_round"), ClientRound)

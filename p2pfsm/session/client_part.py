@@ -306,14 +306,14 @@ class ClientPart:
             owner.step(CLIENT_LOOKUP, lk, route.trigger, LookupPart(tuple(pairs.items())))
 
     # ----------------------------------------------------------------- end
-    def end(self, load_trigger: str) -> None:
-        """The session ended: every load gets ``load_trigger``, every lookup
-        ``session_lost``."""
+    def end(self, trigger: str) -> None:
+        """The session ended: every load and lookup gets ``trigger`` (``session_lost``,
+        or ``session_lost_unsent`` when the session was never ready)."""
         owner = self.owner
         for rounds in list(self.loads.values()):
             for rnd in list(rounds.values()):
-                owner.step(CLIENT_ROUND, rnd, load_trigger)
+                owner.step(CLIENT_ROUND, rnd, trigger)
         for lookups in list(self.lookups.values()):
             for lk in list(lookups):
-                owner.step(CLIENT_LOOKUP, lk, "session_lost")
+                owner.step(CLIENT_LOOKUP, lk, trigger)
         self.lookup_round.clear()

@@ -326,12 +326,12 @@ class Session:
             self.client.note(obj)
         self.server.note(m, obj, trigger, dest)
 
-    def end_roles(self, load_trigger: str) -> None:
+    def end_roles(self, trigger: str) -> None:
         """Every machine of both parts learns that the session is gone (the session
         applies the EndRoles an ``end_work_*`` action leaves). A timer the ending arms (a
         held destination's bounded hold) stays armed."""
         doomed = [t for t in self._timers if TIMER_MACHINES[t.kind] != "server_round"]
-        self.client.end(load_trigger)
+        self.client.end(trigger)
         self.server.end()
         for timer in doomed:
             self.disarm(timer)

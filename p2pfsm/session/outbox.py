@@ -57,7 +57,7 @@ class Applying(Protocol):
     def step_nested(self, m: CompiledMachine, obj: Any, trigger: str,
                     ev: object = None) -> str: ...
 
-    def end_roles(self, load_trigger: str) -> None: ...
+    def end_roles(self, trigger: str) -> None: ...
 
     def withdraw_fetch(self, kv_request_id: str, round_seq: int) -> None: ...
 
@@ -86,7 +86,7 @@ def apply_outbox(s: Applying, outbox: list[ChildOutput], obj: Any) -> None:
         elif kind is BindRound:
             s.server.bind_round(obj)
         elif kind is EndRoles:
-            s.end_roles(item.load_trigger)  # type: ignore[union-attr]
+            s.end_roles(item.trigger)  # type: ignore[union-attr]
         elif kind is EndSession:
             s.step_nested(s.machine, s, item.trigger, item)  # type: ignore[union-attr]
         elif kind is WithdrawFetch:

@@ -79,6 +79,10 @@ class LoadResult:
     When False, exactly one :class:`DestinationReleased` of the job follows once they
     are free.
     A failed result says why: ``reason`` and a human ``detail`` (neither is compared).
+    ``never_sent``: the fetch never left the queue of a session that ended before it was
+    ready (the detail says so too), so the peer never saw it: an executor that opens a
+    new session to the peer may hand the job to that session instead of delivering this
+    result (the node does, up to the job's deadline).
     """
 
     job_id: int
@@ -87,6 +91,7 @@ class LoadResult:
     released: bool
     reason: FailReason | None = field(default=None, compare=False)
     detail: str = field(default="", compare=False)
+    never_sent: bool = field(default=False, compare=False, repr=False)
 
 
 class ReleaseCause(enum.StrEnum):
@@ -141,6 +146,9 @@ class LookupResult:
     reason: FailReason | None = field(default=None, compare=False)
     """Why not every key was answered (None when ``answered``)."""
     detail: str = field(default="", compare=False)
+    never_sent: bool = field(default=False, compare=False, repr=False)
+    """The lookup never left the queue of a session that ended before it was ready: as
+    :attr:`LoadResult.never_sent`."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,11 +13,13 @@ metadata describing the transport's own agent, or an agent another peer id regis
 is registering on it, gives a failed future, which the session takes as a failed
 registration; ``remove_remote_peer`` frees a peer id's claim. Everything else goes to
 vLLM's method as it is (metadata that is not NIXL's included: vLLM's transport refuses
-what NIXL cannot load). p2pfsm's own data transport (the full install,
-:mod:`p2pfsm.vllm.data`) refuses the same in its
-:class:`~p2pfsm.executor.nixl.plane.DataPlane`, and a transport of another kind decides
-for itself. Nothing is patched at import time; :func:`uninstall` puts vLLM's methods
-back.
+what NIXL cannot load). The rule is :func:`~p2pfsm.executor.nixl.agent.agent_refusal`,
+which p2pfsm's own :class:`~p2pfsm.executor.nixl.plane.DataPlane` (the node's, and the
+full install's :mod:`p2pfsm.vllm.data`) applies too; a transport of another kind decides
+for itself. The session's own check (a connect carrying our metadata byte for byte) does
+not cover it: a renamed agent, or another peer's agent, passes the session, and a
+session vLLM built before :func:`install` checks nothing of it. Nothing is patched at
+import time; :func:`uninstall` puts vLLM's methods back.
 """
 
 from __future__ import annotations
@@ -27,22 +29,11 @@ from concurrent.futures import Future
 from typing import Any
 
 from p2pfsm.errors import TransportError
-from p2pfsm.executor.nixl.agent import agent_name_of, describes_same_agent
+from p2pfsm.executor.nixl.agent import agent_name_of, agent_refusal
 
 NIXL_MODULE = "vllm.v1.kv_offload.tiering.p2p.data.nixl"
-OWN_AGENT = "peer metadata describes this node's own NIXL agent"
-OTHER_PEER = "peer metadata describes a NIXL agent registered under another peer id"
 
 _originals: dict[str, Any] = {}
-
-
-def own_agent(metadata: bytes, own: bytes) -> bool:
-    """Whether ``metadata`` describes the agent whose metadata is ``own``; False when
-    either is not NIXL's serialised metadata (the transport then decides)."""
-    try:
-        return describes_same_agent(bytes(metadata), bytes(own))
-    except TransportError:
-        return False
 
 
 def _claims(transport: Any) -> dict[str, bytes]:
@@ -64,13 +55,15 @@ def _add_remote_peer_async(self: Any, peer_id: str, agent_metadata: bytes, base_
     """vLLM's registration, refused for this transport's own agent and for an agent
     another peer id registered (module docstring)."""
     metadata = bytes(agent_metadata)
-    if own_agent(metadata, self.get_agent_metadata()):
-        return _refused(OWN_AGENT)
     claims = _claims(self)
-    taken = next((p for p, m in claims.items() if p != peer_id and own_agent(metadata, m)),
-                 None)
-    if taken is not None:
-        return _refused(f"{OTHER_PEER} ({taken})")
+    if is_nixl(metadata):  # else vLLM's transport refuses what NIXL cannot load
+        try:
+            refused = agent_refusal(metadata, bytes(self.get_agent_metadata()), peer_id,
+                                    claims.items())
+        except TransportError:  # our own metadata is not NIXL's: the transport decides
+            refused = None
+        if refused is not None:
+            return _refused(refused)
     future: Future[None] = _originals["add_remote_peer_async"](
         self, peer_id, agent_metadata, base_addr, num_blocks, block_len)
     if is_nixl(metadata):

@@ -30,6 +30,7 @@ TRIGGERS_WITHOUT_ACTION: frozenset[tuple[str, str]] = frozenset({
     ("client_round", "session_lost"),   # every session death or close
     ("client_round", "session_lost_unsent"),
     ("client_lookup", "session_lost"),
+    ("client_lookup", "session_lost_unsent"),
     ("server_round", "session_lost"),
     ("server_lookup", "request_closed"),
     ("client_lookup", "host_finish"),   # ClientRoundHostFinish: the host's finish call

@@ -360,7 +360,7 @@ def test_bad_requests_raise_transport_error(pair: Pair) -> None:
     assert plane.in_flight == 0 and plane.poll() == []
 
     md = plane.metadata
-    with pytest.raises(TransportError, match="this agent"):
+    with pytest.raises(TransportError, match="own NIXL agent"):
         plane.add_peer("self", md, plane.base_addr, 32, BLOCK)
     with pytest.raises(TransportError):
         plane.add_peer("junk", b"not nixl metadata", 4096, 8, BLOCK)

@@ -311,11 +311,11 @@ def test_adapter_refuses_what_the_node_refuses() -> None:
         own = refused["own_memory"]
         assert own["acked"] is False and not own["alive"] and own["session"]
         assert own["own_block_0_changed"] is False
-        # Refused by the data transport: vLLM's NIXL transport as install() wraps it
-        # (p2pfsm.vllm.nixl_guard), or the full install's DataPlane.
-        assert own["death_reason"] in (
-            "data-plane registration failed: peer metadata describes this node's own "
-            "NIXL agent", "data-plane registration failed: peer metadata describes this agent")
+        # Refused by the data transport, by one rule (p2pfsm.executor.nixl.agent): vLLM's
+        # NIXL transport as install() wraps it (p2pfsm.vllm.nixl_guard), or the full
+        # install's DataPlane.
+        assert own["death_reason"] == ("data-plane registration failed: peer metadata "
+                                       "describes this node's own NIXL agent")
         assert refused["wrong_peer_id"]["acked"] is False
     assert adapter["wrong_peer_id"]["death_reason"].startswith("incompatible peer: peer_id")
     assert full["wrong_peer_id"] == {"acked": False, "alive": False, "death_reason": None,

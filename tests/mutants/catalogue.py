@@ -309,8 +309,8 @@ SLIPS: tuple[Entry, ...] = (
           "the consumer frees a destination when the session is lost while an abort's "
           "write may still land (an aborting round ends as if its fetch was never sent)",
           slip=Slip("p2pfsm.session.client_part", "ClientPart.end",
-                    "owner.step(CLIENT_ROUND, rnd, load_trigger)",
-                    "owner.step(CLIENT_ROUND, rnd, load_trigger if rnd.fsm_state == "
+                    "owner.step(CLIENT_ROUND, rnd, trigger)",
+                    "owner.step(CLIENT_ROUND, rnd, trigger if rnd.fsm_state == "
                     "'loading' else 'session_lost_unsent')")),
     Entry("round_floor_10s", "ABA on round numbers",
           "the round floor is forgotten after 10 s instead of the frame lifetime "
@@ -328,9 +328,9 @@ SLIPS: tuple[Entry, ...] = (
     Entry("fetch_index_num_blocks", "boundary index",
           "a fetch naming block index num_blocks (one past the consumer's region) is "
           "accepted (< became <=)",
-          slip=Slip("p2pfsm.protocol.fetch_checks", "check_block_indexes",
-                    "if not indexes or max(indexes) < num_blocks:",
-                    "if not indexes or max(indexes) <= num_blocks:")),
+          slip=Slip("p2pfsm.protocol.validate", "index_outside",
+                    "if not indexes or (min(indexes) >= 0 and max(indexes) < limit):",
+                    "if not indexes or (min(indexes) >= 0 and max(indexes) <= limit):")),
 )
 """Slips planted inside the code (issue 24's table, its session-level rows)."""
 
@@ -368,9 +368,8 @@ NODE_SLIPS: tuple[Entry, ...] = (
     Entry("own_agent_registered", "a node's own NIXL agent under another name",
           "DataPlane.add_peer takes a peer whose metadata describes this agent (its name "
           "or the rest of it): WRITEs to that peer land in the node's own memory",
-          slip=Slip("p2pfsm.executor.nixl.plane", "DataPlane.add_peer",
-                    "if agent_name == self._name or tail == self._metadata_tail:",
-                    "if False:"),
+          slip=Slip("p2pfsm.executor.nixl.agent", "agent_refusal",
+                    "if describes_same_agent(metadata, own):", "if False:"),
           caught_by=("tests/integration/test_node_stateful.py::test_nodes_interleaved",)),
     Entry("deadline_kept_when_it_moves", "a deadline that moves earlier",
           "the driver keeps the first deadline it noted for a session, so a timer armed "

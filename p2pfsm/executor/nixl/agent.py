@@ -3,7 +3,12 @@
 NIXL ships as ``nixl`` (a shim) or ``nixl_cu12``; :func:`import_nixl` finds either
 and names what is missing or broken. An agent's metadata starts with its name, which
 :func:`agent_name_of` reads, so that a peer's metadata can be told apart from our own
-(:func:`describes_same_agent`) before NIXL loads it.
+(:func:`describes_same_agent`) before NIXL loads it. :func:`agent_refusal` is the one
+rule every NIXL transport of p2pfsm's applies to a peer's registration: the
+:class:`~p2pfsm.executor.nixl.plane.DataPlane` and vLLM's ``NixlTransport`` as
+:func:`p2pfsm.vllm.install` wraps it (:mod:`p2pfsm.vllm.nixl_guard`). A session checks
+only that a connect does not carry our metadata byte for byte (a session serves any
+data transport and cannot read NIXL's metadata, nor see the other peers' sessions).
 """
 
 from __future__ import annotations
@@ -11,11 +16,15 @@ from __future__ import annotations
 import importlib
 import logging
 import struct
+from collections.abc import Iterable
 from typing import Any, Final
 
 from p2pfsm.errors import NIXL_INSTALL_HINT, TransportError
 
-__all__ = ["agent_name_of", "describes_same_agent", "import_nixl"]
+__all__ = ["OWN_AGENT", "agent_name_of", "agent_refusal", "describes_same_agent",
+           "import_nixl"]
+
+OWN_AGENT: Final = "peer metadata describes this node's own NIXL agent"
 
 _MD_PREFIX: Final = b"nixlSerDes|Agent"
 _MD_LEN: Final = struct.Struct("<Q")
@@ -66,3 +75,23 @@ def describes_same_agent(metadata: bytes, own: bytes) -> bool:
     name, tail = agent_name_of(metadata)
     own_name, own_tail = agent_name_of(own)
     return name == own_name or tail == own_tail
+
+
+def agent_refusal(metadata: bytes, own: bytes, peer_id: str,
+                  claims: Iterable[tuple[str, bytes]]) -> str | None:
+    """Why a transport whose agent's metadata is ``own`` refuses to register
+    ``metadata`` as the agent of peer ``peer_id``; None when it does not.
+
+    Refused: metadata that describes the transport's own agent (a WRITE to the peer
+    would land in our own memory), or an agent that another peer id registered, under
+    its name or another (a WRITE would land in that peer's memory on the sender's
+    behalf); ``claims`` are the (peer id, metadata) pairs registered already. Raises
+    :class:`TransportError` when ``metadata`` or ``own`` is not NIXL's metadata.
+    """
+    if describes_same_agent(metadata, own):
+        return OWN_AGENT
+    for other, theirs in claims:
+        if other != peer_id and describes_same_agent(metadata, theirs):
+            return (f"peer metadata describes NIXL agent {agent_name_of(metadata)[0]!r}, "
+                    f"already peer {other!r}")
+    return None

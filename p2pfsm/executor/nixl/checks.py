@@ -14,7 +14,7 @@ from typing import Final
 
 from p2pfsm.errors import ConfigError, TransportError
 from p2pfsm.executor.nixl.layout import Layout, WireLayout
-from p2pfsm.protocol.validate import ints_within
+from p2pfsm.protocol.validate import index_outside, ints_within
 from p2pfsm.session.machine import names_differ
 
 __all__ = ["ADDR_LIMIT", "MAX_INDEX", "announced_layout", "block_indexes", "positive_int"]
@@ -83,7 +83,12 @@ def announced_layout(
 
 def block_indexes(side: str, values: Sequence[int], limit: int) -> list[int]:
     """``values`` as a list of block indexes in ``[0, limit)``; else
-    :class:`TransportError` naming ``side`` ("local" or "remote")."""
+    :class:`TransportError` naming ``side`` ("local" or "remote").
+
+    The range is the session's rule (:func:`~p2pfsm.protocol.validate.index_outside`),
+    held here again for the WRITEs no p2pfsm session checked: the vLLM drop-in's data
+    transport (:mod:`p2pfsm.vllm.data`) driven by vLLM's own sessions, which check only
+    that a fetch's indexes are non-negative ints."""
     kind = type(values)  # a tuple or list (the usual case) skips the ABC check
     if kind is not tuple and kind is not list and (
             isinstance(values, str | bytes) or not isinstance(values, Sequence)):
@@ -96,12 +101,12 @@ def block_indexes(side: str, values: Sequence[int], limit: int) -> list[int]:
         if isinstance(value, bool):
             raise TransportError(f"{side} index {value!r} is a bool")
         try:
-            index = operator.index(value)
+            out.append(operator.index(value))
         except TypeError:
             raise TransportError(f"{side} index {value!r} is not an int") from None
-        if not 0 <= index < limit:
-            raise TransportError(f"{side} index {index} out of range [0, {limit})")
-        out.append(index)
+    i = index_outside(out, limit)
+    if i is not None:
+        raise TransportError(f"{side} index {out[i]} out of range [0, {limit})")
     return out
 
 

@@ -38,7 +38,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from p2pfsm.errors import NIXL_INSTALL_HINT, ConfigError, TransportError
-from p2pfsm.executor.nixl.agent import agent_name_of, import_nixl
+from p2pfsm.executor.nixl.agent import agent_name_of, agent_refusal, import_nixl
 from p2pfsm.executor.nixl.agents import LoadedAgents, nixl_covers
 from p2pfsm.executor.nixl.checks import (
     ADDR_LIMIT,
@@ -188,7 +188,7 @@ class DataPlane:
                 raise TransportError("NIXL could not describe the region for registration")
             self._local = self._agent.prep_xfer_dlist("", self._layout.rows(dev_id), mem_type)
             self._metadata = bytes(self._agent.get_agent_metadata())
-            own_name, self._metadata_tail = agent_name_of(self._metadata)
+            own_name, _ = agent_name_of(self._metadata)
             if own_name != name:
                 raise TransportError(f"NIXL metadata names {own_name!r}, not {name!r}")
         except Exception as exc:
@@ -285,21 +285,21 @@ class DataPlane:
         Raises :class:`TransportError` when the announcement is invalid: ``block_len``
         differs from ours, the regions do not pair up with ours (their number, or a
         slice length), its descriptors exceed ``max_peer_blocks``, a region would wrap
-        past 2**64, the metadata is not NIXL's, names this agent, or names an agent
-        already registered under another peer id, or its blocks lie outside what the
-        agent registered (the agent then stays loaded, kept for a later add).
+        past 2**64, the metadata is not NIXL's, describes this agent or one already
+        registered under another peer id (under its name or another:
+        :func:`~p2pfsm.executor.nixl.agent.agent_refusal`), or its blocks lie outside
+        what the agent registered (the agent then stays loaded, kept for a later add).
         """
         self._check_open()
         theirs = announced_layout(
             self._layout, self._block_len, self._max_peer_blocks, peer_id=peer_id,
             metadata=metadata, base_addr=base_addr, num_blocks=num_blocks,
             block_len=block_len, layout=layout, names=names)
-        agent_name, tail = agent_name_of(metadata)
-        if agent_name == self._name or tail == self._metadata_tail:
-            raise TransportError("peer metadata describes this agent")
-        for other in self._peers.values():
-            if other.agent_name == agent_name and other.peer_id != peer_id:
-                raise TransportError(f"agent {agent_name!r} is already peer {other.peer_id!r}")
+        agent_name, _ = agent_name_of(metadata)
+        refused = agent_refusal(metadata, self._metadata, peer_id,
+                                ((p.peer_id, p.metadata) for p in self._peers.values()))
+        if refused is not None:
+            raise TransportError(refused)
 
         if peer_id in self._peers:
             self.remove_peer(peer_id)
@@ -317,7 +317,7 @@ class DataPlane:
         except Exception as exc:
             self._keep_agents()
             raise TransportError(f"cannot prep descriptors of {peer_id!r}: {exc!r}") from exc
-        self._peers[peer_id] = NixlPeer(peer_id, agent_name, theirs, dlist)
+        self._peers[peer_id] = NixlPeer(peer_id, agent_name, metadata, theirs, dlist)
         self._agents.unload_replaced(self._agent, peer_id, agent_name, self._used_agents())
         self._pace.warm_up()
 

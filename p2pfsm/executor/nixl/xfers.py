@@ -30,6 +30,7 @@ class NixlPeer:
 
     peer_id: str
     agent_name: str
+    metadata: bytes  # its agent's NIXL metadata, as the peer announced it
     layout: Layout
     dlist: Any  # nixl_prepped_dlist_handle of the peer's block-slices
     faulted: bool = False

@@ -216,17 +216,14 @@ class NodeEffects(Executor):
         self._deliver(peer, self._jobs.stores.pop(out.job_id, None), out)
 
     def lookup_result(self, peer: str, out: LookupResult) -> None:
-        if (out.reason is FailReason.SESSION_ENDED and self.peers.unsent_death is not None
-                and self.driver.applying is self.peers.unsent_death
-                and self.peers.redials.waiting(peer)):
-            # Never sent (its session died before ready, and opens again): it waits for
-            # the next session, as a fetch does, until the deadline it had when the host
-            # asked (each failed attempt must not start it anew).
+        if out.never_sent:
+            # The session says the peer never saw it: it waits for the next session, as
+            # a fetch does, until the deadline it had when the host asked (each failed
+            # attempt must not start it anew).
             waiting = self._jobs.lookups.get((peer, out.kv_request_id))
             asked = waiting[0].started if waiting else time.monotonic()
-            deadline = asked + self._config.timeouts.lookup
-            if deadline > time.monotonic():
-                self.peers.redials.park(peer, deadline, HostLookup(out.kv_request_id, out.keys))
+            if self._park(peer, asked + self._config.timeouts.lookup,
+                          HostLookup(out.kv_request_id, out.keys)):
                 return
         if out.reason is not None:
             out = dataclasses.replace(out, detail=self._fail_detail(peer, out))
@@ -326,16 +323,20 @@ class NodeEffects(Executor):
             self.host_failed("on_round_ended", peer_id,
                              f"round {ended.kv_request_id}/{ended.round_seq}", exc)
 
+    def _park(self, peer_id: str, deadline: float, call: Parked) -> bool:
+        """A job the peer never saw (its result says ``never_sent``) waits for the peer's
+        next session, when one opens again (the redial book) and ``deadline`` has not
+        passed; False: it gets its result now."""
+        if self.peers.redials.waiting(peer_id) and deadline > time.monotonic():
+            self.peers.redials.park(peer_id, deadline, call)
+            return True
+        return False
+
     def _load(self, peer_id: str, res: LoadResult) -> None:
         load = self._jobs.loads.get(res.job_id)
-        unsent = self.peers.unsent_death
-        if (load is not None and res.reason is FailReason.SESSION_ENDED
-                and unsent is not None and self.driver.applying is unsent
-                and self.peers.redials.waiting(peer_id)):
-            deadline = load.started + self._config.timeouts.load
-            if deadline > time.monotonic():  # never sent: it waits for the next session
-                self.peers.redials.park(peer_id, deadline, load.event)
-                return
+        if (load is not None and res.never_sent
+                and self._park(peer_id, load.started + self._config.timeouts.load, load.event)):
+            return
         self._jobs.loads.pop(res.job_id, None)
         if not res.success:
             res = dataclasses.replace(res, detail=self._fail_detail(peer_id, res))

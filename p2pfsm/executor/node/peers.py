@@ -106,7 +106,6 @@ class Peers:
         # Lines a peer can make fire at will (refused handshakes and registrations,
         # sessions that die before their handshake): one window for them all.
         self.hostile_log = LogWindow(10, 10.0)
-        self.unsent_death: Session | None = None  # died before ready, being redialled
         self._holders = Holders(driver)  # sessions out of the table holding destinations
         self._ended = EndedSessions(config.history)  # peers whose session ended
         # Every session's tombstones together (SessionConfig.tombstone_budget).
@@ -345,9 +344,6 @@ class Peers:
             wait = self.redials.schedule(peer_id, time.monotonic())
             log.info("peer %s: opening the session again in %.1f s", peer_id, wait)
             self._peer_state(peer_id, "lost", dead.reason)
-            if never_ready:
-                # Its fetches never left the queue: they wait for the next session.
-                self.unsent_death = self._driver.applying
         elif self.redials.dialled(peer_id):
             self._given_up(peer_id, dead)
 
