@@ -8,7 +8,14 @@ from pathlib import Path
 import pytest
 
 from p2pfsm.errors import ModelError
-from p2pfsm.fsm import AbortAckTimeout, LookupTimeout, ReportFailedLoad, profile, profiles
+from p2pfsm.fsm import (
+    AbortAckTimeout,
+    LookupTimeout,
+    ReportFailedLoad,
+    UnsentFetch,
+    profile,
+    profiles,
+)
 from p2pfsm.fsm.profiles import load_profiles, parse_profile
 from p2pfsm.fsm.registry import models_directory
 from p2pfsm.session import Timeouts
@@ -27,6 +34,10 @@ def test_the_three_profiles_and_what_differs_between_them() -> None:
     assert native.behaviour.report_failed_load is ReportFailedLoad.AT_ABORT_ACK
     assert v34.behaviour.report_failed_load is ReportFailedLoad.AT_ABORT_SEND
     assert v34.behaviour.abort_ack_timeout is AbortAckTimeout.END_SESSION
+    # a fetch still queued behind the handshake: vLLM 0.34.0 retires it where it waits
+    assert native.behaviour.unsent_fetch is v33.behaviour.unsent_fetch \
+        is UnsentFetch.SEND_THEN_ABORT
+    assert v34.behaviour.unsent_fetch is UnsentFetch.RETIRE_LOCALLY
     t34 = Timeouts.of_profile(v34)
     assert (t34.load, t34.load_for(True), t34.abort_ack, t34.lookup, t34.hold) == (
         30.0, 10.0, 5.0, 8.0, 30.0)
@@ -46,6 +57,9 @@ def test_the_three_profiles_and_what_differs_between_them() -> None:
      "behaviour.lookup_timeout: expected one of 'report_miss', 'end_session', got 'never'"),
     (('lookup_timeout = "report_miss"\n', ''),
      "behaviour.lookup_timeout: expected one of 'report_miss', 'end_session', got None"),
+    (('unsent_fetch = "send_then_abort"', 'unsent_fetch = "drop"'),
+     "behaviour.unsent_fetch: expected one of 'send_then_abort', 'retire_locally', "
+     "got 'drop'"),
     (('abort_ack = 10.0', 'abort_ack = -1'), "timeouts.abort_ack: expected a positive"),
     (('lookup = 30.0', 'lookup = 30.0\nstalled = 20.0'), "unknown timeouts ['stalled']"),
     (('lookup = 30.0', 'lookup = 30.0\nstall = 0'),
