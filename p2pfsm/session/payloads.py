@@ -72,7 +72,8 @@ PAYLOADS: Mapping[str, Mapping[str, Payload]] = {
     "client_lookup": {
         "host_lookup": (HostLookup,), "host_finish": (HostFinish,),
         "recv_lookup_resp": (LookupPart,), "session_lost": (None,),
-        "session_lost_unsent": (None,), "timer_lookup": (TimerFired,), "request_fetched": (HostFetch,),
+        "session_lost_unsent": (None,), "timer_lookup": (TimerFired,),
+        "request_fetched": (HostFetch,),
     },
     "server_round": {
         "host_supply": (HostSupply,), "lookup_pin": (PinHits,), "host_decline": (HostDecline,),

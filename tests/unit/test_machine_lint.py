@@ -35,9 +35,12 @@ SESSION_CLASSES = frozenset(c.__name__ for c in Session.__mro__
                             if c.__module__.startswith("p2pfsm.session."))
 """The session's own classes (session/core.py's Session; the parts are objects it holds,
 not classes it is made of): ``self`` in any of them is the session."""
-SESSION_WRITERS = frozenset(machine("session").action_names | {"__init__", "_die", "send"})
+SESSION_WRITERS = frozenset(machine("session").action_names
+                            | {"__init__", "_die", "send", "withdraw_fetch"})
 """Session methods that may write the session machine's data: its actions, and the
-helpers only they (and the output helper ``send``, for ``_queue``) use."""
+helpers only they use; the output helpers ``send`` and ``withdraw_fetch`` (a retired
+queued round's fetch, taken out by client_round's action through the outbox) write
+``_queue``."""
 
 
 @functools.cache
