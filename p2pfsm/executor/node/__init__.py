@@ -407,12 +407,19 @@ class Node(Driven):
         threads = self._threads
         if threads.in_turn_here():
             raise LocalProtocolError("step() called from inside the node's own loop")
-        with threads.driving_block("step"):
-            with threads.turn():
+        # Plain begin/end pairs, not the context managers: a turn is the hot path.
+        outer = threads.begin_driving("step")
+        try:
+            me = threads.begin_turn()
+            try:
                 taken = self._turns.turn(max_wait)
+            finally:
+                threads.end_turn(me)
             request = self._turns.take_close_request()
             if request is not None:
                 self._close_now(*request)
+        finally:
+            threads.end_driving(outer)
         return taken
 
     def _close_now(self, timeout: float, done: Future[None]) -> None:
