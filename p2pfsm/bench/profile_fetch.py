@@ -239,11 +239,12 @@ def _thread_totals(out: Path) -> dict[int, int]:
     return totals
 
 
-def count_instructions(fetches: int, warmup: int, blocks: int,
-                       block_len: int) -> dict[str, float]:
+def count_instructions(fetches: int, warmup: int, blocks: int, block_len: int,
+                       keep: Path | None = None) -> dict[str, float]:
     """Instructions per fetch of the consumer's thread, the producer's and the others
     (libzmq, UCX): two callgrind runs of :func:`count_worker`, the difference over
-    ``fetches``."""
+    ``fetches``; ``keep``: a directory to leave callgrind's files in (for
+    ``callgrind_annotate``), else they go."""
     import shutil
     import subprocess
     import sys
@@ -251,11 +252,12 @@ def count_instructions(fetches: int, warmup: int, blocks: int,
 
     if shutil.which("valgrind") is None:
         raise RuntimeError("profile: valgrind is not on PATH (Debian: apt-get install valgrind)")
-    with tempfile.TemporaryDirectory(prefix="p2pfsm-callgrind-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="p2pfsm-callgrind-") as scratch:
+        tmp = scratch if keep is None else str(keep)
         outs, procs = [], []
         for n in (fetches, 2 * fetches):  # both runs at once: nothing of one moves the other
             out = Path(tmp) / f"n{n}" / "cg.out"
-            out.parent.mkdir()
+            out.parent.mkdir(parents=True)
             argv = ["valgrind", "--tool=callgrind", "--separate-threads=yes",
                     f"--callgrind-out-file={out}", "--dump-instr=no", "--dump-line=no",
                     sys.executable, "-m", "p2pfsm.bench.profile_fetch", "--count-worker",
@@ -302,6 +304,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--instructions", type=int, metavar="N",
                     help="instructions per fetch by callgrind: N and 2 N fetches")
     ap.add_argument("--warmup", type=int, default=20, help="--instructions: warm-up fetches")
+    ap.add_argument("--keep", type=Path, metavar="DIR",
+                    help="--instructions: leave callgrind's files in DIR (one folder per run)")
     ap.add_argument("--count-worker", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.count_worker is not None:
@@ -311,7 +315,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.instructions < 1 or args.warmup < 0:
             ap.error("--instructions must be positive and --warmup not negative")
         counts = count_instructions(args.instructions, args.warmup, args.blocks,
-                                    args.block_len)
+                                    args.block_len, args.keep)
         print(f"instructions per fetch of {args.blocks} x {args.block_len} B in one process "
               f"(callgrind, difference of {args.instructions} and {2 * args.instructions} "
               f"fetches after {args.warmup} warm-up): "
