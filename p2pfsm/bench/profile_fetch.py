@@ -263,8 +263,10 @@ def count_instructions(fetches: int, warmup: int, blocks: int, block_len: int,
                     sys.executable, "-m", "p2pfsm.bench.profile_fetch", "--count-worker",
                     str(n), "--warmup", str(warmup), "--blocks", str(blocks),
                     "--block-len", str(block_len)]
-            # One hash seed for every run: set and dict orders (so the counts) repeat.
-            env = {**os.environ, "PYTHONHASHSEED": "0"}
+            # One hash seed for every run: set and dict orders (so the counts) repeat. No
+            # bytecode written: the two runs start together, and one compiling a module
+            # the other then reads from its cache would not cancel out.
+            env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1"}
             outs.append(out)
             procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
                                           stderr=subprocess.PIPE, text=True))
