@@ -16,8 +16,10 @@ under callgrind twice, ``W`` warm-up fetches then ``N`` and then ``2 N`` measure
 and the difference of the two runs over ``N`` is one fetch's cost on each side. The
 producer node is driven by a thread of its own (callgrind counts each thread apart),
 the consumer by the main thread; they take turns by hand-off, and each steps only
-when its control plane has news, so no turn depends on timing: the consumer sends
-the fetch, the producer steps until it has served it, the consumer steps until the
+when its control plane has news, so the turns of a fetch do not follow the clock (the
+worker prints them per fetch): the consumer sends the fetch and turns once, the
+producer steps until it has served it (the consumer's UCX progressing between its
+steps, which a WRITE within one process may need), the consumer steps until the
 result is in. libzmq's and UCX's threads are reported apart ("other threads").
 
 ``--send-probe``: instead, a raw DEALER -> ROUTER send of a 120-byte frame, back to back
