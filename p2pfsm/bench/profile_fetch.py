@@ -241,6 +241,12 @@ def _thread_totals(out: Path) -> dict[int, int]:
     return totals
 
 
+def _module_name() -> str:
+    """This module's import name, also when it runs as ``__main__``."""
+    spec = globals().get("__spec__")
+    return __name__ if __name__ != "__main__" or spec is None else str(spec.name)
+
+
 def count_instructions(fetches: int, warmup: int, blocks: int, block_len: int,
                        keep: Path | None = None) -> dict[str, float]:
     """Instructions per fetch of the consumer's thread, the producer's and the others
@@ -262,7 +268,7 @@ def count_instructions(fetches: int, warmup: int, blocks: int, block_len: int,
             out.parent.mkdir(parents=True)
             argv = ["valgrind", "--tool=callgrind", "--separate-threads=yes",
                     f"--callgrind-out-file={out}", "--dump-instr=no", "--dump-line=no",
-                    sys.executable, "-m", "p2pfsm.bench.profile_fetch", "--count-worker",
+                    sys.executable, "-m", _module_name(), "--count-worker",
                     str(n), "--warmup", str(warmup), "--blocks", str(blocks),
                     "--block-len", str(block_len)]
             # One hash seed for every run: set and dict orders (so the counts) repeat. No
