@@ -186,6 +186,15 @@ class NodeMetrics:
             raise KeyError(_unknown("gauge", name, GAUGES))
         self._gauges[name] = float(value)
 
+    def set_loop_gauges(self, peers: int, open_loads: int, open_stores: int,
+                        destinations_held: int) -> None:
+        """Set the four gauges a node's loop refreshes after every turn, in one call."""
+        gauges = self._gauges
+        gauges["peers"] = float(peers)
+        gauges["open_loads"] = float(open_loads)
+        gauges["open_stores"] = float(open_stores)
+        gauges["destinations_held"] = float(destinations_held)
+
     def observe(self, name: str, seconds: float) -> None:
         """Record one duration of ``seconds`` (>= 0) in histogram ``name``."""
         try:

@@ -125,6 +125,17 @@ def test_gauges_hold_the_last_value_set() -> None:
     assert isinstance(gauges["peers"], float)
 
 
+def test_loop_gauges_set_all_four_as_floats() -> None:
+    m = NodeMetrics()
+    m.set_gauge("open_loads", 9)
+    m.set_loop_gauges(4, 1, 2, 7)
+    gauges = m.snapshot()["gauges"]
+    assert gauges == {"peers": 4.0, "open_loads": 1.0, "open_stores": 2.0,
+                      "destinations_held": 7.0}
+    assert set(gauges) == set(GAUGES)
+    assert all(type(v) is float for v in gauges.values())
+
+
 def _expected_cumulative(values: list[float]) -> list[list[float]]:
     return [[le, sum(1 for v in values if v <= le)] for le in BUCKETS]
 

@@ -59,8 +59,9 @@ class Holders:
         kept here (a session kept here that holds none any more is forgotten)."""
         out: dict[str, int] = {}
         for peer_id, session in sessions.items():
-            if session.held_destinations:
-                out[peer_id] = session.held_destinations
+            held = session.held_destinations  # a count over the session's loads: once
+            if held:
+                out[peer_id] = held
         for peer_id, olds in list(self._by_peer.items()):
             olds[:] = [s for s in olds if s.held_destinations]
             if not olds:

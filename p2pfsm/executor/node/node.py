@@ -8,13 +8,10 @@ per peer. Everything runs on the thread that drives it: :meth:`Node.run_until` /
 :meth:`Node.next_deadline` and calls ``step(0)`` (:mod:`p2pfsm.aio` does this for
 asyncio). There is no fixed-interval sleep and no NIXL progress thread.
 
-This module holds the host API and the wiring of the node's parts, each an object with
-its own fields: :class:`~p2pfsm.executor.node.peers.Peers` (the peer/session table),
-:class:`~p2pfsm.executor.node.effects.NodeEffects` (outputs carried out, results and callbacks
-handed to the host, through the node's :class:`~p2pfsm.executor.runtime.driver.Driver`, which it
-owns), :class:`~p2pfsm.executor.node.turns.Turns` (the loop's turns),
-:class:`~p2pfsm.executor.node.jobs.OpenJobs`, :class:`~p2pfsm.executor.node.writes.Writes` and
-:class:`~p2pfsm.executor.node.threads.DrivingThreads` (which thread drives it).
+This module holds the host API and the wiring of the node's parts (modules of
+:mod:`p2pfsm.executor.node`), each owning its fields: ``Peers`` (the peer/session table),
+``NodeEffects`` (outputs carried out, results and callbacks handed to the host through the
+driver it owns), ``Turns`` (the loop's turns), ``OpenJobs``, ``Writes``, ``DrivingThreads``.
 
 Host API: :meth:`connect` (and :meth:`when_ready`), :meth:`fetch` (a
 :class:`~p2pfsm.executor.node.jobs.JobFuture` of LoadResult), :meth:`lookup`, :meth:`supply`,
@@ -400,17 +397,23 @@ class Node(Driven):
 
     def step(self, max_wait: float) -> int:
         """One loop turn: wait for news (at most ``max_wait`` s), then handle it all.
-        Returns how many control-plane events it took in."""
+        Returns how many control-plane events it took in (begin/end pairs, not context
+        managers: a turn is the hot path)."""
         self._check_open()
-        threads = self._threads
-        if threads.in_turn_here():
+        if (threads := self._threads).in_turn_here():
             raise LocalProtocolError("step() called from inside the node's own loop")
-        with threads.driving_block("step"):
-            with threads.turn():
+        outer = threads.begin_driving("step")
+        try:
+            me = threads.begin_turn()
+            try:
                 taken = self._turns.turn(max_wait)
+            finally:
+                threads.end_turn(me)
             request = self._turns.take_close_request()
             if request is not None:
                 self._close_now(*request)
+        finally:
+            threads.end_driving(outer)
         return taken
 
     def _close_now(self, timeout: float, done: Future[None]) -> None:

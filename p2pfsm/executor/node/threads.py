@@ -48,29 +48,48 @@ class DrivingThreads:
                 f"submit it from here with node.threadsafe.{what}(...), which returns a "
                 "future at once")
 
+    def begin_driving(self, what: str) -> bool:
+        """This thread drives the node from now (refused as :meth:`check` refuses); True
+        when it is the outermost such call, which :meth:`end_driving` must then end."""
+        self.check(what)
+        if self.driving is None:
+            self.driving = threading.get_ident()
+            return True
+        return False
+
+    def end_driving(self, outer: bool) -> None:
+        """End what :meth:`begin_driving` began (``outer``: its answer)."""
+        if outer:
+            self.driving = None
+
     @contextlib.contextmanager
     def driving_block(self, what: str) -> Iterator[None]:
         """This thread drives the node for the block (nested calls keep the outer's)."""
-        self.check(what)
-        outer = self.driving is None
-        if outer:
-            self.driving = threading.get_ident()
+        outer = self.begin_driving(what)
         try:
             yield
         finally:
-            if outer:
-                self.driving = None
+            self.end_driving(outer)
+
+    def begin_turn(self) -> int:
+        """This thread is inside a loop turn from now; its id, for :meth:`end_turn`."""
+        me = threading.get_ident()
+        self.loop = me
+        return me
+
+    def end_turn(self, me: int) -> None:
+        """The turn :meth:`begin_turn` began on thread ``me`` is over."""
+        self.loop = None
+        self.last_step = (me, time.monotonic())
 
     @contextlib.contextmanager
     def turn(self) -> Iterator[None]:
         """This thread is inside a loop turn for the block."""
-        me = threading.get_ident()
-        self.loop = me
+        me = self.begin_turn()
         try:
             yield
         finally:
-            self.loop = None
-            self.last_step = (me, time.monotonic())
+            self.end_turn(me)
 
     def in_turn_here(self) -> bool:
         """The calling thread is inside a loop turn (a host callback, say)."""

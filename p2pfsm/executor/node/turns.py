@@ -138,8 +138,6 @@ class Turns:
         if limited != self._rate_limited:
             self._metrics.count("identities_rate_limited", limited - self._rate_limited)
             self._rate_limited = limited
-        metrics = self._metrics
-        metrics.set_gauge("peers", self._peers.alive())
-        metrics.set_gauge("open_loads", len(self._jobs.loads))
-        metrics.set_gauge("open_stores", len(self._jobs.stores))
-        metrics.set_gauge("destinations_held", sum(self._peers.held_destinations().values()))
+        peers, jobs = self._peers, self._jobs
+        self._metrics.set_loop_gauges(peers.alive(), len(jobs.loads), len(jobs.stores),
+                                      sum(peers.held_destinations().values()))

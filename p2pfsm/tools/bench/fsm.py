@@ -20,14 +20,17 @@ import msgpack
 
 from p2pfsm.fsm import machine
 from p2pfsm.fsm.build import build_transitions_machine
-from p2pfsm.protocol import Connect, ConnectAck, TransferDone, encode
+from p2pfsm.protocol import Connect, ConnectAck, Fetch, TransferDone, encode
 from p2pfsm.session import (
     FrameReceived,
     HostFetch,
     HostStart,
+    HostSupply,
     RegistrationFinished,
     Session,
     SessionConfig,
+    StartWrite,
+    WriteFinished,
 )
 
 
@@ -67,6 +70,31 @@ class _RoundDriver:
         out = self.session.handle(FrameReceived(encode(TransferDone(rid, True, 0))), 1.0)
         if not out:
             raise RuntimeError("benchmark round produced no result")
+
+
+class _ServeDriver:
+    """One whole serve round per call on a ready session (the producer's side): the
+    peer's fetch frame, the host's supply, the write's end (seven machine steps)."""
+
+    def __init__(self, session: Session, key: tuple[bytes, ...]) -> None:
+        self.session = session
+        self.key = key
+        self.i = 0
+        self.xfer = 0
+
+    def serving(self) -> str:
+        """A new round left serving with its write in flight; its request id."""
+        self.i += 1
+        rid = f"serve-{self.i}"
+        self.session.handle(FrameReceived(encode(Fetch(rid, self.key, (0,), 0))), 1.0)
+        out = self.session.handle(HostSupply(self.i, rid, self.key, (0,)), 1.0)
+        self.xfer = next(o.xfer for o in out if type(o) is StartWrite)
+        return rid
+
+    def __call__(self) -> None:
+        self.serving()
+        if not self.session.handle(WriteFinished(self.xfer, True), 1.0):
+            raise RuntimeError("benchmark serve round produced no reply")
 
 
 def _median_ns(fn: object, repeat: int, number: int) -> float:
