@@ -5,7 +5,8 @@ blocks, by key) and demand (the consumer's destination index, by key). Every
 match event starts one write. The round ends exactly once, from ``settle`` (which the
 session fires after every other step of the round, where the model declares it), and
 only when none of its writes is in flight; its jobs' StoreResults (pin releases)
-and its reply (transfer_done or abort_ack) go out then. Supply the host gives
+and its reply (transfer_done or abort_ack) go out then, except those of jobs only
+failed writes read, which go out as the last of those writes ends. Supply the host gives
 before any fetch names a round waits in an *unbound* round (round_seq None) that
 the first fetch of the request adopts.
 
