@@ -1080,11 +1080,22 @@ ServerRoundWriteDone(p) ==
        LET L == [Load(p, "ServerRoundWriteDone") EXCEPT !.wr = @ \ {w}] IN
        Commit(p, Settle(FireSR(L, w.rk, "write_done", L.sr[w.rk].st), w.rk))
 
+\* ServerRound.release_failed_reads: the store jobs the ended write w read that no write
+\* of its round still in flight reads get their StoreResult now and leave the round (a
+\* draining round starts no write, so nothing reads them any more).
+ReleaseFailedReads(L, w) ==
+    LET still == UNION {v.jobs : v \in {v \in L.wr : v.rk = w.rk}}
+        js == (w.jobs \ still) \cap L.sr[w.rk].jobs
+        s == L.sres
+    IN [L EXCEPT !.sres = [j \in DOMAIN s |->
+                              IF j \in js THEN [s[j] EXCEPT !.st = Unpin(@)] ELSE s[j]],
+                 !.sr[w.rk].jobs = @ \ js]
+
 \* A write failed, or was cancelled before landing (WriteFinished not ok). A
 \* cancelled write of a draining round is routine; any other failure is a fault.
 ServerRoundWriteFailed(p) ==
     \E w \in wr[p] :
-       LET L0 == [Load(p, "ServerRoundWriteFailed") EXCEPT !.wr = @ \ {w}]
+       LET L0 == ReleaseFailedReads([Load(p, "ServerRoundWriteFailed") EXCEPT !.wr = @ \ {w}], w)
            st == L0.sr[w.rk].st
        IN IF st \in Draining
           THEN Commit(p, Settle(FireSR(L0, w.rk, "write_failed", st), w.rk))

@@ -34,7 +34,7 @@ from p2pfsm.session.child import (
 from p2pfsm.session.client import ClientLookup, ClientRound
 from p2pfsm.session.client_part import ClientPart
 from p2pfsm.session.inputs import PeerGone, TimerId
-from p2pfsm.session.outputs import Output, StartWrite
+from p2pfsm.session.outputs import Output, StartWrite, StoreResult
 from p2pfsm.session.server import ServerLookup, ServerRound
 from p2pfsm.session.server_part import ServerPart
 
@@ -79,6 +79,9 @@ def apply_outbox(s: Applying, outbox: list[ChildOutput], obj: Any) -> None:
             s.emit(item)  # type: ignore[arg-type]
         elif kind is HoldJob:
             s.server.hold_job(obj, item.job_id)  # type: ignore[union-attr]
+        elif kind is StoreResult:
+            s.server.store_jobs.pop(item.job_id, None)  # type: ignore[union-attr]
+            s.emit(item)  # type: ignore[arg-type]
         elif kind is PinHits:
             s.server.pin_hits(item)  # type: ignore[arg-type]
         elif kind is ExpireLookupRound:

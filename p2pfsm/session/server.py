@@ -5,7 +5,8 @@ blocks, by key) and demand (the consumer's destination index, by key). Every
 match event starts one write. The round ends exactly once, from ``settle`` (which the
 session fires after every other step of the round, where the model declares it), and
 only when none of its writes is in flight; its jobs' StoreResults (pin releases)
-and its reply (transfer_done or abort_ack) go out then. Supply the host gives
+and its reply (transfer_done or abort_ack) go out then, except those of jobs only
+failed writes read, which go out as the last of those writes ends. Supply the host gives
 before any fetch names a round waits in an *unbound* round (round_seq None) that
 the first fetch of the request adopts.
 
@@ -57,7 +58,8 @@ class ServerRound:
 
     __slots__ = (
         "demand", "env", "fsm_state", "host_finished", "inflight", "jobs", "kv_request_id",
-        "landed", "origin", "peer_finished", "round_seq", "serial", "supply", "told", "total",
+        "landed", "origin", "owners", "peer_finished", "reads", "round_seq", "serial", "supply",
+        "told", "total",
     )
 
     def __init__(self, env: ChildEnv, serial: int, kv_request_id: str, round_seq: int | None,
@@ -77,15 +79,20 @@ class ServerRound:
         """The peer had finished the request (its terminal fetch, and no fetch or lookup of
         it since) when this round was created: no fetch will name it (fixed at creation)."""
         self.supply: dict[bytes, int] = {}
+        self.owners: dict[bytes, int] = {}
+        """The store job whose pin supplies each key of ``supply``."""
         self.demand: dict[bytes, int] = {}
         self.inflight: dict[int, int] = {}
+        self.reads: dict[int, frozenset[int]] = {}
+        """Each write in flight -> the store jobs whose pins it reads."""
         self.jobs: set[int] = set()
         self.total = 0
         self.landed = 0
         self.told = False
         """The host was told the round ended (RoundEnded): at most once."""
 
-    fsm_data = ("round_seq", "supply", "demand", "inflight", "jobs", "total", "landed", "told")
+    fsm_data = ("round_seq", "supply", "owners", "demand", "inflight", "reads", "jobs", "total",
+                "landed", "told")
     """What this round's actions write (restored should one raise)."""
 
     @property
@@ -113,9 +120,12 @@ class ServerRound:
         self._emit(HoldJob(job_id))
         if not self.supply:  # the usual case: one supply (keys are distinct, checked)
             self.supply.update(zip(keys, local_indexes, strict=True))
+            self.owners.update(dict.fromkeys(keys, job_id))
             return
         for key, local in zip(keys, local_indexes, strict=True):
-            self.supply.setdefault(key, local)
+            if key not in self.supply:
+                self.supply[key] = local
+                self.owners[key] = job_id
 
     # guards
     def is_unservable(self, ev: Fetch) -> bool:
@@ -134,7 +144,7 @@ class ServerRound:
         return not self.inflight
 
     # actions
-    @writes("jobs", "supply")
+    @writes("jobs", "supply", "owners")
     def add_supply(self, ev: HostSupply | PinHits) -> None:
         self._add(ev.job_id, ev.keys, ev.local_indexes)
 
@@ -173,7 +183,7 @@ class ServerRound:
         self.total = len(ev.keys)
         self.demand = dict(zip(ev.keys, ev.block_indexes, strict=True))
 
-    @writes("supply", "demand", "inflight")
+    @writes("supply", "owners", "demand", "inflight", "reads")
     def write_matched(self, _ev: object) -> None:
         small, large = (
             (self.demand, self.supply) if len(self.demand) <= len(self.supply)
@@ -186,13 +196,26 @@ class ServerRound:
         remote = tuple(map(self.demand.pop, matched))
         xfer = next(self.env.xfers)
         self.inflight[xfer] = len(matched)
+        self.reads[xfer] = frozenset(map(self.owners.pop, matched))
         self._emit(StartWrite(xfer, local, remote))
 
-    @writes("inflight", "landed")
+    @writes("inflight", "reads", "landed")
     def account_write(self, ev: WriteFinished) -> None:
         count = self.inflight.pop(ev.xfer)
+        del self.reads[ev.xfer]
         if ev.ok:
             self.landed += count
+
+    @writes("jobs")
+    def release_failed_reads(self, ev: WriteFinished) -> None:
+        """The jobs the ended write ``ev.xfer`` read that no other write in flight reads:
+        their StoreResult (failed) now. Only a draining round's writes fail unlanded, and
+        it starts no write, so nothing reads their pins any more."""
+        still = frozenset().union(*(r for x, r in self.reads.items() if x != ev.xfer))
+        for job in sorted((self.reads[ev.xfer] - still) & self.jobs):
+            self.jobs.discard(job)
+            self._emit(StoreResult(job, False, FailReason.NOT_SERVED,
+                                   "the write reading these pins failed"))
 
     @writes()
     def cancel_writes(self, _ev: object) -> None:

@@ -1,5 +1,6 @@
 """Write failures: the round fails with transfer_done(false), sent only once every
-sibling write of the round is quiescent; its pins are released then."""
+sibling write of the round is quiescent; the pins only a failed write read are released at
+once, the others then."""
 
 from __future__ import annotations
 
@@ -32,11 +33,13 @@ def test_write_failure_replies_only_after_sibling_writes_are_quiescent() -> None
     w.complete("b", x1, fail=True)
     assert w.out("b", CancelWrite) == [CancelWrite(x2)]
     assert w.wire("b") == []  # the sibling may still land
-    assert first not in w.hosts["b"].store_results and second not in w.hosts["b"].store_results
+    # Only the failed write read the first job's pins: its result now; the sibling's
+    # job stays pinned while its write may still read it.
+    assert w.hosts["b"].store_results[first] == StoreResult(first, False)
+    assert second not in w.hosts["b"].store_results
     w.land("b", x2)
     w.complete("b", x2)
     assert w.wire("b") == [TransferDone("r1", False, 0)]
-    assert w.hosts["b"].store_results[first].success is False
     assert w.hosts["b"].store_results[second].success is False
     w.deliver("b")
     assert w.result("a", job) == LoadResult(job, "r1", False, True)
@@ -68,5 +71,25 @@ def test_a_landed_write_reported_failed_still_fails_the_round() -> None:
     w.finish_write("b", xfer, fail=True)  # bytes landed but the transfer reported an error
     assert w.wire("b") == [TransferDone("r1", False, 0)]
     assert w.hosts["b"].store_results[store] == StoreResult(store, False)
+    w.deliver("b")
+    assert w.result("a", job) == LoadResult(job, "r1", False, True)
+
+
+def test_each_failed_write_of_a_draining_round_releases_its_pins_at_once() -> None:
+    w = ready_world()
+    job = w.load("a", "r1", [8, 9, 10])
+    w.deliver("a")
+    first, second, third = (w.supply("b", "r1", [k]) for k in (8, 9, 10))
+    x1, x2, x3 = w.xfers("b")
+    w.complete("b", x2, fail=True)
+    w.complete("b", x3, fail=True)  # cancelled: its pins go too, x1 still runs
+    stores = w.hosts["b"].store_results
+    assert stores[second] == StoreResult(second, False)
+    assert stores[third] == StoreResult(third, False)
+    assert first not in stores and w.wire("b") == []
+    w.finish_write("b", x1)
+    assert stores[first] == StoreResult(first, False)
+    assert w.wire("b") == [TransferDone("r1", False, 0)]
+    assert len(w.sent_of("b", TransferDone)) == 1
     w.deliver("b")
     assert w.result("a", job) == LoadResult(job, "r1", False, True)
