@@ -41,6 +41,16 @@ EXECUTOR_SUITE = ("tests/integration/test_node_stateful.py",)
 SEED = 0
 MODELS_DRAWN = 5
 
+EQUIVALENT: dict[str, str] = {
+    "server_round.t20.drop_action.disarm_store_timer":
+        "a store timer is armed only while lookup pins wait for their fetch (pinned, "
+        "pinned_closed); an abort there ends the round at once, and the round's end drops "
+        "its timers, so the one left armed never fires (test_scenario_lookup.py's abort of "
+        "a pinned round)",
+}
+"""Model mutants no test can kill (the code they change is never observable), by name,
+with why: the draw passes over them."""
+
 SOURCE: tuple[Slip, ...] = (
     Slip("p2pfsm.session.core", "Session.is_peer_reconnected",
          "return known is not None and ev.incarnation == known",
@@ -70,6 +80,8 @@ def _loadable_draw() -> list[toml_mutator.TomlMutant]:
     random.Random(SEED).shuffle(population)
     chosen: list[toml_mutator.TomlMutant] = []
     for mutant in population:
+        if mutant.name in EQUIVALENT:
+            continue
         with tempfile.TemporaryDirectory() as tmp:
             toml_mutator.write_models(mutant, Path(tmp))
             try:

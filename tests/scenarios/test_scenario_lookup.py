@@ -18,7 +18,7 @@ from helpers.world import (
     snapshot,
 )
 
-from p2pfsm.protocol import Fetch, Lookup, LookupResp, TransferDone
+from p2pfsm.protocol import AbortAck, AbortFetch, Fetch, Lookup, LookupResp, TransferDone
 from p2pfsm.session import (
     HostAnswerLookup,
     LoadResult,
@@ -293,3 +293,17 @@ def test_a_fetch_of_pins_whose_request_the_host_finished_stops_their_store_deadl
     w.finish_writes("b")
     w.deliver_all("b")
     assert w.result("a", job).success
+
+
+def test_an_abort_of_a_pinned_round_no_fetch_named_disarms_its_store_timer() -> None:
+    # A peer may abort a round whose lookup pinned blocks before any fetch named it: the
+    # pins are released once, the abort is acked, and no store timer is left armed.
+    w = ready_world()
+    w.lookup("a", "r1", [8, 9])
+    w.stabilize()
+    (pin,) = pinned_jobs(w, "b")
+    assert w.counts("b")["timers"] == 1  # the pins' store timer
+    out = w.inject_msg("b", AbortFetch("r1", 0))
+    assert only(w.wire("b")) == AbortAck("r1", 0)
+    assert [r.job_id for r in out if isinstance(r, StoreResult)] == [pin]
+    assert w.counts("b")["timers"] == 0
