@@ -983,6 +983,16 @@ ServerLookupRecvLookup(p) ==
                                       hits |-> {}, sent |-> {}])],
                         "server_lookup", "recv_lookup", "new", "resolving"), m.req, how))
 
+\* ServerRound.release_unread_jobs: an abort releases now the round's store jobs no write
+\* in flight reads, and they leave the round (it starts no write once draining).
+ReleaseUnreadJobs(L, k) ==
+    LET still == UNION {v.jobs : v \in Inflight(L, k)}
+        js == L.sr[k].jobs \ still
+        s == L.sres
+    IN [L EXCEPT !.sres = [j \in DOMAIN s |->
+                              IF j \in js THEN [s[j] EXCEPT !.st = Unpin(@)] ELSE s[j]],
+                 !.sr[k].jobs = @ \ js]
+
 \* Session._on_abort_fetch: stop writing; ack once nothing of the round can land. An
 \* abort naming no round of ours is acked at once by the session (recv_unknown_abort).
 ServerRoundRecvAbortFetch(p) ==
@@ -996,7 +1006,9 @@ ServerRoundRecvAbortFetch(p) ==
             ELSE IF k \notin DOMAIN L1.sr
             THEN Send(FireS(L1, "recv_unknown_abort", L1.sess),
                       Msg("abort_ack", m.req, m.seq, {}, m.dst, FALSE, {}))
-            ELSE Settle(FireSR(L1, k, "recv_abort_fetch", "draining_abort"), k))
+            ELSE LET L2 == IF L1.sr[k].st = "draining_abort" THEN L1
+                           ELSE ReleaseUnreadJobs(L1, k)
+                 IN Settle(FireSR(L2, k, "recv_abort_fetch", "draining_abort"), k))
 
 \* Session._on_transfer_done.
 ClientRoundRecvTransferDone(p) ==

@@ -217,6 +217,16 @@ class ServerRound:
             self._emit(StoreResult(job, False, FailReason.NOT_SERVED,
                                    "the write reading these pins failed"))
 
+    @writes("jobs")
+    def release_unread_jobs(self, _ev: object) -> None:
+        """An abort: the round's jobs no write in flight reads get their StoreResult
+        (failed) now; the round starts no write once draining, so nothing will read them."""
+        still = frozenset().union(*self.reads.values())
+        for job in sorted(self.jobs - still):
+            self.jobs.discard(job)
+            self._emit(StoreResult(job, False, FailReason.NOT_SERVED,
+                                   "the consumer aborted the round"))
+
     @writes()
     def cancel_writes(self, _ev: object) -> None:
         for xfer in self.inflight:

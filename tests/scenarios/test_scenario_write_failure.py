@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from helpers.world import ready_world
 
-from p2pfsm.protocol import TransferDone
+from p2pfsm.protocol import AbortAck, TransferDone
 from p2pfsm.session import CancelWrite, LoadResult, StoreResult
 
 
@@ -91,5 +91,24 @@ def test_each_failed_write_of_a_draining_round_releases_its_pins_at_once() -> No
     assert stores[first] == StoreResult(first, False)
     assert w.wire("b") == [TransferDone("r1", False, 0)]
     assert len(w.sent_of("b", TransferDone)) == 1
+    w.deliver("b")
+    assert w.result("a", job) == LoadResult(job, "r1", False, True)
+
+
+def test_an_abort_releases_at_once_the_pins_no_running_write_reads() -> None:
+    w = ready_world()
+    job = w.load("a", "r1", [8, 9])
+    w.deliver("a")
+    read = w.supply("b", "r1", [8])  # its write starts
+    unread = w.supply("b", "r1", [12])  # a key the fetch did not name: nothing reads it
+    (xfer,) = w.xfers("b")
+    w.fire_next("a", "load")
+    w.deliver("a")  # the abort_fetch
+    stores = w.hosts["b"].store_results
+    assert stores[unread] == StoreResult(unread, False)
+    assert read not in stores and w.wire("b") == []  # the write may still land
+    w.complete("b", xfer, fail=True)  # cancelled
+    assert stores[read] == StoreResult(read, False)
+    assert w.wire("b") == [AbortAck("r1", 0)]
     w.deliver("b")
     assert w.result("a", job) == LoadResult(job, "r1", False, True)
