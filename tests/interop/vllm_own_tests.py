@@ -50,7 +50,6 @@ PRIVATE = "internals"
 ACK_FIRST = "connect_ack before the peer's connect"
 FINGERPRINT = "config fingerprint (an empty one included)"
 BLOCK_BOUND = "block index outside the peer's advertised blocks"
-ROUND_STORES = "store results of an aborted round while one of its WRITEs still runs"
 FAULT = "data-plane fault with writes in flight (no drain deadline)"
 SERVING_RESET = "a cache reset while a fetched round is written"
 FLUSH_SEND_FAILED = "the handshake's flush fails to send a fetch"
@@ -62,7 +61,6 @@ DIFFERENCES: dict[str, str] = {
     S + "TestConnectHandshake::test_missing_fingerprint_allowed": FINGERPRINT,
     S + "TestServerLookupHandling::test_lookup_then_fetch_round_trip_emits_store_result":
         BLOCK_BOUND,
-    S + "TestServerFlows::test_abort_keeps_pins_only_of_jobs_being_written": ROUND_STORES,
     S + "TestServerFlows::test_abort_drain_cancel_retry_is_paced": PRIVATE,
     S + "TestHandshakeDeadline::test_marks_dead_after_timeout": PRIVATE,
     S + "TestPeerFaultEscalation::test_fault_disconnects_after_drain_deadline": FAULT,
