@@ -112,3 +112,20 @@ def test_an_abort_releases_at_once_the_pins_no_running_write_reads() -> None:
     assert w.wire("b") == [AbortAck("r1", 0)]
     w.deliver("b")
     assert w.result("a", job) == LoadResult(job, "r1", False, True)
+
+
+def test_a_host_finish_while_an_abort_drains_still_owes_the_abort_ack() -> None:
+    w = ready_world()
+    job = w.load("a", "r1", [8, 9])
+    w.deliver("a")
+    read = w.supply("b", "r1", [8])
+    (xfer,) = w.xfers("b")
+    w.fire_next("a", "load")
+    w.deliver("a")  # the abort_fetch: b's round drains
+    w.finish("b", "r1")  # b's host finishes the request meanwhile
+    assert w.wire("b") == []
+    w.complete("b", xfer, fail=True)  # cancelled
+    assert w.wire("b") == [AbortAck("r1", 0)]  # the abort's reply, never a transfer_done
+    assert w.hosts["b"].store_results[read] == StoreResult(read, False)
+    w.deliver("b")
+    assert w.result("a", job) == LoadResult(job, "r1", False, True)
