@@ -21,6 +21,7 @@ session applies it, and retires an instance when its machine reaches a terminal 
 
 from __future__ import annotations
 
+from collections.abc import Set
 from dataclasses import dataclass
 
 from p2pfsm.fsm import CompiledMachine, Tracer, machine, writes
@@ -211,21 +212,21 @@ class ServerRound:
         """The jobs the ended write ``ev.xfer`` read that no other write in flight reads:
         their StoreResult (failed) now. Only a draining round's writes fail unlanded, and
         it starts no write, so nothing reads their pins any more."""
-        still = frozenset().union(*(r for x, r in self.reads.items() if x != ev.xfer))
-        for job in sorted((self.reads[ev.xfer] - still) & self.jobs):
-            self.jobs.discard(job)
-            self._emit(StoreResult(job, False, FailReason.NOT_SERVED,
-                                   "the write reading these pins failed"))
+        self._fail_unread(self.reads[ev.xfer], ev.xfer, "the write reading these pins failed")
 
     @writes("jobs")
     def release_unread_jobs(self, _ev: object) -> None:
         """An abort: the round's jobs no write in flight reads get their StoreResult
         (failed) now; the round starts no write once draining, so nothing will read them."""
-        still = frozenset().union(*self.reads.values())
-        for job in sorted(self.jobs - still):
+        self._fail_unread(self.jobs, None, "the consumer aborted the round")
+
+    def _fail_unread(self, jobs: Set[int], ended: int | None, detail: str) -> None:
+        """Each of ``jobs`` still held that no write in flight but ``ended`` reads: its
+        StoreResult (failed, ``detail``) now, and it leaves the round."""
+        still = frozenset().union(*(r for x, r in self.reads.items() if x != ended))
+        for job in sorted((jobs - still) & self.jobs):
             self.jobs.discard(job)
-            self._emit(StoreResult(job, False, FailReason.NOT_SERVED,
-                                   "the consumer aborted the round"))
+            self._emit(StoreResult(job, False, FailReason.NOT_SERVED, detail))
 
     @writes()
     def cancel_writes(self, _ev: object) -> None:

@@ -82,15 +82,6 @@ class DrivingThreads:
         self.loop = None
         self.last_step = (me, time.monotonic())
 
-    @contextlib.contextmanager
-    def turn(self) -> Iterator[None]:
-        """This thread is inside a loop turn for the block."""
-        me = self.begin_turn()
-        try:
-            yield
-        finally:
-            self.end_turn(me)
-
     def in_turn_here(self) -> bool:
         """The calling thread is inside a loop turn (a host callback, say)."""
         return self.loop == threading.get_ident()
