@@ -10,9 +10,11 @@ the same loop.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -60,6 +62,49 @@ def close_result(session: Any) -> dict[str, Any]:
                if RETAINS else {})}
 
 
+class Pair:
+    """Our session (of the class under test) to a stock vLLM peer, over vLLM's real
+    transports, and :meth:`pump`, one turn of everything."""
+
+    def __init__(self, theirs: Any, their_id: str, their_data: Any) -> None:
+        self.theirs, self.their_id, self.their_data = theirs, their_id, their_data
+        self.peers: dict[str, Any] = {}
+        self.session: Any = None
+
+    def pump(self, ours: Any, parent: Any = None) -> Any:
+        """Both transports polled, the peer's sessions (made as connections come) polled
+        and, given a ``parent``, serving it; then our session's poll result."""
+        ours.poll()
+        for conn in self.theirs.poll():
+            self.peers[conn.peer_id] = Stock(conn.peer_id, self.their_id, self.their_data,
+                                             BLOCK_LEN, SEED, conn)
+        for peer in self.peers.values():
+            peer.poll()
+            if parent is not None:
+                peer.serve_external_requests(parent)
+        return self.session.poll()
+
+
+@contextlib.contextmanager
+def paired(cls: type) -> Iterator[tuple[Pair, Any]]:
+    """A :class:`Pair` and our transport; everything closed on the way out."""
+    ours, our_id = bind_transport()
+    theirs, their_id = bind_transport()
+    our_data = make_data(make_region(BLOCKS, BLOCK_LEN), None)
+    their_data = make_data(make_region(BLOCKS, BLOCK_LEN), None)
+    pair = Pair(theirs, their_id, their_data)
+    try:
+        pair.session = cls(their_id, our_id, our_data, BLOCK_LEN, SEED, ours.connect(their_id))
+        yield pair, ours
+    finally:
+        for peer in pair.peers.values():
+            peer.close()
+        ours.close()
+        theirs.close()
+        our_data.close()
+        their_data.close()
+
+
 def never_connected(cls: type) -> dict[str, Any]:
     """A session the manager built with ``conn=None`` and gave work, then closed."""
     data = make_data(make_region(BLOCKS, BLOCK_LEN), None)
@@ -80,24 +125,12 @@ def lookup_in_flight(cls: type, reset: bool = False) -> dict[str, Any]:
     """A ready session with a lookup the peer is still answering, and a load, at close().
     With ``reset`` (0.34.0's manager: a cache reset), ``abort_loads()`` first: the load's
     result, its deferred release, and ``has_pending_work`` until the peer's ack."""
-    ours, our_id = bind_transport()
-    theirs, their_id = bind_transport()
-    our_data = make_data(make_region(BLOCKS, BLOCK_LEN), None)
-    their_data = make_data(make_region(BLOCKS, BLOCK_LEN), None)
     parent = Holding()
-    peers: dict[str, Any] = {}
-    try:
-        s = cls(their_id, our_id, our_data, BLOCK_LEN, SEED, ours.connect(their_id))
+    with paired(cls) as (pair, ours):
+        s = pair.session
 
         def step() -> None:
-            ours.poll()
-            for conn in theirs.poll():
-                peers[conn.peer_id] = Stock(conn.peer_id, their_id, their_data, BLOCK_LEN,
-                                            SEED, conn)
-            for peer in peers.values():
-                peer.poll()
-                peer.serve_external_requests(parent)
-            s.poll()
+            pair.pump(ours, parent)
 
         end = time.monotonic() + BOUND_S
         while not s.ready and time.monotonic() < end:
@@ -125,58 +158,33 @@ def lookup_in_flight(cls: type, reset: bool = False) -> dict[str, Any]:
                         pending_after_ack=s.has_pending_work,
                         drained=[list(x) for x in s.drain_stores()])
         return {**seen, **close_result(s)}
-    finally:
-        for peer in peers.values():
-            peer.close()
-        ours.close()
-        theirs.close()
-        our_data.close()
-        their_data.close()
 
 
 def peer_left(cls: type) -> dict[str, Any]:
     """A ready session with a load in flight whose peer closes its session (its
     disconnect, then its connection's end): the load comes back from close(), never from
     a poll, and its request is failed there."""
-    ours, our_id = bind_transport()
-    theirs, their_id = bind_transport()
-    our_data = make_data(make_region(BLOCKS, BLOCK_LEN), None)
-    their_data = make_data(make_region(BLOCKS, BLOCK_LEN), None)
-    peers: dict[str, Any] = {}
-    try:
-        s = cls(their_id, our_id, our_data, BLOCK_LEN, SEED, ours.connect(their_id))
+    with paired(cls) as (pair, ours):
+        s = pair.session
         end = time.monotonic() + BOUND_S
         loads: list[Any] = []
 
         def step() -> None:
-            ours.poll()
-            for conn in theirs.poll():
-                peers[conn.peer_id] = Stock(conn.peer_id, their_id, their_data, BLOCK_LEN,
-                                            SEED, conn)
-            for peer in peers.values():
-                peer.poll()
-            loads.extend(s.poll().loads)
+            loads.extend(pair.pump(ours).loads)
 
         while not s.ready and time.monotonic() < end:
             step()
         ready = s.ready
         s.request_blocks(9, "r-left", [b"k6"], [6])
         step()
-        for peer in peers.values():
+        for peer in pair.peers.values():
             peer.close()  # its disconnect frame, then its connection closes
-        peers.clear()
+        pair.peers.clear()
         while s.alive and time.monotonic() < end:
             step()
         return {"ready": ready, "alive": s.alive,
                 "loads": [(r.job_id, r.kv_request_id, r.success) for r in loads],
                 **close_result(s)}
-    finally:
-        for peer in peers.values():
-            peer.close()
-        ours.close()
-        theirs.close()
-        our_data.close()
-        their_data.close()
 
 
 class Hitting(Holding):
@@ -198,63 +206,41 @@ def ack_lost(cls: type, probed: bool = False) -> dict[str, Any]:
     close() releases the destination. ``probed``: the request ran a lookup the peer
     answered first, so only the symmetric P2P load deadline is short (the PD one outlasts
     the run)."""
-    ours, our_id = bind_transport()
-    theirs, their_id = bind_transport()
-    our_data = make_data(make_region(BLOCKS, BLOCK_LEN), None)
-    their_data = make_data(make_region(BLOCKS, BLOCK_LEN), None)
-    peers: dict[str, Any] = {}
     patches.set_client_timeouts(0.2, 0.2)  # read when the session is built (the adapter)
     if probed:  # (undo() restores it: set_client_timeouts kept the original)
         stock_client._PD_LOAD_TIMEOUT_S = 2 * BOUND_S
     try:
-        s = cls(their_id, our_id, our_data, BLOCK_LEN, SEED, ours.connect(their_id))
-        end = time.monotonic() + BOUND_S
-
-        def step(parent: Any = None) -> None:
-            ours.poll()
-            for conn in theirs.poll():
-                peers[conn.peer_id] = Stock(conn.peer_id, their_id, their_data, BLOCK_LEN,
-                                            SEED, conn)
-            for peer in peers.values():
-                peer.poll()
-                if parent is not None:
-                    peer.serve_external_requests(parent)
-            s.poll()
-
-        while not s.ready and time.monotonic() < end:
-            step()
-        ready, hit = s.ready, None
-        if probed:
-            s.register_lookup("r-ack", b"k5")
-            s.flush_pending_lookups()
-            while hit is None and time.monotonic() < end:
-                step(Hitting())
-                hit = s.register_lookup("r-ack", b"k5")
-        s.request_blocks(9, "r-ack", [b"k5"], [5])  # the peer is never polled again
-        loads: list[Any] = []
-        while not loads and time.monotonic() < end:
-            loads = list(s.poll().loads)
-        released_at_report = bool(loads) and loads[0].deferred_release.is_set()
-        while s.alive and time.monotonic() < end:
-            ours.poll()
-            s.poll()
-        seen = {"ready": ready, "hit": hit, "alive": s.alive, "death_reason": s.death_reason,
-                "fault": s.data_plane_fault, "pending": s.has_pending_work,
-                "loads": [(r.job_id, r.kv_request_id, r.success, r.request_finished)
-                          for r in loads], "released_at_report": released_at_report}
-        closed = close_result(s)
-        seen["released_at_close"] = bool(loads) and loads[0].deferred_release.is_set()
-        return {**seen, **closed}
+        with paired(cls) as (pair, ours):
+            s = pair.session
+            end = time.monotonic() + BOUND_S
+            while not s.ready and time.monotonic() < end:
+                pair.pump(ours)
+            ready, hit = s.ready, None
+            if probed:
+                s.register_lookup("r-ack", b"k5")
+                s.flush_pending_lookups()
+                while hit is None and time.monotonic() < end:
+                    pair.pump(ours, Hitting())
+                    hit = s.register_lookup("r-ack", b"k5")
+            s.request_blocks(9, "r-ack", [b"k5"], [5])  # the peer is never polled again
+            loads: list[Any] = []
+            while not loads and time.monotonic() < end:
+                loads = list(s.poll().loads)
+            released_at_report = bool(loads) and loads[0].deferred_release.is_set()
+            while s.alive and time.monotonic() < end:
+                ours.poll()
+                s.poll()
+            seen = {"ready": ready, "hit": hit, "alive": s.alive,
+                    "death_reason": s.death_reason, "fault": s.data_plane_fault,
+                    "pending": s.has_pending_work,
+                    "loads": [(r.job_id, r.kv_request_id, r.success, r.request_finished)
+                              for r in loads], "released_at_report": released_at_report}
+            closed = close_result(s)
+            seen["released_at_close"] = bool(loads) and loads[0].deferred_release.is_set()
+            return {**seen, **closed}
     finally:
         patches.undo()  # the timeouts as they were (and vLLM's close: apply it again)
         patches.apply()
-        for peer in peers.values():
-            peer.close()
-        ours.close()
-        theirs.close()
-        our_data.close()
-        their_data.close()
-
 
 CASES = {"never_connected": never_connected, "lookup_in_flight": lookup_in_flight,
          "peer_left": peer_left}
