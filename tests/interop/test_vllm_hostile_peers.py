@@ -187,7 +187,7 @@ def _flood(seconds: float) -> Callable[[Attack, Any, Result], None]:
                         config_fingerprint=a.target.fingerprint, num_blocks=BLOCKS)
             flooders.append((p, plane))
         keys = [demo_key(b) for b in range(BLOCKS)]
-        stop = threading.Event()
+        stop, under_way = threading.Event(), threading.Event()
         served = {"fetches": 0, "queue full": 0, "done": 0, "ok": 0}
 
         def run() -> None:  # the flooders' sockets and agents are used by this thread only
@@ -206,13 +206,16 @@ def _flood(seconds: float) -> Callable[[Attack, Any, Result], None]:
                         if msg.get("type") == "transfer_done":
                             served["done"] += 1
                             served["ok"] += msg.get("success") is True
+                            under_way.set()  # the node is serving the flood
 
         thread = threading.Thread(target=run, name="flood")
         thread.start()
         try:
-            time.sleep(seconds / 2)  # the flood is under way: the legitimate fetch now
+            # The legitimate fetch once the node serves the flood (bounded: a node that
+            # never does fails "flood served" below).
+            under_way.wait(seconds)
             during = legit_fetch(a, "legit-during")
-            time.sleep(seconds / 2)
+            time.sleep(seconds / 2)  # the flood's span after it: a window, not a wait
         finally:
             stop.set()
             thread.join(60)
