@@ -38,7 +38,9 @@ class DemoStore:
     """The server's blocks, each at its own index. ``held_back`` keys count as "not yet
     stored" for each request until ``late_after`` seconds after the server first saw that
     request (its fetch, or its lookup): every request sees the same late store, however
-    many requests one server process serves."""
+    many requests one server process serves. The clock is read once per server step
+    (``tick``), so the keys of one lookup or fetch all see the same instant: two
+    held-back keys never land on either side of their late store."""
 
     def __init__(self, region: np.ndarray, blocks: int, hold_back: set[int],
                  late_after: float) -> None:
@@ -48,12 +50,17 @@ class DemoStore:
         self.held_back = {demo_key(i) for i in hold_back if i < blocks}
         self.late_after = late_after
         self.first_seen: dict[str, float] = {}
+        self.now = time.monotonic()
         for i in range(blocks):
             self.region[i] = np.frombuffer(demo_block(i, self.block_len), dtype=np.uint8)
 
+    def tick(self) -> None:
+        """Read the clock for the step that begins."""
+        self.now = time.monotonic()
+
     def seen(self, request: str) -> float:
         """When the server first saw ``request`` (now, the first time it is asked)."""
-        return self.first_seen.setdefault(request, time.monotonic())
+        return self.first_seen.setdefault(request, self.now)
 
     def holds(self, key: bytes) -> bool:
         return key in self.index
@@ -62,8 +69,7 @@ class DemoStore:
         """Whether ``key`` counts as stored for ``request`` now."""
         if key not in self.index:
             return False
-        return key not in self.held_back or (
-            time.monotonic() >= self.seen(request) + self.late_after)
+        return key not in self.held_back or self.now >= self.seen(request) + self.late_after
 
 
 class StandInParent(ParentManager):  # type: ignore[misc]
@@ -141,6 +147,7 @@ class Server:
         self.close()
 
     def step(self) -> None:
+        self.store.tick()
         for conn in self.transport.poll():
             rec = RecordingConnection(conn)
             session = new_session(conn.peer_id, self.local_id, self.data, self.args.block_len,
