@@ -152,6 +152,9 @@ def pytest_under(mutant: str | None, paths: list[str], timeout: float = 600.0) -
     env.pop(ENV, None)
     if mutant is not None:
         env[ENV] = mutant
+        # A wait the slip makes endless is the catch: 15 s shows it as well as the 60 s
+        # the real code's run keeps (tests/integration/test_node_stateful.py, QUIET_S).
+        env["P2PFSM_SLIP_QUIET_S"] = "15"
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "mutants.plugin", "-p",
            "no:cacheprovider", "-rf", *paths]
     try:
