@@ -22,6 +22,10 @@ SUITES = {
     "replay": ["tests/conformance/test_edge_cover.py"],
 }
 """The other suites a mutant is tried against (pytest paths, run in a subprocess)."""
+SLIP_QUIET = {"P2PFSM_SLIP_QUIET_S": "15"}
+"""The environment of a run under a slip: a wait the slip makes endless is the catch,
+and 15 s shows it as well as the 60 s the real code's run keeps
+(tests/integration/test_node_stateful.py, ``QUIET_S``)."""
 
 
 @dataclass(frozen=True)
@@ -152,9 +156,7 @@ def pytest_under(mutant: str | None, paths: list[str], timeout: float = 600.0) -
     env.pop(ENV, None)
     if mutant is not None:
         env[ENV] = mutant
-        # A wait the slip makes endless is the catch: 15 s shows it as well as the 60 s
-        # the real code's run keeps (tests/integration/test_node_stateful.py, QUIET_S).
-        env["P2PFSM_SLIP_QUIET_S"] = "15"
+        env.update(SLIP_QUIET)
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "mutants.plugin", "-p",
            "no:cacheprovider", "-rf", *paths]
     try:

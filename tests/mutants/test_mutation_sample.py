@@ -32,6 +32,7 @@ from p2pfsm.errors import ModelError
 
 from . import toml_mutator
 from .catalogue import EXECUTOR, EXECUTOR_SLIPS, NODE_SLIPS
+from .runner import SLIP_QUIET
 from .slips import Slip, compiled
 
 pytestmark = pytest.mark.mutation  # .ci/run: pytest -m mutation tests/mutants
@@ -123,7 +124,8 @@ def test_an_executor_mutant_is_killed_by_the_node_stateful_test(name: str) -> No
     assert slip is not None
     compiled(slip)
     code, first = toml_mutator.run_suite(None, EXECUTOR_SUITE, timeout=600, env={
-        "P2PFSM_SLIP": json.dumps([slip.module, slip.qualname, slip.old, slip.new])})
+        "P2PFSM_SLIP": json.dumps([slip.module, slip.qualname, slip.old, slip.new]),
+        **SLIP_QUIET})
     # Exit 1: tests ran and one failed (its first line may be a logged callback error).
     assert code == 1, f"{name}: {slip.old!r} -> {slip.new!r} survived ({code}): {first}"
     print(f"{name}: killed by {first}")
