@@ -127,6 +127,11 @@ class ClientPart:
         """Forget the tombstones older than a frame lifetime."""
         self.round_floor.purge(now)
 
+    def tombstone_tables(self) -> tuple[Tombstones, ...]:
+        """The tables :meth:`purge` purges (the session purges them itself, each only
+        when its earliest expiry is due)."""
+        return (self.round_floor,)
+
     def forget_tombstones(self) -> None:
         """The session is over: its tombstones go (nothing consults them any more)."""
         self.round_floor.clear()
