@@ -33,7 +33,7 @@ from p2pfsm.session.child import (
     Send,
     WithdrawFetch,
 )
-from p2pfsm.session.inputs import PeerGone, TimerId
+from p2pfsm.session.inputs import PeerGone, TimerId, timer_id
 from p2pfsm.session.outputs import (
     DestinationReleased,
     FailReason,
@@ -77,7 +77,7 @@ class ClientRound:
     fsm_tracer = property(attrgetter("env.tracer"))
 
     def _timer(self, kind: str) -> TimerId:
-        return TimerId(kind, (self.kv_request_id, self.round_seq))
+        return timer_id((kind, (self.kv_request_id, self.round_seq)))
 
     # guards: the session's behaviour profile
     def reports_at_abort_send(self, _ev: object) -> bool:

@@ -6,8 +6,9 @@ All are frozen, slotted dataclasses. A session consumes them one at a time with
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import NamedTuple
 
 from p2pfsm.protocol import Message
@@ -23,6 +24,12 @@ class TimerId(NamedTuple):
 
     kind: str
     key: tuple[str | int, ...] = ()
+
+
+timer_id: Callable[[tuple[str, tuple[str | int, ...]]], TimerId] = partial(
+    tuple.__new__, TimerId)
+"""``timer_id((kind, key))`` is ``TimerId(kind, key)``, made without the NamedTuple's
+Python-level ``__new__`` (the children make one on most steps that arm or disarm)."""
 
 
 @quick_init

@@ -42,6 +42,7 @@ from p2pfsm.session.inputs import (
     HostSupply,
     TimerId,
     WriteFinished,
+    timer_id,
 )
 from p2pfsm.session.outputs import (
     CancelWrite,
@@ -155,16 +156,16 @@ class ServerRound:
 
     @writes()
     def arm_store_timer(self, _ev: object) -> None:
-        self.env.outbox.append(Arm(TimerId("store", (self.serial,)), self.env.timeouts.store,
+        self.env.outbox.append(Arm(timer_id(("store", (self.serial,))), self.env.timeouts.store,
                                    keep=True))
 
     @writes()
     def disarm_store_timer(self, _ev: object) -> None:
-        self.env.outbox.append(Disarm(TimerId("store", (self.serial,))))
+        self.env.outbox.append(Disarm(timer_id(("store", (self.serial,)))))
 
     @writes()
     def arm_demand_timer(self, _ev: object) -> None:
-        self.env.outbox.append(Arm(TimerId("demand", (self.serial,)), self.env.timeouts.demand))
+        self.env.outbox.append(Arm(timer_id(("demand", (self.serial,))), self.env.timeouts.demand))
 
     @writes("round_seq")
     def adopt_round(self, ev: Fetch) -> None:

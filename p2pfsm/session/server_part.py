@@ -28,8 +28,8 @@ from p2pfsm.session.inputs import (
     HostAnswerLookup,
     HostDecline,
     HostSupply,
-    TimerId,
     WriteFinished,
+    timer_id,
 )
 from p2pfsm.session.outputs import FailReason, FetchArrived, StoreResult
 from p2pfsm.session.owner import Owner
@@ -147,8 +147,8 @@ class ServerPart:
         del self.round_by_serial[rnd.serial]
         for job in rnd.jobs:
             self.store_jobs.pop(job, None)
-        self.owner.disarm(TimerId("store", (rnd.serial,)))
-        self.owner.disarm(TimerId("demand", (rnd.serial,)))
+        self.owner.disarm(timer_id(("store", (rnd.serial,))))
+        self.owner.disarm(timer_id(("demand", (rnd.serial,))))
 
     def retire_lookup(self, served: ServerLookup) -> None:
         """Drop a served lookup whose machine reached a terminal state."""
