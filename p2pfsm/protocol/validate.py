@@ -198,11 +198,19 @@ def _check_hits(
 
 
 def _round_seq(obj: Mapping[str, object], limits: Limits) -> int:
-    return _check_int(_get(obj, "round_seq"), "round_seq", 0, limits.max_round_seq)
+    try:  # _get, inline: every request and reply names its round
+        value = obj["round_seq"]
+    except KeyError:
+        raise MalformedFrame("round_seq", "missing") from None
+    return _check_int(value, "round_seq", 0, limits.max_round_seq)
 
 
 def _request_id(obj: Mapping[str, object], limits: Limits) -> str:
-    return _check_text(_get(obj, "kv_request_id"), "kv_request_id", limits, nonempty=True)
+    try:  # _get, inline: every request and reply names its request
+        value = obj["kv_request_id"]
+    except KeyError:
+        raise MalformedFrame("kv_request_id", "missing") from None
+    return _check_text(value, "kv_request_id", limits, nonempty=True)
 
 
 # ---------------------------------------------------------------------------

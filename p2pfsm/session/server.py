@@ -185,7 +185,7 @@ class ServerRound:
             (self.demand, self.supply) if len(self.demand) <= len(self.supply)
             else (self.supply, self.demand)
         )
-        matched = [k for k in small if k in large]
+        matched = list(filter(large.__contains__, small))
         if not matched:
             return
         local = tuple(map(self.supply.pop, matched))

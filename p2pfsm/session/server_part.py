@@ -351,7 +351,7 @@ class ServerPart:
         rounds = [r for r in self.rounds.get(ev.kv_request_id, {}).values()
                   if r.origin == "host"]
         for rnd in rounds:
-            if rnd.demand and any(k in rnd.demand for k in ev.keys):
+            if rnd.demand and not rnd.demand.keys().isdisjoint(ev.keys):
                 return rnd
         unbound = self.server_round(ev.kv_request_id, None)
         if unbound is not None:
