@@ -226,7 +226,8 @@ class ClientPart:
         self.load_count += 1
         self.load_jobs.add(ev.job_id)
         owner.step(CLIENT_ROUND, rnd, trigger, ev)
-        for lk in list(self.lookups.get(ev.kv_request_id, ())):
+        lookups = self.lookups.get(ev.kv_request_id)
+        for lk in list(lookups) if lookups else ():
             if CLIENT_LOOKUP.can_fire(lk, "request_fetched", ev):  # the profile's choice
                 owner.step(CLIENT_LOOKUP, lk, "request_fetched", ev)
 

@@ -101,8 +101,8 @@ def _on_frame(s: Routed, ev: FrameReceived) -> None:
         if not s.machine.declares(s.fsm_state, _TABLE.stale) or not _on_stale(s, ev):
             s.emit(FrameIgnored("", f"session is {s.fsm_state}"))
         return
-    try:
-        msg = _message(s, ev)
+    try:  # _message, inline
+        msg = ev.message if ev.message is not None else decode(ev.frame, s.config.limits)
     except UnknownMessageType as exc:
         s.emit(FrameIgnored(str(exc.reason), "unknown message type"))
         return
