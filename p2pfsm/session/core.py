@@ -129,7 +129,6 @@ class Session:
         self.client: ClientPart = ClientPart(self, config, self._env)
         self.server: ServerPart = ServerPart(self, config, self._env)
         self._view = SessionView(self)
-        self._hook = self._committed  # bound once: every step passes it
         self._tombstones = (*self.client.tombstone_tables(), *self.server.tombstone_tables())
 
     def forget_tombstones(self) -> None:
@@ -277,7 +276,7 @@ class Session:
     def step(self, m: CompiledMachine, obj: Any, trigger: str, ev: object = None) -> str:
         """An input's step of ``obj`` (committed: :meth:`_committed`), then
         :meth:`settle`; the new state."""
-        dest: str = m.fires[trigger](obj, ev, self._hook)
+        dest: str = m.fires[trigger](obj, ev, self._committed)
         server = self.server
         if server.unsettled:
             run_cascade(server.unsettled, server.settle_one)
@@ -287,7 +286,7 @@ class Session:
                     ev: object = None) -> str:
         """A step inside another (a gate, an answer, a settle, pins of a lookup): committed
         like :meth:`step`, the settling left to the step that holds it; the new state."""
-        return m.fires[trigger](obj, ev, self._hook)
+        return m.fires[trigger](obj, ev, self._committed)
 
     def settle(self) -> None:
         """Fire the models' state-triggered transitions until none is due (a fixed point)."""
