@@ -264,7 +264,7 @@ class Session:
         self._queue = [m for m in self._queue if not (isinstance(m, Fetch) and m.keys  # retired
                        and (m.kv_request_id, m.round_seq) == (kv_request_id, round_seq))]
 
-    def arm(self, timer: TimerId, delay: float, keep: bool = False) -> None:
+    def arm(self, timer: TimerId, delay: float, *, keep: bool = False) -> None:
         if keep and timer in self._timers:
             return
         self._timers.arm(timer, self.now + delay)

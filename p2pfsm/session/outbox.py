@@ -48,7 +48,7 @@ class Applying(Protocol):
 
     def send(self, message: Message) -> None: ...
 
-    def arm(self, timer: TimerId, delay: float, keep: bool = False) -> None: ...
+    def arm(self, timer: TimerId, delay: float, *, keep: bool = False) -> None: ...
 
     def disarm(self, timer: TimerId) -> None: ...
 
@@ -71,7 +71,7 @@ def apply_outbox(s: Applying, outbox: list[ChildOutput], obj: Any) -> None:
         if kind is Send:  # the common requests first
             s.send(item.message)  # type: ignore[union-attr]
         elif kind is Arm:
-            s.arm(item.timer, item.delay, item.keep)  # type: ignore[union-attr]
+            s.arm(item.timer, item.delay, keep=item.keep)  # type: ignore[union-attr]
         elif kind is Disarm:
             s.disarm(item.timer)  # type: ignore[union-attr]
         elif kind is StartWrite:
