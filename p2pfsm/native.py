@@ -62,6 +62,8 @@ LEFT_OUT: dict[str, str] = {
     "p2pfsm/fsm/profiles.py": "the behaviour profiles are read once, when a config is "
                               "built; nothing runs there per event",
     "p2pfsm/protocol/__init__.py": "re-exports only; nothing runs there per event",
+    "p2pfsm/protocol/frozen.py": "patches the __init__ of pure-Python dataclasses once, at "
+                                 "import; the __init__ it writes runs as plain Python",
     "p2pfsm/protocol/limits.py": "a compiled dataclass converts its int fields when built "
                                  "(True -> 1, 1.5 -> TypeError) before __post_init__ could "
                                  "refuse bad values with a ConfigError",

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from p2pfsm.errors import InvalidTransition, ModelError
-from p2pfsm.fsm.generate import emit
+from p2pfsm.fsm.generate import Fires, emit
 from p2pfsm.fsm.spec import MachineSpec, TransitionSpec
 from p2pfsm.fsm.trace import Tracer
 
@@ -97,6 +97,8 @@ def check_writes(on: bool) -> bool:
     global _checking
     old = _checking
     _checking = on
+    for m in _MACHINES:
+        m.fires = m._checked() if on else m._fire
     return old
 
 
@@ -166,10 +168,14 @@ class CompiledMachine:
         self.code = emit(self._table, getattr(impl, "fsm_data", ()), hasattr(impl, "fsm_outputs"))
         """The generated source that fires this machine."""
         self._fire, self._can = self._load(self.code, "")
-        self._fire_checked: dict[str, Callable[..., str]] | None = None
+        self._fire_checked: Fires | None = None
         """The verifying variant, generated the first time :func:`check_writes` is on."""
+        self.fires: Fires = self._checked() if _checking else self._fire
+        """The fire function of each trigger, ``fires[trigger](obj, event, then)``: the
+        variant :func:`check_writes` selects (an owner may call it without :meth:`fire`)."""
+        _MACHINES.append(self)
 
-    def _checked(self) -> dict[str, Callable[..., str]]:
+    def _checked(self) -> Fires:
         """The verifying variant's fire functions (generated on first use)."""
         if self._fire_checked is None:
             impl = self._impl
@@ -179,7 +185,7 @@ class CompiledMachine:
         return self._fire_checked
 
     def _load(self, code: str, variant: str
-              ) -> tuple[dict[str, Callable[..., str]], dict[str, Callable[..., bool]]]:
+              ) -> tuple[Fires, dict[str, Callable[..., bool]]]:
         """Compile generated ``code`` in memory (its lines kept for tracebacks): its fire
         and can functions by trigger."""
         ns: dict[str, Any] = {"_m": self, "_NAME": self.name, "_Invalid": InvalidTransition,
@@ -192,7 +198,7 @@ class CompiledMachine:
         exec(compile(code, where, "exec"), ns)  # our own text, made from models/
         linecache.cache[where] = (len(code), None, code.splitlines(True), where)
         pairs: dict[str, tuple[Callable[..., str], Callable[..., bool]]] = ns["TRIGGERS"]
-        return ({trigger: pair[0] for trigger, pair in pairs.items()},
+        return (Fires(self.name, {trigger: pair[0] for trigger, pair in pairs.items()}),
                 {trigger: pair[1] for trigger, pair in pairs.items()})
 
     def state_set(self, name: str) -> frozenset[str]:
@@ -204,6 +210,10 @@ class CompiledMachine:
         """True when ``trigger`` has an enabled transition from the current state."""
         can = self._can.get(trigger)
         return can is not None and can(obj, event)
+
+    def sources(self, trigger: str) -> frozenset[str]:
+        """The states from which the model declares ``trigger`` (guarded or not)."""
+        return frozenset(state for state, trig in self._table if trig == trigger)
 
     def declares(self, state: str, trigger: str) -> bool:
         """True when the model has a transition for ``trigger`` from ``state`` (guarded or not)."""
@@ -220,10 +230,7 @@ class CompiledMachine:
         Raises:
             InvalidTransition: no declared transition is enabled; ``obj`` is unchanged.
         """
-        fire = (self._checked() if _checking else self._fire).get(trigger)
-        if fire is None:
-            raise InvalidTransition(self.name, obj.fsm_state, trigger)
-        return fire(obj, event, then)
+        return self.fires[trigger](obj, event, then)
 
     def fire_by_table(self, obj: FsmObject, trigger: str, event: object = None,
                       then: Then | None = None) -> str:
@@ -280,6 +287,10 @@ class CompiledMachine:
                     return cand
         return None
 
+
+_MACHINES: list[CompiledMachine] = []
+"""Every machine built (a few: one per model and class, some more in tests):
+:func:`check_writes` switches their :attr:`~CompiledMachine.fires`."""
 
 _PLAIN = frozenset({int, bool, float, str, bytes, tuple, frozenset, type(None)})
 """Types that are never containers to copy: one set lookup settles most attributes."""

@@ -24,12 +24,30 @@ built and compiled at import.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
+from p2pfsm.errors import InvalidTransition
 from p2pfsm.fsm.spec import TransitionSpec
 
-__all__ = ["Candidate", "emit"]
+__all__ = ["Candidate", "Fires", "emit"]
+
+
+class Fires(dict[str, Callable[..., str]]):
+    """A machine's fire function of each trigger; a trigger it lacks gets one that
+    raises :class:`InvalidTransition` (no declared step), so a caller indexes it
+    without a test."""
+
+    def __init__(self, machine: str, fires: dict[str, Callable[..., str]]) -> None:
+        super().__init__(fires)
+        self.machine = machine
+
+    def __missing__(self, trigger: str) -> Callable[..., str]:
+        machine = self.machine
+
+        def undeclared(obj: Any, _event: object, _then: object) -> str:
+            raise InvalidTransition(machine, obj.fsm_state, trigger)
+        return undeclared
 
 
 class Candidate(Protocol):
@@ -86,9 +104,25 @@ def _test(states: tuple[str, ...]) -> str:
 
 
 def _condition(t: TransitionSpec) -> str | None:
-    parts = [f"g_{g}(obj, event)" for g in t.guards]
-    parts += [f"not g_{g}(obj, event)" for g in t.unless]
-    return " and ".join(parts) or None
+    return " and ".join(_terms(t)) or None
+
+
+def _terms(t: TransitionSpec) -> list[str]:
+    return ([f"g_{g}(obj, event)" for g in t.guards]
+            + [f"not g_{g}(obj, event)" for g in t.unless])
+
+
+def _simplified(terms: list[str], false: set[str]) -> list[str] | None:
+    """``terms`` less those an earlier candidate of the state proved true; None when one
+    of them it proved false (the candidate cannot be taken). Guards are pure, so a
+    guard asked once need not be asked again in the same step."""
+    kept = []
+    for term in terms:
+        if term in false:
+            return None
+        if (term[4:] if term.startswith("not ") else f"not {term}") not in false:
+            kept.append(term)
+    return kept
 
 
 def _fire(k: str, trigger: str, groups: list[_Group], data: tuple[str, ...],
@@ -98,15 +132,20 @@ def _fire(k: str, trigger: str, groups: list[_Group], data: tuple[str, ...],
            "    source = obj.fsm_state"]
     for n, (states, cands) in enumerate(groups):
         out.append(f"    {'if' if n == 0 else 'elif'} {_test(states)}:")
+        false: set[str] = set()  # single conditions of earlier candidates: they failed
         for cand in cands:
-            cond = _condition(cand.spec)
+            terms = _simplified(_terms(cand.spec), false)
+            if terms is None:
+                continue
             pad = "        "
-            if cond is not None:
-                out.append(f"        if {cond}:")
+            if terms:
+                out.append(f"        if {' and '.join(terms)}:")
                 pad += "    "
             out += [pad + line for line in _commit(trigger, cand, data, outputs, check)]
-            if cond is None:
+            if not terms:
                 break  # an unguarded candidate is always taken: the rest cannot be
+            if len(terms) == 1:
+                false.add(terms[0])
     out.append(f"    raise _Invalid(_NAME, source, {trigger!r})")
     return out
 

@@ -17,8 +17,10 @@ from dataclasses import dataclass
 from typing import ClassVar, TypeAlias
 
 from p2pfsm.protocol import names
+from p2pfsm.protocol.frozen import quick_init
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Connect:
     """Handshake opener, sent by both sides (client first, server in reply).
@@ -65,6 +67,7 @@ class Connect:
     config_digests: tuple[tuple[str, str], ...] | None = None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ConnectAck:
     """Handshake acknowledgement, sent once the peer's metadata is registered."""
@@ -74,6 +77,7 @@ class ConnectAck:
     peer_id: str
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Disconnect:
     """Graceful close, either direction; carries no field besides ``type``."""
@@ -81,6 +85,7 @@ class Disconnect:
     TYPE: ClassVar[str] = names.DISCONNECT
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Fetch:
     """Client to server: write these keys into these client block indexes.
@@ -102,6 +107,7 @@ class Fetch:
         return not self.keys
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Lookup:
     """Client to server: which of these keys do you hold? (symmetric P2P)."""
@@ -113,6 +119,7 @@ class Lookup:
     round_seq: int
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class LookupResp:
     """Server to client: ``hits[i]`` answers ``keys[i]``: a lookup's keys in its order,
@@ -126,6 +133,7 @@ class LookupResp:
     hits: tuple[bool, ...]
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class TransferDone:
     """Server to client: round ``round_seq`` of the request ended (or failed)."""
@@ -137,6 +145,7 @@ class TransferDone:
     round_seq: int
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class AbortFetch:
     """Client to server: cancel round ``round_seq`` of the request."""
@@ -147,6 +156,7 @@ class AbortFetch:
     round_seq: int
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class AbortAck:
     """Server to client: the round is cancelled and no write can still land."""

@@ -17,11 +17,13 @@ from itertools import count
 from p2pfsm.fsm import Behaviour, Tracer, profile
 from p2pfsm.fsm.profiles import DEFAULT_PROFILE
 from p2pfsm.protocol import Message
+from p2pfsm.protocol.frozen import quick_init
 from p2pfsm.session.config import Timeouts
 from p2pfsm.session.inputs import TimerId
 from p2pfsm.session.outputs import Output
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Send:
     """Send a frame to the peer (at once when ready, else after the handshake, in order)."""
@@ -29,6 +31,7 @@ class Send:
     message: Message
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Arm:
     """Arm ``timer`` ``delay`` seconds from now; ``keep``: leave an armed one as it is."""
@@ -38,6 +41,7 @@ class Arm:
     keep: bool = False
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Disarm:
     """Disarm ``timer`` if it is armed."""
@@ -45,6 +49,7 @@ class Disarm:
     timer: TimerId
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class HoldJob:
     """This serve round now holds the pins of store job ``job_id`` (until it ends)."""
@@ -52,6 +57,7 @@ class HoldJob:
     job_id: int
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class PinHits:
     """Lookup hits pinned by ``job_id``: supply of (kv_request_id, round_seq)."""
@@ -63,6 +69,7 @@ class PinHits:
     local_indexes: tuple[int, ...]
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ExpireLookupRound:
     """The lookup pins of (kv_request_id, round_seq) expired: its fetch fails fast."""
@@ -71,12 +78,14 @@ class ExpireLookupRound:
     round_seq: int
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class BindRound:
     """This serve round, supplied before any frame named it, now answers to its fetch's
     round_seq: the owner files it under that number."""
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class EndRoles:
     """The session ended: every open child of the client part receives ``trigger``
@@ -86,6 +95,7 @@ class EndRoles:
     trigger: str
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class EndSession:
     """A child's deadline ends the whole session: the owner fires the session machine's
@@ -94,6 +104,7 @@ class EndSession:
     trigger: str
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ReleaseHeld:
     """The peer can no longer write into us (``cause``): every destination the session
@@ -102,6 +113,7 @@ class ReleaseHeld:
     cause: str
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class WithdrawFetch:
     """Take the fetch of (kv_request_id, round_seq) out of the handshake's queue: it is

@@ -13,13 +13,13 @@ docs/explanation/architecture.md).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 
 from p2pfsm.fsm import (
     AbortAckTimeout,
     CompiledMachine,
     LookupTimeout,
     ReportFailedLoad,
-    Tracer,
     UnsentFetch,
     machine,
     writes,
@@ -28,13 +28,12 @@ from p2pfsm.protocol import AbortFetch, Fetch, Lookup, TransferDone
 from p2pfsm.session.child import (
     Arm,
     ChildEnv,
-    ChildOutput,
     Disarm,
     EndSession,
     Send,
     WithdrawFetch,
 )
-from p2pfsm.session.inputs import PeerGone, TimerId
+from p2pfsm.session.inputs import PeerGone, TimerId, timer_id
 from p2pfsm.session.outputs import (
     DestinationReleased,
     FailReason,
@@ -69,23 +68,16 @@ class ClientRound:
         self.dest_indexes = dest_indexes
         self.cause: FailReason | None = None  # why the round was aborted, once it was
 
-    @property
-    def fsm_outputs(self) -> list[ChildOutput]:
-        return self.env.outbox
+    fsm_outputs = property(attrgetter("env.outbox"))  # C getters: read on every step
 
     @property
     def fsm_label(self) -> str:
         return f"{self.kv_request_id}/{self.round_seq}"
 
-    @property
-    def fsm_tracer(self) -> Tracer | None:
-        return self.env.tracer
-
-    def _emit(self, item: ChildOutput) -> None:
-        self.env.outbox.append(item)
+    fsm_tracer = property(attrgetter("env.tracer"))
 
     def _timer(self, kind: str) -> TimerId:
-        return TimerId(kind, (self.kv_request_id, self.round_seq))
+        return timer_id((kind, (self.kv_request_id, self.round_seq)))
 
     # guards: the session's behaviour profile
     def reports_at_abort_send(self, _ev: object) -> bool:
@@ -103,26 +95,27 @@ class ClientRound:
     # actions
     @writes()
     def send_fetch(self, _ev: object) -> None:
-        self._emit(Send(Fetch(self.kv_request_id, self.keys, self.dest_indexes, self.round_seq)))
+        self.env.outbox.append(Send(Fetch(self.kv_request_id, self.keys, self.dest_indexes,
+                                          self.round_seq)))
 
     @writes()
     def withdraw_fetch(self, _ev: object) -> None:
-        self._emit(WithdrawFetch(self.kv_request_id, self.round_seq))
+        self.env.outbox.append(WithdrawFetch(self.kv_request_id, self.round_seq))
 
     @writes()
     def send_terminal_fetch(self, _ev: object) -> None:
         # Closes the request on the peer (its parked supply is failed), naming this round,
         # whose fetch the peer never got; the session drops it while another load or
         # lookup of the request is open.
-        self._emit(Send(Fetch(self.kv_request_id, (), (), self.round_seq)))
+        self.env.outbox.append(Send(Fetch(self.kv_request_id, (), (), self.round_seq)))
 
     @writes()
     def arm_load_timer(self, _ev: object) -> None:
-        self._emit(Arm(self._timer("load"), self.env.timeouts.load_for(self.probed)))
+        self.env.outbox.append(Arm(self._timer("load"), self.env.timeouts.load_for(self.probed)))
 
     @writes()
     def disarm_load_timer(self, _ev: object) -> None:
-        self._emit(Disarm(self._timer("load")))
+        self.env.outbox.append(Disarm(self._timer("load")))
 
     # Why the round is aborted: the first abort's transition says; re-sends keep it.
     @writes("cause")
@@ -137,20 +130,20 @@ class ClientRound:
 
     @writes()
     def send_abort(self, _ev: object) -> None:
-        self._emit(Send(AbortFetch(self.kv_request_id, self.round_seq)))
+        self.env.outbox.append(Send(AbortFetch(self.kv_request_id, self.round_seq)))
 
     @writes()
     def arm_abort_ack_timer(self, _ev: object) -> None:
-        self._emit(Arm(self._timer("abort_ack"), self.env.timeouts.abort_ack))
+        self.env.outbox.append(Arm(self._timer("abort_ack"), self.env.timeouts.abort_ack))
 
     @writes()
     def disarm_abort_ack_timer(self, _ev: object) -> None:
-        self._emit(Disarm(self._timer("abort_ack")))
+        self.env.outbox.append(Disarm(self._timer("abort_ack")))
 
     @writes()
     def report_transfer_result(self, ev: TransferDone) -> None:
         if ev.success:
-            self._emit(LoadResult(self.job_id, self.kv_request_id, True, True))
+            self.env.outbox.append(LoadResult(self.job_id, self.kv_request_id, True, True))
         else:
             self._fail(FailReason.PEER_FAILED, "the peer answered transfer_done(false) (it "
                        "lacks a key, declined the round or its host finished the request)")
@@ -178,17 +171,17 @@ class ClientRound:
 
     @writes()
     def end_session_ack_expired(self, _ev: object) -> None:
-        self._emit(EndSession("abort_ack_expired"))
+        self.env.outbox.append(EndSession("abort_ack_expired"))
 
     @writes()
     def arm_hold_timer(self, _ev: object) -> None:
         hold = self.env.timeouts.hold
         if hold is not None:  # no bounded hold: only a proof releases the destination
-            self._emit(Arm(self._timer("hold"), hold))
+            self.env.outbox.append(Arm(self._timer("hold"), hold))
 
     @writes()
     def disarm_hold_timer(self, _ev: object) -> None:
-        self._emit(Disarm(self._timer("hold")))
+        self.env.outbox.append(Disarm(self._timer("hold")))
 
     # The destination is free: each transition that frees it names why.
     @writes()
@@ -212,7 +205,8 @@ class ClientRound:
         self._released(ReleaseCause.NEVER_SENT)  # the fetch never left the queue
 
     def _released(self, cause: ReleaseCause) -> None:
-        self._emit(DestinationReleased(self.job_id, self.kv_request_id, self.round_seq, cause))
+        self.env.outbox.append(DestinationReleased(self.job_id, self.kv_request_id,
+                                                   self.round_seq, cause))
 
     @writes()
     def report_orphaned(self, _ev: object) -> None:
@@ -239,7 +233,7 @@ class ClientRound:
 
     def _fail(self, reason: FailReason, detail: str, *, released: bool = True,
               never_sent: bool = False) -> None:
-        self._emit(LoadResult(self.job_id, self.kv_request_id, False, released, reason,
+        self.env.outbox.append(LoadResult(self.job_id, self.kv_request_id, False, released, reason,
                               f"{len(self.keys)} key(s): {detail}", never_sent))
 
 
@@ -275,20 +269,13 @@ class ClientLookup:
         """The peer has not answered ``key`` of this lookup yet (and it asked for it)."""
         return key not in self.answers and key in self.keys
 
-    @property
-    def fsm_outputs(self) -> list[ChildOutput]:
-        return self.env.outbox
+    fsm_outputs = property(attrgetter("env.outbox"))  # C getters: read on every step
 
     @property
     def fsm_label(self) -> str:
         return f"{self.kv_request_id}/{self.round_seq}#{self.serial}"
 
-    @property
-    def fsm_tracer(self) -> Tracer | None:
-        return self.env.tracer
-
-    def _emit(self, item: ChildOutput) -> None:
-        self.env.outbox.append(item)
+    fsm_tracer = property(attrgetter("env.tracer"))
 
     # guards
     def completes(self, ev: LookupPart) -> bool:
@@ -301,19 +288,19 @@ class ClientLookup:
     # actions
     @writes()
     def end_session_lookup_expired(self, _ev: object) -> None:
-        self._emit(EndSession("lookup_expired"))
+        self.env.outbox.append(EndSession("lookup_expired"))
 
     @writes()
     def send_lookup(self, _ev: object) -> None:
-        self._emit(Send(Lookup(self.kv_request_id, self.keys, self.round_seq)))
+        self.env.outbox.append(Send(Lookup(self.kv_request_id, self.keys, self.round_seq)))
 
     @writes()
     def arm_lookup_timer(self, _ev: object) -> None:
-        self._emit(Arm(TimerId("lookup", (self.serial,)), self.env.timeouts.lookup))
+        self.env.outbox.append(Arm(TimerId("lookup", (self.serial,)), self.env.timeouts.lookup))
 
     @writes()
     def disarm_lookup_timer(self, _ev: object) -> None:
-        self._emit(Disarm(TimerId("lookup", (self.serial,))))
+        self.env.outbox.append(Disarm(TimerId("lookup", (self.serial,))))
 
     @writes("answers")
     def record_part(self, ev: LookupPart) -> None:
@@ -322,7 +309,7 @@ class ClientLookup:
     @writes()
     def report_answer(self, _ev: object) -> None:
         hits = tuple(self.answers[k] for k in self.keys)
-        self._emit(LookupResult(self.kv_request_id, self.keys, hits, answered=True))
+        self.env.outbox.append(LookupResult(self.kv_request_id, self.keys, hits, answered=True))
 
     # The lookup ends unanswered: each transition that ends it names why.
     @writes()
@@ -351,7 +338,7 @@ class ClientLookup:
     def _miss(self, reason: FailReason, why: str, *, never_sent: bool = False) -> None:
         hits = tuple(self.answers.get(k, False) for k in self.keys)
         left = len(self.keys) - len(self.answers)
-        self._emit(LookupResult(self.kv_request_id, self.keys, hits, False, reason,
+        self.env.outbox.append(LookupResult(self.kv_request_id, self.keys, hits, False, reason,
                                 f"{left} of {len(self.keys)} key(s) {why}: taken as MISS",
                                 never_sent))
 

@@ -127,6 +127,11 @@ class ClientPart:
         """Forget the tombstones older than a frame lifetime."""
         self.round_floor.purge(now)
 
+    def tombstone_tables(self) -> tuple[Tombstones, ...]:
+        """The tables :meth:`purge` purges (the session purges them itself, each only
+        when its earliest expiry is due)."""
+        return (self.round_floor,)
+
     def forget_tombstones(self) -> None:
         """The session is over: its tombstones go (nothing consults them any more)."""
         self.round_floor.clear()
@@ -221,7 +226,8 @@ class ClientPart:
         self.load_count += 1
         self.load_jobs.add(ev.job_id)
         owner.step(CLIENT_ROUND, rnd, trigger, ev)
-        for lk in list(self.lookups.get(ev.kv_request_id, ())):
+        lookups = self.lookups.get(ev.kv_request_id)
+        for lk in list(lookups) if lookups else ():
             if CLIENT_LOOKUP.can_fire(lk, "request_fetched", ev):  # the profile's choice
                 owner.step(CLIENT_LOOKUP, lk, "request_fetched", ev)
 

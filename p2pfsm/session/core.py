@@ -30,6 +30,7 @@ tools read the session through :attr:`Session.view` (:mod:`~p2pfsm.session.view`
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Any, ClassVar
 
 from p2pfsm.errors import HandshakeMismatch, LocalProtocolError
@@ -128,6 +129,7 @@ class Session:
         self.client: ClientPart = ClientPart(self, config, self._env)
         self.server: ServerPart = ServerPart(self, config, self._env)
         self._view = SessionView(self)
+        self._tombstones = (*self.client.tombstone_tables(), *self.server.tombstone_tables())
 
     def forget_tombstones(self) -> None:
         """Empty the per-request tables (the session is over: an ended session keeps
@@ -144,8 +146,9 @@ class Session:
                 the session is unchanged.
         """
         self.now = now
-        self.client.purge(now)
-        self.server.purge(now)
+        for table in self._tombstones:  # the parts' purge, without a call per table
+            if now >= table.purge_at:
+                table.purge(now)
         handler = HANDLERS.get(type(event))
         if handler is None:
             raise LocalProtocolError(f"unknown input {type(event).__name__}")
@@ -173,22 +176,15 @@ class Session:
     def tracer(self, tracer: Tracer | None) -> None:
         self._env.tracer = tracer
 
-    @property
-    def outputs(self) -> list[Output]:
-        """The outputs of the step in progress (machine actions append to it)."""
-        return self._out
+    outputs = property(attrgetter("_out"), doc="The outputs of the step in progress.")
 
-    @property
-    def fsm_outputs(self) -> list[Output]:
-        return self._out
+    fsm_outputs = property(attrgetter("_out"))  # C getters: read on every step
 
     @property
     def fsm_label(self) -> str:
         return self.config.local_id
 
-    @property
-    def fsm_tracer(self) -> Tracer | None:
-        return self.tracer
+    fsm_tracer = property(attrgetter("_env.tracer"))
 
     @property
     def state(self) -> str:
@@ -259,7 +255,8 @@ class Session:
         withholds is dropped); else queue in order."""
         if isinstance(message, _HANDSHAKE_TYPES) or (
                 self.fsm_state in OPEN_STATES and not self._handing_off):
-            self._out.extend(() if self.client.withheld(message) else (SendFrame(message),))
+            if type(message) is not Fetch or message.keys or not self.client.withheld(message):
+                self._out.append(SendFrame(message))
         else:
             self._queue.append(message)
 
@@ -279,21 +276,22 @@ class Session:
     def step(self, m: CompiledMachine, obj: Any, trigger: str, ev: object = None) -> str:
         """An input's step of ``obj`` (committed: :meth:`_committed`), then
         :meth:`settle`; the new state."""
-        dest = m.fire(obj, trigger, ev, self._committed)
-        if self.server.unsettled:
-            self.settle()
+        dest: str = m.fires[trigger](obj, ev, self._committed)
+        server = self.server
+        if server.unsettled:
+            run_cascade(server.unsettled, server.settle_one)
         return dest
 
     def step_nested(self, m: CompiledMachine, obj: Any, trigger: str,
                     ev: object = None) -> str:
         """A step inside another (a gate, an answer, a settle, pins of a lookup): committed
         like :meth:`step`, the settling left to the step that holds it; the new state."""
-        return m.fire(obj, trigger, ev, self._committed)
+        return m.fires[trigger](obj, ev, self._committed)
 
     def settle(self) -> None:
         """Fire the models' state-triggered transitions until none is due (a fixed point)."""
-        server = self.server
-        run_cascade(server.unsettled, server.settle_one)
+        if self.server.unsettled:
+            run_cascade(self.server.unsettled, self.server.settle_one)
 
     def require_started(self, what: str) -> None:
         """Refuse a host call before HostStart."""
@@ -324,6 +322,7 @@ class Session:
             retire(self, obj)
         elif type(obj) is ClientRound:
             self.client.note(obj)
+            return  # the server part notes only its own children
         self.server.note(m, obj, trigger, dest)
 
     def end_roles(self, trigger: str) -> None:

@@ -20,6 +20,7 @@ the parts' entry points.
 from __future__ import annotations
 
 from collections.abc import Callable
+from operator import attrgetter
 from typing import Any, Protocol
 
 from p2pfsm.errors import (
@@ -100,8 +101,8 @@ def _on_frame(s: Routed, ev: FrameReceived) -> None:
         if not s.machine.declares(s.fsm_state, _TABLE.stale) or not _on_stale(s, ev):
             s.emit(FrameIgnored("", f"session is {s.fsm_state}"))
         return
-    try:
-        msg = _message(s, ev)
+    try:  # _message, inline
+        msg = ev.message if ev.message is not None else decode(ev.frame, s.config.limits)
     except UnknownMessageType as exc:
         s.emit(FrameIgnored(str(exc.reason), "unknown message type"))
         return
@@ -115,10 +116,10 @@ def _on_frame(s: Routed, ev: FrameReceived) -> None:
         if takes is None:  # the session machine's own frame
             s.step(s.machine, s, trigger, msg)
         else:
-            route, take = takes[trigger]
+            route, (part, take) = takes[trigger]
             if not s.machine.can_fire(s, route.gate):
                 raise InvalidTransition(s.machine.name, s.fsm_state, route.gate)
-            take(s, msg, route)
+            take(part(s), msg, route)
     except InvalidTransition as exc:
         s.emit(ProtocolViolation(RemoteProtocolError(
             "type", f"{msg.TYPE} not allowed: {exc}")))
@@ -163,18 +164,20 @@ def _on_stale(s: Routed, ev: FrameReceived) -> bool:
     return False
 
 
-PartTake = Callable[[Routed, Any, Route], None]
+PartTake = tuple[Callable[[Routed], Any], Callable[[Any, Any, Route], None]]
+_SERVER: Callable[[Routed], Any] = attrgetter("server")
+_CLIENT: Callable[[Routed], Any] = attrgetter("client")
 _PART_TAKES: dict[tuple[str, str], PartTake] = {
-    ("server_round", "recv_fetch"): lambda s, m, r: s.server.on_fetch(m, r),
-    ("server_round", "recv_terminal_fetch"): lambda s, m, r: s.server.on_terminal_fetch(m, r),
-    ("server_lookup", "recv_lookup"): lambda s, m, r: s.server.on_lookup(m, r),
-    ("server_round", "recv_abort_fetch"): lambda s, m, r: s.server.on_abort_fetch(m, r),
-    ("client_round", "recv_transfer_done"):
-        lambda s, m, r: s.client.on_transfer_done(m, r),
-    ("client_round", "recv_abort_ack"): lambda s, m, r: s.client.on_abort_ack(m, r),
-    ("client_lookup", "recv_lookup_resp"): lambda s, m, r: s.client.on_lookup_resp(m, r),
+    ("server_round", "recv_fetch"): (_SERVER, ServerPart.on_fetch),
+    ("server_round", "recv_terminal_fetch"): (_SERVER, ServerPart.on_terminal_fetch),
+    ("server_lookup", "recv_lookup"): (_SERVER, ServerPart.on_lookup),
+    ("server_round", "recv_abort_fetch"): (_SERVER, ServerPart.on_abort_fetch),
+    ("client_round", "recv_transfer_done"): (_CLIENT, ClientPart.on_transfer_done),
+    ("client_round", "recv_abort_ack"): (_CLIENT, ClientPart.on_abort_ack),
+    ("client_lookup", "recv_lookup_resp"): (_CLIENT, ClientPart.on_lookup_resp),
 }
-"""(machine, trigger) of a frame row that is not the session's -> the part that takes it."""
+"""(machine, trigger) of a frame row that is not the session's -> the part that takes it
+(how to reach the part from the session, and its method)."""
 
 
 # -------------------------------------------------------------- host calls

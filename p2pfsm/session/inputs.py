@@ -6,11 +6,13 @@ All are frozen, slotted dataclasses. A session consumes them one at a time with
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import NamedTuple
 
 from p2pfsm.protocol import Message
+from p2pfsm.protocol.frozen import quick_init
 
 
 class TimerId(NamedTuple):
@@ -24,6 +26,13 @@ class TimerId(NamedTuple):
     key: tuple[str | int, ...] = ()
 
 
+timer_id: Callable[[tuple[str, tuple[str | int, ...]]], TimerId] = partial(
+    tuple.__new__, TimerId)
+"""``timer_id((kind, key))`` is ``TimerId(kind, key)``, made without the NamedTuple's
+Python-level ``__new__`` (the children make one on most steps that arm or disarm)."""
+
+
+@quick_init
 @dataclass(frozen=True, slots=True)
 class FrameReceived:
     """One control frame from the peer, still encoded (untrusted bytes).
@@ -39,6 +48,7 @@ class FrameReceived:
     message: Message | None = field(default=None, repr=False, compare=False)
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class TimerFired:
     """A timer of the session reached its deadline (one of
@@ -47,6 +57,7 @@ class TimerFired:
     timer: TimerId
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class RegistrationFinished:
     """The data plane finished registering the peer (answer to StartRegistration)."""
@@ -55,6 +66,7 @@ class RegistrationFinished:
     reason: str = ""
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class WriteFinished:
     """A write started by StartWrite can no longer touch memory (landed, failed or cancelled)."""
@@ -63,6 +75,7 @@ class WriteFinished:
     ok: bool
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class TransportLost:
     """The control connection to the peer failed."""
@@ -70,6 +83,7 @@ class TransportLost:
     reason: str
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class PeerGone:
     """The peer can no longer write into our memory: its new incarnation connected, or
@@ -80,11 +94,13 @@ class PeerGone:
     cause: str
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class HostStart:
     """Open the session: send our connect."""
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class HostFetch:
     """Load ``keys`` from the peer into our blocks ``dest_indexes`` (one load job)."""
@@ -95,6 +111,7 @@ class HostFetch:
     dest_indexes: tuple[int, ...]
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class HostLookup:
     """Ask the peer which of ``keys`` it holds (symmetric P2P)."""
@@ -103,6 +120,7 @@ class HostLookup:
     keys: tuple[bytes, ...]
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class HostSupply:
     """Stored blocks the peer may fetch: ``keys[i]`` lives at our block ``local_indexes[i]``.
@@ -116,6 +134,7 @@ class HostSupply:
     local_indexes: tuple[int, ...]
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class HostAnswerLookup:
     """The host's answer to a LookupRequest.
@@ -130,6 +149,7 @@ class HostAnswerLookup:
     pending: frozenset[bytes] = frozenset()
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class HostFinish:
     """The host is done with ``kv_request_id`` on both roles."""
@@ -137,6 +157,7 @@ class HostFinish:
     kv_request_id: str
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class HostDecline:
     """The host will not supply the rest of round ``round_seq`` of ``kv_request_id`` (a
@@ -146,6 +167,7 @@ class HostDecline:
     round_seq: int
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class HostClose:
     """Close the session; every outstanding job gets its result."""

@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 
 from p2pfsm.errors import HandshakeMismatch, RemoteProtocolError
 from p2pfsm.protocol import Connect, Message
+from p2pfsm.protocol.frozen import quick_init
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class SendFrame:
     """Send one control message to the peer."""
@@ -22,6 +24,7 @@ class SendFrame:
     message: Message
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class SendToLostPeer(SendFrame):
     """Send one control message to a peer whose session with us is dead but that may
@@ -30,6 +33,7 @@ class SendToLostPeer(SendFrame):
     decides nothing about the protocol here, it only reaches the peer."""
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class StartRegistration:
     """Register the peer's memory with the data plane; answer with RegistrationFinished."""
@@ -37,6 +41,7 @@ class StartRegistration:
     connect: Connect
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class StartWrite:
     """Write our blocks ``local_indexes[i]`` into the peer's ``remote_indexes[i]`` in one go."""
@@ -46,6 +51,7 @@ class StartWrite:
     remote_indexes: tuple[int, ...]
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class CancelWrite:
     """Stop transfer ``xfer``; report WriteFinished once it can no longer touch memory."""
@@ -70,6 +76,7 @@ class FailReason(enum.StrEnum):
     """A store: the round or request ended without a fetch reading these pins."""
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class LoadResult:
     """The one result of a load job.
@@ -111,6 +118,7 @@ class ReleaseCause(enum.StrEnum):
     """The host's bounded hold (``Timeouts.hold``) ended."""
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class DestinationReleased:
     """The destination of load job ``job_id``, reported with ``released=False``, is free
@@ -122,6 +130,7 @@ class DestinationReleased:
     cause: ReleaseCause
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class StoreResult:
     """The one result of a store (supply or lookup pin) job; its pins may be released now.
@@ -133,6 +142,7 @@ class StoreResult:
     detail: str = field(default="", compare=False)
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class LookupResult:
     """The one answer to a host lookup: ``hits[i]`` for ``keys[i]``; ``answered`` is False
@@ -151,6 +161,7 @@ class LookupResult:
     :attr:`LoadResult.never_sent`."""
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class RoundEnded:
     """A round the host heard of (through FetchArrived) takes no more supply.
@@ -170,6 +181,7 @@ class RoundEnded:
     why: str
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class LookupRequest:
     """The peer asks which keys we hold; answer with HostAnswerLookup(token, ...)."""
@@ -180,6 +192,7 @@ class LookupRequest:
     keys: tuple[bytes, ...]
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class LookupClosed:
     """The lookup ``token`` is over (answered or dropped); the host may drop its context."""
@@ -187,6 +200,7 @@ class LookupClosed:
     token: int
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class FetchArrived:
     """The peer fetched ``keys`` for (kv_request_id, round_seq).
@@ -214,6 +228,7 @@ class FetchArrived:
         return tuple(k for k in self.keys if k not in have)
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ProtocolViolation:
     """A frame was rejected; it changed nothing."""
@@ -221,6 +236,7 @@ class ProtocolViolation:
     error: RemoteProtocolError
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class FrameIgnored:
     """A well-formed but stale or unknown frame was dropped (benign races)."""
@@ -229,6 +245,7 @@ class FrameIgnored:
     reason: str
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class SessionDead:
     """The session failed; ``mismatch`` is set when the peer's config is incompatible,

@@ -23,14 +23,14 @@ from __future__ import annotations
 
 from collections.abc import Set
 from dataclasses import dataclass
+from operator import attrgetter
 
-from p2pfsm.fsm import CompiledMachine, Tracer, machine, writes
+from p2pfsm.fsm import CompiledMachine, machine, writes
 from p2pfsm.protocol import AbortAck, Fetch, LookupResp, TransferDone
 from p2pfsm.session.child import (
     Arm,
     BindRound,
     ChildEnv,
-    ChildOutput,
     Disarm,
     ExpireLookupRound,
     HoldJob,
@@ -42,6 +42,7 @@ from p2pfsm.session.inputs import (
     HostSupply,
     TimerId,
     WriteFinished,
+    timer_id,
 )
 from p2pfsm.session.outputs import (
     CancelWrite,
@@ -96,9 +97,7 @@ class ServerRound:
                 "landed", "told")
     """What this round's actions write (restored should one raise)."""
 
-    @property
-    def fsm_outputs(self) -> list[ChildOutput]:
-        return self.env.outbox
+    fsm_outputs = property(attrgetter("env.outbox"))  # C getters: read on every step
 
     @property
     def demanded(self) -> bool:
@@ -109,16 +108,11 @@ class ServerRound:
     def fsm_label(self) -> str:
         return f"{self.kv_request_id}/{'-' if self.round_seq is None else self.round_seq}"
 
-    @property
-    def fsm_tracer(self) -> Tracer | None:
-        return self.env.tracer
-
-    def _emit(self, item: ChildOutput) -> None:
-        self.env.outbox.append(item)
+    fsm_tracer = property(attrgetter("env.tracer"))
 
     def _add(self, job_id: int, keys: tuple[bytes, ...], local_indexes: tuple[int, ...]) -> None:
         self.jobs.add(job_id)
-        self._emit(HoldJob(job_id))
+        self.env.outbox.append(HoldJob(job_id))
         if not self.supply:  # the usual case: one supply (keys are distinct, checked)
             self.supply.update(zip(keys, local_indexes, strict=True))
             self.owners.update(dict.fromkeys(keys, job_id))
@@ -151,33 +145,34 @@ class ServerRound:
 
     @writes()
     def reject_supply(self, ev: HostSupply) -> None:
-        self._emit(StoreResult(ev.job_id, False, FailReason.NOT_SERVED,
+        self.env.outbox.append(StoreResult(ev.job_id, False, FailReason.NOT_SERVED,
                                "the round no longer takes supply"))
 
     @writes()
     def reject_finished_supply(self, ev: HostSupply) -> None:
-        self._emit(StoreResult(ev.job_id, False, FailReason.NOT_SERVED,
+        self.env.outbox.append(StoreResult(ev.job_id, False, FailReason.NOT_SERVED,
                                f"the peer finished request {self.kv_request_id!r} (its "
                                "terminal fetch): no fetch will read this supply"))
 
     @writes()
     def arm_store_timer(self, _ev: object) -> None:
-        self._emit(Arm(TimerId("store", (self.serial,)), self.env.timeouts.store, keep=True))
+        self.env.outbox.append(Arm(timer_id(("store", (self.serial,))), self.env.timeouts.store,
+                                   keep=True))
 
     @writes()
     def disarm_store_timer(self, _ev: object) -> None:
-        self._emit(Disarm(TimerId("store", (self.serial,))))
+        self.env.outbox.append(Disarm(timer_id(("store", (self.serial,)))))
 
     @writes()
     def arm_demand_timer(self, _ev: object) -> None:
-        self._emit(Arm(TimerId("demand", (self.serial,)), self.env.timeouts.demand))
+        self.env.outbox.append(Arm(timer_id(("demand", (self.serial,))), self.env.timeouts.demand))
 
     @writes("round_seq")
     def adopt_round(self, ev: Fetch) -> None:
         """A round supplied before any fetch named it (round_seq None) is the fetch's."""
         if self.round_seq is None:
             self.round_seq = ev.round_seq
-            self._emit(BindRound())
+            self.env.outbox.append(BindRound())
 
     @writes("total", "demand")
     def record_demand(self, ev: Fetch) -> None:
@@ -190,7 +185,7 @@ class ServerRound:
             (self.demand, self.supply) if len(self.demand) <= len(self.supply)
             else (self.supply, self.demand)
         )
-        matched = [k for k in small if k in large]
+        matched = list(filter(large.__contains__, small))
         if not matched:
             return
         local = tuple(map(self.supply.pop, matched))
@@ -198,7 +193,7 @@ class ServerRound:
         xfer = next(self.env.xfers)
         self.inflight[xfer] = len(matched)
         self.reads[xfer] = frozenset(map(self.owners.pop, matched))
-        self._emit(StartWrite(xfer, local, remote))
+        self.env.outbox.append(StartWrite(xfer, local, remote))
 
     @writes("inflight", "reads", "landed")
     def account_write(self, ev: WriteFinished) -> None:
@@ -226,24 +221,24 @@ class ServerRound:
         still = frozenset().union(*(r for x, r in self.reads.items() if x != ended))
         for job in sorted((jobs - still) & self.jobs):
             self.jobs.discard(job)
-            self._emit(StoreResult(job, False, FailReason.NOT_SERVED, detail))
+            self.env.outbox.append(StoreResult(job, False, FailReason.NOT_SERVED, detail))
 
     @writes()
     def cancel_writes(self, _ev: object) -> None:
         for xfer in self.inflight:
-            self._emit(CancelWrite(xfer))
+            self.env.outbox.append(CancelWrite(xfer))
 
     @writes()
     def send_done_success(self, _ev: object) -> None:
-        self._emit(Send(TransferDone(self.kv_request_id, True, self._wire_round())))
+        self.env.outbox.append(Send(TransferDone(self.kv_request_id, True, self._wire_round())))
 
     @writes()
     def send_done_failure(self, _ev: object) -> None:
-        self._emit(Send(TransferDone(self.kv_request_id, False, self._wire_round())))
+        self.env.outbox.append(Send(TransferDone(self.kv_request_id, False, self._wire_round())))
 
     @writes()
     def send_abort_ack(self, _ev: object) -> None:
-        self._emit(Send(AbortAck(self.kv_request_id, self._wire_round())))
+        self.env.outbox.append(Send(AbortAck(self.kv_request_id, self._wire_round())))
 
     @writes("told")
     def tell_round_served(self, _ev: object) -> None:
@@ -283,12 +278,12 @@ class ServerRound:
         if self.told or not self.demanded or self.round_seq is None:
             return
         self.told = True
-        self._emit(RoundEnded(self.kv_request_id, self.round_seq, served, why))
+        self.env.outbox.append(RoundEnded(self.kv_request_id, self.round_seq, served, why))
 
     @writes()
     def remember_expired(self, _ev: object) -> None:
         assert self.round_seq is not None  # lookup rounds are named by their lookup
-        self._emit(ExpireLookupRound(self.kv_request_id, self.round_seq))
+        self.env.outbox.append(ExpireLookupRound(self.kv_request_id, self.round_seq))
 
     @writes()
     def release_jobs(self, _ev: object) -> None:
@@ -301,9 +296,9 @@ class ServerRound:
     def _release(self, served: bool) -> None:
         for job in sorted(self.jobs):
             if served:
-                self._emit(StoreResult(job, True))
+                self.env.outbox.append(StoreResult(job, True))
             else:
-                self._emit(StoreResult(job, False, FailReason.NOT_SERVED,
+                self.env.outbox.append(StoreResult(job, False, FailReason.NOT_SERVED,
                                        "the round ended without a fetch reading these pins"))
 
     def _wire_round(self) -> int:
@@ -347,20 +342,13 @@ class ServerLookup:
     fsm_data = ("resolved", "pending", "sent")
     """What this lookup's actions write (restored should one raise)."""
 
-    @property
-    def fsm_outputs(self) -> list[ChildOutput]:
-        return self.env.outbox
+    fsm_outputs = property(attrgetter("env.outbox"))  # C getters: read on every step
 
     @property
     def fsm_label(self) -> str:
         return f"{self.kv_request_id}/{self.round_seq}#{self.token}"
 
-    @property
-    def fsm_tracer(self) -> Tracer | None:
-        return self.env.tracer
-
-    def _emit(self, item: ChildOutput) -> None:
-        self.env.outbox.append(item)
+    fsm_tracer = property(attrgetter("env.tracer"))
 
     # guards
     def is_answerable(self, _ev: object) -> bool:
@@ -378,20 +366,22 @@ class ServerLookup:
     @writes()
     def ask_host(self, _ev: object) -> None:
         unique = tuple(dict.fromkeys(self.keys))
-        self._emit(LookupRequest(self.token, self.kv_request_id, self.round_seq, unique))
+        self.env.outbox.append(LookupRequest(self.token, self.kv_request_id, self.round_seq,
+                                             unique))
 
     @writes()
     def arm_pending_timer(self, _ev: object) -> None:
-        self._emit(Arm(TimerId("lookup_pending", (self.token,)), self.env.timeouts.lookup_pending))
+        self.env.outbox.append(Arm(TimerId("lookup_pending", (self.token,)),
+                                   self.env.timeouts.lookup_pending))
 
     @writes()
     def disarm_pending_timer(self, _ev: object) -> None:
-        self._emit(Disarm(TimerId("lookup_pending", (self.token,))))
+        self.env.outbox.append(Disarm(TimerId("lookup_pending", (self.token,))))
 
     @writes()
     def refuse_pins(self, ev: LookupAnswer) -> None:
         assert ev.refused_job is not None  # is_pinning_refused
-        self._emit(StoreResult(ev.refused_job, False, FailReason.NOT_SERVED,
+        self.env.outbox.append(StoreResult(ev.refused_job, False, FailReason.NOT_SERVED,
                                "the lookup's round no longer takes pins"))
 
     @writes("resolved", "pending")
@@ -407,7 +397,7 @@ class ServerLookup:
             self.pending.discard(key)
         if ev.hits and ev.job_id is not None:
             keys = tuple(ev.hits)
-            self._emit(PinHits(self.kv_request_id, self.round_seq, ev.job_id, keys,
+            self.env.outbox.append(PinHits(self.kv_request_id, self.round_seq, ev.job_id, keys,
                                tuple(ev.hits[k] for k in keys)))
 
     @writes("resolved", "pending")
@@ -429,12 +419,12 @@ class ServerLookup:
         lookup names twice is echoed twice, answered from its one resolution)."""
         keys = tuple(k for k in self.keys if k in self.resolved and k not in self.sent)
         self.sent.update(keys)
-        self._emit(Send(LookupResp(self.kv_request_id, keys,
+        self.env.outbox.append(Send(LookupResp(self.kv_request_id, keys,
                                    tuple(self.resolved[k] for k in keys))))
 
     @writes()
     def close_host_context(self, _ev: object) -> None:
-        self._emit(LookupClosed(self.token))
+        self.env.outbox.append(LookupClosed(self.token))
 
 
 SERVER_ROUND = CompiledMachine(machine("server_round"), ServerRound)

@@ -28,8 +28,8 @@ from p2pfsm.session.inputs import (
     HostAnswerLookup,
     HostDecline,
     HostSupply,
-    TimerId,
     WriteFinished,
+    timer_id,
 )
 from p2pfsm.session.outputs import FailReason, FetchArrived, StoreResult
 from p2pfsm.session.owner import Owner
@@ -48,6 +48,9 @@ _PARKED_SUPPLY = SERVER_ROUND.state_set("parked_supply")
 _HOST_FINISHED = SERVER_ROUND.state_set("host_finished")
 _TAKES_SUPPLY = SERVER_ROUND.state_set("takes_supply")
 _FREES_QUEUE = SERVER_LOOKUP.state_set("frees_queue")
+# Where each model declares its state-triggered ``settle`` (asked on every step).
+_ROUND_SETTLES = SERVER_ROUND.sources("settle")
+_LOOKUP_SETTLES = SERVER_LOOKUP.sources("settle")
 
 
 class ServerPart:
@@ -98,6 +101,11 @@ class ServerPart:
         self.finished.purge(now)
         self.peer_finished.purge(now)
 
+    def tombstone_tables(self) -> tuple[Tombstones, ...]:
+        """The tables :meth:`purge` purges (the session purges them itself, each only
+        when its earliest expiry is due)."""
+        return (self.expired_lookups, self.finished, self.peer_finished)
+
     def forget_tombstones(self) -> None:
         """The session is over: its tombstones go (nothing consults them any more)."""
         self.expired_lookups.clear()
@@ -139,8 +147,8 @@ class ServerPart:
         del self.round_by_serial[rnd.serial]
         for job in rnd.jobs:
             self.store_jobs.pop(job, None)
-        self.owner.disarm(TimerId("store", (rnd.serial,)))
-        self.owner.disarm(TimerId("demand", (rnd.serial,)))
+        self.owner.disarm(timer_id(("store", (rnd.serial,))))
+        self.owner.disarm(timer_id(("demand", (rnd.serial,))))
 
     def retire_lookup(self, served: ServerLookup) -> None:
         """Drop a served lookup whose machine reached a terminal state."""
@@ -155,19 +163,18 @@ class ServerPart:
         """Queue in :attr:`unsettled` what a child's step makes due."""
         due = self.unsettled
         if type(obj) is ServerRound:  # SERVER_ROUND's
-            if trigger != "settle" and SERVER_ROUND.declares(dest, "settle") and obj not in due:
+            if trigger != "settle" and dest in _ROUND_SETTLES and obj not in due:
                 due.append(obj)
         elif type(obj) is ServerLookup:  # SERVER_LOOKUP's
             rid = obj.kv_request_id
-            if ((dest in _FREES_QUEUE
-                 or (trigger != "settle" and SERVER_LOOKUP.declares(dest, "settle")))
+            if ((dest in _FREES_QUEUE or (trigger != "settle" and dest in _LOOKUP_SETTLES))
                     and rid not in due):
                 due.append(rid)
 
     def settle_one(self, item: ServerRound | str) -> None:
         """Fire ``settle`` of a serve round, or of a request's oldest served lookup."""
         if isinstance(item, ServerRound):
-            if SERVER_ROUND.declares(item.fsm_state, "settle"):  # else ended meanwhile
+            if item.fsm_state in _ROUND_SETTLES:  # else ended meanwhile
                 self.owner.step_nested(SERVER_ROUND, item, "settle")
         else:
             queue = self.served.get(item)
@@ -216,8 +223,12 @@ class ServerPart:
         still in a state only its finish leads to)."""
         if self.finished.get(kv_request_id) is not None:
             return True
-        return any(r.fsm_state in _HOST_FINISHED
-                   for r in self.rounds.get(kv_request_id, {}).values())
+        rounds = self.rounds.get(kv_request_id)
+        if rounds:  # a loop, not any() over a generator: asked twice per fetch
+            for r in rounds.values():
+                if r.fsm_state in _HOST_FINISHED:
+                    return True
+        return False
 
     # ------------------------------------------------------------- frames
     # Their routes come from models/inputs.toml; the dispatch checked each one's gate.
@@ -259,7 +270,7 @@ class ServerPart:
         finished = self._finished_by_host(msg.kv_request_id)  # a new round leaves it so
         if rnd is None:
             rnd = self._round_for(msg.kv_request_id, msg.round_seq, host_finished=finished)
-        supplied = tuple(k for k in msg.keys if k in rnd.supply)
+        supplied = tuple(filter(rnd.supply.__contains__, msg.keys))
         dest = owner.step_nested(SERVER_ROUND, rnd, route.trigger, msg)
         # A host is never asked to supply a request it finished, nor a round that ended
         # at once (the fetch named keys its lookup did not pin: transfer_done(false)).
@@ -340,7 +351,7 @@ class ServerPart:
         rounds = [r for r in self.rounds.get(ev.kv_request_id, {}).values()
                   if r.origin == "host"]
         for rnd in rounds:
-            if rnd.demand and any(k in rnd.demand for k in ev.keys):
+            if rnd.demand and not rnd.demand.keys().isdisjoint(ev.keys):
                 return rnd
         unbound = self.server_round(ev.kv_request_id, None)
         if unbound is not None:

@@ -37,13 +37,15 @@ class _Tie(Generic[K]):
         self.serial = serial
         self._text: str | None = None
 
-    def _order(self) -> tuple[str, int]:
-        if self._text is None:
-            self._text = str(self.key)
-        return (self._text, self.serial)
-
     def __lt__(self, other: _Tie[K]) -> bool:
-        return self._order() < other._order()
+        # (str(key), serial) of each, each text made once (inline: heapq calls this).
+        mine = self._text
+        if mine is None:
+            mine = self._text = str(self.key)
+        theirs = other._text
+        if theirs is None:
+            theirs = other._text = str(other.key)
+        return (mine, self.serial) < (theirs, other.serial)
 
 
 class TimerTable(Mapping[K, float], Generic[K]):

@@ -46,7 +46,7 @@ class Tombstones:
     """An int per key, forgotten ``ttl`` seconds after it was last written; at most
     ``cap`` keys (and within ``budget``), the oldest dropped early past that."""
 
-    __slots__ = ("_budget", "_entries", "_purge_at", "cap", "ttl")
+    __slots__ = ("_budget", "_entries", "cap", "purge_at", "ttl")
 
     def __init__(self, ttl: float, cap: int = DEFAULT_MAX_TOMBSTONES,
                  budget: TombstoneBudget | None = None) -> None:
@@ -55,7 +55,7 @@ class Tombstones:
         self._budget = budget
         self._entries: dict[str, tuple[int, float]] = {}
         # No entry expires before this (a lower bound: a pop may make it early).
-        self._purge_at = math.inf
+        self.purge_at = math.inf
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -77,8 +77,8 @@ class Tombstones:
                 budget.count_drop()
         until = now + self.ttl
         entries[key] = (value, until)
-        if until < self._purge_at:
-            self._purge_at = until
+        if until < self.purge_at:
+            self.purge_at = until
 
     def pop(self, key: str) -> None:
         if self._entries.pop(key, None) is not None and self._budget is not None:
@@ -89,7 +89,7 @@ class Tombstones:
         if self._budget is not None:
             self._budget.held -= len(self._entries)
         self._entries.clear()
-        self._purge_at = math.inf
+        self.purge_at = math.inf
 
     def entries(self) -> tuple[tuple[str, int, float], ...]:
         """(key, value, expiry) of every entry, oldest write first (for tests)."""
@@ -97,16 +97,16 @@ class Tombstones:
 
     def purge(self, now: float) -> None:
         """Forget the entries whose expiry is ``now`` or earlier."""
-        if now < self._purge_at:
+        if now < self.purge_at:
             return
         entries = self._entries
         while entries:
             key = next(iter(entries))
             until = entries[key][1]
             if until > now:
-                self._purge_at = until
+                self.purge_at = until
                 return
             del entries[key]
             if self._budget is not None:
                 self._budget.held -= 1
-        self._purge_at = math.inf
+        self.purge_at = math.inf

@@ -141,6 +141,7 @@ def test_one_name_per_timer_in_code_models_and_spec() -> None:
     for path in (ROOT / "p2pfsm" / "session").glob("*.py"):
         text = path.read_text()
         armed |= set(re.findall(r'TimerId\(\s*"(\w+)"', text))
+        armed |= set(re.findall(r'timer_id\(\(\s*"(\w+)"', text))  # TimerId's fast path
         armed |= set(re.findall(r'self\._timer\("(\w+)"\)', text))  # ClientRound's
     assert armed == table_timers
     assert all(f"timer_{n}" == r.trigger for n, r in input_table().of_kind("timer").items())
