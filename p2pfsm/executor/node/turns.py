@@ -6,6 +6,11 @@ most until :meth:`Turns.next_deadline`), hands its frames and lost peers to
 that ended, queues the due timers, redials and idle closes, handles every queued input
 through the driver, and updates the gauges. ``Node.step`` runs one turn on the thread
 that drives the node.
+
+Each of those steps runs only when a check of plain attributes says it has work or is
+due (the data plane progressed every turn while busy, else once per idle interval; the
+gauges set again only after a session was fed, a job opened or closed, or a frame was
+dropped for a rate), so a turn that finds nothing costs a few calls.
 """
 
 from __future__ import annotations
@@ -101,13 +106,16 @@ class Turns:
         """One turn, waiting at most ``max_wait`` s for news; how many control-plane
         events it took in. Each sub-step runs only when a cheap check says it has work
         or is due: a turn that finds nothing costs a few calls."""
-        driver, xfers, jobs = self._driver, self._xfers, self._jobs
+        driver, xfers, jobs, pace = self._driver, self._xfers, self._jobs, self._pace
         if self._submitted or driver.queued or driver.deferred or xfers.inflight or xfers.done:
             self.handle_all()
         if jobs.loads:
             # Blocks may be arriving (a peer's first WRITE needs our UCX progress):
-            # progress often while loads are open, and only then.
-            self._data.expect_inbound(INBOUND_GRACE_S)
+            # progress often while loads are open, and only then (the data plane's
+            # expect_inbound(INBOUND_GRACE_S), inline).
+            busy_until = time.monotonic() + INBOUND_GRACE_S
+            if busy_until > pace.busy_until:
+                pace.busy_until = busy_until
         if max_wait > 0.0:
             wait = max(0.0, min(max_wait, self.next_deadline() - time.monotonic()))
             # Round up: truncating made every sub-ms remainder a poll(0), so the 1 ms
@@ -121,7 +129,6 @@ class Turns:
                 peers.on_frame(event.peer_id, event.frame, event.conn)
             elif isinstance(event, PeerLost):
                 peers.queue(event.peer_id, TransportLost(event.reason))
-        pace = self._pace
         now = time.monotonic()
         if (xfers.inflight or now >= self._progress_at or now < pace.busy_until
                 or now < pace.prompt_until):
