@@ -107,7 +107,7 @@ class Turns:
         events it took in. Each sub-step runs only when a cheap check says it has work
         or is due: a turn that finds nothing costs a few calls."""
         driver, xfers, jobs, pace = self._driver, self._xfers, self._jobs, self._pace
-        if self._submitted or driver.queued or driver.deferred or xfers.inflight or xfers.done:
+        if self._submitted or driver.waiting or driver.deferred or xfers.inflight or xfers.done:
             self.handle_all()
         if jobs.loads:
             # Blocks may be arriving (a peer's first WRITE needs our UCX progress):
@@ -147,7 +147,7 @@ class Turns:
             peers.evict_idle(now)
         if self._redials_at:
             peers.redial_due(now)
-        if self._submitted or driver.queued or driver.deferred or xfers.inflight or xfers.done:
+        if self._submitted or driver.waiting or driver.deferred or xfers.inflight or xfers.done:
             self.handle_all()
         if (driver.fed != self._fed or len(jobs.loads) != self._loads
                 or len(jobs.stores) != self._stores

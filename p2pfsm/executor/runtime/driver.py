@@ -62,7 +62,7 @@ class Driver:
     """
 
     __slots__ = ("_clock", "_draining", "_handlers", "applying", "deadlines", "deferred",
-                 "effects", "fed", "hook", "queued")
+                 "effects", "fed", "hook", "waiting")
 
     def __init__(self, effects: Executor, clock: Callable[[], float],
                  hook: CallRecorder | None = None) -> None:
@@ -75,7 +75,7 @@ class Driver:
         # Each input is bound to its session when it is queued (a frame to the session
         # current when it arrived, a write's or timer's result to the session that
         # started it), so a session that replaces another never sees the old one's.
-        self.queued: deque[tuple[str, Input, Session | None]] = deque()
+        self.waiting: deque[tuple[str, Input, Session | None]] = deque()
         """The inputs waiting for :meth:`drain` (read it; :meth:`queue` adds)."""
         self.deferred: deque[Callable[[], None]] = deque()
         """The calls waiting for the outermost drain (read it; :meth:`defer` adds)."""
@@ -90,7 +90,7 @@ class Driver:
     @property
     def busy(self) -> bool:
         """Inputs or deferred calls are waiting for :meth:`drain`."""
-        return bool(self.queued or self.deferred)
+        return bool(self.waiting or self.deferred)
 
     @property
     def draining(self) -> bool:
@@ -110,13 +110,13 @@ class Driver:
             if not timers:  # changed by a call made around the driver: note it again
                 self.deadlines.note(peer, session)
             for timer in timers:
-                self.queued.append((peer, TimerFired(timer), session))
+                self.waiting.append((peer, TimerFired(timer), session))
             queued += len(timers)
         return queued
 
     def queue(self, peer: str, event: Input, session: Session | None) -> None:
         """Queue ``event`` for ``session`` (None: dropped when its turn comes)."""
-        self.queued.append((peer, event, session))
+        self.waiting.append((peer, event, session))
 
     def defer(self, call: Callable[[], None]) -> None:
         """Run ``call`` once the queue is empty, from the outermost :meth:`drain`."""
@@ -161,7 +161,7 @@ class Driver:
         calls, until both queues are empty."""
         nested = self._draining
         self._draining = True
-        events = self.queued
+        events = self.waiting
         try:
             while True:
                 while events:
@@ -177,11 +177,11 @@ class Driver:
     def post(self, peer: str, event: Input, session: Session) -> None:
         """Queue ``event`` and, unless a drain is running further up (which reaches it),
         drain now. If handling raises, whatever is still queued is dropped."""
-        self.queued.append((peer, event, session))
+        self.waiting.append((peer, event, session))
         if self._draining:
             return
         try:
             self.drain()
         except BaseException:
-            self.queued.clear()
+            self.waiting.clear()
             raise
