@@ -17,6 +17,7 @@ import zmq
 
 import p2pfsm.executor.node.planes as planes_module
 from p2pfsm.executor.nixl.layout import Layout
+from p2pfsm.executor.nixl.pace import ProgressPace
 from p2pfsm.executor.node import Node, NodeConfig
 from p2pfsm.protocol import Connect, codec, encode
 from p2pfsm.session import FrameReceived, HostStart, Session, SessionConfig
@@ -50,6 +51,10 @@ def decodes(monkeypatch: pytest.MonkeyPatch) -> _Decodes:
 class _NoWrites:
     """The plane's table of WRITEs, empty: no WRITE is ever started here."""
 
+    def __init__(self) -> None:
+        self.inflight: dict[object, object] = {}  # read by the node's turn
+        self.done: dict[object, object] = {}
+
     def __len__(self) -> int:
         return 0
 
@@ -70,6 +75,7 @@ class _NoMemory:
         self.region = None
         self.layout = Layout.plain(self.base_addr, num_blocks, block_len)
         self.registered: list[str] = []
+        self.pace = ProgressPace(1, 50, 0.0, 0.0)  # the node's turn reads its windows
 
     @property
     def peers(self) -> tuple[str, ...]:

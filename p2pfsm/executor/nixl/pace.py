@@ -8,8 +8,9 @@ burns a whole core per process even when idle (measured here). The data plane
 which runs the worker's progress loop) serves the *passive* side. NIXL's Python API
 exposes no descriptor to wait on, so progress is periodic and driven by the executor's
 event loop, which already wakes up for the control plane: it calls ``progress()`` (about
-1 us when idle) every time it wakes and never waits longer than the plane's
-``progress_interval_ms`` (:meth:`ProgressPace.interval_ms`), which is
+1 us when idle) every time it wakes while the pace is not idle, at least once per idle
+interval otherwise, and never waits longer than the plane's ``progress_interval_ms``
+(:meth:`ProgressPace.interval_ms`), which is
 
 * 0 (progress on every turn, the loop does not sleep) for the first ``prompt_s`` after a
   WRITE of ours is posted and after ``expect_inbound()`` is asked for promptness (a

@@ -129,7 +129,8 @@ class DataPlane:
         if type(keep_agents) is not int or not 0 <= keep_agents <= 1 << 16:
             raise ConfigError(f"keep_agents must be an int in [0, 65536], got {keep_agents!r}")
         self._agents = LoadedAgents(keep_agents)
-        self._pace = ProgressPace(busy_ms, idle_ms, warmup_s, prompt_s)
+        self.pace = ProgressPace(busy_ms, idle_ms, warmup_s, prompt_s)
+        """How often :meth:`progress` must run (its windows are plain attributes)."""
         given: MemoryDesc | RegionsDesc | None = None
         if memory is None:
             mem_type, dev_id = parse_device("cpu" if device is None else device)
@@ -151,7 +152,7 @@ class DataPlane:
         nixl = import_nixl()
 
         self._peers: dict[str, NixlPeer] = {}
-        self._xfers = Transfers(self._pace, self._retire_peer)
+        self._xfers = Transfers(self.pace, self._retire_peer)
         self._closed = False
 
         self._region: torch.Tensor | None = None
@@ -250,7 +251,7 @@ class DataPlane:
     @property
     def progress_interval_ms(self) -> int:
         """The longest the event loop should go without calling :meth:`progress`."""
-        return self._pace.interval_ms(self._xfers.in_flight > 0)
+        return self.pace.interval_ms(self._xfers.in_flight > 0)
 
     @property
     def writes(self) -> Transfers:
@@ -319,7 +320,7 @@ class DataPlane:
             raise TransportError(f"cannot prep descriptors of {peer_id!r}: {exc!r}") from exc
         self._peers[peer_id] = NixlPeer(peer_id, agent_name, metadata, theirs, dlist)
         self._agents.unload_replaced(self._agent, peer_id, agent_name, self._used_agents())
-        self._pace.warm_up()
+        self.pace.warm_up()
 
     def remove_peer(self, peer_id: str) -> None:
         """Forget a peer: no new transfer to it, and a later :meth:`add_peer` of the id
@@ -417,7 +418,7 @@ class DataPlane:
         """Keep :attr:`progress_interval_ms` at the busy value for ``seconds`` more,
         e.g. while we wait for a peer to WRITE blocks we asked for; ``prompt``: and at
         0 for the next ``prompt_s`` (a WRITE may be landing now)."""
-        self._pace.expect_inbound(seconds, prompt)
+        self.pace.expect_inbound(seconds, prompt)
 
     def close(self) -> None:
         """Release every transfer and peer, deregister the region, drop the agent.

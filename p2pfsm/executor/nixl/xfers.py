@@ -58,37 +58,37 @@ class Transfers:
     def __init__(self, pace: ProgressPace, retire_peer: Callable[[NixlPeer], None]) -> None:
         self._pace = pace
         self._retire_peer = retire_peer
-        self._inflight: dict[WriteId, _Xfer] = {}
-        self._done: dict[WriteId, _Xfer] = {}  # ended and released, not yet reported
+        self.inflight: dict[WriteId, _Xfer] = {}
+        self.done: dict[WriteId, _Xfer] = {}  # ended and released, not yet reported
         self._posted = itertools.count()
         self._abandoned = 0  # abandoned WRITEs still in the two tables
 
     def __len__(self) -> int:
         """How many WRITEs are not reported yet (nor abandoned)."""
-        return len(self._inflight) + len(self._done) - self._abandoned
+        return len(self.inflight) + len(self.done) - self._abandoned
 
     @property
     def in_flight(self) -> int:
         """Transfers whose NIXL handle is still held (posted, or awaiting release)."""
-        return len(self._inflight)
+        return len(self.inflight)
 
     def unreported(self) -> list[WriteId]:
         """The WRITEs not reported yet (running, or ended and not polled), in the order
         they were posted."""
-        xfers = [x for x in (*self._inflight.values(), *self._done.values())
+        xfers = [x for x in (*self.inflight.values(), *self.done.values())
                  if not x.abandoned]
         return [x.write_id for x in sorted(xfers, key=operator.attrgetter("posted"))]
 
     def holds(self, write_id: WriteId) -> bool:
         """``write_id`` names a WRITE not reported yet (nor abandoned)."""
-        xfer = self._inflight.get(write_id) or self._done.get(write_id)
+        xfer = self.inflight.get(write_id) or self.done.get(write_id)
         return xfer is not None and not xfer.abandoned
 
     def check_free(self, write_id: WriteId) -> None:
         """Refuse (TransportError) an id that is unhashable or names a WRITE not yet
         reported."""
         try:
-            taken = write_id in self._inflight or write_id in self._done
+            taken = write_id in self.inflight or write_id in self.done
         except TypeError:
             raise TransportError(f"write id {write_id!r} is not hashable") from None
         if taken:
@@ -107,9 +107,9 @@ class Transfers:
         if xfer.handle is None:
             peer.faulted = True
             xfer.outcome = False
-            self._done[write_id] = xfer
+            self.done[write_id] = xfer
             return
-        self._inflight[write_id] = xfer
+        self.inflight[write_id] = xfer
         if state != "PROC":
             self._settle(xfer, state)
         else:
@@ -118,11 +118,11 @@ class Transfers:
     def poll(self, agent: Any) -> list[tuple[WriteId, bool]]:
         """Finished transfers as ``(write id, ok)``, each reported once, in the order
         they were posted."""
-        for xfer in list(self._inflight.values()):
+        for xfer in list(self.inflight.values()):
             self._advance(agent, xfer)
-        if not self._done:
+        if not self.done:
             return []
-        done, self._done = self._done, {}
+        done, self.done = self.done, {}
         out = [(x.write_id, bool(x.outcome))
                for x in sorted(done.values(), key=operator.attrgetter("posted"))
                if not x.abandoned]
@@ -132,11 +132,11 @@ class Transfers:
     def cancel(self, agent: Any, write_id: WriteId) -> bool:
         """``DataPlane.cancel``: True when the WRITE is over and released (or unknown),
         False while it runs."""
-        ended = self._done.pop(write_id, None)
+        ended = self.done.pop(write_id, None)
         if ended is not None:
             self._abandoned -= ended.abandoned
             return True
-        xfer = self._inflight.get(write_id)
+        xfer = self.inflight.get(write_id)
         if xfer is None:
             return True
         if xfer.outcome is None:
@@ -145,7 +145,7 @@ class Transfers:
                 return False
             xfer.outcome = state == "DONE"
         if _release(xfer):
-            del self._inflight[write_id]
+            del self.inflight[write_id]
             self._abandoned -= xfer.abandoned
             return True
         return False
@@ -153,36 +153,36 @@ class Transfers:
     def abandon(self, write_id: WriteId) -> None:
         """Stop reporting ``write_id``: one that ended is forgotten, one still running is
         left to end (released then, or at :meth:`close`)."""
-        ended = self._done.pop(write_id, None)
+        ended = self.done.pop(write_id, None)
         if ended is not None:
             self._abandoned -= ended.abandoned
             return
-        xfer = self._inflight.get(write_id)
+        xfer = self.inflight.get(write_id)
         if xfer is not None and not xfer.abandoned:
             xfer.abandoned = True
             self._abandoned += 1
 
     def advance_peer(self, agent: Any, peer: NixlPeer) -> None:
         """Settle or release what of ``peer``'s transfers has ended."""
-        for xfer in [x for x in self._inflight.values() if x.peer is peer]:
+        for xfer in [x for x in self.inflight.values() if x.peer is peer]:
             self._advance(agent, xfer)
 
     def runs_for(self, peer: NixlPeer) -> bool:
         """A transfer of ``peer`` still holds its handle."""
-        return any(x.peer is peer for x in self._inflight.values())
+        return any(x.peer is peer for x in self.inflight.values())
 
     def agent_names(self) -> Iterator[str]:
         """The agents of the peers transfers still run to."""
-        return (x.peer.agent_name for x in self._inflight.values())
+        return (x.peer.agent_name for x in self.inflight.values())
 
     def close(self) -> list[NixlPeer]:
         """Release every transfer; the removed peers they held (their descriptors are
         the caller's to release)."""
-        removed = {id(x.peer): x.peer for x in self._inflight.values() if x.peer.removed}
-        for xfer in self._inflight.values():
+        removed = {id(x.peer): x.peer for x in self.inflight.values() if x.peer.removed}
+        for xfer in self.inflight.values():
             _release(xfer)
-        self._inflight.clear()
-        self._done.clear()
+        self.inflight.clear()
+        self.done.clear()
         self._abandoned = 0
         return list(removed.values())
 
@@ -205,8 +205,8 @@ class Transfers:
 
     def _try_retire(self, xfer: _Xfer) -> None:
         if _release(xfer):
-            del self._inflight[xfer.write_id]
-            self._done[xfer.write_id] = xfer
+            del self.inflight[xfer.write_id]
+            self.done[xfer.write_id] = xfer
             if xfer.peer.removed:
                 self._retire_peer(xfer.peer)
 

@@ -54,6 +54,13 @@ class Holders:
                 released += before - old.held_destinations
         return released
 
+    def kept(self) -> int:
+        """The destinations the sessions kept here hold (those holding none any more
+        are forgotten, as :meth:`counts` forgets them)."""
+        if not self._by_peer:
+            return 0
+        return sum(self.counts({}).values())
+
     def counts(self, sessions: Mapping[str, Session]) -> dict[str, int]:
         """Per peer, the destinations held by its session in ``sessions`` and those
         kept here (a session kept here that holds none any more is forgotten)."""

@@ -270,7 +270,7 @@ class Node(Driven):
         loads = self._jobs.loads
         loads[job] = OpenLoad(fut, time.monotonic(), len(keys) * self.config.block_len, event)
         try:
-            self._host(peer_id, event)
+            self._host(peer_id, event, checked=True)
         except BaseException:
             del loads[job]
             raise
@@ -286,7 +286,7 @@ class Node(Driven):
         fut: JobFuture[LookupResult] = JobFuture(self)
         self._jobs.add_lookup(peer_id, kv_request_id, fut)
         try:
-            self._host(peer_id, HostLookup(kv_request_id, tuple(keys)))
+            self._host(peer_id, HostLookup(kv_request_id, tuple(keys)), checked=True)
         except BaseException:
             self._jobs.drop_last_lookup(peer_id, kv_request_id)
             raise
@@ -303,7 +303,7 @@ class Node(Driven):
         self._jobs.stores[job] = fut
         try:
             self._host(peer_id, HostSupply(job, kv_request_id, tuple(keys),
-                                           as_ints(local_indexes)))
+                                           as_ints(local_indexes)), checked=True)
         except BaseException:
             del self._jobs.stores[job]
             raise
@@ -347,19 +347,20 @@ class Node(Driven):
         if self._closed:
             raise LocalProtocolError("the node is closed")
 
-    def _host(self, peer_id: str, event: Input) -> None:
+    def _host(self, peer_id: str, event: Input, checked: bool = False) -> None:
         self._check_open()
-        self._threads.check(_HOST_CALLS.get(type(event), "a host call"))
-        redials = self._peers.redials
-        if redials.waiting(peer_id) and isinstance(event, HostFetch | HostLookup):
+        if not checked:  # fetch, lookup, supply: checked before anything changed
+            self._threads.check(_HOST_CALLS.get(type(event), "a host call"))
+        if peer_id in self._peers.redials.at and isinstance(event, HostFetch | HostLookup):
             # The session is dead and opens again soon: the call waits for it, up to
             # its own deadline.
             self.session(peer_id).check_host_call(event)  # bad arguments: refused now
             limit = (self.config.timeouts.load if isinstance(event, HostFetch)
                      else self.config.timeouts.lookup)
-            redials.park(peer_id, time.monotonic() + limit, event)
+            self._peers.redials.park(peer_id, time.monotonic() + limit, event)
             return
-        self._driver.feed(peer_id, event, self.session(peer_id))
+        session = self._peers.sessions.get(peer_id)  # a call fewer than self.session
+        self._driver.feed(peer_id, event, self.session(peer_id) if session is None else session)
         self._driver.drain()
 
     # ------------------------------------------------------------- the loop
@@ -396,24 +397,23 @@ class Node(Driven):
         return self._turns.next_deadline()
 
     def step(self, max_wait: float) -> int:
-        """One loop turn: wait for news (at most ``max_wait`` s), then handle it all.
-        Returns how many control-plane events it took in (begin/end pairs, not context
-        managers: a turn is the hot path)."""
-        self._check_open()
-        if (threads := self._threads).in_turn_here():
-            raise LocalProtocolError("step() called from inside the node's own loop")
-        outer = threads.begin_driving("step")
+        """One loop turn: wait for news (at most ``max_wait`` s), then handle it all;
+        how many control-plane events it took in. The hot path: no context managers."""
+        if self._closed:
+            raise LocalProtocolError("the node is closed")
+        threads, turns = self._threads, self._turns
+        me, outer = threads.begin_step()
         try:
-            me = threads.begin_turn()
             try:
-                taken = self._turns.turn(max_wait)
+                taken = turns.turn(max_wait)
             finally:
-                threads.end_turn(me)
-            request = self._turns.take_close_request()
-            if request is not None:
+                threads.loop, threads.last_step = None, (me, time.monotonic())  # turn over
+            if turns.close_request is not None and (
+                    request := turns.take_close_request()) is not None:
                 self._close_now(*request)
         finally:
-            threads.end_driving(outer)
+            if outer:
+                threads.driving = None
         return taken
 
     def _close_now(self, timeout: float, done: Future[None]) -> None:

@@ -9,6 +9,7 @@ node carries out what follows (closing a session, dropping an ended one).
 from __future__ import annotations
 
 import logging
+import math
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from typing import Protocol
@@ -38,16 +39,20 @@ class IdleInbound:
     """Sessions a peer opened (not the host), and when their last frame came: closed
     after ``idle_timeout_s`` with nothing pending, looked at about once a second."""
 
-    __slots__ = ("_heard", "_next_check", "limit")
+    __slots__ = ("_heard", "_next_check", "check_at", "limit")
 
     def __init__(self, limit: float | None) -> None:
         self.limit = limit
         self._heard: dict[str, float] = {}
         self._next_check = 0.0
+        self.check_at = math.inf
+        """When :meth:`due` turns true (inf while the book is empty): a loop compares
+        it with the clock instead of calling."""
 
     def opened_by_peer(self, peer_id: str) -> None:
         """The peer opened the session: subject to idle eviction (heard from now on)."""
         self._heard[peer_id] = 0.0
+        self.check_at = self._next_check
 
     def heard(self, peer_id: str, now: float) -> None:
         """A frame of an inbound session came at ``now`` (ignored for the host's own)."""
@@ -57,6 +62,8 @@ class IdleInbound:
     def ours(self, peer_id: str) -> None:
         """The host holds this session (it dialled the peer): never evicted for idleness."""
         self._heard.pop(peer_id, None)
+        if not self._heard:
+            self.check_at = math.inf
 
     def due(self, now: float) -> bool:
         """Time to look for idle sessions."""
@@ -67,16 +74,20 @@ class IdleInbound:
         """The inbound sessions idle for the limit with nothing pending, with how long;
         each leaves the book as it is named, as does one no longer alive."""
         limit = self.limit
-        self._next_check = now + min(1.0, limit or 1.0)
+        self._next_check = self.check_at = now + min(1.0, limit or 1.0)
         if limit is None:
             return
-        for peer_id, heard in list(self._heard.items()):
-            session = sessions.get(peer_id)
-            if session is None or not session.alive:
-                del self._heard[peer_id]
-            elif now - heard >= limit and not session.has_pending_work:
-                del self._heard[peer_id]
-                yield peer_id, now - heard
+        try:
+            for peer_id, heard in list(self._heard.items()):
+                session = sessions.get(peer_id)
+                if session is None or not session.alive:
+                    del self._heard[peer_id]
+                elif now - heard >= limit and not session.has_pending_work:
+                    del self._heard[peer_id]
+                    yield peer_id, now - heard
+        finally:
+            if not self._heard:
+                self.check_at = math.inf
 
 
 class EndedSessions:

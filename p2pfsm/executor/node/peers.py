@@ -117,7 +117,7 @@ class Peers:
         self._comebacks = ComeBacks(metrics, self.hostile_log, HOSTILE_LINES)
         self._bindings = Bindings()
         self._violations = ViolationBudget(config.max_violations)  # of the live session
-        self._idle = IdleInbound(config.idle_timeout_s)  # inbound sessions' last frames
+        self.idle = IdleInbound(config.idle_timeout_s)  # inbound sessions' last frames
         self._incarnations: OrderedDict[str, int | None] = OrderedDict()  # peers' last seen
 
     # ------------------------------------------------------------- the table
@@ -128,9 +128,15 @@ class Peers:
         except KeyError:
             raise LocalProtocolError(f"no session to {peer_id}; connect first") from None
 
-    def alive(self) -> int:
-        """How many sessions in the table are alive."""
-        return sum(1 for s in self.sessions.values() if s.alive)
+    def loop_gauges(self) -> tuple[int, int]:
+        """The loop's two gauges in one pass: the sessions in the table that are alive,
+        and the destinations held by the peers' sessions (:meth:`held_destinations`)."""
+        alive = held = 0
+        for session in self.sessions.values():
+            if session.alive:
+                alive += 1
+            held += session.held_destinations
+        return alive, held + self._holders.kept()
 
     def queue(self, peer_id: str, event: Input, session: Session | None = None) -> None:
         """Queue ``event`` for ``session`` (default: the peer's session now)."""
@@ -149,7 +155,7 @@ class Peers:
         self._control.connect(peer_id)
         self._bindings.forget(peer_id)  # a new session: bound by the peer's first frame
         session = self.new_session(peer_id)
-        self._idle.ours(peer_id)  # never evicted for idleness
+        self.idle.ours(peer_id)  # never evicted for idleness
         self._peer_state(peer_id, "connecting", "")
         self._feed_parked(peer_id, session)
         return session
@@ -240,12 +246,12 @@ class Peers:
                 return
             self._misnamed_dials(peer_id)
             self.new_session(peer_id)
-            self._idle.opened_by_peer(peer_id)  # subject to idle eviction
+            self.idle.opened_by_peer(peer_id)  # subject to idle eviction
             if self.redials.waiting(peer_id):
                 self._opened_by_peer(peer_id)
         self._bindings.bind(peer_id, conn)
-        self._idle.heard(peer_id, time.monotonic())
-        self.queue(peer_id, FrameReceived(frame, msg))
+        self.idle.heard(peer_id, time.monotonic())
+        self._driver.queue(peer_id, FrameReceived(frame, msg), self.sessions.get(peer_id))
 
     def release_held(self, peer_id: str, cause: str = "data_plane") -> int:
         """The host proves that ``peer_id`` can no longer write into our memory
@@ -402,7 +408,7 @@ class Peers:
         it dies), and the calls that waited go to it now, not at the redial's time (up
         to the backoff's most later, or past their own deadline)."""
         self.redials.cancel(peer_id)
-        self._idle.ours(peer_id)
+        self.idle.ours(peer_id)
         log.info("peer %s connected to us while its session waited to be opened again: "
                  "that session replaces the redial", peer_id)
         self._feed_parked(peer_id, self.sessions[peer_id])
@@ -429,8 +435,8 @@ class Peers:
         if not self._comebacks.admit(peer_id, time.monotonic()):
             return  # the connect is dropped; the peer's next one is judged again
         self.new_session(peer_id)
-        self._idle.opened_by_peer(peer_id)
-        self._idle.heard(peer_id, time.monotonic())
+        self.idle.opened_by_peer(peer_id)
+        self.idle.heard(peer_id, time.monotonic())
         self.queue(peer_id, FrameReceived(encode(connect), connect))
 
     def _prune_ended(self) -> None:
@@ -443,9 +449,9 @@ class Peers:
 
     def evict_idle(self, now: float) -> None:
         """Close inbound sessions idle for ``idle_timeout_s`` (checked about once a second)."""
-        if not self._idle.due(now):
+        if not self.idle.due(now):
             return
-        for peer_id, idle_s in self._idle.idle(now, self.sessions):
+        for peer_id, idle_s in self.idle.idle(now, self.sessions):
             log.info("peer %s: idle for %.0f s, closing its session", peer_id, idle_s)
             self._metrics.count("idle_closes")
             self.queue(peer_id, HostClose(), self.sessions[peer_id])

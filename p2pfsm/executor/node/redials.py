@@ -35,7 +35,7 @@ class Redials:
         rng: the jitter's random source.
     """
 
-    __slots__ = ("_at", "_attempts", "_backoff", "_dialled", "_parked", "_rng", "backoff",
+    __slots__ = ("_attempts", "_backoff", "_dialled", "_parked", "_rng", "at", "backoff",
                  "max_attempts")
 
     def __init__(self, backoff: tuple[float, float] | None, max_attempts: int | None = None,
@@ -45,22 +45,23 @@ class Redials:
         self._rng = rng or random.Random()
         self._attempts: dict[str, int] = {}  # peer -> redials since it was last ready
         self._dialled: set[str] = set()  # peers the host connect()ed: re-opened on death
-        self._at: dict[str, float] = {}  # peer -> when to open it again
+        self.at: dict[str, float] = {}
+        """Peer -> when to open it again (read it; a loop checks it for emptiness)."""
         self._backoff: dict[str, float] = {}  # peer -> the next wait, while attempts fail
         self._parked: dict[str, list[tuple[float, Parked]]] = {}  # peer -> (deadline, call)
 
     def __bool__(self) -> bool:
         """Some session waits to be opened again."""
-        return bool(self._at)
+        return bool(self.at)
 
     def waiting(self, peer_id: str) -> bool:
         """The session to ``peer_id`` is dead and waits to be opened again."""
-        return peer_id in self._at
+        return peer_id in self.at
 
     def host_dialled(self, peer_id: str) -> None:
         """The host opened the session itself: it is ours to redial, none is due now."""
         self._dialled.add(peer_id)
-        self._at.pop(peer_id, None)
+        self.at.pop(peer_id, None)
 
     def dialled(self, peer_id: str) -> bool:
         """The host opened the session to ``peer_id`` (and has not forgotten it)."""
@@ -86,7 +87,7 @@ class Redials:
         """The host gave ``peer_id`` up: never redialled again (until it connects it
         again); returns the calls that waited for it (they leave the book)."""
         self._dialled.discard(peer_id)
-        self._at.pop(peer_id, None)
+        self.at.pop(peer_id, None)
         self._backoff.pop(peer_id, None)
         self._attempts.pop(peer_id, None)
         return self.take(peer_id)
@@ -94,9 +95,9 @@ class Redials:
     def now(self, peer_id: str, now: float) -> bool:
         """Open ``peer_id`` again at ``now`` instead of after its wait; False when no
         redial of it is due."""
-        if peer_id not in self._at:
+        if peer_id not in self.at:
             return False
-        self._at[peer_id] = now
+        self.at[peer_id] = now
         return True
 
     def schedule(self, peer_id: str, now: float) -> float:
@@ -108,7 +109,7 @@ class Redials:
         self._backoff[peer_id] = first if wait is None else min(2 * wait, most)
         self._attempts[peer_id] = self._attempts.get(peer_id, 0) + 1
         drawn = 0.0 if wait is None else wait * (0.5 + 0.5 * self._rng.random())
-        self._at[peer_id] = now + drawn
+        self.at[peer_id] = now + drawn
         return drawn
 
     def ready(self, peer_id: str) -> None:
@@ -118,7 +119,7 @@ class Redials:
 
     def cancel(self, peer_id: str) -> None:
         """No redial of ``peer_id`` any more (another session replaced it)."""
-        self._at.pop(peer_id, None)
+        self.at.pop(peer_id, None)
 
     def park(self, peer_id: str, deadline: float, call: Parked) -> None:
         """``call`` waits for the next session to ``peer_id`` until ``deadline``."""
@@ -137,9 +138,9 @@ class Redials:
         for the others (they leave the book)."""
         peers: list[str] = []
         expired: list[tuple[str, Parked]] = []
-        for peer_id, at in list(self._at.items()):
+        for peer_id, at in list(self.at.items()):
             if at <= now:
-                del self._at[peer_id]
+                del self.at[peer_id]
                 peers.append(peer_id)
             else:
                 expired.extend((peer_id, call) for call in self._take_if(
@@ -148,14 +149,14 @@ class Redials:
 
     def next_due(self) -> float | None:
         """The earliest redial or parked deadline; None when no session waits."""
-        if not self._at:
+        if not self.at:
             return None
-        return min([*self._at.values(),
+        return min([*self.at.values(),
                     *(d for waiting in self._parked.values() for d, _ in waiting)])
 
     def end(self) -> list[tuple[str, Parked]]:
         """The node closes: no session opens again; every parked call leaves the book."""
-        self._at.clear()
+        self.at.clear()
         parked, self._parked = self._parked, {}
         return [(peer_id, call) for peer_id, waiting in parked.items() for _, call in waiting]
 

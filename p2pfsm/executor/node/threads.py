@@ -71,20 +71,26 @@ class DrivingThreads:
         finally:
             self.end_driving(outer)
 
-    def begin_turn(self) -> int:
-        """This thread is inside a loop turn from now; its id, for :meth:`end_turn`."""
+    def begin_step(self) -> tuple[int, bool]:
+        """``step``: this thread drives the node and is inside a loop turn from now
+        (refused inside a turn, and as :meth:`check` refuses); its id and whether it is
+        the outermost driving call, for :meth:`end_step`. One call, one thread lookup:
+        a step is the hot path. The caller ends the turn (:attr:`loop` None,
+        :attr:`last_step` its id and the clock) and sets :attr:`driving` back to None
+        when it was the outermost."""
         me = threading.get_ident()
+        if self.loop == me:
+            raise LocalProtocolError("step() called from inside the node's own loop")
+        driving = self.driving
+        if driving is None:
+            if self.aio is not None and self.aio != me:
+                self.check("step")
+            self.driving = self.loop = me
+            return me, True
+        if driving != me:
+            self.check("step")
         self.loop = me
-        return me
-
-    def end_turn(self, me: int) -> None:
-        """The turn :meth:`begin_turn` began on thread ``me`` is over."""
-        self.loop = None
-        self.last_step = (me, time.monotonic())
-
-    def in_turn_here(self) -> bool:
-        """The calling thread is inside a loop turn (a host callback, say)."""
-        return self.loop == threading.get_ident()
+        return me, False
 
     def wait_problem(self) -> str | None:
         """Why a blocking wait on this thread would never end (None: something drives)."""

@@ -6,6 +6,11 @@ most until :meth:`Turns.next_deadline`), hands its frames and lost peers to
 that ended, queues the due timers, redials and idle closes, handles every queued input
 through the driver, and updates the gauges. ``Node.step`` runs one turn on the thread
 that drives the node.
+
+Each of those steps runs only when a check of plain attributes says it has work or is
+due (the data plane progressed every turn while busy, else once per idle interval; the
+gauges set again only after a session was fed, a job opened or closed, or a frame was
+dropped for a rate), so a turn that finds nothing costs a few calls.
 """
 
 from __future__ import annotations
@@ -44,21 +49,34 @@ class Turns:
         # Calls from other threads (cancels, node.threadsafe), run in order by the driver.
         self._submitted: deque[Callable[[], None]] = deque()
         self._rate_limited = 0  # control.rate_limited already in metrics
-        self._close_request: tuple[float, Future[None]] | None = None
+        # What each turn checks inline (attributes, not calls): the data plane's WRITEs
+        # not reported yet, its pace, the sessions' deadline heap, the idle book, the
+        # redial times, the intake's rate drops.
+        self._xfers = data.writes
+        self._pace = data.pace
+        self._deadlines = driver.deadlines
+        self._idle = peers.idle
+        self._redials_at = peers.redials.at
+        self._intake = control.intake
+        self._progress_at = 0.0  # when an idle data plane is progressed next
+        # The gauges were set for this many feeds and open jobs (-1: never set).
+        self._fed = -1
+        self._loads = self._stores = 0
+        self.close_request: tuple[float, Future[None]] | None = None
 
     def request_close(self, timeout: float, done: Future[None]) -> None:
         """Close the node after the current turn (any thread; ``done`` resolves once
         closed; a second request is done when the first one is)."""
-        if self._close_request is None:
-            self._close_request = (timeout, done)
+        if self.close_request is None:
+            self.close_request = (timeout, done)
         else:
-            first = self._close_request[1]
+            first = self.close_request[1]
             first.add_done_callback(lambda f: copy_outcome(f, done))
         self._control.wake()
 
     def take_close_request(self) -> tuple[float, Future[None]] | None:
         """The close requested (its timeout and future), once; None without one."""
-        request, self._close_request = self._close_request, None
+        request, self.close_request = self.close_request, None
         return request
 
     def submit(self, call: Callable[[], None]) -> None:
@@ -86,31 +104,55 @@ class Turns:
 
     def turn(self, max_wait: float) -> int:
         """One turn, waiting at most ``max_wait`` s for news; how many control-plane
-        events it took in."""
-        self.handle_all()
-        if self._jobs.loads:
+        events it took in. Each sub-step runs only when a cheap check says it has work
+        or is due: a turn that finds nothing costs a few calls."""
+        driver, xfers, jobs, pace = self._driver, self._xfers, self._jobs, self._pace
+        if self._submitted or driver.waiting or driver.deferred or xfers.inflight or xfers.done:
+            self.handle_all()
+        if jobs.loads:
             # Blocks may be arriving (a peer's first WRITE needs our UCX progress):
-            # progress often while loads are open, and only then.
-            self._data.expect_inbound(INBOUND_GRACE_S)
-        wait = max(0.0, min(max_wait, self.next_deadline() - time.monotonic()))
-        # Round up: truncating made every sub-ms remainder a poll(0), so the 1 ms busy
-        # pace (always a hair under 1 ms away by now) was a spin.
-        events = self._control.poll(math.ceil(wait * 1000))
+            # progress often while loads are open, and only then (the data plane's
+            # expect_inbound(INBOUND_GRACE_S), inline).
+            busy_until = time.monotonic() + INBOUND_GRACE_S
+            if busy_until > pace.busy_until:
+                pace.busy_until = busy_until
+        if max_wait > 0.0:
+            wait = max(0.0, min(max_wait, self.next_deadline() - time.monotonic()))
+            # Round up: truncating made every sub-ms remainder a poll(0), so the 1 ms
+            # busy pace (always a hair under 1 ms away by now) was a spin.
+            events = self._control.poll(math.ceil(wait * 1000))
+        else:
+            events = self._control.poll(0)
         peers = self._peers
         for event in events:
             if isinstance(event, FrameIn):
                 peers.on_frame(event.peer_id, event.frame, event.conn)
             elif isinstance(event, PeerLost):
                 peers.queue(event.peer_id, TransportLost(event.reason))
-        self._data.progress()
-        self._collect_writes()
         now = time.monotonic()
-        self._driver.queue_due(now)
-        peers.evict_idle(now)
-        if peers.redials:
+        if (xfers.inflight or now >= self._progress_at or now < pace.busy_until
+                or now < pace.prompt_until):
+            # Busy (loads open, WRITEs of ours in flight, a peer added lately): every
+            # turn; idle: once per idle interval, as the loop's deadline wakes it.
+            self._data.progress()
+            self._progress_at = now + pace.idle_ms / 1000.0
+        if xfers.inflight or xfers.done:
+            self._collect_writes()
+        now = time.monotonic()
+        heap = self._deadlines.heap
+        if heap and heap[0][0] <= now:
+            driver.queue_due(now)
+        idle = self._idle
+        if idle.check_at <= now:
+            peers.evict_idle(now)
+        if self._redials_at:
             peers.redial_due(now)
-        self.handle_all()
-        self._update_gauges()
+        if self._submitted or driver.waiting or driver.deferred or xfers.inflight or xfers.done:
+            self.handle_all()
+        if (driver.fed != self._fed or len(jobs.loads) != self._loads
+                or len(jobs.stores) != self._stores
+                or self._intake.rate_drops != self._rate_limited):
+            self._update_gauges()
         return len(events)
 
     def handle_all(self) -> None:
@@ -120,7 +162,7 @@ class Turns:
         while self._submitted:
             self._submitted.popleft()()
         self._driver.drain()
-        while self._writes and self._collect_writes():
+        while self._xfers and self._collect_writes():
             self._driver.drain()
 
     def _collect_writes(self) -> bool:
@@ -134,10 +176,15 @@ class Turns:
         return found
 
     def _update_gauges(self) -> None:
-        limited = self._control.rate_limited
+        """The loop's gauges, set again: only after a turn in which a session was fed,
+        a job opened or closed, or a frame was dropped for a rate (nothing else moves
+        them)."""
+        limited = self._intake.rate_drops
         if limited != self._rate_limited:
             self._metrics.count("identities_rate_limited", limited - self._rate_limited)
             self._rate_limited = limited
         peers, jobs = self._peers, self._jobs
-        self._metrics.set_loop_gauges(peers.alive(), len(jobs.loads), len(jobs.stores),
-                                      sum(peers.held_destinations().values()))
+        self._fed = self._driver.fed
+        self._loads, self._stores = len(jobs.loads), len(jobs.stores)
+        alive, held = peers.loop_gauges()
+        self._metrics.set_loop_gauges(alive, self._loads, self._stores, held)

@@ -20,13 +20,13 @@ from p2pfsm.session import Session
 class SessionDeadlines:
     """Each session's next deadline (sessions with no timer armed are not kept)."""
 
-    __slots__ = ("_at", "_heap", "_serial")
+    __slots__ = ("_at", "_serial", "heap")
 
     def __init__(self) -> None:
         self._at: dict[Session, float] = {}
         # (deadline, serial, peer, session): the serial orders equal deadlines by when
         # they were noted and keeps sessions out of the comparison.
-        self._heap: list[tuple[float, int, str, Session]] = []
+        self.heap: list[tuple[float, int, str, Session]] = []
         self._serial = itertools.count()
 
     def note(self, peer: str, session: Session) -> None:
@@ -39,7 +39,7 @@ class SessionDeadlines:
         if at.get(session) == deadline:
             return
         at[session] = deadline
-        heap = self._heap
+        heap = self.heap
         if len(heap) > 2 * len(at) + 16:  # mostly stale entries: rebuild
             heap[:] = [e for e in heap if at.get(e[3]) == e[0]]
             heapq.heapify(heap)
@@ -47,7 +47,7 @@ class SessionDeadlines:
 
     def earliest(self) -> float | None:
         """The earliest deadline of any session, or None when no timer is armed."""
-        heap, at = self._heap, self._at
+        heap, at = self.heap, self._at
         while heap and at.get(heap[0][3]) != heap[0][0]:
             heapq.heappop(heap)  # the session's deadline moved or it has none now
         return heap[0][0] if heap else None
@@ -56,7 +56,7 @@ class SessionDeadlines:
         """Forget and return, earliest first, every session due by ``now`` (each is
         noted again after its next call)."""
         due: list[tuple[str, Session]] = []
-        heap, at = self._heap, self._at
+        heap, at = self.heap, self._at
         while (nxt := self.earliest()) is not None and nxt <= now:
             _, _, peer, session = heapq.heappop(heap)
             del at[session]

@@ -61,8 +61,8 @@ class Driver:
         hook: told of every call (None: no hook).
     """
 
-    __slots__ = ("_clock", "_deadlines", "_deferred", "_draining", "_events", "_handlers",
-                 "applying", "effects", "hook")
+    __slots__ = ("_clock", "_draining", "_handlers", "applying", "deadlines", "deferred",
+                 "effects", "fed", "hook", "waiting")
 
     def __init__(self, effects: Executor, clock: Callable[[], float],
                  hook: CallRecorder | None = None) -> None:
@@ -75,17 +75,22 @@ class Driver:
         # Each input is bound to its session when it is queued (a frame to the session
         # current when it arrived, a write's or timer's result to the session that
         # started it), so a session that replaces another never sees the old one's.
-        self._events: deque[tuple[str, Input, Session | None]] = deque()
-        self._deferred: deque[Callable[[], None]] = deque()
+        self.waiting: deque[tuple[str, Input, Session | None]] = deque()
+        """The inputs waiting for :meth:`drain` (read it; :meth:`queue` adds)."""
+        self.deferred: deque[Callable[[], None]] = deque()
+        """The calls waiting for the outermost drain (read it; :meth:`defer` adds)."""
         self._draining = False
-        self._deadlines = SessionDeadlines()
+        self.deadlines = SessionDeadlines()
+        """Each session's next deadline (read it; the driver notes them)."""
+        self.fed = 0
+        """How many calls :meth:`feed` has made (a loop skips work when it has not moved)."""
         self.applying: Session | None = None
         """The session whose outputs are being carried out (None between calls)."""
 
     @property
     def busy(self) -> bool:
         """Inputs or deferred calls are waiting for :meth:`drain`."""
-        return bool(self._events or self._deferred)
+        return bool(self.waiting or self.deferred)
 
     @property
     def draining(self) -> bool:
@@ -94,32 +99,33 @@ class Driver:
 
     def next_deadline(self) -> float | None:
         """The earliest deadline of any session fed here, or None when none is armed."""
-        return self._deadlines.earliest()
+        return self.deadlines.earliest()
 
     def queue_due(self, now: float) -> int:
         """Queue ``TimerFired`` for every timer due by ``now`` (each session's in its
         order); :meth:`drain` feeds them. Returns how many were queued."""
         queued = 0
-        for peer, session in self._deadlines.pop_due(now):
+        for peer, session in self.deadlines.pop_due(now):
             timers = session.due_timers(now)
             if not timers:  # changed by a call made around the driver: note it again
-                self._deadlines.note(peer, session)
+                self.deadlines.note(peer, session)
             for timer in timers:
-                self._events.append((peer, TimerFired(timer), session))
+                self.waiting.append((peer, TimerFired(timer), session))
             queued += len(timers)
         return queued
 
     def queue(self, peer: str, event: Input, session: Session | None) -> None:
         """Queue ``event`` for ``session`` (None: dropped when its turn comes)."""
-        self._events.append((peer, event, session))
+        self.waiting.append((peer, event, session))
 
     def defer(self, call: Callable[[], None]) -> None:
         """Run ``call`` once the queue is empty, from the outermost :meth:`drain`."""
-        self._deferred.append(call)
+        self.deferred.append(call)
 
     def feed(self, peer: str, event: Input, session: Session) -> list[Output]:
         """Give ``event`` to ``session`` now and carry out its outputs in order."""
         was_ready = session.ready
+        self.fed += 1
         hook = self.hook
         if hook is None:
             outputs = session.handle(event, self._clock())
@@ -131,7 +137,7 @@ class Driver:
                 hook.discard()
                 raise
             hook.record(peer, state, event, started, outputs)
-        self._deadlines.note(peer, session)
+        self.deadlines.note(peer, session)
         effects = self.effects
         handlers = self._handlers
         outer, self.applying = self.applying, session
@@ -155,27 +161,27 @@ class Driver:
         calls, until both queues are empty."""
         nested = self._draining
         self._draining = True
-        events = self._events
+        events = self.waiting
         try:
             while True:
                 while events:
                     peer, event, session = events.popleft()
                     if session is not None:
                         self.feed(peer, event, session)
-                if nested or not self._deferred:
+                if nested or not self.deferred:
                     return
-                self._deferred.popleft()()
+                self.deferred.popleft()()
         finally:
             self._draining = nested
 
     def post(self, peer: str, event: Input, session: Session) -> None:
         """Queue ``event`` and, unless a drain is running further up (which reaches it),
         drain now. If handling raises, whatever is still queued is dropped."""
-        self._events.append((peer, event, session))
+        self.waiting.append((peer, event, session))
         if self._draining:
             return
         try:
             self.drain()
         except BaseException:
-            self._events.clear()
+            self.waiting.clear()
             raise

@@ -126,7 +126,9 @@ class Dealers:
         self.by_ident: dict[bytes, str] = {}
         self.pending: list[ControlEvent] = []  # losses (and frames) not yet reported
         self._by_fd: dict[int, Dealer] = {}  # monitor descriptor -> its peer
-        self._next_expiry: float | None = None  # earliest connect deadline or done grace
+        self.next_expiry: float | None = None
+        """The earliest connect deadline or done grace (None: none; read it, and call
+        :meth:`expire_due` only when it is set)."""
         self._next_sweep = 0.0
         self._look: list[Dealer] = []
         self._evict_log = LogWindow(10, 10.0)
@@ -343,19 +345,19 @@ class Dealers:
 
     def note_expiry(self, when: float) -> None:
         """A connect deadline or done grace ends at ``when``."""
-        if self._next_expiry is None or when < self._next_expiry:
-            self._next_expiry = when
+        if self.next_expiry is None or when < self.next_expiry:
+            self.next_expiry = when
 
     def expire_due(self) -> None:
         """Run the connect timeouts and done graces that are due, if one may be."""
         now = time.monotonic()
-        if self._next_expiry is not None and now >= self._next_expiry:
+        if self.next_expiry is not None and now >= self.next_expiry:
             self._expire(now)
 
     def _expire(self, now: float) -> None:
         """Connect timeouts and done graces that are due (run only when one may be), and
         the next one's time."""
-        self._next_expiry = None
+        self.next_expiry = None
         for peer in list(self.peers.values()):
             if peer.deadline is not None:
                 if now >= peer.deadline:
@@ -371,7 +373,7 @@ class Dealers:
     def next_due(self) -> float | None:
         """When the DEALERs next need a look without a signal (a deadline, a done
         grace, the monitor sweep); None when there are none."""
-        first = self._next_expiry
+        first = self.next_expiry
         if self.peers and (first is None or self._next_sweep < first):
             first = self._next_sweep
         return first

@@ -127,6 +127,8 @@ class RouterIntake:
         self._back_rate = None if rate is None else NewPeerRate(rate.rate)
         self._rate_log = LogWindow(1, _DROP_LOG_WINDOW_S)  # rate-limited warnings
         self.drops: dict[str, int] = {}
+        self.rate_drops = 0
+        """The drops for a rate (``RATE_LIMITED``, ``DIAL_RATE_LIMITED``) so far."""
         self._drop_log = LogWindow(_DROP_LOG_BURST, _DROP_LOG_WINDOW_S)  # debug lines
         self.more = False  # the last drain stopped at max_batch
 
@@ -174,6 +176,8 @@ class RouterIntake:
 
     def _drop(self, reason: str, detail: str = "") -> None:
         self.drops[reason] = self.drops.get(reason, 0) + 1
+        if reason in (RATE_LIMITED, DIAL_RATE_LIMITED):
+            self.rate_drops += 1
         if log.isEnabledFor(logging.DEBUG):
             self._drop_log.emit(log.debug, "dropped inbound messages",
                                 "dropped an inbound message: %s%s", reason, detail)

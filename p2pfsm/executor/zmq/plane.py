@@ -47,7 +47,7 @@ from p2pfsm.executor.zmq.curve import CurveKeys, Gatekeeper
 from p2pfsm.executor.zmq.dealers import Dealers
 from p2pfsm.executor.zmq.events import ControlEvent, FrameIn, PeerLost, frame_meta
 from p2pfsm.executor.zmq.heartbeats import ROUTER_PING_FACTOR, Heartbeats
-from p2pfsm.executor.zmq.intake import DIAL_RATE_LIMITED, RATE_LIMITED, RouterIntake
+from p2pfsm.executor.zmq.intake import RATE_LIMITED, RouterIntake
 from p2pfsm.executor.zmq.monitors import HANDSHAKE_FAILURES_MASK, fd_of
 from p2pfsm.executor.zmq.peer_ids import ip_of, parse_peer_id
 from p2pfsm.executor.zmq.waker import Waker
@@ -209,7 +209,6 @@ class ControlPlane:
         assert isinstance(endpoint, bytes)
         bound_port = int(endpoint.decode("ascii").rpartition(":")[2])
         self._local_id = f"{advertise_host if advertise_host is not None else host}:{bound_port}"
-
         self._epoll = select.epoll()
         self._epoll.register(fd_of(self._router), select.EPOLLIN)
         self._waker = Waker()  # wake(): any thread ends a poll() early
@@ -221,7 +220,7 @@ class ControlPlane:
             sndhwm=sndhwm, rcvhwm=rcvhwm, linger_ms=self._dealer_linger,
             immediate=bool(immediate), connect_timeout_ms=connect_timeout_ms, curve=curve,
             source=source, max_peers=self._max_peers, max_pending=self._max_pending)
-        self._intake = RouterIntake(
+        self.intake = RouterIntake(
             self._router, self._router_monitor, self._dealers, self._local_id,
             max_batch=max_batch, max_peers=self._max_peers, max_pending=self._max_pending,
             dial_back_check=dial_back_check, holds_session=holds_session,
@@ -246,14 +245,13 @@ class ControlPlane:
     @property
     def drop_counts(self) -> dict[str, int]:
         """How many inbound messages were dropped, by reason (a copy)."""
-        return dict(self._intake.drops)
+        return dict(self.intake.drops)
 
     @property
     def rate_limited(self) -> int:
         """How many frames were dropped so far for a rate: of new identities
         (``max_new_peers_per_s``) and of dial-backs (per identity, per host)."""
-        drops = self._intake.drops
-        return drops.get(RATE_LIMITED, 0) + drops.get(DIAL_RATE_LIMITED, 0)
+        return self.intake.rate_drops
 
     def is_connected(self, peer_id: str) -> bool:
         """True once the DEALER to ``peer_id`` completed its ZMTP handshake."""
@@ -336,7 +334,7 @@ class ControlPlane:
         dealers = self._dealers
         if peer_id not in dealers.peers:
             entry = dealers.lost.get(peer_id)
-            if ((entry is None and not self._intake.held(peer_id))
+            if ((entry is None and not self.intake.held(peer_id))
                     or dealers.settled() >= self._max_peers):
                 return False
             key = None if entry is None else entry[1]
@@ -400,16 +398,17 @@ class ControlPlane:
         followed by frames from the same id, which then start a fresh peer.
         """
         self._check_open()
-        woken = self._waker.clear()
+        waker = self._waker
+        woken = waker.armed and waker.clear()
         events = self._collect()
         if events or timeout_ms == 0 or woken:
             return events
         end = None if timeout_ms < 0 else time.monotonic() + timeout_ms / 1000.0
         while True:
-            wait = 0 if self._intake.more else self._wait_ms(end)
+            wait = 0 if self.intake.more else self._wait_ms(end)
             if wait != 0:
                 self._epoll.poll(-1 if wait is None else wait / 1000.0)
-            woken = self._waker.clear()
+            woken = waker.armed and waker.clear()
             events = self._collect()
             if events or woken or (end is not None and time.monotonic() >= end):
                 return events
@@ -478,15 +477,17 @@ class ControlPlane:
             self._ctx.term()
 
     def _collect(self) -> list[ControlEvent]:
-        # One list for frames and losses alike, so they come out in the order they
-        # happened: a loss inside the drain (an eviction, or a refused dial-back seen
-        # while making room) precedes any later frame from the same id.
+        # One list for frames and losses alike, in the order they happened: a loss in the
+        # drain (an eviction, a refused dial-back) precedes any later frame of that id.
         dealers = self._dealers
         out = dealers.pending
-        self._intake.drain(out)
-        self._intake.drain_refusals()
-        dealers.drain_monitors()
-        dealers.expire_due()
+        self.intake.drain(out)
+        if self._router_monitor is not None:
+            self.intake.drain_refusals()
+        if dealers.peers:  # no DEALER, no monitor to read
+            dealers.drain_monitors()
+        if dealers.next_expiry is not None:
+            dealers.expire_due()
         dealers.pending = []
         return out
 

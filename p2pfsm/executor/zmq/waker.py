@@ -18,7 +18,8 @@ class Waker:
 
     def __init__(self) -> None:
         self._fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        self._armed = False  # a wake since the last clear (skips the read otherwise)
+        self.armed = False
+        """A wake came since the last clear (a poll skips :meth:`clear` without one)."""
         # wake() and close() may run on different threads: never write to a descriptor
         # number that close() gave back (the OS may have reused it).
         self._lock = threading.Lock()
@@ -34,13 +35,13 @@ class Waker:
             if self._closed:
                 return
             os.eventfd_write(self._fd, 1)
-            self._armed = True
+            self.armed = True
 
     def clear(self) -> bool:
         """Make it unreadable again; True when a wake came since the last clear."""
-        if not self._armed:
+        if not self.armed:
             return False
-        self._armed = False
+        self.armed = False
         try:
             os.eventfd_read(self._fd)
         except BlockingIOError:
