@@ -22,7 +22,8 @@ from helpers.requires import needs_nixl_and_torch
 
 from p2pfsm.demo_blocks import demo_block, demo_key
 from p2pfsm.errors import ConfigError, TransportError
-from p2pfsm.executor.node import NodeConfig
+from p2pfsm.executor.node import Node, NodeConfig
+from p2pfsm.executor.node.effects import NodeEffects
 from p2pfsm.session import FailReason, LoadResult, Timeouts
 
 from . import Child
@@ -374,6 +375,30 @@ def test_silent_address_fails_at_the_connect_timeout(
         session = node.connect(peer)
         drive(node, lambda: not session.alive, 30.0, "failure of the silent peer")
     assert node.deaths[peer].reason == "transport lost: connect timeout"
+
+
+class _RefusedEffects(NodeEffects):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("effects refused")
+
+
+class _BrokenNode(Node):
+    _effects_part = _RefusedEffects
+
+
+def test_a_node_whose_part_fails_to_build_leaves_no_plane_open() -> None:
+    """A part built after the planes raises: the error comes out, and both planes are
+    closed (the port can be bound at once, while the error still holds the half-built
+    node)."""
+    bind = f"tcp://127.0.0.1:{closed_port()}"
+    with pytest.raises(RuntimeError, match="effects refused") as failed:
+        _BrokenNode(config(bind=bind))
+    node = Node(config(bind=bind))  # "address in use" if the first ROUTER were open
+    try:
+        assert node.local_id.endswith(bind.rsplit(":", 1)[1])
+    finally:
+        node.close()
+    assert failed.value is not None
 
 
 @pytest.mark.parametrize("bad", [0, -5, 1.5, True, "10"])

@@ -130,30 +130,30 @@ class Node(Driven):
         # Drawn per process and sent in every connect: a peer that sees a new one on a
         # live session knows we restarted (vLLM peers ignore the field).
         self.incarnation = secrets.randbits(63)
-        self._writes = Writes(self.data, config.block_len)  # ours, by (session, xfer)
-        self._jobs = OpenJobs()  # every job that still owes the host a result
-        self._closed = False
-        self._threads = DrivingThreads()
-        self._threadsafe: ThreadSafeNode | None = None
         try:
+            self._writes = Writes(self.data, config.block_len)  # ours, by (session, xfer)
+            self._jobs = OpenJobs()  # every job that still owes the host a result
+            self._closed = False
+            self._threads = DrivingThreads()
+            self._threadsafe: ThreadSafeNode | None = None
             self._hook = trace_hook(config, self.local_id) if call_hook is None else call_hook
+            self._effects = effects = self._effects_part(
+                self, config, self.metrics, self.control, self.data, self._jobs, self._writes,
+                self.finish, self._hook)
+            effects.on_lookup, effects.on_fetch, effects.on_result = on_lookup, on_fetch, on_result
+            effects.on_round_ended, effects.on_released = on_round_ended, on_released
+            effects.on_peer_state = on_peer_state
+            self._driver = effects.driver
+            self._peers = effects.peers = Peers(
+                config, self.local_id, self.incarnation, self.control, self.data, self.metrics,
+                self._driver, self._jobs, self._hook, lambda: self._closed, effects.peer_state,
+                effects.fail_parked)
+            self._turns = Turns(self.control, self.data, self._driver, self._peers, self._jobs,
+                                self._writes, self.metrics)
         except BaseException:
             self.data.close()
             self.control.close()
             raise
-        self._effects = effects = self._effects_part(
-            self, config, self.metrics, self.control, self.data, self._jobs, self._writes,
-            self.finish, self._hook)
-        effects.on_lookup, effects.on_fetch, effects.on_result = on_lookup, on_fetch, on_result
-        effects.on_round_ended, effects.on_released = on_round_ended, on_released
-        effects.on_peer_state = on_peer_state
-        self._driver = effects.driver
-        self._peers = effects.peers = Peers(
-            config, self.local_id, self.incarnation, self.control, self.data, self.metrics,
-            self._driver, self._jobs, self._hook, lambda: self._closed, effects.peer_state,
-            effects.fail_parked)
-        self._turns = Turns(self.control, self.data, self._driver, self._peers, self._jobs,
-                            self._writes, self.metrics)
         log.info("node %s up: %d blocks of %d bytes", self.local_id, config.num_blocks,
                  config.block_len)
 
