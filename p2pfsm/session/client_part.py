@@ -123,18 +123,10 @@ class ClientPart:
         for rnd in list(self.held.values()):
             self.owner.step(CLIENT_ROUND, rnd, trigger, ev)
 
-    def purge(self, now: float) -> None:
-        """Forget the tombstones older than a frame lifetime."""
-        self.round_floor.purge(now)
-
     def tombstone_tables(self) -> tuple[Tombstones, ...]:
-        """The tables :meth:`purge` purges (the session purges them itself, each only
-        when its earliest expiry is due)."""
+        """This part's per-request tables: the session purges them before every input
+        and empties them when it is over."""
         return (self.round_floor,)
-
-    def forget_tombstones(self) -> None:
-        """The session is over: its tombstones go (nothing consults them any more)."""
-        self.round_floor.clear()
 
     # ------------------------------------------------------------- retiring
     def retire_round(self, rnd: ClientRound) -> None:

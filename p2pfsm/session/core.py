@@ -88,6 +88,7 @@ from p2pfsm.session.outputs import (
 from p2pfsm.session.server_part import ServerPart
 from p2pfsm.session.steps import run_cascade
 from p2pfsm.session.timers import TimerTable
+from p2pfsm.session.tombstones import purge_due
 from p2pfsm.session.view import SessionView
 
 __all__ = ["LIVE_STATES", "SESSION", "Session"]
@@ -134,8 +135,8 @@ class Session:
     def forget_tombstones(self) -> None:
         """Empty the per-request tables (the session is over: an ended session keeps
         none; the executor calls this when it reports the death)."""
-        self.client.forget_tombstones()
-        self.server.forget_tombstones()
+        for table in self._tombstones:
+            table.clear()
 
     # ------------------------------------------------------------ entry point
     def handle(self, event: Input, now: float) -> list[Output]:
@@ -146,9 +147,7 @@ class Session:
                 the session is unchanged.
         """
         self.now = now
-        for table in self._tombstones:  # the parts' purge, without a call per table
-            if now >= table.purge_at:
-                table.purge(now)
+        purge_due(self._tombstones, now)
         handler = HANDLERS.get(type(event))
         if handler is None:
             raise LocalProtocolError(f"unknown input {type(event).__name__}")
@@ -255,7 +254,7 @@ class Session:
         withholds is dropped); else queue in order."""
         if isinstance(message, _HANDSHAKE_TYPES) or (
                 self.fsm_state in OPEN_STATES and not self._handing_off):
-            if type(message) is not Fetch or message.keys or not self.client.withheld(message):
+            if not self.client.withheld(message):
                 self._out.append(SendFrame(message))
         else:
             self._queue.append(message)

@@ -95,22 +95,10 @@ class ServerPart:
         """True while a serve round or served lookup is open."""
         return bool(self.rounds or self.tokens)
 
-    def purge(self, now: float) -> None:
-        """Forget the tombstones older than a frame lifetime."""
-        self.expired_lookups.purge(now)
-        self.finished.purge(now)
-        self.peer_finished.purge(now)
-
     def tombstone_tables(self) -> tuple[Tombstones, ...]:
-        """The tables :meth:`purge` purges (the session purges them itself, each only
-        when its earliest expiry is due)."""
+        """This part's per-request tables: the session purges them before every input
+        and empties them when it is over."""
         return (self.expired_lookups, self.finished, self.peer_finished)
-
-    def forget_tombstones(self) -> None:
-        """The session is over: its tombstones go (nothing consults them any more)."""
-        self.expired_lookups.clear()
-        self.finished.clear()
-        self.peer_finished.clear()
 
     # ------------------------------------------- what children's outboxes ask
     def bind_round(self, rnd: ServerRound) -> None:

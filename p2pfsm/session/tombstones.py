@@ -18,7 +18,7 @@ tables (:meth:`Tombstones.clear`).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 DEFAULT_MAX_TOMBSTONES = 4096
 """Entries one table keeps at most (SessionConfig.max_tombstones)."""
@@ -110,3 +110,11 @@ class Tombstones:
             if self._budget is not None:
                 self._budget.held -= 1
         self.purge_at = math.inf
+
+
+def purge_due(tables: Iterable[Tombstones], now: float) -> None:
+    """Purge each of ``tables`` whose earliest expiry is due by ``now`` (the others are
+    passed by without a call: a session does this before every input)."""
+    for table in tables:
+        if now >= table.purge_at:
+            table.purge(now)

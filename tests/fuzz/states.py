@@ -51,7 +51,7 @@ from p2pfsm.session.client_part import ClientPart
 from p2pfsm.session.server import ServerLookup, ServerRound
 from p2pfsm.session.server_part import ServerPart
 from p2pfsm.session.timers import TimerTable
-from p2pfsm.session.tombstones import Tombstones
+from p2pfsm.session.tombstones import Tombstones, purge_due
 
 # last_disconnect: when a dead session last answered (its rate limit), not frame state.
 _SKIP = frozenset({"now", "_out", "config", "tracer", "last_disconnect", "_view", "owner",
@@ -115,8 +115,7 @@ def full_snapshot(s: Session, unqueued: int = 0) -> tuple[object, ...]:
 def settle_clock(d: Driver) -> None:
     """Purge tombstones due at ``d.now``, as ``Session.handle`` does before anything else,
     so a before/after comparison sees only what the input itself changed."""
-    d.s.client.purge(d.now)
-    d.s.server.purge(d.now)
+    purge_due((*d.s.client.tombstone_tables(), *d.s.server.tombstone_tables()), d.now)
 
 
 # ------------------------------------------------------------------ builders
