@@ -351,16 +351,16 @@ class Node(Driven):
         self._check_open()
         if not checked:  # fetch, lookup, supply: checked before anything changed
             self._threads.check(_HOST_CALLS.get(type(event), "a host call"))
-        if peer_id in self._peers.redials.at and isinstance(event, HostFetch | HostLookup):
+        redials = self._peers.redials
+        if redials.waiting(peer_id) and isinstance(event, HostFetch | HostLookup):
             # The session is dead and opens again soon: the call waits for it, up to
             # its own deadline.
             self.session(peer_id).check_host_call(event)  # bad arguments: refused now
             limit = (self.config.timeouts.load if isinstance(event, HostFetch)
                      else self.config.timeouts.lookup)
-            self._peers.redials.park(peer_id, time.monotonic() + limit, event)
+            redials.park(peer_id, time.monotonic() + limit, event)
             return
-        session = self._peers.sessions.get(peer_id)  # a call fewer than self.session
-        self._driver.feed(peer_id, event, self.session(peer_id) if session is None else session)
+        self._driver.feed(peer_id, event, self.session(peer_id))
         self._driver.drain()
 
     # ------------------------------------------------------------- the loop

@@ -251,7 +251,7 @@ class Peers:
                 self._opened_by_peer(peer_id)
         self._bindings.bind(peer_id, conn)
         self.idle.heard(peer_id, time.monotonic())
-        self._driver.queue(peer_id, FrameReceived(frame, msg), self.sessions.get(peer_id))
+        self.queue(peer_id, FrameReceived(frame, msg))
 
     def release_held(self, peer_id: str, cause: str = "data_plane") -> int:
         """The host proves that ``peer_id`` can no longer write into our memory

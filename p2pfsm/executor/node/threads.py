@@ -48,28 +48,18 @@ class DrivingThreads:
                 f"submit it from here with node.threadsafe.{what}(...), which returns a "
                 "future at once")
 
-    def begin_driving(self, what: str) -> bool:
-        """This thread drives the node from now (refused as :meth:`check` refuses); True
-        when it is the outermost such call, which :meth:`end_driving` must then end."""
-        self.check(what)
-        if self.driving is None:
-            self.driving = threading.get_ident()
-            return True
-        return False
-
-    def end_driving(self, outer: bool) -> None:
-        """End what :meth:`begin_driving` began (``outer``: its answer)."""
-        if outer:
-            self.driving = None
-
     @contextlib.contextmanager
     def driving_block(self, what: str) -> Iterator[None]:
         """This thread drives the node for the block (nested calls keep the outer's)."""
-        outer = self.begin_driving(what)
+        self.check(what)
+        outer = self.driving is None
+        if outer:
+            self.driving = threading.get_ident()
         try:
             yield
         finally:
-            self.end_driving(outer)
+            if outer:
+                self.driving = None
 
     def begin_step(self) -> tuple[int, bool]:
         """``step``: this thread drives the node and is inside a loop turn from now

@@ -111,11 +111,8 @@ class Turns:
             self.handle_all()
         if jobs.loads:
             # Blocks may be arriving (a peer's first WRITE needs our UCX progress):
-            # progress often while loads are open, and only then (the data plane's
-            # expect_inbound(INBOUND_GRACE_S), inline).
-            busy_until = time.monotonic() + INBOUND_GRACE_S
-            if busy_until > pace.busy_until:
-                pace.busy_until = busy_until
+            # progress often while loads are open, and only then.
+            pace.expect_inbound(INBOUND_GRACE_S, False)
         if max_wait > 0.0:
             wait = max(0.0, min(max_wait, self.next_deadline() - time.monotonic()))
             # Round up: truncating made every sub-ms remainder a poll(0), so the 1 ms
