@@ -13,25 +13,20 @@ from pathlib import Path
 import pytest
 
 from p2pfsm.tools.bench import profile_fetch
+from tests.helpers.callgrind_files import write_thread_file
 from tests.helpers.requires import needs_nixl_and_torch
-
-
-def _write(out: Path, thread: int, total: int) -> None:
-    path = out.parent / f"{out.name}-{thread:02d}"
-    path.write_text(f"# callgrind format\nversion: 1\nthread: {thread}\nevents: Ir\n"
-                    f"fn=(1) main\n0 {total}\ntotals: {total}\n")
 
 
 def test_thread_totals_by_callgrind_thread_number(tmp_path: Path) -> None:
     out = tmp_path / "cg.out"
     for thread, total in ((1, 1_000), (2, 700), (3, 30), (4, 5)):
-        _write(out, thread, total)
+        write_thread_file(out, thread, total)
     assert profile_fetch._thread_totals(out) == {1: 1_000, 2: 700, 3: 30, 4: 5}
 
 
 def test_thread_totals_need_both_nodes_threads(tmp_path: Path) -> None:
     out = tmp_path / "cg.out"
-    _write(out, 1, 1_000)
+    write_thread_file(out, 1, 1_000)
     with pytest.raises(RuntimeError, match="both nodes"):
         profile_fetch._thread_totals(out)
 

@@ -13,19 +13,14 @@ import pytest
 
 from p2pfsm.tools.bench import instructions
 from p2pfsm.tools.bench.instructions import Count, format_counts
-
-
-def _write(out: Path, thread: int, total: int) -> None:
-    path = out.parent / f"{out.name}-{thread:02d}"
-    path.write_text(f"# callgrind format\nversion: 1\nthread: {thread}\nevents: Ir\n"
-                    f"fn=(1) main\n0 {total}\ntotals: {total}\n")
+from tests.helpers.callgrind_files import write_thread_file
 
 
 def test_totals_split_the_driving_thread_from_the_others(tmp_path: Path) -> None:
     out = tmp_path / "cg.out"
-    _write(out, 1, 1_000)
-    _write(out, 2, 70)
-    _write(out, 3, 30)
+    write_thread_file(out, 1, 1_000)
+    write_thread_file(out, 2, 70)
+    write_thread_file(out, 3, 30)
     assert instructions._totals(out) == (1_000, 100)
 
 

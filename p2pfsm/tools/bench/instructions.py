@@ -155,24 +155,31 @@ def _worker_argv(role: str, args: Sequence[str]) -> list[str]:
     return [sys.executable, "-m", "p2pfsm.tools.bench.instructions", "--worker", role, *args]
 
 
-def _valgrind(out: Path) -> list[str]:
+def valgrind_argv(out: Path) -> list[str]:
+    """The callgrind command line (each thread counted apart, into ``out``-NN) that a
+    measured process's own argv follows."""
     return ["valgrind", "--tool=callgrind", "--separate-threads=yes",
             f"--callgrind-out-file={out}", "--dump-instr=no", "--dump-line=no"]
 
 
-def _totals(out: Path) -> tuple[int, int]:
-    """(main thread, other threads) instructions from callgrind's per-thread files."""
-    main, others = 0, 0
+def thread_totals(out: Path) -> dict[int, int]:
+    """Instructions of each thread of one callgrind run (callgrind's numbering, 1 = the
+    main thread), read from its per-thread files ``out``-NN."""
+    totals = {}
     for path in out.parent.glob(out.name + "-*"):
         text = path.read_text(errors="replace")
         got = re.search(r"^totals:\s+(\d+)", text, re.M) or re.search(
             r"^summary:\s+(\d+)", text, re.M)
-        if got is None:
-            continue
-        if path.name.endswith("-01"):
-            main += int(got.group(1))
-        else:
-            others += int(got.group(1))
+        if got is not None:
+            totals[int(path.name.rsplit("-", 1)[1])] = int(got.group(1))
+    return totals
+
+
+def _totals(out: Path) -> tuple[int, int]:
+    """(main thread, other threads) instructions from callgrind's per-thread files."""
+    totals = thread_totals(out)
+    main = totals.get(1, 0)
+    others = sum(total for thread, total in totals.items() if thread != 1)
     if main == 0:
         raise RuntimeError(f"instructions: no callgrind counts in {out.parent}")
     return main, others
@@ -202,13 +209,13 @@ def _one(side: str, count: int, warmup: int, block_len: int, work: Path) -> tupl
     measured_producer = side.endswith("producer")
     serve_argv = _worker_argv("serve", base)
     if measured_producer:
-        serve_argv = _valgrind(out) + serve_argv
+        serve_argv = valgrind_argv(out) + serve_argv
     server, (peer_id, router_addr) = _start(serve_argv, env)
     try:
         fetch_argv = _worker_argv("fetch", [*base, "--peer", peer_id, "--router", router_addr,
                                             "--warmup", str(warmup), "--fetches", str(count)])
         if not measured_producer:
-            fetch_argv = _valgrind(out) + fetch_argv
+            fetch_argv = valgrind_argv(out) + fetch_argv
         client = run_to_end(fetch_argv, _WAIT_S, env)
         if client is None or client.returncode != 0:
             raise RuntimeError(f"instructions: the {side} run's consumer failed:\n"

@@ -226,16 +226,11 @@ def count_worker(fetches: int, warmup: int, blocks: int, block_len: int) -> None
 
 
 def _thread_totals(out: Path) -> dict[int, int]:
-    """Instructions of each thread (callgrind's numbering, 1 = main) of one run."""
-    import re
+    """Instructions of each thread (callgrind's numbering, 1 = main) of one run, which
+    must hold both nodes' threads (1 and 2)."""
+    from p2pfsm.tools.bench.instructions import thread_totals
 
-    totals = {}
-    for path in out.parent.glob(out.name + "-*"):
-        text = path.read_text(errors="replace")
-        got = re.search(r"^totals:\s+(\d+)", text, re.M) or re.search(
-            r"^summary:\s+(\d+)", text, re.M)
-        if got is not None:
-            totals[int(path.name.rsplit("-", 1)[1])] = int(got.group(1))
+    totals = thread_totals(out)
     if 1 not in totals or 2 not in totals:
         raise RuntimeError(f"profile: no callgrind counts of both nodes' threads in {out.parent}")
     return totals
@@ -258,6 +253,8 @@ def count_instructions(fetches: int, warmup: int, blocks: int, block_len: int,
     import sys
     import tempfile
 
+    from p2pfsm.tools.bench.instructions import valgrind_argv
+
     if shutil.which("valgrind") is None:
         raise RuntimeError("profile: valgrind is not on PATH (Debian: apt-get install valgrind)")
     with tempfile.TemporaryDirectory(prefix="p2pfsm-callgrind-") as scratch:
@@ -266,11 +263,9 @@ def count_instructions(fetches: int, warmup: int, blocks: int, block_len: int,
         for n in (fetches, 2 * fetches):  # both runs at once: nothing of one moves the other
             out = Path(tmp) / f"n{n}" / "cg.out"
             out.parent.mkdir(parents=True)
-            argv = ["valgrind", "--tool=callgrind", "--separate-threads=yes",
-                    f"--callgrind-out-file={out}", "--dump-instr=no", "--dump-line=no",
-                    sys.executable, "-m", _module_name(), "--count-worker",
-                    str(n), "--warmup", str(warmup), "--blocks", str(blocks),
-                    "--block-len", str(block_len)]
+            argv = [*valgrind_argv(out), sys.executable, "-m", _module_name(),
+                    "--count-worker", str(n), "--warmup", str(warmup), "--blocks",
+                    str(blocks), "--block-len", str(block_len)]
             # One hash seed for every run: set and dict orders (so the counts) repeat. No
             # bytecode written: the two runs start together, and one compiling a module
             # the other then reads from its cache would not cancel out.
