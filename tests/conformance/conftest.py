@@ -10,12 +10,14 @@ Tests append one-line results (what was checked, how much) to the session-wide
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 
 from p2pfsm.tools.verify import configs, tlc
 from p2pfsm.tools.verify.graph import StateGraph, load_dot
+from tests.helpers.tlc_background import BackgroundRuns, Job, Started
 from tests.helpers.tlc_needed import require_tlc as _require_tlc
 
 TLC_TIMEOUT = 600.0
@@ -48,14 +50,90 @@ def spec_dir() -> Path:
     return configs.spec_dir()
 
 
+BACKGROUND = pytest.StashKey[BackgroundRuns]()
+SHARED_RUNS = {"gate_run": "gate", "gate_graph": "gate", "profile_gate_runs": "profiles",
+               "profile_graphs": "profiles", "must_fail_runs": "mustfail"}
+"""The session fixtures that read shared TLC runs, and the group each needs."""
+BACKGROUND_TIMEOUT = 1800.0
+"""A background run shares the machine with the rest of the suite on one TLC worker."""
+
+
+def _runs(config: pytest.Config) -> BackgroundRuns:
+    runs = config.stash.get(BACKGROUND, None)
+    if runs is None:
+        runs = config.stash[BACKGROUND] = BackgroundRuns()
+    return runs
+
+
+def _groups(item: pytest.Item) -> set[str]:
+    return {SHARED_RUNS[name] for name in getattr(item, "fixturenames", ())
+            if name in SHARED_RUNS}
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The modules whose tests read a shared TLC run go last, in their order, so that
+    the runs started in the background as collection ends have the rest of the suite's
+    time (whole modules move, so their module fixtures are set up once)."""
+    late = {item.path for item in items if _groups(item)}
+    items[:] = ([item for item in items if item.path not in late]
+                + [item for item in items if item.path in late])
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start, on a background thread, the shared runs that a test to run reads: the
+    gate, then the profiles' gates, then the must-fail configs, one TLC worker each."""
+    wanted: set[str] = set()
+    for item in session.items:
+        if item.get_closest_marker("skip") is None:
+            wanted |= _groups(item)
+    if not wanted or shutil.which("java") is None:
+        return
+    try:
+        tlc.jar_path()
+    except tlc.TlcNotFound:
+        return
+    runs, spec = _runs(session.config), configs.spec_dir()
+    if wanted & {"gate", "profiles"}:
+        runs.start("gate", _gate_job(spec, "gate", 1, BACKGROUND_TIMEOUT))
+    if "profiles" in wanted:
+        for name in PROFILE_GATES.values():
+            runs.start(name, _gate_job(spec, name, 1, BACKGROUND_TIMEOUT))
+    if "mustfail" in wanted:
+        for cfg in configs.must_fail_configs(spec):
+            runs.start(cfg.name, _config_job(spec, cfg, BACKGROUND_TIMEOUT))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    runs = session.config.stash.get(BACKGROUND, None)
+    if runs is not None:
+        runs.close()
+
+
+def _gate_job(spec_dir: Path, name: str, workers: int | None, timeout: float) -> Job:
+    """A gate config's run, its reachable graph dumped into the runs' folder."""
+    cfg = configs.config(spec_dir, name)
+
+    def job(folder: Path, started: Started | None) -> tlc.TlcResult:
+        return tlc.run(spec_dir, configs.SPEC_MODULE, cfg.path, dump_dot=folder / f"{name}.dot",
+                       workers=workers, timeout=timeout, extra=cfg.tlc_args, started=started)
+    return job
+
+
+def _config_job(spec_dir: Path, cfg: configs.Config, timeout: float) -> Job:
+    """A config's run by one TLC worker: with several, which of the shortest
+    counterexamples TLC reports varies from run to run, and tests read its steps."""
+    def job(folder: Path, started: Started | None) -> tlc.TlcResult:
+        return tlc.run(spec_dir, configs.SPEC_MODULE, cfg.path, workers=1, timeout=timeout,
+                       extra=cfg.tlc_args, started=started)
+    return job
+
+
 @pytest.fixture(scope="session")
-def gate_run(spec_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tlc.TlcResult:
+def gate_run(request: pytest.FixtureRequest, spec_dir: Path) -> tlc.TlcResult:
     """The gate config, checked once, its reachable graph dumped."""
     _require_tlc()
-    cfg = configs.config(spec_dir, "gate")
-    dot = tmp_path_factory.mktemp("tlc") / "gate.dot"
-    return tlc.run(spec_dir, configs.SPEC_MODULE, cfg.path, dump_dot=dot,
-                   timeout=TLC_TIMEOUT, extra=cfg.tlc_args)
+    return _runs(request.config).result("gate", _gate_job(spec_dir, "gate", None, TLC_TIMEOUT))
 
 
 @pytest.fixture(scope="session")
@@ -71,16 +149,14 @@ test_profiles_the_spec_reads)."""
 
 
 @pytest.fixture(scope="session")
-def profile_gate_runs(gate_run: tlc.TlcResult, spec_dir: Path,
-                      tmp_path_factory: pytest.TempPathFactory) -> dict[str, tlc.TlcResult]:
+def profile_gate_runs(request: pytest.FixtureRequest, gate_run: tlc.TlcResult,
+                      spec_dir: Path) -> dict[str, tlc.TlcResult]:
     """Each profile's gate config, checked once, its reachable graph dumped."""
     runs = {"native": gate_run}
     for profile, name in PROFILE_GATES.items():
         if profile not in runs:
-            cfg = configs.config(spec_dir, name)
-            dot = tmp_path_factory.mktemp("tlc") / f"{name}.dot"
-            runs[profile] = tlc.run(spec_dir, configs.SPEC_MODULE, cfg.path, dump_dot=dot,
-                                    timeout=TLC_TIMEOUT, extra=cfg.tlc_args)
+            runs[profile] = _runs(request.config).result(
+                name, _gate_job(spec_dir, name, None, TLC_TIMEOUT))
     return runs
 
 
@@ -97,12 +173,9 @@ def profile_graphs(profile_gate_runs: dict[str, tlc.TlcResult],
 
 
 @pytest.fixture(scope="session")
-def must_fail_runs(spec_dir: Path) -> dict[str, tlc.TlcResult]:
-    """Every must-fail config, checked once, by one TLC worker: with several, which of the
-    shortest counterexamples TLC reports varies from run to run, and tests read its steps."""
+def must_fail_runs(request: pytest.FixtureRequest, spec_dir: Path) -> dict[str, tlc.TlcResult]:
+    """Every must-fail config, checked once, by one TLC worker."""
     _require_tlc()
-    return {
-        cfg.name: tlc.run(spec_dir, configs.SPEC_MODULE, cfg.path, timeout=TLC_TIMEOUT,
-                          workers=1, extra=cfg.tlc_args)
-        for cfg in configs.must_fail_configs(spec_dir)
-    }
+    return {cfg.name: _runs(request.config).result(cfg.name,
+                                                   _config_job(spec_dir, cfg, TLC_TIMEOUT))
+            for cfg in configs.must_fail_configs(spec_dir)}

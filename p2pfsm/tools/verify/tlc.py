@@ -195,6 +195,7 @@ def run(
     extra: Sequence[str] = (),
     timeout: float | None = None,
     progress: Callable[[str], None] | None = None,
+    started: Callable[[subprocess.Popen[bytes]], None] | None = None,
 ) -> TlcResult:
     """Run TLC on ``spec`` (a module in ``spec_dir``) with ``config`` (relative to it).
 
@@ -205,6 +206,8 @@ def run(
         progress: called, as TLC runs, with the first line of each of its progress
             messages (:data:`PROGRESS_CODES`: start, initial states, the periodic
             ``Progress(...)`` line, the liveness check, the end).
+        started: called with TLC's process once it runs (a caller on another thread
+            may kill it; the run then ends with TLC's exit status).
 
     Raises:
         TlcNotFound: java or the jar is missing.
@@ -217,7 +220,7 @@ def run(
             stem = dump_dot.with_suffix("") if dump_dot.suffix == ".dot" else dump_dot
         cmd = command(spec, config, workdir, workers=workers, dump_dot=stem, extra=extra)
         start = time.monotonic()
-        out, code = _execute(cmd, spec_dir, timeout, progress)
+        out, code = _execute(cmd, spec_dir, timeout, progress, started)
         seconds = time.monotonic() - start
     dot = None if stem is None else stem.with_suffix(".dot")
     result = parse_output(out, code, config=config, seconds=seconds, command=tuple(cmd))
@@ -270,7 +273,9 @@ class _Progress:
 
 
 def _execute(cmd: Sequence[str], cwd: Path, timeout: float | None,
-             progress: Callable[[str], None] | None) -> tuple[str, int]:
+             progress: Callable[[str], None] | None,
+             started: Callable[[subprocess.Popen[bytes]], None] | None = None,
+             ) -> tuple[str, int]:
     """Run TLC, reading its merged output as it comes; (output, exit status or -1 on
     timeout). Any exception (Ctrl-C, SIGTERM as SystemExit) kills TLC first."""
     chunks: list[bytes] = []
@@ -281,6 +286,8 @@ def _execute(cmd: Sequence[str], cwd: Path, timeout: float | None,
     assert proc.stdout is not None
     fd = proc.stdout.fileno()
     try:
+        if started is not None:
+            started(proc)
         with selectors.DefaultSelector() as sel:
             sel.register(fd, selectors.EVENT_READ)
             while True:
