@@ -130,6 +130,8 @@ class NodeEffects(Executor):
         self.on_released: Callable[[str, DestinationReleased], None] | None = None
         self.on_peer_state: Callable[[str, str, str], None] | None = None
         self._host_error_log = LogWindow()
+        self.holding = False
+        """Frames are held for :meth:`send_held` (set by the node's turn while it runs)."""
         # Each held destination's release, by job (kept a while after it resolves).
         self._releases: OrderedDict[int, JobFuture[DestinationReleased]] = OrderedDict()
         # Queues inputs, carries out their outputs through the methods below.
@@ -163,13 +165,25 @@ class NodeEffects(Executor):
         self.peers.on_ready(peer, session)
 
     def send_frame(self, peer: str, out: SendFrame) -> None:
-        failed = self._control.try_send(peer, encode(out.message))
+        session = self.driver.applying
+        if self.holding:  # in a turn: written with the turn's other frames at its end
+            failed = self._control.hold(peer, encode(out.message), session)
+        else:
+            failed = self._control.try_send(peer, encode(out.message))
         if failed is not None:  # reported here only: the plane queues no PeerLost for it
-            self.driver.queue(peer, TransportLost(failed), self.driver.applying)
+            self.driver.queue(peer, TransportLost(failed), session)
         elif isinstance(out.message, AbortFetch):
             self._metrics.count("aborts_sent")
             log.info("peer %s: aborting %s round %d", peer, out.message.kv_request_id,
                      out.message.round_seq)
+
+    def send_held(self) -> None:
+        """Write the frames held in this turn, and stop holding; a frame that fails is
+        reported to the session that sent it, as :meth:`send_frame` reports one."""
+        self.holding = False
+        for peer, failed, session in self._control.send_held():
+            assert session is None or isinstance(session, Session)
+            self.driver.queue(peer, TransportLost(failed), session)
 
     def send_to_lost_peer(self, peer: str, out: SendToLostPeer) -> None:
         """A dead session tells a peer that may still hold it live that it is over: over

@@ -148,7 +148,7 @@ class Node(Driven):
                 config, self.local_id, self.incarnation, self.control, self.data, self.metrics,
                 self._driver, self._jobs, self._hook, lambda: self._closed, effects.peer_state,
                 effects.fail_parked)
-            self._turns = Turns(self.control, self.data, self._driver, self._peers, self._jobs,
+            self._turns = Turns(self.control, self.data, effects, self._peers, self._jobs,
                                 self._writes, self.metrics)
         except BaseException:
             self.data.close()

@@ -22,10 +22,10 @@ from collections.abc import Callable
 from concurrent.futures import Future
 
 from p2pfsm.executor.nixl.plane import DataPlane
+from p2pfsm.executor.node.effects import NodeEffects
 from p2pfsm.executor.node.jobs import OpenJobs, copy_outcome
 from p2pfsm.executor.node.peers import Peers
 from p2pfsm.executor.node.writes import Writes
-from p2pfsm.executor.runtime.driver import Driver
 from p2pfsm.executor.zmq.plane import ControlPlane, FrameIn, PeerLost
 from p2pfsm.metrics import NodeMetrics
 from p2pfsm.session import TransportLost, WriteFinished
@@ -37,9 +37,11 @@ INBOUND_GRACE_S = 0.05
 class Turns:
     """The turns of one node's loop, and the calls other threads submit to them."""
 
-    def __init__(self, control: ControlPlane, data: DataPlane, driver: Driver, peers: Peers,
-                 jobs: OpenJobs, writes: Writes, metrics: NodeMetrics) -> None:
+    def __init__(self, control: ControlPlane, data: DataPlane, effects: NodeEffects,
+                 peers: Peers, jobs: OpenJobs, writes: Writes, metrics: NodeMetrics) -> None:
         self._control = control
+        self._effects = effects
+        driver = effects.driver
         self._data = data
         self._driver = driver
         self._peers = peers
@@ -105,7 +107,16 @@ class Turns:
     def turn(self, max_wait: float) -> int:
         """One turn, waiting at most ``max_wait`` s for news; how many control-plane
         events it took in. Each sub-step runs only when a cheap check says it has work
-        or is due: a turn that finds nothing costs a few calls."""
+        or is due: a turn that finds nothing costs a few calls. The frames the turn's
+        sessions send are written together at its end (:meth:`NodeEffects.send_held`)."""
+        effects = self._effects
+        effects.holding = True
+        try:
+            return self._turn(max_wait)
+        finally:
+            effects.send_held()
+
+    def _turn(self, max_wait: float) -> int:
         driver, xfers, jobs, pace = self._driver, self._xfers, self._jobs, self._pace
         if self._submitted or driver.waiting or driver.deferred or xfers.inflight or xfers.done:
             self.handle_all()

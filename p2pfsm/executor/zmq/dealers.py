@@ -29,7 +29,7 @@ import logging
 import select
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 import zmq
@@ -91,6 +91,7 @@ class Dealer:
     origin: str = ""  # the host it counts against in the pending budget (origin_of)
     conn: int = -1  # the inbound connection its frames last came on (router_intake)
     source: str | None = None  # the IP that connection came from
+    held: list[tuple[bytes, object]] = field(default_factory=list)  # frames, their tags
 
 
 class Dealers:
@@ -132,6 +133,8 @@ class Dealers:
         self._next_sweep = 0.0
         self._look: list[Dealer] = []
         self._evict_log = LogWindow(10, 10.0)
+        self.holding: list[Dealer] = []  # the DEALERs with held frames
+        self._held_failures: list[tuple[str, str, object]] = []
 
     def settled(self) -> int:
         """Peers counted against ``max_peers``: all of them without a pending budget,
@@ -201,7 +204,10 @@ class Dealers:
         return peer
 
     def teardown(self, peer: Dealer, linger_ms: int) -> None:
-        """Close a peer's sockets, reporting nothing."""
+        """Close a peer's sockets, reporting nothing (its held frames are written first,
+        their failures kept for :meth:`send_held`)."""
+        if peer.held:
+            self._write_held(peer, closing=True)
         # Order matters (libzmq#3575): stop the DEALER's monitor before closing the
         # PAIR that reads it, so the DEALER never writes into a dead monitor pipe.
         self.peers.pop(peer.peer_id, None)
@@ -215,6 +221,66 @@ class Dealers:
         finally:
             peer.monitor.close(linger=0)
             peer.dealer.close(linger=linger_ms)
+
+    def send(self, peer: Dealer, frame: bytes) -> str | None:
+        """Write one frame to ``peer``'s DEALER without blocking: None when it is queued,
+        else why not (the DEALER is then closed, and the caller reports it)."""
+        try:
+            peer.dealer.send(frame, zmq.NOBLOCK)
+        except zmq.Again:
+            # A DEALER whose handshake was just refused has no pipe left: the refusal,
+            # if its monitor holds it, is the cause, not a full queue.
+            lost = None if peer.connected else self.loss_unread(peer)
+            if lost is not None:
+                return lost
+            reason = "send queue full"
+        except zmq.ZMQError as exc:
+            reason = f"send failed: {exc}"
+        else:
+            return None
+        self.lose(peer, reason, report=False)
+        return reason
+
+    def hold(self, peer: Dealer, frame: bytes, tag: object) -> None:
+        """Keep ``frame`` for :meth:`send_held` (or ``peer``'s teardown, whichever comes
+        first); ``tag`` comes back with its failure, if it fails."""
+        if not peer.held:
+            self.holding.append(peer)
+        peer.held.append((frame, tag))
+
+    def send_held(self) -> list[tuple[str, str, object]]:
+        """Write every held frame, each DEALER's back to back, in the order they were
+        held; the frames that failed, as (peer id, why, tag), those that failed at a
+        teardown since the last call included. After a failure the DEALER is closed and
+        its later frames fail as ``"not connected"``."""
+        peers, self.holding = self.holding, []
+        for peer in peers:
+            if peer.held:
+                self._write_held(peer, closing=False)
+        failures, self._held_failures = self._held_failures, []
+        return failures
+
+    def _write_held(self, peer: Dealer, *, closing: bool) -> None:
+        held, peer.held = peer.held, []
+        for i, (frame, tag) in enumerate(held):
+            reason = self._send_closing(peer, frame) if closing else self.send(peer, frame)
+            if reason is None:
+                continue
+            self._held_failures.append((peer.peer_id, reason, tag))
+            self._held_failures.extend((peer.peer_id, "not connected", later)
+                                       for _, later in held[i + 1:])
+            return
+
+    @staticmethod
+    def _send_closing(peer: Dealer, frame: bytes) -> str | None:
+        """:meth:`send` to a DEALER being closed: no monitor read, no loss."""
+        try:
+            peer.dealer.send(frame, zmq.NOBLOCK)
+        except zmq.Again:
+            return "send queue full"
+        except zmq.ZMQError as exc:
+            return f"send failed: {exc}"
+        return None
 
     def lose(self, peer: Dealer, reason: str, report: bool = True) -> None:
         """Close a peer's sockets at once, report it lost (a :class:`PeerLost` for the

@@ -366,29 +366,29 @@ class ControlPlane:
         return False
 
     def try_send(self, peer_id: str, frame: bytes) -> str | None:
-        """:meth:`send`, the failure told to the caller alone: None when the frame is
-        queued, else why not (``"not connected"``, ``"send queue full"``,
-        ``"send failed: ..."``; the DEALER is then closed), and no :class:`PeerLost`
-        follows from :meth:`poll`."""
+        """:meth:`send`, the failure told to the caller alone (no :class:`PeerLost`):
+        None when queued, else why not (``"not connected"``, ``"send queue full"``,
+        ``"send failed: ..."``; the DEALER is then closed)."""
         self._check_open()
         peer = self._dealers.peers.get(peer_id)
         if peer is None:
             return "not connected"
-        try:
-            peer.dealer.send(frame, zmq.NOBLOCK)
-        except zmq.Again:
-            # A DEALER whose handshake was just refused has no pipe left: the refusal,
-            # if its monitor holds it, is the cause, not a full queue.
-            lost = None if peer.connected else self._dealers.loss_unread(peer)
-            if lost is not None:
-                return lost
-            reason = "send queue full"
-        except zmq.ZMQError as exc:
-            reason = f"send failed: {exc}"
-        else:
-            return None
-        self._dealers.lose(peer, reason, report=False)
-        return reason
+        return self._dealers.send(peer, frame)
+
+    def hold(self, peer_id: str, frame: bytes, tag: object) -> str | None:
+        """:meth:`try_send`, the frame written at :meth:`send_held` (or as its DEALER
+        closes): frames that leave together wake libzmq's I/O thread once. A later
+        failure comes back from :meth:`send_held` with ``tag``."""
+        self._check_open()
+        peer = self._dealers.peers.get(peer_id)
+        if peer is None:
+            return "not connected"
+        self._dealers.hold(peer, frame, tag)
+        return None
+
+    def send_held(self) -> list[tuple[str, str, object]]:
+        """Write the held frames; those that failed, as (peer id, why, tag)."""
+        return self._dealers.send_held()
 
     def poll(self, timeout_ms: int) -> list[ControlEvent]:
         """Return what happened, waiting up to ``timeout_ms`` (0: don't wait; < 0: wait
