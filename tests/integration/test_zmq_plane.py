@@ -371,6 +371,61 @@ def test_dead_or_frozen_peer_is_reported_lost(
         plane.poll(100)
 
 
+def test_held_frames_leave_in_order_at_send_held_or_before_their_dealer_closes(
+    spawn_echo: Any, plane: ControlPlane
+) -> None:
+    """What a node's turn holds is written at ``send_held``, each DEALER's frames in
+    the order held and after the frames sent before them; a DEALER removed while it
+    holds frames writes them first, so a session's last frames (a disconnect) still
+    leave. Nothing failed, so ``send_held`` reports nothing."""
+    peer, peer_id = spawn_echo(**FAST_HEARTBEATS)
+    plane.connect(peer_id)
+    assert plane.send(peer_id, b"ping:0")
+    assert plane.hold(peer_id, b"ping:1", "first") is None
+    assert plane.hold(peer_id, b"ping:2", "second") is None
+    assert plane.send_held() == []
+    assert plane.send_held() == []  # nothing is written twice
+    frames = _collect(peer, lambda seen: len(seen) >= 3, 10.0, "the three pings")
+    assert frames == [("frame", plane.local_id, b"ping:%d" % i) for i in range(3)]
+    assert plane.hold(peer_id, b"ping:3", "last") is None
+    plane.remove_peer(peer_id)
+    assert peer.expect("frame", 10.0) == ("frame", plane.local_id, b"ping:3")
+    assert plane.send_held() == []
+    assert plane.hold(peer_id, b"ping:4", "gone") == "not connected"  # at once, as try_send
+
+
+def test_a_held_frame_that_fails_comes_back_with_its_tag_and_ends_its_dealer(
+    spawn_echo: Any
+) -> None:
+    """Toward a frozen peer the queue fills: the first held frame that does not fit
+    comes back from ``send_held`` with why and its tag, the DEALER is closed (no
+    PeerLost: the caller reports it), and the frames held after it come back as not
+    connected, so each is reported once."""
+    frozen, frozen_id = spawn_echo()
+    plane = ControlPlane("tcp://127.0.0.1:0", dealer_linger_ms=0, sndhwm=1)
+    try:
+        plane.connect(frozen_id)
+        plane.send(frozen_id, b"ping:warm")
+        wait_until(lambda: plane.poll(100), lambda seen: FrameIn(frozen_id, b"pong:warm") in seen,
+                   10.0, "warm-up pong")
+        os.kill(frozen.pid, signal.SIGSTOP)
+        big = bytes(1 << 20)  # loopback's buffers hold a few MiB: 64 MiB cannot fit
+        count = 64
+        for i in range(count):
+            assert plane.hold(frozen_id, big, i) is None
+        failed = plane.send_held()
+        assert failed, "64 MiB toward a frozen peer all fit"
+        first = failed[0][2]
+        assert isinstance(first, int) and first > 0
+        assert failed == [(frozen_id, "send queue full", first)] + [
+            (frozen_id, "not connected", i) for i in range(first + 1, count)]
+        assert plane.peers == ()
+        assert plane.poll(0) == []  # reported to the caller alone
+    finally:
+        os.kill(frozen.pid, signal.SIGCONT)
+        plane.close()
+
+
 def _established_at(port: int) -> int:
     """ESTABLISHED TCP connections on loopback whose local port is ``port``."""
     count = 0
