@@ -381,17 +381,18 @@ def test_held_frames_leave_in_order_at_send_held_or_before_their_dealer_closes(
     peer, peer_id = spawn_echo(**FAST_HEARTBEATS)
     plane.connect(peer_id)
     assert plane.send(peer_id, b"ping:0")
-    assert plane.hold(peer_id, b"ping:1", "first") is None
-    assert plane.hold(peer_id, b"ping:2", "second") is None
+    count = 100  # more than a DEALER holds at once: the first batches leave early
+    for i in range(1, count):
+        assert plane.hold(peer_id, b"ping:%d" % i, i) is None
     assert plane.send_held() == []
     assert plane.send_held() == []  # nothing is written twice
-    frames = _collect(peer, lambda seen: len(seen) >= 3, 10.0, "the three pings")
-    assert frames == [("frame", plane.local_id, b"ping:%d" % i) for i in range(3)]
-    assert plane.hold(peer_id, b"ping:3", "last") is None
+    frames = _collect(peer, lambda seen: len(seen) >= count, 10.0, f"{count} pings")
+    assert frames == [("frame", plane.local_id, b"ping:%d" % i) for i in range(count)]
+    assert plane.hold(peer_id, b"ping:last", "last") is None
     plane.remove_peer(peer_id)
-    assert peer.expect("frame", 10.0) == ("frame", plane.local_id, b"ping:3")
+    assert peer.expect("frame", 10.0) == ("frame", plane.local_id, b"ping:last")
     assert plane.send_held() == []
-    assert plane.hold(peer_id, b"ping:4", "gone") == "not connected"  # at once, as try_send
+    assert plane.hold(peer_id, b"ping:gone", "gone") == "not connected"  # as try_send
 
 
 def test_a_held_frame_that_fails_comes_back_with_its_tag_and_ends_its_dealer(
@@ -399,10 +400,10 @@ def test_a_held_frame_that_fails_comes_back_with_its_tag_and_ends_its_dealer(
 ) -> None:
     """Toward a frozen peer the queue fills: the first held frame that does not fit
     comes back from ``send_held`` with why and its tag, the DEALER is closed (no
-    PeerLost: the caller reports it), and the frames held after it come back as not
-    connected, so each is reported once."""
+    PeerLost: the caller reports it), and every frame held after it fails as not
+    connected, at once or from ``send_held``: each frame is reported once."""
     frozen, frozen_id = spawn_echo()
-    plane = ControlPlane("tcp://127.0.0.1:0", dealer_linger_ms=0, sndhwm=1)
+    plane = ControlPlane("tcp://127.0.0.1:0", dealer_linger_ms=0, sndhwm=4)
     try:
         plane.connect(frozen_id)
         plane.send(frozen_id, b"ping:warm")
@@ -411,14 +412,16 @@ def test_a_held_frame_that_fails_comes_back_with_its_tag_and_ends_its_dealer(
         os.kill(frozen.pid, signal.SIGSTOP)
         big = bytes(1 << 20)  # loopback's buffers hold a few MiB: 64 MiB cannot fit
         count = 64
-        for i in range(count):
-            assert plane.hold(frozen_id, big, i) is None
-        failed = plane.send_held()
-        assert failed, "64 MiB toward a frozen peer all fit"
-        first = failed[0][2]
-        assert isinstance(first, int) and first > 0
-        assert failed == [(frozen_id, "send queue full", first)] + [
-            (frozen_id, "not connected", i) for i in range(first + 1, count)]
+        at_once = [plane.hold(frozen_id, big, i) for i in range(count)]
+        later = plane.send_held()
+        assert {peer_id for peer_id, _, _ in later} <= {frozen_id}
+        reports = sorted([(i, why) for i, why in enumerate(at_once) if why is not None]
+                         + [(tag, why) for _, why, tag in later])
+        assert reports, "64 MiB toward a frozen peer all fit"
+        first = reports[0][0]
+        assert first > 0
+        assert reports == [(first, "send queue full")] + [
+            (i, "not connected") for i in range(first + 1, count)]
         assert plane.peers == ()
         assert plane.poll(0) == []  # reported to the caller alone
     finally:

@@ -70,6 +70,9 @@ _SWEEP_S: Final = 1.0
 safety net under the edge-triggered ZMQ_FD); otherwise only signalled ones are, so an
 idle turn costs the same with 1 peer or 128."""
 
+HOLD_MAX: Final = 32
+"""The most frames a DEALER holds (:meth:`Dealers.hold`); at most a quarter of its HWM."""
+
 _monitor_serial = itertools.count()
 
 
@@ -134,6 +137,7 @@ class Dealers:
         self._look: list[Dealer] = []
         self._evict_log = LogWindow(10, 10.0)
         self.holding: list[Dealer] = []  # the DEALERs with held frames
+        self.hold_max = HOLD_MAX if sndhwm == 0 else max(1, min(HOLD_MAX, sndhwm // 4))
         self._held_failures: list[tuple[str, str, object]] = []
 
     def settled(self) -> int:
@@ -243,9 +247,18 @@ class Dealers:
 
     def hold(self, peer: Dealer, frame: bytes, tag: object) -> None:
         """Keep ``frame`` for :meth:`send_held` (or ``peer``'s teardown, whichever comes
-        first); ``tag`` comes back with its failure, if it fails."""
-        if not peer.held:
+        first); ``tag`` comes back with its failure, if it fails. A DEALER holds at
+        most :attr:`hold_max` frames: a burst is written in batches of that many, so
+        that the I/O thread drains its queue between them and no burst meets the HWM
+        where frames written one by one would not."""
+        held = peer.held
+        if not held:
             self.holding.append(peer)
+        elif len(held) >= self.hold_max:
+            self._write_held(peer, closing=False)
+            if self.peers.get(peer.peer_id) is not peer:  # that write failed: closed
+                self._held_failures.append((peer.peer_id, "not connected", tag))
+                return
         peer.held.append((frame, tag))
 
     def send_held(self) -> list[tuple[str, str, object]]:
