@@ -166,7 +166,10 @@ class NodeEffects(Executor):
 
     def send_frame(self, peer: str, out: SendFrame) -> None:
         session = self.driver.applying
-        if self.holding:  # in a turn: written with the turn's other frames at its end
+        # In a turn, a ready session's frames are written with the turn's others at its
+        # end. A handshake's go at once: under a flood of connects, holding the replies
+        # of dial-backs about to be evicted only adds churn.
+        if self.holding and session is not None and session.ready:
             failed = self._control.hold(peer, encode(out.message), session)
         else:
             failed = self._control.try_send(peer, encode(out.message))
