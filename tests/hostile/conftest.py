@@ -79,6 +79,8 @@ def queued_allowance(volume: int) -> int:
     ``COPIES_HELD`` times over, plus the ordinary tolerance."""
     return RSS_TOLERANCE + COPIES_HELD * volume
 LEGIT_TIMEOUT_S = 20.0
+PATIENT_S = 180.0
+"""A patient legitimate client's handshake and load deadline (``legit_fetch``)."""
 AFTER_CHECK_HOST = "127.0.0.3"
 """The after-check's client binds here, a loopback host no scenario attacks from: the
 server charges new identities to their source host (max_new_peers_per_s, the pending
@@ -119,14 +121,21 @@ class Server(ServeProcess):
 
 
 def legit_fetch(addr: str, blocks: range = range(4), timeout: float = LEGIT_TIMEOUT_S,
-                host: str = "127.0.0.1") -> None:
+                host: str = "127.0.0.1", patient: bool = False) -> None:
     """A fresh p2pfsm Node bound on ``host``: handshake, fetch ``blocks``, verify every
-    byte."""
+    byte. ``patient``: the handshake and the load may each take ``PATIENT_S`` (a server
+    working through a flood on a loaded machine serves late, and late is not the
+    failure such a scenario looks for)."""
     from p2pfsm.executor.node import Node, NodeConfig
+    from p2pfsm.session import Timeouts
     from p2pfsm.tools.demo.host import run_fetch
 
+    extra: dict[str, Any] = {}
+    if patient:
+        timeout = PATIENT_S
+        extra["timeouts"] = Timeouts(handshake=PATIENT_S, load=PATIENT_S)
     node = Node(NodeConfig(f"tcp://{host}:0", num_blocks=len(blocks), block_len=BLOCK_LEN,
-                           connect_timeout_ms=2000))
+                           connect_timeout_ms=2000, **extra))
     try:
         report = run_fetch(node, addr, list(blocks), "pd", timeout)
     finally:
