@@ -185,7 +185,9 @@ def open_fds(pid: int) -> dict[str, str]:
 
 @dataclass
 class ServerBox:
-    """The module's server; replaced when a scenario killed it."""
+    """The module's server; replaced when a scenario killed it or failed (a server a
+    failed scenario left behind, still working through its attack, would fail the
+    scenarios after it too)."""
 
     log_dir: Path
     current: Server | None = None
@@ -196,6 +198,12 @@ class ServerBox:
                 self.current.stop()
             self.current = Server(self.log_dir)
         return self.current
+
+    def retire(self) -> None:
+        """Stop the server; the next scenario starts a fresh one."""
+        if self.current is not None:
+            self.current.stop()
+            self.current = None
 
 
 @pytest.fixture(scope="module")
@@ -308,6 +316,8 @@ def hostile(server_box: ServerBox, request: pytest.FixtureRequest) -> Iterator[H
                 note += f" | server: {first[:90]}" + (f" (+{len(lines) - 1})"
                                                       if len(lines) > 1 else "")
             request.config.stash.setdefault(_REACTIONS, {})[request.node.nodeid] = note
+            if getattr(request.node, "_hostile_outcome", "passed") == "FAILED":
+                server_box.retire()
 
 
 @pytest.hookimpl(wrapper=True)

@@ -132,6 +132,7 @@ class NodeEffects(Executor):
         self._host_error_log = LogWindow()
         self.holding = False
         """Frames are held for :meth:`send_held` (set by the node's turn while it runs)."""
+        self.held = False  # a frame was held since the last send_held
         # Each held destination's release, by job (kept a while after it resolves).
         self._releases: OrderedDict[int, JobFuture[DestinationReleased]] = OrderedDict()
         # Queues inputs, carries out their outputs through the methods below.
@@ -170,6 +171,7 @@ class NodeEffects(Executor):
         # end. A handshake's go at once: under a flood of connects, holding the replies
         # of dial-backs about to be evicted only adds churn.
         if self.holding and session is not None and session.ready:
+            self.held = True
             failed = self._control.hold(peer, encode(out.message), session)
         else:
             failed = self._control.try_send(peer, encode(out.message))
@@ -183,7 +185,7 @@ class NodeEffects(Executor):
     def send_held(self) -> None:
         """Write the frames held in this turn, and stop holding; a frame that fails is
         reported to the session that sent it, as :meth:`send_frame` reports one."""
-        self.holding = False
+        self.holding = self.held = False
         for peer, failed, session in self._control.send_held():
             assert session is None or isinstance(session, Session)
             self.driver.queue(peer, TransportLost(failed), session)

@@ -112,56 +112,56 @@ class Turns:
         effects = self._effects
         effects.holding = True
         try:
-            return self._turn(max_wait)
+            driver, xfers, jobs, pace = self._driver, self._xfers, self._jobs, self._pace
+            if self._submitted or driver.waiting or driver.deferred or xfers.inflight or xfers.done:
+                self.handle_all()
+            if jobs.loads:
+                # Blocks may be arriving (a peer's first WRITE needs our UCX progress):
+                # progress often while loads are open, and only then.
+                pace.expect_inbound(INBOUND_GRACE_S, False)
+            if max_wait > 0.0:
+                wait = max(0.0, min(max_wait, self.next_deadline() - time.monotonic()))
+                # Round up: truncating made every sub-ms remainder a poll(0), so the 1 ms
+                # busy pace (always a hair under 1 ms away by now) was a spin.
+                events = self._control.poll(math.ceil(wait * 1000))
+            else:
+                events = self._control.poll(0)
+            peers = self._peers
+            for event in events:
+                if isinstance(event, FrameIn):
+                    peers.on_frame(event.peer_id, event.frame, event.conn)
+                elif isinstance(event, PeerLost):
+                    peers.queue(event.peer_id, TransportLost(event.reason))
+            now = time.monotonic()
+            if (xfers.inflight or now >= self._progress_at or now < pace.busy_until
+                    or now < pace.prompt_until):
+                # Busy (loads open, WRITEs of ours in flight, a peer added lately): every
+                # turn; idle: once per idle interval, as the loop's deadline wakes it.
+                self._data.progress()
+                self._progress_at = now + pace.idle_ms / 1000.0
+            if xfers.inflight or xfers.done:
+                self._collect_writes()
+            now = time.monotonic()
+            heap = self._deadlines.heap
+            if heap and heap[0][0] <= now:
+                driver.queue_due(now)
+            idle = self._idle
+            if idle.check_at <= now:
+                peers.evict_idle(now)
+            if self._redials_at:
+                peers.redial_due(now)
+            if self._submitted or driver.waiting or driver.deferred or xfers.inflight or xfers.done:
+                self.handle_all()
+            if (driver.fed != self._fed or len(jobs.loads) != self._loads
+                    or len(jobs.stores) != self._stores
+                    or self._intake.rate_drops != self._rate_limited):
+                self._update_gauges()
+            return len(events)
         finally:
-            effects.send_held()
-
-    def _turn(self, max_wait: float) -> int:
-        driver, xfers, jobs, pace = self._driver, self._xfers, self._jobs, self._pace
-        if self._submitted or driver.waiting or driver.deferred or xfers.inflight or xfers.done:
-            self.handle_all()
-        if jobs.loads:
-            # Blocks may be arriving (a peer's first WRITE needs our UCX progress):
-            # progress often while loads are open, and only then.
-            pace.expect_inbound(INBOUND_GRACE_S, False)
-        if max_wait > 0.0:
-            wait = max(0.0, min(max_wait, self.next_deadline() - time.monotonic()))
-            # Round up: truncating made every sub-ms remainder a poll(0), so the 1 ms
-            # busy pace (always a hair under 1 ms away by now) was a spin.
-            events = self._control.poll(math.ceil(wait * 1000))
-        else:
-            events = self._control.poll(0)
-        peers = self._peers
-        for event in events:
-            if isinstance(event, FrameIn):
-                peers.on_frame(event.peer_id, event.frame, event.conn)
-            elif isinstance(event, PeerLost):
-                peers.queue(event.peer_id, TransportLost(event.reason))
-        now = time.monotonic()
-        if (xfers.inflight or now >= self._progress_at or now < pace.busy_until
-                or now < pace.prompt_until):
-            # Busy (loads open, WRITEs of ours in flight, a peer added lately): every
-            # turn; idle: once per idle interval, as the loop's deadline wakes it.
-            self._data.progress()
-            self._progress_at = now + pace.idle_ms / 1000.0
-        if xfers.inflight or xfers.done:
-            self._collect_writes()
-        now = time.monotonic()
-        heap = self._deadlines.heap
-        if heap and heap[0][0] <= now:
-            driver.queue_due(now)
-        idle = self._idle
-        if idle.check_at <= now:
-            peers.evict_idle(now)
-        if self._redials_at:
-            peers.redial_due(now)
-        if self._submitted or driver.waiting or driver.deferred or xfers.inflight or xfers.done:
-            self.handle_all()
-        if (driver.fed != self._fed or len(jobs.loads) != self._loads
-                or len(jobs.stores) != self._stores
-                or self._intake.rate_drops != self._rate_limited):
-            self._update_gauges()
-        return len(events)
+            if effects.held:
+                effects.send_held()
+            else:
+                effects.holding = False
 
     def handle_all(self) -> None:
         """Handle every queued event, and the writes that this finished at once: over
