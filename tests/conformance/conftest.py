@@ -82,12 +82,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Start, on a background thread, the shared runs that a test to run reads: the
-    gate, then the profiles' gates, then the must-fail configs, one TLC worker each."""
+    gate, then the profiles' gates, then the must-fail configs, one TLC worker each.
+    Only when other tests run meanwhile: else each fixture runs its config itself, on
+    every core."""
     wanted: set[str] = set()
+    late = {item.path for item in session.items if _groups(item)}
     for item in session.items:
         if item.get_closest_marker("skip") is None:
             wanted |= _groups(item)
-    if not wanted or shutil.which("java") is None:
+    if (not wanted or all(item.path in late for item in session.items)
+            or shutil.which("java") is None):
         return
     try:
         tlc.jar_path()
