@@ -166,15 +166,15 @@ class NodeEffects(Executor):
         self.peers.on_ready(peer, session)
 
     def send_frame(self, peer: str, out: SendFrame) -> None:
-        session = self.driver.applying
+        session, frame = self.driver.applying, encode(out.message)
         # In a turn, a ready session's frames are written with the turn's others at its
         # end. A handshake's go at once: under a flood of connects, holding the replies
         # of dial-backs about to be evicted only adds churn.
         if self.holding and session is not None and session.ready:
             self.held = True
-            failed = self._control.hold(peer, encode(out.message), session)
+            failed = self._control.hold(peer, frame, session)
         else:
-            failed = self._control.try_send(peer, encode(out.message))
+            failed = self._control.try_send(peer, frame)
         if failed is not None:  # reported here only: the plane queues no PeerLost for it
             self.driver.queue(peer, TransportLost(failed), session)
         elif isinstance(out.message, AbortFetch):

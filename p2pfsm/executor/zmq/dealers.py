@@ -226,15 +226,16 @@ class Dealers:
             peer.monitor.close(linger=0)
             peer.dealer.close(linger=linger_ms)
 
-    def send(self, peer: Dealer, frame: bytes) -> str | None:
+    def send(self, peer: Dealer, frame: bytes, *, closing: bool = False) -> str | None:
         """Write one frame to ``peer``'s DEALER without blocking: None when it is queued,
-        else why not (the DEALER is then closed, and the caller reports it)."""
+        else why not (the DEALER is then closed, and the caller reports it). ``closing``:
+        the DEALER is being closed already (no monitor read, no loss)."""
         try:
             peer.dealer.send(frame, zmq.NOBLOCK)
         except zmq.Again:
             # A DEALER whose handshake was just refused has no pipe left: the refusal,
             # if its monitor holds it, is the cause, not a full queue.
-            lost = None if peer.connected else self.loss_unread(peer)
+            lost = None if peer.connected or closing else self.loss_unread(peer)
             if lost is not None:
                 return lost
             reason = "send queue full"
@@ -242,7 +243,8 @@ class Dealers:
             reason = f"send failed: {exc}"
         else:
             return None
-        self.lose(peer, reason, report=False)
+        if not closing:
+            self.lose(peer, reason, report=False)
         return reason
 
     def hold(self, peer: Dealer, frame: bytes, tag: object) -> None:
@@ -276,24 +278,13 @@ class Dealers:
     def _write_held(self, peer: Dealer, *, closing: bool) -> None:
         held, peer.held = peer.held, []
         for i, (frame, tag) in enumerate(held):
-            reason = self._send_closing(peer, frame) if closing else self.send(peer, frame)
+            reason = self.send(peer, frame, closing=closing)
             if reason is None:
                 continue
             self._held_failures.append((peer.peer_id, reason, tag))
             self._held_failures.extend((peer.peer_id, "not connected", later)
                                        for _, later in held[i + 1:])
             return
-
-    @staticmethod
-    def _send_closing(peer: Dealer, frame: bytes) -> str | None:
-        """:meth:`send` to a DEALER being closed: no monitor read, no loss."""
-        try:
-            peer.dealer.send(frame, zmq.NOBLOCK)
-        except zmq.Again:
-            return "send queue full"
-        except zmq.ZMQError as exc:
-            return f"send failed: {exc}"
-        return None
 
     def lose(self, peer: Dealer, reason: str, report: bool = True) -> None:
         """Close a peer's sockets at once, report it lost (a :class:`PeerLost` for the
