@@ -86,26 +86,27 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     Only when other tests run meanwhile: else each fixture runs its config itself, on
     every core."""
     wanted: set[str] = set()
-    late = {item.path for item in session.items if _groups(item)}
+    late: set[Path] = set()  # the modules that read a shared run
     for item in session.items:
-        if item.get_closest_marker("skip") is None:
-            wanted |= _groups(item)
-    if (not wanted or all(item.path in late for item in session.items)
-            or shutil.which("java") is None):
+        if groups := _groups(item):
+            late.add(item.path)
+            if item.get_closest_marker("skip") is None:
+                wanted |= groups
+    others = any(item.path not in late for item in session.items)
+    if not wanted or not others or shutil.which("java") is None:
         return
     try:
         tlc.jar_path()
     except tlc.TlcNotFound:
         return
     runs, spec = _runs(session.config), configs.spec_dir()
-    if wanted & {"gate", "profiles"}:
-        runs.start("gate", _gate_job(spec, "gate", 1, BACKGROUND_TIMEOUT))
+    names = [("gate", True)] if wanted & {"gate", "profiles"} else []
     if "profiles" in wanted:
-        for name in PROFILE_GATES.values():
-            runs.start(name, _gate_job(spec, name, 1, BACKGROUND_TIMEOUT))
+        names += [(name, True) for name in PROFILE_GATES.values()]
     if "mustfail" in wanted:
-        for cfg in configs.must_fail_configs(spec):
-            runs.start(cfg.name, _config_job(spec, cfg, BACKGROUND_TIMEOUT))
+        names += [(cfg.name, False) for cfg in configs.must_fail_configs(spec)]
+    for name, dump in names:
+        runs.start(name, _job(spec, name, dump=dump, workers=1, timeout=BACKGROUND_TIMEOUT))
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -114,22 +115,16 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         runs.close()
 
 
-def _gate_job(spec_dir: Path, name: str, workers: int | None, timeout: float) -> Job:
-    """A gate config's run, its reachable graph dumped into the runs' folder."""
+def _job(spec_dir: Path, name: str, *, dump: bool, workers: int | None,
+         timeout: float) -> Job:
+    """The run of config ``name``; ``dump``: its reachable graph dumped into the runs'
+    folder (the gates)."""
     cfg = configs.config(spec_dir, name)
 
     def job(folder: Path, started: Started | None) -> tlc.TlcResult:
-        return tlc.run(spec_dir, configs.SPEC_MODULE, cfg.path, dump_dot=folder / f"{name}.dot",
-                       workers=workers, timeout=timeout, extra=cfg.tlc_args, started=started)
-    return job
-
-
-def _config_job(spec_dir: Path, cfg: configs.Config, timeout: float) -> Job:
-    """A config's run by one TLC worker: with several, which of the shortest
-    counterexamples TLC reports varies from run to run, and tests read its steps."""
-    def job(folder: Path, started: Started | None) -> tlc.TlcResult:
-        return tlc.run(spec_dir, configs.SPEC_MODULE, cfg.path, workers=1, timeout=timeout,
-                       extra=cfg.tlc_args, started=started)
+        dot = folder / f"{Path(name).name}.dot" if dump else None
+        return tlc.run(spec_dir, configs.SPEC_MODULE, cfg.path, dump_dot=dot, workers=workers,
+                       timeout=timeout, extra=cfg.tlc_args, started=started)
     return job
 
 
@@ -137,7 +132,8 @@ def _config_job(spec_dir: Path, cfg: configs.Config, timeout: float) -> Job:
 def gate_run(request: pytest.FixtureRequest, spec_dir: Path) -> tlc.TlcResult:
     """The gate config, checked once, its reachable graph dumped."""
     _require_tlc()
-    return _runs(request.config).result("gate", _gate_job(spec_dir, "gate", None, TLC_TIMEOUT))
+    return _runs(request.config).result(
+        "gate", _job(spec_dir, "gate", dump=True, workers=None, timeout=TLC_TIMEOUT))
 
 
 @pytest.fixture(scope="session")
@@ -160,7 +156,7 @@ def profile_gate_runs(request: pytest.FixtureRequest, gate_run: tlc.TlcResult,
     for profile, name in PROFILE_GATES.items():
         if profile not in runs:
             runs[profile] = _runs(request.config).result(
-                name, _gate_job(spec_dir, name, None, TLC_TIMEOUT))
+                name, _job(spec_dir, name, dump=True, workers=None, timeout=TLC_TIMEOUT))
     return runs
 
 
@@ -178,8 +174,10 @@ def profile_graphs(profile_gate_runs: dict[str, tlc.TlcResult],
 
 @pytest.fixture(scope="session")
 def must_fail_runs(request: pytest.FixtureRequest, spec_dir: Path) -> dict[str, tlc.TlcResult]:
-    """Every must-fail config, checked once, by one TLC worker."""
+    """Every must-fail config, checked once, by one TLC worker: with several, which of the
+    shortest counterexamples TLC reports varies from run to run, and tests read its steps."""
     _require_tlc()
-    return {cfg.name: _runs(request.config).result(cfg.name,
-                                                   _config_job(spec_dir, cfg, TLC_TIMEOUT))
+    runs = _runs(request.config)
+    return {cfg.name: runs.result(cfg.name, _job(spec_dir, cfg.name, dump=False, workers=1,
+                                                 timeout=TLC_TIMEOUT))
             for cfg in configs.must_fail_configs(spec_dir)}
