@@ -111,6 +111,8 @@ class EndedSessions:
         """The ended sessions to drop now, oldest first (each leaves the book); a peer
         whose session is gone or alive again just leaves the book."""
         excess = len(self._ended) - self.history
+        if excess <= 0:
+            return  # before copying the book: this runs at every session's end
         for peer_id in list(self._ended):
             if excess <= 0:
                 return

@@ -267,9 +267,10 @@ class Peers:
         address under another name (``connect("localhost:P")`` to a peer that calls
         itself ``127.0.0.1:P``) waits for its handshake, which can never come: that
         session dies at once saying which id to connect to, and is not redialled."""
-        for other in misnamed_dials(peer_id, [p for p, s in self.sessions.items()
-                                              if s.alive and not s.ready
-                                              and self.redials.dialled(p)]):
+        sessions = self.sessions  # our own dials (few), not every session (a flood's many)
+        waiting = [p for p in self.redials.dialled_ids()
+                   if (s := sessions.get(p)) is not None and s.alive and not s.ready]
+        for other in misnamed_dials(peer_id, waiting):
             why = (f"the peer at {other} calls itself {peer_id}: a peer id is the "
                    f"host:port the peer names itself by; connect to {peer_id!r}")
             log.warning("peer %s: %s", other, why)

@@ -67,6 +67,10 @@ class Redials:
         """The host opened the session to ``peer_id`` (and has not forgotten it)."""
         return peer_id in self._dialled
 
+    def dialled_ids(self) -> list[str]:
+        """Every peer the host opened a session to (and has not forgotten)."""
+        return sorted(self._dialled)
+
     def may_redial(self, peer_id: str, dead: SessionDead, closing: bool) -> bool:
         """Open a dead session of ours again: not after our own close, a mismatch, with
         the node closing, or once ``max_attempts`` attempts in a row have failed."""
