@@ -46,6 +46,19 @@ def test_ended_sessions_beyond_history_are_dropped_oldest_first_when_quiet() -> 
     assert list(book.to_drop(sessions)) == []  # a:1 and nothing else: within history
 
 
+def test_a_session_alive_again_or_gone_leaves_the_book_without_counting() -> None:
+    book = EndedSessions(history=1)
+    sessions = {p: _S(alive=False) for p in ("a:1", "b:1", "c:1", "d:1")}
+    for peer in ("a:1", "b:1", "c:1", "d:1"):
+        book.ended(peer)
+    sessions["a:1"].alive = True
+    del sessions["b:1"]
+    assert book.to_drop(sessions) == ["c:1", "d:1"]  # three over: a:1, b:1 leave uncounted
+    book.ended("e:1")
+    sessions["e:1"] = _S(alive=False)
+    assert book.to_drop(sessions) == []  # the book holds e:1 alone: within history
+
+
 @pytest.mark.parametrize(("budget", "crossing"), [(3, 4), (1, 2)])
 def test_the_budget_is_crossed_once(budget: int, crossing: int) -> None:
     book = ViolationBudget(budget)

@@ -107,23 +107,26 @@ class EndedSessions:
     def reopened(self, peer_id: str) -> None:
         self._ended.pop(peer_id, None)
 
-    def to_drop(self, sessions: Mapping[str, _SessionView]) -> Iterator[str]:
+    def to_drop(self, sessions: Mapping[str, _SessionView]) -> list[str]:
         """The ended sessions to drop now, oldest first (each leaves the book); a peer
-        whose session is gone or alive again just leaves the book."""
+        whose session is gone or alive again just leaves the book. Reads the book only
+        as far as it must: this runs at every session's end."""
         excess = len(self._ended) - self.history
         if excess <= 0:
-            return  # before copying the book: this runs at every session's end
-        for peer_id in list(self._ended):
-            if excess <= 0:
-                return
+            return []
+        drop: list[str] = []
+        leave: list[str] = []
+        for peer_id in self._ended:
+            if len(drop) >= excess:
+                break
             session = sessions.get(peer_id)
             if session is None or session.alive:
-                del self._ended[peer_id]
-                continue
-            if not session.has_pending_work:
-                del self._ended[peer_id]
-                excess -= 1
-                yield peer_id
+                leave.append(peer_id)
+            elif not session.has_pending_work:
+                drop.append(peer_id)
+        for peer_id in leave + drop:
+            del self._ended[peer_id]
+        return drop
 
 
 class ViolationBudget:
