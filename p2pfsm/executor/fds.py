@@ -43,9 +43,19 @@ _clock = time.monotonic
 
 def free_descriptors() -> int | None:
     """How many more descriptors this process may open (its soft ``RLIMIT_NOFILE`` less
-    those open); None when it cannot tell (no limit, or no ``/proc``)."""
+    those open), by the last count where it may stand (module doc); None when it cannot
+    tell (no limit, or no ``/proc``)."""
+    global _counted
+    now = _clock()
+    when, soft, used = _counted
+    if (now - when < RECOUNT_S and soft - used > HEADROOM + SLACK
+            and resource.getrlimit(resource.RLIMIT_NOFILE)[0] == soft):
+        return soft - used
     count = _open_count()
-    return None if count is None else max(0, count[0] - count[1])
+    if count is None:
+        return None
+    _counted = (now, *count)
+    return max(0, count[0] - count[1])
 
 
 def _open_count() -> tuple[int, int] | None:
@@ -61,24 +71,9 @@ def _open_count() -> tuple[int, int] | None:
         return None
 
 
-def _free_now() -> int | None:
-    """:func:`free_descriptors`, or the last count where it may stand (module doc)."""
-    global _counted
-    now = _clock()
-    when, soft, used = _counted
-    if (now - when < RECOUNT_S and soft - used > HEADROOM + SLACK
-            and resource.getrlimit(resource.RLIMIT_NOFILE)[0] == soft):
-        return soft - used
-    count = _open_count()
-    if count is None:
-        return None
-    _counted = (now, *count)
-    return max(0, count[0] - count[1])
-
-
 def require_headroom(what: str) -> None:
     """Raise :class:`TransportError` (``what``, and why) when fewer than
     :data:`HEADROOM` descriptors are free."""
-    free = _free_now()
+    free = free_descriptors()
     if free is not None and free < HEADROOM:
         raise TransportError(f"{what}: {free} descriptors free, fewer than {HEADROOM}")

@@ -267,7 +267,8 @@ class Peers:
         address under another name (``connect("localhost:P")`` to a peer that calls
         itself ``127.0.0.1:P``) waits for its handshake, which can never come: that
         session dies at once saying which id to connect to, and is not redialled."""
-        sessions = self.sessions  # our own dials (few), not every session (a flood's many)
+        sessions = self.sessions
+        # Our own dials (few), not every session (a flood's many).
         waiting = [p for p in self.redials.dialled_ids()
                    if (s := sessions.get(p)) is not None and s.alive and not s.ready]
         for other in misnamed_dials(peer_id, waiting):
